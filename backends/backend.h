@@ -1,0 +1,113 @@
+/* The backend interface: a struct of function pointers the runtime calls from its
+ * scheduler thread only. Modelled on UCC's base component interface. */
+#ifndef CCQ_BACKEND_H
+#define CCQ_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ccq.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A bounded error detail; backends write their own message (ncclGetErrorString, ...)
+ * here so native result codes never cross the backend boundary. */
+#define CCQ_DETAIL_LEN 512
+typedef struct ccq_errbuf {
+    char msg[CCQ_DETAIL_LEN];
+} ccq_errbuf;
+
+/* Kinds of operations a batch carries. A collective is one op holding every local
+ * rank's part; a send/recv pair is one op with two parts (send first, recv second). */
+typedef enum ccq_op_kind { CCQ_OP_ALL_REDUCE, CCQ_OP_SENDRECV, CCQ_OP_KIND_COUNT_ } ccq_op_kind;
+
+/* One local rank's share of an operation. */
+typedef struct ccq_be_part {
+    ccq_device_id device;
+    uint32_t rank;         /* rank in the communicator (position in its sorted device set) */
+    uint32_t stream_index; /* device * max_streams + stream id */
+    const void *src;       /* NULL for a recv part */
+    void *dst;             /* NULL for a send part */
+} ccq_be_part;
+
+typedef struct ccq_be_comm ccq_be_comm; /* a backend's communicator (opaque to the runtime) */
+
+/* An operation as the backend sees it. Owned by the runtime; valid from issue() until the
+ * batch holding it comes back from poll(). */
+typedef struct ccq_be_op {
+    uint8_t kind;  /* ccq_op_kind */
+    uint8_t dtype; /* ccq_dtype */
+    uint8_t redop; /* ccq_reduce_op (collectives that reduce) */
+    uint32_t root; /* root rank (rooted collectives) */
+    size_t count;  /* elements per part */
+    ccq_be_comm *comm;
+    uint32_t comm_size; /* ranks in the communicator */
+    uint32_t nparts;    /* local parts below (all ranks, for a local communicator) */
+    ccq_be_part *parts;
+    ccq_status status; /* set by the backend before the batch is returned */
+} ccq_be_op;
+
+/* A batch: what the runtime found ready in one pass, issued as one backend group. */
+typedef struct ccq_be_batch {
+    uint64_t id;
+    uint32_t nops;
+    ccq_be_op **ops;
+    ccq_status status;              /* CCQ_OK, or the group's failure (ops carry their own) */
+    ccq_errbuf detail;              /* the backend's message when status != CCQ_OK */
+    struct ccq_be_batch *next_done; /* link for poll()'s list; owned by the backend meanwhile */
+    void *be_priv;                  /* backend scratch */
+} ccq_be_batch;
+
+typedef struct ccq_backend ccq_backend;
+
+/* Completion notification: a backend calls notify(notify_arg) from any thread when it has
+ * completions for poll(), so the scheduler can sleep instead of polling. */
+typedef struct ccq_be_hooks {
+    void (*notify)(void *arg);
+    void *notify_arg;
+} ccq_be_hooks;
+
+typedef struct ccq_backend_ops {
+    const char *name;
+    /* Create the backend for cfg. On failure return a status and fill err. */
+    ccq_status (*create)(const ccq_config *cfg, const ccq_be_hooks *hooks, ccq_backend **out,
+                         ccq_errbuf *err);
+    /* Free everything; every issued batch has been returned by poll() before this. */
+    void (*destroy)(ccq_backend *be);
+    uint32_t (*device_count)(const ccq_backend *be);
+    /* Create the communicator of a sorted, duplicate-free device set. */
+    ccq_status (*comm_create)(ccq_backend *be, const ccq_device_id *devices, uint32_t n,
+                              ccq_be_comm **out, ccq_errbuf *err);
+    void (*comm_destroy)(ccq_backend *be, ccq_be_comm *comm);
+    /* Start a batch asynchronously (one group). On CCQ_OK the batch belongs to the backend
+     * until poll() returns it with every op's status set. On an error nothing was started
+     * and the runtime fails the batch's ops with err. */
+    ccq_status (*issue)(ccq_backend *be, ccq_be_batch *batch, ccq_errbuf *err);
+    /* Return the list (next_done links) of batches completed since the last call, or NULL. */
+    ccq_be_batch *(*poll)(ccq_backend *be);
+    /* Abort a communicator: issued work on it must still come back through poll() (failed
+     * with CCQ_ERR_ABORTED) once the backend no longer touches its buffers. */
+    void (*abort)(ccq_backend *be, ccq_be_comm *comm);
+    /* If nonzero, the scheduler polls at this interval while batches are in flight
+     * (for backends that cannot notify); 0 when notify() is always called. */
+    uint64_t poll_interval_ns;
+} ccq_backend_ops;
+
+/* The base every backend struct embeds as its first member. */
+struct ccq_backend {
+    const ccq_backend_ops *ops;
+};
+
+#define ccq_container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
+
+/* Built-in backends. */
+extern const ccq_backend_ops ccq_host_backend_ops;
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CCQ_BACKEND_H */

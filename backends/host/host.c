@@ -1,0 +1,341 @@
+/* The host backend: N virtual devices whose buffers are host memory. A batch is cut into
+ * chunks that a small worker pool runs; tiny batches run inline on the scheduler thread.
+ * Completions come back through poll(), exactly as GPU completions do. */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backends/backend.h"
+#include "backends/host/reduce.h"
+#include "queue/mpsc.h"
+
+/* Batches that move fewer bytes than this run on the scheduler thread: handing them to a
+ * worker (a futex wake and a cache migration, ~5-20 us) would cost more than the copy. */
+#define HOST_INLINE_BYTES (128u * 1024u)
+/* Smallest chunk a worker takes (per buffer), so per-chunk overhead stays negligible. */
+#define HOST_MIN_CHUNK_BYTES (256u * 1024u)
+/* Ranks one op can have here (the runtime's device limit). */
+#define CCQ_HOST_MAX_RANKS 1024u
+
+typedef struct host_comm {
+    uint32_t n;
+    _Atomic uint32_t aborted;
+} host_comm;
+
+typedef struct host_job {
+    ccq_mpsc_node done_node;
+    ccq_be_batch *b;
+    struct host_job *next; /* pending list (jobs with unclaimed chunks) */
+    uint32_t nchunks, claimed, remaining;
+    size_t *first_chunk; /* [nops + 1]: chunk index where each op starts */
+    size_t *chunk_elems; /* [nops]: elements per chunk of each op */
+} host_job;
+
+typedef struct host_be {
+    ccq_backend base;
+    ccq_be_hooks hooks;
+    uint32_t ndev;
+    uint32_t nworkers;
+    pthread_t *threads;
+    /* mu guards the pending list and every job's claimed/remaining counts. Workers never
+     * hold it while they move data. */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    host_job *head, *tail;
+    bool stop;
+    ccq_mpsc done; /* finished jobs; the scheduler pops them in poll() */
+} host_be;
+
+static host_be *to_host(ccq_backend *be)
+{
+    return ccq_container_of(be, host_be, base);
+}
+
+static size_t op_parts_bytes(const ccq_be_op *op)
+{
+    return op->count * ccq_dtype_size((ccq_dtype)op->dtype);
+}
+
+/* Run elements [begin, end) of one op. */
+static void run_range(const ccq_be_op *op, size_t begin, size_t end)
+{
+    size_t es = ccq_dtype_size((ccq_dtype)op->dtype);
+
+    if (begin >= end)
+        return;
+    if (op->kind == CCQ_OP_ALL_REDUCE) {
+        const void *src[CCQ_HOST_MAX_RANKS];
+        void *dst[CCQ_HOST_MAX_RANKS];
+        /* Parts are in rank order (the runtime builds them so). */
+        for (uint32_t r = 0; r < op->nparts; r++) {
+            src[r] = op->parts[r].src;
+            dst[r] = op->parts[r].dst;
+        }
+        ccq_host_allreduce_range((ccq_dtype)op->dtype, (ccq_reduce_op)op->redop, op->nparts, src,
+                                 dst, begin, end);
+    } else { /* CCQ_OP_SENDRECV: part 0 sends, part 1 receives */
+        const char *s = (const char *)op->parts[0].src + begin * es;
+        char *d = (char *)op->parts[1].dst + begin * es;
+        if (s != d)
+            memmove(d, s, (end - begin) * es);
+    }
+}
+
+static bool op_aborted(const ccq_be_op *op)
+{
+    const host_comm *c = (const host_comm *)op->comm;
+    return c != NULL && atomic_load_explicit(&c->aborted, memory_order_acquire);
+}
+
+static void run_chunk(host_job *j, size_t chunk)
+{
+    /* Find the op holding this chunk: ops are few per big batch, a linear scan is fine. */
+    uint32_t k = 0;
+    while (j->first_chunk[k + 1] <= chunk)
+        k++;
+    const ccq_be_op *op = j->b->ops[k];
+    if (op_aborted(op))
+        return;
+    size_t begin = (chunk - j->first_chunk[k]) * j->chunk_elems[k];
+    size_t end = begin + j->chunk_elems[k];
+    run_range(op, begin, end < op->count ? end : op->count);
+}
+
+static void job_finish(host_be *h, host_job *j)
+{
+    for (uint32_t k = 0; k < j->b->nops; k++)
+        j->b->ops[k]->status = op_aborted(j->b->ops[k]) ? CCQ_ERR_ABORTED : CCQ_OK;
+    /* The push (an atomic RMW) publishes every byte the workers wrote; notify wakes the
+     * scheduler, which acquires it in poll(). */
+    ccq_mpsc_push_mpsc(&h->done, &j->done_node);
+    h->hooks.notify(h->hooks.notify_arg);
+}
+
+static void *worker_main(void *arg)
+{
+    host_be *h = arg;
+
+    pthread_mutex_lock(&h->mu);
+    for (;;) {
+        host_job *j;
+        size_t c;
+        while (!h->stop && h->head == NULL)
+            pthread_cond_wait(&h->cv, &h->mu);
+        if (h->head == NULL)
+            break; /* stopping and nothing left */
+        j = h->head;
+        c = j->claimed++;
+        if (j->claimed == j->nchunks) {
+            h->head = j->next;
+            if (h->head == NULL)
+                h->tail = NULL;
+        }
+        pthread_mutex_unlock(&h->mu);
+        run_chunk(j, c);
+        pthread_mutex_lock(&h->mu);
+        if (--j->remaining == 0) {
+            pthread_mutex_unlock(&h->mu);
+            job_finish(h, j);
+            pthread_mutex_lock(&h->mu);
+        }
+    }
+    pthread_mutex_unlock(&h->mu);
+    return NULL;
+}
+
+/* Stop and join the workers (they finish the jobs they hold), then free. */
+static void host_destroy(ccq_backend *be)
+{
+    host_be *h = to_host(be);
+
+    pthread_mutex_lock(&h->mu);
+    h->stop = true;
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+    for (uint32_t k = 0; k < h->nworkers; k++)
+        pthread_join(h->threads[k], NULL);
+    pthread_cond_destroy(&h->cv);
+    pthread_mutex_destroy(&h->mu);
+    free(h->threads);
+    free(h);
+}
+
+static ccq_status host_create(const ccq_config *cfg, const ccq_be_hooks *hooks, ccq_backend **out,
+                              ccq_errbuf *err)
+{
+    host_be *h = calloc(1, sizeof *h);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+
+    if (h == NULL) {
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        return CCQ_ERR_NO_MEMORY;
+    }
+    if (cfg->host_devices > CCQ_HOST_MAX_RANKS) {
+        snprintf(err->msg, sizeof err->msg, "host_devices = %u exceeds the host backend's %u",
+                 cfg->host_devices, CCQ_HOST_MAX_RANKS);
+        free(h);
+        return CCQ_ERR_INVALID_ARGUMENT;
+    }
+    h->base.ops = &ccq_host_backend_ops;
+    h->hooks = *hooks;
+    h->ndev = cfg->host_devices;
+    h->nworkers = cfg->host_workers ? cfg->host_workers : (cores > 0 ? (uint32_t)cores : 1);
+    ccq_mpsc_init(&h->done);
+    pthread_mutex_init(&h->mu, NULL);
+    pthread_cond_init(&h->cv, NULL);
+    h->threads = calloc(h->nworkers, sizeof *h->threads);
+    if (h->threads == NULL) {
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        free(h);
+        return CCQ_ERR_NO_MEMORY;
+    }
+    for (uint32_t i = 0; i < h->nworkers; i++) {
+        if (pthread_create(&h->threads[i], NULL, worker_main, h) != 0) {
+            snprintf(err->msg, sizeof err->msg, "cannot start host worker thread %u", i);
+            h->nworkers = i;
+            host_destroy(&h->base);
+            return CCQ_ERR_NO_MEMORY;
+        }
+    }
+    *out = &h->base;
+    return CCQ_OK;
+}
+
+static uint32_t host_device_count(const ccq_backend *be)
+{
+    return ccq_container_of(be, const host_be, base)->ndev;
+}
+
+static ccq_status host_comm_create(ccq_backend *be, const ccq_device_id *devices, uint32_t n,
+                                   ccq_be_comm **out, ccq_errbuf *err)
+{
+    host_comm *c = calloc(1, sizeof *c);
+    (void)be;
+    (void)devices;
+    if (c == NULL) {
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        return CCQ_ERR_NO_MEMORY;
+    }
+    c->n = n;
+    atomic_init(&c->aborted, 0);
+    *out = (ccq_be_comm *)c;
+    return CCQ_OK;
+}
+
+static void host_comm_destroy(ccq_backend *be, ccq_be_comm *comm)
+{
+    (void)be;
+    free(comm);
+}
+
+static ccq_status host_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
+{
+    host_be *h = to_host(be);
+    size_t total = 0, nchunks = 0;
+    host_job *j;
+
+    for (uint32_t k = 0; k < b->nops; k++) {
+        if (b->ops[k]->nparts > CCQ_HOST_MAX_RANKS) {
+            snprintf(err->msg, sizeof err->msg, "op with %u parts exceeds %u", b->ops[k]->nparts,
+                     CCQ_HOST_MAX_RANKS);
+            return CCQ_ERR_UNSUPPORTED;
+        }
+        total += op_parts_bytes(b->ops[k]) * b->ops[k]->nparts;
+    }
+    j = malloc(sizeof *j + (2 * (size_t)b->nops + 1) * sizeof(size_t));
+    if (j == NULL) {
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        return CCQ_ERR_NO_MEMORY;
+    }
+    j->b = b;
+    j->next = NULL;
+    j->first_chunk = (size_t *)(j + 1);
+    j->chunk_elems = j->first_chunk + b->nops + 1;
+    b->be_priv = j;
+
+    if (total <= HOST_INLINE_BYTES || h->nworkers == 0) {
+        for (uint32_t k = 0; k < b->nops; k++)
+            if (!op_aborted(b->ops[k]))
+                run_range(b->ops[k], 0, b->ops[k]->count);
+        job_finish(h, j);
+        return CCQ_OK;
+    }
+    /* Cut each op into chunks: at least HOST_MIN_CHUNK_BYTES per buffer, and about four
+     * per worker for big ops so a slow worker does not hold the batch back. */
+    for (uint32_t k = 0; k < b->nops; k++) {
+        const ccq_be_op *op = b->ops[k];
+        size_t es = ccq_dtype_size((ccq_dtype)op->dtype);
+        size_t per = (op->count + 4 * h->nworkers - 1) / (4 * h->nworkers);
+        size_t min = HOST_MIN_CHUNK_BYTES / es;
+        if (per < min)
+            per = min;
+        per = (per + 63) & ~(size_t)63; /* whole cache lines for every dtype */
+        j->first_chunk[k] = nchunks;
+        j->chunk_elems[k] = per;
+        nchunks += op->count ? (op->count + per - 1) / per : 0;
+    }
+    j->first_chunk[b->nops] = nchunks;
+    if (nchunks == 0) {
+        job_finish(h, j);
+        return CCQ_OK;
+    }
+    j->nchunks = (uint32_t)nchunks;
+    j->claimed = 0;
+    j->remaining = (uint32_t)nchunks;
+    pthread_mutex_lock(&h->mu);
+    if (h->tail)
+        h->tail->next = j;
+    else
+        h->head = j;
+    h->tail = j;
+    if (nchunks > 1)
+        pthread_cond_broadcast(&h->cv);
+    else
+        pthread_cond_signal(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+    return CCQ_OK;
+}
+
+static ccq_be_batch *host_poll(ccq_backend *be)
+{
+    host_be *h = to_host(be);
+    ccq_be_batch *list = NULL;
+
+    for (ccq_mpsc_node *n = ccq_mpsc_pop_all_spsc(&h->done); n != NULL;) {
+        ccq_mpsc_node *next = n->next;
+        host_job *j = ccq_container_of(n, host_job, done_node);
+        ccq_be_batch *b = j->b;
+        free(j);
+        b->be_priv = NULL;
+        b->next_done = list;
+        list = b;
+        n = next;
+    }
+    return list;
+}
+
+/* Unclaimed chunks of the comm's ops are skipped; running ones finish (host copies cannot
+ * be interrupted, and they are short), then the batch comes back failed. */
+static void host_abort(ccq_backend *be, ccq_be_comm *comm)
+{
+    host_comm *c = (host_comm *)comm;
+    (void)be;
+    atomic_store_explicit(&c->aborted, 1, memory_order_release);
+}
+
+const ccq_backend_ops ccq_host_backend_ops = {
+    .name = "host",
+    .create = host_create,
+    .destroy = host_destroy,
+    .device_count = host_device_count,
+    .comm_create = host_comm_create,
+    .comm_destroy = host_comm_destroy,
+    .issue = host_issue,
+    .poll = host_poll,
+    .abort = host_abort,
+    .poll_interval_ns = 0,
+};

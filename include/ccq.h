@@ -1,0 +1,268 @@
+/* ccq: the public API of the collective command queue (the only header a user needs). */
+#ifndef CCQ_H
+#define CCQ_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ccq/version.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(CCQ_BUILDING_LIBRARY) && defined(__GNUC__)
+#define CCQ_API __attribute__((visibility("default")))
+#else
+#define CCQ_API
+#endif
+
+/**
+ * @file ccq.h
+ *
+ * ccq turns collective-communication calls made from any thread into commands on
+ * per-stream lock-free queues. One scheduler thread matches the parts of each collective
+ * across the local ranks, batches what is ready into one backend group (one
+ * ncclGroupStart/ncclGroupEnd on GPUs, one fused pass on the host backend) and tracks
+ * completion. ccq_sync_collective() is the per-stream fence.
+ *
+ * Threading: every call is safe from any thread at any time, except
+ * ccq_runtime_destroy(), which must not race with other calls on the same runtime.
+ *
+ * Ownership: user buffers passed to a submitting call are borrowed from the call until
+ * the fence (ccq_sync_collective) that covers the command returns, whatever its result.
+ *
+ * Errors: every call that can fail returns a ccq_status. After a call returned an error,
+ * ccq_last_error_detail() on the same thread gives a readable detail (which argument,
+ * which op, which ranks, which fields).
+ */
+
+/* The status list; one X-macro so ccq_status_string() cannot drift from the enum. */
+#define CCQ_STATUS_MAP(X)                                                                          \
+    X(CCQ_OK, 0, "success")                                                                        \
+    X(CCQ_ERR_INVALID_ARGUMENT, -1, "invalid argument")                                            \
+    X(CCQ_ERR_NO_MEMORY, -2, "out of memory")                                                      \
+    X(CCQ_ERR_QUEUE_FULL, -3, "stream queue full")                                                 \
+    X(CCQ_ERR_NOT_INITIALIZED, -4, "communicator not initialized")                                 \
+    X(CCQ_ERR_MISMATCH, -5, "collective parts do not match across ranks")                          \
+    X(CCQ_ERR_TIMEOUT, -6, "timed out")                                                            \
+    X(CCQ_ERR_BACKEND, -7, "backend error")                                                        \
+    X(CCQ_ERR_ABORTED, -8, "communicator aborted")                                                 \
+    X(CCQ_ERR_SHUTDOWN, -9, "runtime is shutting down")                                            \
+    X(CCQ_ERR_UNSUPPORTED, -10, "unsupported")
+
+/** Status codes. Negative values are errors. */
+typedef enum ccq_status {
+#define CCQ_STATUS_ENUM_(name, value, text) name = value,
+    CCQ_STATUS_MAP(CCQ_STATUS_ENUM_)
+#undef CCQ_STATUS_ENUM_
+} ccq_status;
+
+/** Element types (names and widths as NCCL's ncclDataType_t). */
+typedef enum ccq_dtype {
+    CCQ_INT8,
+    CCQ_UINT8,
+    CCQ_INT32,
+    CCQ_UINT32,
+    CCQ_INT64,
+    CCQ_UINT64,
+    CCQ_FLOAT16,
+    CCQ_FLOAT32,
+    CCQ_FLOAT64,
+    CCQ_BFLOAT16,
+    CCQ_FLOAT8E4M3,
+    CCQ_FLOAT8E5M2,
+    CCQ_DTYPE_COUNT_ /**< Not a type: the number of types. */
+} ccq_dtype;
+
+/** Reduction operations. AVG on integer types divides with truncation, as NCCL does. */
+typedef enum ccq_reduce_op {
+    CCQ_SUM,
+    CCQ_PROD,
+    CCQ_MAX,
+    CCQ_MIN,
+    CCQ_AVG,
+    CCQ_REDUCE_OP_COUNT_ /**< Not an op: the number of ops. */
+} ccq_reduce_op;
+
+typedef uint32_t ccq_device_id;
+typedef uint32_t ccq_stream_id;
+
+/** An opaque runtime: the devices of one backend, their streams and the scheduler. */
+typedef struct ccq_runtime ccq_runtime;
+
+/** Submitting calls return CCQ_ERR_QUEUE_FULL at once instead of waiting for room. */
+#define CCQ_FLAG_NONBLOCKING_SUBMIT 0x1u
+
+/**
+ * Runtime configuration. Fill it with ccq_config_init(), then change fields.
+ * Fields are only ever appended; struct_size lets an older caller keep working.
+ */
+typedef struct ccq_config {
+    uint32_t struct_size;  /**< sizeof(ccq_config); set by ccq_config_init. */
+    const char *backend;   /**< "host" (default) or "nccl". Env: CCQ_BACKEND. */
+    uint32_t host_devices; /**< Host backend: virtual devices (default 4). Env: CCQ_HOST_DEVICES. */
+    uint32_t max_streams;  /**< Streams per device (default 64). Env: CCQ_MAX_STREAMS. */
+    uint32_t queue_depth;  /**< Commands outstanding per stream before backpressure
+                                (default 1024). Env: CCQ_QUEUE_DEPTH. */
+    uint32_t max_batch_ops; /**< Operations in one backend group (default 256).
+                                 Env: CCQ_MAX_BATCH_OPS. */
+    uint64_t timeout_ms;    /**< Watchdog and fence deadline; 0 = none (default 600000).
+                                 Env: CCQ_TIMEOUT_MS. */
+    /* ---- appended after the seed API ---- */
+    uint32_t host_workers; /**< Host backend worker threads; 0 = number of cores.
+                                Env: CCQ_HOST_WORKERS. */
+    uint32_t flags;        /**< CCQ_FLAG_* bits. Env: CCQ_NONBLOCKING_SUBMIT=1. */
+    const char *env_error; /**< Set by ccq_config_init when a CCQ_* variable is malformed;
+                                ccq_runtime_create then fails with its text. */
+} ccq_config;
+
+/**
+ * Counters of a runtime. Every submitted command ends in exactly one of completed, failed
+ * or cancelled, so submitted == completed + failed + cancelled + pending.
+ */
+typedef struct ccq_stats {
+    uint32_t struct_size;   /**< Set by the caller to sizeof(ccq_stats). */
+    uint64_t submitted;     /**< Commands accepted by submitting calls. */
+    uint64_t completed;     /**< Commands that completed successfully. */
+    uint64_t failed;        /**< Commands that ended with an error (mismatch, timeout, ...). */
+    uint64_t cancelled;     /**< Commands cancelled by shutdown (CCQ_ERR_SHUTDOWN). */
+    uint64_t pending;       /**< submitted - completed - failed - cancelled, at the snapshot. */
+    uint64_t batches;       /**< Backend groups issued. */
+    uint64_t batched_ops;   /**< Operations (matched collectives, send/recv pairs) issued. */
+    uint64_t max_batch_ops; /**< Largest number of operations seen in one group. */
+    uint64_t batch_size_hist[8]; /**< Groups of 1, 2-3, 4-7, ..., 128+ operations. */
+} ccq_stats;
+
+/**
+ * Fill @p cfg with defaults, then apply CCQ_* environment variables.
+ * @param[out] cfg  Configuration to fill; must not be NULL.
+ * Thread-safe (reads the environment only).
+ */
+CCQ_API void ccq_config_init(ccq_config *cfg);
+
+/**
+ * Create a runtime and start its scheduler thread.
+ * @param[in]  cfg  Configuration (NULL = defaults from ccq_config_init). Copied; the caller
+ *                  keeps ownership.
+ * @param[out] out  The runtime, or NULL on error.
+ * @return CCQ_OK; CCQ_ERR_INVALID_ARGUMENT for a bad field (detail names it);
+ *         CCQ_ERR_UNSUPPORTED for a backend that is not built in or cannot run here;
+ *         CCQ_ERR_NO_MEMORY.
+ */
+CCQ_API ccq_status ccq_runtime_create(const ccq_config *cfg, ccq_runtime **out);
+
+/**
+ * Stop accepting commands, finish what can still finish (issued or ready work, up to
+ * timeout_ms), cancel with CCQ_ERR_SHUTDOWN what never can (parts whose other ranks never
+ * came), and stop the scheduler. Safe from any thread, also while others submit or wait;
+ * later submitting calls return CCQ_ERR_SHUTDOWN. Fences still report what happened.
+ * Calling it twice is harmless. @return CCQ_OK, or CCQ_ERR_INVALID_ARGUMENT for NULL.
+ */
+CCQ_API ccq_status ccq_runtime_shutdown(ccq_runtime *rt);
+
+/**
+ * Shut down (as ccq_runtime_shutdown) and free the runtime. Must not race with any other
+ * call on @p rt. User buffers are never touched after it returns. NULL is a no-op.
+ */
+CCQ_API ccq_status ccq_runtime_destroy(ccq_runtime *rt);
+
+/** Number of devices of the runtime's backend (0 for NULL). Thread-safe. */
+CCQ_API uint32_t ccq_device_count(const ccq_runtime *rt);
+
+/** Name of the runtime's backend ("host", "nccl"); "" for NULL. Thread-safe. */
+CCQ_API const char *ccq_backend_name(const ccq_runtime *rt);
+
+/** Static text of a status ("invalid argument"); "unknown status" for other values. */
+CCQ_API const char *ccq_status_string(ccq_status s);
+
+/** Name of a status constant ("CCQ_ERR_TIMEOUT"). */
+CCQ_API const char *ccq_status_name(ccq_status s);
+
+/**
+ * Detail of the last error a ccq call returned on the calling thread (thread-local, like
+ * dlerror); "" if none. Valid until the next ccq call on this thread.
+ */
+CCQ_API const char *ccq_last_error_detail(void);
+
+/**
+ * Create the communicator of a device set. Keyed by the sorted set; calling it again with
+ * the same set (in any order, from any thread) is a no-op that returns once it is ready.
+ * @param[in] devices  Device ids, each < ccq_device_count(rt), no duplicates. Copied.
+ * @param[in] n        Number of devices (>= 1).
+ * @return CCQ_OK; CCQ_ERR_INVALID_ARGUMENT (unknown or duplicate device, n == 0, NULL);
+ *         CCQ_ERR_BACKEND when the backend could not create it (detail has its message);
+ *         CCQ_ERR_TIMEOUT; CCQ_ERR_SHUTDOWN.
+ */
+CCQ_API ccq_status ccq_comm_init(ccq_runtime *rt, const ccq_device_id *devices, size_t n);
+
+/**
+ * Queue this device's part of an all_reduce over the communicator of @p devices.
+ * Returns once the command is queued (or refused); it runs when every rank's part has been
+ * queued and its stream predecessors allow it. Results are visible after the fence.
+ * @param[in]  src   count elements of dtype (host memory on the host backend, device memory
+ *                   of @p device on NCCL). Borrowed until the covering fence returns.
+ * @param[out] dst   count elements; src == dst is in place. Must not partly overlap src.
+ * @param[in]  devices, n  The communicator's device set (as given to ccq_comm_init, any
+ *                   order); must contain @p device.
+ * @return CCQ_OK (queued); CCQ_ERR_INVALID_ARGUMENT; CCQ_ERR_NOT_INITIALIZED (the set was
+ *         never passed to ccq_comm_init); CCQ_ERR_QUEUE_FULL (non-blocking mode, or the
+ *         stream stayed full for timeout_ms); CCQ_ERR_ABORTED (the communicator was aborted);
+ *         CCQ_ERR_SHUTDOWN. On any error nothing is queued.
+ */
+CCQ_API ccq_status ccq_all_reduce(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream,
+                                  const void *src, void *dst, size_t count, ccq_dtype dtype,
+                                  ccq_reduce_op op, const ccq_device_id *devices, size_t n);
+
+/**
+ * Queue a send of @p count elements from @p device to @p peer. Matches the recv on
+ * @p peer from @p device in per-pair order. Uses the communicator of {device, peer},
+ * created on first use. peer == device sends to self. Errors as ccq_all_reduce.
+ */
+CCQ_API ccq_status ccq_send(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream,
+                            const void *src, size_t count, ccq_dtype dtype, ccq_device_id peer);
+
+/** Queue a receive into @p dst on @p device from @p peer. See ccq_send. */
+CCQ_API ccq_status ccq_recv(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream, void *dst,
+                            size_t count, ccq_dtype dtype, ccq_device_id peer);
+
+/**
+ * Fence: wait until every command submitted on (device, stream) before this call has
+ * completed, or until timeout_ms (plus a short grace so the watchdog can report first).
+ * Never spins a core. Other streams are not affected.
+ * @return CCQ_OK; or the first error recorded on that stream since the previous fence
+ *         (then cleared; ccq_last_error_detail() and ccq_stream_last_error() give its
+ *         detail); or CCQ_ERR_TIMEOUT; CCQ_ERR_INVALID_ARGUMENT for a bad device/stream.
+ */
+CCQ_API ccq_status ccq_sync_collective(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream);
+
+/**
+ * The last error a fence returned on (device, stream), with its detail, from any thread.
+ * @param[out] buf  Receives the NUL-terminated detail ("" if none); may be NULL if len == 0.
+ * @return That error's status, CCQ_OK if the stream never returned one, or
+ *         CCQ_ERR_INVALID_ARGUMENT.
+ */
+CCQ_API ccq_status ccq_stream_last_error(ccq_runtime *rt, ccq_device_id device,
+                                         ccq_stream_id stream, char *buf, size_t len);
+
+/**
+ * Snapshot the runtime's counters. @p out->struct_size must be set by the caller.
+ * Thread-safe; the counters are read one by one, so a snapshot taken while commands are
+ * in flight is approximate; it is exact once the runtime is idle or shut down.
+ */
+CCQ_API ccq_status ccq_get_stats(ccq_runtime *rt, ccq_stats *out);
+
+/** Size in bytes of one element of @p dtype (0 for an invalid value). */
+CCQ_API size_t ccq_dtype_size(ccq_dtype dtype);
+
+/** Name of a dtype ("float32"), or "?" */
+CCQ_API const char *ccq_dtype_name(ccq_dtype dtype);
+
+/** Name of a reduce op ("sum"), or "?" */
+CCQ_API const char *ccq_reduce_op_name(ccq_reduce_op op);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CCQ_H */

@@ -1,0 +1,84 @@
+/* Futex-based sleep/wake primitives (see wake.h for the protocols). */
+#define _GNU_SOURCE
+#include "queue/wake.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+uint64_t ccq_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void ccq_futex_wait(_Atomic uint32_t *word, uint32_t expected, uint64_t timeout_ns)
+{
+    struct timespec ts, *tsp = NULL;
+
+    if (timeout_ns != UINT64_MAX) {
+        ts.tv_sec = (time_t)(timeout_ns / 1000000000ull);
+        ts.tv_nsec = (long)(timeout_ns % 1000000000ull);
+        tsp = &ts;
+    }
+    /* EAGAIN (value changed), EINTR and ETIMEDOUT all mean "re-check"; nothing to do. */
+    (void)syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT_PRIVATE, expected, tsp, NULL, 0);
+}
+
+void ccq_futex_wake_one(_Atomic uint32_t *word)
+{
+    (void)syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+}
+
+void ccq_futex_wake_all(_Atomic uint32_t *word)
+{
+    (void)syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+void ccq_wake_signal_slow(ccq_wake *w)
+{
+    /* Only the thread that flips `sleeping` from 1 to 0 pays for the system call; the
+     * others know the consumer will re-check all work sources once it runs. */
+    if (atomic_exchange_explicit(&w->sleeping, 0, memory_order_acq_rel) == 1) {
+        atomic_fetch_add_explicit(&w->seq, 1, memory_order_release);
+        ccq_futex_wake_one(&w->seq);
+    }
+}
+
+void ccq_event_notify_slow(ccq_event *ev)
+{
+    atomic_fetch_add_explicit(&ev->gen, 1, memory_order_release);
+    ccq_futex_wake_all(&ev->gen);
+}
+
+bool ccq_event_wait(ccq_event *ev, bool (*pred)(void *), void *arg, uint64_t deadline_ns)
+{
+    bool ok;
+
+    /* A short optimistic spin: completions often arrive within a microsecond or two, and
+     * sleeping costs two system calls. Bounded (~64 pauses) so no core is burnt. */
+    for (int i = 0; i < 64; i++) {
+        if (pred(arg))
+            return true;
+        ck_pr_stall();
+    }
+
+    atomic_fetch_add_explicit(&ev->waiters, 1, memory_order_seq_cst);
+    for (;;) {
+        uint32_t g = atomic_load_explicit(&ev->gen, memory_order_acquire);
+        /* waiters++ (seq_cst) is ordered before this check; see ccq_event in wake.h. */
+        ok = pred(arg);
+        if (ok)
+            break;
+        uint64_t now = ccq_now_ns();
+        if (deadline_ns != UINT64_MAX && now >= deadline_ns)
+            break;
+        ccq_futex_wait(&ev->gen, g, deadline_ns == UINT64_MAX ? UINT64_MAX : deadline_ns - now);
+    }
+    atomic_fetch_sub_explicit(&ev->waiters, 1, memory_order_relaxed);
+    return ok;
+}

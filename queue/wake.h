@@ -1,0 +1,127 @@
+/* Sleeping and waking without lost wake-ups: futex words, the consumer's sleep flag and a
+ * broadcast "something changed" event for waiters. Linux only (futex). */
+#ifndef CCQ_QUEUE_WAKE_H
+#define CCQ_QUEUE_WAKE_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <ck_pr.h>
+
+#include "queue/tsan.h"
+
+/* Monotonic clock in nanoseconds; the one clock all of ccq uses. */
+uint64_t ccq_now_ns(void);
+
+/* Block while *word == expected, at most timeout_ns (UINT64_MAX = no limit). Returns
+ * early on a wake, a changed value or a signal; callers re-check their condition. */
+void ccq_futex_wait(_Atomic uint32_t *word, uint32_t expected, uint64_t timeout_ns);
+void ccq_futex_wake_one(_Atomic uint32_t *word);
+void ccq_futex_wake_all(_Atomic uint32_t *word);
+
+/*
+ * ccq_wake: one consumer (the scheduler) sleeps; any thread wakes it.
+ *
+ * Protocol (a Dekker pair, so no wake-up is ever lost):
+ *   consumer: s = ccq_wake_prepare(w)   -- reads seq, then sets sleeping = 1 (full barrier)
+ *             if any work is visible: ccq_wake_cancel(w); else ccq_wake_sleep(w, s, t)
+ *   producer: publish the work (an atomic RMW, e.g. the queue CAS), then ccq_wake_signal(w)
+ * Either the producer's load of `sleeping` sees 1 and it wakes the consumer, or the
+ * consumer's re-check after setting `sleeping` sees the work. A wake that lands between
+ * the consumer's check and its futex wait bumps `seq`, so the wait returns at once.
+ * While the consumer is awake a signal costs one plain load: no system call, no RMW.
+ */
+typedef struct ccq_wake {
+    _Atomic uint32_t seq;      /* futex word; bumped by every wake */
+    _Atomic uint32_t sleeping; /* 1 from prepare until the consumer is awake again */
+} ccq_wake;
+
+static inline void ccq_wake_init(ccq_wake *w)
+{
+    atomic_init(&w->seq, 0);
+    atomic_init(&w->sleeping, 0);
+}
+
+static inline uint32_t ccq_wake_prepare(ccq_wake *w)
+{
+    uint32_t s = atomic_load_explicit(&w->seq, memory_order_acquire);
+    /* The exchange is a full barrier: the store of `sleeping` is ordered before the
+     * consumer's following loads of its work sources (StoreLoad). */
+    atomic_exchange_explicit(&w->sleeping, 1, memory_order_seq_cst);
+    return s;
+}
+
+static inline void ccq_wake_cancel(ccq_wake *w)
+{
+    atomic_store_explicit(&w->sleeping, 0, memory_order_relaxed);
+}
+
+static inline void ccq_wake_sleep(ccq_wake *w, uint32_t s, uint64_t timeout_ns)
+{
+    ccq_futex_wait(&w->seq, s, timeout_ns);
+    atomic_store_explicit(&w->sleeping, 0, memory_order_relaxed);
+}
+
+/* Slow path of ccq_wake_signal: only the producer that clears `sleeping` calls futex. */
+void ccq_wake_signal_slow(ccq_wake *w);
+
+/* Call after publishing work with an atomic read-modify-write. */
+static inline void ccq_wake_signal(ccq_wake *w)
+{
+    /* Orders the publishing RMW before the load of `sleeping` (StoreLoad). Atomic RMWs
+     * are serialising on x86, where this is only a compiler barrier; elsewhere ck emits
+     * the fence the architecture needs. */
+    ck_pr_fence_atomic_load();
+#ifdef CCQ_TSAN
+    /* TSan does not model fences; a seq_cst load keeps its view consistent. */
+    if (atomic_load_explicit(&w->sleeping, memory_order_seq_cst))
+#else
+    if (atomic_load_explicit(&w->sleeping, memory_order_relaxed))
+#endif
+        ccq_wake_signal_slow(w);
+}
+
+/* Wake unconditionally (for publishers that did not use an atomic RMW). */
+static inline void ccq_wake_signal_fenced(ccq_wake *w)
+{
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load_explicit(&w->sleeping, memory_order_relaxed))
+        ccq_wake_signal_slow(w);
+}
+
+/*
+ * ccq_event: many waiters wait for a condition that one thread makes true.
+ *   waiter:   ccq_event_wait(ev, pred, arg, deadline_ns)
+ *   notifier: make the condition true (release store), then ccq_event_notify(ev)
+ * The notifier's store and its load of `waiters` are ordered by a full fence, as are the
+ * waiter's increment of `waiters` and its check of the condition, so either the waiter
+ * sees the condition or the notifier sees the waiter and bumps `gen` (the futex word).
+ * A notify with no waiters costs a fence and a load.
+ */
+typedef struct ccq_event {
+    _Atomic uint32_t gen;
+    _Atomic uint32_t waiters;
+} ccq_event;
+
+static inline void ccq_event_init(ccq_event *ev)
+{
+    atomic_init(&ev->gen, 0);
+    atomic_init(&ev->waiters, 0);
+}
+
+void ccq_event_notify_slow(ccq_event *ev);
+
+static inline void ccq_event_notify(ccq_event *ev)
+{
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load_explicit(&ev->waiters, memory_order_relaxed))
+        ccq_event_notify_slow(ev);
+}
+
+/* Wait until pred(arg) is true or deadline_ns (ccq_now_ns() clock; UINT64_MAX = none)
+ * passes. Returns pred's last value. Spins a few hundred nanoseconds first (no longer: it
+ * must not burn a core), then sleeps on the futex. */
+bool ccq_event_wait(ccq_event *ev, bool (*pred)(void *), void *arg, uint64_t deadline_ns);
+
+#endif /* CCQ_QUEUE_WAKE_H */

@@ -1,0 +1,278 @@
+/* Internal types of the runtime: commands, streams, communicators, the scheduler's
+ * matching and batching state. Nothing here is visible through include/ccq.h. */
+#ifndef CCQ_RUNTIME_INTERNAL_H
+#define CCQ_RUNTIME_INTERNAL_H
+
+#include <pthread.h>
+#include <stdalign.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backends/backend.h"
+#include "ccq.h"
+#include "queue/mpsc.h"
+#include "queue/wake.h"
+
+#define CCQ_CACHELINE 64
+
+/* Upper bounds for configuration values (validated in ccq_runtime_create). */
+#define CCQ_MAX_DEVICES     1024u
+#define CCQ_MAX_STREAMS_MAX 65536u
+#define CCQ_QUEUE_DEPTH_MAX (1u << 20)
+#define CCQ_MAX_BATCH_MAX   65536u
+
+/* Command kinds: one rank's part as the user submitted it. */
+enum ccq_cmd_kind { CCQ_CMD_ALL_REDUCE, CCQ_CMD_SEND, CCQ_CMD_RECV };
+
+/* Scheduler-side states of a command. */
+enum ccq_cmd_state {
+    CCQ_CMD_QUEUED,   /* in its stream FIFO, waiting for its instance and predecessors */
+    CCQ_CMD_INCLUDED, /* tentatively in the batch being built */
+    CCQ_CMD_ISSUED,   /* in the batch in flight for its stream */
+    CCQ_CMD_FAILED,   /* failed (mismatch, timeout, abort); ends when it reaches the head */
+};
+
+/* Communicator channels: collectives are matched per (comm, rank) sequence; each
+ * direction of a send/recv pair has its own sequence (per-pair order). */
+#define CCQ_CHAN_COLL  0
+#define CCQ_CHAN_P2P0  1 /* devices[0] -> devices[1], or self for a one-device comm */
+#define CCQ_CHAN_P2P1  2 /* devices[1] -> devices[0] */
+#define CCQ_CHAN_COUNT 3
+
+struct ccq_comm;
+struct ccq_stream;
+struct ccq_inst;
+
+/*
+ * A command: one rank's part of an operation. Commands live in their stream's slot ring
+ * (no allocation on the submit path). Fields up to `seq` are written by the submitter
+ * before the push and only read afterwards; the rest belong to the scheduler.
+ */
+typedef struct ccq_cmd {
+    ccq_mpsc_node qnode;
+    uint8_t kind;  /* ccq_cmd_kind */
+    uint8_t dtype; /* ccq_dtype */
+    uint8_t redop; /* ccq_reduce_op */
+    uint8_t chan;  /* CCQ_CHAN_* */
+    uint32_t part; /* index in the instance: rank for collectives, 0 send / 1 recv */
+    uint32_t rank; /* rank of the submitting device in the communicator */
+    ccq_device_id device;
+    ccq_device_id peer; /* send/recv: the other device */
+    size_t count;
+    const void *src;
+    void *dst;
+    struct ccq_comm *comm;
+    struct ccq_stream *stream;
+    uint64_t submit_ns;
+    uint64_t seq;
+    /* ---- scheduler only ---- */
+    struct ccq_cmd *fifo_next;
+    struct ccq_inst *inst;
+    char *detail; /* failure detail (malloc'd), recorded on the stream when it ends */
+    ccq_status status;
+    uint8_t state;
+    uint8_t cancel; /* ended by shutdown: counted as cancelled */
+    /* 1 while owned by a submitter or the scheduler; 0 when the slot is free. */
+    _Atomic uint32_t busy;
+} ccq_cmd;
+
+/* Tickets word of a stream: submitted count, plus the closed bit set by shutdown. */
+#define CCQ_TICKET_CLOSED (1ull << 63)
+
+/*
+ * A stream: (device, stream id). Producers touch the first cache line group; the
+ * scheduler publishes progress in the second; the rest is scheduler-only or cold.
+ */
+typedef struct ccq_stream {
+    /* Producer side. */
+    alignas(CCQ_CACHELINE) ccq_mpsc q;
+    _Atomic uint64_t tickets; /* commands submitted (reserved) | CCQ_TICKET_CLOSED */
+    ccq_cmd *_Atomic ring;    /* slot ring, allocated on first use */
+    /* Scheduler -> waiters. */
+    alignas(CCQ_CACHELINE) _Atomic uint64_t ended; /* commands ended, in stream order */
+    ccq_event ev;                                  /* fences and producers waiting for room */
+    _Atomic int err_status;                        /* first unreported error, 0 if none */
+    /* Scheduler only. */
+    alignas(CCQ_CACHELINE) ccq_cmd *fifo_head; /* commands received and not ended */
+    ccq_cmd *fifo_tail;
+    ccq_cmd *cursor;                  /* first command not issued (NULL: none) */
+    ccq_cmd *bcur;                    /* batch building: first command not included */
+    ccq_cmd *bfirst;                  /* batch building: first included command */
+    uint64_t bmark;                   /* batch attempt that last touched this stream */
+    ccq_cmd *bsave;                   /* bcur before that attempt (for rollback) */
+    struct ccq_stream *undo_next;     /* streams touched by the current attempt */
+    bool inflight;                    /* commands before `cursor` are in the batch in flight */
+    bool active;                      /* in the scheduler's active list */
+    uint64_t received;                /* commands drained from q */
+    uint64_t bpass;                   /* batch pass in which bcur/bfirst are valid */
+    uint64_t blisted;                 /* batch pass whose pass_streams list holds it */
+    struct ccq_stream *bnext_touched; /* streams with commands in the batch being built */
+    struct ccq_stream *batch_next;    /* streams of a batch in flight */
+    /* Cold. */
+    ccq_mpsc_node new_node; /* on rt->new_streams when first used */
+    ccq_device_id device;
+    ccq_stream_id id;
+    uint32_t index;
+    pthread_mutex_t err_lock; /* guards the strings below */
+    char err_detail[CCQ_DETAIL_LEN];
+    ccq_status last_status;
+    char last_detail[CCQ_DETAIL_LEN];
+} ccq_stream;
+
+/* A per-rank submit counter on its own cache line (no false sharing between devices). */
+typedef struct ccq_counter {
+    alignas(CCQ_CACHELINE) _Atomic uint64_t v;
+} ccq_counter;
+
+/* Scheduler state of one channel of a communicator. */
+typedef struct ccq_chan {
+    struct ccq_comm *comm;
+    uint8_t id;            /* CCQ_CHAN_* */
+    uint32_t nparts;       /* parts that make one instance */
+    uint64_t head;         /* lowest unresolved sequence number */
+    uint64_t cap;          /* window size (power of two) */
+    struct ccq_inst **win; /* win[seq & (cap-1)] for head <= seq < head + cap */
+    uint64_t bnext;        /* batch building: next seq to include (valid in pass bpass) */
+    uint64_t bpass;
+    uint64_t bmark, bsave; /* attempt that last moved bnext, and bnext before it */
+    struct ccq_chan *undo_next;
+    bool listed; /* in the scheduler's list of channels with work */
+    struct ccq_chan *list_next;
+    ccq_status late_status; /* what late parts of resolved-failed instances get */
+} ccq_chan;
+
+enum ccq_comm_state { CCQ_COMM_PENDING, CCQ_COMM_READY, CCQ_COMM_FAILED };
+
+typedef struct ccq_comm {
+    struct ccq_comm *_Atomic next; /* registry hash chain */
+    uint64_t hash;
+    uint32_t id;
+    uint32_t n;
+    ccq_device_id *devices; /* sorted */
+    _Atomic uint32_t state; /* ccq_comm_state */
+    _Atomic uint32_t aborted;
+    _Atomic uint32_t requested; /* pushed on the scheduler's init list */
+    ccq_mpsc_node req_node;
+    ccq_event ev; /* state changes */
+    ccq_status init_status;
+    char init_detail[CCQ_DETAIL_LEN];
+    ccq_be_comm *be;
+    /* Submit-side sequence counters. */
+    ccq_counter *coll_seq; /* [n] */
+    ccq_counter p2p_send[2], p2p_recv[2];
+    /* Scheduler only. */
+    ccq_chan chan[CCQ_CHAN_COUNT];
+    uint64_t *coll_done; /* [n] collectives ended per rank (desync reports) */
+} ccq_comm;
+
+/* Matching state of one operation instance (a collective, or a send/recv pair). */
+enum ccq_inst_state { CCQ_INST_WAITING, CCQ_INST_READY, CCQ_INST_FAILED, CCQ_INST_ISSUED };
+
+typedef struct ccq_inst {
+    ccq_be_op op; /* the backend's view; op.parts = bparts */
+    ccq_chan *chan;
+    uint64_t seq;
+    uint32_t present;
+    uint8_t state;
+    uint64_t bmark;         /* batch attempt that tentatively included it */
+    uint64_t bpass;         /* batch pass whose batch holds it */
+    uint64_t blocked;       /* batch pass in which it was found blocked */
+    ccq_status fail_status; /* when FAILED: what late parts get */
+    char *fail_detail;
+    struct ccq_inst *wnext; /* worklist / free list */
+    ccq_cmd **cmds;         /* [nparts] */
+    ccq_be_part *bparts;    /* [nparts] */
+} ccq_inst;
+
+/* A batch in the scheduler. */
+typedef struct ccq_batch {
+    ccq_be_batch be; /* ops array points at `ops` */
+    uint64_t issue_ns;
+    uint32_t capops, capinsts;
+    ccq_be_op **ops;
+    ccq_inst **insts;
+    ccq_stream *streams; /* streams with commands in this batch (batch_next links) */
+    struct ccq_batch *next;
+    bool aborting;
+} ccq_batch;
+
+/* Comm registry: lock-free lookup, insertion under a mutex; never shrinks while live. */
+#define CCQ_COMM_BUCKETS 256
+
+typedef struct ccq_stats_atomic {
+    _Atomic uint64_t completed, failed, cancelled, batches, batched_ops, max_batch_ops;
+    _Atomic uint64_t hist[8];
+} ccq_stats_atomic;
+
+struct ccq_runtime {
+    ccq_config cfg;
+    const ccq_backend_ops *be_ops;
+    ccq_backend *be;
+    uint32_t ndev;
+    uint32_t max_streams;
+    uint32_t ring_size;  /* slots per stream (power of two >= queue_depth) */
+    uint64_t timeout_ns; /* UINT64_MAX for none */
+    ccq_stream *streams; /* [ndev * max_streams] */
+
+    /* Wake-up of the scheduler, and its inputs besides the stream queues. */
+    ccq_wake wake;
+    ccq_mpsc new_streams; /* streams used for the first time (ring allocated) */
+    ccq_mpsc comm_reqs;   /* communicators to create in the backend */
+    _Atomic uint32_t closing;
+
+    /* Communicators. */
+    pthread_mutex_t comm_lock; /* serialises registry insertion */
+    ccq_comm *_Atomic buckets[CCQ_COMM_BUCKETS];
+    ccq_comm **comms; /* by id; scheduler reads entries < ncomms */
+    _Atomic uint32_t ncomms;
+    uint32_t comms_cap;
+
+    /* Scheduler thread. */
+    pthread_t thread;
+    bool thread_started;
+    _Atomic uint32_t sched_exited;
+    ccq_event exit_ev;
+    pthread_mutex_t shutdown_lock;
+
+    ccq_stats_atomic stats;
+
+    /* Scheduler-only state. */
+    struct ccq_sched *sched;
+};
+
+/* ---- runtime/util.c ---- */
+void ccq_set_detail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+ccq_status ccq_fail(ccq_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void ccq_clear_detail(void);
+size_t ccq_format(char *buf, size_t len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+const char *ccq_cmd_kind_name(uint8_t kind);
+size_t ccq_describe_cmd(char *buf, size_t len, const ccq_cmd *c);
+size_t ccq_describe_comm(char *buf, size_t len, const ccq_comm *comm);
+
+/* ---- runtime/comm.c ---- */
+ccq_comm *ccq_comm_lookup(ccq_runtime *rt, const ccq_device_id *sorted, uint32_t n);
+ccq_status ccq_comm_get_or_create(ccq_runtime *rt, const ccq_device_id *sorted, uint32_t n,
+                                  ccq_comm **out);
+void ccq_comm_request_init(ccq_runtime *rt, ccq_comm *comm);
+void ccq_comm_free_all(ccq_runtime *rt);
+
+/* ---- runtime/sched.c ---- */
+ccq_status ccq_sched_create(ccq_runtime *rt);
+void ccq_sched_destroy(ccq_runtime *rt);
+void *ccq_sched_main(void *arg);
+void ccq_sched_notify(void *arg); /* backend completion hook */
+
+/* ---- runtime/runtime.c ---- */
+ccq_status ccq_runtime_create_with(const ccq_config *cfg, const ccq_backend_ops *ops,
+                                   ccq_runtime **out);
+void ccq_stream_record_error(ccq_stream *s, ccq_status st, const char *detail);
+
+static inline ccq_stream *ccq_stream_at(ccq_runtime *rt, ccq_device_id d, ccq_stream_id s)
+{
+    return &rt->streams[(size_t)d * rt->max_streams + s];
+}
+
+#endif /* CCQ_RUNTIME_INTERNAL_H */

@@ -1,0 +1,804 @@
+/* The public calls: configuration, runtime lifetime, the submit path and the fence. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include "runtime/internal.h"
+
+/* ------------------------------------------------------------------------------------ */
+/* Configuration                                                                         */
+/* ------------------------------------------------------------------------------------ */
+
+/* Parse an unsigned decimal environment value; false (and *err set) if malformed. */
+static bool env_u64(const char *name, uint64_t max, uint64_t *out, const char **err,
+                    const char *msg)
+{
+    const char *v = getenv(name);
+    char *end;
+    unsigned long long x;
+
+    if (v == NULL || *v == '\0')
+        return false;
+    errno = 0;
+    x = strtoull(v, &end, 10);
+    if (errno != 0 || *end != '\0' || v[0] == '-' || x > max) {
+        if (*err == NULL)
+            *err = msg;
+        return false;
+    }
+    *out = x;
+    return true;
+}
+
+CCQ_API void ccq_config_init(ccq_config *cfg)
+{
+    const char *err = NULL;
+    const char *b;
+    uint64_t v;
+
+    if (cfg == NULL)
+        return;
+    memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
+    cfg->backend = "host";
+    cfg->host_devices = 4;
+    cfg->max_streams = 64;
+    cfg->queue_depth = 1024;
+    cfg->max_batch_ops = 256;
+    cfg->timeout_ms = 600000;
+    cfg->host_workers = 0;
+    cfg->flags = 0;
+
+    b = getenv("CCQ_BACKEND");
+    if (b != NULL && *b != '\0')
+        cfg->backend = b; /* validated by ccq_runtime_create */
+    if (env_u64("CCQ_HOST_DEVICES", CCQ_MAX_DEVICES, &v, &err,
+                "CCQ_HOST_DEVICES: expected an integer in [1, 1024]"))
+        cfg->host_devices = (uint32_t)v;
+    if (env_u64("CCQ_MAX_STREAMS", CCQ_MAX_STREAMS_MAX, &v, &err,
+                "CCQ_MAX_STREAMS: expected an integer in [1, 65536]"))
+        cfg->max_streams = (uint32_t)v;
+    if (env_u64("CCQ_QUEUE_DEPTH", CCQ_QUEUE_DEPTH_MAX, &v, &err,
+                "CCQ_QUEUE_DEPTH: expected an integer in [1, 1048576]"))
+        cfg->queue_depth = (uint32_t)v;
+    if (env_u64("CCQ_MAX_BATCH_OPS", CCQ_MAX_BATCH_MAX, &v, &err,
+                "CCQ_MAX_BATCH_OPS: expected an integer in [1, 65536]"))
+        cfg->max_batch_ops = (uint32_t)v;
+    if (env_u64("CCQ_TIMEOUT_MS", UINT64_MAX / 1000000u, &v, &err,
+                "CCQ_TIMEOUT_MS: expected a number of milliseconds (0 = none)"))
+        cfg->timeout_ms = v;
+    if (env_u64("CCQ_HOST_WORKERS", 1024, &v, &err,
+                "CCQ_HOST_WORKERS: expected an integer in [0, 1024] (0 = one per core)"))
+        cfg->host_workers = (uint32_t)v;
+    if (env_u64("CCQ_NONBLOCKING_SUBMIT", 1, &v, &err, "CCQ_NONBLOCKING_SUBMIT: expected 0 or 1"))
+        cfg->flags = v ? (cfg->flags | CCQ_FLAG_NONBLOCKING_SUBMIT)
+                       : (cfg->flags & ~CCQ_FLAG_NONBLOCKING_SUBMIT);
+    cfg->env_error = err;
+}
+
+/* Copy a caller's config of any known size; fields it lacks keep their defaults. */
+static ccq_status config_import(const ccq_config *in, ccq_config *out)
+{
+    ccq_config_init(out);
+    if (in == NULL)
+        return CCQ_OK;
+    if (in->struct_size < offsetof(ccq_config, host_workers) || in->struct_size > sizeof *in)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "ccq_config.struct_size is %" PRIu32 "; set it with ccq_config_init()",
+                        in->struct_size);
+    memcpy(out, in, in->struct_size);
+    out->struct_size = sizeof *out;
+    if (in->struct_size < sizeof *in)
+        out->env_error = NULL;
+    return CCQ_OK;
+}
+
+static ccq_status config_validate(const ccq_config *c)
+{
+    if (c->env_error != NULL)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "environment: %s", c->env_error);
+    if (c->backend == NULL)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_config.backend is NULL");
+    if (c->host_devices < 1 || c->host_devices > CCQ_MAX_DEVICES)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "ccq_config.host_devices is %" PRIu32 "; expected 1..%u", c->host_devices,
+                        CCQ_MAX_DEVICES);
+    if (c->max_streams < 1 || c->max_streams > CCQ_MAX_STREAMS_MAX)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "ccq_config.max_streams is %" PRIu32 "; expected 1..%u", c->max_streams,
+                        CCQ_MAX_STREAMS_MAX);
+    if (c->queue_depth < 1 || c->queue_depth > CCQ_QUEUE_DEPTH_MAX)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "ccq_config.queue_depth is %" PRIu32 "; expected 1..%u", c->queue_depth,
+                        CCQ_QUEUE_DEPTH_MAX);
+    if (c->max_batch_ops < 1 || c->max_batch_ops > CCQ_MAX_BATCH_MAX)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "ccq_config.max_batch_ops is %" PRIu32 "; expected 1..%u", c->max_batch_ops,
+                        CCQ_MAX_BATCH_MAX);
+    if (c->flags & ~CCQ_FLAG_NONBLOCKING_SUBMIT)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_config.flags has unknown bits 0x%" PRIx32,
+                        c->flags & ~CCQ_FLAG_NONBLOCKING_SUBMIT);
+    return CCQ_OK;
+}
+
+static const ccq_backend_ops *find_backend(const char *name)
+{
+    static const ccq_backend_ops *const builtin[] = {
+        &ccq_host_backend_ops,
+#ifdef CCQ_HAVE_NCCL
+        &ccq_nccl_backend_ops,
+#endif
+    };
+    for (size_t i = 0; i < sizeof builtin / sizeof builtin[0]; i++)
+        if (strcmp(builtin[i]->name, name) == 0)
+            return builtin[i];
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Runtime lifetime                                                                      */
+/* ------------------------------------------------------------------------------------ */
+
+static void runtime_free(ccq_runtime *rt)
+{
+    uint32_t nstreams = rt->ndev * rt->max_streams;
+
+    ccq_sched_destroy(rt);
+    ccq_comm_free_all(rt);
+    if (rt->be != NULL)
+        rt->be_ops->destroy(rt->be);
+    if (rt->streams != NULL) {
+        for (uint32_t i = 0; i < nstreams; i++) {
+            free(atomic_load_explicit(&rt->streams[i].ring, memory_order_relaxed));
+            pthread_mutex_destroy(&rt->streams[i].err_lock);
+        }
+        free(rt->streams);
+    }
+    pthread_mutex_destroy(&rt->comm_lock);
+    pthread_mutex_destroy(&rt->shutdown_lock);
+    free(rt);
+}
+
+static void backend_notify(void *arg)
+{
+    ccq_runtime *rt = arg;
+    /* Backends publish completions with an atomic RMW (their done-queue push). */
+    ccq_wake_signal(&rt->wake);
+}
+
+ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_ops *ops,
+                                   ccq_runtime **out)
+{
+    ccq_runtime *rt;
+    ccq_config cfg;
+    ccq_errbuf err = {{0}};
+    ccq_be_hooks hooks;
+    ccq_status st;
+    uint32_t nstreams;
+
+    ccq_clear_detail();
+    if (out == NULL)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_runtime_create: out is NULL");
+    *out = NULL;
+    st = config_import(cfg_in, &cfg);
+    if (st != CCQ_OK)
+        return st;
+    st = config_validate(&cfg);
+    if (st != CCQ_OK)
+        return st;
+    if (ops == NULL) {
+        ops = find_backend(cfg.backend);
+        if (ops == NULL)
+            return ccq_fail(strcmp(cfg.backend, "nccl") == 0 ? CCQ_ERR_UNSUPPORTED
+                                                             : CCQ_ERR_INVALID_ARGUMENT,
+                            strcmp(cfg.backend, "nccl") == 0
+                                ? "backend \"nccl\" is not built into this ccq (configure with "
+                                  "CUDA and NCCL found, CCQ_WITH_NCCL=ON)"
+                                : "unknown backend \"%s\" (expected \"host\" or \"nccl\")",
+                            cfg.backend);
+    }
+
+    rt = aligned_alloc(CCQ_CACHELINE,
+                       (sizeof *rt + CCQ_CACHELINE - 1) / CCQ_CACHELINE * CCQ_CACHELINE);
+    if (rt == NULL)
+        return ccq_fail(CCQ_ERR_NO_MEMORY, "out of memory allocating the runtime");
+    memset(rt, 0, sizeof *rt);
+    rt->cfg = cfg;
+    rt->cfg.env_error = NULL;
+    rt->be_ops = ops;
+    pthread_mutex_init(&rt->comm_lock, NULL);
+    pthread_mutex_init(&rt->shutdown_lock, NULL);
+    ccq_wake_init(&rt->wake);
+    ccq_event_init(&rt->exit_ev);
+    ccq_mpsc_init(&rt->new_streams);
+    ccq_mpsc_init(&rt->comm_reqs);
+    atomic_init(&rt->closing, 0);
+    atomic_init(&rt->sched_exited, 0);
+    atomic_init(&rt->ncomms, 0);
+    for (int i = 0; i < CCQ_COMM_BUCKETS; i++)
+        atomic_init(&rt->buckets[i], NULL);
+    rt->timeout_ns = cfg.timeout_ms == 0 ? UINT64_MAX : cfg.timeout_ms * 1000000ull;
+    rt->ring_size = 1;
+    while (rt->ring_size < cfg.queue_depth)
+        rt->ring_size <<= 1;
+
+    hooks.notify = backend_notify;
+    hooks.notify_arg = rt;
+    st = ops->create(&rt->cfg, &hooks, &rt->be, &err);
+    if (st != CCQ_OK) {
+        rt->be = NULL;
+        runtime_free(rt);
+        return ccq_fail(st, "backend \"%s\": %s", ops->name, err.msg);
+    }
+    rt->ndev = ops->device_count(rt->be);
+    rt->max_streams = cfg.max_streams;
+    nstreams = rt->ndev * rt->max_streams;
+    rt->streams = aligned_alloc(CCQ_CACHELINE, (size_t)nstreams * sizeof *rt->streams);
+    if (rt->streams == NULL) {
+        runtime_free(rt);
+        return ccq_fail(CCQ_ERR_NO_MEMORY, "out of memory allocating %u streams", nstreams);
+    }
+    memset(rt->streams, 0, (size_t)nstreams * sizeof *rt->streams);
+    for (uint32_t i = 0; i < nstreams; i++) {
+        ccq_stream *s = &rt->streams[i];
+        ccq_mpsc_init(&s->q);
+        atomic_init(&s->tickets, 0);
+        atomic_init(&s->ring, NULL);
+        atomic_init(&s->ended, 0);
+        atomic_init(&s->err_status, 0);
+        ccq_event_init(&s->ev);
+        pthread_mutex_init(&s->err_lock, NULL);
+        s->device = i / rt->max_streams;
+        s->id = i % rt->max_streams;
+        s->index = i;
+    }
+    st = ccq_sched_create(rt);
+    if (st != CCQ_OK) {
+        runtime_free(rt);
+        return ccq_fail(st, "out of memory creating the scheduler");
+    }
+    if (pthread_create(&rt->thread, NULL, ccq_sched_main, rt) != 0) {
+        runtime_free(rt);
+        return ccq_fail(CCQ_ERR_NO_MEMORY, "cannot start the scheduler thread");
+    }
+    rt->thread_started = true;
+    *out = rt;
+    return CCQ_OK;
+}
+
+CCQ_API ccq_status ccq_runtime_create(const ccq_config *cfg, ccq_runtime **out)
+{
+    return ccq_runtime_create_with(cfg, NULL, out);
+}
+
+static bool sched_exited(void *arg)
+{
+    ccq_runtime *rt = arg;
+    return atomic_load_explicit(&rt->sched_exited, memory_order_acquire) != 0;
+}
+
+CCQ_API ccq_status ccq_runtime_shutdown(ccq_runtime *rt)
+{
+    uint32_t nstreams;
+
+    if (rt == NULL)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_runtime_shutdown: rt is NULL");
+    ccq_clear_detail();
+    pthread_mutex_lock(&rt->shutdown_lock);
+    if (!atomic_load_explicit(&rt->closing, memory_order_relaxed)) {
+        /* Close every stream first: a submitter either got its ticket before this (and
+         * will push; the scheduler waits for exactly those) or sees the closed bit. */
+        nstreams = rt->ndev * rt->max_streams;
+        for (uint32_t i = 0; i < nstreams; i++) {
+            atomic_fetch_or_explicit(&rt->streams[i].tickets, CCQ_TICKET_CLOSED,
+                                     memory_order_acq_rel);
+            /* Producers waiting for room must see the closed bit. */
+            ccq_event_notify(&rt->streams[i].ev);
+        }
+        atomic_store_explicit(&rt->closing, 1, memory_order_release);
+        ccq_wake_signal_fenced(&rt->wake);
+    }
+    pthread_mutex_unlock(&rt->shutdown_lock);
+    ccq_event_wait(&rt->exit_ev, sched_exited, rt, UINT64_MAX);
+    return CCQ_OK;
+}
+
+CCQ_API ccq_status ccq_runtime_destroy(ccq_runtime *rt)
+{
+    if (rt == NULL)
+        return CCQ_OK;
+    ccq_runtime_shutdown(rt);
+    if (rt->thread_started)
+        pthread_join(rt->thread, NULL);
+    runtime_free(rt);
+    return CCQ_OK;
+}
+
+CCQ_API uint32_t ccq_device_count(const ccq_runtime *rt)
+{
+    return rt == NULL ? 0 : rt->ndev;
+}
+
+CCQ_API const char *ccq_backend_name(const ccq_runtime *rt)
+{
+    return rt == NULL ? "" : rt->be_ops->name;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Argument checks shared by the calls                                                   */
+/* ------------------------------------------------------------------------------------ */
+
+static ccq_status check_stream(const ccq_runtime *rt, const char *fn, ccq_device_id device,
+                               ccq_stream_id stream)
+{
+    if (device >= rt->ndev)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "%s: device %u does not exist (%u devices)", fn,
+                        device, rt->ndev);
+    if (stream >= rt->max_streams)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "%s: stream %u out of range (max_streams = %u)",
+                        fn, stream, rt->max_streams);
+    return CCQ_OK;
+}
+
+/* Sort and check a device set into `out` (n <= ndev). */
+static ccq_status normalize_set(const ccq_runtime *rt, const char *fn, const ccq_device_id *devices,
+                                size_t n, ccq_device_id *out)
+{
+    if (devices == NULL)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "%s: devices is NULL", fn);
+    if (n == 0)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "%s: the device set is empty (n == 0)", fn);
+    if (n > rt->ndev)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "%s: %zu devices given but the runtime has %u (duplicates?)", fn, n,
+                        rt->ndev);
+    for (size_t i = 0; i < n; i++) {
+        ccq_device_id d = devices[i];
+        size_t j = i;
+        if (d >= rt->ndev)
+            return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                            "%s: devices[%zu] = %u does not exist (%u devices)", fn, i, d,
+                            rt->ndev);
+        /* Insertion sort: sets are small, and this keeps the call allocation-free. */
+        while (j > 0 && out[j - 1] > d) {
+            out[j] = out[j - 1];
+            j--;
+        }
+        out[j] = d;
+    }
+    for (size_t i = 1; i < n; i++)
+        if (out[i] == out[i - 1])
+            return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "%s: device %u appears twice in the set", fn,
+                            out[i]);
+    return CCQ_OK;
+}
+
+static bool comm_ready(void *arg)
+{
+    ccq_comm *c = arg;
+    return atomic_load_explicit(&c->state, memory_order_acquire) != CCQ_COMM_PENDING;
+}
+
+static ccq_status comm_status(ccq_comm *c, const char *fn)
+{
+    char set[128];
+    if (atomic_load_explicit(&c->aborted, memory_order_acquire)) {
+        ccq_describe_comm(set, sizeof set, c);
+        return ccq_fail(CCQ_ERR_ABORTED, "%s: communicator %s was aborted: %s", fn, set,
+                        c->init_detail);
+    }
+    if (atomic_load_explicit(&c->state, memory_order_acquire) == CCQ_COMM_FAILED) {
+        ccq_describe_comm(set, sizeof set, c);
+        return ccq_fail(c->init_status, "%s: communicator %s could not be created: %s", fn, set,
+                        c->init_detail);
+    }
+    return CCQ_OK;
+}
+
+CCQ_API ccq_status ccq_comm_init(ccq_runtime *rt, const ccq_device_id *devices, size_t n)
+{
+    ccq_device_id sorted[CCQ_MAX_DEVICES];
+    ccq_comm *c;
+    ccq_status st;
+    uint64_t deadline;
+
+    ccq_clear_detail();
+    if (rt == NULL)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_comm_init: rt is NULL");
+    st = normalize_set(rt, "ccq_comm_init", devices, n, sorted);
+    if (st != CCQ_OK)
+        return st;
+    if (atomic_load_explicit(&rt->closing, memory_order_acquire))
+        return ccq_fail(CCQ_ERR_SHUTDOWN, "ccq_comm_init: the runtime is shutting down");
+    st = ccq_comm_get_or_create(rt, sorted, (uint32_t)n, &c);
+    if (st != CCQ_OK)
+        return st;
+    ccq_comm_request_init(rt, c);
+    deadline = rt->timeout_ns == UINT64_MAX ? UINT64_MAX : ccq_now_ns() + rt->timeout_ns;
+    if (!ccq_event_wait(&c->ev, comm_ready, c, deadline))
+        return ccq_fail(CCQ_ERR_TIMEOUT, "ccq_comm_init: the backend did not create the "
+                                         "communicator within timeout_ms");
+    return comm_status(c, "ccq_comm_init");
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* The submit path                                                                       */
+/* ------------------------------------------------------------------------------------ */
+
+typedef struct submit_args {
+    uint8_t kind;
+    ccq_device_id device;
+    ccq_stream_id stream;
+    const void *src;
+    void *dst;
+    size_t count;
+    ccq_dtype dtype;
+    ccq_reduce_op op;
+    ccq_device_id peer;
+} submit_args;
+
+/* Allocate the stream's slot ring on first use and announce the stream to the scheduler.
+ * Happens once per stream, not per command. */
+static ccq_cmd *stream_ring(ccq_runtime *rt, ccq_stream *s)
+{
+    ccq_cmd *ring = atomic_load_explicit(&s->ring, memory_order_acquire);
+    ccq_cmd *expected = NULL;
+
+    if (ring != NULL)
+        return ring;
+    ring = aligned_alloc(CCQ_CACHELINE, (size_t)rt->ring_size * sizeof *ring);
+    if (ring == NULL)
+        return NULL;
+    memset(ring, 0, (size_t)rt->ring_size * sizeof *ring);
+    for (uint32_t i = 0; i < rt->ring_size; i++)
+        atomic_init(&ring[i].busy, 0);
+    if (!atomic_compare_exchange_strong_explicit(&s->ring, &expected, ring, memory_order_acq_rel,
+                                                 memory_order_acquire)) {
+        free(ring); /* another thread won the race */
+        return expected;
+    }
+    /* The scheduler scans only streams it has been told about. */
+    ccq_mpsc_push_mpsc(&rt->new_streams, &s->new_node);
+    ccq_wake_signal(&rt->wake);
+    return ring;
+}
+
+typedef struct room_wait {
+    ccq_stream *s;
+    uint32_t depth;
+} room_wait;
+
+static bool has_room_or_closed(void *arg)
+{
+    room_wait *w = arg;
+    uint64_t t = atomic_load_explicit(&w->s->tickets, memory_order_acquire);
+    uint64_t e = atomic_load_explicit(&w->s->ended, memory_order_acquire);
+    return (t & CCQ_TICKET_CLOSED) || (t & ~CCQ_TICKET_CLOSED) - e < w->depth;
+}
+
+/* Reserve a ticket (a slot) on the stream: one CAS when there is room. */
+static ccq_status reserve_ticket(ccq_runtime *rt, ccq_stream *s, const char *fn, uint64_t *out)
+{
+    uint64_t t = atomic_load_explicit(&s->tickets, memory_order_relaxed);
+    uint64_t deadline = 0;
+
+    for (;;) {
+        if (t & CCQ_TICKET_CLOSED)
+            return ccq_fail(CCQ_ERR_SHUTDOWN, "%s: the runtime is shutting down", fn);
+        uint64_t e = atomic_load_explicit(&s->ended, memory_order_acquire);
+        if (t - e < rt->cfg.queue_depth) {
+            if (atomic_compare_exchange_weak_explicit(&s->tickets, &t, t + 1, memory_order_acq_rel,
+                                                      memory_order_relaxed)) {
+                *out = t;
+                return CCQ_OK;
+            }
+            continue;
+        }
+        if (rt->cfg.flags & CCQ_FLAG_NONBLOCKING_SUBMIT)
+            return ccq_fail(CCQ_ERR_QUEUE_FULL,
+                            "%s: device %u stream %u has queue_depth = %u commands outstanding", fn,
+                            s->device, s->id, rt->cfg.queue_depth);
+        if (deadline == 0)
+            deadline = rt->timeout_ns == UINT64_MAX ? UINT64_MAX : ccq_now_ns() + rt->timeout_ns;
+        room_wait w = {s, rt->cfg.queue_depth};
+        if (!ccq_event_wait(&s->ev, has_room_or_closed, &w, deadline))
+            return ccq_fail(CCQ_ERR_QUEUE_FULL,
+                            "%s: device %u stream %u stayed full (queue_depth = %u) for "
+                            "timeout_ms = %llu",
+                            fn, s->device, s->id, rt->cfg.queue_depth,
+                            (unsigned long long)rt->cfg.timeout_ms);
+        t = atomic_load_explicit(&s->tickets, memory_order_relaxed);
+    }
+}
+
+static ccq_status submit(ccq_runtime *rt, const char *fn, const submit_args *a,
+                         const ccq_device_id *devices, size_t n)
+{
+    ccq_device_id sorted[CCQ_MAX_DEVICES];
+    ccq_comm *comm;
+    ccq_stream *s;
+    ccq_cmd *ring, *c;
+    ccq_status st;
+    size_t esize, bytes;
+    uint32_t nset, rank = 0, chan, part;
+    uint64_t t = 0, seq;
+    _Atomic uint64_t *counter;
+
+    ccq_clear_detail();
+    if (rt == NULL)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "%s: rt is NULL", fn);
+    st = check_stream(rt, fn, a->device, a->stream);
+    if (st != CCQ_OK)
+        return st;
+    esize = ccq_dtype_size(a->dtype);
+    if (esize == 0)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "%s: invalid dtype %d", fn, (int)a->dtype);
+    if (a->kind == CCQ_CMD_ALL_REDUCE && (unsigned)a->op >= CCQ_REDUCE_OP_COUNT_)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "%s: invalid reduce op %d", fn, (int)a->op);
+    if (a->count > SIZE_MAX / esize || a->count * esize > (size_t)PTRDIFF_MAX)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "%s: count %zu of %s overflows the address space",
+                        fn, a->count, ccq_dtype_name(a->dtype));
+    bytes = a->count * esize;
+    if (bytes > 0) {
+        if (a->kind != CCQ_CMD_RECV && a->src == NULL)
+            return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "%s: src is NULL", fn);
+        if (a->kind != CCQ_CMD_SEND && a->dst == NULL)
+            return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "%s: dst is NULL", fn);
+    }
+    if (a->kind == CCQ_CMD_ALL_REDUCE && bytes > 0 && a->src != a->dst) {
+        uintptr_t s0 = (uintptr_t)a->src, d0 = (uintptr_t)a->dst;
+        if (s0 < d0 + bytes && d0 < s0 + bytes)
+            return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                            "%s: src and dst overlap partially (in place needs src == dst)", fn);
+    }
+
+    /* The communicator and this device's rank in it. */
+    if (a->kind == CCQ_CMD_ALL_REDUCE) {
+        st = normalize_set(rt, fn, devices, n, sorted);
+        if (st != CCQ_OK)
+            return st;
+        nset = (uint32_t)n;
+        while (rank < nset && sorted[rank] != a->device)
+            rank++;
+        if (rank == nset)
+            return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                            "%s: device %u is not in the device set it submits to", fn, a->device);
+        comm = ccq_comm_lookup(rt, sorted, nset);
+        if (comm == NULL) {
+            char set[128];
+            size_t w = ccq_format(set, sizeof set, "{");
+            for (uint32_t i = 0; i < nset && w < sizeof set; i++)
+                w += ccq_format(set + w, sizeof set - w, i ? ",%u" : "%u", sorted[i]);
+            ccq_format(set + w, sizeof set - w, "}");
+            return ccq_fail(CCQ_ERR_NOT_INITIALIZED,
+                            "%s: no communicator for device set %s; call ccq_comm_init first", fn,
+                            set);
+        }
+        chan = CCQ_CHAN_COLL;
+        part = rank;
+        counter = &comm->coll_seq[rank].v;
+    } else {
+        ccq_device_id self = a->device, peer = a->peer;
+        if (peer >= rt->ndev)
+            return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                            "%s: peer device %u does not exist (%u devices)", fn, peer, rt->ndev);
+        nset = self == peer ? 1 : 2;
+        sorted[0] = self < peer ? self : peer;
+        sorted[1] = self < peer ? peer : self;
+        if (atomic_load_explicit(&rt->closing, memory_order_acquire))
+            return ccq_fail(CCQ_ERR_SHUTDOWN, "%s: the runtime is shutting down", fn);
+        st = ccq_comm_get_or_create(rt, sorted, nset, &comm);
+        if (st != CCQ_OK)
+            return st;
+        ccq_comm_request_init(rt, comm);
+        rank = self == sorted[0] ? 0 : 1;
+        /* Direction: from the sender's rank to the receiver's. */
+        {
+            uint32_t from = a->kind == CCQ_CMD_SEND ? rank : (peer == sorted[0] ? 0 : 1);
+            uint32_t dir = nset == 1 ? 0 : from;
+            chan = CCQ_CHAN_P2P0 + dir;
+            part = a->kind == CCQ_CMD_SEND ? 0 : 1;
+            counter = a->kind == CCQ_CMD_SEND ? &comm->p2p_send[dir].v : &comm->p2p_recv[dir].v;
+        }
+    }
+    st = comm_status(comm, fn);
+    if (st != CCQ_OK)
+        return st;
+
+    s = ccq_stream_at(rt, a->device, a->stream);
+    ring = stream_ring(rt, s);
+    if (ring == NULL)
+        return ccq_fail(CCQ_ERR_NO_MEMORY, "%s: out of memory allocating the stream's queue", fn);
+    st = reserve_ticket(rt, s, fn, &t);
+    if (st != CCQ_OK)
+        return st;
+
+    /* From here on the command is accepted: nothing may fail. */
+    c = &ring[t & (rt->ring_size - 1)];
+    /* The slot is free unless its previous user is a command that was pushed behind more
+     * than queue_depth newer ones (producers racing on one stream); it then frees as soon
+     * as that command ends, which the watchdog bounds. */
+    while (atomic_load_explicit(&c->busy, memory_order_acquire) != 0)
+        sched_yield();
+    atomic_store_explicit(&c->busy, 1, memory_order_relaxed);
+    c->kind = a->kind;
+    c->dtype = (uint8_t)a->dtype;
+    c->redop = (uint8_t)a->op;
+    c->chan = (uint8_t)chan;
+    c->part = part;
+    c->rank = rank;
+    c->device = a->device;
+    c->peer = a->peer;
+    c->count = a->count;
+    c->src = a->src;
+    c->dst = a->dst;
+    c->comm = comm;
+    c->stream = s;
+    c->submit_ns = ccq_now_ns();
+    seq = atomic_fetch_add_explicit(counter, 1, memory_order_relaxed);
+    c->seq = seq;
+    ccq_mpsc_push_mpsc(&s->q, &c->qnode);
+    ccq_wake_signal(&rt->wake);
+    return CCQ_OK;
+}
+
+CCQ_API ccq_status ccq_all_reduce(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream,
+                                  const void *src, void *dst, size_t count, ccq_dtype dtype,
+                                  ccq_reduce_op op, const ccq_device_id *devices, size_t n)
+{
+    submit_args a = {CCQ_CMD_ALL_REDUCE, device, stream, src, dst, count, dtype, op, 0};
+    return submit(rt, "ccq_all_reduce", &a, devices, n);
+}
+
+CCQ_API ccq_status ccq_send(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream,
+                            const void *src, size_t count, ccq_dtype dtype, ccq_device_id peer)
+{
+    submit_args a = {CCQ_CMD_SEND, device, stream, src, NULL, count, dtype, CCQ_SUM, peer};
+    return submit(rt, "ccq_send", &a, NULL, 0);
+}
+
+CCQ_API ccq_status ccq_recv(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream, void *dst,
+                            size_t count, ccq_dtype dtype, ccq_device_id peer)
+{
+    submit_args a = {CCQ_CMD_RECV, device, stream, NULL, dst, count, dtype, CCQ_SUM, peer};
+    return submit(rt, "ccq_recv", &a, NULL, 0);
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Fences and errors                                                                     */
+/* ------------------------------------------------------------------------------------ */
+
+/* Called by the scheduler when a command ends with an error: keep the first one. */
+void ccq_stream_record_error(ccq_stream *s, ccq_status st, const char *detail)
+{
+    pthread_mutex_lock(&s->err_lock);
+    if (atomic_load_explicit(&s->err_status, memory_order_relaxed) == 0) {
+        snprintf(s->err_detail, sizeof s->err_detail, "%s", detail ? detail : "");
+        atomic_store_explicit(&s->err_status, (int)st, memory_order_release);
+    }
+    pthread_mutex_unlock(&s->err_lock);
+}
+
+typedef struct fence_wait {
+    ccq_stream *s;
+    uint64_t target;
+} fence_wait;
+
+static bool fence_done(void *arg)
+{
+    fence_wait *w = arg;
+    return atomic_load_explicit(&w->s->ended, memory_order_acquire) >= w->target;
+}
+
+CCQ_API ccq_status ccq_sync_collective(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream)
+{
+    ccq_stream *s;
+    fence_wait w;
+    ccq_status st;
+    uint64_t deadline = UINT64_MAX;
+    int err;
+
+    ccq_clear_detail();
+    if (rt == NULL)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_sync_collective: rt is NULL");
+    st = check_stream(rt, "ccq_sync_collective", device, stream);
+    if (st != CCQ_OK)
+        return st;
+    s = ccq_stream_at(rt, device, stream);
+    w.s = s;
+    /* Every command whose submission returned before this load has a smaller ticket, and
+     * commands end in stream order, so `ended` reaching the ticket count covers them. */
+    w.target = atomic_load_explicit(&s->tickets, memory_order_acquire) & ~CCQ_TICKET_CLOSED;
+    if (!fence_done(&w)) {
+        if (rt->timeout_ns != UINT64_MAX) {
+            /* A short grace beyond timeout_ms lets the watchdog, which fires at the same
+             * deadline for the oldest command, report why instead of a bare timeout. */
+            uint64_t grace =
+                rt->timeout_ns / 8 < 200000000ull ? rt->timeout_ns / 8 + 20000000ull : 200000000ull;
+            deadline = ccq_now_ns() + rt->timeout_ns + grace;
+        }
+        if (!ccq_event_wait(&s->ev, fence_done, &w, deadline)) {
+            uint64_t e = atomic_load_explicit(&s->ended, memory_order_acquire);
+            if (atomic_load_explicit(&s->err_status, memory_order_acquire) == 0)
+                return ccq_fail(CCQ_ERR_TIMEOUT,
+                                "ccq_sync_collective: device %u stream %u: %llu of the "
+                                "commands it covers still pending after timeout_ms = %llu",
+                                device, stream, (unsigned long long)(w.target - e),
+                                (unsigned long long)rt->cfg.timeout_ms);
+        }
+    }
+    err = atomic_load_explicit(&s->err_status, memory_order_acquire);
+    if (err == 0)
+        return CCQ_OK;
+    pthread_mutex_lock(&s->err_lock);
+    err = atomic_load_explicit(&s->err_status, memory_order_relaxed);
+    if (err != 0) {
+        ccq_set_detail("%s", s->err_detail);
+        s->last_status = (ccq_status)err;
+        memcpy(s->last_detail, s->err_detail, sizeof s->last_detail);
+        atomic_store_explicit(&s->err_status, 0, memory_order_relaxed);
+    }
+    pthread_mutex_unlock(&s->err_lock);
+    return (ccq_status)err;
+}
+
+CCQ_API ccq_status ccq_stream_last_error(ccq_runtime *rt, ccq_device_id device,
+                                         ccq_stream_id stream, char *buf, size_t len)
+{
+    ccq_stream *s;
+    ccq_status st;
+
+    if (rt == NULL)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_stream_last_error: rt is NULL");
+    st = check_stream(rt, "ccq_stream_last_error", device, stream);
+    if (st != CCQ_OK)
+        return st;
+    if (buf == NULL && len > 0)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_stream_last_error: buf is NULL");
+    s = ccq_stream_at(rt, device, stream);
+    pthread_mutex_lock(&s->err_lock);
+    st = s->last_status;
+    if (len > 0)
+        snprintf(buf, len, "%s", s->last_detail);
+    pthread_mutex_unlock(&s->err_lock);
+    return st;
+}
+
+CCQ_API ccq_status ccq_get_stats(ccq_runtime *rt, ccq_stats *out)
+{
+    ccq_stats st;
+    uint32_t nstreams;
+    uint64_t ended;
+
+    if (rt == NULL || out == NULL)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_get_stats: %s is NULL",
+                        rt == NULL ? "rt" : "out");
+    if (out->struct_size < offsetof(ccq_stats, batch_size_hist) || out->struct_size > sizeof *out)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "ccq_get_stats: out->struct_size is %u; set it to sizeof(ccq_stats)",
+                        out->struct_size);
+    memset(&st, 0, sizeof st);
+    st.struct_size = out->struct_size;
+    /* Ends first, submissions last, so pending never reads negative. */
+    st.completed = atomic_load_explicit(&rt->stats.completed, memory_order_acquire);
+    st.failed = atomic_load_explicit(&rt->stats.failed, memory_order_acquire);
+    st.cancelled = atomic_load_explicit(&rt->stats.cancelled, memory_order_acquire);
+    st.batches = atomic_load_explicit(&rt->stats.batches, memory_order_relaxed);
+    st.batched_ops = atomic_load_explicit(&rt->stats.batched_ops, memory_order_relaxed);
+    st.max_batch_ops = atomic_load_explicit(&rt->stats.max_batch_ops, memory_order_relaxed);
+    for (int i = 0; i < 8; i++)
+        st.batch_size_hist[i] = atomic_load_explicit(&rt->stats.hist[i], memory_order_relaxed);
+    ended = st.completed + st.failed + st.cancelled;
+    nstreams = rt->ndev * rt->max_streams;
+    for (uint32_t i = 0; i < nstreams; i++)
+        st.submitted += atomic_load_explicit(&rt->streams[i].tickets, memory_order_acquire) &
+                        ~CCQ_TICKET_CLOSED;
+    st.pending = st.submitted > ended ? st.submitted - ended : 0;
+    memcpy(out, &st, out->struct_size);
+    return CCQ_OK;
+}

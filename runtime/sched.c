@@ -1,0 +1,1300 @@
+/* The scheduler thread: drains stream queues, matches the parts of each operation,
+ * batches what is ready, issues batches through the backend, ends commands in stream order,
+ * runs the watchdog and carries out shutdown. It is the only thread that calls the backend
+ * and the only one that touches anything marked "scheduler only". */
+#define _GNU_SOURCE
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/internal.h"
+
+typedef struct ccq_sched {
+    ccq_stream **live; /* streams with a ring: scanned for input */
+    uint32_t nlive, caplive;
+    ccq_stream **active; /* streams with commands received and not ended */
+    uint32_t nactive, capactive;
+    ccq_chan *chans; /* channels that may have a ready head (list_next links) */
+    ccq_inst *inst_free;
+    size_t inst_size;
+    uint32_t inst_parts; /* parts every instance can hold: max(2, ndev) */
+    ccq_batch *batch_free;
+    ccq_batch *inflight; /* batches issued and not returned (next links) */
+    uint32_t ninflight;
+    ccq_be_batch *done; /* completions polled but not processed yet */
+    uint64_t pass, attempt, batch_id;
+    /* The current attempt's tentative set and undo lists. */
+    ccq_inst **work;
+    uint32_t nwork, capwork;
+    ccq_inst **tent;
+    uint32_t ntent, captent;
+    ccq_stream *undo_streams;
+    ccq_chan *undo_chans;
+    ccq_stream *pass_streams; /* streams with commands in the batch being built */
+    uint64_t wd_next;         /* earliest watchdog deadline (UINT64_MAX: none) */
+    /* Shutdown. */
+    bool closing, cancelled_incomplete, shutdown_aborted;
+    uint64_t close_ns;
+    /* Counters (published to rt->stats). */
+    uint64_t completed, failed, cancelled;
+} ccq_sched;
+
+static inline uint64_t min_u64(uint64_t a, uint64_t b)
+{
+    return a < b ? a : b;
+}
+
+static inline uint64_t add_sat(uint64_t a, uint64_t b)
+{
+    return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+/* Grow a pointer array to hold at least `need` entries. */
+static bool grow(void *arrp, uint32_t *cap, uint32_t need)
+{
+    void **arr = *(void ***)arrp;
+    uint32_t ncap = *cap ? *cap : 16;
+
+    if (need <= *cap)
+        return true;
+    while (ncap < need)
+        ncap *= 2;
+    arr = realloc(arr, ncap * sizeof *arr);
+    if (arr == NULL)
+        return false;
+    *(void ***)arrp = arr;
+    *cap = ncap;
+    return true;
+}
+
+/* The scheduler must not fail on memory in the middle of a pass; allocation failure on
+ * these small internal arrays is treated as fatal, like an assertion. */
+__attribute__((noreturn)) static void xgrow_fail(void)
+{
+    fprintf(stderr, "ccq: scheduler out of memory\n");
+    abort();
+}
+
+#define XGROW(arrp, capp, need)                                                                    \
+    do {                                                                                           \
+        if (!grow((arrp), (capp), (need)))                                                         \
+            xgrow_fail();                                                                          \
+    } while (0)
+
+static char *xstrdup(const char *s)
+{
+    char *d = strdup(s ? s : "");
+    if (d == NULL)
+        xgrow_fail();
+    return d;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Setup                                                                                 */
+/* ------------------------------------------------------------------------------------ */
+
+ccq_status ccq_sched_create(ccq_runtime *rt)
+{
+    ccq_sched *S = calloc(1, sizeof *S);
+    if (S == NULL)
+        return CCQ_ERR_NO_MEMORY;
+    S->inst_parts = rt->ndev > 2 ? rt->ndev : 2;
+    S->inst_size = sizeof(ccq_inst) + S->inst_parts * (sizeof(ccq_cmd *) + sizeof(ccq_be_part));
+    S->wd_next = UINT64_MAX;
+    rt->sched = S;
+    return CCQ_OK;
+}
+
+static void batch_free_mem(ccq_batch *b)
+{
+    free(b->ops);
+    free(b->insts);
+    free(b);
+}
+
+void ccq_sched_destroy(ccq_runtime *rt)
+{
+    ccq_sched *S = rt->sched;
+    if (S == NULL)
+        return;
+    while (S->inst_free) {
+        ccq_inst *i = S->inst_free;
+        S->inst_free = i->wnext;
+        free(i);
+    }
+    while (S->batch_free) {
+        ccq_batch *b = S->batch_free;
+        S->batch_free = b->next;
+        batch_free_mem(b);
+    }
+    free(S->live);
+    free(S->active);
+    free(S->work);
+    free(S->tent);
+    free(S);
+    rt->sched = NULL;
+}
+
+void ccq_sched_notify(void *arg)
+{
+    ccq_runtime *rt = arg;
+    ccq_wake_signal(&rt->wake);
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Instances and channel windows                                                         */
+/* ------------------------------------------------------------------------------------ */
+
+static ccq_inst *inst_alloc(ccq_sched *S, ccq_chan *chan, uint64_t seq)
+{
+    ccq_inst *i = S->inst_free;
+    if (i != NULL)
+        S->inst_free = i->wnext;
+    else if ((i = malloc(S->inst_size)) == NULL)
+        xgrow_fail();
+    memset(i, 0, sizeof *i);
+    i->cmds = (ccq_cmd **)(i + 1);
+    i->bparts = (ccq_be_part *)(i->cmds + S->inst_parts);
+    memset(i->cmds, 0, chan->nparts * sizeof *i->cmds);
+    i->chan = chan;
+    i->seq = seq;
+    i->state = CCQ_INST_WAITING;
+    return i;
+}
+
+static void inst_release(ccq_sched *S, ccq_inst *i)
+{
+    free(i->fail_detail);
+    i->fail_detail = NULL;
+    i->wnext = S->inst_free;
+    S->inst_free = i;
+}
+
+static ccq_inst **win_slot(ccq_chan *ch, uint64_t seq)
+{
+    return &ch->win[seq & (ch->cap - 1)];
+}
+
+static ccq_inst *win_get(ccq_chan *ch, uint64_t seq)
+{
+    if (ch->win == NULL || seq < ch->head || seq - ch->head >= ch->cap)
+        return NULL;
+    return *win_slot(ch, seq);
+}
+
+/* Make room for seq in the window (O(cap) when it grows, which is rare: the window only
+ * spans the sequence numbers in flight on this channel). */
+static void win_reserve(ccq_chan *ch, uint64_t seq)
+{
+    uint64_t need = seq - ch->head + 1, ncap = ch->cap ? ch->cap : 16;
+    ccq_inst **nw;
+
+    if (ch->win != NULL && need <= ch->cap)
+        return;
+    while (ncap < need)
+        ncap *= 2;
+    nw = calloc(ncap, sizeof *nw);
+    if (nw == NULL)
+        xgrow_fail();
+    for (uint64_t s = ch->head; ch->win != NULL && s < ch->head + ch->cap; s++)
+        nw[s & (ncap - 1)] = *win_slot(ch, s);
+    free(ch->win);
+    ch->win = nw;
+    ch->cap = ncap;
+}
+
+static void chan_list(ccq_sched *S, ccq_chan *ch)
+{
+    if (!ch->listed) {
+        ch->listed = true;
+        ch->list_next = S->chans;
+        S->chans = ch;
+    }
+}
+
+/* Move the head past resolved instances (issued ones belong to their batch now; failed
+ * ones are freed: their present parts already carry the failure). */
+static void chan_advance(ccq_sched *S, ccq_chan *ch)
+{
+    ccq_inst *i;
+    while (ch->win != NULL && (i = *win_slot(ch, ch->head)) != NULL &&
+           (i->state == CCQ_INST_ISSUED || i->state == CCQ_INST_FAILED)) {
+        *win_slot(ch, ch->head) = NULL;
+        if (i->state == CCQ_INST_FAILED) {
+            ch->late_status = i->fail_status;
+            inst_release(S, i);
+        }
+        ch->head++;
+    }
+    i = ch->win ? *win_slot(ch, ch->head) : NULL;
+    if (i != NULL && i->state == CCQ_INST_READY)
+        chan_list(S, ch);
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Failing commands                                                                      */
+/* ------------------------------------------------------------------------------------ */
+
+static void fail_cmd(ccq_cmd *c, ccq_status st, const char *detail, bool cancel)
+{
+    if (c->state != CCQ_CMD_QUEUED)
+        return;
+    c->state = CCQ_CMD_FAILED;
+    c->status = st;
+    c->cancel = cancel;
+    free(c->detail);
+    c->detail = xstrdup(detail);
+    c->inst = NULL;
+}
+
+/* Fail every present part of an instance; parts that arrive later get the same. */
+static void fail_inst(ccq_sched *S, ccq_inst *i, ccq_status st, const char *detail, bool cancel)
+{
+    if (i->state == CCQ_INST_FAILED || i->state == CCQ_INST_ISSUED)
+        return;
+    /* The parts end on their own from now on (their slots get reused), so the instance
+     * forgets them. */
+    for (uint32_t p = 0; p < i->chan->nparts; p++) {
+        if (i->cmds[p] != NULL)
+            fail_cmd(i->cmds[p], st, detail, cancel);
+        i->cmds[p] = NULL;
+    }
+    i->state = CCQ_INST_FAILED;
+    i->fail_status = st;
+    i->fail_detail = xstrdup(detail);
+    if (i->seq == i->chan->head)
+        chan_advance(S, i->chan);
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Matching                                                                              */
+/* ------------------------------------------------------------------------------------ */
+
+/* All parts are present: check that they agree, then build the backend's view. */
+static void inst_complete(ccq_sched *S, ccq_inst *i)
+{
+    ccq_chan *ch = i->chan;
+    ccq_cmd *c0 = i->cmds[0];
+    char detail[CCQ_DETAIL_LEN];
+    size_t w = 0;
+    bool bad = false;
+
+    if (ch->id == CCQ_CHAN_COLL) {
+        /* Compare every rank with rank 0, field by field, naming the ranks. */
+        static const char *const fields[] = {"kind", "count", "dtype", "op"};
+        for (int f = 0; f < 4; f++) {
+            bool field_bad = false;
+            for (uint32_t r = 1; r < ch->nparts; r++) {
+                ccq_cmd *c = i->cmds[r];
+                bool diff = f == 0   ? c->kind != c0->kind
+                            : f == 1 ? c->count != c0->count
+                            : f == 2 ? c->dtype != c0->dtype
+                                     : c->redop != c0->redop;
+                if (!diff)
+                    continue;
+                if (!bad)
+                    w += ccq_format(detail + w, sizeof detail - w,
+                                    "collective #%" PRIu64 " on comm ", i->seq),
+                        w += ccq_describe_comm(detail + w, sizeof detail - w, ch->comm),
+                        w += ccq_format(detail + w, sizeof detail - w, ": parts do not match:");
+                bad = true;
+                if (!field_bad)
+                    w += ccq_format(detail + w, sizeof detail - w, " %s: rank 0 (device %u) %s",
+                                    fields[f], c0->device,
+                                    f == 0   ? ccq_cmd_kind_name(c0->kind)
+                                    : f == 2 ? ccq_dtype_name(c0->dtype)
+                                    : f == 3 ? ccq_reduce_op_name(c0->redop)
+                                             : "");
+                if (f == 1 && !field_bad)
+                    w += ccq_format(detail + w, sizeof detail - w, "%zu", c0->count);
+                field_bad = true;
+                w += ccq_format(detail + w, sizeof detail - w, ", rank %u (device %u) ", r,
+                                c->device);
+                if (f == 1)
+                    w += ccq_format(detail + w, sizeof detail - w, "%zu", c->count);
+                else
+                    w += ccq_format(detail + w, sizeof detail - w, "%s",
+                                    f == 0   ? ccq_cmd_kind_name(c->kind)
+                                    : f == 2 ? ccq_dtype_name(c->dtype)
+                                             : ccq_reduce_op_name(c->redop));
+            }
+            if (field_bad)
+                w += ccq_format(detail + w, sizeof detail - w, ";");
+        }
+    } else {
+        ccq_cmd *snd = i->cmds[0], *rcv = i->cmds[1];
+        if (snd->count != rcv->count || snd->dtype != rcv->dtype) {
+            bad = true;
+            ccq_format(detail, sizeof detail,
+                       "send/recv #%" PRIu64 " from device %u to device %u: parts do not "
+                       "match: send has %s x %zu, recv has %s x %zu",
+                       i->seq, snd->device, rcv->device, ccq_dtype_name(snd->dtype), snd->count,
+                       ccq_dtype_name(rcv->dtype), rcv->count);
+        }
+    }
+    if (bad) {
+        fail_inst(S, i, CCQ_ERR_MISMATCH, detail, false);
+        return;
+    }
+
+    i->op.kind = ch->id == CCQ_CHAN_COLL ? CCQ_OP_ALL_REDUCE : CCQ_OP_SENDRECV;
+    i->op.dtype = c0->dtype;
+    i->op.redop = c0->redop;
+    i->op.root = 0;
+    i->op.count = c0->count;
+    i->op.comm = ch->comm->be;
+    i->op.comm_size = ch->comm->n;
+    i->op.nparts = ch->nparts;
+    i->op.parts = i->bparts;
+    i->op.status = CCQ_OK;
+    for (uint32_t p = 0; p < ch->nparts; p++) {
+        ccq_cmd *c = i->cmds[p];
+        i->bparts[p].device = c->device;
+        i->bparts[p].rank = c->rank;
+        i->bparts[p].stream_index = c->stream->index;
+        i->bparts[p].src = c->kind == CCQ_CMD_RECV ? NULL : c->src;
+        i->bparts[p].dst = c->kind == CCQ_CMD_SEND ? NULL : c->dst;
+    }
+    i->state = CCQ_INST_READY;
+    if (i->seq == ch->head)
+        chan_list(S, ch);
+}
+
+/* Create the backend communicator (scheduler thread only, as NCCL requires). */
+static void comm_create_now(ccq_runtime *rt, ccq_comm *c)
+{
+    ccq_errbuf err = {{0}};
+    ccq_status st;
+
+    if (atomic_load_explicit(&c->state, memory_order_relaxed) != CCQ_COMM_PENDING)
+        return;
+    if (rt->sched->closing) {
+        c->init_status = CCQ_ERR_SHUTDOWN;
+        snprintf(c->init_detail, sizeof c->init_detail, "the runtime is shutting down");
+        st = CCQ_ERR_SHUTDOWN;
+    } else {
+        st = rt->be_ops->comm_create(rt->be, c->devices, c->n, &c->be, &err);
+        if (st != CCQ_OK) {
+            c->be = NULL;
+            c->init_status = st;
+            snprintf(c->init_detail, sizeof c->init_detail, "%s", err.msg);
+        }
+    }
+    atomic_store_explicit(&c->state, st == CCQ_OK ? CCQ_COMM_READY : CCQ_COMM_FAILED,
+                          memory_order_release);
+    ccq_event_notify(&c->ev);
+}
+
+static void active_add(ccq_sched *S, ccq_stream *s)
+{
+    if (!s->active) {
+        XGROW(&S->active, &S->capactive, S->nactive + 1);
+        S->active[S->nactive++] = s;
+        s->active = true;
+    }
+}
+
+/* A command arrived from its stream's queue. */
+static void arrive(ccq_runtime *rt, ccq_cmd *c)
+{
+    ccq_sched *S = rt->sched;
+    ccq_stream *s = c->stream;
+    ccq_comm *comm = c->comm;
+    ccq_chan *ch;
+    ccq_inst *i;
+    char detail[CCQ_DETAIL_LEN];
+
+    c->fifo_next = NULL;
+    c->inst = NULL;
+    c->detail = NULL;
+    c->status = CCQ_OK;
+    c->state = CCQ_CMD_QUEUED;
+    c->cancel = 0;
+    if (s->fifo_tail)
+        s->fifo_tail->fifo_next = c;
+    else
+        s->fifo_head = c;
+    s->fifo_tail = c;
+    if (s->cursor == NULL)
+        s->cursor = c;
+    active_add(S, s);
+    S->wd_next = min_u64(S->wd_next, add_sat(c->submit_ns, rt->timeout_ns));
+
+    if (atomic_load_explicit(&comm->state, memory_order_acquire) == CCQ_COMM_PENDING)
+        comm_create_now(rt, comm);
+    if (atomic_load_explicit(&comm->aborted, memory_order_acquire)) {
+        size_t w = ccq_describe_cmd(detail, sizeof detail, c);
+        ccq_format(detail + w, sizeof detail - w, ": communicator aborted: %s", comm->init_detail);
+        fail_cmd(c, CCQ_ERR_ABORTED, detail, false);
+        return;
+    }
+    if (atomic_load_explicit(&comm->state, memory_order_acquire) == CCQ_COMM_FAILED) {
+        size_t w = ccq_describe_cmd(detail, sizeof detail, c);
+        ccq_format(detail + w, sizeof detail - w, ": communicator could not be created: %s",
+                   comm->init_detail);
+        fail_cmd(c, comm->init_status, detail, comm->init_status == CCQ_ERR_SHUTDOWN);
+        return;
+    }
+    ch = &comm->chan[c->chan];
+    if (c->seq < ch->head) {
+        /* Its operation was already resolved without it: the other parts failed. */
+        size_t w = ccq_describe_cmd(detail, sizeof detail, c);
+        ccq_format(detail + w, sizeof detail - w,
+                   ": arrived after the other parts of this operation had failed (%s)",
+                   ccq_status_name(ch->late_status));
+        fail_cmd(c, ch->late_status, detail, ch->late_status == CCQ_ERR_SHUTDOWN);
+        return;
+    }
+    win_reserve(ch, c->seq);
+    i = *win_slot(ch, c->seq);
+    if (i == NULL) {
+        i = inst_alloc(S, ch, c->seq);
+        *win_slot(ch, c->seq) = i;
+    }
+    if (c->part >= ch->nparts || i->cmds[c->part] != NULL) {
+        /* Cannot happen: sequence numbers come from one counter per (channel, part). */
+        fail_cmd(c, CCQ_ERR_BACKEND, "internal error: duplicate part", false);
+        return;
+    }
+    i->cmds[c->part] = c;
+    i->present++;
+    c->inst = i;
+    if (i->state == CCQ_INST_FAILED) {
+        fail_cmd(c, i->fail_status, i->fail_detail, i->fail_status == CCQ_ERR_SHUTDOWN);
+        i->cmds[c->part] = NULL;
+        return;
+    }
+    if (i->present == ch->nparts)
+        inst_complete(S, i);
+}
+
+static bool drain(ccq_runtime *rt)
+{
+    ccq_sched *S = rt->sched;
+    ccq_mpsc_node *n;
+    bool any = false;
+
+    for (n = ccq_mpsc_pop_all_spsc(&rt->new_streams); n != NULL;) {
+        ccq_mpsc_node *next = n->next;
+        XGROW(&S->live, &S->caplive, S->nlive + 1);
+        S->live[S->nlive++] = ccq_container_of(n, ccq_stream, new_node);
+        n = next;
+        any = true;
+    }
+    for (n = ccq_mpsc_pop_all_spsc(&rt->comm_reqs); n != NULL;) {
+        ccq_mpsc_node *next = n->next;
+        comm_create_now(rt, ccq_container_of(n, ccq_comm, req_node));
+        n = next;
+        any = true;
+    }
+    for (uint32_t k = 0; k < S->nlive; k++) {
+        ccq_stream *s = S->live[k];
+        for (n = ccq_mpsc_pop_all_spsc(&s->q); n != NULL;) {
+            /* Read the link first: arrive() may fail the command, never free it, but keep
+             * the queue link and the FIFO link independent. */
+            ccq_mpsc_node *next = n->next;
+            s->received++;
+            arrive(rt, ccq_container_of(n, ccq_cmd, qnode));
+            n = next;
+            any = true;
+        }
+    }
+    return any;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Ending commands                                                                       */
+/* ------------------------------------------------------------------------------------ */
+
+/* End the head command of a stream. The caller publishes `ended` afterwards. */
+static void end_head(ccq_runtime *rt, ccq_stream *s)
+{
+    ccq_sched *S = rt->sched;
+    ccq_cmd *c = s->fifo_head;
+
+    s->fifo_head = c->fifo_next;
+    if (s->fifo_head == NULL)
+        s->fifo_tail = NULL;
+    if (s->cursor == c)
+        s->cursor = c->fifo_next;
+    if (c->status == CCQ_OK) {
+        S->completed++;
+    } else {
+        if (c->cancel)
+            S->cancelled++;
+        else
+            S->failed++;
+        ccq_stream_record_error(s, c->status, c->detail);
+    }
+    free(c->detail);
+    c->detail = NULL;
+    /* Hands the slot back to producers; nothing below may touch `c`. */
+    atomic_store_explicit(&c->busy, 0, memory_order_release);
+}
+
+static void publish_ended(ccq_runtime *rt, ccq_stream *s, uint64_t n)
+{
+    ccq_sched *S = rt->sched;
+    if (n == 0)
+        return;
+    atomic_store_explicit(&s->ended, atomic_load_explicit(&s->ended, memory_order_relaxed) + n,
+                          memory_order_release);
+    atomic_store_explicit(&rt->stats.completed, S->completed, memory_order_release);
+    atomic_store_explicit(&rt->stats.failed, S->failed, memory_order_release);
+    atomic_store_explicit(&rt->stats.cancelled, S->cancelled, memory_order_release);
+    ccq_event_notify(&s->ev);
+}
+
+/* End failed commands at the heads of streams with nothing in flight, and drop streams
+ * whose FIFO is empty from the active list. */
+static bool end_failed_heads(ccq_runtime *rt)
+{
+    ccq_sched *S = rt->sched;
+    bool any = false;
+
+    for (uint32_t k = 0; k < S->nactive;) {
+        ccq_stream *s = S->active[k];
+        uint64_t n = 0;
+        while (!s->inflight && s->fifo_head != NULL && s->fifo_head->state == CCQ_CMD_FAILED) {
+            end_head(rt, s);
+            n++;
+        }
+        publish_ended(rt, s, n);
+        any |= n > 0;
+        if (s->fifo_head == NULL) {
+            s->active = false;
+            S->active[k] = S->active[--S->nactive];
+        } else {
+            k++;
+        }
+    }
+    return any;
+}
+
+static void batch_release(ccq_sched *S, ccq_batch *b)
+{
+    b->next = S->batch_free;
+    S->batch_free = b;
+}
+
+/* A batch came back from the backend: set each part's status, end the batch's commands
+ * (every command before each stream's cursor) in stream order. */
+static void batch_done(ccq_runtime *rt, ccq_batch *b)
+{
+    ccq_sched *S = rt->sched;
+
+    for (uint32_t k = 0; k < b->be.nops; k++) {
+        ccq_inst *i = b->insts[k];
+        ccq_status st = i->op.status;
+        if (st == CCQ_OK && b->be.status != CCQ_OK)
+            st = b->be.status;
+        for (uint32_t p = 0; p < i->chan->nparts; p++) {
+            ccq_cmd *c = i->cmds[p];
+            c->status = st;
+            if (st != CCQ_OK) {
+                char detail[CCQ_DETAIL_LEN];
+                size_t w = ccq_describe_cmd(detail, sizeof detail, c);
+                ccq_format(detail + w, sizeof detail - w, ": %s%s%s", ccq_status_string(st),
+                           b->be.detail.msg[0] ? ": " : "", b->be.detail.msg);
+                free(c->detail);
+                c->detail = xstrdup(detail);
+            }
+            if (i->chan->id == CCQ_CHAN_COLL && c->seq + 1 > i->chan->comm->coll_done[p])
+                i->chan->comm->coll_done[p] = c->seq + 1;
+        }
+        inst_release(S, i);
+    }
+    for (ccq_stream *s = b->streams; s != NULL;) {
+        ccq_stream *next = s->batch_next;
+        uint64_t n = 0;
+        while (s->fifo_head != s->cursor) {
+            end_head(rt, s);
+            n++;
+        }
+        s->inflight = false;
+        publish_ended(rt, s, n);
+        s = next;
+    }
+    /* Unlink from the in-flight list. */
+    for (ccq_batch **pp = &S->inflight; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == b) {
+            *pp = b->next;
+            break;
+        }
+    }
+    S->ninflight--;
+    batch_release(S, b);
+}
+
+static bool reap(ccq_runtime *rt)
+{
+    ccq_sched *S = rt->sched;
+    ccq_be_batch *list = S->done;
+    bool any = false;
+
+    S->done = NULL;
+    if (S->ninflight > 0) {
+        ccq_be_batch *more = rt->be_ops->poll(rt->be);
+        /* Append: completions are independent, order does not matter. */
+        while (more != NULL) {
+            ccq_be_batch *next = more->next_done;
+            more->next_done = list;
+            list = more;
+            more = next;
+        }
+    }
+    while (list != NULL) {
+        ccq_be_batch *next = list->next_done;
+        batch_done(rt, ccq_container_of(list, ccq_batch, be));
+        list = next;
+        any = true;
+    }
+    return any;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Batching                                                                              */
+/* ------------------------------------------------------------------------------------ */
+
+static size_t cmd_bytes(const ccq_cmd *c)
+{
+    return c->count * ccq_dtype_size((ccq_dtype)c->dtype);
+}
+
+/* Do [a, a + na) and [b, b + nb) intersect? NULL or empty ranges never do. */
+static bool overlap(const void *a, size_t na, const void *b, size_t nb)
+{
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return a != NULL && b != NULL && na > 0 && nb > 0 && x < y + nb && y < x + na;
+}
+
+/* Two commands of one stream conflict if either writes memory the other touches. */
+static bool hazard(const ccq_cmd *a, const ccq_cmd *b)
+{
+    size_t na = cmd_bytes(a), nb = cmd_bytes(b);
+    const void *aw = a->kind == CCQ_CMD_SEND ? NULL : a->dst;
+    const void *ar = a->kind == CCQ_CMD_RECV ? NULL : a->src;
+    const void *bw = b->kind == CCQ_CMD_SEND ? NULL : b->dst;
+    const void *br = b->kind == CCQ_CMD_RECV ? NULL : b->src;
+    return overlap(aw, na, bw, nb) || overlap(aw, na, br, nb) || overlap(ar, na, bw, nb);
+}
+
+static void tent_push(ccq_sched *S, ccq_inst *i)
+{
+    i->bmark = S->attempt;
+    XGROW(&S->work, &S->capwork, S->nwork + 1);
+    S->work[S->nwork++] = i;
+    XGROW(&S->tent, &S->captent, S->ntent + 1);
+    S->tent[S->ntent++] = i;
+}
+
+static bool inst_taken(const ccq_sched *S, const ccq_inst *i)
+{
+    return i->bmark == S->attempt || i->bpass == S->pass;
+}
+
+/* First touch of a stream in this pass / attempt: set up building state, save for undo. */
+static void stream_touch(ccq_sched *S, ccq_stream *s)
+{
+    if (s->bpass != S->pass) {
+        s->bpass = S->pass;
+        s->bcur = s->cursor;
+        s->bfirst = s->cursor;
+        s->bmark = 0;
+    }
+    if (s->bmark != S->attempt) {
+        s->bmark = S->attempt;
+        s->bsave = s->bcur;
+        s->undo_next = S->undo_streams;
+        S->undo_streams = s;
+    }
+}
+
+static uint64_t chan_bnext(ccq_sched *S, ccq_chan *ch)
+{
+    if (ch->bpass != S->pass) {
+        ch->bpass = S->pass;
+        ch->bnext = ch->head;
+        ch->bmark = 0;
+    }
+    return ch->bnext;
+}
+
+static void chan_touch(ccq_sched *S, ccq_chan *ch)
+{
+    chan_bnext(S, ch);
+    if (ch->bmark != S->attempt) {
+        ch->bmark = S->attempt;
+        ch->bsave = ch->bnext;
+        ch->undo_next = S->undo_chans;
+        S->undo_chans = ch;
+    }
+}
+
+static void attempt_undo(ccq_sched *S)
+{
+    for (ccq_stream *s = S->undo_streams; s != NULL; s = s->undo_next) {
+        for (ccq_cmd *q = s->bsave; q != s->bcur; q = q->fifo_next)
+            q->state = q->status == CCQ_OK ? CCQ_CMD_QUEUED : CCQ_CMD_FAILED;
+        s->bcur = s->bsave;
+    }
+    for (ccq_chan *ch = S->undo_chans; ch != NULL; ch = ch->undo_next)
+        ch->bnext = ch->bsave;
+    for (uint32_t k = 0; k < S->ntent; k++)
+        S->tent[k]->bmark = 0;
+}
+
+enum { ADD_OK, ADD_BLOCKED, ADD_FULL };
+
+/*
+ * Add `root` to the batch together with everything it needs: the earlier sequence numbers
+ * of its channel (every rank must cut at the same place) and, for each part, the commands
+ * before it on its stream (stream order). Those pull in their own instances, so a ring of
+ * send-then-recv goes in whole. Either all of it goes in or nothing does (undo on failure).
+ * Cost: linear in what it adds, plus the hazard checks against the same stream's commands
+ * already in the batch.
+ */
+static int try_add(ccq_runtime *rt, ccq_batch *b, ccq_inst *root)
+{
+    ccq_sched *S = rt->sched;
+    uint32_t limit = rt->cfg.max_batch_ops;
+
+    S->attempt++;
+    S->nwork = S->ntent = 0;
+    S->undo_streams = NULL;
+    S->undo_chans = NULL;
+    tent_push(S, root);
+
+    while (S->nwork > 0) {
+        ccq_inst *x = S->work[--S->nwork];
+        ccq_chan *ch = x->chan;
+
+        if (x->blocked == S->pass)
+            goto blocked;
+        /* Channel order: every earlier sequence number is in (or resolved). */
+        chan_touch(S, ch);
+        for (uint64_t q = ch->bnext; q < x->seq; q++) {
+            ccq_inst *y = win_get(ch, q);
+            if (y == NULL || y->state == CCQ_INST_WAITING)
+                goto blocked;
+            if (y->state == CCQ_INST_READY && !inst_taken(S, y))
+                tent_push(S, y);
+        }
+        if (x->seq + 1 > ch->bnext)
+            ch->bnext = x->seq + 1;
+        /* Stream order: everything before each part is in the batch too. */
+        for (uint32_t p = 0; p < ch->nparts; p++) {
+            ccq_cmd *c = x->cmds[p];
+            ccq_stream *s = c->stream;
+            if (c->state == CCQ_CMD_INCLUDED)
+                continue;
+            if (s->inflight)
+                goto blocked;
+            stream_touch(S, s);
+            for (ccq_cmd *q = s->bcur;; q = q->fifo_next) {
+                if (q->state == CCQ_CMD_QUEUED) {
+                    ccq_inst *y = q->inst;
+                    if (y->state != CCQ_INST_READY)
+                        goto blocked;
+                    for (ccq_cmd *e = s->bfirst; e != q; e = e->fifo_next)
+                        if (e->status == CCQ_OK && hazard(e, q))
+                            goto blocked;
+                    if (!inst_taken(S, y))
+                        tent_push(S, y);
+                }
+                /* Failed commands ride along and end with the batch (stream order). */
+                q->state = CCQ_CMD_INCLUDED;
+                if (q == c)
+                    break;
+            }
+            s->bcur = c->fifo_next;
+        }
+    }
+    if (b->be.nops > 0 && b->be.nops + S->ntent > limit) {
+        attempt_undo(S);
+        return ADD_FULL;
+    }
+    /* Commit. */
+    XGROW(&b->insts, &b->capinsts, b->be.nops + S->ntent);
+    for (uint32_t k = 0; k < S->ntent; k++) {
+        ccq_inst *i = S->tent[k];
+        i->bpass = S->pass;
+        b->insts[b->be.nops++] = i;
+    }
+    for (ccq_stream *s = S->undo_streams; s != NULL; s = s->undo_next) {
+        if (s->blisted != S->pass) { /* first commit touching this stream in this pass */
+            s->blisted = S->pass;
+            s->bnext_touched = S->pass_streams;
+            S->pass_streams = s;
+        }
+    }
+    return ADD_OK;
+
+blocked:
+    attempt_undo(S);
+    root->blocked = S->pass;
+    return ADD_BLOCKED;
+}
+
+static ccq_batch *batch_get(ccq_sched *S)
+{
+    ccq_batch *b = S->batch_free;
+    if (b != NULL) {
+        S->batch_free = b->next;
+    } else {
+        b = calloc(1, sizeof *b);
+        if (b == NULL)
+            xgrow_fail();
+    }
+    b->be.nops = 0;
+    b->be.status = CCQ_OK;
+    b->be.detail.msg[0] = '\0';
+    b->be.next_done = NULL;
+    b->be.be_priv = NULL;
+    b->streams = NULL;
+    b->next = NULL;
+    b->aborting = false;
+    return b;
+}
+
+static int inst_order(const void *pa, const void *pb)
+{
+    const ccq_inst *a = *(ccq_inst *const *)pa, *b = *(ccq_inst *const *)pb;
+    if (a->chan->comm->id != b->chan->comm->id)
+        return a->chan->comm->id < b->chan->comm->id ? -1 : 1;
+    if (a->chan->id != b->chan->id)
+        return a->chan->id < b->chan->id ? -1 : 1;
+    return a->seq < b->seq ? -1 : a->seq > b->seq;
+}
+
+static void stats_batch(ccq_runtime *rt, uint32_t nops)
+{
+    int bucket = 0;
+    while (bucket < 7 && (2u << bucket) <= nops)
+        bucket++;
+    atomic_fetch_add_explicit(&rt->stats.batches, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&rt->stats.batched_ops, nops, memory_order_relaxed);
+    atomic_fetch_add_explicit(&rt->stats.hist[bucket], 1, memory_order_relaxed);
+    if (nops > atomic_load_explicit(&rt->stats.max_batch_ops, memory_order_relaxed))
+        atomic_store_explicit(&rt->stats.max_batch_ops, nops, memory_order_relaxed);
+}
+
+/* Hand a built batch to the backend. Operations of one channel go in sequence order
+ * (NCCL requires every rank to call a communicator's collectives in the same order). */
+static void issue(ccq_runtime *rt, ccq_batch *b)
+{
+    ccq_sched *S = rt->sched;
+    ccq_errbuf err = {{0}};
+    ccq_status st;
+
+    qsort(b->insts, b->be.nops, sizeof *b->insts, inst_order);
+    XGROW(&b->ops, &b->capops, b->be.nops);
+    for (uint32_t k = 0; k < b->be.nops; k++) {
+        ccq_inst *i = b->insts[k];
+        i->state = CCQ_INST_ISSUED;
+        i->op.status = CCQ_OK;
+        b->ops[k] = &i->op;
+    }
+    b->be.ops = b->ops;
+    b->be.id = ++S->batch_id;
+    /* Every stream with commands in the batch: they are in flight up to bcur. */
+    for (ccq_stream *s = S->pass_streams; s != NULL;) {
+        ccq_stream *next = s->bnext_touched;
+        for (ccq_cmd *q = s->cursor; q != s->bcur; q = q->fifo_next)
+            q->state = CCQ_CMD_ISSUED;
+        s->cursor = s->bcur;
+        s->inflight = true;
+        s->bnext_touched = NULL;
+        s->batch_next = b->streams;
+        b->streams = s;
+        s = next;
+    }
+    S->pass_streams = NULL;
+    for (uint32_t k = 0; k < b->be.nops; k++)
+        chan_advance(S, b->insts[k]->chan);
+    b->issue_ns = ccq_now_ns();
+    b->next = S->inflight;
+    S->inflight = b;
+    S->ninflight++;
+    S->wd_next = min_u64(S->wd_next, add_sat(b->issue_ns, rt->timeout_ns));
+    stats_batch(rt, b->be.nops);
+
+    st = rt->be_ops->issue(rt->be, &b->be, &err);
+    if (st != CCQ_OK) {
+        /* Nothing started: the batch completes now, failed with the backend's message. */
+        b->be.status = st;
+        snprintf(b->be.detail.msg, sizeof b->be.detail.msg, "%s", err.msg);
+        for (uint32_t k = 0; k < b->be.nops; k++)
+            b->ops[k]->status = st;
+        b->be.next_done = S->done;
+        S->done = &b->be;
+    }
+}
+
+static bool build_and_issue(ccq_runtime *rt)
+{
+    ccq_sched *S = rt->sched;
+    bool any = false;
+
+    while (S->chans != NULL) {
+        ccq_batch *b = batch_get(S);
+        bool full = false;
+
+        S->pass++;
+        S->pass_streams = NULL;
+        for (ccq_chan **pp = &S->chans; *pp != NULL && !full;) {
+            ccq_chan *ch = *pp;
+            ccq_inst *i = win_get(ch, ch->head);
+            if (i == NULL || i->state != CCQ_INST_READY) {
+                /* Its head is not ready: unlist until an arrival or advance relists it. */
+                ch->listed = false;
+                *pp = ch->list_next;
+                continue;
+            }
+            /* Add as many of this channel's ready instances as fit, in sequence order. */
+            for (uint64_t q = chan_bnext(S, ch);; q = chan_bnext(S, ch)) {
+                i = win_get(ch, q);
+                if (i != NULL && i->state == CCQ_INST_FAILED) {
+                    ch->bnext = q + 1; /* resolved: its parts end on their own */
+                    continue;
+                }
+                if (i == NULL || i->state != CCQ_INST_READY)
+                    break;
+                int r = i->bpass == S->pass ? ADD_OK : try_add(rt, b, i);
+                if (r == ADD_FULL)
+                    full = true;
+                if (r != ADD_OK)
+                    break;
+                if (chan_bnext(S, ch) <= q)
+                    ch->bnext = q + 1;
+            }
+            pp = &ch->list_next;
+        }
+        if (b->be.nops == 0) {
+            batch_release(S, b);
+            break;
+        }
+        issue(rt, b);
+        any = true;
+        if (!full)
+            break;
+    }
+    return any;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Watchdog                                                                              */
+/* ------------------------------------------------------------------------------------ */
+
+/* Why an instance waits: its missing parts, or what its parts wait behind. */
+static void describe_wait(ccq_inst *i, ccq_cmd *c, uint64_t now, char *buf, size_t len)
+{
+    ccq_chan *ch = i->chan;
+    ccq_comm *comm = ch->comm;
+    size_t w = ccq_describe_cmd(buf, len, c);
+
+    w += ccq_format(buf + w, len - w, ": not issued within timeout_ms (%.0f ms in queue)",
+                    (double)(now - c->submit_ns) / 1e6);
+    if (i->state == CCQ_INST_WAITING) {
+        if (ch->id == CCQ_CHAN_COLL) {
+            bool first = true;
+            w += ccq_format(buf + w, len - w, "; missing rank");
+            for (uint32_t r = 0; r < ch->nparts; r++)
+                if (i->cmds[r] == NULL) {
+                    w += ccq_format(buf + w, len - w, "%s %u (device %u)", first ? "" : ",", r,
+                                    comm->devices[r]);
+                    first = false;
+                }
+            w += ccq_format(buf + w, len - w, "; collectives submitted/completed per rank:");
+            for (uint32_t r = 0; r < ch->nparts; r++)
+                w += ccq_format(buf + w, len - w, " %u:%" PRIu64 "/%" PRIu64, r,
+                                atomic_load_explicit(&comm->coll_seq[r].v, memory_order_relaxed),
+                                comm->coll_done[r]);
+        } else {
+            ccq_cmd *have = i->cmds[0] ? i->cmds[0] : i->cmds[1];
+            if (have->kind == CCQ_CMD_SEND)
+                w += ccq_format(buf + w, len - w,
+                                "; missing the matching recv on device %u from "
+                                "device %u (#%" PRIu64 ")",
+                                have->peer, have->device, i->seq);
+            else
+                w += ccq_format(buf + w, len - w,
+                                "; missing the matching send on device %u to "
+                                "device %u (#%" PRIu64 ")",
+                                have->peer, have->device, i->seq);
+        }
+        return;
+    }
+    /* Matched on every rank: find the first part that waits behind something. */
+    if (ch->id == CCQ_CHAN_COLL) {
+        ccq_inst *y = win_get(ch, ch->head);
+        if (y != NULL && y != i && y->state == CCQ_INST_WAITING) {
+            w += ccq_format(buf + w, len - w,
+                            "; matched, but collective #%" PRIu64 " before it on this "
+                            "communicator is still missing parts",
+                            y->seq);
+            return;
+        }
+    }
+    for (uint32_t p = 0; p < ch->nparts; p++) {
+        ccq_cmd *part = i->cmds[p];
+        ccq_stream *s = part->stream;
+        if (s->inflight) {
+            w += ccq_format(buf + w, len - w,
+                            "; matched, but device %u stream %u has a batch in flight", s->device,
+                            s->id);
+            return;
+        }
+        for (ccq_cmd *q = s->cursor; q != NULL && q != part; q = q->fifo_next) {
+            if (q->state == CCQ_CMD_QUEUED && q->inst && q->inst->state == CCQ_INST_WAITING) {
+                w += ccq_format(buf + w, len - w, "; matched, but waits behind ");
+                ccq_describe_cmd(buf + w, len - w, q);
+                return;
+            }
+        }
+    }
+    ccq_format(buf + w, len - w,
+               "; matched, but its buffers overlap an earlier command of "
+               "the same stream that cannot complete first");
+}
+
+static void abort_comm(ccq_runtime *rt, ccq_comm *comm, const char *why)
+{
+    ccq_sched *S = rt->sched;
+    char detail[CCQ_DETAIL_LEN];
+
+    if (atomic_load_explicit(&comm->aborted, memory_order_relaxed))
+        return;
+    snprintf(comm->init_detail, sizeof comm->init_detail, "%s", why);
+    atomic_store_explicit(&comm->aborted, 1, memory_order_release);
+    if (comm->be != NULL)
+        rt->be_ops->abort(rt->be, comm->be);
+    /* Everything still queued on it fails fast. */
+    for (int k = 0; k < CCQ_CHAN_COUNT; k++) {
+        ccq_chan *ch = &comm->chan[k];
+        /* Fixed bounds: failing the head instance advances the head under us. */
+        for (uint64_t q = ch->head, end = ch->head + ch->cap; ch->win != NULL && q < end; q++) {
+            ccq_inst *i = win_get(ch, q);
+            if (i == NULL || i->state == CCQ_INST_ISSUED || i->state == CCQ_INST_FAILED)
+                continue;
+            ccq_cmd *c = NULL;
+            for (uint32_t p = 0; p < ch->nparts && c == NULL; p++)
+                c = i->cmds[p];
+            size_t w = ccq_describe_cmd(detail, sizeof detail, c);
+            ccq_format(detail + w, sizeof detail - w, ": communicator aborted: %s", why);
+            fail_inst(S, i, CCQ_ERR_ABORTED, detail, false);
+        }
+        ch->late_status = CCQ_ERR_ABORTED;
+        chan_advance(S, ch);
+    }
+}
+
+static void abort_batch(ccq_runtime *rt, ccq_batch *b, const char *why)
+{
+    b->aborting = true;
+    for (uint32_t k = 0; k < b->be.nops; k++)
+        abort_comm(rt, b->insts[k]->chan->comm, why);
+}
+
+/* Fail what waited too long; abort what was issued and did not complete. Returns the next
+ * deadline. Runs only when the earliest known deadline has passed. */
+static void watchdog(ccq_runtime *rt, uint64_t now)
+{
+    ccq_sched *S = rt->sched;
+    char detail[CCQ_DETAIL_LEN];
+    uint64_t next = UINT64_MAX;
+
+    if (now < S->wd_next)
+        return;
+    for (uint32_t k = 0; k < S->nactive; k++) {
+        ccq_stream *s = S->active[k];
+        for (ccq_cmd *q = s->cursor; q != NULL; q = q->fifo_next) {
+            uint64_t dl;
+            if (q->state != CCQ_CMD_QUEUED)
+                continue;
+            dl = add_sat(q->submit_ns, rt->timeout_ns);
+            if (dl > now) {
+                next = min_u64(next, dl);
+                break;
+            }
+            describe_wait(q->inst, q, now, detail, sizeof detail);
+            fail_inst(S, q->inst, CCQ_ERR_TIMEOUT, detail, false);
+        }
+    }
+    for (ccq_batch *b = S->inflight; b != NULL; b = b->next) {
+        uint64_t dl = add_sat(b->issue_ns, rt->timeout_ns);
+        if (b->aborting)
+            continue;
+        if (dl > now) {
+            next = min_u64(next, dl);
+            continue;
+        }
+        snprintf(detail, sizeof detail,
+                 "batch %" PRIu64 " (%u ops) issued %.0f ms ago did not complete within "
+                 "timeout_ms; the watchdog aborted its communicators",
+                 b->be.id, b->be.nops, (double)(now - b->issue_ns) / 1e6);
+        abort_batch(rt, b, detail);
+    }
+    if (S->closing && !S->shutdown_aborted)
+        next = min_u64(next, add_sat(S->close_ns, rt->timeout_ns));
+    S->wd_next = next;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Shutdown                                                                              */
+/* ------------------------------------------------------------------------------------ */
+
+/* True once every ticket handed out before the streams closed has been drained. */
+static bool all_received(ccq_runtime *rt)
+{
+    ccq_sched *S = rt->sched;
+    for (uint32_t k = 0; k < S->nlive; k++) {
+        ccq_stream *s = S->live[k];
+        uint64_t t = atomic_load_explicit(&s->tickets, memory_order_acquire) & ~CCQ_TICKET_CLOSED;
+        if (s->received != t)
+            return false;
+    }
+    /* A stream announced but not drained from new_streams yet would show up here. */
+    return ccq_mpsc_empty(&rt->new_streams);
+}
+
+static void cancel_all(ccq_runtime *rt, bool incomplete_only, const char *why)
+{
+    ccq_sched *S = rt->sched;
+    char detail[CCQ_DETAIL_LEN];
+    uint32_t n;
+
+    pthread_mutex_lock(&rt->comm_lock);
+    n = atomic_load_explicit(&rt->ncomms, memory_order_acquire);
+    for (uint32_t k = 0; k < n; k++) {
+        ccq_comm *comm = rt->comms[k];
+        for (int c = 0; c < CCQ_CHAN_COUNT; c++) {
+            ccq_chan *ch = &comm->chan[c];
+            for (uint64_t q = ch->head, end = ch->head + ch->cap; ch->win != NULL && q < end; q++) {
+                ccq_inst *i = win_get(ch, q);
+                if (i == NULL || (i->state != CCQ_INST_WAITING &&
+                                  (incomplete_only || i->state != CCQ_INST_READY)))
+                    continue;
+                ccq_cmd *any = NULL;
+                for (uint32_t p = 0; p < ch->nparts && any == NULL; p++)
+                    any = i->cmds[p];
+                size_t w = ccq_describe_cmd(detail, sizeof detail, any);
+                ccq_format(detail + w, sizeof detail - w, ": cancelled by shutdown: %s", why);
+                fail_inst(S, i, CCQ_ERR_SHUTDOWN, detail, true);
+            }
+            ch->late_status = CCQ_ERR_SHUTDOWN;
+            chan_advance(S, ch);
+        }
+    }
+    pthread_mutex_unlock(&rt->comm_lock);
+}
+
+/* One step of shutdown; true when the scheduler may exit. */
+static bool shutdown_step(ccq_runtime *rt, uint64_t now, bool *progress)
+{
+    ccq_sched *S = rt->sched;
+
+    if (!S->closing) {
+        S->closing = true;
+        S->close_ns = now;
+        S->wd_next = min_u64(S->wd_next, add_sat(now, rt->timeout_ns));
+    }
+    if (!S->cancelled_incomplete && all_received(rt)) {
+        /* No more parts can come: whatever is incomplete never can run. */
+        cancel_all(rt, true, "the other parts were never submitted");
+        S->cancelled_incomplete = true;
+        *progress = true;
+    }
+    if (!S->shutdown_aborted && now >= add_sat(S->close_ns, rt->timeout_ns)) {
+        char detail[CCQ_DETAIL_LEN];
+        snprintf(detail, sizeof detail, "shutdown waited timeout_ms for issued work");
+        for (ccq_batch *b = S->inflight; b != NULL; b = b->next)
+            if (!b->aborting)
+                abort_batch(rt, b, detail);
+        cancel_all(rt, false, "shutdown reached timeout_ms before it could run");
+        S->shutdown_aborted = true;
+        *progress = true;
+    }
+    return S->cancelled_incomplete && S->nactive == 0 && S->ninflight == 0 && S->done == NULL;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* The loop                                                                              */
+/* ------------------------------------------------------------------------------------ */
+
+/* Anything to do? Checked after announcing sleep, so a concurrent push is never missed. */
+static bool work_visible(ccq_runtime *rt)
+{
+    ccq_sched *S = rt->sched;
+
+    if (!ccq_mpsc_empty(&rt->new_streams) || !ccq_mpsc_empty(&rt->comm_reqs))
+        return true;
+    if (!S->closing && atomic_load_explicit(&rt->closing, memory_order_acquire))
+        return true;
+    for (uint32_t k = 0; k < S->nlive; k++)
+        if (!ccq_mpsc_empty(&S->live[k]->q))
+            return true;
+    if (S->ninflight > 0) {
+        ccq_be_batch *more = rt->be_ops->poll(rt->be);
+        if (more != NULL) {
+            while (more != NULL) {
+                ccq_be_batch *next = more->next_done;
+                more->next_done = S->done;
+                S->done = more;
+                more = next;
+            }
+            return true;
+        }
+    }
+    return false;
+}
+
+void *ccq_sched_main(void *arg)
+{
+    ccq_runtime *rt = arg;
+    ccq_sched *S = rt->sched;
+
+    for (;;) {
+        bool progress = false;
+        uint64_t now, deadline;
+
+        progress |= drain(rt);
+        progress |= reap(rt);
+        progress |= end_failed_heads(rt);
+        progress |= build_and_issue(rt);
+        now = ccq_now_ns();
+        watchdog(rt, now);
+        if (S->closing || atomic_load_explicit(&rt->closing, memory_order_acquire)) {
+            if (shutdown_step(rt, now, &progress))
+                break;
+        }
+        if (progress)
+            continue;
+
+        deadline = S->wd_next;
+        if (S->ninflight > 0 && rt->be_ops->poll_interval_ns > 0)
+            deadline = min_u64(deadline, add_sat(now, rt->be_ops->poll_interval_ns));
+        uint32_t seq = ccq_wake_prepare(&rt->wake);
+        if (work_visible(rt)) {
+            ccq_wake_cancel(&rt->wake);
+            continue;
+        }
+        now = ccq_now_ns();
+        if (deadline <= now) {
+            ccq_wake_cancel(&rt->wake);
+            continue;
+        }
+        ccq_wake_sleep(&rt->wake, seq, deadline == UINT64_MAX ? UINT64_MAX : deadline - now);
+    }
+
+    /* Communicators still waiting for creation will never get it. */
+    for (ccq_mpsc_node *n = ccq_mpsc_pop_all_spsc(&rt->comm_reqs); n != NULL;) {
+        ccq_mpsc_node *next = n->next;
+        comm_create_now(rt, ccq_container_of(n, ccq_comm, req_node));
+        n = next;
+    }
+    atomic_store_explicit(&rt->sched_exited, 1, memory_order_release);
+    ccq_event_notify(&rt->exit_ev);
+    return NULL;
+}
