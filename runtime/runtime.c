@@ -378,10 +378,17 @@ static ccq_status normalize_set(const ccq_runtime *rt, const char *fn, const ccq
     return CCQ_OK;
 }
 
-static bool comm_ready(void *arg)
+typedef struct comm_wait {
+    ccq_runtime *rt;
+    ccq_comm *c;
+} comm_wait;
+
+/* Ready, failed, or never going to be created (the scheduler has exited). */
+static bool comm_settled(void *arg)
 {
-    ccq_comm *c = arg;
-    return atomic_load_explicit(&c->state, memory_order_acquire) != CCQ_COMM_PENDING;
+    comm_wait *w = arg;
+    return atomic_load_explicit(&w->c->state, memory_order_acquire) != CCQ_COMM_PENDING ||
+           atomic_load_explicit(&w->rt->sched_exited, memory_order_acquire);
 }
 
 static ccq_status comm_status(ccq_comm *c, const char *fn)
@@ -420,9 +427,13 @@ CCQ_API ccq_status ccq_comm_init(ccq_runtime *rt, const ccq_device_id *devices, 
         return st;
     ccq_comm_request_init(rt, c);
     deadline = rt->timeout_ns == UINT64_MAX ? UINT64_MAX : ccq_now_ns() + rt->timeout_ns;
-    if (!ccq_event_wait(&c->ev, comm_ready, c, deadline))
+    comm_wait w = {rt, c};
+    if (!ccq_event_wait(&c->ev, comm_settled, &w, deadline))
         return ccq_fail(CCQ_ERR_TIMEOUT, "ccq_comm_init: the backend did not create the "
                                          "communicator within timeout_ms");
+    if (atomic_load_explicit(&c->state, memory_order_acquire) == CCQ_COMM_PENDING)
+        return ccq_fail(CCQ_ERR_SHUTDOWN, "ccq_comm_init: the runtime shut down before the "
+                                          "communicator could be created");
     return comm_status(c, "ccq_comm_init");
 }
 

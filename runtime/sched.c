@@ -236,20 +236,29 @@ static void chan_advance(ccq_sched *S, ccq_chan *ch)
 /* Failing commands                                                                      */
 /* ------------------------------------------------------------------------------------ */
 
-static void fail_cmd(ccq_cmd *c, ccq_status st, const char *detail, bool cancel)
+/* A command's error detail: what it is (its own device and stream), then why it failed. */
+static void set_detail(ccq_cmd *c, const char *reason)
+{
+    char detail[CCQ_DETAIL_LEN];
+    size_t w = ccq_describe_cmd(detail, sizeof detail, c);
+    ccq_format(detail + w, sizeof detail - w, ": %s", reason);
+    free(c->detail);
+    c->detail = xstrdup(detail);
+}
+
+static void fail_cmd(ccq_cmd *c, ccq_status st, const char *reason, bool cancel)
 {
     if (c->state != CCQ_CMD_QUEUED)
         return;
     c->state = CCQ_CMD_FAILED;
     c->status = st;
     c->cancel = cancel;
-    free(c->detail);
-    c->detail = xstrdup(detail);
+    set_detail(c, reason);
     c->inst = NULL;
 }
 
 /* Fail every present part of an instance; parts that arrive later get the same. */
-static void fail_inst(ccq_sched *S, ccq_inst *i, ccq_status st, const char *detail, bool cancel)
+static void fail_inst(ccq_sched *S, ccq_inst *i, ccq_status st, const char *reason, bool cancel)
 {
     if (i->state == CCQ_INST_FAILED || i->state == CCQ_INST_ISSUED)
         return;
@@ -257,12 +266,12 @@ static void fail_inst(ccq_sched *S, ccq_inst *i, ccq_status st, const char *deta
      * forgets them. */
     for (uint32_t p = 0; p < i->chan->nparts; p++) {
         if (i->cmds[p] != NULL)
-            fail_cmd(i->cmds[p], st, detail, cancel);
+            fail_cmd(i->cmds[p], st, reason, cancel);
         i->cmds[p] = NULL;
     }
     i->state = CCQ_INST_FAILED;
     i->fail_status = st;
-    i->fail_detail = xstrdup(detail);
+    i->fail_detail = xstrdup(reason);
     if (i->seq == i->chan->head)
         chan_advance(S, i->chan);
 }
@@ -279,6 +288,7 @@ static void inst_complete(ccq_sched *S, ccq_inst *i)
     char detail[CCQ_DETAIL_LEN];
     size_t w = 0;
     bool bad = false;
+    int nbad = 0; /* fields found to differ so far */
 
     if (ch->id == CCQ_CHAN_COLL) {
         /* Compare every rank with rank 0, field by field, naming the ranks. */
@@ -295,13 +305,11 @@ static void inst_complete(ccq_sched *S, ccq_inst *i)
                     continue;
                 if (!bad)
                     w += ccq_format(detail + w, sizeof detail - w,
-                                    "collective #%" PRIu64 " on comm ", i->seq),
-                        w += ccq_describe_comm(detail + w, sizeof detail - w, ch->comm),
-                        w += ccq_format(detail + w, sizeof detail - w, ": parts do not match:");
+                                    "parts do not match across ranks:");
                 bad = true;
                 if (!field_bad)
-                    w += ccq_format(detail + w, sizeof detail - w, " %s: rank 0 (device %u) %s",
-                                    fields[f], c0->device,
+                    w += ccq_format(detail + w, sizeof detail - w, "%s %s: rank 0 (device %u) %s",
+                                    nbad ? ";" : "", fields[f], c0->device,
                                     f == 0   ? ccq_cmd_kind_name(c0->kind)
                                     : f == 2 ? ccq_dtype_name(c0->dtype)
                                     : f == 3 ? ccq_reduce_op_name(c0->redop)
@@ -319,17 +327,16 @@ static void inst_complete(ccq_sched *S, ccq_inst *i)
                                     : f == 2 ? ccq_dtype_name(c->dtype)
                                              : ccq_reduce_op_name(c->redop));
             }
-            if (field_bad)
-                w += ccq_format(detail + w, sizeof detail - w, ";");
+            nbad += field_bad;
         }
     } else {
         ccq_cmd *snd = i->cmds[0], *rcv = i->cmds[1];
         if (snd->count != rcv->count || snd->dtype != rcv->dtype) {
             bad = true;
             ccq_format(detail, sizeof detail,
-                       "send/recv #%" PRIu64 " from device %u to device %u: parts do not "
-                       "match: send has %s x %zu, recv has %s x %zu",
-                       i->seq, snd->device, rcv->device, ccq_dtype_name(snd->dtype), snd->count,
+                       "send and recv do not match: the send on device %u has %s x %zu, the "
+                       "recv on device %u has %s x %zu",
+                       snd->device, ccq_dtype_name(snd->dtype), snd->count, rcv->device,
                        ccq_dtype_name(rcv->dtype), rcv->count);
         }
     }
@@ -361,15 +368,17 @@ static void inst_complete(ccq_sched *S, ccq_inst *i)
         chan_list(S, ch);
 }
 
-/* Create the backend communicator (scheduler thread only, as NCCL requires). */
-static void comm_create_now(ccq_runtime *rt, ccq_comm *c)
+/* Create the backend communicator (scheduler thread only, as NCCL requires). While shutting
+ * down it is still created: commands accepted before the streams closed may need it. Only
+ * requests left when the scheduler exits are refused. */
+static void comm_create_now(ccq_runtime *rt, ccq_comm *c, bool refuse)
 {
     ccq_errbuf err = {{0}};
     ccq_status st;
 
     if (atomic_load_explicit(&c->state, memory_order_relaxed) != CCQ_COMM_PENDING)
         return;
-    if (rt->sched->closing) {
+    if (refuse) {
         c->init_status = CCQ_ERR_SHUTDOWN;
         snprintf(c->init_detail, sizeof c->init_detail, "the runtime is shutting down");
         st = CCQ_ERR_SHUTDOWN;
@@ -422,16 +431,14 @@ static void arrive(ccq_runtime *rt, ccq_cmd *c)
     S->wd_next = min_u64(S->wd_next, add_sat(c->submit_ns, rt->timeout_ns));
 
     if (atomic_load_explicit(&comm->state, memory_order_acquire) == CCQ_COMM_PENDING)
-        comm_create_now(rt, comm);
+        comm_create_now(rt, comm, false);
     if (atomic_load_explicit(&comm->aborted, memory_order_acquire)) {
-        size_t w = ccq_describe_cmd(detail, sizeof detail, c);
-        ccq_format(detail + w, sizeof detail - w, ": communicator aborted: %s", comm->init_detail);
+        ccq_format(detail, sizeof detail, "communicator aborted: %s", comm->init_detail);
         fail_cmd(c, CCQ_ERR_ABORTED, detail, false);
         return;
     }
     if (atomic_load_explicit(&comm->state, memory_order_acquire) == CCQ_COMM_FAILED) {
-        size_t w = ccq_describe_cmd(detail, sizeof detail, c);
-        ccq_format(detail + w, sizeof detail - w, ": communicator could not be created: %s",
+        ccq_format(detail, sizeof detail, "communicator could not be created: %s",
                    comm->init_detail);
         fail_cmd(c, comm->init_status, detail, comm->init_status == CCQ_ERR_SHUTDOWN);
         return;
@@ -439,9 +446,8 @@ static void arrive(ccq_runtime *rt, ccq_cmd *c)
     ch = &comm->chan[c->chan];
     if (c->seq < ch->head) {
         /* Its operation was already resolved without it: the other parts failed. */
-        size_t w = ccq_describe_cmd(detail, sizeof detail, c);
-        ccq_format(detail + w, sizeof detail - w,
-                   ": arrived after the other parts of this operation had failed (%s)",
+        ccq_format(detail, sizeof detail,
+                   "arrived after the other parts of this operation had failed (%s)",
                    ccq_status_name(ch->late_status));
         fail_cmd(c, ch->late_status, detail, ch->late_status == CCQ_ERR_SHUTDOWN);
         return;
@@ -484,7 +490,7 @@ static bool drain(ccq_runtime *rt)
     }
     for (n = ccq_mpsc_pop_all_spsc(&rt->comm_reqs); n != NULL;) {
         ccq_mpsc_node *next = n->next;
-        comm_create_now(rt, ccq_container_of(n, ccq_comm, req_node));
+        comm_create_now(rt, ccq_container_of(n, ccq_comm, req_node), false);
         n = next;
         any = true;
     }
@@ -538,11 +544,12 @@ static void publish_ended(ccq_runtime *rt, ccq_stream *s, uint64_t n)
     ccq_sched *S = rt->sched;
     if (n == 0)
         return;
-    atomic_store_explicit(&s->ended, atomic_load_explicit(&s->ended, memory_order_relaxed) + n,
-                          memory_order_release);
+    /* Counters first, so a fence that sees `ended` also sees them (exact once idle). */
     atomic_store_explicit(&rt->stats.completed, S->completed, memory_order_release);
     atomic_store_explicit(&rt->stats.failed, S->failed, memory_order_release);
     atomic_store_explicit(&rt->stats.cancelled, S->cancelled, memory_order_release);
+    atomic_store_explicit(&s->ended, atomic_load_explicit(&s->ended, memory_order_relaxed) + n,
+                          memory_order_release);
     ccq_event_notify(&s->ev);
 }
 
@@ -593,12 +600,10 @@ static void batch_done(ccq_runtime *rt, ccq_batch *b)
             ccq_cmd *c = i->cmds[p];
             c->status = st;
             if (st != CCQ_OK) {
-                char detail[CCQ_DETAIL_LEN];
-                size_t w = ccq_describe_cmd(detail, sizeof detail, c);
-                ccq_format(detail + w, sizeof detail - w, ": %s%s%s", ccq_status_string(st),
+                char reason[CCQ_DETAIL_LEN];
+                ccq_format(reason, sizeof reason, "%s%s%s", ccq_status_string(st),
                            b->be.detail.msg[0] ? ": " : "", b->be.detail.msg);
-                free(c->detail);
-                c->detail = xstrdup(detail);
+                set_detail(c, reason);
             }
             if (i->chan->id == CCQ_CHAN_COLL && c->seq + 1 > i->chan->comm->coll_done[p])
                 i->chan->comm->coll_done[p] = c->seq + 1;
@@ -803,12 +808,13 @@ static int try_add(ccq_runtime *rt, ccq_batch *b, ccq_inst *root)
                     if (!inst_taken(S, y))
                         tent_push(S, y);
                 }
-                /* Failed commands ride along and end with the batch (stream order). */
+                /* Failed commands ride along and end with the batch (stream order).
+                 * bcur moves with every inclusion so an undo covers exactly these. */
                 q->state = CCQ_CMD_INCLUDED;
+                s->bcur = q->fifo_next;
                 if (q == c)
                     break;
             }
-            s->bcur = c->fifo_next;
         }
     }
     if (b->be.nops > 0 && b->be.nops + S->ntent > limit) {
@@ -992,10 +998,8 @@ static void describe_wait(ccq_inst *i, ccq_cmd *c, uint64_t now, char *buf, size
 {
     ccq_chan *ch = i->chan;
     ccq_comm *comm = ch->comm;
-    size_t w = ccq_describe_cmd(buf, len, c);
-
-    w += ccq_format(buf + w, len - w, ": not issued within timeout_ms (%.0f ms in queue)",
-                    (double)(now - c->submit_ns) / 1e6);
+    size_t w = ccq_format(buf, len, "not issued within timeout_ms (%.0f ms in queue)",
+                          (double)(now - c->submit_ns) / 1e6);
     if (i->state == CCQ_INST_WAITING) {
         if (ch->id == CCQ_CHAN_COLL) {
             bool first = true;
@@ -1078,11 +1082,7 @@ static void abort_comm(ccq_runtime *rt, ccq_comm *comm, const char *why)
             ccq_inst *i = win_get(ch, q);
             if (i == NULL || i->state == CCQ_INST_ISSUED || i->state == CCQ_INST_FAILED)
                 continue;
-            ccq_cmd *c = NULL;
-            for (uint32_t p = 0; p < ch->nparts && c == NULL; p++)
-                c = i->cmds[p];
-            size_t w = ccq_describe_cmd(detail, sizeof detail, c);
-            ccq_format(detail + w, sizeof detail - w, ": communicator aborted: %s", why);
+            ccq_format(detail, sizeof detail, "communicator aborted: %s", why);
             fail_inst(S, i, CCQ_ERR_ABORTED, detail, false);
         }
         ch->late_status = CCQ_ERR_ABORTED;
@@ -1097,16 +1097,17 @@ static void abort_batch(ccq_runtime *rt, ccq_batch *b, const char *why)
         abort_comm(rt, b->insts[k]->chan->comm, why);
 }
 
-/* Fail what waited too long; abort what was issued and did not complete. Returns the next
- * deadline. Runs only when the earliest known deadline has passed. */
-static void watchdog(ccq_runtime *rt, uint64_t now)
+/* Fail what waited too long; abort what was issued and did not complete. Runs only when
+ * the earliest known deadline has passed; returns true if it failed or aborted anything. */
+static bool watchdog(ccq_runtime *rt, uint64_t now)
 {
     ccq_sched *S = rt->sched;
     char detail[CCQ_DETAIL_LEN];
     uint64_t next = UINT64_MAX;
+    bool any = false;
 
     if (now < S->wd_next)
-        return;
+        return false;
     for (uint32_t k = 0; k < S->nactive; k++) {
         ccq_stream *s = S->active[k];
         for (ccq_cmd *q = s->cursor; q != NULL; q = q->fifo_next) {
@@ -1120,6 +1121,7 @@ static void watchdog(ccq_runtime *rt, uint64_t now)
             }
             describe_wait(q->inst, q, now, detail, sizeof detail);
             fail_inst(S, q->inst, CCQ_ERR_TIMEOUT, detail, false);
+            any = true;
         }
     }
     for (ccq_batch *b = S->inflight; b != NULL; b = b->next) {
@@ -1135,10 +1137,12 @@ static void watchdog(ccq_runtime *rt, uint64_t now)
                  "timeout_ms; the watchdog aborted its communicators",
                  b->be.id, b->be.nops, (double)(now - b->issue_ns) / 1e6);
         abort_batch(rt, b, detail);
+        any = true;
     }
     if (S->closing && !S->shutdown_aborted)
         next = min_u64(next, add_sat(S->close_ns, rt->timeout_ns));
     S->wd_next = next;
+    return any;
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -1176,11 +1180,7 @@ static void cancel_all(ccq_runtime *rt, bool incomplete_only, const char *why)
                 if (i == NULL || (i->state != CCQ_INST_WAITING &&
                                   (incomplete_only || i->state != CCQ_INST_READY)))
                     continue;
-                ccq_cmd *any = NULL;
-                for (uint32_t p = 0; p < ch->nparts && any == NULL; p++)
-                    any = i->cmds[p];
-                size_t w = ccq_describe_cmd(detail, sizeof detail, any);
-                ccq_format(detail + w, sizeof detail - w, ": cancelled by shutdown: %s", why);
+                ccq_format(detail, sizeof detail, "cancelled by shutdown: %s", why);
                 fail_inst(S, i, CCQ_ERR_SHUTDOWN, detail, true);
             }
             ch->late_status = CCQ_ERR_SHUTDOWN;
@@ -1264,7 +1264,7 @@ void *ccq_sched_main(void *arg)
         progress |= end_failed_heads(rt);
         progress |= build_and_issue(rt);
         now = ccq_now_ns();
-        watchdog(rt, now);
+        progress |= watchdog(rt, now);
         if (S->closing || atomic_load_explicit(&rt->closing, memory_order_acquire)) {
             if (shutdown_step(rt, now, &progress))
                 break;
@@ -1291,10 +1291,46 @@ void *ccq_sched_main(void *arg)
     /* Communicators still waiting for creation will never get it. */
     for (ccq_mpsc_node *n = ccq_mpsc_pop_all_spsc(&rt->comm_reqs); n != NULL;) {
         ccq_mpsc_node *next = n->next;
-        comm_create_now(rt, ccq_container_of(n, ccq_comm, req_node));
+        comm_create_now(rt, ccq_container_of(n, ccq_comm, req_node), true);
         n = next;
     }
-    atomic_store_explicit(&rt->sched_exited, 1, memory_order_release);
+    atomic_store_explicit(&rt->sched_exited, 1, memory_order_seq_cst);
+    /* ccq_comm_init waiters whose request came too late wait on their comm's event: wake
+     * them all. A comm registered after this loop sees sched_exited (the registry lock
+     * orders the store above before its registration) and does not wait. */
+    pthread_mutex_lock(&rt->comm_lock);
+    for (uint32_t k = 0; k < atomic_load_explicit(&rt->ncomms, memory_order_relaxed); k++)
+        ccq_event_notify(&rt->comms[k]->ev);
+    pthread_mutex_unlock(&rt->comm_lock);
     ccq_event_notify(&rt->exit_ev);
     return NULL;
+}
+
+/* Debug: print the scheduler's view (streams, their FIFOs, channel heads). Scheduler thread
+ * or a stopped process only (gdb: call ccq_sched_dump(rt)). */
+void ccq_sched_dump(ccq_runtime *rt);
+void ccq_sched_dump(ccq_runtime *rt)
+{
+    ccq_sched *S = rt->sched;
+    char buf[CCQ_DETAIL_LEN];
+    static const char *const st[] = {"QUEUED", "INCLUDED", "ISSUED", "FAILED"};
+    static const char *const ist[] = {"WAITING", "READY", "FAILED", "ISSUED"};
+
+    fprintf(stderr, "sched: pass %llu, %u active streams, %u in flight\n",
+            (unsigned long long)S->pass, S->nactive, S->ninflight);
+    for (uint32_t k = 0; k < S->nactive; k++) {
+        ccq_stream *s = S->active[k];
+        fprintf(stderr, " stream %u/%u inflight=%d\n", s->device, s->id, s->inflight);
+        for (ccq_cmd *q = s->fifo_head; q != NULL; q = q->fifo_next) {
+            ccq_describe_cmd(buf, sizeof buf, q);
+            fprintf(stderr, "  %s%s %s inst=%s\n", q == s->cursor ? ">" : " ", st[q->state], buf,
+                    q->inst ? ist[q->inst->state] : "-");
+        }
+    }
+    for (ccq_chan *ch = S->chans; ch != NULL; ch = ch->list_next) {
+        ccq_describe_comm(buf, sizeof buf, ch->comm);
+        ccq_inst *i = win_get(ch, ch->head);
+        fprintf(stderr, " listed chan %s/%u head %llu: %s\n", buf, ch->id,
+                (unsigned long long)ch->head, i ? ist[i->state] : "none");
+    }
 }

@@ -1,0 +1,51 @@
+/* The host backend's fused all_reduce kernel: reduce n local buffers, write all n results. */
+#ifndef CCQ_HOST_REDUCE_H
+#define CCQ_HOST_REDUCE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ccq.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * Reduce elements [begin, end) of n inputs in rank order and write the result to all n
+ * outputs.
+ *
+ * The range is processed in blocks of CCQ_HOST_REDUCE_BLOCK_BYTES of accumulator kept on
+ * the stack: for each block, that block of all n inputs is read and combined in rank order
+ * 0..n-1, then the block is written to all n outputs. Every input of a block is read before
+ * any output of it is written, so dst[r] == src[r] (in place) is allowed; the buffers of
+ * different ranks must not otherwise overlap. Memory traffic is exactly 2 * n * bytes.
+ * Disjoint ranges may run concurrently from different threads (that is how the backend
+ * splits a large op); the result does not depend on how the range is split.
+ *
+ * Semantics per type (they match NCCL's where NCCL defines them):
+ *  - Integers: SUM and PROD wrap in the type; MAX and MIN compare with the type's
+ *    signedness; AVG is the wrapped sum divided by n with C's truncating division, in the
+ *    type's signedness.
+ *  - float32, float64: accumulate in the type in rank order; AVG is sum / n (a division);
+ *    MAX and MIN propagate NaN: max(acc, x) = (acc != acc || acc > x) ? acc : x, and
+ *    min(acc, x) = (acc != acc || acc < x) ? acc : x.
+ *  - float16, bfloat16, fp8 e4m3, fp8 e5m2: inputs are widened to float, accumulated in
+ *    float with the float32 rules, and rounded once at the end with convert.h (nearest
+ *    even; binary16/bfloat16 overflow to inf, fp8 saturates to its largest finite value).
+ *  - n == 1 copies the input (AVG divides by 1); n == 0, begin >= end, or an invalid
+ *    dtype or op does nothing.
+ *
+ * Element offsets begin and end apply to every buffer. Single-threaded; no allocation.
+ */
+void ccq_host_allreduce_range(ccq_dtype dtype, ccq_reduce_op op, uint32_t n, const void *const *src,
+                              void *const *dst, size_t begin, size_t end);
+
+/* Bytes of accumulator per block: well inside L1 together with the stream of inputs. */
+#define CCQ_HOST_REDUCE_BLOCK_BYTES 8192
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CCQ_HOST_REDUCE_H */
