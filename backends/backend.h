@@ -29,6 +29,7 @@ typedef struct ccq_be_part {
     ccq_device_id device;
     uint32_t rank;         /* rank in the communicator (position in its sorted device set) */
     uint32_t stream_index; /* device * max_streams + stream id */
+    uint32_t slot;         /* the command's slot in its stream (see ccq_be_submit) */
     const void *src;       /* NULL for a recv part */
     void *dst;             /* NULL for a send part */
 } ccq_be_part;
@@ -63,6 +64,18 @@ typedef struct ccq_be_batch {
 
 typedef struct ccq_backend ccq_backend;
 
+/* What the submit hooks see of a command. `slot` identifies the command among those
+ * outstanding on its stream (0 <= slot < the runtime's ring size, a power of two >=
+ * queue_depth); a backend can keep per-slot state, such as a CUDA event, indexed by it. */
+typedef struct ccq_be_submit {
+    ccq_device_id device;
+    uint32_t stream_index;
+    uint32_t slot;
+    uint8_t kind; /* ccq_op_kind of the operation the command is part of */
+    uint8_t dtype;
+    uint8_t redop;
+} ccq_be_submit;
+
 /* Completion notification: a backend calls notify(notify_arg) from any thread when it has
  * completions for poll(), so the scheduler can sleep instead of polling. */
 typedef struct ccq_be_hooks {
@@ -94,7 +107,32 @@ typedef struct ccq_backend_ops {
     /* If nonzero, the scheduler polls at this interval while batches are in flight
      * (for backends that cannot notify); 0 when notify() is always called. */
     uint64_t poll_interval_ns;
+
+    /* ---- Optional hooks called on user threads (NULL when unused). They must be
+     * thread-safe and must not call into anything that is not (no NCCL calls): they exist
+     * because some device work has to happen at the call, in the caller's stream order. */
+    /* Before a command is accepted: refuse what the backend cannot run (nothing queued). */
+    ccq_status (*check)(ccq_backend *be, const ccq_be_submit *s, ccq_errbuf *err);
+    /* After it is accepted, before the scheduler can see it (e.g. record an event on the
+     * caller's stream). An error fails the command; the fence reports it. */
+    ccq_status (*submit)(ccq_backend *be, const ccq_be_submit *s, ccq_errbuf *err);
+    /* After a fence on the stream saw every covered command complete (e.g. make the
+     * caller's stream wait for the completion event). */
+    void (*fence)(ccq_backend *be, uint32_t stream_index);
+    /* Bind a native stream (cudaStream_t for NCCL) to a ccq stream, or unbind with NULL.
+     * Called on a user thread while the stream has nothing outstanding. */
+    ccq_status (*bind_stream)(ccq_backend *be, ccq_device_id device, uint32_t stream_index,
+                              void *native, ccq_errbuf *err);
 } ccq_backend_ops;
+
+/* Slots per stream for a queue depth (the runtime's ring size): a power of two. */
+static inline uint32_t ccq_ring_size(uint32_t queue_depth)
+{
+    uint32_t n = 1;
+    while (n < queue_depth)
+        n <<= 1;
+    return n;
+}
 
 /* The base every backend struct embeds as its first member. */
 struct ccq_backend {
@@ -105,6 +143,9 @@ struct ccq_backend {
 
 /* Built-in backends. */
 extern const ccq_backend_ops ccq_host_backend_ops;
+#ifdef CCQ_HAVE_NCCL
+extern const ccq_backend_ops ccq_nccl_backend_ops;
+#endif
 
 #ifdef __cplusplus
 }

@@ -67,6 +67,9 @@ typedef struct ccq_cmd {
     struct ccq_stream *stream;
     uint64_t submit_ns;
     uint64_t seq;
+    ccq_status pre_status; /* set when the backend's submit hook failed */
+    char *pre_detail;      /* its message (malloc'd by the submitter, freed by the scheduler) */
+    uint32_t slot;         /* index in the ring; fixed when the ring is allocated */
     /* ---- scheduler only ---- */
     struct ccq_cmd *fifo_next;
     struct ccq_inst *inst;

@@ -8,6 +8,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include "ccq/ccq_nccl.h"
 #include "runtime/internal.h"
 
 /* ------------------------------------------------------------------------------------ */
@@ -223,9 +224,7 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
     for (int i = 0; i < CCQ_COMM_BUCKETS; i++)
         atomic_init(&rt->buckets[i], NULL);
     rt->timeout_ns = cfg.timeout_ms == 0 ? UINT64_MAX : cfg.timeout_ms * 1000000ull;
-    rt->ring_size = 1;
-    while (rt->ring_size < cfg.queue_depth)
-        rt->ring_size <<= 1;
+    rt->ring_size = ccq_ring_size(cfg.queue_depth);
 
     hooks.notify = backend_notify;
     hooks.notify_arg = rt;
@@ -466,8 +465,10 @@ static ccq_cmd *stream_ring(ccq_runtime *rt, ccq_stream *s)
     if (ring == NULL)
         return NULL;
     memset(ring, 0, (size_t)rt->ring_size * sizeof *ring);
-    for (uint32_t i = 0; i < rt->ring_size; i++)
+    for (uint32_t i = 0; i < rt->ring_size; i++) {
         atomic_init(&ring[i].busy, 0);
+        ring[i].slot = i;
+    }
     if (!atomic_compare_exchange_strong_explicit(&s->ring, &expected, ring, memory_order_acq_rel,
                                                  memory_order_acquire)) {
         free(ring); /* another thread won the race */
@@ -534,6 +535,7 @@ static ccq_status submit(ccq_runtime *rt, const char *fn, const submit_args *a,
     ccq_comm *comm;
     ccq_stream *s;
     ccq_cmd *ring, *c;
+    ccq_be_submit be_sub;
     ccq_status st;
     size_t esize, bytes;
     uint32_t nset, rank = 0, chan, part;
@@ -620,6 +622,17 @@ static ccq_status submit(ccq_runtime *rt, const char *fn, const submit_args *a,
     st = comm_status(comm, fn);
     if (st != CCQ_OK)
         return st;
+    be_sub.device = a->device;
+    be_sub.stream_index = a->device * rt->max_streams + a->stream;
+    be_sub.kind = a->kind == CCQ_CMD_ALL_REDUCE ? CCQ_OP_ALL_REDUCE : CCQ_OP_SENDRECV;
+    be_sub.dtype = (uint8_t)a->dtype;
+    be_sub.redop = (uint8_t)a->op;
+    if (rt->be_ops->check != NULL) {
+        ccq_errbuf err = {{0}};
+        st = rt->be_ops->check(rt->be, &be_sub, &err);
+        if (st != CCQ_OK)
+            return ccq_fail(st, "%s: %s", fn, err.msg);
+    }
 
     s = ccq_stream_at(rt, a->device, a->stream);
     ring = stream_ring(rt, s);
@@ -651,6 +664,15 @@ static ccq_status submit(ccq_runtime *rt, const char *fn, const submit_args *a,
     c->comm = comm;
     c->stream = s;
     c->submit_ns = ccq_now_ns();
+    c->pre_status = CCQ_OK;
+    c->pre_detail = NULL;
+    if (rt->be_ops->submit != NULL) {
+        ccq_errbuf err = {{0}};
+        be_sub.slot = c->slot;
+        c->pre_status = rt->be_ops->submit(rt->be, &be_sub, &err);
+        if (c->pre_status != CCQ_OK)
+            c->pre_detail = strdup(err.msg);
+    }
     seq = atomic_fetch_add_explicit(counter, 1, memory_order_relaxed);
     c->seq = seq;
     ccq_mpsc_push_mpsc(&s->q, &c->qnode);
@@ -744,8 +766,11 @@ CCQ_API ccq_status ccq_sync_collective(ccq_runtime *rt, ccq_device_id device, cc
         }
     }
     err = atomic_load_explicit(&s->err_status, memory_order_acquire);
-    if (err == 0)
+    if (err == 0) {
+        if (rt->be_ops->fence != NULL)
+            rt->be_ops->fence(rt->be, s->index);
         return CCQ_OK;
+    }
     pthread_mutex_lock(&s->err_lock);
     err = atomic_load_explicit(&s->err_status, memory_order_relaxed);
     if (err != 0) {
@@ -811,5 +836,39 @@ CCQ_API ccq_status ccq_get_stats(ccq_runtime *rt, ccq_stats *out)
                         ~CCQ_TICKET_CLOSED;
     st.pending = st.submitted > ended ? st.submitted - ended : 0;
     memcpy(out, &st, out->struct_size);
+    return CCQ_OK;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Backend interop                                                                       */
+/* ------------------------------------------------------------------------------------ */
+
+CCQ_API ccq_status ccq_nccl_bind_stream(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream,
+                                        struct CUstream_st *cuda_stream)
+{
+    ccq_errbuf err = {{0}};
+    ccq_stream *s;
+    ccq_status st;
+
+    ccq_clear_detail();
+    if (rt == NULL)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_nccl_bind_stream: rt is NULL");
+    if (strcmp(rt->be_ops->name, "nccl") != 0 || rt->be_ops->bind_stream == NULL)
+        return ccq_fail(CCQ_ERR_UNSUPPORTED,
+                        "ccq_nccl_bind_stream: the runtime's backend is \"%s\", not \"nccl\"",
+                        rt->be_ops->name);
+    st = check_stream(rt, "ccq_nccl_bind_stream", device, stream);
+    if (st != CCQ_OK)
+        return st;
+    s = ccq_stream_at(rt, device, stream);
+    if ((atomic_load_explicit(&s->tickets, memory_order_acquire) & ~CCQ_TICKET_CLOSED) !=
+        atomic_load_explicit(&s->ended, memory_order_acquire))
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "ccq_nccl_bind_stream: device %u stream %u has commands outstanding; "
+                        "bind before submitting or after a fence",
+                        device, stream);
+    st = rt->be_ops->bind_stream(rt->be, device, s->index, cuda_stream, &err);
+    if (st != CCQ_OK)
+        return ccq_fail(st, "ccq_nccl_bind_stream: %s", err.msg);
     return CCQ_OK;
 }

@@ -360,6 +360,7 @@ static void inst_complete(ccq_sched *S, ccq_inst *i)
         i->bparts[p].device = c->device;
         i->bparts[p].rank = c->rank;
         i->bparts[p].stream_index = c->stream->index;
+        i->bparts[p].slot = c->slot;
         i->bparts[p].src = c->kind == CCQ_CMD_RECV ? NULL : c->src;
         i->bparts[p].dst = c->kind == CCQ_CMD_SEND ? NULL : c->dst;
     }
@@ -466,6 +467,14 @@ static void arrive(ccq_runtime *rt, ccq_cmd *c)
     i->cmds[c->part] = c;
     i->present++;
     c->inst = i;
+    if (c->pre_status != CCQ_OK) {
+        /* The backend's submit hook failed on the caller's thread: the operation cannot
+         * run, so every part fails now rather than waiting for the watchdog. */
+        ccq_format(detail, sizeof detail, "the backend refused it on device %u: %s", c->device,
+                   c->pre_detail ? c->pre_detail : "submit hook failed");
+        fail_inst(S, i, c->pre_status, detail, false);
+        return;
+    }
     if (i->state == CCQ_INST_FAILED) {
         fail_cmd(c, i->fail_status, i->fail_detail, i->fail_status == CCQ_ERR_SHUTDOWN);
         i->cmds[c->part] = NULL;
@@ -535,6 +544,8 @@ static void end_head(ccq_runtime *rt, ccq_stream *s)
     }
     free(c->detail);
     c->detail = NULL;
+    free(c->pre_detail);
+    c->pre_detail = NULL;
     /* Hands the slot back to producers; nothing below may touch `c`. */
     atomic_store_explicit(&c->busy, 0, memory_order_release);
 }

@@ -329,5 +329,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_non_prefix_set_rank_order, setup, teardown),
         cmocka_unit_test_setup_teardown(test_count_zero, setup, teardown),
     };
+    /* CCQ_TEST_FILTER=pattern runs only the matching tests (cmocka's wildcard syntax). */
+    const char *filter = getenv("CCQ_TEST_FILTER");
+    if (filter != NULL && *filter != '\0')
+        cmocka_set_test_filter(filter);
     return cmocka_run_group_tests_name("allreduce", tests, NULL, NULL);
 }

@@ -108,6 +108,8 @@ static struct {
     uint32_t wrong_thread;          /* backend called from another thread than the first */
 } g_life;
 
+static const ccq_backend_ops tb_ops;
+
 static tb *tb_of(ccq_runtime *rt)
 {
     return ccq_container_of(rt->be, tb, base);
@@ -142,7 +144,7 @@ static ccq_status tb_create(const ccq_config *cfg, const ccq_be_hooks *hooks, cc
         snprintf(err->msg, sizeof err->msg, "out of memory");
         return CCQ_ERR_NO_MEMORY;
     }
-    t->base.ops = NULL; /* set by tb_ops below */
+    t->base.ops = &tb_ops;
     t->hooks = *hooks;
     t->ndev = cfg->host_devices;
     pthread_mutex_init(&t->mu, NULL);

@@ -280,9 +280,10 @@ typedef struct wake_race {
     pthread_barrier_t start;
     uint32_t nprod;
     uint64_t rounds;
-    item *items[MAX_PROD];  /* [rounds] per producer */
-    _Atomic uint64_t acked; /* rounds the consumer has fully received */
-    _Atomic uint32_t stop;  /* set by the consumer on a lost wake-up */
+    item *items[MAX_PROD];     /* [rounds] per producer */
+    _Atomic uint64_t acked;    /* rounds the consumer has fully received */
+    _Atomic uint32_t ack_word; /* futex word bumped with every ack */
+    _Atomic uint32_t stop;     /* set by the consumer on a lost wake-up */
     /* Consumer results. */
     uint64_t received, lost, bad, sleeps;
 } wake_race;
@@ -326,6 +327,8 @@ static void *race_consumer(void *arg)
             }
         }
         atomic_store_explicit(&r->acked, round + 1, memory_order_release);
+        atomic_fetch_add_explicit(&r->ack_word, 1, memory_order_seq_cst);
+        ccq_futex_wake_all(&r->ack_word);
     }
     return NULL;
 }
@@ -341,11 +344,21 @@ static void *race_producer(void *arg)
         ccq_mpsc_push_mpsc(&r->q, &items[round].node);
         ccq_wake_signal(&r->w);
         /* Wait for the consumer to take the whole round before the next push, so every
-         * round races a fresh sleep against a fresh push. */
-        while (atomic_load_explicit(&r->acked, memory_order_acquire) <= round) {
+         * round races a fresh sleep against a fresh push. Spin first (the push then lands
+         * while the consumer heads for its sleep), then sleep on the ack word so that a
+         * loaded machine does not starve the consumer. */
+        for (uint32_t spin = 0; atomic_load_explicit(&r->acked, memory_order_acquire) <= round;
+             spin++) {
             if (atomic_load(&r->stop))
                 return NULL;
-            sched_yield();
+            if (spin < 2000) {
+                ck_pr_stall();
+                continue;
+            }
+            uint32_t v = atomic_load_explicit(&r->ack_word, memory_order_seq_cst);
+            if (atomic_load_explicit(&r->acked, memory_order_acquire) > round)
+                break;
+            ccq_futex_wait(&r->ack_word, v, 100000000ull);
         }
     }
     return NULL;
@@ -365,6 +378,7 @@ static void run_wake_race(uint32_t nprod)
     /* Start near the top so the futex word wraps during the run. */
     atomic_store(&r->w.seq, UINT32_MAX - 1000);
     atomic_init(&r->acked, 0);
+    atomic_init(&r->ack_word, 0);
     atomic_init(&r->stop, 0);
     for (uint32_t p = 0; p < nprod; p++) {
         r->items[p] = malloc(r->rounds * sizeof(item));
@@ -726,5 +740,9 @@ int main(void)
         cmocka_unit_test(test_event_stress),
         cmocka_unit_test(test_futex),
     };
+    /* CCQ_TEST_FILTER=pattern runs only the matching tests (cmocka's wildcard syntax). */
+    const char *filter = getenv("CCQ_TEST_FILTER");
+    if (filter != NULL && *filter != '\0')
+        cmocka_set_test_filter(filter);
     return cmocka_run_group_tests_name("queue", tests, NULL, NULL);
 }

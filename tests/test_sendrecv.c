@@ -469,5 +469,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_bidirectional, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sizes_and_dtypes, setup, teardown),
     };
+    /* CCQ_TEST_FILTER=pattern runs only the matching tests (cmocka's wildcard syntax). */
+    const char *filter = getenv("CCQ_TEST_FILTER");
+    if (filter != NULL && *filter != '\0')
+        cmocka_set_test_filter(filter);
     return cmocka_run_group_tests_name("sendrecv", tests, NULL, NULL);
 }

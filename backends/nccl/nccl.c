@@ -1,0 +1,699 @@
+/* The CUDA + NCCL backend: one NCCL communicator per local device of a set, one
+ * ncclGroupStart/ncclGroupEnd per batch, stream ordering through CUDA events, completion
+ * and asynchronous errors polled from the scheduler thread. The only file in ccq that
+ * includes CUDA or NCCL headers. */
+#define _GNU_SOURCE
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include "backends/backend.h"
+#include "queue/mpsc.h"
+#include "queue/wake.h"
+
+/* The scheduler polls completions at this interval while batches are in flight. */
+#define NCCL_POLL_INTERVAL_NS 20000u
+/* Communicator creation gives up after this long (it also honours timeout_ms). */
+#define NCCL_INIT_TIMEOUT_NS (120ull * 1000000000ull)
+
+/* Map NCCL and CUDA results to ccq once, keeping their own message in the detail. */
+#define NCCL_CHECK_GOTO(call, err, st, label)                                                      \
+    do {                                                                                           \
+        ncclResult_t r_ = (call);                                                                  \
+        if (r_ != ncclSuccess && r_ != ncclInProgress) {                                           \
+            (st) = nccl_status(r_);                                                                \
+            nccl_msg((err), #call, r_, NULL);                                                      \
+            goto label;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+#define CUDA_CHECK_GOTO(call, err, st, label)                                                      \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            (st) = CCQ_ERR_BACKEND;                                                                \
+            snprintf((err)->msg, sizeof(err)->msg, "%s: %s (%s)", #call, cudaGetErrorString(e_),   \
+                     cudaGetErrorName(e_));                                                        \
+            goto label;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+typedef struct nccl_comm {
+    uint32_t n;
+    int *devs;         /* CUDA device of each rank */
+    ncclComm_t *comms; /* one per rank (all ranks are local) */
+    bool aborted;      /* scheduler only */
+} nccl_comm;
+
+/* Per ccq stream. `user` and `slot_events` are written by bind (a user thread, while the
+ * stream is idle) and read by submit hooks and the scheduler; the rest is scheduler-only,
+ * except `done` which the fence hook reads (CUDA calls on it are thread-safe). */
+typedef struct nccl_stream {
+    _Atomic(cudaStream_t) user;
+    cudaEvent_t *slot_events; /* [ring_size]: submission events, created at bind */
+    cudaStream_t comm;        /* where NCCL runs this stream's work; created on first use */
+    cudaEvent_t done;         /* recorded after each batch on `comm` */
+    _Atomic uint32_t done_recorded;
+    uint64_t batch_mark; /* scheduler scratch: last batch that listed this stream */
+} nccl_stream;
+
+enum { NB_ENQUEUING, NB_RUNNING };
+
+/* Per-batch state, in be_priv. */
+typedef struct nccl_batch {
+    ccq_be_batch *b;
+    struct nccl_batch *next;
+    int state;
+    uint32_t nstreams, ncomms;
+    uint32_t *streams; /* stream indices used */
+    nccl_comm **comms; /* distinct communicators used */
+} nccl_batch;
+
+typedef struct nccl_be {
+    ccq_backend base;
+    ccq_be_hooks hooks;
+    int ndev;
+    int *cc_major;
+    uint32_t max_streams, ring_size;
+    uint64_t timeout_ns;
+    nccl_stream *streams; /* [ndev * max_streams] */
+    nccl_batch *inflight; /* scheduler only */
+    uint64_t batch_mark;
+} nccl_be;
+
+static nccl_be *to_nccl(ccq_backend *be)
+{
+    return ccq_container_of(be, nccl_be, base);
+}
+
+static ccq_status nccl_status(ncclResult_t r)
+{
+    switch (r) {
+    case ncclSuccess:
+    case ncclInProgress:
+        return CCQ_OK;
+    case ncclInvalidArgument:
+    case ncclInvalidUsage:
+        return CCQ_ERR_INVALID_ARGUMENT;
+    default:
+        return CCQ_ERR_BACKEND;
+    }
+}
+
+/* "what: NCCL error 'unhandled cuda error' (1): <ncclGetLastError>". */
+static void nccl_msg(ccq_errbuf *err, const char *what, ncclResult_t r, ncclComm_t comm)
+{
+    const char *last = ncclGetLastError(comm);
+    snprintf(err->msg, sizeof err->msg, "%s: NCCL error '%s' (%d)%s%s", what, ncclGetErrorString(r),
+             (int)r, last && *last ? ": " : "", last ? last : "");
+}
+
+static const ncclDataType_t dtype_map[CCQ_DTYPE_COUNT_] = {
+    [CCQ_INT8] = ncclInt8,
+    [CCQ_UINT8] = ncclUint8,
+    [CCQ_INT32] = ncclInt32,
+    [CCQ_UINT32] = ncclUint32,
+    [CCQ_INT64] = ncclInt64,
+    [CCQ_UINT64] = ncclUint64,
+    [CCQ_FLOAT16] = ncclFloat16,
+    [CCQ_FLOAT32] = ncclFloat32,
+    [CCQ_FLOAT64] = ncclFloat64,
+    [CCQ_BFLOAT16] = ncclBfloat16,
+    [CCQ_FLOAT8E4M3] = ncclFloat8e4m3,
+    [CCQ_FLOAT8E5M2] = ncclFloat8e5m2,
+};
+
+static const ncclRedOp_t op_map[CCQ_REDUCE_OP_COUNT_] = {
+    [CCQ_SUM] = ncclSum, [CCQ_PROD] = ncclProd, [CCQ_MAX] = ncclMax,
+    [CCQ_MIN] = ncclMin, [CCQ_AVG] = ncclAvg,
+};
+
+static void sleep_ns(long ns)
+{
+    struct timespec ts = {0, ns};
+    nanosleep(&ts, NULL);
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Lifetime                                                                              */
+/* ------------------------------------------------------------------------------------ */
+
+static void free_stream_events(nccl_be *h, nccl_stream *s, int dev)
+{
+    if (s->slot_events == NULL)
+        return;
+    cudaSetDevice(dev);
+    for (uint32_t i = 0; i < h->ring_size; i++)
+        if (s->slot_events[i] != NULL)
+            cudaEventDestroy(s->slot_events[i]);
+    free(s->slot_events);
+    s->slot_events = NULL;
+}
+
+static void nccl_destroy(ccq_backend *be)
+{
+    nccl_be *h = to_nccl(be);
+    uint32_t nstreams = (uint32_t)h->ndev * h->max_streams;
+
+    for (uint32_t i = 0; h->streams != NULL && i < nstreams; i++) {
+        nccl_stream *s = &h->streams[i];
+        int dev = (int)(i / h->max_streams);
+        free_stream_events(h, s, dev);
+        cudaSetDevice(dev);
+        if (s->done != NULL)
+            cudaEventDestroy(s->done);
+        if (s->comm != NULL)
+            cudaStreamDestroy(s->comm);
+    }
+    free(h->streams);
+    free(h->cc_major);
+    free(h);
+}
+
+static ccq_status nccl_create(const ccq_config *cfg, const ccq_be_hooks *hooks, ccq_backend **out,
+                              ccq_errbuf *err)
+{
+    nccl_be *h;
+    int ndev = 0, version = 0;
+    cudaError_t ce = cudaGetDeviceCount(&ndev);
+
+    if (ce != cudaSuccess || ndev <= 0) {
+        snprintf(err->msg, sizeof err->msg,
+                 "no usable CUDA device: cudaGetDeviceCount: %s (%s); use backend \"host\"",
+                 ce == cudaSuccess ? "0 devices" : cudaGetErrorString(ce),
+                 ce == cudaSuccess ? "cudaSuccess" : cudaGetErrorName(ce));
+        return CCQ_ERR_UNSUPPORTED;
+    }
+    if (ncclGetVersion(&version) != ncclSuccess || version < NCCL_VERSION(2, 19, 0)) {
+        snprintf(err->msg, sizeof err->msg, "NCCL %d is too old: ccq needs NCCL >= 2.19", version);
+        return CCQ_ERR_UNSUPPORTED;
+    }
+    h = calloc(1, sizeof *h);
+    if (h == NULL) {
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        return CCQ_ERR_NO_MEMORY;
+    }
+    h->base.ops = &ccq_nccl_backend_ops;
+    h->hooks = *hooks;
+    h->ndev = ndev;
+    h->max_streams = cfg->max_streams;
+    h->ring_size = ccq_ring_size(cfg->queue_depth);
+    h->timeout_ns = cfg->timeout_ms ? cfg->timeout_ms * 1000000ull : NCCL_INIT_TIMEOUT_NS;
+    h->cc_major = calloc((size_t)ndev, sizeof *h->cc_major);
+    h->streams = calloc((size_t)ndev * h->max_streams, sizeof *h->streams);
+    if (h->cc_major == NULL || h->streams == NULL) {
+        nccl_destroy(&h->base);
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        return CCQ_ERR_NO_MEMORY;
+    }
+    for (int d = 0; d < ndev; d++) {
+        if (cudaDeviceGetAttribute(&h->cc_major[d], cudaDevAttrComputeCapabilityMajor, d) !=
+            cudaSuccess)
+            h->cc_major[d] = 0;
+    }
+    for (uint32_t i = 0; i < (uint32_t)ndev * h->max_streams; i++)
+        atomic_init(&h->streams[i].user, NULL);
+    *out = &h->base;
+    return CCQ_OK;
+}
+
+static uint32_t nccl_device_count(const ccq_backend *be)
+{
+    return (uint32_t)ccq_container_of(be, const nccl_be, base)->ndev;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Communicators                                                                         */
+/* ------------------------------------------------------------------------------------ */
+
+static void comm_free(nccl_comm *c)
+{
+    free(c->devs);
+    free(c->comms);
+    free(c);
+}
+
+/* Wait (polling) until no communicator of the set is ncclInProgress; the first error wins. */
+static ncclResult_t wait_comms(ncclComm_t *comms, uint32_t n, uint64_t timeout_ns,
+                               ncclComm_t *failed)
+{
+    uint64_t deadline = ccq_now_ns() + timeout_ns;
+    for (;;) {
+        bool pending = false;
+        for (uint32_t i = 0; i < n; i++) {
+            ncclResult_t st = ncclInProgress;
+            if (comms[i] == NULL)
+                continue;
+            ncclResult_t r = ncclCommGetAsyncError(comms[i], &st);
+            if (r != ncclSuccess) {
+                *failed = comms[i];
+                return r;
+            }
+            if (st == ncclInProgress)
+                pending = true;
+            else if (st != ncclSuccess) {
+                *failed = comms[i];
+                return st;
+            }
+        }
+        if (!pending)
+            return ncclSuccess;
+        if (ccq_now_ns() >= deadline) {
+            *failed = NULL;
+            return ncclInProgress;
+        }
+        sleep_ns(100000);
+    }
+}
+
+static ccq_status nccl_comm_create(ccq_backend *be, const ccq_device_id *devices, uint32_t n,
+                                   ccq_be_comm **out, ccq_errbuf *err)
+{
+    nccl_be *h = to_nccl(be);
+    nccl_comm *c = calloc(1, sizeof *c);
+    ncclUniqueId id;
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    ccq_status st = CCQ_OK;
+    ncclComm_t failed = NULL;
+    ncclResult_t r;
+    bool group_open = false;
+
+    if (c == NULL || (c->devs = calloc(n, sizeof *c->devs)) == NULL ||
+        (c->comms = calloc(n, sizeof *c->comms)) == NULL) {
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        if (c != NULL)
+            comm_free(c);
+        return CCQ_ERR_NO_MEMORY;
+    }
+    c->n = n;
+    for (uint32_t i = 0; i < n; i++)
+        c->devs[i] = (int)devices[i]; /* sorted and duplicate-free (the runtime checked) */
+    config.blocking = 0;              /* so a hung peer can never block the scheduler */
+
+    NCCL_CHECK_GOTO(ncclGetUniqueId(&id), err, st, fail);
+    NCCL_CHECK_GOTO(ncclGroupStart(), err, st, fail);
+    group_open = true;
+    for (uint32_t i = 0; i < n; i++) {
+        CUDA_CHECK_GOTO(cudaSetDevice(c->devs[i]), err, st, fail);
+        NCCL_CHECK_GOTO(ncclCommInitRankConfig(&c->comms[i], (int)n, id, (int)i, &config), err, st,
+                        fail);
+    }
+    group_open = false;
+    NCCL_CHECK_GOTO(ncclGroupEnd(), err, st, fail);
+    r = wait_comms(c->comms, n, h->timeout_ns, &failed);
+    if (r == ncclInProgress) {
+        st = CCQ_ERR_TIMEOUT;
+        snprintf(err->msg, sizeof err->msg,
+                 "ncclCommInitRankConfig did not finish within timeout_ms");
+        goto fail;
+    }
+    if (r != ncclSuccess) {
+        st = nccl_status(r);
+        nccl_msg(err, "ncclCommInitRankConfig", r, failed);
+        goto fail;
+    }
+    *out = (ccq_be_comm *)c;
+    return CCQ_OK;
+
+fail:
+    if (group_open)
+        ncclGroupEnd();
+    for (uint32_t i = 0; i < n; i++)
+        if (c->comms[i] != NULL)
+            ncclCommAbort(c->comms[i]);
+    comm_free(c);
+    return st == CCQ_OK ? CCQ_ERR_BACKEND : st;
+}
+
+static void nccl_comm_destroy(ccq_backend *be, ccq_be_comm *comm)
+{
+    nccl_comm *c = (nccl_comm *)comm;
+    (void)be;
+    for (uint32_t i = 0; !c->aborted && i < c->n; i++)
+        if (c->comms[i] != NULL)
+            ncclCommDestroy(c->comms[i]);
+    comm_free(c);
+}
+
+static void abort_comm(nccl_comm *c)
+{
+    if (c->aborted)
+        return;
+    c->aborted = true;
+    /* ncclCommAbort stops the communicator's kernels and frees it; it is the documented
+     * way out of a hang (ncclCommDestroy would wait for the work). */
+    for (uint32_t i = 0; i < c->n; i++)
+        if (c->comms[i] != NULL)
+            ncclCommAbort(c->comms[i]);
+}
+
+static void nccl_abort(ccq_backend *be, ccq_be_comm *comm)
+{
+    (void)be;
+    abort_comm((nccl_comm *)comm);
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Hooks on user threads (CUDA runtime calls only: those are thread-safe)                */
+/* ------------------------------------------------------------------------------------ */
+
+static ccq_status nccl_check(ccq_backend *be, const ccq_be_submit *s, ccq_errbuf *err)
+{
+    nccl_be *h = to_nccl(be);
+    bool fp8 = s->dtype == CCQ_FLOAT8E4M3 || s->dtype == CCQ_FLOAT8E5M2;
+    if (fp8 && s->kind == CCQ_OP_ALL_REDUCE && h->cc_major[s->device] < 9) {
+        snprintf(err->msg, sizeof err->msg,
+                 "NCCL reduces fp8 only on compute capability 9.0 (sm90) or newer; device %u is "
+                 "%d.x (send/recv of fp8 data works everywhere)",
+                 s->device, h->cc_major[s->device]);
+        return CCQ_ERR_UNSUPPORTED;
+    }
+    return CCQ_OK;
+}
+
+static ccq_status nccl_submit(ccq_backend *be, const ccq_be_submit *s, ccq_errbuf *err)
+{
+    nccl_be *h = to_nccl(be);
+    nccl_stream *st = &h->streams[s->stream_index];
+    cudaStream_t user = atomic_load_explicit(&st->user, memory_order_acquire);
+    cudaError_t e;
+
+    if (user == NULL)
+        return CCQ_OK;
+    /* The collective must see all work the caller queued on its stream before this call. */
+    e = cudaEventRecord(st->slot_events[s->slot], user);
+    if (e != cudaSuccess) {
+        snprintf(err->msg, sizeof err->msg, "cudaEventRecord on the bound stream: %s (%s)",
+                 cudaGetErrorString(e), cudaGetErrorName(e));
+        return CCQ_ERR_BACKEND;
+    }
+    return CCQ_OK;
+}
+
+static void nccl_fence(ccq_backend *be, uint32_t stream_index)
+{
+    nccl_be *h = to_nccl(be);
+    nccl_stream *st = &h->streams[stream_index];
+    cudaStream_t user = atomic_load_explicit(&st->user, memory_order_acquire);
+
+    /* GPU work the caller queues after the fence must see the data: order it after the
+     * completion event (already complete, so this costs the GPU nothing). */
+    if (user != NULL && atomic_load_explicit(&st->done_recorded, memory_order_acquire))
+        cudaStreamWaitEvent(user, st->done, 0);
+}
+
+static ccq_status nccl_bind_stream(ccq_backend *be, ccq_device_id device, uint32_t stream_index,
+                                   void *native, ccq_errbuf *err)
+{
+    nccl_be *h = to_nccl(be);
+    nccl_stream *st = &h->streams[stream_index];
+    ccq_status status = CCQ_OK;
+    int prev = 0;
+
+    if (native == NULL) {
+        atomic_store_explicit(&st->user, NULL, memory_order_release);
+        return CCQ_OK;
+    }
+    if (st->slot_events == NULL) {
+        cudaEvent_t *ev = calloc(h->ring_size, sizeof *ev);
+        if (ev == NULL) {
+            snprintf(err->msg, sizeof err->msg, "out of memory");
+            return CCQ_ERR_NO_MEMORY;
+        }
+        /* Events belong to the device current at creation: switch, then restore the
+         * caller's device. */
+        CUDA_CHECK_GOTO(cudaGetDevice(&prev), err, status, fail);
+        CUDA_CHECK_GOTO(cudaSetDevice((int)device), err, status, fail);
+        for (uint32_t i = 0; i < h->ring_size; i++)
+            CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&ev[i], cudaEventDisableTiming), err, status,
+                            fail_restore);
+        cudaSetDevice(prev);
+        st->slot_events = ev;
+        goto bound;
+    fail_restore:
+        for (uint32_t i = 0; i < h->ring_size; i++)
+            if (ev[i] != NULL)
+                cudaEventDestroy(ev[i]);
+        cudaSetDevice(prev);
+    fail:
+        free(ev);
+        return status;
+    }
+bound:
+    atomic_store_explicit(&st->user, (cudaStream_t)native, memory_order_release);
+    return CCQ_OK;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Issue and completion (scheduler thread)                                               */
+/* ------------------------------------------------------------------------------------ */
+
+/* The stream NCCL runs a ccq stream's work on, created on first use. */
+static ccq_status stream_ready(nccl_stream *st, int dev, ccq_errbuf *err)
+{
+    ccq_status status = CCQ_OK;
+    if (st->comm != NULL)
+        return CCQ_OK;
+    CUDA_CHECK_GOTO(cudaSetDevice(dev), err, status, fail);
+    CUDA_CHECK_GOTO(cudaStreamCreateWithFlags(&st->comm, cudaStreamNonBlocking), err, status, fail);
+    CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&st->done, cudaEventDisableTiming), err, status, fail);
+    return CCQ_OK;
+fail:
+    if (st->comm != NULL)
+        cudaStreamDestroy(st->comm);
+    st->comm = NULL;
+    return status;
+}
+
+static void nb_free(nccl_batch *nb)
+{
+    free(nb->streams);
+    free(nb->comms);
+    free(nb);
+}
+
+/* One completion event per stream used, recorded after the group's work. */
+static ccq_status record_done(nccl_be *h, nccl_batch *nb, ccq_errbuf *err)
+{
+    ccq_status status = CCQ_OK;
+    for (uint32_t k = 0; k < nb->nstreams; k++) {
+        nccl_stream *st = &h->streams[nb->streams[k]];
+        CUDA_CHECK_GOTO(cudaEventRecord(st->done, st->comm), err, status, fail);
+        atomic_store_explicit(&st->done_recorded, 1, memory_order_release);
+    }
+fail:
+    return status;
+}
+
+static ccq_status nccl_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
+{
+    nccl_be *h = to_nccl(be);
+    nccl_batch *nb = calloc(1, sizeof *nb);
+    ccq_status status = CCQ_OK;
+    uint32_t nparts = 0;
+    bool group_open = false;
+    ncclResult_t r;
+
+    for (uint32_t k = 0; k < b->nops; k++)
+        nparts += b->ops[k]->nparts;
+    if (nb == NULL || (nb->streams = calloc(nparts ? nparts : 1, sizeof *nb->streams)) == NULL ||
+        (nb->comms = calloc(b->nops ? b->nops : 1, sizeof *nb->comms)) == NULL) {
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        if (nb != NULL)
+            nb_free(nb);
+        return CCQ_ERR_NO_MEMORY;
+    }
+    nb->b = b;
+    h->batch_mark++;
+
+    /* Streams and communicators the batch uses; each stream's NCCL stream first waits for
+     * the events its commands recorded on the caller's stream at submission. */
+    for (uint32_t k = 0; k < b->nops; k++) {
+        ccq_be_op *op = b->ops[k];
+        nccl_comm *c = (nccl_comm *)op->comm;
+        bool seen = false;
+        if (c->aborted) {
+            status = CCQ_ERR_ABORTED;
+            snprintf(err->msg, sizeof err->msg, "the communicator was aborted");
+            goto fail;
+        }
+        for (uint32_t j = 0; j < nb->ncomms && !seen; j++)
+            seen = nb->comms[j] == c;
+        if (!seen)
+            nb->comms[nb->ncomms++] = c;
+        for (uint32_t p = 0; p < op->nparts; p++) {
+            const ccq_be_part *part = &op->parts[p];
+            nccl_stream *st = &h->streams[part->stream_index];
+            cudaStream_t user = atomic_load_explicit(&st->user, memory_order_acquire);
+            status = stream_ready(st, (int)part->device, err);
+            if (status != CCQ_OK)
+                goto fail;
+            if (st->batch_mark != h->batch_mark) {
+                st->batch_mark = h->batch_mark;
+                nb->streams[nb->nstreams++] = part->stream_index;
+            }
+            if (user != NULL)
+                CUDA_CHECK_GOTO(cudaStreamWaitEvent(st->comm, st->slot_events[part->slot], 0), err,
+                                status, fail);
+        }
+    }
+
+    /* The whole batch is one group: every local rank's part of each collective and both
+     * halves of each send/recv, so NCCL launches them together and rings cannot deadlock. */
+    NCCL_CHECK_GOTO(ncclGroupStart(), err, status, fail);
+    group_open = true;
+    for (uint32_t k = 0; k < b->nops; k++) {
+        ccq_be_op *op = b->ops[k];
+        nccl_comm *c = (nccl_comm *)op->comm;
+        ncclDataType_t dt = dtype_map[op->dtype];
+        if (op->kind == CCQ_OP_ALL_REDUCE) {
+            for (uint32_t p = 0; p < op->nparts; p++) {
+                const ccq_be_part *part = &op->parts[p];
+                NCCL_CHECK_GOTO(ncclAllReduce(part->src, part->dst, op->count, dt,
+                                              op_map[op->redop], c->comms[part->rank],
+                                              h->streams[part->stream_index].comm),
+                                err, status, fail);
+            }
+        } else { /* send/recv: part 0 sends to part 1's rank, part 1 receives from part 0's */
+            const ccq_be_part *snd = &op->parts[0], *rcv = &op->parts[1];
+            NCCL_CHECK_GOTO(ncclSend(snd->src, op->count, dt, (int)rcv->rank, c->comms[snd->rank],
+                                     h->streams[snd->stream_index].comm),
+                            err, status, fail);
+            NCCL_CHECK_GOTO(ncclRecv(rcv->dst, op->count, dt, (int)snd->rank, c->comms[rcv->rank],
+                                     h->streams[rcv->stream_index].comm),
+                            err, status, fail);
+        }
+    }
+    group_open = false;
+    r = ncclGroupEnd();
+    if (r == ncclInProgress) {
+        /* Non-blocking communicators: the launch completes in the background; poll()
+         * records the completion events once every communicator left ncclInProgress. */
+        nb->state = NB_ENQUEUING;
+    } else if (r != ncclSuccess) {
+        status = nccl_status(r);
+        nccl_msg(err, "ncclGroupEnd", r, NULL);
+        goto fail;
+    } else {
+        status = record_done(h, nb, err);
+        if (status != CCQ_OK)
+            goto fail;
+        nb->state = NB_RUNNING;
+    }
+    b->be_priv = nb;
+    nb->next = h->inflight;
+    h->inflight = nb;
+    return CCQ_OK;
+
+fail:
+    if (group_open)
+        ncclGroupEnd();
+    nb_free(nb);
+    return status == CCQ_OK ? CCQ_ERR_BACKEND : status;
+}
+
+/* Fail a batch whose group hit an error: abort every communicator it used (their other
+ * work cannot be trusted), keep NCCL's message. */
+static void batch_fail(nccl_batch *nb, ccq_status st, const char *msg)
+{
+    ccq_be_batch *b = nb->b;
+    for (uint32_t k = 0; k < nb->ncomms; k++)
+        abort_comm(nb->comms[k]);
+    b->status = st;
+    snprintf(b->detail.msg, sizeof b->detail.msg, "%s", msg);
+    for (uint32_t k = 0; k < b->nops; k++)
+        b->ops[k]->status = st;
+}
+
+/* Advance one batch; true when it is finished (completed or failed). */
+static bool batch_poll(nccl_be *h, nccl_batch *nb)
+{
+    ccq_errbuf err = {{0}};
+    bool enqueuing = false;
+
+    for (uint32_t k = 0; k < nb->ncomms; k++) {
+        nccl_comm *c = nb->comms[k];
+        if (c->aborted) {
+            batch_fail(nb, CCQ_ERR_ABORTED, "the communicator was aborted");
+            return true;
+        }
+        for (uint32_t i = 0; i < c->n; i++) {
+            ncclResult_t st = ncclSuccess, r = ncclCommGetAsyncError(c->comms[i], &st);
+            if (r != ncclSuccess)
+                st = r;
+            if (st == ncclInProgress) {
+                enqueuing = true;
+            } else if (st != ncclSuccess) {
+                nccl_msg(&err, "asynchronous error", st, c->comms[i]);
+                batch_fail(nb, nccl_status(st) == CCQ_OK ? CCQ_ERR_BACKEND : nccl_status(st),
+                           err.msg);
+                return true;
+            }
+        }
+    }
+    if (nb->state == NB_ENQUEUING) {
+        if (enqueuing)
+            return false;
+        if (record_done(h, nb, &err) != CCQ_OK) {
+            batch_fail(nb, CCQ_ERR_BACKEND, err.msg);
+            return true;
+        }
+        nb->state = NB_RUNNING;
+    }
+    for (uint32_t k = 0; k < nb->nstreams; k++) {
+        cudaError_t e = cudaEventQuery(h->streams[nb->streams[k]].done);
+        if (e == cudaErrorNotReady)
+            return false;
+        if (e != cudaSuccess) {
+            snprintf(err.msg, sizeof err.msg, "cudaEventQuery: %s (%s)", cudaGetErrorString(e),
+                     cudaGetErrorName(e));
+            batch_fail(nb, CCQ_ERR_BACKEND, err.msg);
+            return true;
+        }
+    }
+    for (uint32_t k = 0; k < nb->b->nops; k++)
+        nb->b->ops[k]->status = CCQ_OK;
+    return true;
+}
+
+static ccq_be_batch *nccl_poll(ccq_backend *be)
+{
+    nccl_be *h = to_nccl(be);
+    ccq_be_batch *done = NULL;
+
+    for (nccl_batch **pp = &h->inflight; *pp != NULL;) {
+        nccl_batch *nb = *pp;
+        if (!batch_poll(h, nb)) {
+            pp = &nb->next;
+            continue;
+        }
+        *pp = nb->next;
+        nb->b->be_priv = NULL;
+        nb->b->next_done = done;
+        done = nb->b;
+        nb_free(nb);
+    }
+    return done;
+}
+
+const ccq_backend_ops ccq_nccl_backend_ops = {
+    .name = "nccl",
+    .create = nccl_create,
+    .destroy = nccl_destroy,
+    .device_count = nccl_device_count,
+    .comm_create = nccl_comm_create,
+    .comm_destroy = nccl_comm_destroy,
+    .issue = nccl_issue,
+    .poll = nccl_poll,
+    .abort = nccl_abort,
+    .poll_interval_ns = NCCL_POLL_INTERVAL_NS,
+    .check = nccl_check,
+    .submit = nccl_submit,
+    .fence = nccl_fence,
+    .bind_stream = nccl_bind_stream,
+};
