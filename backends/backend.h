@@ -123,6 +123,12 @@ typedef struct ccq_backend_ops {
      * Called on a user thread while the stream has nothing outstanding. */
     ccq_status (*bind_stream)(ccq_backend *be, ccq_device_id device, uint32_t stream_index,
                               void *native, ccq_errbuf *err);
+    /* Memory the device's collectives can use (ccq_mem_*); user threads, thread-safe. */
+    ccq_status (*mem_alloc)(ccq_backend *be, ccq_device_id device, size_t bytes, void **out,
+                            ccq_errbuf *err);
+    void (*mem_free)(ccq_backend *be, ccq_device_id device, void *ptr);
+    ccq_status (*mem_copy)(ccq_backend *be, ccq_device_id device, void *dst, const void *src,
+                           size_t bytes, int to_device, ccq_errbuf *err);
 } ccq_backend_ops;
 
 /* Slots per stream for a queue depth (the runtime's ring size): a power of two. */

@@ -252,6 +252,30 @@ CCQ_API ccq_status ccq_stream_last_error(ccq_runtime *rt, ccq_device_id device,
  */
 CCQ_API ccq_status ccq_get_stats(ccq_runtime *rt, ccq_stats *out);
 
+/** Direction of ccq_mem_copy. */
+typedef enum ccq_copy_kind {
+    CCQ_COPY_TO_DEVICE, /**< host memory -> device memory */
+    CCQ_COPY_TO_HOST,   /**< device memory -> host memory */
+} ccq_copy_kind;
+
+/**
+ * Allocate @p bytes of memory that @p device's collectives can use (host memory on the host
+ * backend, cudaMalloc'd device memory on NCCL), 64-byte aligned at least. Lets tools and
+ * tests stay backend-neutral. Thread-safe.
+ * @return CCQ_OK; CCQ_ERR_INVALID_ARGUMENT; CCQ_ERR_NO_MEMORY; CCQ_ERR_BACKEND.
+ */
+CCQ_API ccq_status ccq_mem_alloc(ccq_runtime *rt, ccq_device_id device, size_t bytes, void **out);
+
+/** Free memory from ccq_mem_alloc (NULL is a no-op). Thread-safe. */
+CCQ_API ccq_status ccq_mem_free(ccq_runtime *rt, ccq_device_id device, void *ptr);
+
+/**
+ * Copy between host memory and memory from ccq_mem_alloc on @p device; returns when the
+ * copy is complete. Thread-safe. Not ordered with queued commands: fence first.
+ */
+CCQ_API ccq_status ccq_mem_copy(ccq_runtime *rt, ccq_device_id device, void *dst, const void *src,
+                                size_t bytes, ccq_copy_kind kind);
+
 /** Size in bytes of one element of @p dtype (0 for an invalid value). */
 CCQ_API size_t ccq_dtype_size(ccq_dtype dtype);
 

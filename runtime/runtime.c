@@ -872,3 +872,59 @@ CCQ_API ccq_status ccq_nccl_bind_stream(ccq_runtime *rt, ccq_device_id device, c
         return ccq_fail(st, "ccq_nccl_bind_stream: %s", err.msg);
     return CCQ_OK;
 }
+
+/* ------------------------------------------------------------------------------------ */
+/* Device memory for tools and tests                                                     */
+/* ------------------------------------------------------------------------------------ */
+
+CCQ_API ccq_status ccq_mem_alloc(ccq_runtime *rt, ccq_device_id device, size_t bytes, void **out)
+{
+    ccq_errbuf err = {{0}};
+    ccq_status st;
+
+    ccq_clear_detail();
+    if (out == NULL)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_mem_alloc: out is NULL");
+    *out = NULL;
+    if (rt == NULL)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_mem_alloc: rt is NULL");
+    if (device >= rt->ndev)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_mem_alloc: device %u does not exist",
+                        device);
+    st = rt->be_ops->mem_alloc(rt->be, device, bytes, out, &err);
+    return st == CCQ_OK ? CCQ_OK : ccq_fail(st, "ccq_mem_alloc: %s", err.msg);
+}
+
+CCQ_API ccq_status ccq_mem_free(ccq_runtime *rt, ccq_device_id device, void *ptr)
+{
+    ccq_clear_detail();
+    if (rt == NULL)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_mem_free: rt is NULL");
+    if (device >= rt->ndev)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_mem_free: device %u does not exist", device);
+    if (ptr != NULL)
+        rt->be_ops->mem_free(rt->be, device, ptr);
+    return CCQ_OK;
+}
+
+CCQ_API ccq_status ccq_mem_copy(ccq_runtime *rt, ccq_device_id device, void *dst, const void *src,
+                                size_t bytes, ccq_copy_kind kind)
+{
+    ccq_errbuf err = {{0}};
+    ccq_status st;
+
+    ccq_clear_detail();
+    if (rt == NULL)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_mem_copy: rt is NULL");
+    if (device >= rt->ndev)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_mem_copy: device %u does not exist", device);
+    if (kind != CCQ_COPY_TO_DEVICE && kind != CCQ_COPY_TO_HOST)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_mem_copy: invalid kind %d", (int)kind);
+    if (bytes > 0 && (dst == NULL || src == NULL))
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_mem_copy: %s is NULL",
+                        dst == NULL ? "dst" : "src");
+    if (bytes == 0)
+        return CCQ_OK;
+    st = rt->be_ops->mem_copy(rt->be, device, dst, src, bytes, kind == CCQ_COPY_TO_DEVICE, &err);
+    return st == CCQ_OK ? CCQ_OK : ccq_fail(st, "ccq_mem_copy: %s", err.msg);
+}

@@ -327,6 +327,38 @@ static void host_abort(ccq_backend *be, ccq_be_comm *comm)
     atomic_store_explicit(&c->aborted, 1, memory_order_release);
 }
 
+static ccq_status host_mem_alloc(ccq_backend *be, ccq_device_id device, size_t bytes, void **out,
+                                 ccq_errbuf *err)
+{
+    (void)be;
+    (void)device;
+    /* aligned_alloc wants a multiple of the alignment; round up. */
+    *out = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    if (*out == NULL && bytes > 0) {
+        snprintf(err->msg, sizeof err->msg, "out of host memory allocating %zu bytes", bytes);
+        return CCQ_ERR_NO_MEMORY;
+    }
+    return CCQ_OK;
+}
+
+static void host_mem_free(ccq_backend *be, ccq_device_id device, void *ptr)
+{
+    (void)be;
+    (void)device;
+    free(ptr);
+}
+
+static ccq_status host_mem_copy(ccq_backend *be, ccq_device_id device, void *dst, const void *src,
+                                size_t bytes, int to_device, ccq_errbuf *err)
+{
+    (void)be;
+    (void)device;
+    (void)to_device;
+    (void)err;
+    memmove(dst, src, bytes);
+    return CCQ_OK;
+}
+
 const ccq_backend_ops ccq_host_backend_ops = {
     .name = "host",
     .create = host_create,
@@ -338,4 +370,7 @@ const ccq_backend_ops ccq_host_backend_ops = {
     .poll = host_poll,
     .abort = host_abort,
     .poll_interval_ns = 0,
+    .mem_alloc = host_mem_alloc,
+    .mem_free = host_mem_free,
+    .mem_copy = host_mem_copy,
 };

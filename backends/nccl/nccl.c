@@ -681,6 +681,53 @@ static ccq_be_batch *nccl_poll(ccq_backend *be)
     return done;
 }
 
+/* ------------------------------------------------------------------------------------ */
+/* Memory for tools and tests (user threads; the caller's current device is restored)    */
+/* ------------------------------------------------------------------------------------ */
+
+static ccq_status nccl_mem_alloc(ccq_backend *be, ccq_device_id device, size_t bytes, void **out,
+                                 ccq_errbuf *err)
+{
+    ccq_status status = CCQ_OK;
+    int prev = 0;
+    (void)be;
+    *out = NULL;
+    CUDA_CHECK_GOTO(cudaGetDevice(&prev), err, status, done);
+    CUDA_CHECK_GOTO(cudaSetDevice((int)device), err, status, done);
+    CUDA_CHECK_GOTO(cudaMalloc(out, bytes ? bytes : 1), err, status, restore);
+restore:
+    cudaSetDevice(prev);
+done:
+    return status;
+}
+
+static void nccl_mem_free(ccq_backend *be, ccq_device_id device, void *ptr)
+{
+    int prev = 0;
+    (void)be;
+    if (cudaGetDevice(&prev) == cudaSuccess && cudaSetDevice((int)device) == cudaSuccess) {
+        cudaFree(ptr);
+        cudaSetDevice(prev);
+    }
+}
+
+static ccq_status nccl_mem_copy(ccq_backend *be, ccq_device_id device, void *dst, const void *src,
+                                size_t bytes, int to_device, ccq_errbuf *err)
+{
+    ccq_status status = CCQ_OK;
+    int prev = 0;
+    (void)be;
+    CUDA_CHECK_GOTO(cudaGetDevice(&prev), err, status, done);
+    CUDA_CHECK_GOTO(cudaSetDevice((int)device), err, status, done);
+    CUDA_CHECK_GOTO(
+        cudaMemcpy(dst, src, bytes, to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost),
+        err, status, restore);
+restore:
+    cudaSetDevice(prev);
+done:
+    return status;
+}
+
 const ccq_backend_ops ccq_nccl_backend_ops = {
     .name = "nccl",
     .create = nccl_create,
@@ -696,4 +743,7 @@ const ccq_backend_ops ccq_nccl_backend_ops = {
     .submit = nccl_submit,
     .fence = nccl_fence,
     .bind_stream = nccl_bind_stream,
+    .mem_alloc = nccl_mem_alloc,
+    .mem_free = nccl_mem_free,
+    .mem_copy = nccl_mem_copy,
 };

@@ -1,0 +1,559 @@
+/* ccq-perf: measure ccq collectives and print nccl-tests' table, so figures compare directly
+ * with published NCCL numbers. */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ccq.h"
+#include "ref.h"
+
+typedef enum { COLL_ALL_REDUCE, COLL_SENDRECV } coll_kind;
+
+typedef struct opts {
+    size_t minbytes, maxbytes;
+    double factor;   /* -f: multiplicative step (nccl-tests' -f) */
+    size_t incbytes; /* -i: additive step (nccl-tests' -i), used when factor == 0 */
+    uint32_t ndev;
+    uint32_t threads;
+    int iters, warmup, check, agg;
+    ccq_dtype dtype;
+    ccq_reduce_op op;
+    coll_kind coll;
+    const char *backend;
+    bool json;
+    uint32_t max_batch_ops; /* 0 = the config's default */
+} opts;
+
+/* One submitting thread: a device, a stream, its own buffers. */
+typedef struct worker {
+    struct bench *b;
+    ccq_device_id dev;
+    ccq_stream_id stream;
+    void *src, *dst;   /* memory from ccq_mem_alloc (device memory on NCCL) */
+    void *hsrc, *hdst; /* host staging for fills and checks */
+    ccq_status err;
+    char detail[512];
+} worker;
+
+typedef struct bench {
+    const opts *o;
+    ccq_runtime *rt;
+    ccq_device_id *devs;
+    worker *w; /* [ndev * threads] */
+    pthread_barrier_t bar;
+    /* Set by the main thread before each phase. */
+    size_t count;
+    int in_place, iters, agg;
+    volatile int quit;
+} bench;
+
+static const char *nccl_type_name(ccq_dtype d)
+{
+    static const char *const n[CCQ_DTYPE_COUNT_] = {
+        [CCQ_INT8] = "int8",         [CCQ_UINT8] = "uint8",       [CCQ_INT32] = "int32",
+        [CCQ_UINT32] = "uint32",     [CCQ_INT64] = "int64",       [CCQ_UINT64] = "uint64",
+        [CCQ_FLOAT16] = "half",      [CCQ_FLOAT32] = "float",     [CCQ_FLOAT64] = "double",
+        [CCQ_BFLOAT16] = "bfloat16", [CCQ_FLOAT8E4M3] = "f8e4m3", [CCQ_FLOAT8E5M2] = "f8e5m2",
+    };
+    return n[d];
+}
+
+static int parse_dtype(const char *s, ccq_dtype *out)
+{
+    for (int d = 0; d < CCQ_DTYPE_COUNT_; d++)
+        if (strcmp(s, nccl_type_name((ccq_dtype)d)) == 0 ||
+            strcmp(s, ccq_dtype_name((ccq_dtype)d)) == 0) {
+            *out = (ccq_dtype)d;
+            return 0;
+        }
+    return -1;
+}
+
+static int parse_op(const char *s, ccq_reduce_op *out)
+{
+    for (int o = 0; o < CCQ_REDUCE_OP_COUNT_; o++)
+        if (strcmp(s, ccq_reduce_op_name((ccq_reduce_op)o)) == 0) {
+            *out = (ccq_reduce_op)o;
+            return 0;
+        }
+    return -1;
+}
+
+/* "64M", "8K", "1G", "512" -> bytes. */
+static size_t parse_size(const char *s)
+{
+    char *end;
+    double v = strtod(s, &end);
+    switch (*end) {
+    case 'G':
+    case 'g':
+        v *= 1024.0; /* fall through */
+    case 'M':
+    case 'm':
+        v *= 1024.0; /* fall through */
+    case 'K':
+    case 'k':
+        v *= 1024.0;
+        break;
+    default:
+        break;
+    }
+    return (size_t)v;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: ccq-perf [options]   (flags as nccl-tests)\n"
+            "  -b, --minbytes SIZE    smallest size per rank (default 8; K/M/G suffixes)\n"
+            "  -e, --maxbytes SIZE    largest size (default 64M)\n"
+            "  -f, --stepfactor F     multiply the size by F each step (default 2)\n"
+            "  -i, --stepbytes SIZE   add SIZE each step instead (-f 0)\n"
+            "  -g, --ngpus N          devices (default: 4 on host, all GPUs on nccl)\n"
+            "  -t, --nthreads N       submitting threads per device, each on its own stream\n"
+            "  -n, --iters N          timed iterations (default 20)\n"
+            "  -w, --warmup_iters N   warm-up iterations (default 5)\n"
+            "  -m, --agg_iters N      operations submitted per iteration before the fence\n"
+            "  -c, --check 0/1        check results on the first iteration (default 1)\n"
+            "  -o, --op OP            sum, prod, max, min, avg (default sum)\n"
+            "  -d, --datatype T       float, half, bfloat16, double, int8, uint8, int32, uint32,\n"
+            "                         int64, uint64, f8e4m3, f8e5m2 (default float)\n"
+            "      --collective C     all_reduce (default) or sendrecv\n"
+            "      --backend B        host (default) or nccl\n"
+            "      --max-batch-ops N  the runtime's max_batch_ops\n"
+            "      --json             one JSON object per size line instead of the table\n");
+}
+
+static int parse_opts(int argc, char **argv, opts *o)
+{
+    static const struct option lo[] = {
+        {"minbytes", 1, 0, 'b'},      {"maxbytes", 1, 0, 'e'},     {"stepfactor", 1, 0, 'f'},
+        {"stepbytes", 1, 0, 'i'},     {"ngpus", 1, 0, 'g'},        {"nthreads", 1, 0, 't'},
+        {"iters", 1, 0, 'n'},         {"warmup_iters", 1, 0, 'w'}, {"agg_iters", 1, 0, 'm'},
+        {"check", 1, 0, 'c'},         {"op", 1, 0, 'o'},           {"datatype", 1, 0, 'd'},
+        {"collective", 1, 0, 'C'},    {"backend", 1, 0, 'B'},      {"json", 0, 0, 'J'},
+        {"max-batch-ops", 1, 0, 'M'}, {"help", 0, 0, 'h'},         {0, 0, 0, 0},
+    };
+    int c;
+    memset(o, 0, sizeof *o);
+    o->minbytes = 8;
+    o->maxbytes = 64u << 20;
+    o->factor = 2;
+    o->threads = 1;
+    o->iters = 20;
+    o->warmup = 5;
+    o->check = 1;
+    o->agg = 1;
+    o->dtype = CCQ_FLOAT32;
+    o->op = CCQ_SUM;
+    o->coll = COLL_ALL_REDUCE;
+    o->backend = "host";
+    while ((c = getopt_long(argc, argv, "b:e:f:i:g:t:n:w:m:c:o:d:h", lo, NULL)) != -1) {
+        switch (c) {
+        case 'b':
+            o->minbytes = parse_size(optarg);
+            break;
+        case 'e':
+            o->maxbytes = parse_size(optarg);
+            break;
+        case 'f':
+            o->factor = atof(optarg);
+            break;
+        case 'i':
+            o->incbytes = parse_size(optarg);
+            o->factor = 0;
+            break;
+        case 'g':
+            o->ndev = (uint32_t)atoi(optarg);
+            break;
+        case 't':
+            o->threads = (uint32_t)atoi(optarg);
+            break;
+        case 'n':
+            o->iters = atoi(optarg);
+            break;
+        case 'w':
+            o->warmup = atoi(optarg);
+            break;
+        case 'm':
+            o->agg = atoi(optarg);
+            break;
+        case 'c':
+            o->check = atoi(optarg);
+            break;
+        case 'o':
+            if (parse_op(optarg, &o->op)) {
+                fprintf(stderr, "ccq-perf: unknown op '%s'\n", optarg);
+                return -1;
+            }
+            break;
+        case 'd':
+            if (parse_dtype(optarg, &o->dtype)) {
+                fprintf(stderr, "ccq-perf: unknown datatype '%s'\n", optarg);
+                return -1;
+            }
+            break;
+        case 'C':
+            if (strcmp(optarg, "all_reduce") == 0)
+                o->coll = COLL_ALL_REDUCE;
+            else if (strcmp(optarg, "sendrecv") == 0)
+                o->coll = COLL_SENDRECV;
+            else {
+                fprintf(stderr, "ccq-perf: unknown collective '%s'\n", optarg);
+                return -1;
+            }
+            break;
+        case 'B':
+            o->backend = optarg;
+            break;
+        case 'J':
+            o->json = true;
+            break;
+        case 'M':
+            o->max_batch_ops = (uint32_t)atoi(optarg);
+            break;
+        case 'h':
+            usage(stdout);
+            exit(0);
+        default:
+            usage(stderr);
+            return -1;
+        }
+    }
+    if (o->threads < 1 || o->iters < 1 || o->warmup < 0 || o->agg < 1 ||
+        o->minbytes > o->maxbytes || (o->factor <= 1 && o->incbytes == 0)) {
+        fprintf(stderr, "ccq-perf: invalid option values\n");
+        usage(stderr);
+        return -1;
+    }
+    return 0;
+}
+
+/* Submit one operation of this worker (one part of a collective, or send + recv). */
+static ccq_status submit_one(worker *w)
+{
+    bench *b = w->b;
+    const opts *o = b->o;
+    uint32_t n = o->ndev;
+    void *dst = b->in_place ? w->src : w->dst;
+
+    if (o->coll == COLL_ALL_REDUCE)
+        return ccq_all_reduce(b->rt, w->dev, w->stream, w->src, dst, b->count, o->dtype, o->op,
+                              b->devs, n);
+    /* sendrecv as nccl-tests: send to the next rank, receive from the previous one. */
+    ccq_status st =
+        ccq_send(b->rt, w->dev, w->stream, w->src, b->count, o->dtype, (w->dev + 1) % n);
+    if (st != CCQ_OK)
+        return st;
+    return ccq_recv(b->rt, w->dev, w->stream, w->dst, b->count, o->dtype, (w->dev + n - 1) % n);
+}
+
+static void record(worker *w, ccq_status st)
+{
+    if (st != CCQ_OK && w->err == CCQ_OK) {
+        w->err = st;
+        snprintf(w->detail, sizeof w->detail, "%s", ccq_last_error_detail());
+    }
+}
+
+/* Timed loop of one worker: iters x (agg submissions), one fence at the end; the barriers
+ * start everybody together and let the main thread time the whole phase. */
+static void *worker_main(void *arg)
+{
+    worker *w = arg;
+    bench *b = w->b;
+    for (;;) {
+        pthread_barrier_wait(&b->bar);
+        if (b->quit)
+            break;
+        for (int it = 0; it < b->iters; it++)
+            for (int a = 0; a < b->agg; a++)
+                record(w, submit_one(w));
+        record(w, ccq_sync_collective(b->rt, w->dev, w->stream));
+        pthread_barrier_wait(&b->bar);
+    }
+    return NULL;
+}
+
+static double run_phase(bench *b, int iters, int agg)
+{
+    double t0, t1;
+    b->iters = iters;
+    b->agg = agg;
+    pthread_barrier_wait(&b->bar); /* start */
+    t0 = now_s();
+    pthread_barrier_wait(&b->bar); /* every worker fenced */
+    t1 = now_s();
+    return t1 - t0;
+}
+
+/* Inputs depend only on the device, so whichever thread's part a collective matches with
+ * (threads of one device race for the communicator's sequence numbers), results hold. */
+static void fill_inputs(bench *b)
+{
+    const opts *o = b->o;
+    size_t bytes = b->count * ccq_dtype_size(o->dtype);
+    for (uint32_t k = 0; k < o->ndev * o->threads; k++) {
+        worker *w = &b->w[k];
+        ref_fill(o->dtype, w->hsrc, b->count, 1000 + w->dev);
+        ccq_mem_copy(b->rt, w->dev, w->src, w->hsrc, bytes, CCQ_COPY_TO_DEVICE);
+    }
+}
+
+/* Run one operation and count wrong elements against the reference. */
+static size_t check_once(bench *b)
+{
+    const opts *o = b->o;
+    size_t bytes = b->count * ccq_dtype_size(o->dtype), wrong = 0;
+    char msg[256];
+    void *want = malloc(bytes ? bytes : 1);
+    const void **ins = calloc(o->ndev, sizeof *ins);
+
+    fill_inputs(b);
+    run_phase(b, 1, 1);
+    for (uint32_t d = 0; d < o->ndev; d++)
+        ins[d] = b->w[d * o->threads].hsrc;
+    if (o->coll == COLL_ALL_REDUCE)
+        ref_allreduce(o->dtype, o->op, o->ndev, ins, want, b->count);
+    for (uint32_t k = 0; k < o->ndev * o->threads; k++) {
+        worker *w = &b->w[k];
+        void *got_dev = b->in_place && o->coll == COLL_ALL_REDUCE ? w->src : w->dst;
+        ccq_mem_copy(b->rt, w->dev, w->hdst, got_dev, bytes, CCQ_COPY_TO_HOST);
+        if (o->coll == COLL_SENDRECV)
+            memcpy(want, b->w[((w->dev + o->ndev - 1) % o->ndev) * o->threads].hsrc, bytes);
+        wrong += ref_compare(o->dtype, w->hdst, want, b->count, msg, sizeof msg);
+    }
+    free(want);
+    free(ins);
+    return wrong;
+}
+
+static double busbw_factor_num(coll_kind c, uint32_t n)
+{
+    /* nccl-tests: all_reduce 2(n-1)/n; sendrecv 1. */
+    return c == COLL_ALL_REDUCE ? (n > 1 ? 2.0 * (n - 1) / n : 0.0) : 1.0;
+}
+
+typedef struct result {
+    double us, algbw, busbw;
+    size_t wrong;
+    bool skipped;
+} result;
+
+static result measure(bench *b, size_t bytes)
+{
+    const opts *o = b->o;
+    result r = {0};
+
+    if (b->in_place && o->coll == COLL_SENDRECV) {
+        /* A send and a recv on one buffer conflict, so the ring could not form one group. */
+        r.skipped = true;
+        return r;
+    }
+    if (o->check)
+        r.wrong = check_once(b);
+    else
+        fill_inputs(b);
+    if (o->warmup > 0)
+        run_phase(b, o->warmup, o->agg);
+    double t = run_phase(b, o->iters, o->agg);
+    r.us = t * 1e6 / ((double)o->iters * o->agg);
+    r.algbw = r.us > 0 ? (double)bytes / r.us / 1e3 : 0;
+    r.busbw = r.algbw * busbw_factor_num(o->coll, o->ndev);
+    return r;
+}
+
+static void print_result(const result *r)
+{
+    if (r->skipped)
+        printf("  %7s  %6s  %6s  %6s", "N/A", "N/A", "N/A", "N/A");
+    else
+        printf("  %7.2f  %6.2f  %6.2f  %6zu", r->us, r->algbw, r->busbw, r->wrong);
+}
+
+static void json_result(const char *name, const result *r)
+{
+    if (r->skipped)
+        printf("\"%s\": null", name);
+    else
+        printf("\"%s\": {\"time_us\": %.3f, \"algbw\": %.4f, \"busbw\": %.4f, \"wrong\": %zu}",
+               name, r->us, r->algbw, r->busbw, r->wrong);
+}
+
+static int first_error(bench *b)
+{
+    for (uint32_t k = 0; k < b->o->ndev * b->o->threads; k++)
+        if (b->w[k].err != CCQ_OK) {
+            fprintf(stderr, "ccq-perf: device %u stream %u: %s: %s\n", b->w[k].dev, b->w[k].stream,
+                    ccq_status_name(b->w[k].err), b->w[k].detail);
+            return 1;
+        }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    opts o;
+    bench b;
+    ccq_config cfg;
+    ccq_status st;
+    pthread_t *th;
+    uint32_t nw;
+    size_t esize, wrong_total = 0;
+    double bw_sum = 0;
+    int nbw = 0, rc = 0;
+
+    if (parse_opts(argc, argv, &o) != 0)
+        return 2;
+    ccq_config_init(&cfg);
+    cfg.backend = o.backend;
+    if (strcmp(o.backend, "host") == 0)
+        cfg.host_devices = o.ndev ? o.ndev : 4;
+    if (o.max_batch_ops)
+        cfg.max_batch_ops = o.max_batch_ops;
+    if (o.threads > cfg.max_streams)
+        cfg.max_streams = o.threads;
+    memset(&b, 0, sizeof b);
+    b.o = &o;
+    st = ccq_runtime_create(&cfg, &b.rt);
+    if (st != CCQ_OK) {
+        fprintf(stderr, "ccq-perf: ccq_runtime_create: %s: %s\n", ccq_status_name(st),
+                ccq_last_error_detail());
+        return st == CCQ_ERR_UNSUPPORTED ? 77 : 1;
+    }
+    if (o.ndev == 0 || o.ndev > ccq_device_count(b.rt))
+        o.ndev = ccq_device_count(b.rt);
+    esize = ccq_dtype_size(o.dtype);
+    b.devs = calloc(o.ndev, sizeof *b.devs);
+    for (uint32_t d = 0; d < o.ndev; d++)
+        b.devs[d] = d;
+    if (o.coll == COLL_ALL_REDUCE && (st = ccq_comm_init(b.rt, b.devs, o.ndev)) != CCQ_OK) {
+        fprintf(stderr, "ccq-perf: ccq_comm_init: %s: %s\n", ccq_status_name(st),
+                ccq_last_error_detail());
+        ccq_runtime_destroy(b.rt);
+        return 1;
+    }
+    nw = o.ndev * o.threads;
+    b.w = calloc(nw, sizeof *b.w);
+    th = calloc(nw, sizeof *th);
+    for (uint32_t k = 0; k < nw; k++) {
+        worker *w = &b.w[k];
+        w->b = &b;
+        w->dev = k / o.threads;
+        w->stream = k % o.threads;
+        w->hsrc = malloc(o.maxbytes + esize);
+        w->hdst = malloc(o.maxbytes + esize);
+        if (w->hsrc == NULL || w->hdst == NULL ||
+            ccq_mem_alloc(b.rt, w->dev, o.maxbytes + esize, &w->src) != CCQ_OK ||
+            ccq_mem_alloc(b.rt, w->dev, o.maxbytes + esize, &w->dst) != CCQ_OK) {
+            fprintf(stderr, "ccq-perf: cannot allocate %zu bytes for device %u: %s\n", o.maxbytes,
+                    w->dev, ccq_last_error_detail());
+            return 1;
+        }
+    }
+    pthread_barrier_init(&b.bar, NULL, nw + 1);
+    for (uint32_t k = 0; k < nw; k++)
+        pthread_create(&th[k], NULL, worker_main, &b.w[k]);
+
+    if (!o.json) {
+        printf("# ccq-perf %s: %s, backend %s\n", CCQ_VERSION_STRING,
+               o.coll == COLL_ALL_REDUCE ? "all_reduce" : "sendrecv", ccq_backend_name(b.rt));
+        printf("# nThread %u nGpus %u minBytes %zu maxBytes %zu step: %g(%s) warmup iters: %d "
+               "iters: %d agg iters: %d validation: %d\n",
+               o.threads, o.ndev, o.minbytes, o.maxbytes, o.factor ? o.factor : (double)o.incbytes,
+               o.factor ? "factor" : "bytes", o.warmup, o.iters, o.agg, o.check);
+        printf("#\n#%75s%35s\n", "out-of-place", "in-place");
+        printf("#%11s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s\n", "size",
+               "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time",
+               "algbw", "busbw", "#wrong");
+        printf("#%11s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s\n", "(B)",
+               "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)",
+               "");
+    } else {
+        printf("[\n");
+    }
+    bool first = true;
+    for (size_t size = o.minbytes; size <= o.maxbytes;) {
+        result oop, ip;
+        b.count = size / esize;
+        size_t bytes = b.count * esize;
+        b.in_place = 0;
+        oop = measure(&b, bytes);
+        b.in_place = 1;
+        ip = measure(&b, bytes);
+        if (first_error(&b)) {
+            rc = 1;
+            break;
+        }
+        wrong_total += oop.wrong + ip.wrong;
+        bw_sum += oop.busbw;
+        nbw++;
+        if (!ip.skipped) {
+            bw_sum += ip.busbw;
+            nbw++;
+        }
+        if (o.json) {
+            printf("%s  {\"collective\": \"%s\", \"backend\": \"%s\", \"ndev\": %u, "
+                   "\"threads\": %u, \"size\": %zu, \"count\": %zu, \"type\": \"%s\", "
+                   "\"redop\": \"%s\", ",
+                   first ? "" : ",\n", o.coll == COLL_ALL_REDUCE ? "all_reduce" : "sendrecv",
+                   ccq_backend_name(b.rt), o.ndev, o.threads, bytes, b.count,
+                   nccl_type_name(o.dtype),
+                   o.coll == COLL_ALL_REDUCE ? ccq_reduce_op_name(o.op) : "none");
+            json_result("out_of_place", &oop);
+            printf(", ");
+            json_result("in_place", &ip);
+            printf("}");
+        } else {
+            printf("%12zu  %12zu  %8s  %6s  %6d", bytes, b.count, nccl_type_name(o.dtype),
+                   o.coll == COLL_ALL_REDUCE ? ccq_reduce_op_name(o.op) : "none", -1);
+            print_result(&oop);
+            print_result(&ip);
+            printf("\n");
+        }
+        fflush(stdout);
+        first = false;
+        size_t next = o.factor ? (size_t)((double)size * o.factor) : size + o.incbytes;
+        if (next <= size)
+            break;
+        size = next;
+    }
+    if (o.json)
+        printf("\n]\n");
+    else {
+        printf("# Out of bounds values : %zu %s\n", wrong_total, wrong_total ? "FAILED" : "OK");
+        printf("# Avg bus bandwidth    : %g \n#\n", nbw ? bw_sum / nbw : 0.0);
+    }
+
+    b.quit = 1;
+    pthread_barrier_wait(&b.bar);
+    for (uint32_t k = 0; k < nw; k++)
+        pthread_join(th[k], NULL);
+    pthread_barrier_destroy(&b.bar);
+    for (uint32_t k = 0; k < nw; k++) {
+        ccq_mem_free(b.rt, b.w[k].dev, b.w[k].src);
+        ccq_mem_free(b.rt, b.w[k].dev, b.w[k].dst);
+        free(b.w[k].hsrc);
+        free(b.w[k].hdst);
+    }
+    ccq_runtime_destroy(b.rt);
+    free(b.w);
+    free(th);
+    free(b.devs);
+    return rc ? rc : (wrong_total ? 1 : 0);
+}
