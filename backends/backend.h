@@ -48,7 +48,10 @@ typedef struct ccq_be_op {
     uint32_t comm_size; /* ranks in the communicator */
     uint32_t nparts;    /* local parts below (all ranks, for a local communicator) */
     ccq_be_part *parts;
-    ccq_status status; /* set by the backend before the batch is returned */
+    ccq_status status;    /* set by the backend before the batch is returned */
+    uint8_t comm_aborted; /* set by the backend when it aborted `comm` itself (after an
+                             asynchronous error): the runtime then fails everything queued
+                             on that communicator and refuses new work on it */
 } ccq_be_op;
 
 /* A batch: what the runtime found ready in one pass, issued as one backend group. */

@@ -55,16 +55,28 @@ void ccq_event_notify_slow(ccq_event *ev)
     ccq_futex_wake_all(&ev->gen);
 }
 
+/* How long a waiter polls before it sleeps on the futex. */
+#define CCQ_WAIT_SPIN_NS 20000u
+
 bool ccq_event_wait(ccq_event *ev, bool (*pred)(void *), void *arg, uint64_t deadline_ns)
 {
     bool ok;
+    uint64_t spin_end = 0;
 
-    /* A short optimistic spin: completions often arrive within a microsecond or two, and
-     * sleeping costs two system calls. Bounded (~64 pauses) so no core is burnt. */
-    for (int i = 0; i < 64; i++) {
+    /* A short optimistic spin: small operations complete within microseconds, and sleeping
+     * costs two system calls plus a wake-up (tens of microseconds on a busy machine).
+     * Bounded at CCQ_WAIT_SPIN_NS, so a long wait does not burn a core. */
+    for (int i = 0;; i++) {
         if (pred(arg))
             return true;
         ck_pr_stall();
+        if ((i & 31) == 31) {
+            uint64_t now = ccq_now_ns();
+            if (spin_end == 0)
+                spin_end = now + CCQ_WAIT_SPIN_NS;
+            else if (now >= spin_end || now >= deadline_ns)
+                break;
+        }
     }
 
     atomic_fetch_add_explicit(&ev->waiters, 1, memory_order_seq_cst);

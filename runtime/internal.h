@@ -45,6 +45,26 @@ struct ccq_comm;
 struct ccq_stream;
 struct ccq_inst;
 
+/* A byte range [lo, hi); empty ranges are {UINTPTR_MAX, 0} so they never intersect. */
+typedef struct ccq_span {
+    uintptr_t lo, hi;
+} ccq_span;
+
+#define CCQ_SPAN_EMPTY ((ccq_span){UINTPTR_MAX, 0})
+
+static inline bool ccq_span_hit(ccq_span a, ccq_span b)
+{
+    return a.lo < b.hi && b.lo < a.hi;
+}
+
+static inline void ccq_span_add(ccq_span *box, ccq_span s)
+{
+    if (s.lo < box->lo)
+        box->lo = s.lo;
+    if (s.hi > box->hi)
+        box->hi = s.hi;
+}
+
 /*
  * A command: one rank's part of an operation. Commands live in their stream's slot ring
  * (no allocation on the submit path). Fields up to `seq` are written by the submitter
@@ -73,7 +93,8 @@ typedef struct ccq_cmd {
     /* ---- scheduler only ---- */
     struct ccq_cmd *fifo_next;
     struct ccq_inst *inst;
-    char *detail; /* failure detail (malloc'd), recorded on the stream when it ends */
+    ccq_span rd, wr; /* memory it reads and writes (for hazard checks) */
+    char *detail;    /* failure detail (malloc'd), recorded on the stream when it ends */
     ccq_status status;
     uint8_t state;
     uint8_t cancel; /* ended by shutdown: counted as cancelled */
@@ -100,11 +121,13 @@ typedef struct ccq_stream {
     /* Scheduler only. */
     alignas(CCQ_CACHELINE) ccq_cmd *fifo_head; /* commands received and not ended */
     ccq_cmd *fifo_tail;
-    ccq_cmd *cursor;                  /* first command not issued (NULL: none) */
-    ccq_cmd *bcur;                    /* batch building: first command not included */
-    ccq_cmd *bfirst;                  /* batch building: first included command */
-    uint64_t bmark;                   /* batch attempt that last touched this stream */
-    ccq_cmd *bsave;                   /* bcur before that attempt (for rollback) */
+    ccq_cmd *cursor;   /* first command not issued (NULL: none) */
+    ccq_cmd *bcur;     /* batch building: first command not included */
+    ccq_cmd *bfirst;   /* batch building: first included command */
+    uint64_t bmark;    /* batch attempt that last touched this stream */
+    ccq_cmd *bsave;    /* bcur before that attempt (for rollback) */
+    ccq_span brd, bwr; /* batch building: union of what included commands read, write */
+    ccq_span brd_save, bwr_save;
     struct ccq_stream *undo_next;     /* streams touched by the current attempt */
     bool inflight;                    /* commands before `cursor` are in the batch in flight */
     bool active;                      /* in the scheduler's active list */

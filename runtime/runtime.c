@@ -54,6 +54,7 @@ CCQ_API void ccq_config_init(ccq_config *cfg)
     cfg->timeout_ms = 600000;
     cfg->host_workers = 0;
     cfg->flags = 0;
+    cfg->sched_spin_us = 50;
 
     b = getenv("CCQ_BACKEND");
     if (b != NULL && *b != '\0')
@@ -76,6 +77,9 @@ CCQ_API void ccq_config_init(ccq_config *cfg)
     if (env_u64("CCQ_HOST_WORKERS", 1024, &v, &err,
                 "CCQ_HOST_WORKERS: expected an integer in [0, 1024] (0 = one per core)"))
         cfg->host_workers = (uint32_t)v;
+    if (env_u64("CCQ_SCHED_SPIN_US", 1000000, &v, &err,
+                "CCQ_SCHED_SPIN_US: expected microseconds in [0, 1000000]"))
+        cfg->sched_spin_us = (uint32_t)v;
     if (env_u64("CCQ_NONBLOCKING_SUBMIT", 1, &v, &err, "CCQ_NONBLOCKING_SUBMIT: expected 0 or 1"))
         cfg->flags = v ? (cfg->flags | CCQ_FLAG_NONBLOCKING_SUBMIT)
                        : (cfg->flags & ~CCQ_FLAG_NONBLOCKING_SUBMIT);
@@ -121,6 +125,10 @@ static ccq_status config_validate(const ccq_config *c)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
                         "ccq_config.max_batch_ops is %" PRIu32 "; expected 1..%u", c->max_batch_ops,
                         CCQ_MAX_BATCH_MAX);
+    if (c->sched_spin_us > 1000000)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "ccq_config.sched_spin_us is %" PRIu32 "; expected at most 1000000",
+                        c->sched_spin_us);
     if (c->flags & ~CCQ_FLAG_NONBLOCKING_SUBMIT)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_config.flags has unknown bits 0x%" PRIx32,
                         c->flags & ~CCQ_FLAG_NONBLOCKING_SUBMIT);
@@ -644,12 +652,13 @@ static ccq_status submit(ccq_runtime *rt, const char *fn, const submit_args *a,
 
     /* From here on the command is accepted: nothing may fail. */
     c = &ring[t & (rt->ring_size - 1)];
-    /* The slot is free unless its previous user is a command that was pushed behind more
-     * than queue_depth newer ones (producers racing on one stream); it then frees as soon
-     * as that command ends, which the watchdog bounds. */
-    while (atomic_load_explicit(&c->busy, memory_order_acquire) != 0)
+    /* Claim the slot with an atomic exchange. It is free unless a producer holding an
+     * older ticket for the same slot was preempted between its ticket and its claim while
+     * queue_depth newer commands went through (or that older command is still queued):
+     * then whoever claims first uses it, and the other waits until it ends, which the
+     * watchdog bounds. A plain load + store here would let both fill the same slot. */
+    while (atomic_exchange_explicit(&c->busy, 1, memory_order_acquire) != 0)
         sched_yield();
-    atomic_store_explicit(&c->busy, 1, memory_order_relaxed);
     c->kind = a->kind;
     c->dtype = (uint8_t)a->dtype;
     c->redop = (uint8_t)a->op;

@@ -418,6 +418,13 @@ static void arrive(ccq_runtime *rt, ccq_cmd *c)
     c->fifo_next = NULL;
     c->inst = NULL;
     c->detail = NULL;
+    {
+        size_t bytes = c->count * ccq_dtype_size((ccq_dtype)c->dtype);
+        const void *r = c->kind == CCQ_CMD_RECV ? NULL : c->src;
+        void *w = c->kind == CCQ_CMD_SEND ? NULL : c->dst;
+        c->rd = r && bytes ? (ccq_span){(uintptr_t)r, (uintptr_t)r + bytes} : CCQ_SPAN_EMPTY;
+        c->wr = w && bytes ? (ccq_span){(uintptr_t)w, (uintptr_t)w + bytes} : CCQ_SPAN_EMPTY;
+    }
     c->status = CCQ_OK;
     c->state = CCQ_CMD_QUEUED;
     c->cancel = 0;
@@ -590,6 +597,8 @@ static bool end_failed_heads(ccq_runtime *rt)
     return any;
 }
 
+static void abort_comm(ccq_runtime *rt, ccq_comm *comm, const char *why);
+
 static void batch_release(ccq_sched *S, ccq_batch *b)
 {
     b->next = S->batch_free;
@@ -602,15 +611,35 @@ static void batch_done(ccq_runtime *rt, ccq_batch *b)
 {
     ccq_sched *S = rt->sched;
 
+    /* Communicators the backend aborted on its own (an asynchronous error): fail what is
+     * queued on them and refuse new work, as the watchdog's aborts do. */
     for (uint32_t k = 0; k < b->be.nops; k++) {
         ccq_inst *i = b->insts[k];
+        if (i->op.comm_aborted &&
+            !atomic_load_explicit(&i->chan->comm->aborted, memory_order_relaxed)) {
+            char why[CCQ_DETAIL_LEN];
+            ccq_format(why, sizeof why,
+                       "the backend aborted it after an error in batch %" PRIu64 ": %s", b->be.id,
+                       b->be.detail.msg[0] ? b->be.detail.msg : "?");
+            abort_comm(rt, i->chan->comm, why);
+        }
+    }
+    for (uint32_t k = 0; k < b->be.nops; k++) {
+        ccq_inst *i = b->insts[k];
+        ccq_comm *comm = i->chan->comm;
         ccq_status st = i->op.status;
         if (st == CCQ_OK && b->be.status != CCQ_OK)
             st = b->be.status;
         for (uint32_t p = 0; p < i->chan->nparts; p++) {
             ccq_cmd *c = i->cmds[p];
             c->status = st;
-            if (st != CCQ_OK) {
+            if (st == CCQ_ERR_ABORTED &&
+                atomic_load_explicit(&comm->aborted, memory_order_relaxed)) {
+                /* Say why it was aborted (the watchdog's or the backend's reason). */
+                char reason[CCQ_DETAIL_LEN];
+                ccq_format(reason, sizeof reason, "communicator aborted: %s", comm->init_detail);
+                set_detail(c, reason);
+            } else if (st != CCQ_OK) {
                 char reason[CCQ_DETAIL_LEN];
                 ccq_format(reason, sizeof reason, "%s%s%s", ccq_status_string(st),
                            b->be.detail.msg[0] ? ": " : "", b->be.detail.msg);
@@ -673,27 +702,18 @@ static bool reap(ccq_runtime *rt)
 /* Batching                                                                              */
 /* ------------------------------------------------------------------------------------ */
 
-static size_t cmd_bytes(const ccq_cmd *c)
-{
-    return c->count * ccq_dtype_size((ccq_dtype)c->dtype);
-}
-
-/* Do [a, a + na) and [b, b + nb) intersect? NULL or empty ranges never do. */
-static bool overlap(const void *a, size_t na, const void *b, size_t nb)
-{
-    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
-    return a != NULL && b != NULL && na > 0 && nb > 0 && x < y + nb && y < x + na;
-}
-
 /* Two commands of one stream conflict if either writes memory the other touches. */
 static bool hazard(const ccq_cmd *a, const ccq_cmd *b)
 {
-    size_t na = cmd_bytes(a), nb = cmd_bytes(b);
-    const void *aw = a->kind == CCQ_CMD_SEND ? NULL : a->dst;
-    const void *ar = a->kind == CCQ_CMD_RECV ? NULL : a->src;
-    const void *bw = b->kind == CCQ_CMD_SEND ? NULL : b->dst;
-    const void *br = b->kind == CCQ_CMD_RECV ? NULL : b->src;
-    return overlap(aw, na, bw, nb) || overlap(aw, na, br, nb) || overlap(ar, na, bw, nb);
+    return ccq_span_hit(a->wr, b->wr) || ccq_span_hit(a->wr, b->rd) || ccq_span_hit(a->rd, b->wr);
+}
+
+/* The same test against everything the stream already has in the batch (its bounding
+ * boxes): O(1), and exact whenever it says "no". */
+static bool may_conflict(const ccq_stream *s, const ccq_cmd *q)
+{
+    return ccq_span_hit(q->wr, s->bwr) || ccq_span_hit(q->wr, s->brd) ||
+           ccq_span_hit(q->rd, s->bwr);
 }
 
 static void tent_push(ccq_sched *S, ccq_inst *i)
@@ -718,10 +738,13 @@ static void stream_touch(ccq_sched *S, ccq_stream *s)
         s->bcur = s->cursor;
         s->bfirst = s->cursor;
         s->bmark = 0;
+        s->brd = s->bwr = CCQ_SPAN_EMPTY;
     }
     if (s->bmark != S->attempt) {
         s->bmark = S->attempt;
         s->bsave = s->bcur;
+        s->brd_save = s->brd;
+        s->bwr_save = s->bwr;
         s->undo_next = S->undo_streams;
         S->undo_streams = s;
     }
@@ -754,6 +777,8 @@ static void attempt_undo(ccq_sched *S)
         for (ccq_cmd *q = s->bsave; q != s->bcur; q = q->fifo_next)
             q->state = q->status == CCQ_OK ? CCQ_CMD_QUEUED : CCQ_CMD_FAILED;
         s->bcur = s->bsave;
+        s->brd = s->brd_save;
+        s->bwr = s->bwr_save;
     }
     for (ccq_chan *ch = S->undo_chans; ch != NULL; ch = ch->undo_next)
         ch->bnext = ch->bsave;
@@ -813,9 +838,14 @@ static int try_add(ccq_runtime *rt, ccq_batch *b, ccq_inst *root)
                     ccq_inst *y = q->inst;
                     if (y->state != CCQ_INST_READY)
                         goto blocked;
-                    for (ccq_cmd *e = s->bfirst; e != q; e = e->fifo_next)
-                        if (e->status == CCQ_OK && hazard(e, q))
-                            goto blocked;
+                    /* Exact scan only when the boxes overlap: O(1) for the common case
+                     * of independent buffers, O(commands in the batch) otherwise. */
+                    if (may_conflict(s, q))
+                        for (ccq_cmd *e = s->bfirst; e != q; e = e->fifo_next)
+                            if (e->status == CCQ_OK && hazard(e, q))
+                                goto blocked;
+                    ccq_span_add(&s->brd, q->rd);
+                    ccq_span_add(&s->bwr, q->wr);
                     if (!inst_taken(S, y))
                         tent_push(S, y);
                 }
@@ -911,6 +941,7 @@ static void issue(ccq_runtime *rt, ccq_batch *b)
         ccq_inst *i = b->insts[k];
         i->state = CCQ_INST_ISSUED;
         i->op.status = CCQ_OK;
+        i->op.comm_aborted = 0;
         b->ops[k] = &i->op;
     }
     b->be.ops = b->ops;
@@ -1265,6 +1296,7 @@ void *ccq_sched_main(void *arg)
 {
     ccq_runtime *rt = arg;
     ccq_sched *S = rt->sched;
+    uint64_t spin_ns = (uint64_t)rt->cfg.sched_spin_us * 1000u, busy_ns = ccq_now_ns();
 
     for (;;) {
         bool progress = false;
@@ -1280,8 +1312,22 @@ void *ccq_sched_main(void *arg)
             if (shutdown_step(rt, now, &progress))
                 break;
         }
-        if (progress)
+        if (progress) {
+            busy_ns = now;
             continue;
+        }
+        /* Poll a little before sleeping: work that arrives within sched_spin_us of the last
+         * is picked up without a futex round trip (the submitter's push then costs no
+         * system call either, since `sleeping` stays 0). Bounded, so an idle runtime does
+         * not hold a core. */
+        if (now - busy_ns < spin_ns) {
+            bool more = false;
+            for (int k = 0; k < 64 && !more; k++) {
+                more = work_visible(rt);
+                ck_pr_stall();
+            }
+            continue;
+        }
 
         deadline = S->wd_next;
         if (S->ninflight > 0 && rt->be_ops->poll_interval_ns > 0)

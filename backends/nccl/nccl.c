@@ -518,9 +518,10 @@ static ccq_status nccl_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
         nccl_comm *c = (nccl_comm *)op->comm;
         bool seen = false;
         if (c->aborted) {
-            status = CCQ_ERR_ABORTED;
-            snprintf(err->msg, sizeof err->msg, "the communicator was aborted");
-            goto fail;
+            /* Only this op fails; the rest of the batch runs (ops carry their own status). */
+            op->status = CCQ_ERR_ABORTED;
+            op->comm_aborted = 1;
+            continue;
         }
         for (uint32_t j = 0; j < nb->ncomms && !seen; j++)
             seen = nb->comms[j] == c;
@@ -551,6 +552,8 @@ static ccq_status nccl_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
         ccq_be_op *op = b->ops[k];
         nccl_comm *c = (nccl_comm *)op->comm;
         ncclDataType_t dt = dtype_map[op->dtype];
+        if (op->status != CCQ_OK)
+            continue; /* refused above */
         if (op->kind == CCQ_OP_ALL_REDUCE) {
             for (uint32_t p = 0; p < op->nparts; p++) {
                 const ccq_be_part *part = &op->parts[p];
@@ -606,8 +609,10 @@ static void batch_fail(nccl_batch *nb, ccq_status st, const char *msg)
         abort_comm(nb->comms[k]);
     b->status = st;
     snprintf(b->detail.msg, sizeof b->detail.msg, "%s", msg);
-    for (uint32_t k = 0; k < b->nops; k++)
+    for (uint32_t k = 0; k < b->nops; k++) {
         b->ops[k]->status = st;
+        b->ops[k]->comm_aborted = 1;
+    }
 }
 
 /* Advance one batch; true when it is finished (completed or failed). */
@@ -656,9 +661,7 @@ static bool batch_poll(nccl_be *h, nccl_batch *nb)
             return true;
         }
     }
-    for (uint32_t k = 0; k < nb->b->nops; k++)
-        nb->b->ops[k]->status = CCQ_OK;
-    return true;
+    return true; /* ops keep the status issue() gave them: CCQ_OK unless refused */
 }
 
 static ccq_be_batch *nccl_poll(ccq_backend *be)

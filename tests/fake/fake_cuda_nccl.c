@@ -1,0 +1,1109 @@
+/* The fake CUDA runtime and NCCL for tests (see fake_cuda_nccl.h): call log, scripts,
+ * handles, and group execution on host memory. */
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/host/reduce.h"
+#include "fake/fake_cuda_nccl.h"
+
+#define FAKE_MAX_DEV     16
+#define FAKE_MAX_RANKS   16
+#define FAKE_MAX_SCRIPTS 64
+
+/* Handles are never freed before fake_reset(), so a use after destroy is caught, not a
+ * crash. */
+struct CUstream_st {
+    int device;
+    bool destroyed, user;
+    struct CUstream_st *next;
+};
+
+struct CUevent_st {
+    int device;
+    bool recorded, complete, destroyed;
+    struct CUevent_st *next;
+};
+
+/* "Device memory" is host memory, so collectives and copies can really run on it. */
+typedef struct fake_mem {
+    char *ptr;
+    size_t bytes;
+    int device;
+    bool freed;
+    struct fake_mem *next;
+} fake_mem;
+
+typedef struct fake_clique {
+    ncclUniqueId id;
+    int nranks;
+    ncclComm_t ranks[FAKE_MAX_RANKS];
+    struct fake_clique *next;
+} fake_clique;
+
+struct ncclComm {
+    fake_clique *clique;
+    int rank, device, pending;
+    ncclResult_t async; /* sticky, reported once pending reaches 0 */
+    bool destroyed, aborted;
+    struct ncclComm *next;
+};
+
+enum { OP_INIT, OP_ALLREDUCE, OP_SEND, OP_RECV };
+
+/* A call collected by the open group. The lead op of a matched unit holds its partners. */
+typedef struct fake_op {
+    int kind;
+    ncclComm_t comm;
+    const void *src;
+    void *dst;
+    size_t count;
+    ncclDataType_t dtype;
+    ncclRedOp_t redop;
+    int peer;
+    bool matched, lead;
+    size_t unit[FAKE_MAX_RANKS]; /* all_reduce: op index per rank; send: [0] = its recv */
+} fake_op;
+
+/* NCCL keeps group state per thread; so does the fake. */
+static _Thread_local struct {
+    int depth;
+    ncclResult_t err; /* first failed call inside the group */
+    fake_op *ops;
+    size_t n, cap;
+} grp;
+static _Thread_local int cur_dev;
+
+/* Everything else is guarded by fake_lock, held for the whole of every call. */
+static pthread_mutex_t fake_lock = PTHREAD_MUTEX_INITIALIZER;
+typedef struct fake_state {
+    bool inited, hold, manual;
+    int ndev, cc[FAKE_MAX_DEV], version, pending;
+    char last_error[256];
+    struct {
+        char fn[40];
+        int result;
+        bool live;
+    } scripts[FAKE_MAX_SCRIPTS];
+    size_t nscripts;
+    struct {
+        int rank;
+        ncclResult_t err;
+        bool live;
+    } async[FAKE_MAX_SCRIPTS];
+    size_t nasync;
+    fake_call *log;
+    size_t nlog, caplog;
+    struct CUstream_st *streams;
+    struct CUevent_st *events;
+    struct ncclComm *comms;
+    fake_mem *mems;
+    fake_clique *cliques;
+    unsigned long long next_id;
+    int nerrors;
+    char error[256];
+} fake_state;
+static fake_state F;
+
+static void free_all_locked(void)
+{
+    for (struct CUstream_st *s = F.streams, *n; s != NULL; s = n) {
+        n = s->next;
+        free(s);
+    }
+    for (struct CUevent_st *e = F.events, *n; e != NULL; e = n) {
+        n = e->next;
+        free(e);
+    }
+    for (struct ncclComm *c = F.comms, *n; c != NULL; c = n) {
+        n = c->next;
+        free(c);
+    }
+    for (fake_mem *m = F.mems, *n; m != NULL; m = n) {
+        n = m->next;
+        if (!m->freed)
+            free(m->ptr);
+        free(m);
+    }
+    for (fake_clique *q = F.cliques, *n; q != NULL; q = n) {
+        n = q->next;
+        free(q);
+    }
+    free(F.log);
+    memset(&F, 0, sizeof F);
+    F.inited = true;
+    F.ndev = 4;
+    for (int d = 0; d < FAKE_MAX_DEV; d++)
+        F.cc[d] = 9;
+    F.version = NCCL_VERSION_CODE;
+}
+
+static void lock(void)
+{
+    pthread_mutex_lock(&fake_lock);
+    if (!F.inited)
+        free_all_locked(); /* first use: the defaults */
+}
+
+static void unlock(void)
+{
+    pthread_mutex_unlock(&fake_lock);
+}
+
+/* A misuse the real libraries would punish: counted, kept, printed. Lock held. */
+static void fake_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void fake_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(F.error, sizeof F.error, fmt, ap);
+    va_end(ap);
+    F.nerrors++;
+    fprintf(stderr, "fake_cuda_nccl: %s\n", F.error);
+}
+
+/* Lock, log the call, and take its scripted result (0 = success when none). The entry
+ * stays valid until leave(): nothing in between appends to the log. */
+static fake_call *enter(const char *fn, int *result)
+{
+    fake_call *c;
+    lock();
+    if (F.nlog == F.caplog) {
+        F.caplog = F.caplog ? F.caplog * 2 : 1024;
+        F.log = realloc(F.log, F.caplog * sizeof *F.log);
+        if (F.log == NULL)
+            abort();
+    }
+    c = &F.log[F.nlog++];
+    memset(c, 0, sizeof *c);
+    c->fn = fn;
+    c->thread = pthread_self();
+    c->device = cur_dev;
+    c->rank = c->nranks = c->peer = c->peer_device = -1;
+    *result = 0;
+    for (size_t i = 0; i < F.nscripts; i++) {
+        if (F.scripts[i].live && strcmp(F.scripts[i].fn, fn) == 0) {
+            F.scripts[i].live = false;
+            *result = F.scripts[i].result;
+            break;
+        }
+    }
+    return c;
+}
+
+static int leave(fake_call *c, int result)
+{
+    c->result = result;
+    unlock();
+    return result;
+}
+
+static void set_comm(fake_call *c, ncclComm_t comm)
+{
+    c->comm = comm;
+    if (comm != NULL) {
+        c->rank = comm->rank;
+        c->nranks = comm->clique->nranks;
+        c->device = comm->device;
+    }
+}
+
+static bool stream_ok(cudaStream_t s, const char *fn)
+{
+    if (s != NULL && s->destroyed) {
+        fake_error("%s: stream %p used after cudaStreamDestroy", fn, (void *)s);
+        return false;
+    }
+    return true;
+}
+
+static bool event_ok(cudaEvent_t e, const char *fn)
+{
+    if (e == NULL || e->destroyed) {
+        fake_error("%s: event %p is NULL or destroyed", fn, (void *)e);
+        return false;
+    }
+    return true;
+}
+
+static bool comm_ok(ncclComm_t c, const char *fn)
+{
+    if (c == NULL || c->destroyed || c->aborted) {
+        fake_error("%s: communicator %p is NULL, destroyed or aborted", fn, (void *)c);
+        return false;
+    }
+    return true;
+}
+
+/* An armed asynchronous error for this rank, consumed. */
+static ncclResult_t take_async(int rank)
+{
+    for (size_t i = 0; i < F.nasync; i++) {
+        if (F.async[i].live && F.async[i].rank == rank) {
+            F.async[i].live = false;
+            return F.async[i].err;
+        }
+    }
+    return ncclSuccess;
+}
+
+/* ---- CUDA runtime ---- */
+
+cudaError_t cudaGetDeviceCount(int *count)
+{
+    int r;
+    fake_call *c = enter("cudaGetDeviceCount", &r);
+    if (r == cudaSuccess)
+        *count = c->value = F.ndev;
+    return (cudaError_t)leave(c, r);
+}
+
+cudaError_t cudaGetDevice(int *device)
+{
+    int r;
+    fake_call *c = enter("cudaGetDevice", &r);
+    if (r == cudaSuccess)
+        *device = cur_dev;
+    return (cudaError_t)leave(c, r);
+}
+
+cudaError_t cudaSetDevice(int device)
+{
+    int r;
+    fake_call *c = enter("cudaSetDevice", &r);
+    c->device = device;
+    if (r == cudaSuccess && (device < 0 || device >= F.ndev))
+        r = cudaErrorInvalidDevice;
+    if (r == cudaSuccess)
+        cur_dev = device;
+    return (cudaError_t)leave(c, r);
+}
+
+cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device)
+{
+    int r;
+    fake_call *c = enter("cudaDeviceGetAttribute", &r);
+    c->device = device;
+    c->value = (int)attr;
+    if (r == cudaSuccess && (device < 0 || device >= F.ndev))
+        r = cudaErrorInvalidDevice;
+    if (r == cudaSuccess)
+        *value = attr == cudaDevAttrComputeCapabilityMajor ? F.cc[device] : 0;
+    return (cudaError_t)leave(c, r);
+}
+
+/* The few CUDA errors the tests use, with CUDA's own names and texts. */
+static const struct {
+    cudaError_t e;
+    const char *name, *text;
+} cuda_errors[] = {
+    {cudaSuccess, "cudaSuccess", "no error"},
+    {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
+    {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
+    {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
+    {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
+    {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
+    {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
+    {cudaErrorLaunchFailure, "cudaErrorLaunchFailure", "unspecified launch failure"},
+};
+
+static size_t cuda_error_index(cudaError_t e)
+{
+    size_t n = sizeof cuda_errors / sizeof cuda_errors[0];
+    for (size_t i = 0; i < n; i++)
+        if (cuda_errors[i].e == e)
+            return i;
+    return n;
+}
+
+const char *cudaGetErrorName(cudaError_t error)
+{
+    int r;
+    size_t i = cuda_error_index(error);
+    leave(enter("cudaGetErrorName", &r), 0);
+    return i < sizeof cuda_errors / sizeof cuda_errors[0] ? cuda_errors[i].name
+                                                          : "cudaErrorUnknown";
+}
+
+const char *cudaGetErrorString(cudaError_t error)
+{
+    int r;
+    size_t i = cuda_error_index(error);
+    leave(enter("cudaGetErrorString", &r), 0);
+    return i < sizeof cuda_errors / sizeof cuda_errors[0] ? cuda_errors[i].text : "unknown error";
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags)
+{
+    int r;
+    fake_call *c = enter("cudaStreamCreateWithFlags", &r);
+    c->value = (int)flags;
+    if (r == cudaSuccess) {
+        struct CUstream_st *s = calloc(1, sizeof *s);
+        if (s == NULL)
+            abort();
+        s->device = cur_dev;
+        s->next = F.streams;
+        F.streams = s;
+        *stream = c->stream = s;
+    }
+    return (cudaError_t)leave(c, r);
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t stream)
+{
+    int r;
+    fake_call *c = enter("cudaStreamDestroy", &r);
+    c->stream = stream;
+    if (r == cudaSuccess && (stream == NULL || !stream_ok(stream, c->fn)))
+        r = cudaErrorInvalidResourceHandle;
+    if (r == cudaSuccess)
+        stream->destroyed = true;
+    return (cudaError_t)leave(c, r);
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags)
+{
+    int r;
+    fake_call *c = enter("cudaStreamWaitEvent", &r);
+    c->stream = stream;
+    c->event = event;
+    c->value = (int)flags;
+    if (r == cudaSuccess && (!stream_ok(stream, c->fn) || !event_ok(event, c->fn)))
+        r = cudaErrorInvalidResourceHandle;
+    return (cudaError_t)leave(c, r);
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags)
+{
+    int r;
+    fake_call *c = enter("cudaEventCreateWithFlags", &r);
+    c->value = (int)flags;
+    if (r == cudaSuccess) {
+        struct CUevent_st *e = calloc(1, sizeof *e);
+        if (e == NULL)
+            abort();
+        e->device = cur_dev;
+        e->next = F.events;
+        F.events = e;
+        *event = c->event = e;
+    }
+    return (cudaError_t)leave(c, r);
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t event)
+{
+    int r;
+    fake_call *c = enter("cudaEventDestroy", &r);
+    c->event = event;
+    if (r == cudaSuccess && !event_ok(event, c->fn))
+        r = cudaErrorInvalidResourceHandle;
+    if (r == cudaSuccess)
+        event->destroyed = true;
+    return (cudaError_t)leave(c, r);
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
+{
+    int r;
+    fake_call *c = enter("cudaEventRecord", &r);
+    c->event = event;
+    c->stream = stream;
+    if (r == cudaSuccess && (!event_ok(event, c->fn) || !stream_ok(stream, c->fn)))
+        r = cudaErrorInvalidResourceHandle;
+    if (r == cudaSuccess && stream != NULL && stream->device != event->device) {
+        fake_error("cudaEventRecord: event of device %d on a stream of device %d", event->device,
+                   stream->device);
+        r = cudaErrorInvalidResourceHandle;
+    }
+    if (r == cudaSuccess) {
+        event->recorded = true;
+        event->complete = !F.manual;
+    }
+    return (cudaError_t)leave(c, r);
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t event)
+{
+    int r;
+    fake_call *c = enter("cudaEventQuery", &r);
+    c->event = event;
+    if (r == cudaSuccess && !event_ok(event, c->fn))
+        r = cudaErrorInvalidResourceHandle;
+    if (r == cudaSuccess) {
+        c->value = event->recorded;
+        /* As in CUDA, an event never recorded counts as complete. */
+        if (event->recorded && !event->complete)
+            r = cudaErrorNotReady;
+    }
+    return (cudaError_t)leave(c, r);
+}
+
+/* The live allocation holding [p, p + bytes), or NULL. */
+static fake_mem *mem_find(const void *p, size_t bytes)
+{
+    for (fake_mem *m = F.mems; m != NULL; m = m->next)
+        if (!m->freed && (const char *)p >= m->ptr && (const char *)p <= m->ptr + m->bytes &&
+            bytes <= (size_t)(m->ptr + m->bytes - (const char *)p))
+            return m;
+    return NULL;
+}
+
+cudaError_t cudaMalloc(void **ptr, size_t size)
+{
+    int r;
+    fake_call *c = enter("cudaMalloc", &r);
+    c->count = size;
+    if (r == cudaSuccess) {
+        fake_mem *m = calloc(1, sizeof *m);
+        /* cudaMalloc aligns to 256 bytes; aligned_alloc wants a multiple of it. */
+        if (m == NULL || (m->ptr = aligned_alloc(256, (size + 255) & ~(size_t)255)) == NULL)
+            abort();
+        m->bytes = size;
+        m->device = cur_dev;
+        m->next = F.mems;
+        F.mems = m;
+        *ptr = c->dst = m->ptr;
+    }
+    return (cudaError_t)leave(c, r);
+}
+
+cudaError_t cudaFree(void *ptr)
+{
+    int r;
+    fake_call *c = enter("cudaFree", &r);
+    fake_mem *m = ptr != NULL ? mem_find(ptr, 0) : NULL;
+    c->dst = ptr;
+    if (r == cudaSuccess && ptr != NULL && (m == NULL || m->ptr != ptr)) {
+        fake_error("cudaFree: %p is not a live cudaMalloc allocation", ptr);
+        r = cudaErrorInvalidValue;
+    }
+    if (r == cudaSuccess && m != NULL) {
+        free(m->ptr);
+        m->freed = true;
+    }
+    return (cudaError_t)leave(c, r);
+}
+
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind)
+{
+    int r;
+    fake_call *c = enter("cudaMemcpy", &r);
+    const void *dev = kind == cudaMemcpyHostToDevice ? dst : src;
+    c->dst = dst;
+    c->src = src;
+    c->count = count;
+    c->value = (int)kind;
+    if (r == cudaSuccess && (kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToHost) &&
+        mem_find(dev, count) == NULL) {
+        fake_error("cudaMemcpy: [%p, +%zu) is not inside a live cudaMalloc allocation", dev, count);
+        r = cudaErrorInvalidValue;
+    }
+    if (r == cudaSuccess && count > 0)
+        memmove(dst, src, count);
+    return (cudaError_t)leave(c, r);
+}
+
+/* ---- NCCL: communicators ---- */
+
+ncclResult_t ncclGetVersion(int *version)
+{
+    int r;
+    fake_call *c = enter("ncclGetVersion", &r);
+    if (r == ncclSuccess)
+        *version = c->value = F.version;
+    return (ncclResult_t)leave(c, r);
+}
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId *id)
+{
+    int r;
+    fake_call *c = enter("ncclGetUniqueId", &r);
+    if (r == ncclSuccess) {
+        memset(id, 0, sizeof *id);
+        snprintf(id->internal, sizeof id->internal, "fake-id-%llu", ++F.next_id);
+    }
+    return (ncclResult_t)leave(c, r);
+}
+
+const char *ncclGetErrorString(ncclResult_t result)
+{
+    static const char *const text[] = {
+        [ncclSuccess] = "no error",
+        [ncclUnhandledCudaError] = "unhandled cuda error (run with NCCL_DEBUG=INFO for details)",
+        [ncclSystemError] = "unhandled system error (run with NCCL_DEBUG=INFO for details)",
+        [ncclInternalError] = "internal error - please report this issue to the NCCL developers",
+        [ncclInvalidArgument] = "invalid argument (run with NCCL_DEBUG=WARN for details)",
+        [ncclInvalidUsage] = "invalid usage (run with NCCL_DEBUG=WARN for details)",
+        [ncclRemoteError] = "remote process exited or there was a network error",
+        [ncclInProgress] = "NCCL operation in progress",
+    };
+    int r;
+    leave(enter("ncclGetErrorString", &r), 0);
+    return (unsigned)result < ncclNumResults ? text[result] : "unknown result code";
+}
+
+const char *ncclGetLastError(ncclComm_t comm)
+{
+    int r;
+    fake_call *c = enter("ncclGetLastError", &r);
+    c->comm = comm;
+    leave(c, 0);
+    return F.last_error; /* written only by the test while the backend is idle */
+}
+
+/* Append a call to this thread's group. Lock held. */
+static void grp_add(const fake_op *op)
+{
+    if (grp.n == grp.cap) {
+        grp.cap = grp.cap ? grp.cap * 2 : 64;
+        grp.ops = realloc(grp.ops, grp.cap * sizeof *grp.ops);
+        if (grp.ops == NULL)
+            abort();
+    }
+    grp.ops[grp.n++] = *op;
+}
+
+ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank,
+                                    ncclConfig_t *config)
+{
+    int r;
+    fake_call *c = enter("ncclCommInitRankConfig", &r);
+    fake_clique *q;
+    struct ncclComm *cm;
+
+    c->nranks = nranks;
+    c->rank = rank;
+    c->value = config != NULL ? config->blocking : 1;
+    if (r == ncclSuccess && (nranks < 1 || nranks > FAKE_MAX_RANKS || rank < 0 || rank >= nranks))
+        r = ncclInvalidArgument;
+    if (r != ncclSuccess)
+        goto out;
+    for (q = F.cliques; q != NULL && memcmp(&q->id, &id, sizeof id) != 0; q = q->next)
+        ;
+    if (q == NULL) {
+        q = calloc(1, sizeof *q);
+        if (q == NULL)
+            abort();
+        q->id = id;
+        q->nranks = nranks;
+        q->next = F.cliques;
+        F.cliques = q;
+    }
+    if (q->nranks != nranks || q->ranks[rank] != NULL) {
+        fake_error("ncclCommInitRankConfig: rank %d of %d does not fit its clique", rank, nranks);
+        r = ncclInvalidArgument;
+        goto out;
+    }
+    for (int k = 0; k < nranks; k++)
+        if (q->ranks[k] != NULL && q->ranks[k]->device == cur_dev)
+            fake_error("ncclCommInitRankConfig: ranks %d and %d on the same device %d", k, rank,
+                       cur_dev);
+    cm = calloc(1, sizeof *cm);
+    if (cm == NULL)
+        abort();
+    cm->clique = q;
+    cm->rank = rank;
+    cm->device = cur_dev;
+    cm->pending = F.pending;
+    cm->async = take_async(rank);
+    cm->next = F.comms;
+    F.comms = cm;
+    q->ranks[rank] = cm;
+    *comm = c->comm = cm;
+    if (grp.depth > 0)
+        grp_add(&(fake_op){.kind = OP_INIT, .comm = cm});
+out:
+    if (r != ncclSuccess && grp.depth > 0 && grp.err == ncclSuccess)
+        grp.err = (ncclResult_t)r;
+    return (ncclResult_t)leave(c, r);
+}
+
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async_error)
+{
+    int r;
+    fake_call *c = enter("ncclCommGetAsyncError", &r);
+    set_comm(c, comm);
+    if (r == ncclSuccess && !comm_ok(comm, c->fn))
+        r = ncclInvalidArgument;
+    if (r == ncclSuccess) {
+        ncclResult_t st = comm->async;
+        if (F.hold) {
+            st = ncclInProgress;
+        } else if (comm->pending > 0) {
+            comm->pending--;
+            st = ncclInProgress;
+        }
+        *async_error = st;
+        c->value = st;
+    }
+    return (ncclResult_t)leave(c, r);
+}
+
+ncclResult_t ncclCommDestroy(ncclComm_t comm)
+{
+    int r;
+    fake_call *c = enter("ncclCommDestroy", &r);
+    set_comm(c, comm);
+    if (r == ncclSuccess && !comm_ok(comm, c->fn))
+        r = ncclInvalidArgument;
+    if (r == ncclSuccess)
+        comm->destroyed = true;
+    return (ncclResult_t)leave(c, r);
+}
+
+ncclResult_t ncclCommAbort(ncclComm_t comm)
+{
+    int r;
+    fake_call *c = enter("ncclCommAbort", &r);
+    set_comm(c, comm);
+    if (r == ncclSuccess && !comm_ok(comm, c->fn))
+        r = ncclInvalidArgument;
+    if (r == ncclSuccess)
+        comm->aborted = true;
+    return (ncclResult_t)leave(c, r);
+}
+
+/* ---- NCCL: groups and operations ---- */
+
+static const ccq_dtype to_ccq_dtype[ncclNumTypes] = {
+    [ncclInt8] = CCQ_INT8,
+    [ncclUint8] = CCQ_UINT8,
+    [ncclInt32] = CCQ_INT32,
+    [ncclUint32] = CCQ_UINT32,
+    [ncclInt64] = CCQ_INT64,
+    [ncclUint64] = CCQ_UINT64,
+    [ncclFloat16] = CCQ_FLOAT16,
+    [ncclFloat32] = CCQ_FLOAT32,
+    [ncclFloat64] = CCQ_FLOAT64,
+    [ncclBfloat16] = CCQ_BFLOAT16,
+    [ncclFloat8e4m3] = CCQ_FLOAT8E4M3,
+    [ncclFloat8e5m2] = CCQ_FLOAT8E5M2,
+};
+
+static const ccq_reduce_op to_ccq_op[ncclNumOps] = {
+    [ncclSum] = CCQ_SUM, [ncclProd] = CCQ_PROD, [ncclMax] = CCQ_MAX,
+    [ncclMin] = CCQ_MIN, [ncclAvg] = CCQ_AVG,
+};
+
+/* Match every call of the group (see the header). Lock held; false after a fake_error. */
+static bool grp_match(void)
+{
+    for (size_t i = 0; i < grp.n; i++) {
+        fake_op *o = &grp.ops[i];
+        fake_clique *q = o->comm->clique;
+        if (o->kind == OP_INIT || o->matched)
+            continue;
+        if (o->kind == OP_ALLREDUCE) {
+            /* Earlier calls are all matched, so each rank's first unmatched one is the
+             * same position in its sequence as this one. */
+            for (int rk = 0; rk < q->nranks; rk++) {
+                size_t k = i;
+                while (k < grp.n && !(grp.ops[k].kind == OP_ALLREDUCE && !grp.ops[k].matched &&
+                                      grp.ops[k].comm->clique == q && grp.ops[k].comm->rank == rk))
+                    k++;
+                if (k == grp.n) {
+                    fake_error("ncclGroupEnd: incomplete group: an all_reduce of %s lacks rank "
+                               "%d's part",
+                               q->id.internal, rk);
+                    return false;
+                }
+                fake_op *x = &grp.ops[k];
+                if (x->count != o->count || x->dtype != o->dtype || x->redop != o->redop) {
+                    fake_error("ncclGroupEnd: all_reduce of %s: rank %d's part differs",
+                               q->id.internal, rk);
+                    return false;
+                }
+                o->unit[rk] = k;
+            }
+            for (int rk = 0; rk < q->nranks; rk++)
+                grp.ops[o->unit[rk]].matched = true;
+        } else {
+            /* The counterpart: the first unmatched call of the other kind between the same
+             * two ranks of the clique, in the same direction. */
+            int want = o->kind == OP_SEND ? OP_RECV : OP_SEND;
+            size_t k = 0;
+            while (k < grp.n &&
+                   !(grp.ops[k].kind == want && !grp.ops[k].matched &&
+                     grp.ops[k].comm->clique == q && grp.ops[k].comm->rank == o->peer &&
+                     grp.ops[k].peer == o->comm->rank))
+                k++;
+            if (k == grp.n) {
+                fake_error("ncclGroupEnd: incomplete group: %s from rank %d to rank %d of %s "
+                           "has no matching %s",
+                           o->kind == OP_SEND ? "ncclSend" : "ncclRecv", o->comm->rank, o->peer,
+                           q->id.internal, want == OP_SEND ? "ncclSend" : "ncclRecv");
+                return false;
+            }
+            if (grp.ops[k].count != o->count || grp.ops[k].dtype != o->dtype) {
+                fake_error("ncclGroupEnd: send/recv between ranks %d and %d differ in size",
+                           o->comm->rank, o->peer);
+                return false;
+            }
+            o->unit[0] = k;
+            o->matched = grp.ops[k].matched = true;
+        }
+        o->lead = true;
+    }
+    return true;
+}
+
+/* Run a matched group on host memory, in call order of each unit's first call. */
+static void grp_execute(void)
+{
+    for (size_t i = 0; i < grp.n; i++) {
+        fake_op *o = &grp.ops[i];
+        if (!o->lead)
+            continue;
+        if (o->kind == OP_ALLREDUCE) {
+            int n = o->comm->clique->nranks;
+            const void *src[FAKE_MAX_RANKS];
+            void *dst[FAKE_MAX_RANKS];
+            for (int rk = 0; rk < n; rk++) {
+                src[rk] = grp.ops[o->unit[rk]].src;
+                dst[rk] = grp.ops[o->unit[rk]].dst;
+            }
+            ccq_host_allreduce_range(to_ccq_dtype[o->dtype], to_ccq_op[o->redop], (uint32_t)n, src,
+                                     dst, 0, o->count);
+        } else {
+            const fake_op *snd = o->kind == OP_SEND ? o : &grp.ops[o->unit[0]];
+            const fake_op *rcv = o->kind == OP_RECV ? o : &grp.ops[o->unit[0]];
+            size_t bytes = o->count * ccq_dtype_size(to_ccq_dtype[o->dtype]);
+            if (bytes > 0)
+                memmove(rcv->dst, snd->src, bytes);
+        }
+    }
+}
+
+ncclResult_t ncclGroupStart(void)
+{
+    int r;
+    fake_call *c = enter("ncclGroupStart", &r);
+    if (r == ncclSuccess)
+        grp.depth++;
+    return (ncclResult_t)leave(c, r);
+}
+
+/* End the outermost group: check, run, then apply asynchronous state. Lock held. */
+static int grp_end(int scripted)
+{
+    int r = scripted;
+    bool init_pending = false;
+
+    if (grp.err != ncclSuccess)
+        r = grp.err; /* NCCL reports the group's first failure and runs nothing */
+    else if (r != ncclSuccess && r != ncclInProgress)
+        ; /* scripted failure: nothing runs */
+    else if (!grp_match())
+        r = ncclInvalidUsage;
+    else {
+        grp_execute();
+        for (size_t i = 0; i < grp.n; i++) {
+            ncclComm_t cm = grp.ops[i].comm;
+            /* A new communicator took its armed error at creation. */
+            ncclResult_t e = grp.ops[i].kind == OP_INIT ? ncclSuccess : take_async(cm->rank);
+            if (e != ncclSuccess)
+                cm->async = e;
+            if (scripted == ncclInProgress)
+                cm->pending = F.pending;
+            init_pending |= grp.ops[i].kind == OP_INIT && cm->pending > 0;
+        }
+        if (init_pending)
+            r = ncclInProgress; /* as a non-blocking init does */
+    }
+    grp.n = 0;
+    grp.err = ncclSuccess;
+    return r;
+}
+
+ncclResult_t ncclGroupEnd(void)
+{
+    int r;
+    fake_call *c = enter("ncclGroupEnd", &r);
+    if (grp.depth == 0) {
+        fake_error("ncclGroupEnd without ncclGroupStart");
+        r = ncclInvalidUsage;
+    } else if (--grp.depth == 0) {
+        r = grp_end(r);
+    }
+    return (ncclResult_t)leave(c, r);
+}
+
+/* Common part of the three operations: check, then collect (or run alone outside a group). */
+static int add_op(fake_call *c, int r, const fake_op *op, cudaStream_t stream)
+{
+    ncclComm_t comm = op->comm;
+    set_comm(c, comm);
+    c->stream = stream;
+    c->src = op->src;
+    c->dst = op->dst;
+    c->count = op->count;
+    c->dtype = (int)op->dtype;
+    c->op = op->kind == OP_ALLREDUCE ? (int)op->redop : -1;
+    if (op->kind != OP_ALLREDUCE) {
+        c->peer = op->peer;
+        if (comm != NULL && op->peer >= 0 && op->peer < comm->clique->nranks &&
+            comm->clique->ranks[op->peer] != NULL)
+            c->peer_device = comm->clique->ranks[op->peer]->device;
+    }
+    if (r == ncclSuccess && (!comm_ok(comm, c->fn) || !stream_ok(stream, c->fn)))
+        r = ncclInvalidArgument;
+    if (r == ncclSuccess && ((unsigned)op->dtype >= ncclNumTypes ||
+                             (op->kind == OP_ALLREDUCE && (unsigned)op->redop >= ncclNumOps) ||
+                             (op->kind != OP_ALLREDUCE && c->peer_device < 0)))
+        r = ncclInvalidArgument;
+    if (r == ncclSuccess && stream != NULL && stream->device != comm->device) {
+        fake_error("%s: stream of device %d for a communicator of device %d", c->fn, stream->device,
+                   comm->device);
+        r = ncclInvalidArgument;
+    }
+    if (r != ncclSuccess) {
+        if (grp.depth > 0 && grp.err == ncclSuccess)
+            grp.err = (ncclResult_t)r;
+        return r;
+    }
+    grp_add(op);
+    return grp.depth > 0 ? ncclSuccess : grp_end(ncclSuccess);
+}
+
+ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count,
+                           ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                           cudaStream_t stream)
+{
+    int r;
+    fake_call *c = enter("ncclAllReduce", &r);
+    fake_op o = {.kind = OP_ALLREDUCE,
+                 .comm = comm,
+                 .src = sendbuff,
+                 .dst = recvbuff,
+                 .count = count,
+                 .dtype = datatype,
+                 .redop = op};
+    return (ncclResult_t)leave(c, add_op(c, r, &o, stream));
+}
+
+ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer,
+                      ncclComm_t comm, cudaStream_t stream)
+{
+    int r;
+    fake_call *c = enter("ncclSend", &r);
+    fake_op o = {.kind = OP_SEND,
+                 .comm = comm,
+                 .src = sendbuff,
+                 .count = count,
+                 .dtype = datatype,
+                 .peer = peer};
+    return (ncclResult_t)leave(c, add_op(c, r, &o, stream));
+}
+
+ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer,
+                      ncclComm_t comm, cudaStream_t stream)
+{
+    int r;
+    fake_call *c = enter("ncclRecv", &r);
+    fake_op o = {.kind = OP_RECV,
+                 .comm = comm,
+                 .dst = recvbuff,
+                 .count = count,
+                 .dtype = datatype,
+                 .peer = peer};
+    return (ncclResult_t)leave(c, add_op(c, r, &o, stream));
+}
+
+/* ---- Test controls ---- */
+
+void fake_reset(void)
+{
+    lock();
+    free_all_locked();
+    unlock();
+}
+
+void fake_set_devices(int n, int cc_major)
+{
+    lock();
+    F.ndev = n < 0 ? 0 : n > FAKE_MAX_DEV ? FAKE_MAX_DEV : n;
+    for (int d = 0; d < FAKE_MAX_DEV; d++)
+        F.cc[d] = cc_major;
+    unlock();
+}
+
+void fake_set_nccl_version(int version)
+{
+    lock();
+    F.version = version;
+    unlock();
+}
+
+void fake_set_pending(int n)
+{
+    lock();
+    F.pending = n;
+    unlock();
+}
+
+void fake_hold_async(bool hold)
+{
+    lock();
+    F.hold = hold;
+    unlock();
+}
+
+void fake_set_manual_events(bool manual)
+{
+    lock();
+    F.manual = manual;
+    unlock();
+}
+
+void fake_complete_events(void)
+{
+    lock();
+    for (struct CUevent_st *e = F.events; e != NULL; e = e->next)
+        e->complete = e->recorded;
+    unlock();
+}
+
+void fake_set_last_error(const char *msg)
+{
+    lock();
+    snprintf(F.last_error, sizeof F.last_error, "%s", msg);
+    unlock();
+}
+
+void fake_script(const char *fn, int result)
+{
+    lock();
+    if (F.nscripts == FAKE_MAX_SCRIPTS || strlen(fn) >= sizeof F.scripts[0].fn)
+        abort(); /* a test bug */
+    snprintf(F.scripts[F.nscripts].fn, sizeof F.scripts[0].fn, "%s", fn);
+    F.scripts[F.nscripts].result = result;
+    F.scripts[F.nscripts++].live = true;
+    unlock();
+}
+
+void fake_script_async_error(int rank, ncclResult_t err)
+{
+    lock();
+    if (F.nasync == FAKE_MAX_SCRIPTS)
+        abort();
+    F.async[F.nasync].rank = rank;
+    F.async[F.nasync].err = err;
+    F.async[F.nasync++].live = true;
+    unlock();
+}
+
+cudaStream_t fake_user_stream(int device)
+{
+    struct CUstream_st *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        abort();
+    s->device = device;
+    s->user = true;
+    lock();
+    s->next = F.streams;
+    F.streams = s;
+    unlock();
+    return s;
+}
+
+int fake_current_device(void)
+{
+    return cur_dev;
+}
+
+int fake_live(const char *kind)
+{
+    int n = 0;
+    lock();
+    if (strcmp(kind, "stream") == 0) {
+        for (struct CUstream_st *s = F.streams; s != NULL; s = s->next)
+            n += !s->user && !s->destroyed;
+    } else if (strcmp(kind, "event") == 0) {
+        for (struct CUevent_st *e = F.events; e != NULL; e = e->next)
+            n += !e->destroyed;
+    } else if (strcmp(kind, "mem") == 0) {
+        for (fake_mem *m = F.mems; m != NULL; m = m->next)
+            n += !m->freed;
+    } else if (strcmp(kind, "comm") == 0) {
+        for (struct ncclComm *c = F.comms; c != NULL; c = c->next)
+            n += !c->destroyed && !c->aborted;
+    }
+    unlock();
+    return n;
+}
+
+int fake_errors(char *buf, size_t len)
+{
+    int n;
+    lock();
+    n = F.nerrors;
+    if (len > 0)
+        snprintf(buf, len, "%s", F.error);
+    unlock();
+    return n;
+}
+
+size_t fake_log_size(void)
+{
+    size_t n;
+    lock();
+    n = F.nlog;
+    unlock();
+    return n;
+}
+
+bool fake_log_get(size_t i, fake_call *out)
+{
+    bool ok;
+    lock();
+    ok = i < F.nlog;
+    if (ok)
+        *out = F.log[i];
+    unlock();
+    return ok;
+}
+
+long fake_log_find(const char *fn, size_t from)
+{
+    long found = -1;
+    lock();
+    for (size_t i = from; i < F.nlog && found < 0; i++)
+        if (strcmp(F.log[i].fn, fn) == 0)
+            found = (long)i;
+    unlock();
+    return found;
+}
+
+size_t fake_log_count(const char *fn)
+{
+    size_t n = 0;
+    lock();
+    for (size_t i = 0; i < F.nlog; i++)
+        n += strcmp(F.log[i].fn, fn) == 0;
+    unlock();
+    return n;
+}
+
+void fake_log_reset(void)
+{
+    lock();
+    F.nlog = 0;
+    unlock();
+}
+
+void fake_log_dump(void)
+{
+    lock();
+    for (size_t i = 0; i < F.nlog; i++) {
+        const fake_call *c = &F.log[i];
+        fprintf(stderr,
+                "%5zu %-26s r=%d dev=%d stream=%p event=%p comm=%p rank=%d/%d peer=%d count=%zu "
+                "dtype=%d op=%d value=%d\n",
+                i, c->fn, c->result, c->device, (void *)c->stream, (void *)c->event,
+                (void *)c->comm, c->rank, c->nranks, c->peer, c->count, c->dtype, c->op, c->value);
+    }
+    unlock();
+}

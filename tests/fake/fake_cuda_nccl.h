@@ -1,0 +1,113 @@
+/* A test-only fake of the CUDA runtime and NCCL calls backends/nccl/nccl.c makes: it records
+ * every call, lets a test script results, and runs the collectives on host memory. */
+#ifndef CCQ_TESTS_FAKE_CUDA_NCCL_H
+#define CCQ_TESTS_FAKE_CUDA_NCCL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+/* The real headers, so the fake's definitions are checked against the real signatures. */
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+/*
+ * nccl.h declares ncclGroupStart() and ncclGroupEnd() without a prototype (C++ style);
+ * repeating them with one lets the fake define them under -Wmissing-prototypes.
+ */
+ncclResult_t ncclGroupStart(void);
+ncclResult_t ncclGroupEnd(void);
+
+/*
+ * What the fake emulates, in short:
+ * - Devices: fake_set_devices(n, cc_major); the current device is per thread (cudaSetDevice).
+ * - Communicators: ncclCommInitRankConfig joins the clique of its unique id and takes the
+ *   calling thread's current device. Non-blocking: ncclCommGetAsyncError reports
+ *   ncclInProgress `pending` times (fake_set_pending), then success or a scripted error.
+ * - Groups (per thread, as in NCCL): ncclGroupEnd matches the group's calls and runs them
+ *   on host memory: the k-th ncclAllReduce of every rank of a clique together (reduced with
+ *   the host backend's kernel), each ncclSend with the first unmatched ncclRecv of its
+ *   (clique, src rank, dst rank) as a memcpy. A group with a part missing returns
+ *   ncclInvalidUsage, runs nothing and counts as a fake error.
+ * - Memory: cudaMalloc returns host memory (so the collectives run on it), remembered with
+ *   its device; cudaMemcpy is a memmove whose device side must lie in a live allocation.
+ * - Events: recorded events complete at once, or, in manual mode, when the test calls
+ *   fake_complete_events(). Stream waits are only logged: work runs at ncclGroupEnd.
+ * - Misuse the real libraries would punish (a destroyed or aborted handle used again, an
+ *   event recorded on another device's stream, a collective on a stream of another device
+ *   than its communicator's) is logged as a fake error; see fake_errors().
+ * Every function here is thread-safe (one mutex).
+ */
+
+/* ---- One recorded call ---- */
+typedef struct fake_call {
+    const char *fn;   /* the function's name, e.g. "ncclAllReduce" (a string literal) */
+    pthread_t thread; /* the calling thread */
+    int result;       /* what it returned (cudaError_t or ncclResult_t; 0 for strings) */
+    int device;       /* cudaSetDevice/cudaDeviceGetAttribute: the argument; communicator
+                         calls: the communicator's device; creations: the new object's;
+                         otherwise the calling thread's current device */
+    cudaStream_t stream;
+    cudaEvent_t event;
+    ncclComm_t comm;
+    int rank, nranks;      /* the communicator's */
+    int peer, peer_device; /* ncclSend/ncclRecv: the peer rank and its device */
+    size_t count;
+    int dtype, op; /* ncclDataType_t, ncclRedOp_t as passed */
+    const void *src;
+    void *dst;
+    int value; /* ncclCommGetAsyncError: the state reported; ncclCommInitRankConfig:
+                  config->blocking; cudaDeviceGetAttribute: the attribute; creations:
+                  the flags; cudaEventQuery: 1 if the event had been recorded;
+                  cudaMemcpy: the cudaMemcpyKind (cudaMalloc: count = size, dst = ptr) */
+} fake_call;
+
+/* ---- Configuration and scripting ---- */
+
+/* Forget everything (log, scripts, handles, errors) and restore the defaults: 4 devices of
+ * compute capability 9, NCCL_VERSION_CODE, no pending, automatic events, no hold. Handles
+ * from before become invalid: call it only with no runtime alive. */
+void fake_reset(void);
+/* n devices (0..16), each of compute capability major cc_major. */
+void fake_set_devices(int n, int cc_major);
+void fake_set_nccl_version(int version);
+/* New communicators, and the communicators of a group whose ncclGroupEnd was scripted to
+ * return ncclInProgress, report ncclInProgress this many times. */
+void fake_set_pending(int n);
+/* While held, ncclCommGetAsyncError reports ncclInProgress for every communicator. */
+void fake_hold_async(bool hold);
+/* Manual events stay cudaErrorNotReady once recorded, until fake_complete_events(). */
+void fake_set_manual_events(bool manual);
+void fake_complete_events(void);
+/* What ncclGetLastError returns (default ""). */
+void fake_set_last_error(const char *msg);
+/* Queue the result of the next call of fn not yet scripted (FIFO per function); a call
+ * with no script succeeds. A call scripted to fail has no other effect. */
+void fake_script(const char *fn, int result);
+/* The next communicator of this rank to be created or to take part in a group gets a
+ * sticky asynchronous error (after its pending count). */
+void fake_script_async_error(int rank, ncclResult_t err);
+
+/* ---- Inspection ---- */
+
+/* A CUDA stream of `device` for the test itself (not logged, not counted as live). */
+cudaStream_t fake_user_stream(int device);
+/* The calling thread's current device, without logging a call. */
+int fake_current_device(void);
+/* Live objects the code under test created: "stream", "event", "mem" (cudaMalloc'd, not
+ * freed) or "comm" (created and neither destroyed nor aborted). */
+int fake_live(const char *kind);
+/* Number of misuses and incomplete groups seen; the last message goes to buf. */
+int fake_errors(char *buf, size_t len);
+
+/* The log: entries in call order (the order the fake's mutex took them). */
+size_t fake_log_size(void);
+bool fake_log_get(size_t i, fake_call *out);
+/* Index of the first call of fn at or after `from`, or -1. */
+long fake_log_find(const char *fn, size_t from);
+size_t fake_log_count(const char *fn);
+void fake_log_reset(void);
+/* Print the log to stderr (for debugging a failing test). */
+void fake_log_dump(void);
+
+#endif /* CCQ_TESTS_FAKE_CUDA_NCCL_H */
