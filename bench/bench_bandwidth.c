@@ -104,10 +104,10 @@ int main(int argc, char **argv)
                 ((float *)dst[d])[i] = 0;
             }
         }
-        for (size_t size = 8; size <= maxbytes; size *= 4) {
+        for (size_t size = 8; size <= maxbytes; size *= 2) {
             size_t count = size / sizeof(float);
             /* Enough repetitions for ~0.2 s per size, at least 5. */
-            int n = iters ? iters : (int)(2e8 / (double)(size * (size_t)ndev + 20000));
+            int n = iters ? iters : (int)(1e8 / (double)(size * (size_t)ndev + 20000));
             if (n < 5)
                 n = 5;
             if (n > 2000)

@@ -1,6 +1,8 @@
 /* Submit cost: ns per submitted command with 1, 2 and 4 producer threads.
  *  (1) the queue alone: ccq's ck_stack MPSC push + wake-up check vs a pthread mutex +
- *      condvar queue, both drained by one consumer thread, in the same harness;
+ *      condvar queue, both drained by one consumer thread, in the same harness; each
+ *      consumer waits the way its design does (ccq: the scheduler's bounded poll, then
+ *      the futex protocol; mutex: pthread_cond_wait);
  *  (2) the whole public call: ccq_all_reduce of one element, each producer on its own
  *      device and stream (communicator {d}), the scheduler draining, matching, running. */
 #define _GNU_SOURCE
@@ -11,6 +13,7 @@
 #include "bench_common.h"
 #include "ccq.h"
 #include "queue/mpsc.h"
+#include "backends/backend.h"
 #include "queue/wake.h"
 
 #define MAXP 4
@@ -60,10 +63,11 @@ static item *mq_pop_all(mqueue *q, const _Atomic int *stop)
 }
 
 typedef struct harness {
-    int kind; /* 0 ccq, 1 mutex */
+    int kind; /* 0 ccq (one shared queue), 1 mutex (one shared queue), 2 ccq (one per producer) */
     int nprod;
     uint32_t n;
     ccq_mpsc cq;
+    ccq_mpsc pq[MAXP]; /* kind 2 */
     ccq_wake wake;
     mqueue mq;
     item *items[MAXP];
@@ -71,7 +75,15 @@ typedef struct harness {
     _Atomic int stop;
     _Atomic uint64_t consumed;
     double ns_per_op[MAXP];
+    double cpu_ns_per_op[MAXP];
 } harness;
+
+static uint64_t thread_cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 typedef struct prod_arg {
     harness *h;
@@ -84,10 +96,11 @@ static void *producer(void *arg)
     harness *h = a->h;
     item *its = h->items[a->id];
     pthread_barrier_wait(&h->bar);
-    uint64_t t0 = bench_now_ns();
-    if (h->kind == 0) {
+    uint64_t t0 = bench_now_ns(), c0 = thread_cpu_ns();
+    if (h->kind == 0 || h->kind == 2) {
+        ccq_mpsc *q = h->kind == 0 ? &h->cq : &h->pq[a->id];
         for (uint32_t i = 0; i < h->n; i++) {
-            ccq_mpsc_push_mpsc(&h->cq, &its[i].node);
+            ccq_mpsc_push_mpsc(q, &its[i].node);
             ccq_wake_signal(&h->wake);
         }
     } else {
@@ -95,7 +108,32 @@ static void *producer(void *arg)
             mq_push(&h->mq, &its[i]);
     }
     h->ns_per_op[a->id] = (double)(bench_now_ns() - t0) / h->n;
+    h->cpu_ns_per_op[a->id] = (double)(thread_cpu_ns() - c0) / h->n;
     return NULL;
+}
+
+/* The consumer's view of "anything queued?" and "take it all", for both ccq layouts. */
+static bool ccq_empty(harness *h)
+{
+    if (h->kind == 0)
+        return ccq_mpsc_empty(&h->cq);
+    for (int p = 0; p < h->nprod; p++)
+        if (!ccq_mpsc_empty(&h->pq[p]))
+            return false;
+    return true;
+}
+
+/* What a consumer does with each item in both designs: read it and check per-producer
+ * order (as the scheduler reads every command it drains). */
+static uint32_t next_seq[MAXP];
+static int order_errors;
+
+static int consume(harness *h, const item *it)
+{
+    (void)h;
+    if (it->seq != next_seq[it->producer]++)
+        order_errors++;
+    return 1;
 }
 
 static void *consumer(void *arg)
@@ -104,29 +142,50 @@ static void *consumer(void *arg)
     uint64_t total = (uint64_t)h->nprod * h->n, got = 0;
     pthread_barrier_wait(&h->bar);
     while (got < total) {
-        if (h->kind == 0) {
-            ccq_mpsc_node *n = ccq_mpsc_pop_all_spsc(&h->cq);
+        if (h->kind == 0 || h->kind == 2) {
+            ccq_mpsc_node *n = NULL;
+            if (h->kind == 0) {
+                n = ccq_mpsc_pop_all_spsc(&h->cq);
+            } else {
+                for (int p = 0; p < h->nprod; p++)
+                    for (ccq_mpsc_node *m = ccq_mpsc_pop_all_spsc(&h->pq[p]); m != NULL;
+                         m = m->next)
+                        got += consume(h, ccq_container_of(m, item, node));
+            }
+            if (n == NULL && h->kind == 2 && got > 0 && !ccq_empty(h))
+                continue;
             if (n == NULL) {
+                /* As the scheduler does: poll up to 50 us before announcing sleep, so
+                 * producers of a busy queue never pay for a futex wake. */
+                uint64_t t0 = bench_now_ns();
+                while (ccq_empty(h) && bench_now_ns() - t0 < 50000)
+                    for (int k = 0; k < 32; k++) /* ~1 us between looks at the head line */
+                        ck_pr_stall();
+                if (!ccq_empty(h))
+                    continue;
+                if (got >= total)
+                    break;
                 uint32_t s = ccq_wake_prepare(&h->wake);
-                if (!ccq_mpsc_empty(&h->cq))
+                if (!ccq_empty(h))
                     ccq_wake_cancel(&h->wake);
                 else
                     ccq_wake_sleep(&h->wake, s, 100000000ull);
                 continue;
             }
             for (; n != NULL; n = n->next)
-                got++;
+                got += consume(h, ccq_container_of(n, item, node));
         } else {
             for (item *it = mq_pop_all(&h->mq, &h->stop); it != NULL; it = it->next)
-                got++;
+                got += consume(h, it);
         }
     }
     atomic_store(&h->consumed, got);
     return NULL;
 }
 
-/* One run: every producer pushes n items; returns the mean of the producers' ns/op. */
-static double queue_run(int kind, int nprod, uint32_t n)
+/* One run: every producer pushes n items; returns the mean of the producers' ns/op (wall
+ * clock) and sets *cpu to the mean of their CPU time per op. */
+static double queue_run(int kind, int nprod, uint32_t n, double *cpu)
 {
     harness *h = calloc(1, sizeof *h);
     pthread_t pt[MAXP], ct;
@@ -137,6 +196,8 @@ static double queue_run(int kind, int nprod, uint32_t n)
     h->nprod = nprod;
     h->n = n;
     ccq_mpsc_init(&h->cq);
+    for (int p = 0; p < MAXP; p++)
+        ccq_mpsc_init(&h->pq[p]);
     ccq_wake_init(&h->wake);
     pthread_mutex_init(&h->mq.mu, NULL);
     pthread_cond_init(&h->mq.cv, NULL);
@@ -151,12 +212,15 @@ static double queue_run(int kind, int nprod, uint32_t n)
         pa[p].id = p;
         pthread_create(&pt[p], NULL, producer, &pa[p]);
     }
+    memset(next_seq, 0, sizeof next_seq);
     pthread_create(&ct, NULL, consumer, h);
     for (int p = 0; p < nprod; p++)
         pthread_join(pt[p], NULL);
     pthread_join(ct, NULL);
+    *cpu = 0;
     for (int p = 0; p < nprod; p++) {
         mean += h->ns_per_op[p] / nprod;
+        *cpu += h->cpu_ns_per_op[p] / nprod;
         free(h->items[p]);
     }
     pthread_barrier_destroy(&h->bar);
@@ -222,16 +286,24 @@ int main(int argc, char **argv)
     bench_json_open(&js, argc, argv, "submit");
     printf("# Submit cost, ns per command (median of %d runs, %u commands per producer)\n", reps,
            n);
-    printf("# %-9s %14s %14s %8s %18s\n", "producers", "ccq queue", "mutex+condvar", "ratio",
-           "ccq_all_reduce()");
+    printf("# queue: one queue shared by all producers, ccq (ck_stack MPSC) vs mutex+condvar,\n"
+           "#        wall clock and CPU time per push; per-stream: ccq with one queue per\n"
+           "#        producer, as producers on different streams use it; API: ccq_all_reduce()\n");
+    printf("# %-5s %9s %9s %6s %9s %9s %6s %11s %9s\n", "prod", "ccq wall", "mtx wall", "ratio",
+           "ccq cpu", "mtx cpu", "ratio", "per-stream", "API");
     for (int nprod = 1; nprod <= MAXP; nprod *= 2) {
-        double q, m, api;
+        double q, m, qc, mc, ps, api, cv[64];
         for (int r = 0; r < reps; r++)
-            v[r] = queue_run(0, nprod, n);
+            v[r] = queue_run(0, nprod, n, &cv[r]);
         q = bench_median(v, (size_t)reps);
+        qc = bench_median(cv, (size_t)reps);
         for (int r = 0; r < reps; r++)
-            v[r] = queue_run(1, nprod, n);
+            v[r] = queue_run(1, nprod, n, &cv[r]);
         m = bench_median(v, (size_t)reps);
+        mc = bench_median(cv, (size_t)reps);
+        for (int r = 0; r < reps; r++)
+            v[r] = queue_run(2, nprod, n, &cv[r]);
+        ps = bench_median(v, (size_t)reps);
 
         /* The API: a runtime whose streams hold a whole run, so no producer waits for room
          * (that would measure the scheduler, not submission). */
@@ -254,13 +326,20 @@ int main(int argc, char **argv)
         api = bench_median(v, (size_t)reps);
         ccq_runtime_destroy(rt);
 
-        printf("  %-9d %14.1f %14.1f %7.1fx %18.1f\n", nprod, q, m, m / q, api);
-        bench_json_record(&js,
-                          "\"producers\": %d, \"ccq_queue_ns\": %.2f, \"mutex_queue_ns\": %.2f, "
-                          "\"ratio\": %.2f, \"api_ns\": %.2f",
-                          nprod, q, m, m / q, api);
+        printf("  %-5d %9.1f %9.1f %5.1fx %9.1f %9.1f %5.1fx %11.1f %9.1f\n", nprod, q, m, m / q,
+               qc, mc, mc / qc, ps, api);
+        bench_json_record(
+            &js,
+            "\"producers\": %d, \"ccq_queue_ns\": %.2f, \"mutex_queue_ns\": %.2f, "
+            "\"ratio\": %.2f, \"ccq_queue_cpu_ns\": %.2f, \"mutex_queue_cpu_ns\": "
+            "%.2f, \"cpu_ratio\": %.2f, \"ccq_per_stream_ns\": %.2f, \"api_ns\": %.2f",
+            nprod, q, m, m / q, qc, mc, mc / qc, ps, api);
     }
     bench_json_close(&js);
+    if (order_errors) {
+        fprintf(stderr, "%d items out of per-producer order\n", order_errors);
+        errors += order_errors;
+    }
     if (errors)
         fprintf(stderr, "%d submission errors\n", errors);
     return errors ? 1 : 0;

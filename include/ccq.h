@@ -110,14 +110,16 @@ typedef struct ccq_config {
     uint64_t timeout_ms;    /**< Watchdog and fence deadline; 0 = none (default 600000).
                                  Env: CCQ_TIMEOUT_MS. */
     /* ---- appended after the seed API ---- */
-    uint32_t host_workers;  /**< Host backend worker threads; 0 = number of cores.
-                                 Env: CCQ_HOST_WORKERS. */
-    uint32_t flags;         /**< CCQ_FLAG_* bits. Env: CCQ_NONBLOCKING_SUBMIT=1. */
-    const char *env_error;  /**< Set by ccq_config_init when a CCQ_* variable is malformed;
-                                 ccq_runtime_create then fails with its text. */
-    uint32_t sched_spin_us; /**< The scheduler polls this long for new work before it sleeps
-                                 (default 50; 0 = sleep at once). Trades a little CPU for
-                                 dispatch latency. Env: CCQ_SCHED_SPIN_US. */
+    uint32_t host_workers; /**< Host backend worker threads; 0 = number of cores.
+                                Env: CCQ_HOST_WORKERS. */
+    uint32_t flags;        /**< CCQ_FLAG_* bits. Env: CCQ_NONBLOCKING_SUBMIT=1. */
+    const char *env_error; /**< Set by ccq_config_init when a CCQ_* variable is malformed;
+                                ccq_runtime_create then fails with its text. */
+    uint32_t spin_us;      /**< How long ccq's threads (scheduler, host workers) and callers
+                                waiting in a fence poll, yielding the core between polls, before
+                                they sleep (default 50; 0 = sleep at once). Trades a little CPU
+                                for latency: a futex wake-up costs tens of microseconds.
+                                Env: CCQ_SPIN_US. */
 } ccq_config;
 
 /**

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -14,6 +15,14 @@ uint64_t ccq_now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void ccq_spin_step(unsigned *step)
+{
+    for (int k = 0; k < 32; k++)
+        ck_pr_stall();
+    if ((++*step & 7) == 0)
+        sched_yield();
 }
 
 void ccq_futex_wait(_Atomic uint32_t *word, uint32_t expected, uint64_t timeout_ns)
@@ -60,23 +69,27 @@ void ccq_event_notify_slow(ccq_event *ev)
 
 bool ccq_event_wait(ccq_event *ev, bool (*pred)(void *), void *arg, uint64_t deadline_ns)
 {
+    return ccq_event_wait_spin(ev, pred, arg, deadline_ns, CCQ_WAIT_SPIN_NS);
+}
+
+bool ccq_event_wait_spin(ccq_event *ev, bool (*pred)(void *), void *arg, uint64_t deadline_ns,
+                         uint64_t spin_ns)
+{
     bool ok;
     uint64_t spin_end = 0;
 
     /* A short optimistic spin: small operations complete within microseconds, and sleeping
      * costs two system calls plus a wake-up (tens of microseconds on a busy machine).
-     * Bounded at CCQ_WAIT_SPIN_NS, so a long wait does not burn a core. */
-    for (int i = 0;; i++) {
+     * Bounded by spin_ns and yielding, so a long wait does not burn a core. */
+    for (unsigned step = 0; spin_ns > 0;) {
         if (pred(arg))
             return true;
-        ck_pr_stall();
-        if ((i & 31) == 31) {
-            uint64_t now = ccq_now_ns();
-            if (spin_end == 0)
-                spin_end = now + CCQ_WAIT_SPIN_NS;
-            else if (now >= spin_end || now >= deadline_ns)
-                break;
-        }
+        ccq_spin_step(&step);
+        uint64_t now = ccq_now_ns();
+        if (spin_end == 0)
+            spin_end = now + spin_ns;
+        else if (now >= spin_end || now >= deadline_ns)
+            break;
     }
 
     atomic_fetch_add_explicit(&ev->waiters, 1, memory_order_seq_cst);

@@ -14,6 +14,11 @@
 /* Monotonic clock in nanoseconds; the one clock all of ccq uses. */
 uint64_t ccq_now_ns(void);
 
+/* One step of a bounded polling loop: a few hundred nanoseconds of `pause`, and every
+ * eighth step a sched_yield(), so a poller never keeps a runnable thread (often the one
+ * doing the work it waits for) off a core when the machine has more threads than cores. */
+void ccq_spin_step(unsigned *step);
+
 /* Block while *word == expected, at most timeout_ns (UINT64_MAX = no limit). Returns
  * early on a wake, a changed value or a signal; callers re-check their condition. */
 void ccq_futex_wait(_Atomic uint32_t *word, uint32_t expected, uint64_t timeout_ns);
@@ -126,5 +131,9 @@ static inline void ccq_event_notify(ccq_event *ev)
  * passes. Returns pred's last value. Spins a few hundred nanoseconds first (no longer: it
  * must not burn a core), then sleeps on the futex. */
 bool ccq_event_wait(ccq_event *ev, bool (*pred)(void *), void *arg, uint64_t deadline_ns);
+
+/* The same with an explicit polling budget (0 = sleep at once). */
+bool ccq_event_wait_spin(ccq_event *ev, bool (*pred)(void *), void *arg, uint64_t deadline_ns,
+                         uint64_t spin_ns);
 
 #endif /* CCQ_QUEUE_WAKE_H */

@@ -240,6 +240,7 @@ struct ccq_runtime {
     uint32_t max_streams;
     uint32_t ring_size;  /* slots per stream (power of two >= queue_depth) */
     uint64_t timeout_ns; /* UINT64_MAX for none */
+    uint64_t spin_ns;    /* polling budget before sleeping (cfg.spin_us) */
     ccq_stream *streams; /* [ndev * max_streams] */
 
     /* Wake-up of the scheduler, and its inputs besides the stream queues. */

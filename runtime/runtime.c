@@ -54,7 +54,7 @@ CCQ_API void ccq_config_init(ccq_config *cfg)
     cfg->timeout_ms = 600000;
     cfg->host_workers = 0;
     cfg->flags = 0;
-    cfg->sched_spin_us = 50;
+    cfg->spin_us = 50;
 
     b = getenv("CCQ_BACKEND");
     if (b != NULL && *b != '\0')
@@ -77,9 +77,9 @@ CCQ_API void ccq_config_init(ccq_config *cfg)
     if (env_u64("CCQ_HOST_WORKERS", 1024, &v, &err,
                 "CCQ_HOST_WORKERS: expected an integer in [0, 1024] (0 = one per core)"))
         cfg->host_workers = (uint32_t)v;
-    if (env_u64("CCQ_SCHED_SPIN_US", 1000000, &v, &err,
-                "CCQ_SCHED_SPIN_US: expected microseconds in [0, 1000000]"))
-        cfg->sched_spin_us = (uint32_t)v;
+    if (env_u64("CCQ_SPIN_US", 1000000, &v, &err,
+                "CCQ_SPIN_US: expected microseconds in [0, 1000000]"))
+        cfg->spin_us = (uint32_t)v;
     if (env_u64("CCQ_NONBLOCKING_SUBMIT", 1, &v, &err, "CCQ_NONBLOCKING_SUBMIT: expected 0 or 1"))
         cfg->flags = v ? (cfg->flags | CCQ_FLAG_NONBLOCKING_SUBMIT)
                        : (cfg->flags & ~CCQ_FLAG_NONBLOCKING_SUBMIT);
@@ -125,10 +125,9 @@ static ccq_status config_validate(const ccq_config *c)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
                         "ccq_config.max_batch_ops is %" PRIu32 "; expected 1..%u", c->max_batch_ops,
                         CCQ_MAX_BATCH_MAX);
-    if (c->sched_spin_us > 1000000)
+    if (c->spin_us > 1000000)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
-                        "ccq_config.sched_spin_us is %" PRIu32 "; expected at most 1000000",
-                        c->sched_spin_us);
+                        "ccq_config.spin_us is %" PRIu32 "; expected at most 1000000", c->spin_us);
     if (c->flags & ~CCQ_FLAG_NONBLOCKING_SUBMIT)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_config.flags has unknown bits 0x%" PRIx32,
                         c->flags & ~CCQ_FLAG_NONBLOCKING_SUBMIT);
@@ -232,6 +231,7 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
     for (int i = 0; i < CCQ_COMM_BUCKETS; i++)
         atomic_init(&rt->buckets[i], NULL);
     rt->timeout_ns = cfg.timeout_ms == 0 ? UINT64_MAX : cfg.timeout_ms * 1000000ull;
+    rt->spin_ns = (uint64_t)cfg.spin_us * 1000u;
     rt->ring_size = ccq_ring_size(cfg.queue_depth);
 
     hooks.notify = backend_notify;
@@ -435,7 +435,7 @@ CCQ_API ccq_status ccq_comm_init(ccq_runtime *rt, const ccq_device_id *devices, 
     ccq_comm_request_init(rt, c);
     deadline = rt->timeout_ns == UINT64_MAX ? UINT64_MAX : ccq_now_ns() + rt->timeout_ns;
     comm_wait w = {rt, c};
-    if (!ccq_event_wait(&c->ev, comm_settled, &w, deadline))
+    if (!ccq_event_wait_spin(&c->ev, comm_settled, &w, deadline, rt->spin_ns))
         return ccq_fail(CCQ_ERR_TIMEOUT, "ccq_comm_init: the backend did not create the "
                                          "communicator within timeout_ms");
     if (atomic_load_explicit(&c->state, memory_order_acquire) == CCQ_COMM_PENDING)
@@ -526,7 +526,7 @@ static ccq_status reserve_ticket(ccq_runtime *rt, ccq_stream *s, const char *fn,
         if (deadline == 0)
             deadline = rt->timeout_ns == UINT64_MAX ? UINT64_MAX : ccq_now_ns() + rt->timeout_ns;
         room_wait w = {s, rt->cfg.queue_depth};
-        if (!ccq_event_wait(&s->ev, has_room_or_closed, &w, deadline))
+        if (!ccq_event_wait_spin(&s->ev, has_room_or_closed, &w, deadline, rt->spin_ns))
             return ccq_fail(CCQ_ERR_QUEUE_FULL,
                             "%s: device %u stream %u stayed full (queue_depth = %u) for "
                             "timeout_ms = %llu",
@@ -764,7 +764,7 @@ CCQ_API ccq_status ccq_sync_collective(ccq_runtime *rt, ccq_device_id device, cc
                 rt->timeout_ns / 8 < 200000000ull ? rt->timeout_ns / 8 + 20000000ull : 200000000ull;
             deadline = ccq_now_ns() + rt->timeout_ns + grace;
         }
-        if (!ccq_event_wait(&s->ev, fence_done, &w, deadline)) {
+        if (!ccq_event_wait_spin(&s->ev, fence_done, &w, deadline, rt->spin_ns)) {
             uint64_t e = atomic_load_explicit(&s->ended, memory_order_acquire);
             if (atomic_load_explicit(&s->err_status, memory_order_acquire) == 0)
                 return ccq_fail(CCQ_ERR_TIMEOUT,

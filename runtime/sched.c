@@ -1296,7 +1296,8 @@ void *ccq_sched_main(void *arg)
 {
     ccq_runtime *rt = arg;
     ccq_sched *S = rt->sched;
-    uint64_t spin_ns = (uint64_t)rt->cfg.sched_spin_us * 1000u, busy_ns = ccq_now_ns();
+    uint64_t spin_ns = rt->spin_ns, busy_ns = ccq_now_ns();
+    unsigned spin_step = 0;
 
     for (;;) {
         bool progress = false;
@@ -1316,16 +1317,13 @@ void *ccq_sched_main(void *arg)
             busy_ns = now;
             continue;
         }
-        /* Poll a little before sleeping: work that arrives within sched_spin_us of the last
+        /* Poll a little before sleeping: work that arrives within spin_us of the last
          * is picked up without a futex round trip (the submitter's push then costs no
          * system call either, since `sleeping` stays 0). Bounded, so an idle runtime does
          * not hold a core. */
         if (now - busy_ns < spin_ns) {
-            bool more = false;
-            for (int k = 0; k < 64 && !more; k++) {
-                more = work_visible(rt);
-                ck_pr_stall();
-            }
+            for (int k = 0; k < 8 && !work_visible(rt); k++)
+                ccq_spin_step(&spin_step);
             continue;
         }
 

@@ -12,12 +12,16 @@
 #include "backends/backend.h"
 #include "backends/host/reduce.h"
 #include "queue/mpsc.h"
+#include "queue/wake.h"
 
 /* Batches that move fewer bytes than this run on the scheduler thread: handing them to a
  * worker (a futex wake and a cache migration, ~5-20 us) would cost more than the copy. */
 #define HOST_INLINE_BYTES (128u * 1024u)
 /* Smallest chunk a worker takes (per buffer), so per-chunk overhead stays negligible. */
 #define HOST_MIN_CHUNK_BYTES (256u * 1024u)
+/* Batches up to this size (bytes over all parts) get chunks run by the scheduler thread as
+ * well as by the workers (about 1 ms of copying at most). */
+#define HOST_CALLER_RUNS_BYTES (16u * 1024u * 1024u)
 /* Ranks one op can have here (the runtime's device limit). */
 #define CCQ_HOST_MAX_RANKS 1024u
 
@@ -47,6 +51,10 @@ typedef struct host_be {
     pthread_cond_t cv;
     host_job *head, *tail;
     bool stop;
+    /* Jobs with unclaimed chunks, readable without the lock: idle workers poll it for a
+     * short while before they sleep on the condvar (see worker_main). */
+    _Atomic uint32_t pending;
+    uint64_t spin_ns;
     ccq_mpsc done; /* finished jobs; the scheduler pops them in poll() */
 } host_be;
 
@@ -115,6 +123,37 @@ static void job_finish(host_be *h, host_job *j)
     h->hooks.notify(h->hooks.notify_arg);
 }
 
+/* Claim the next chunk of the first pending job (of `only`, if given). Lock held. */
+static bool claim_chunk(host_be *h, host_job *only, host_job **out, size_t *chunk)
+{
+    host_job *j = h->head;
+    if (j == NULL || (only != NULL && j != only))
+        return false;
+    *chunk = j->claimed++;
+    if (j->claimed == j->nchunks) {
+        h->head = j->next;
+        if (h->head == NULL)
+            h->tail = NULL;
+        atomic_fetch_sub_explicit(&h->pending, 1, memory_order_relaxed);
+    }
+    *out = j;
+    return true;
+}
+
+/* Run a claimed chunk; the thread that finishes a job's last chunk completes the job.
+ * Called and returns with the lock held; drops it while moving data. */
+static void run_claimed(host_be *h, host_job *j, size_t chunk)
+{
+    pthread_mutex_unlock(&h->mu);
+    run_chunk(j, chunk);
+    pthread_mutex_lock(&h->mu);
+    if (--j->remaining == 0) {
+        pthread_mutex_unlock(&h->mu);
+        job_finish(h, j);
+        pthread_mutex_lock(&h->mu);
+    }
+}
+
 static void *worker_main(void *arg)
 {
     host_be *h = arg;
@@ -123,25 +162,24 @@ static void *worker_main(void *arg)
     for (;;) {
         host_job *j;
         size_t c;
-        while (!h->stop && h->head == NULL)
-            pthread_cond_wait(&h->cv, &h->mu);
-        if (h->head == NULL)
-            break; /* stopping and nothing left */
-        j = h->head;
-        c = j->claimed++;
-        if (j->claimed == j->nchunks) {
-            h->head = j->next;
-            if (h->head == NULL)
-                h->tail = NULL;
-        }
-        pthread_mutex_unlock(&h->mu);
-        run_chunk(j, c);
-        pthread_mutex_lock(&h->mu);
-        if (--j->remaining == 0) {
+        if (!h->stop && h->head == NULL && h->spin_ns > 0) {
+            /* Poll before sleeping: a batch that follows within spin_ns (the scheduler's
+             * setting) starts at once instead of after a futex wake-up, which is what
+             * small and mid-size batches would otherwise wait for. Bounded, so an idle
+             * backend does not hold cores. */
+            uint64_t until = ccq_now_ns() + h->spin_ns;
+            unsigned step = 0;
             pthread_mutex_unlock(&h->mu);
-            job_finish(h, j);
+            while (atomic_load_explicit(&h->pending, memory_order_acquire) == 0 &&
+                   ccq_now_ns() < until)
+                ccq_spin_step(&step);
             pthread_mutex_lock(&h->mu);
         }
+        while (!h->stop && h->head == NULL)
+            pthread_cond_wait(&h->cv, &h->mu);
+        if (!claim_chunk(h, NULL, &j, &c))
+            break; /* stopping and nothing left */
+        run_claimed(h, j, c);
     }
     pthread_mutex_unlock(&h->mu);
     return NULL;
@@ -184,6 +222,8 @@ static ccq_status host_create(const ccq_config *cfg, const ccq_be_hooks *hooks, 
     h->hooks = *hooks;
     h->ndev = cfg->host_devices;
     h->nworkers = cfg->host_workers ? cfg->host_workers : (cores > 0 ? (uint32_t)cores : 1);
+    h->spin_ns = (uint64_t)cfg->spin_us * 1000u;
+    atomic_init(&h->pending, 0);
     ccq_mpsc_init(&h->done);
     pthread_mutex_init(&h->mu, NULL);
     pthread_cond_init(&h->cv, NULL);
@@ -257,13 +297,8 @@ static ccq_status host_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
     j->chunk_elems = j->first_chunk + b->nops + 1;
     b->be_priv = j;
 
-    if (total <= HOST_INLINE_BYTES || h->nworkers == 0) {
-        for (uint32_t k = 0; k < b->nops; k++)
-            if (!op_aborted(b->ops[k]))
-                run_range(b->ops[k], 0, b->ops[k]->count);
-        job_finish(h, j);
-        return CCQ_OK;
-    }
+    if (total <= HOST_INLINE_BYTES || h->nworkers == 0)
+        goto run_inline;
     /* Cut each op into chunks: at least HOST_MIN_CHUNK_BYTES per buffer, and about four
      * per worker for big ops so a slow worker does not hold the batch back. */
     for (uint32_t k = 0; k < b->nops; k++) {
@@ -279,10 +314,8 @@ static ccq_status host_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
         nchunks += op->count ? (op->count + per - 1) / per : 0;
     }
     j->first_chunk[b->nops] = nchunks;
-    if (nchunks == 0) {
-        job_finish(h, j);
-        return CCQ_OK;
-    }
+    if (nchunks <= 1) /* nothing to share: a hand-off would only add its wake-up */
+        goto run_inline;
     j->nchunks = (uint32_t)nchunks;
     j->claimed = 0;
     j->remaining = (uint32_t)nchunks;
@@ -292,11 +325,25 @@ static ccq_status host_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
     else
         h->head = j;
     h->tail = j;
-    if (nchunks > 1)
-        pthread_cond_broadcast(&h->cv);
-    else
-        pthread_cond_signal(&h->cv);
+    atomic_fetch_add_explicit(&h->pending, 1, memory_order_release);
+    pthread_cond_broadcast(&h->cv);
+    /* Caller runs: for mid-size batches the scheduler takes chunks too, so the batch
+     * starts now rather than after a worker wakes up. Bounded by HOST_CALLER_RUNS_BYTES so
+     * the scheduler is never kept from matching and issuing for long. */
+    if (total <= HOST_CALLER_RUNS_BYTES) {
+        host_job *cj;
+        size_t c;
+        while (claim_chunk(h, j, &cj, &c))
+            run_claimed(h, cj, c);
+    }
     pthread_mutex_unlock(&h->mu);
+    return CCQ_OK;
+
+run_inline:
+    for (uint32_t k = 0; k < b->nops; k++)
+        if (!op_aborted(b->ops[k]))
+            run_range(b->ops[k], 0, b->ops[k]->count);
+    job_finish(h, j);
     return CCQ_OK;
 }
 
