@@ -47,15 +47,14 @@ static void comm_free(ccq_comm *c)
 
 static ccq_comm *comm_new(const ccq_device_id *sorted, uint32_t n, uint64_t h)
 {
-    ccq_comm *c = aligned_alloc(CCQ_CACHELINE,
-                                (sizeof *c + CCQ_CACHELINE - 1) / CCQ_CACHELINE * CCQ_CACHELINE);
+    ccq_comm *c = ccq_alloc_lines(sizeof *c);
     if (c == NULL)
         return NULL;
     memset(c, 0, sizeof *c);
     c->hash = h;
     c->n = n;
     c->devices = malloc(n * sizeof *sorted);
-    c->coll_seq = aligned_alloc(CCQ_CACHELINE, n * sizeof *c->coll_seq);
+    c->coll_seq = ccq_alloc_lines(n * sizeof *c->coll_seq);
     c->coll_done = calloc(n, sizeof *c->coll_done);
     if (c->devices == NULL || c->coll_seq == NULL || c->coll_done == NULL) {
         comm_free(c);

@@ -71,7 +71,9 @@ static inline void ccq_span_add(ccq_span *box, ccq_span s)
  * before the push and only read afterwards; the rest belong to the scheduler.
  */
 typedef struct ccq_cmd {
-    ccq_mpsc_node qnode;
+    /* Cache-line aligned: neighbouring slots belong to different commands, which a
+     * producer and the scheduler touch at the same time. */
+    alignas(CCQ_CACHELINE) ccq_mpsc_node qnode;
     uint8_t kind;  /* ccq_cmd_kind */
     uint8_t dtype; /* ccq_dtype */
     uint8_t redop; /* ccq_reduce_op */
@@ -270,6 +272,8 @@ struct ccq_runtime {
 };
 
 /* ---- runtime/util.c ---- */
+/* aligned_alloc(CCQ_CACHELINE, size rounded up to a whole cache line), as C11 requires. */
+void *ccq_alloc_lines(size_t size);
 void ccq_set_detail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 ccq_status ccq_fail(ccq_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void ccq_clear_detail(void);

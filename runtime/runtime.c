@@ -211,8 +211,7 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
                             cfg.backend);
     }
 
-    rt = aligned_alloc(CCQ_CACHELINE,
-                       (sizeof *rt + CCQ_CACHELINE - 1) / CCQ_CACHELINE * CCQ_CACHELINE);
+    rt = ccq_alloc_lines(sizeof *rt);
     if (rt == NULL)
         return ccq_fail(CCQ_ERR_NO_MEMORY, "out of memory allocating the runtime");
     memset(rt, 0, sizeof *rt);
@@ -245,7 +244,7 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
     rt->ndev = ops->device_count(rt->be);
     rt->max_streams = cfg.max_streams;
     nstreams = rt->ndev * rt->max_streams;
-    rt->streams = aligned_alloc(CCQ_CACHELINE, (size_t)nstreams * sizeof *rt->streams);
+    rt->streams = ccq_alloc_lines((size_t)nstreams * sizeof *rt->streams);
     if (rt->streams == NULL) {
         runtime_free(rt);
         return ccq_fail(CCQ_ERR_NO_MEMORY, "out of memory allocating %u streams", nstreams);
@@ -469,7 +468,7 @@ static ccq_cmd *stream_ring(ccq_runtime *rt, ccq_stream *s)
 
     if (ring != NULL)
         return ring;
-    ring = aligned_alloc(CCQ_CACHELINE, (size_t)rt->ring_size * sizeof *ring);
+    ring = ccq_alloc_lines((size_t)rt->ring_size * sizeof *ring);
     if (ring == NULL)
         return NULL;
     memset(ring, 0, (size_t)rt->ring_size * sizeof *ring);

@@ -1,6 +1,7 @@
 /* Status and type names, the thread-local error detail, and op descriptions. */
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "runtime/internal.h"
@@ -61,6 +62,12 @@ CCQ_API const char *ccq_reduce_op_name(ccq_reduce_op op)
 {
     static const char *const names[CCQ_REDUCE_OP_COUNT_] = {"sum", "prod", "max", "min", "avg"};
     return (unsigned)op < CCQ_REDUCE_OP_COUNT_ ? names[op] : "?";
+}
+
+void *ccq_alloc_lines(size_t size)
+{
+    size_t rounded = (size + CCQ_CACHELINE - 1) / CCQ_CACHELINE * CCQ_CACHELINE;
+    return aligned_alloc(CCQ_CACHELINE, rounded ? rounded : CCQ_CACHELINE);
 }
 
 /* The calling thread's detail of the last error a ccq call returned (like dlerror). */
