@@ -41,6 +41,13 @@ extern "C" {
 void ccq_host_allreduce_range(ccq_dtype dtype, ccq_reduce_op op, uint32_t n, const void *const *src,
                               void *const *dst, size_t begin, size_t end);
 
+/* The same, with flags: CCQ_HOST_REDUCE_NT writes the outputs with non-temporal stores
+ * (x86 SSE2; ignored elsewhere). Use it for large out-of-place buffers only. */
+#define CCQ_HOST_REDUCE_NT 1u
+void ccq_host_allreduce_range_ex(ccq_dtype dtype, ccq_reduce_op op, uint32_t n,
+                                 const void *const *src, void *const *dst, size_t begin, size_t end,
+                                 unsigned flags);
+
 /* Bytes of accumulator per block: well inside L1 together with the stream of inputs. */
 #define CCQ_HOST_REDUCE_BLOCK_BYTES 8192
 
