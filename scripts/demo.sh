@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The main job on the embedded default (host backend, 4 devices): several threads per device
 # submit all_reduce and send/recv on several streams, fence, verify every result, and print
-# a summary.
+# a summary; then ccq-perf shows the speed (nccl-tests' table, 8 B to 64 MiB, results
+# checked). Arguments are passed to the example (iterations, elements).
 set -euo pipefail
 . "$(dirname "$0")/common.sh"
 ccq_install_deps
 dir=$CCQ_ROOT/build
 ccq_build "$dir" -DCCQ_WERROR=ON
 "$dir/examples/ccq_demo" "$@"
+echo
+"$dir/tools/ccq-perf" -g 4 -b 8 -e 64M -f 2 -n 10 -w 2
