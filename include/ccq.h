@@ -120,6 +120,9 @@ typedef struct ccq_config {
                                 they sleep (default 50; 0 = sleep at once). Trades a little CPU
                                 for latency: a futex wake-up costs tens of microseconds.
                                 Env: CCQ_SPIN_US. */
+    const char *fault;     /**< Fault injection for tests and drills, off when NULL or "" (the
+                                default): e.g. "fail:op=17;delay:us=5000,op=3;drop:rank=2".
+                                Grammar in docs/reliability.md. Env: CCQ_FAULT. */
 } ccq_config;
 
 /**

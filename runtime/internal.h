@@ -14,6 +14,7 @@
 #include "ccq.h"
 #include "queue/mpsc.h"
 #include "queue/wake.h"
+#include "runtime/fault.h"
 
 #define CCQ_CACHELINE 64
 
@@ -240,10 +241,11 @@ struct ccq_runtime {
     ccq_backend *be;
     uint32_t ndev;
     uint32_t max_streams;
-    uint32_t ring_size;  /* slots per stream (power of two >= queue_depth) */
-    uint64_t timeout_ns; /* UINT64_MAX for none */
-    uint64_t spin_ns;    /* polling budget before sleeping (cfg.spin_us) */
-    ccq_stream *streams; /* [ndev * max_streams] */
+    uint32_t ring_size;   /* slots per stream (power of two >= queue_depth) */
+    uint64_t timeout_ns;  /* UINT64_MAX for none */
+    uint64_t spin_ns;     /* polling budget before sleeping (cfg.spin_us) */
+    ccq_fault_plan fault; /* fault injection (cfg.fault); the runtime applies `drop` */
+    ccq_stream *streams;  /* [ndev * max_streams] */
 
     /* Wake-up of the scheduler, and its inputs besides the stream queues. */
     ccq_wake wake;

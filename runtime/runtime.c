@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "ccq/ccq_nccl.h"
+#include "runtime/fault.h"
 #include "runtime/internal.h"
 
 /* ------------------------------------------------------------------------------------ */
@@ -55,10 +56,14 @@ CCQ_API void ccq_config_init(ccq_config *cfg)
     cfg->host_workers = 0;
     cfg->flags = 0;
     cfg->spin_us = 50;
+    cfg->fault = NULL;
 
     b = getenv("CCQ_BACKEND");
     if (b != NULL && *b != '\0')
         cfg->backend = b; /* validated by ccq_runtime_create */
+    b = getenv("CCQ_FAULT");
+    if (b != NULL && *b != '\0')
+        cfg->fault = b; /* parsed by ccq_runtime_create */
     if (env_u64("CCQ_HOST_DEVICES", CCQ_MAX_DEVICES, &v, &err,
                 "CCQ_HOST_DEVICES: expected an integer in [1, 1024]"))
         cfg->host_devices = (uint32_t)v;
@@ -128,6 +133,12 @@ static ccq_status config_validate(const ccq_config *c)
     if (c->spin_us > 1000000)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
                         "ccq_config.spin_us is %" PRIu32 "; expected at most 1000000", c->spin_us);
+    if (c->fault != NULL) {
+        ccq_fault_plan plan;
+        char err[256];
+        if (ccq_fault_parse(c->fault, &plan, err, sizeof err) != 0)
+            return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_config.fault: %s", err);
+    }
     if (c->flags & ~CCQ_FLAG_NONBLOCKING_SUBMIT)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_config.flags has unknown bits 0x%" PRIx32,
                         c->flags & ~CCQ_FLAG_NONBLOCKING_SUBMIT);
@@ -231,6 +242,7 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
         atomic_init(&rt->buckets[i], NULL);
     rt->timeout_ns = cfg.timeout_ms == 0 ? UINT64_MAX : cfg.timeout_ms * 1000000ull;
     rt->spin_ns = (uint64_t)cfg.spin_us * 1000u;
+    ccq_fault_parse(cfg.fault, &rt->fault, NULL, 0); /* validated above */
     rt->ring_size = ccq_ring_size(cfg.queue_depth);
 
     hooks.notify = backend_notify;

@@ -19,6 +19,7 @@ typedef struct ccq_sched {
     ccq_inst *inst_free;
     size_t inst_size;
     uint32_t inst_parts; /* parts every instance can hold: max(2, ndev) */
+    uint64_t *drop_seen; /* fault injection: commands seen per device (drop:rank=R) */
     ccq_batch *batch_free;
     ccq_batch *inflight; /* batches issued and not returned (next links) */
     uint32_t ninflight;
@@ -102,6 +103,11 @@ ccq_status ccq_sched_create(ccq_runtime *rt)
     S->inst_parts = rt->ndev > 2 ? rt->ndev : 2;
     S->inst_size = sizeof(ccq_inst) + S->inst_parts * (sizeof(ccq_cmd *) + sizeof(ccq_be_part));
     S->wd_next = UINT64_MAX;
+    S->drop_seen = calloc(rt->ndev, sizeof *S->drop_seen);
+    if (S->drop_seen == NULL) {
+        free(S);
+        return CCQ_ERR_NO_MEMORY;
+    }
     rt->sched = S;
     return CCQ_OK;
 }
@@ -128,6 +134,7 @@ void ccq_sched_destroy(ccq_runtime *rt)
         S->batch_free = b->next;
         batch_free_mem(b);
     }
+    free(S->drop_seen);
     free(S->live);
     free(S->active);
     free(S->work);
@@ -438,6 +445,21 @@ static void arrive(ccq_runtime *rt, ccq_cmd *c)
     active_add(S, s);
     S->wd_next = min_u64(S->wd_next, add_sat(c->submit_ns, rt->timeout_ns));
 
+    if (rt->fault.drop_rank == (int64_t)c->device) {
+        /* Fault injection: this rank "never submitted" the command. Its other parts wait
+         * and time out naming it; the command itself fails on its own stream. */
+        uint64_t k = S->drop_seen[c->device]++;
+        if (k >= (uint64_t)rt->fault.drop_after &&
+            (rt->fault.drop_count < 0 ||
+             k - (uint64_t)rt->fault.drop_after < (uint64_t)rt->fault.drop_count)) {
+            ccq_format(detail, sizeof detail,
+                       "dropped by fault injection (CCQ_FAULT drop:rank=%u): never matched, "
+                       "so the other ranks see this rank as missing",
+                       c->device);
+            fail_cmd(c, CCQ_ERR_BACKEND, detail, false);
+            return;
+        }
+    }
     if (atomic_load_explicit(&comm->state, memory_order_acquire) == CCQ_COMM_PENDING)
         comm_create_now(rt, comm, false);
     if (atomic_load_explicit(&comm->aborted, memory_order_acquire)) {

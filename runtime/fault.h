@@ -1,0 +1,44 @@
+/* Fault injection plans (tests and drills only; off unless CCQ_FAULT or ccq_config.fault). */
+#ifndef CCQ_RUNTIME_FAULT_H
+#define CCQ_RUNTIME_FAULT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/*
+ * Spec: clauses separated by ';', each "kind:key=value[,key=value...]".
+ *   fail:op=N[,count=C]         the backend fails the N-th operation it runs (0-based, in
+ *                               issue order) and the C-1 after it (default C = 1), with
+ *                               CCQ_ERR_BACKEND
+ *   fail:every=K                every K-th operation fails
+ *   delay:us=U[,op=N][,count=C] operations N.. (default all) take U microseconds longer;
+ *                               they run on a worker, so the watchdog can abort them
+ *   drop:rank=R[,after=N][,count=C]  device R's commands after its first N are dropped on
+ *                               arrival, as if that rank never submitted them (default C
+ *                               unlimited); each dropped command fails on its own stream
+ * Example: CCQ_FAULT="fail:op=17;delay:us=200000,op=3;drop:rank=2,after=5,count=1"
+ */
+typedef struct ccq_fault_plan {
+    int64_t fail_op;     /* -1: none */
+    int64_t fail_count;  /* operations failed from fail_op on */
+    int64_t fail_every;  /* 0: none */
+    int64_t delay_us;    /* 0: none */
+    int64_t delay_op;    /* -1: every operation */
+    int64_t delay_count; /* operations delayed from delay_op on (-1: unlimited) */
+    int64_t drop_rank;   /* -1: none */
+    int64_t drop_after;  /* commands of that device let through first */
+    int64_t drop_count;  /* -1: unlimited */
+} ccq_fault_plan;
+
+/* Parse a spec (NULL or "" = no faults). Returns 0, or -1 with a message in err. */
+int ccq_fault_parse(const char *spec, ccq_fault_plan *out, char *err, size_t errlen);
+
+/* Whether the plan injects anything. */
+int ccq_fault_any(const ccq_fault_plan *p);
+
+/* Whether operation number `op` (0-based, in the order the backend runs them) fails, and
+ * how long it is delayed (microseconds, 0 if not). */
+int ccq_fault_fails(const ccq_fault_plan *p, uint64_t op);
+uint64_t ccq_fault_delay_us(const ccq_fault_plan *p, uint64_t op);
+
+#endif /* CCQ_RUNTIME_FAULT_H */
