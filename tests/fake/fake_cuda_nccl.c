@@ -813,6 +813,11 @@ static int grp_end(int scripted)
         if (init_pending)
             r = ncclInProgress; /* as a non-blocking init does */
     }
+    /* The group's storage is per thread: free it, or every thread that ever ran a group
+     * (each runtime's scheduler) would leak it at exit. */
+    free(grp.ops);
+    grp.ops = NULL;
+    grp.cap = 0;
     grp.n = 0;
     grp.err = ncclSuccess;
     return r;
