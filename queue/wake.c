@@ -58,7 +58,7 @@ void ccq_wake_signal_slow(ccq_wake *w)
     }
 }
 
-void ccq_event_notify_slow(ccq_event *ev)
+void ccq_signal_notify_slow(ccq_signal *ev)
 {
     atomic_fetch_add_explicit(&ev->gen, 1, memory_order_release);
     ccq_futex_wake_all(&ev->gen);
@@ -67,13 +67,13 @@ void ccq_event_notify_slow(ccq_event *ev)
 /* How long a waiter polls before it sleeps on the futex. */
 #define CCQ_WAIT_SPIN_NS 20000u
 
-bool ccq_event_wait(ccq_event *ev, bool (*pred)(void *), void *arg, uint64_t deadline_ns)
+bool ccq_signal_wait(ccq_signal *ev, bool (*pred)(void *), void *arg, uint64_t deadline_ns)
 {
-    return ccq_event_wait_spin(ev, pred, arg, deadline_ns, CCQ_WAIT_SPIN_NS);
+    return ccq_signal_wait_spin(ev, pred, arg, deadline_ns, CCQ_WAIT_SPIN_NS);
 }
 
-bool ccq_event_wait_spin(ccq_event *ev, bool (*pred)(void *), void *arg, uint64_t deadline_ns,
-                         uint64_t spin_ns)
+bool ccq_signal_wait_spin(ccq_signal *ev, bool (*pred)(void *), void *arg, uint64_t deadline_ns,
+                          uint64_t spin_ns)
 {
     bool ok;
     uint64_t spin_end = 0;
@@ -95,7 +95,7 @@ bool ccq_event_wait_spin(ccq_event *ev, bool (*pred)(void *), void *arg, uint64_
     atomic_fetch_add_explicit(&ev->waiters, 1, memory_order_seq_cst);
     for (;;) {
         uint32_t g = atomic_load_explicit(&ev->gen, memory_order_acquire);
-        /* waiters++ (seq_cst) is ordered before this check; see ccq_event in wake.h. */
+        /* waiters++ (seq_cst) is ordered before this check; see ccq_signal in wake.h. */
         ok = pred(arg);
         if (ok)
             break;

@@ -96,44 +96,44 @@ static inline void ccq_wake_signal_fenced(ccq_wake *w)
 }
 
 /*
- * ccq_event: many waiters wait for a condition that one thread makes true.
- *   waiter:   ccq_event_wait(ev, pred, arg, deadline_ns)
- *   notifier: make the condition true (release store), then ccq_event_notify(ev)
+ * ccq_signal: many waiters wait for a condition that one thread makes true.
+ *   waiter:   ccq_signal_wait(ev, pred, arg, deadline_ns)
+ *   notifier: make the condition true (release store), then ccq_signal_notify(ev)
  * The notifier's store and its read of `waiters` are ordered by a seq_cst RMW, as are the
  * waiter's increment of `waiters` and its check of the condition, so either the waiter
  * sees the condition or the notifier sees the waiter and bumps `gen` (the futex word).
  * A notify with no waiters costs one uncontended locked instruction.
  */
-typedef struct ccq_event {
+typedef struct ccq_signal {
     _Atomic uint32_t gen;
     _Atomic uint32_t waiters;
-} ccq_event;
+} ccq_signal;
 
-static inline void ccq_event_init(ccq_event *ev)
+static inline void ccq_signal_init(ccq_signal *ev)
 {
     atomic_init(&ev->gen, 0);
     atomic_init(&ev->waiters, 0);
 }
 
-void ccq_event_notify_slow(ccq_event *ev);
+void ccq_signal_notify_slow(ccq_signal *ev);
 
-static inline void ccq_event_notify(ccq_event *ev)
+static inline void ccq_signal_notify(ccq_signal *ev)
 {
     /* A seq_cst read-modify-write of `waiters` orders the caller's preceding store before
      * this read of the count (a full barrier, like a fence, but visible to TSan). Either
      * it sees the waiter's increment, or the waiter's increment (seq_cst) comes later and
      * the waiter's check then sees the condition. */
     if (atomic_fetch_add_explicit(&ev->waiters, 0, memory_order_seq_cst))
-        ccq_event_notify_slow(ev);
+        ccq_signal_notify_slow(ev);
 }
 
 /* Wait until pred(arg) is true or deadline_ns (ccq_now_ns() clock; UINT64_MAX = none)
  * passes. Returns pred's last value. Spins a few hundred nanoseconds first (no longer: it
  * must not burn a core), then sleeps on the futex. */
-bool ccq_event_wait(ccq_event *ev, bool (*pred)(void *), void *arg, uint64_t deadline_ns);
+bool ccq_signal_wait(ccq_signal *ev, bool (*pred)(void *), void *arg, uint64_t deadline_ns);
 
 /* The same with an explicit polling budget (0 = sleep at once). */
-bool ccq_event_wait_spin(ccq_event *ev, bool (*pred)(void *), void *arg, uint64_t deadline_ns,
-                         uint64_t spin_ns);
+bool ccq_signal_wait_spin(ccq_signal *ev, bool (*pred)(void *), void *arg, uint64_t deadline_ns,
+                          uint64_t spin_ns);
 
 #endif /* CCQ_QUEUE_WAKE_H */

@@ -71,7 +71,7 @@ static ccq_comm *comm_new(const ccq_device_id *sorted, uint32_t n, uint64_t h)
     atomic_init(&c->state, CCQ_COMM_PENDING);
     atomic_init(&c->aborted, 0);
     atomic_init(&c->requested, 0);
-    ccq_event_init(&c->ev);
+    ccq_signal_init(&c->ev);
     for (int i = 0; i < CCQ_CHAN_COUNT; i++) {
         c->chan[i].comm = c;
         c->chan[i].id = (uint8_t)i;

@@ -119,7 +119,7 @@ typedef struct ccq_stream {
     ccq_cmd *_Atomic ring;    /* slot ring, allocated on first use */
     /* Scheduler -> waiters. */
     alignas(CCQ_CACHELINE) _Atomic uint64_t ended; /* commands ended, in stream order */
-    ccq_event ev;                                  /* fences and producers waiting for room */
+    ccq_signal ev;                                  /* fences and producers waiting for room */
     _Atomic int err_status;                        /* first unreported error, 0 if none */
     /* Scheduler only. */
     alignas(CCQ_CACHELINE) ccq_cmd *fifo_head; /* commands received and not ended */
@@ -184,7 +184,7 @@ typedef struct ccq_comm {
     _Atomic uint32_t aborted;
     _Atomic uint32_t requested; /* pushed on the scheduler's init list */
     ccq_mpsc_node req_node;
-    ccq_event ev; /* state changes */
+    ccq_signal ev; /* state changes */
     ccq_status init_status;
     char init_detail[CCQ_DETAIL_LEN];
     ccq_be_comm *be;
@@ -264,7 +264,7 @@ struct ccq_runtime {
     pthread_t thread;
     bool thread_started;
     _Atomic uint32_t sched_exited;
-    ccq_event exit_ev;
+    ccq_signal exit_ev;
     pthread_mutex_t shutdown_lock;
 
     ccq_stats_atomic stats;

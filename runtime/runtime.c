@@ -130,6 +130,16 @@ static ccq_status config_validate(const ccq_config *c)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
                         "ccq_config.max_batch_ops is %" PRIu32 "; expected 1..%u", c->max_batch_ops,
                         CCQ_MAX_BATCH_MAX);
+    if (c->timeout_ms > UINT64_MAX / 1000000u)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "ccq_config.timeout_ms is %" PRIu64 "; expected at most %" PRIu64
+                        " (or 0 for none)",
+                        c->timeout_ms, UINT64_MAX / 1000000u);
+    if (c->host_workers > 1024)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "ccq_config.host_workers is %" PRIu32
+                        "; expected 0..1024 (0 = one per core)",
+                        c->host_workers);
     if (c->spin_us > 1000000)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
                         "ccq_config.spin_us is %" PRIu32 "; expected at most 1000000", c->spin_us);
@@ -137,7 +147,7 @@ static ccq_status config_validate(const ccq_config *c)
         ccq_fault_plan plan;
         char err[256];
         if (ccq_fault_parse(c->fault, &plan, err, sizeof err) != 0)
-            return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_config.fault: %s", err);
+            return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_config.fault (CCQ_FAULT): %s", err);
     }
     if (c->flags & ~CCQ_FLAG_NONBLOCKING_SUBMIT)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_config.flags has unknown bits 0x%" PRIx32,
@@ -232,7 +242,7 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
     pthread_mutex_init(&rt->comm_lock, NULL);
     pthread_mutex_init(&rt->shutdown_lock, NULL);
     ccq_wake_init(&rt->wake);
-    ccq_event_init(&rt->exit_ev);
+    ccq_signal_init(&rt->exit_ev);
     ccq_mpsc_init(&rt->new_streams);
     ccq_mpsc_init(&rt->comm_reqs);
     atomic_init(&rt->closing, 0);
@@ -269,7 +279,7 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
         atomic_init(&s->ring, NULL);
         atomic_init(&s->ended, 0);
         atomic_init(&s->err_status, 0);
-        ccq_event_init(&s->ev);
+        ccq_signal_init(&s->ev);
         pthread_mutex_init(&s->err_lock, NULL);
         s->device = i / rt->max_streams;
         s->id = i % rt->max_streams;
@@ -316,13 +326,13 @@ CCQ_API ccq_status ccq_runtime_shutdown(ccq_runtime *rt)
             atomic_fetch_or_explicit(&rt->streams[i].tickets, CCQ_TICKET_CLOSED,
                                      memory_order_acq_rel);
             /* Producers waiting for room must see the closed bit. */
-            ccq_event_notify(&rt->streams[i].ev);
+            ccq_signal_notify(&rt->streams[i].ev);
         }
         atomic_store_explicit(&rt->closing, 1, memory_order_release);
         ccq_wake_signal_fenced(&rt->wake);
     }
     pthread_mutex_unlock(&rt->shutdown_lock);
-    ccq_event_wait(&rt->exit_ev, sched_exited, rt, UINT64_MAX);
+    ccq_signal_wait(&rt->exit_ev, sched_exited, rt, UINT64_MAX);
     return CCQ_OK;
 }
 
@@ -446,7 +456,7 @@ CCQ_API ccq_status ccq_comm_init(ccq_runtime *rt, const ccq_device_id *devices, 
     ccq_comm_request_init(rt, c);
     deadline = rt->timeout_ns == UINT64_MAX ? UINT64_MAX : ccq_now_ns() + rt->timeout_ns;
     comm_wait w = {rt, c};
-    if (!ccq_event_wait_spin(&c->ev, comm_settled, &w, deadline, rt->spin_ns))
+    if (!ccq_signal_wait_spin(&c->ev, comm_settled, &w, deadline, rt->spin_ns))
         return ccq_fail(CCQ_ERR_TIMEOUT, "ccq_comm_init: the backend did not create the "
                                          "communicator within timeout_ms");
     if (atomic_load_explicit(&c->state, memory_order_acquire) == CCQ_COMM_PENDING)
@@ -537,7 +547,7 @@ static ccq_status reserve_ticket(ccq_runtime *rt, ccq_stream *s, const char *fn,
         if (deadline == 0)
             deadline = rt->timeout_ns == UINT64_MAX ? UINT64_MAX : ccq_now_ns() + rt->timeout_ns;
         room_wait w = {s, rt->cfg.queue_depth};
-        if (!ccq_event_wait_spin(&s->ev, has_room_or_closed, &w, deadline, rt->spin_ns))
+        if (!ccq_signal_wait_spin(&s->ev, has_room_or_closed, &w, deadline, rt->spin_ns))
             return ccq_fail(CCQ_ERR_QUEUE_FULL,
                             "%s: device %u stream %u stayed full (queue_depth = %u) for "
                             "timeout_ms = %llu",
@@ -588,6 +598,11 @@ static ccq_status submit(ccq_runtime *rt, const char *fn, const submit_args *a,
             return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
                             "%s: src and dst overlap partially (in place needs src == dst)", fn);
     }
+
+    /* Refuse early once shutdown has begun, before the communicator lookup can give a
+     * less useful answer; reserve_ticket() checks again, race-free. */
+    if (atomic_load_explicit(&rt->closing, memory_order_acquire))
+        return ccq_fail(CCQ_ERR_SHUTDOWN, "%s: the runtime is shutting down", fn);
 
     /* The communicator and this device's rank in it. */
     if (a->kind == CCQ_CMD_ALL_REDUCE) {
@@ -775,7 +790,7 @@ CCQ_API ccq_status ccq_sync_collective(ccq_runtime *rt, ccq_device_id device, cc
                 rt->timeout_ns / 8 < 200000000ull ? rt->timeout_ns / 8 + 20000000ull : 200000000ull;
             deadline = ccq_now_ns() + rt->timeout_ns + grace;
         }
-        if (!ccq_event_wait_spin(&s->ev, fence_done, &w, deadline, rt->spin_ns)) {
+        if (!ccq_signal_wait_spin(&s->ev, fence_done, &w, deadline, rt->spin_ns)) {
             uint64_t e = atomic_load_explicit(&s->ended, memory_order_acquire);
             if (atomic_load_explicit(&s->err_status, memory_order_acquire) == 0)
                 return ccq_fail(CCQ_ERR_TIMEOUT,
@@ -911,6 +926,8 @@ CCQ_API ccq_status ccq_mem_alloc(ccq_runtime *rt, ccq_device_id device, size_t b
     if (device >= rt->ndev)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_mem_alloc: device %u does not exist",
                         device);
+    if (bytes > (size_t)PTRDIFF_MAX / 2)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_mem_alloc: bytes = %zu is too large", bytes);
     st = rt->be_ops->mem_alloc(rt->be, device, bytes, out, &err);
     return st == CCQ_OK ? CCQ_OK : ccq_fail(st, "ccq_mem_alloc: %s", err.msg);
 }

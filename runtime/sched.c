@@ -400,7 +400,7 @@ static void comm_create_now(ccq_runtime *rt, ccq_comm *c, bool refuse)
     }
     atomic_store_explicit(&c->state, st == CCQ_OK ? CCQ_COMM_READY : CCQ_COMM_FAILED,
                           memory_order_release);
-    ccq_event_notify(&c->ev);
+    ccq_signal_notify(&c->ev);
 }
 
 static void active_add(ccq_sched *S, ccq_stream *s)
@@ -590,7 +590,7 @@ static void publish_ended(ccq_runtime *rt, ccq_stream *s, uint64_t n)
     atomic_store_explicit(&rt->stats.cancelled, S->cancelled, memory_order_release);
     atomic_store_explicit(&s->ended, atomic_load_explicit(&s->ended, memory_order_relaxed) + n,
                           memory_order_release);
-    ccq_event_notify(&s->ev);
+    ccq_signal_notify(&s->ev);
 }
 
 /* End failed commands at the heads of streams with nothing in flight, and drop streams
@@ -1377,9 +1377,9 @@ void *ccq_sched_main(void *arg)
      * orders the store above before its registration) and does not wait. */
     pthread_mutex_lock(&rt->comm_lock);
     for (uint32_t k = 0; k < atomic_load_explicit(&rt->ncomms, memory_order_relaxed); k++)
-        ccq_event_notify(&rt->comms[k]->ev);
+        ccq_signal_notify(&rt->comms[k]->ev);
     pthread_mutex_unlock(&rt->comm_lock);
-    ccq_event_notify(&rt->exit_ev);
+    ccq_signal_notify(&rt->exit_ev);
     return NULL;
 }
 

@@ -68,7 +68,7 @@ static ccq_stats stats_of(ccq_runtime *rt)
  * so a test really has its fencers blocked before it releases them. */
 static void wait_for_waiters(ccq_runtime *rt, ccq_device_id d, ccq_stream_id s, uint32_t n)
 {
-    ccq_event *ev = &ccq_stream_at(rt, d, s)->ev;
+    ccq_signal *ev = &ccq_stream_at(rt, d, s)->ev;
     for (int i = 0; i < 10000 && atomic_load_explicit(&ev->waiters, memory_order_acquire) < n; i++)
         sleep_ms(1);
 }

@@ -1,5 +1,5 @@
 /* Tests of the queue layer: the MPSC queue (queue/mpsc.h) and the wake-up primitives
- * (queue/wake.h): ccq_wake, ccq_event and the futex helpers. */
+ * (queue/wake.h): ccq_wake, ccq_signal and the futex helpers. */
 #include <inttypes.h>
 #include <pthread.h>
 #include <sched.h>
@@ -425,10 +425,10 @@ static void test_wake_race_2_producers(void **state)
     run_wake_race(2);
 }
 
-/* ---- ccq_event ----------------------------------------------------------------------- */
+/* ---- ccq_signal ----------------------------------------------------------------------- */
 
 typedef struct ev_test {
-    ccq_event ev;
+    ccq_signal ev;
     _Atomic uint64_t value;
     pthread_barrier_t start;
     uint64_t rounds;
@@ -463,7 +463,7 @@ static void *ev_wait_once(void *arg)
     ev_waiter *w = arg;
     pthread_barrier_wait(&w->t->start);
     uint64_t t0 = ccq_now_ns();
-    w->result = ccq_event_wait(&w->t->ev, ev_reached, w, t0 + w->timeout);
+    w->result = ccq_signal_wait(&w->t->ev, ev_reached, w, t0 + w->timeout);
     w->elapsed = ccq_now_ns() - t0;
     atomic_fetch_add(&w->t->acks, 1);
     return NULL;
@@ -471,7 +471,7 @@ static void *ev_wait_once(void *arg)
 
 /* Wait (not timed: a bound only against hangs) until n waiters are registered, so the
  * notify below really has sleepers to wake. */
-static void wait_for_waiters(ccq_event *ev, uint32_t n)
+static void wait_for_waiters(ccq_signal *ev, uint32_t n)
 {
     uint64_t deadline = ccq_now_ns() + 60ull * 1000000000ull;
     while (atomic_load(&ev->waiters) < n) {
@@ -488,14 +488,14 @@ static void test_event_notify_wakes_waiter(void **state)
     pthread_t th;
 
     memset(&t, 0, sizeof t);
-    ccq_event_init(&t.ev);
+    ccq_signal_init(&t.ev);
     atomic_init(&t.value, 0);
     assert_int_equal(pthread_barrier_init(&t.start, NULL, 2), 0);
     assert_int_equal(pthread_create(&th, NULL, ev_wait_once, &w), 0);
     pthread_barrier_wait(&t.start);
     wait_for_waiters(&t.ev, 1);
     atomic_store_explicit(&t.value, 1, memory_order_release);
-    ccq_event_notify(&t.ev);
+    ccq_signal_notify(&t.ev);
     pthread_join(th, NULL);
     pthread_barrier_destroy(&t.start);
     assert_true(w.result);
@@ -504,23 +504,23 @@ static void test_event_notify_wakes_waiter(void **state)
 
     /* A condition already true returns at once, without registering. */
     uint64_t t0 = ccq_now_ns();
-    assert_true(ccq_event_wait(&t.ev, ev_reached, &w, UINT64_MAX));
+    assert_true(ccq_signal_wait(&t.ev, ev_reached, &w, UINT64_MAX));
     assert_true(ccq_now_ns() - t0 < LOST_NS);
     assert_int_equal(atomic_load(&t.ev.waiters), 0);
 
     /* A notify with nobody waiting is harmless. */
-    ccq_event_notify(&t.ev);
+    ccq_signal_notify(&t.ev);
 }
 
 static void test_event_deadline(void **state)
 {
     (void)state;
-    ccq_event ev;
+    ccq_signal ev;
     const uint64_t d = 30000000ull; /* 30 ms */
 
-    ccq_event_init(&ev);
+    ccq_signal_init(&ev);
     uint64_t t0 = ccq_now_ns();
-    assert_false(ccq_event_wait(&ev, never, NULL, t0 + d));
+    assert_false(ccq_signal_wait(&ev, never, NULL, t0 + d));
     uint64_t el = ccq_now_ns() - t0;
     /* It gives up only once the deadline has passed, and not much later. */
     assert_true(el >= d);
@@ -528,8 +528,8 @@ static void test_event_deadline(void **state)
     assert_int_equal(atomic_load(&ev.waiters), 0);
 
     /* A deadline already in the past: one check, then false. */
-    assert_false(ccq_event_wait(&ev, never, NULL, ccq_now_ns() - 1));
-    assert_false(ccq_event_wait(&ev, never, NULL, 0));
+    assert_false(ccq_signal_wait(&ev, never, NULL, ccq_now_ns() - 1));
+    assert_false(ccq_signal_wait(&ev, never, NULL, 0));
     assert_int_equal(atomic_load(&ev.waiters), 0);
 
     /* The condition wins over a passed deadline. */
@@ -537,7 +537,7 @@ static void test_event_deadline(void **state)
     memset(&t, 0, sizeof t);
     atomic_init(&t.value, 5);
     ev_waiter w = {.t = &t, .target = 5};
-    assert_true(ccq_event_wait(&ev, ev_reached, &w, 0));
+    assert_true(ccq_signal_wait(&ev, ev_reached, &w, 0));
 }
 
 static void test_event_many_waiters(void **state)
@@ -549,7 +549,7 @@ static void test_event_many_waiters(void **state)
     pthread_t th[N];
 
     memset(&t, 0, sizeof t);
-    ccq_event_init(&t.ev);
+    ccq_signal_init(&t.ev);
     atomic_init(&t.value, 0);
     atomic_init(&t.acks, 0);
     assert_int_equal(pthread_barrier_init(&t.start, NULL, N + 1), 0);
@@ -562,7 +562,7 @@ static void test_event_many_waiters(void **state)
     /* Nobody returns before the condition holds. */
     assert_int_equal(atomic_load(&t.acks), 0);
     atomic_store_explicit(&t.value, 1, memory_order_release);
-    ccq_event_notify(&t.ev);
+    ccq_signal_notify(&t.ev);
     for (int i = 0; i < N; i++)
         pthread_join(th[i], NULL);
     pthread_barrier_destroy(&t.start);
@@ -585,7 +585,7 @@ static void *ev_stress_waiter(void *arg)
     for (uint64_t r = 1; r <= t->rounds; r++) {
         w->target = r;
         uint64_t t0 = ccq_now_ns();
-        if (!ccq_event_wait(&t->ev, ev_reached, w, t0 + SLEEP_NS))
+        if (!ccq_signal_wait(&t->ev, ev_reached, w, t0 + SLEEP_NS))
             w->bad++;
         if (ccq_now_ns() - t0 >= LOST_NS) {
             w->lost++;
@@ -607,7 +607,7 @@ static void test_event_stress(void **state)
     pthread_t th[N];
 
     memset(&t, 0, sizeof t);
-    ccq_event_init(&t.ev);
+    ccq_signal_init(&t.ev);
     atomic_init(&t.value, 0);
     atomic_init(&t.acks, 0);
     atomic_init(&t.stop, 0);
@@ -620,7 +620,7 @@ static void test_event_stress(void **state)
     pthread_barrier_wait(&t.start);
     for (uint64_t r = 1; r <= t.rounds && !atomic_load(&t.stop); r++) {
         atomic_store_explicit(&t.value, r, memory_order_release);
-        ccq_event_notify(&t.ev);
+        ccq_signal_notify(&t.ev);
         while (atomic_load_explicit(&t.acks, memory_order_acquire) < r * N)
             sched_yield();
     }

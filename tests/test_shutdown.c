@@ -83,7 +83,7 @@ static void join_within(pthread_t th, unsigned seconds, const char *what)
 /* Wait (bounded, never failing on its own) until `n` threads sleep in the stream's event. */
 static void wait_for_waiters(ccq_runtime *rt, ccq_device_id d, ccq_stream_id s, uint32_t n)
 {
-    ccq_event *ev = &ccq_stream_at(rt, d, s)->ev;
+    ccq_signal *ev = &ccq_stream_at(rt, d, s)->ev;
     for (int i = 0; i < 10000 && atomic_load_explicit(&ev->waiters, memory_order_acquire) < n; i++)
         sleep_ms(1);
 }
