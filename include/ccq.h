@@ -110,19 +110,25 @@ typedef struct ccq_config {
     uint64_t timeout_ms;    /**< Watchdog and fence deadline; 0 = none (default 600000).
                                  Env: CCQ_TIMEOUT_MS. */
     /* ---- appended after the seed API ---- */
-    uint32_t host_workers; /**< Host backend worker threads; 0 = number of cores.
-                                Env: CCQ_HOST_WORKERS. */
-    uint32_t flags;        /**< CCQ_FLAG_* bits. Env: CCQ_NONBLOCKING_SUBMIT=1. */
-    const char *env_error; /**< Set by ccq_config_init when a CCQ_* variable is malformed;
-                                ccq_runtime_create then fails with its text. */
-    uint32_t spin_us;      /**< How long ccq's threads (scheduler, host workers) and callers
-                                waiting in a fence poll, yielding the core between polls, before
-                                they sleep (default 50; 0 = sleep at once). Trades a little CPU
-                                for latency: a futex wake-up costs tens of microseconds.
-                                Env: CCQ_SPIN_US. */
-    const char *fault;     /**< Fault injection for tests and drills, off when NULL or "" (the
-                                default): e.g. "fail:op=17;delay:us=5000,op=3;drop:rank=2".
-                                Grammar in docs/reliability.md. Env: CCQ_FAULT. */
+    uint32_t host_workers;   /**< Host backend worker threads; 0 = number of cores.
+                                  Env: CCQ_HOST_WORKERS. */
+    uint32_t flags;          /**< CCQ_FLAG_* bits. Env: CCQ_NONBLOCKING_SUBMIT=1. */
+    const char *env_error;   /**< Set by ccq_config_init when a CCQ_* variable is malformed;
+                                  ccq_runtime_create then fails with its text. */
+    uint32_t spin_us;        /**< How long ccq's threads (scheduler, host workers) and callers
+                                  waiting in a fence poll, yielding the core between polls, before
+                                  they sleep (default 50; 0 = sleep at once). Trades a little CPU
+                                  for latency: a futex wake-up costs tens of microseconds.
+                                  Env: CCQ_SPIN_US. */
+    const char *fault;       /**< Fault injection for tests and drills, off when NULL or "" (the
+                                  default): e.g. "fail:op=17;delay:us=5000,op=3;drop:rank=2".
+                                  Grammar in docs/reliability.md. Env: CCQ_FAULT. */
+    uint32_t trace_capacity; /**< Events the flight recorder keeps (the newest; older ones
+                                  are overwritten and counted). Default 65536; 0 disables
+                                  it. Env: CCQ_TRACE_CAPACITY. */
+    const char *trace_file;  /**< If set, the recorder is written there as Chrome/Perfetto
+                                  JSON at destroy and when the watchdog or an error fires
+                                  (at most once a second). Env: CCQ_TRACE_FILE. */
 } ccq_config;
 
 /**
@@ -259,6 +265,115 @@ CCQ_API ccq_status ccq_stream_last_error(ccq_runtime *rt, ccq_device_id device,
  * in flight is approximate; it is exact once the runtime is idle or shut down.
  */
 CCQ_API ccq_status ccq_get_stats(ccq_runtime *rt, ccq_stats *out);
+
+/* ------------------------------------------------------------------------------------ */
+/* Event log: flight recorder, trace export, event callback, live metrics                */
+/* ------------------------------------------------------------------------------------ */
+
+/** What an event records. */
+typedef enum ccq_event_type {
+    CCQ_EV_SUBMITTED,   /**< A command was queued (time = the submitting call). */
+    CCQ_EV_MATCHED,     /**< Every part of an operation has been queued and they agree. */
+    CCQ_EV_ISSUED,      /**< A command went to the backend in batch `batch`. */
+    CCQ_EV_COMPLETED,   /**< A command completed successfully. */
+    CCQ_EV_FAILED,      /**< A command ended with an error (`status`): mismatch, timeout,
+                             abort, backend error, cancellation by shutdown. */
+    CCQ_EV_BATCH,       /**< The scheduler issued batch `id` of `count` operations; `bytes`
+                             holds how long issuing took (ns). */
+    CCQ_EV_BATCH_DONE,  /**< Batch `id` came back from the backend (`status`). */
+    CCQ_EV_FENCE_BEGIN, /**< ccq_sync_collective was called on (device, stream). */
+    CCQ_EV_FENCE_END,   /**< ... and returned `status`. */
+    CCQ_EV_WATCHDOG,    /**< The watchdog failed operation `seq` of communicator `comm`. */
+    CCQ_EV_ABORT,       /**< Communicator `comm` was aborted (`status`). */
+    CCQ_EV_TYPE_COUNT_
+} ccq_event_type;
+
+/** Kinds of commands in events. */
+typedef enum ccq_cmd_kind_public {
+    CCQ_KIND_ALL_REDUCE,
+    CCQ_KIND_SEND,
+    CCQ_KIND_RECV
+} ccq_cmd_kind_public;
+
+/** One event. Fields that do not apply to a type are 0 (or ~0 for device/stream). */
+typedef struct ccq_event {
+    uint64_t time_ns; /**< CLOCK_MONOTONIC, the one clock of all events. */
+    uint64_t id;      /**< Command id (unique per runtime), or batch id for batch events. */
+    uint64_t batch;   /**< Batch that issued the command. */
+    uint64_t seq;     /**< Sequence number of the operation in its communicator (per
+                           direction for send/recv). */
+    uint64_t count;   /**< Elements of the command; operations for batch events. */
+    uint64_t bytes;   /**< Bytes of the command (count x dtype size). */
+    uint32_t type;    /**< ccq_event_type */
+    uint32_t thread;  /**< Thread that submitted the command, or that fenced (Linux tid). */
+    uint32_t device, stream;
+    uint32_t comm; /**< Communicator id (creation order, starting at 0). */
+    uint8_t kind;  /**< ccq_cmd_kind_public */
+    uint8_t dtype; /**< ccq_dtype */
+    uint8_t op;    /**< ccq_reduce_op */
+    uint8_t peer_valid;
+    int32_t status; /**< ccq_status, where it applies. */
+    uint32_t peer;  /**< send/recv: the other device. */
+} ccq_event;
+
+/**
+ * Event callback. Called on the scheduler thread for every event except fence events,
+ * which are delivered on the thread calling ccq_sync_collective. It must be fast (it
+ * delays scheduling), thread-safe, and must not call ccq_sync_collective,
+ * ccq_comm_init, ccq_runtime_shutdown or ccq_runtime_destroy on the same runtime (they
+ * wait for the scheduler); submitting calls may block on a full stream and are best avoided.
+ */
+typedef void (*ccq_event_fn)(const ccq_event *ev, void *user);
+
+/** Set (or clear with NULL) the event callback. Thread-safe; takes effect within a pass. */
+CCQ_API ccq_status ccq_set_event_callback(ccq_runtime *rt, ccq_event_fn fn, void *user);
+
+/**
+ * Write the flight recorder as Chrome Trace Event Format JSON (opens in Perfetto UI and
+ * chrome://tracing): one process per device with tracks per stream, a scheduler track with
+ * one slice per batch, flow arrows from each submission to the batch that issued it.
+ * Thread-safe. @return CCQ_OK; CCQ_ERR_INVALID_ARGUMENT (NULL, or the recorder is
+ * disabled); CCQ_ERR_BACKEND if the file cannot be written (detail has errno's text).
+ */
+CCQ_API ccq_status ccq_trace_dump(ccq_runtime *rt, const char *path);
+
+/**
+ * Copy the recorder's events, oldest first, into @p out (at most @p cap). Thread-safe.
+ * @param[out] n        Events copied.
+ * @param[out] dropped  Events lost to overwriting since the runtime started (may be NULL).
+ */
+CCQ_API ccq_status ccq_trace_snapshot(ccq_runtime *rt, ccq_event *out, size_t cap, size_t *n,
+                                      uint64_t *dropped);
+
+/** Name of an event type ("submitted"), or "?". */
+CCQ_API const char *ccq_event_type_name(uint32_t type);
+
+/** Live metrics, computed by the scheduler as it runs. */
+typedef struct ccq_metrics {
+    uint32_t struct_size;        /**< Set by the caller to sizeof(ccq_metrics). */
+    uint64_t uptime_ns;          /**< Since ccq_runtime_create. */
+    uint64_t commands_ended;     /**< Completed + failed + cancelled. */
+    double commands_per_s;       /**< Over the last full second. */
+    double commands_per_s_total; /**< Over the runtime's life. */
+    double queue_p50_us;         /**< Time in queue (submitted -> issued), all commands. */
+    double queue_p99_us;
+    double run_p50_us; /**< Time in flight (issued -> completed). */
+    double run_p99_us;
+    uint64_t batch_size_hist[8];             /**< Batches of 1, 2-3, 4-7, ..., 128+ operations. */
+    uint64_t queued_now;                     /**< Commands queued or in flight on all streams. */
+    uint32_t deepest_device, deepest_stream; /**< The stream with the most of them... */
+    uint64_t deepest_depth;                  /**< ...and how many. */
+    uint64_t trace_events;  /**< Events recorded since start (incl. overwritten). */
+    uint64_t trace_dropped; /**< Events overwritten before anyone read them. */
+} ccq_metrics;
+
+/** Snapshot the live metrics. Thread-safe; percentiles come from log2 histograms (within
+ * a factor of 2^(1/4)). */
+CCQ_API ccq_status ccq_get_metrics(ccq_runtime *rt, ccq_metrics *out);
+
+/** Commands queued or in flight on one stream (submitted and not ended). Thread-safe. */
+CCQ_API ccq_status ccq_stream_queue_depth(ccq_runtime *rt, ccq_device_id device,
+                                          ccq_stream_id stream, uint64_t *depth);
 
 /** Direction of ccq_mem_copy. */
 typedef enum ccq_copy_kind {

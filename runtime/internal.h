@@ -15,6 +15,7 @@
 #include "queue/mpsc.h"
 #include "queue/wake.h"
 #include "runtime/fault.h"
+#include "runtime/trace.h"
 
 #define CCQ_CACHELINE 64
 
@@ -93,11 +94,15 @@ typedef struct ccq_cmd {
     ccq_status pre_status; /* set when the backend's submit hook failed */
     char *pre_detail;      /* its message (malloc'd by the submitter, freed by the scheduler) */
     uint32_t slot;         /* index in the ring; fixed when the ring is allocated */
+    uint32_t thread;       /* submitting thread (for the event log) */
     /* ---- scheduler only ---- */
     struct ccq_cmd *fifo_next;
     struct ccq_inst *inst;
-    ccq_span rd, wr; /* memory it reads and writes (for hazard checks) */
-    char *detail;    /* failure detail (malloc'd), recorded on the stream when it ends */
+    ccq_span rd, wr;   /* memory it reads and writes (for hazard checks) */
+    uint64_t trace_id; /* event-log id, assigned on arrival */
+    uint64_t batch;    /* batch that issued it (0: none) */
+    uint64_t issue_ns;
+    char *detail; /* failure detail (malloc'd), recorded on the stream when it ends */
     ccq_status status;
     uint8_t state;
     uint8_t cancel; /* ended by shutdown: counted as cancelled */
@@ -119,7 +124,7 @@ typedef struct ccq_stream {
     ccq_cmd *_Atomic ring;    /* slot ring, allocated on first use */
     /* Scheduler -> waiters. */
     alignas(CCQ_CACHELINE) _Atomic uint64_t ended; /* commands ended, in stream order */
-    ccq_signal ev;                                  /* fences and producers waiting for room */
+    ccq_signal ev;                                 /* fences and producers waiting for room */
     _Atomic int err_status;                        /* first unreported error, 0 if none */
     /* Scheduler only. */
     alignas(CCQ_CACHELINE) ccq_cmd *fifo_head; /* commands received and not ended */
@@ -268,6 +273,7 @@ struct ccq_runtime {
     pthread_mutex_t shutdown_lock;
 
     ccq_stats_atomic stats;
+    ccq_trace trace; /* flight recorder and metrics */
 
     /* Scheduler-only state. */
     struct ccq_sched *sched;
@@ -297,6 +303,15 @@ ccq_status ccq_sched_create(ccq_runtime *rt);
 void ccq_sched_destroy(ccq_runtime *rt);
 void *ccq_sched_main(void *arg);
 void ccq_sched_notify(void *arg); /* backend completion hook */
+
+/* ---- runtime/trace.c ---- */
+ccq_status ccq_trace_write_file(ccq_runtime *rt, const char *path);
+void ccq_trace_autodump(ccq_runtime *rt, bool force);
+
+static inline bool ccq_in_scheduler(const ccq_runtime *rt)
+{
+    return rt->thread_started && pthread_equal(pthread_self(), rt->thread);
+}
 
 /* ---- runtime/runtime.c ---- */
 ccq_status ccq_runtime_create_with(const ccq_config *cfg, const ccq_backend_ops *ops,

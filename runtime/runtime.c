@@ -57,10 +57,18 @@ CCQ_API void ccq_config_init(ccq_config *cfg)
     cfg->flags = 0;
     cfg->spin_us = 50;
     cfg->fault = NULL;
+    cfg->trace_capacity = 65536;
+    cfg->trace_file = NULL;
 
     b = getenv("CCQ_BACKEND");
     if (b != NULL && *b != '\0')
         cfg->backend = b; /* validated by ccq_runtime_create */
+    b = getenv("CCQ_TRACE_FILE");
+    if (b != NULL && *b != '\0')
+        cfg->trace_file = b;
+    if (env_u64("CCQ_TRACE_CAPACITY", 1u << 26, &v, &err,
+                "CCQ_TRACE_CAPACITY: expected events in [0, 67108864] (0 = off)"))
+        cfg->trace_capacity = (uint32_t)v;
     b = getenv("CCQ_FAULT");
     if (b != NULL && *b != '\0')
         cfg->fault = b; /* parsed by ccq_runtime_create */
@@ -140,6 +148,10 @@ static ccq_status config_validate(const ccq_config *c)
                         "ccq_config.host_workers is %" PRIu32
                         "; expected 0..1024 (0 = one per core)",
                         c->host_workers);
+    if (c->trace_capacity > (1u << 26))
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "ccq_config.trace_capacity is %" PRIu32 "; expected at most 67108864",
+                        c->trace_capacity);
     if (c->spin_us > 1000000)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
                         "ccq_config.spin_us is %" PRIu32 "; expected at most 1000000", c->spin_us);
@@ -178,6 +190,7 @@ static void runtime_free(ccq_runtime *rt)
     uint32_t nstreams = rt->ndev * rt->max_streams;
 
     ccq_sched_destroy(rt);
+    ccq_trace_fini(&rt->trace);
     ccq_comm_free_all(rt);
     if (rt->be != NULL)
         rt->be_ops->destroy(rt->be);
@@ -253,6 +266,16 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
     rt->timeout_ns = cfg.timeout_ms == 0 ? UINT64_MAX : cfg.timeout_ms * 1000000ull;
     rt->spin_ns = (uint64_t)cfg.spin_us * 1000u;
     ccq_fault_parse(cfg.fault, &rt->fault, NULL, 0); /* validated above */
+    if (ccq_trace_init(&rt->trace, cfg.trace_capacity, cfg.trace_file) != 0) {
+        ccq_trace_fini(&rt->trace);
+        pthread_mutex_destroy(&rt->comm_lock);
+        pthread_mutex_destroy(&rt->shutdown_lock);
+        free(rt);
+        return ccq_fail(CCQ_ERR_NO_MEMORY,
+                        "out of memory for the flight recorder "
+                        "(trace_capacity = %u)",
+                        cfg.trace_capacity);
+    }
     rt->ring_size = ccq_ring_size(cfg.queue_depth);
 
     hooks.notify = backend_notify;
@@ -343,6 +366,7 @@ CCQ_API ccq_status ccq_runtime_destroy(ccq_runtime *rt)
     ccq_runtime_shutdown(rt);
     if (rt->thread_started)
         pthread_join(rt->thread, NULL);
+    ccq_trace_autodump(rt, true); /* trace_file: the whole story, at the end */
     runtime_free(rt);
     return CCQ_OK;
 }
@@ -699,6 +723,7 @@ static ccq_status submit(ccq_runtime *rt, const char *fn, const submit_args *a,
     c->comm = comm;
     c->stream = s;
     c->submit_ns = ccq_now_ns();
+    c->thread = ccq_thread_id();
     c->pre_status = CCQ_OK;
     c->pre_detail = NULL;
     if (rt->be_ops->submit != NULL) {
@@ -763,7 +788,36 @@ static bool fence_done(void *arg)
     return atomic_load_explicit(&w->s->ended, memory_order_acquire) >= w->target;
 }
 
+static ccq_status sync_collective(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream);
+
+static void fence_event(ccq_runtime *rt, uint32_t type, ccq_device_id device, ccq_stream_id stream,
+                        ccq_status st)
+{
+    ccq_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.time_ns = ccq_now_ns();
+    ev.type = type;
+    ev.thread = ccq_thread_id();
+    ev.device = device;
+    ev.stream = stream;
+    ev.status = st;
+    ccq_trace_rec_fence(&rt->trace, &ev);
+}
+
 CCQ_API ccq_status ccq_sync_collective(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream)
+{
+    ccq_status st;
+    bool traced =
+        rt != NULL && device < rt->ndev && stream < rt->max_streams && ccq_trace_on(&rt->trace);
+    if (traced)
+        fence_event(rt, CCQ_EV_FENCE_BEGIN, device, stream, CCQ_OK);
+    st = sync_collective(rt, device, stream);
+    if (traced)
+        fence_event(rt, CCQ_EV_FENCE_END, device, stream, st);
+    return st;
+}
+
+static ccq_status sync_collective(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream)
 {
     ccq_stream *s;
     fence_wait w;

@@ -18,8 +18,10 @@ typedef struct ccq_sched {
     ccq_chan *chans; /* channels that may have a ready head (list_next links) */
     ccq_inst *inst_free;
     size_t inst_size;
-    uint32_t inst_parts; /* parts every instance can hold: max(2, ndev) */
-    uint64_t *drop_seen; /* fault injection: commands seen per device (drop:rank=R) */
+    uint32_t inst_parts;  /* parts every instance can hold: max(2, ndev) */
+    uint64_t *drop_seen;  /* fault injection: commands seen per device (drop:rank=R) */
+    uint64_t next_cmd_id; /* event-log ids */
+    bool error_seen;      /* a command failed this pass (automatic trace dumps) */
     ccq_batch *batch_free;
     ccq_batch *inflight; /* batches issued and not returned (next links) */
     uint32_t ninflight;
@@ -240,6 +242,55 @@ static void chan_advance(ccq_sched *S, ccq_chan *ch)
 }
 
 /* ------------------------------------------------------------------------------------ */
+/* Event log                                                                             */
+/* ------------------------------------------------------------------------------------ */
+
+/* Record an event about a command (submitted, issued, completed, failed). */
+static void ev_cmd(ccq_runtime *rt, uint32_t type, const ccq_cmd *c, uint64_t t, ccq_status st)
+{
+    ccq_event e;
+    memset(&e, 0, sizeof e);
+    e.time_ns = t;
+    e.id = c->trace_id;
+    e.batch = c->batch;
+    e.seq = c->seq;
+    e.count = c->count;
+    e.bytes = c->count * ccq_dtype_size((ccq_dtype)c->dtype);
+    e.type = type;
+    e.thread = c->thread;
+    e.device = c->device;
+    e.stream = c->stream->id;
+    e.comm = c->comm->id;
+    e.kind = c->kind;
+    e.dtype = c->dtype;
+    e.op = c->redop;
+    e.status = st;
+    if (c->kind != CCQ_CMD_ALL_REDUCE) {
+        e.peer_valid = 1;
+        e.peer = c->peer;
+    }
+    ccq_trace_rec(&rt->trace, &e);
+}
+
+/* Record an event about a communicator, an operation of it, or a batch. */
+static void ev_misc(ccq_runtime *rt, uint32_t type, uint64_t id, uint32_t comm, uint64_t seq,
+                    uint64_t count, uint64_t extra, ccq_status st)
+{
+    ccq_event e;
+    memset(&e, 0, sizeof e);
+    e.time_ns = ccq_now_ns();
+    e.type = type;
+    e.id = id;
+    e.comm = comm;
+    e.seq = seq;
+    e.count = count;
+    e.bytes = extra;
+    e.status = st;
+    e.device = e.stream = UINT32_MAX;
+    ccq_trace_rec(&rt->trace, &e);
+}
+
+/* ------------------------------------------------------------------------------------ */
 /* Failing commands                                                                      */
 /* ------------------------------------------------------------------------------------ */
 
@@ -288,7 +339,7 @@ static void fail_inst(ccq_sched *S, ccq_inst *i, ccq_status st, const char *reas
 /* ------------------------------------------------------------------------------------ */
 
 /* All parts are present: check that they agree, then build the backend's view. */
-static void inst_complete(ccq_sched *S, ccq_inst *i)
+static void inst_complete(ccq_runtime *rt, ccq_sched *S, ccq_inst *i)
 {
     ccq_chan *ch = i->chan;
     ccq_cmd *c0 = i->cmds[0];
@@ -372,6 +423,8 @@ static void inst_complete(ccq_sched *S, ccq_inst *i)
         i->bparts[p].dst = c->kind == CCQ_CMD_SEND ? NULL : c->dst;
     }
     i->state = CCQ_INST_READY;
+    if (ccq_trace_on(&rt->trace))
+        ev_misc(rt, CCQ_EV_MATCHED, c0->trace_id, ch->comm->id, i->seq, c0->count, ch->id, CCQ_OK);
     if (i->seq == ch->head)
         chan_list(S, ch);
 }
@@ -425,6 +478,11 @@ static void arrive(ccq_runtime *rt, ccq_cmd *c)
     c->fifo_next = NULL;
     c->inst = NULL;
     c->detail = NULL;
+    c->trace_id = ++S->next_cmd_id;
+    c->batch = 0;
+    c->issue_ns = 0;
+    if (ccq_trace_on(&rt->trace))
+        ev_cmd(rt, CCQ_EV_SUBMITTED, c, c->submit_ns, CCQ_OK);
     {
         size_t bytes = c->count * ccq_dtype_size((ccq_dtype)c->dtype);
         const void *r = c->kind == CCQ_CMD_RECV ? NULL : c->src;
@@ -510,7 +568,7 @@ static void arrive(ccq_runtime *rt, ccq_cmd *c)
         return;
     }
     if (i->present == ch->nparts)
-        inst_complete(S, i);
+        inst_complete(rt, S, i);
 }
 
 static bool drain(ccq_runtime *rt)
@@ -569,7 +627,14 @@ static void end_head(ccq_runtime *rt, ccq_stream *s)
             S->cancelled++;
         else
             S->failed++;
+        S->error_seen = true;
         ccq_stream_record_error(s, c->status, c->detail);
+    }
+    if (ccq_trace_on(&rt->trace)) {
+        uint64_t now = ccq_now_ns();
+        ev_cmd(rt, c->status == CCQ_OK ? CCQ_EV_COMPLETED : CCQ_EV_FAILED, c, now, c->status);
+        if (c->issue_ns != 0)
+            ccq_hist_add(&rt->trace.run_ns, now - c->issue_ns);
     }
     free(c->detail);
     c->detail = NULL;
@@ -683,6 +748,8 @@ static void batch_done(ccq_runtime *rt, ccq_batch *b)
         publish_ended(rt, s, n);
         s = next;
     }
+    if (ccq_trace_on(&rt->trace))
+        ev_misc(rt, CCQ_EV_BATCH_DONE, b->be.id, UINT32_MAX, 0, b->be.nops, 0, b->be.status);
     /* Unlink from the in-flight list. */
     for (ccq_batch **pp = &S->inflight; *pp != NULL; pp = &(*pp)->next) {
         if (*pp == b) {
@@ -968,11 +1035,22 @@ static void issue(ccq_runtime *rt, ccq_batch *b)
     }
     b->be.ops = b->ops;
     b->be.id = ++S->batch_id;
+    b->issue_ns = ccq_now_ns();
+    bool traced = ccq_trace_on(&rt->trace);
     /* Every stream with commands in the batch: they are in flight up to bcur. */
     for (ccq_stream *s = S->pass_streams; s != NULL;) {
         ccq_stream *next = s->bnext_touched;
-        for (ccq_cmd *q = s->cursor; q != s->bcur; q = q->fifo_next)
+        for (ccq_cmd *q = s->cursor; q != s->bcur; q = q->fifo_next) {
             q->state = CCQ_CMD_ISSUED;
+            if (q->status != CCQ_OK)
+                continue; /* a failed command riding along; it is not sent anywhere */
+            q->batch = b->be.id;
+            q->issue_ns = b->issue_ns;
+            if (traced) {
+                ev_cmd(rt, CCQ_EV_ISSUED, q, b->issue_ns, CCQ_OK);
+                ccq_hist_add(&rt->trace.queue_ns, b->issue_ns - q->submit_ns);
+            }
+        }
         s->cursor = s->bcur;
         s->inflight = true;
         s->bnext_touched = NULL;
@@ -983,7 +1061,6 @@ static void issue(ccq_runtime *rt, ccq_batch *b)
     S->pass_streams = NULL;
     for (uint32_t k = 0; k < b->be.nops; k++)
         chan_advance(S, b->insts[k]->chan);
-    b->issue_ns = ccq_now_ns();
     b->next = S->inflight;
     S->inflight = b;
     S->ninflight++;
@@ -991,6 +1068,9 @@ static void issue(ccq_runtime *rt, ccq_batch *b)
     stats_batch(rt, b->be.nops);
 
     st = rt->be_ops->issue(rt->be, &b->be, &err);
+    if (traced) /* bytes = how long issuing took (for the host backend: inline work too) */
+        ev_misc(rt, CCQ_EV_BATCH, b->be.id, UINT32_MAX, 0, b->be.nops, ccq_now_ns() - b->issue_ns,
+                st);
     if (st != CCQ_OK) {
         /* Nothing started: the batch completes now, failed with the backend's message. */
         b->be.status = st;
@@ -1136,6 +1216,9 @@ static void abort_comm(ccq_runtime *rt, ccq_comm *comm, const char *why)
         return;
     snprintf(comm->init_detail, sizeof comm->init_detail, "%s", why);
     atomic_store_explicit(&comm->aborted, 1, memory_order_release);
+    if (ccq_trace_on(&rt->trace))
+        ev_misc(rt, CCQ_EV_ABORT, 0, comm->id, 0, 0, 0, CCQ_ERR_ABORTED);
+    S->error_seen = true;
     if (comm->be != NULL)
         rt->be_ops->abort(rt->be, comm->be);
     /* Everything still queued on it fails fast. */
@@ -1184,7 +1267,11 @@ static bool watchdog(ccq_runtime *rt, uint64_t now)
                 break;
             }
             describe_wait(q->inst, q, now, detail, sizeof detail);
+            if (ccq_trace_on(&rt->trace))
+                ev_misc(rt, CCQ_EV_WATCHDOG, q->trace_id, q->comm->id, q->seq, q->count, 0,
+                        CCQ_ERR_TIMEOUT);
             fail_inst(S, q->inst, CCQ_ERR_TIMEOUT, detail, false);
+            S->error_seen = true;
             any = true;
         }
     }
@@ -1292,7 +1379,8 @@ static bool work_visible(ccq_runtime *rt)
 {
     ccq_sched *S = rt->sched;
 
-    if (!ccq_mpsc_empty(&rt->new_streams) || !ccq_mpsc_empty(&rt->comm_reqs))
+    if (!ccq_mpsc_empty(&rt->new_streams) || !ccq_mpsc_empty(&rt->comm_reqs) ||
+        ccq_trace_requested(&rt->trace))
         return true;
     if (!S->closing && atomic_load_explicit(&rt->closing, memory_order_acquire))
         return true;
@@ -1325,12 +1413,18 @@ void *ccq_sched_main(void *arg)
         bool progress = false;
         uint64_t now, deadline;
 
+        progress |= ccq_trace_serve(&rt->trace);
         progress |= drain(rt);
         progress |= reap(rt);
         progress |= end_failed_heads(rt);
         progress |= build_and_issue(rt);
         now = ccq_now_ns();
         progress |= watchdog(rt, now);
+        ccq_trace_tick(&rt->trace, now, S->completed + S->failed + S->cancelled);
+        if (S->error_seen) { /* trace_file: keep the story of what went wrong */
+            S->error_seen = false;
+            ccq_trace_autodump(rt, false);
+        }
         if (S->closing || atomic_load_explicit(&rt->closing, memory_order_acquire)) {
             if (shutdown_step(rt, now, &progress))
                 break;
@@ -1372,6 +1466,8 @@ void *ccq_sched_main(void *arg)
         n = next;
     }
     atomic_store_explicit(&rt->sched_exited, 1, memory_order_seq_cst);
+    /* A snapshot request that came too late is answered by its caller now (see trace.c). */
+    ccq_signal_notify(&rt->trace.req_sig);
     /* ccq_comm_init waiters whose request came too late wait on their comm's event: wake
      * them all. A comm registered after this loop sees sched_exited (the registry lock
      * orders the store above before its registration) and does not wait. */

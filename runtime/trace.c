@@ -1,0 +1,417 @@
+/* The flight recorder (event rings, snapshots, callback, automatic dumps) and the live
+ * metrics. Recording costs the submit path nothing but a cached thread id: submission
+ * events are written by the scheduler when it drains a command, from what the command
+ * already carries (its submit time and thread). */
+#define _GNU_SOURCE
+#include "runtime/trace.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "runtime/internal.h"
+
+uint32_t ccq_thread_id(void)
+{
+    static _Thread_local uint32_t tid;
+    if (tid == 0)
+        tid = (uint32_t)syscall(SYS_gettid);
+    return tid;
+}
+
+/* ---- histograms ---- */
+
+static unsigned hist_bucket(uint64_t v)
+{
+    if (v < 4)
+        return (unsigned)v;
+    unsigned b = 63u - (unsigned)__builtin_clzll(v);
+    return b * 4 + (unsigned)((v >> (b - 2)) & 3);
+}
+
+static double hist_lower(unsigned i)
+{
+    if (i < 4)
+        return i;
+    unsigned b = i / 4, sub = i % 4;
+    return (double)(1ull << b) * (1.0 + sub / 4.0);
+}
+
+void ccq_hist_add(ccq_hist *h, uint64_t ns)
+{
+    _Atomic uint64_t *c = &h->b[hist_bucket(ns)];
+    /* One writer: a relaxed load + store is enough (readers only need no tearing). */
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + 1,
+                          memory_order_relaxed);
+}
+
+double ccq_hist_percentile_us(const ccq_hist *h, double p)
+{
+    uint64_t counts[CCQ_HIST_BUCKETS], total = 0, want, acc = 0;
+    for (unsigned i = 0; i < CCQ_HIST_BUCKETS; i++) {
+        counts[i] = atomic_load_explicit(&h->b[i], memory_order_relaxed);
+        total += counts[i];
+    }
+    if (total == 0)
+        return 0;
+    want = (uint64_t)(p / 100.0 * (double)total + 0.5);
+    if (want == 0)
+        want = 1;
+    for (unsigned i = 0; i < CCQ_HIST_BUCKETS; i++) {
+        acc += counts[i];
+        if (acc >= want) /* the bucket's midpoint */
+            return (hist_lower(i) + hist_lower(i + 1 < CCQ_HIST_BUCKETS ? i + 1 : i)) / 2 / 1e3;
+    }
+    return hist_lower(CCQ_HIST_BUCKETS - 1) / 1e3;
+}
+
+/* ---- rings ---- */
+
+int ccq_trace_init(ccq_trace *t, uint32_t capacity, const char *file)
+{
+    memset(t, 0, sizeof *t);
+    pthread_mutex_init(&t->fence_lock, NULL);
+    pthread_mutex_init(&t->req_lock, NULL);
+    pthread_mutex_init(&t->cb_lock, NULL);
+    ccq_signal_init(&t->req_sig);
+    atomic_init(&t->req_state, 0);
+    atomic_init(&t->head_pub, 0);
+    atomic_init(&t->cb, NULL);
+    atomic_init(&t->rate_bits, 0);
+    for (unsigned i = 0; i < CCQ_HIST_BUCKETS; i++) {
+        atomic_init(&t->queue_ns.b[i], 0);
+        atomic_init(&t->run_ns.b[i], 0);
+    }
+    t->start_ns = t->rate_t0 = ccq_now_ns();
+    if (file != NULL && *file != '\0' && (t->file = strdup(file)) == NULL)
+        return -1;
+    if (capacity == 0)
+        return 0;
+    t->cap = 1;
+    while (t->cap < capacity)
+        t->cap <<= 1;
+    /* Fences are far fewer than commands: a sixteenth of the space, at least 256. */
+    t->fcap = t->cap / 16 > 256 ? t->cap / 16 : 256;
+    t->ring = calloc(t->cap, sizeof *t->ring);
+    t->fring = calloc(t->fcap, sizeof *t->fring);
+    return t->ring != NULL && t->fring != NULL ? 0 : -1;
+}
+
+void ccq_trace_fini(ccq_trace *t)
+{
+    ccq_trace_cb *cb = atomic_load_explicit(&t->cb, memory_order_relaxed);
+    while (cb != NULL) {
+        ccq_trace_cb *prev = cb->prev;
+        free(cb);
+        cb = prev;
+    }
+    free(t->ring);
+    free(t->fring);
+    free(t->file);
+    pthread_mutex_destroy(&t->fence_lock);
+    pthread_mutex_destroy(&t->req_lock);
+    pthread_mutex_destroy(&t->cb_lock);
+}
+
+static void deliver(ccq_trace *t, const ccq_event *ev)
+{
+    ccq_trace_cb *cb = atomic_load_explicit(&t->cb, memory_order_acquire);
+    if (cb != NULL && cb->fn != NULL)
+        cb->fn(ev, cb->user);
+}
+
+void ccq_trace_rec(ccq_trace *t, const ccq_event *ev)
+{
+    if (t->cap != 0) {
+        t->ring[t->head & (t->cap - 1)] = *ev;
+        t->head++;
+        atomic_store_explicit(&t->head_pub, t->head, memory_order_relaxed);
+    }
+    deliver(t, ev);
+}
+
+void ccq_trace_rec_fence(ccq_trace *t, const ccq_event *ev)
+{
+    if (t->cap != 0) {
+        pthread_mutex_lock(&t->fence_lock);
+        t->fring[t->fhead & (t->fcap - 1)] = *ev;
+        t->fhead++;
+        pthread_mutex_unlock(&t->fence_lock);
+    }
+    deliver(t, ev);
+}
+
+/* The newest min(cap, kept) events of the scheduler's ring, oldest first. Only the
+ * scheduler, or anyone once it has exited, may call this. */
+static size_t copy_sched_ring(const ccq_trace *t, ccq_event *out, size_t cap)
+{
+    uint64_t kept = t->head < t->cap ? t->head : t->cap, n = kept < cap ? kept : cap;
+    for (uint64_t k = 0; k < n; k++)
+        out[k] = t->ring[(t->head - n + k) & (t->cap - 1)];
+    return (size_t)n;
+}
+
+bool ccq_trace_serve(ccq_trace *t)
+{
+    if (!ccq_trace_requested(t))
+        return false;
+    t->req_n = t->cap ? copy_sched_ring(t, t->req_buf, t->req_cap) : 0;
+    atomic_store_explicit(&t->req_state, 2, memory_order_release);
+    ccq_signal_notify(&t->req_sig);
+    return true;
+}
+
+static int ev_order(const void *pa, const void *pb)
+{
+    const ccq_event *a = pa, *b = pb;
+    if (a->time_ns != b->time_ns)
+        return a->time_ns < b->time_ns ? -1 : 1;
+    if (a->type != b->type) /* at equal times: submitted before issued before completed */
+        return a->type < b->type ? -1 : 1;
+    return a->id < b->id ? -1 : a->id > b->id;
+}
+
+/* Append the fence ring (under its lock), sort everything by time. */
+static size_t finish_copy(ccq_trace *t, ccq_event *out, size_t n, size_t cap, uint64_t *dropped)
+{
+    pthread_mutex_lock(&t->fence_lock);
+    uint64_t fkept = t->fhead < t->fcap ? t->fhead : t->fcap;
+    uint64_t room = cap - n, fn = fkept < room ? fkept : room;
+    for (uint64_t k = 0; k < fn; k++)
+        out[n + k] = t->fring[(t->fhead - fn + k) & (t->fcap - 1)];
+    if (dropped != NULL)
+        *dropped = (t->fhead > t->fcap ? t->fhead - t->fcap : 0) +
+                   (atomic_load_explicit(&t->head_pub, memory_order_relaxed) > t->cap
+                        ? atomic_load_explicit(&t->head_pub, memory_order_relaxed) - t->cap
+                        : 0);
+    pthread_mutex_unlock(&t->fence_lock);
+    n += (size_t)fn;
+    qsort(out, n, sizeof *out, ev_order);
+    return n;
+}
+
+size_t ccq_trace_copy(ccq_trace *t, ccq_event *out, size_t cap, uint64_t *dropped)
+{
+    size_t n = t->cap ? copy_sched_ring(t, out, cap) : 0;
+    return finish_copy(t, out, n, cap, dropped);
+}
+
+void ccq_trace_tick(ccq_trace *t, uint64_t now, uint64_t ended)
+{
+    if (now - t->rate_t0 < 1000000000ull)
+        return;
+    double rate = (double)(ended - t->rate_n0) * 1e9 / (double)(now - t->rate_t0);
+    uint64_t bits;
+    memcpy(&bits, &rate, sizeof bits);
+    atomic_store_explicit(&t->rate_bits, bits, memory_order_relaxed);
+    t->rate_t0 = now;
+    t->rate_n0 = ended;
+}
+
+/* ---- public API ---- */
+
+static const char *const ev_names[CCQ_EV_TYPE_COUNT_] = {
+    "submitted",  "matched",     "issued",    "completed", "failed", "batch",
+    "batch_done", "fence_begin", "fence_end", "watchdog",  "abort",
+};
+
+CCQ_API const char *ccq_event_type_name(uint32_t type)
+{
+    return type < CCQ_EV_TYPE_COUNT_ ? ev_names[type] : "?";
+}
+
+CCQ_API ccq_status ccq_set_event_callback(ccq_runtime *rt, ccq_event_fn fn, void *user)
+{
+    ccq_trace_cb *cb = NULL;
+
+    ccq_clear_detail();
+    if (rt == NULL)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_set_event_callback: rt is NULL");
+    pthread_mutex_lock(&rt->trace.cb_lock);
+    /* Callbacks are never freed while the runtime lives: the scheduler may be inside the
+     * previous one. They are kept on a list and freed at destroy. */
+    cb = malloc(sizeof *cb);
+    if (cb == NULL) {
+        pthread_mutex_unlock(&rt->trace.cb_lock);
+        return ccq_fail(CCQ_ERR_NO_MEMORY, "ccq_set_event_callback: out of memory");
+    }
+    cb->fn = fn;
+    cb->user = user;
+    cb->prev = atomic_load_explicit(&rt->trace.cb, memory_order_relaxed);
+    atomic_store_explicit(&rt->trace.cb, cb, memory_order_release);
+    pthread_mutex_unlock(&rt->trace.cb_lock);
+    return CCQ_OK;
+}
+
+static bool snapshot_answered(void *arg)
+{
+    ccq_runtime *rt = arg;
+    return atomic_load_explicit(&rt->trace.req_state, memory_order_acquire) == 2 ||
+           atomic_load_explicit(&rt->sched_exited, memory_order_acquire);
+}
+
+/* Copy the recorder from any thread: ask the scheduler while it runs, else read directly. */
+static size_t snapshot(ccq_runtime *rt, ccq_event *out, size_t cap, uint64_t *dropped)
+{
+    ccq_trace *t = &rt->trace;
+    size_t n;
+
+    if (ccq_in_scheduler(rt))
+        return ccq_trace_copy(t, out, cap, dropped);
+    pthread_mutex_lock(&t->req_lock);
+    if (atomic_load_explicit(&rt->sched_exited, memory_order_acquire)) {
+        n = ccq_trace_copy(t, out, cap, dropped);
+    } else {
+        t->req_buf = out;
+        t->req_cap = cap;
+        atomic_store_explicit(&t->req_state, 1, memory_order_seq_cst);
+        ccq_wake_signal_fenced(&rt->wake);
+        ccq_signal_wait(&t->req_sig, snapshot_answered, rt, UINT64_MAX);
+        if (atomic_load_explicit(&t->req_state, memory_order_acquire) == 2)
+            n = finish_copy(t, out, t->req_n, cap, dropped);
+        else /* the scheduler exited before answering: nothing writes the ring now */
+            n = ccq_trace_copy(t, out, cap, dropped);
+        atomic_store_explicit(&t->req_state, 0, memory_order_relaxed);
+    }
+    pthread_mutex_unlock(&t->req_lock);
+    return n;
+}
+
+CCQ_API ccq_status ccq_trace_snapshot(ccq_runtime *rt, ccq_event *out, size_t cap, size_t *n,
+                                      uint64_t *dropped)
+{
+    ccq_clear_detail();
+    if (rt == NULL || n == NULL || (out == NULL && cap > 0))
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_trace_snapshot: %s is NULL",
+                        rt == NULL  ? "rt"
+                        : n == NULL ? "n"
+                                    : "out");
+    *n = snapshot(rt, out, cap, dropped);
+    return CCQ_OK;
+}
+
+/* Write the recorder to `path`; shared by ccq_trace_dump and the automatic dumps. */
+ccq_status ccq_trace_write_file(ccq_runtime *rt, const char *path)
+{
+    ccq_trace *t = &rt->trace;
+    size_t cap = (size_t)t->cap + t->fcap, n;
+    uint64_t dropped = 0;
+    ccq_event *ev = malloc((cap ? cap : 1) * sizeof *ev);
+    FILE *f;
+    int rc;
+
+    if (ev == NULL)
+        return ccq_fail(CCQ_ERR_NO_MEMORY, "ccq_trace_dump: out of memory");
+    n = snapshot(rt, ev, cap, &dropped);
+    f = fopen(path, "w");
+    if (f == NULL) {
+        int e = errno;
+        free(ev);
+        return ccq_fail(CCQ_ERR_BACKEND, "ccq_trace_dump: cannot open \"%s\": %s", path,
+                        strerror(e));
+    }
+    rc = ccq_trace_write_json(f, rt, ev, n, dropped);
+    rc |= fclose(f);
+    free(ev);
+    if (rc != 0)
+        return ccq_fail(CCQ_ERR_BACKEND, "ccq_trace_dump: writing \"%s\" failed", path);
+    return CCQ_OK;
+}
+
+CCQ_API ccq_status ccq_trace_dump(ccq_runtime *rt, const char *path)
+{
+    ccq_clear_detail();
+    if (rt == NULL || path == NULL)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_trace_dump: %s is NULL",
+                        rt == NULL ? "rt" : "path");
+    if (rt->trace.cap == 0)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "ccq_trace_dump: the flight recorder is disabled (trace_capacity = 0)");
+    return ccq_trace_write_file(rt, path);
+}
+
+/* Scheduler side (or destroy): write trace_file if one is configured, at most once a second
+ * unless forced. Failures are reported on stderr: there is no caller to return them to. */
+void ccq_trace_autodump(ccq_runtime *rt, bool force)
+{
+    ccq_trace *t = &rt->trace;
+    uint64_t now = ccq_now_ns();
+    if (t->file == NULL || t->cap == 0 || (!force && now - t->last_auto_ns < 1000000000ull))
+        return;
+    t->last_auto_ns = now;
+    if (ccq_trace_write_file(rt, t->file) != CCQ_OK)
+        fprintf(stderr, "ccq: %s\n", ccq_last_error_detail());
+}
+
+CCQ_API ccq_status ccq_get_metrics(ccq_runtime *rt, ccq_metrics *out)
+{
+    ccq_metrics m;
+    ccq_trace *t;
+    uint32_t nstreams;
+    uint64_t bits;
+
+    ccq_clear_detail();
+    if (rt == NULL || out == NULL)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_get_metrics: %s is NULL",
+                        rt == NULL ? "rt" : "out");
+    if (out->struct_size < offsetof(ccq_metrics, trace_events) || out->struct_size > sizeof *out)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "ccq_get_metrics: out->struct_size is %u; set it to sizeof(ccq_metrics)",
+                        out->struct_size);
+    t = &rt->trace;
+    memset(&m, 0, sizeof m);
+    m.struct_size = out->struct_size;
+    m.uptime_ns = ccq_now_ns() - t->start_ns;
+    m.commands_ended = atomic_load_explicit(&rt->stats.completed, memory_order_relaxed) +
+                       atomic_load_explicit(&rt->stats.failed, memory_order_relaxed) +
+                       atomic_load_explicit(&rt->stats.cancelled, memory_order_relaxed);
+    bits = atomic_load_explicit(&t->rate_bits, memory_order_relaxed);
+    memcpy(&m.commands_per_s, &bits, sizeof bits);
+    m.commands_per_s_total = m.uptime_ns ? (double)m.commands_ended * 1e9 / (double)m.uptime_ns : 0;
+    m.queue_p50_us = ccq_hist_percentile_us(&t->queue_ns, 50);
+    m.queue_p99_us = ccq_hist_percentile_us(&t->queue_ns, 99);
+    m.run_p50_us = ccq_hist_percentile_us(&t->run_ns, 50);
+    m.run_p99_us = ccq_hist_percentile_us(&t->run_ns, 99);
+    for (int i = 0; i < 8; i++)
+        m.batch_size_hist[i] = atomic_load_explicit(&rt->stats.hist[i], memory_order_relaxed);
+    nstreams = rt->ndev * rt->max_streams;
+    for (uint32_t i = 0; i < nstreams; i++) {
+        ccq_stream *s = &rt->streams[i];
+        uint64_t e = atomic_load_explicit(&s->ended, memory_order_acquire);
+        uint64_t k = atomic_load_explicit(&s->tickets, memory_order_acquire) & ~CCQ_TICKET_CLOSED;
+        uint64_t d = k > e ? k - e : 0;
+        m.queued_now += d;
+        if (d > m.deepest_depth) {
+            m.deepest_depth = d;
+            m.deepest_device = s->device;
+            m.deepest_stream = s->id;
+        }
+    }
+    m.trace_events = atomic_load_explicit(&t->head_pub, memory_order_relaxed);
+    m.trace_dropped = m.trace_events > t->cap ? m.trace_events - t->cap : 0;
+    memcpy(out, &m, out->struct_size);
+    return CCQ_OK;
+}
+
+CCQ_API ccq_status ccq_stream_queue_depth(ccq_runtime *rt, ccq_device_id device,
+                                          ccq_stream_id stream, uint64_t *depth)
+{
+    ccq_stream *s;
+    ccq_clear_detail();
+    if (rt == NULL || depth == NULL)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_stream_queue_depth: %s is NULL",
+                        rt == NULL ? "rt" : "depth");
+    if (device >= rt->ndev || stream >= rt->max_streams)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "ccq_stream_queue_depth: no stream %u on device %u (%u devices, "
+                        "max_streams = %u)",
+                        stream, device, rt->ndev, rt->max_streams);
+    s = ccq_stream_at(rt, device, stream);
+    uint64_t e = atomic_load_explicit(&s->ended, memory_order_acquire);
+    uint64_t k = atomic_load_explicit(&s->tickets, memory_order_acquire) & ~CCQ_TICKET_CLOSED;
+    *depth = k > e ? k - e : 0;
+    return CCQ_OK;
+}

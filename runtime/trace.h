@@ -1,0 +1,102 @@
+/* The flight recorder and live metrics (internal; the public API is in ccq.h). */
+#ifndef CCQ_RUNTIME_TRACE_H
+#define CCQ_RUNTIME_TRACE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "ccq.h"
+#include "queue/wake.h"
+
+/* Log2 histogram with 4 sub-buckets per power of two (values in ns): percentiles within a
+ * factor of 2^(1/4). One writer (the scheduler), any number of readers. */
+#define CCQ_HIST_BUCKETS 256
+typedef struct ccq_hist {
+    _Atomic uint64_t b[CCQ_HIST_BUCKETS];
+} ccq_hist;
+
+void ccq_hist_add(ccq_hist *h, uint64_t ns);
+double ccq_hist_percentile_us(const ccq_hist *h, double p);
+
+typedef struct ccq_trace_cb {
+    ccq_event_fn fn;
+    void *user;
+    struct ccq_trace_cb *prev; /* replaced callbacks, freed at destroy (a reader may hold one) */
+} ccq_trace_cb;
+
+typedef struct ccq_trace {
+    /* The scheduler's ring. Only the scheduler touches it while it runs, so it needs no
+     * atomics; other threads get copies through a snapshot request that the scheduler
+     * answers between passes (see ccq_trace_serve). */
+    uint32_t cap; /* power of two; 0 = recorder disabled */
+    ccq_event *ring;
+    uint64_t head;             /* events recorded (scheduler only) */
+    _Atomic uint64_t head_pub; /* a copy for metrics readers */
+
+    /* Fence events come from user threads; fences are slow paths, so a mutex is fine. */
+    pthread_mutex_t fence_lock;
+    uint32_t fcap;
+    ccq_event *fring;
+    uint64_t fhead;
+
+    /* Snapshot requests: one at a time (req_lock); the scheduler copies its ring. */
+    pthread_mutex_t req_lock;
+    _Atomic uint32_t req_state; /* 0 idle, 1 asked, 2 answered */
+    ccq_event *req_buf;
+    size_t req_cap, req_n;
+    ccq_signal req_sig;
+
+    ccq_trace_cb *_Atomic cb;
+    pthread_mutex_t cb_lock; /* serialises ccq_set_event_callback */
+
+    /* Automatic dumps (trace_file): at destroy, and on watchdog/errors at most 1/s. */
+    char *file;
+    uint64_t last_auto_ns;
+
+    /* Metrics (scheduler writes, anyone reads). */
+    uint64_t start_ns;
+    ccq_hist queue_ns, run_ns;
+    _Atomic uint64_t rate_bits; /* double: commands/s over the last full second */
+    uint64_t rate_t0, rate_n0;  /* scheduler only */
+} ccq_trace;
+
+struct ccq_runtime;
+
+int ccq_trace_init(ccq_trace *t, uint32_t capacity, const char *file);
+void ccq_trace_fini(ccq_trace *t);
+
+/* Record an event (scheduler thread only) and hand it to the callback. */
+void ccq_trace_rec(ccq_trace *t, const ccq_event *ev);
+/* Record a fence event (any thread). */
+void ccq_trace_rec_fence(ccq_trace *t, const ccq_event *ev);
+/* Whether recording does anything (recorder on or a callback set): lets hot paths skip
+ * building events. */
+static inline bool ccq_trace_on(ccq_trace *t)
+{
+    return t->cap != 0 || atomic_load_explicit(&t->cb, memory_order_relaxed) != NULL;
+}
+
+/* Scheduler side: answer a pending snapshot request; true if one was pending. */
+bool ccq_trace_serve(ccq_trace *t);
+static inline bool ccq_trace_requested(ccq_trace *t)
+{
+    return atomic_load_explicit(&t->req_state, memory_order_acquire) == 1;
+}
+/* Copy both rings, oldest first (sorted by time). `direct` = the caller is the scheduler,
+ * or the scheduler has exited. */
+size_t ccq_trace_copy(ccq_trace *t, ccq_event *out, size_t cap, uint64_t *dropped);
+
+/* Scheduler side: update the commands/s rate once a second. */
+void ccq_trace_tick(ccq_trace *t, uint64_t now, uint64_t ended);
+
+/* Write events as Chrome Trace Event Format JSON (runtime/trace_json.c). */
+int ccq_trace_write_json(FILE *f, struct ccq_runtime *rt, const ccq_event *ev, size_t n,
+                         uint64_t dropped);
+
+/* The calling thread's id (Linux tid), cached per thread. */
+uint32_t ccq_thread_id(void);
+
+#endif /* CCQ_RUNTIME_TRACE_H */
