@@ -399,6 +399,11 @@ static void inst_complete(ccq_runtime *rt, ccq_sched *S, ccq_inst *i)
         }
     }
     if (bad) {
+        char note[CCQ_DETAIL_LEN];
+        size_t nw = ccq_format(note, sizeof note, "mismatch in #%" PRIu64 " on comm ", i->seq);
+        nw += ccq_describe_comm(note + nw, sizeof note - nw, ch->comm);
+        ccq_format(note + nw, sizeof note - nw, ": %s", detail);
+        ccq_trace_note(&rt->trace, CCQ_EV_FAILED, note);
         fail_inst(S, i, CCQ_ERR_MISMATCH, detail, false);
         return;
     }
@@ -750,6 +755,18 @@ static void batch_done(ccq_runtime *rt, ccq_batch *b)
     }
     if (ccq_trace_on(&rt->trace))
         ev_misc(rt, CCQ_EV_BATCH_DONE, b->be.id, UINT32_MAX, 0, b->be.nops, 0, b->be.status);
+    for (uint32_t k = 0; k < b->be.nops; k++) {
+        if (b->insts[k]->op.status != CCQ_OK || b->be.status != CCQ_OK) {
+            char note[CCQ_DETAIL_LEN];
+            ccq_format(
+                note, sizeof note, "batch %" PRIu64 " (%u ops) failed: %s%s%s", b->be.id,
+                b->be.nops,
+                ccq_status_string(b->be.status != CCQ_OK ? b->be.status : b->insts[k]->op.status),
+                b->be.detail.msg[0] ? ": " : "", b->be.detail.msg);
+            ccq_trace_note(&rt->trace, CCQ_EV_BATCH_DONE, note);
+            break;
+        }
+    }
     /* Unlink from the in-flight list. */
     for (ccq_batch **pp = &S->inflight; *pp != NULL; pp = &(*pp)->next) {
         if (*pp == b) {
@@ -1146,15 +1163,23 @@ static void describe_wait(ccq_inst *i, ccq_cmd *c, uint64_t now, char *buf, size
                           (double)(now - c->submit_ns) / 1e6);
     if (i->state == CCQ_INST_WAITING) {
         if (ch->id == CCQ_CHAN_COLL) {
-            bool first = true;
-            w += ccq_format(buf + w, len - w, "; missing rank");
+            uint32_t missing = 0;
             for (uint32_t r = 0; r < ch->nparts; r++)
-                if (i->cmds[r] == NULL) {
-                    w += ccq_format(buf + w, len - w, "%s %u (device %u)", first ? "" : ",", r,
+                missing += i->cmds[r] == NULL;
+            w += ccq_format(buf + w, len - w, "; missing rank%s", missing > 1 ? "s" : "");
+            for (uint32_t r = 0, k = 0; r < ch->nparts; r++)
+                if (i->cmds[r] == NULL)
+                    w += ccq_format(buf + w, len - w, "%s %u (device %u)", k++ ? "," : "", r,
                                     comm->devices[r]);
-                    first = false;
-                }
-            w += ccq_format(buf + w, len - w, "; collectives submitted/completed per rank:");
+            /* The signature they owe: what the parts that did come agree on. */
+            w += ccq_format(
+                buf + w, len - w, ", which %s not submitted all_reduce #%" PRIu64 " (%s x %zu, %s)",
+                missing > 1 ? "have" : "has", i->seq, ccq_dtype_name((ccq_dtype)c->dtype), c->count,
+                ccq_reduce_op_name((ccq_reduce_op)c->redop));
+            /* Desync report: how far each rank of the communicator got. */
+            w += ccq_format(buf + w, len - w, "; comm ");
+            w += ccq_describe_comm(buf + w, len - w, comm);
+            w += ccq_format(buf + w, len - w, " collectives submitted/completed per rank:");
             for (uint32_t r = 0; r < ch->nparts; r++)
                 w += ccq_format(buf + w, len - w, " %u:%" PRIu64 "/%" PRIu64, r,
                                 atomic_load_explicit(&comm->coll_seq[r].v, memory_order_relaxed),
@@ -1218,6 +1243,13 @@ static void abort_comm(ccq_runtime *rt, ccq_comm *comm, const char *why)
     atomic_store_explicit(&comm->aborted, 1, memory_order_release);
     if (ccq_trace_on(&rt->trace))
         ev_misc(rt, CCQ_EV_ABORT, 0, comm->id, 0, 0, 0, CCQ_ERR_ABORTED);
+    {
+        char note[CCQ_DETAIL_LEN];
+        size_t w = ccq_format(note, sizeof note, "communicator ");
+        w += ccq_describe_comm(note + w, sizeof note - w, comm);
+        ccq_format(note + w, sizeof note - w, " aborted: %s", why);
+        ccq_trace_note(&rt->trace, CCQ_EV_ABORT, note);
+    }
     S->error_seen = true;
     if (comm->be != NULL)
         rt->be_ops->abort(rt->be, comm->be);
@@ -1270,6 +1302,7 @@ static bool watchdog(ccq_runtime *rt, uint64_t now)
             if (ccq_trace_on(&rt->trace))
                 ev_misc(rt, CCQ_EV_WATCHDOG, q->trace_id, q->comm->id, q->seq, q->count, 0,
                         CCQ_ERR_TIMEOUT);
+            ccq_trace_note(&rt->trace, CCQ_EV_WATCHDOG, detail);
             fail_inst(S, q->inst, CCQ_ERR_TIMEOUT, detail, false);
             S->error_seen = true;
             any = true;

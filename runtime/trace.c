@@ -76,6 +76,7 @@ int ccq_trace_init(ccq_trace *t, uint32_t capacity, const char *file)
     pthread_mutex_init(&t->fence_lock, NULL);
     pthread_mutex_init(&t->req_lock, NULL);
     pthread_mutex_init(&t->cb_lock, NULL);
+    pthread_mutex_init(&t->note_lock, NULL);
     ccq_signal_init(&t->req_sig);
     atomic_init(&t->req_state, 0);
     atomic_init(&t->head_pub, 0);
@@ -114,6 +115,19 @@ void ccq_trace_fini(ccq_trace *t)
     pthread_mutex_destroy(&t->fence_lock);
     pthread_mutex_destroy(&t->req_lock);
     pthread_mutex_destroy(&t->cb_lock);
+    pthread_mutex_destroy(&t->note_lock);
+}
+
+void ccq_trace_note(ccq_trace *t, uint32_t type, const char *text)
+{
+    if (t->cap == 0)
+        return;
+    pthread_mutex_lock(&t->note_lock);
+    struct ccq_trace_note_s *n = &t->notes[t->nhead++ % CCQ_TRACE_NOTES];
+    n->time_ns = ccq_now_ns();
+    n->type = type;
+    snprintf(n->text, sizeof n->text, "%s", text);
+    pthread_mutex_unlock(&t->note_lock);
 }
 
 static void deliver(ccq_trace *t, const ccq_event *ev)

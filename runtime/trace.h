@@ -21,6 +21,9 @@ typedef struct ccq_hist {
 void ccq_hist_add(ccq_hist *h, uint64_t ns);
 double ccq_hist_percentile_us(const ccq_hist *h, double p);
 
+#define CCQ_TRACE_NOTES    64
+#define CCQ_TRACE_NOTE_LEN 512
+
 typedef struct ccq_trace_cb {
     ccq_event_fn fn;
     void *user;
@@ -52,6 +55,16 @@ typedef struct ccq_trace {
     ccq_trace_cb *_Atomic cb;
     pthread_mutex_t cb_lock; /* serialises ccq_set_event_callback */
 
+    /* Notes: the text of recent errors (watchdog desync reports, aborts, mismatches, backend
+     * failures), exported with the trace. Rare, so a mutex guards them. */
+    pthread_mutex_t note_lock;
+    struct ccq_trace_note_s {
+        uint64_t time_ns;
+        uint32_t type;
+        char text[CCQ_TRACE_NOTE_LEN];
+    } notes[CCQ_TRACE_NOTES];
+    uint64_t nhead;
+
     /* Automatic dumps (trace_file): at destroy, and on watchdog/errors at most 1/s. */
     char *file;
     uint64_t last_auto_ns;
@@ -78,6 +91,9 @@ static inline bool ccq_trace_on(ccq_trace *t)
 {
     return t->cap != 0 || atomic_load_explicit(&t->cb, memory_order_relaxed) != NULL;
 }
+
+/* Keep the text of an error for the trace (any thread; cheap enough for rare events). */
+void ccq_trace_note(ccq_trace *t, uint32_t type, const char *text);
 
 /* Scheduler side: answer a pending snapshot request; true if one was pending. */
 bool ccq_trace_serve(ccq_trace *t);

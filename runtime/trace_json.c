@@ -23,6 +23,22 @@ typedef struct cmd_info {
     bool have_submit, have_issue;
 } cmd_info;
 
+/* A JSON string literal (escapes quotes, backslashes and control characters). */
+static void json_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\')
+            fprintf(f, "\\%c", ch);
+        else if (ch < 0x20)
+            fprintf(f, "\\u%04x", ch);
+        else
+            fputc(ch, f);
+    }
+    fputc('"', f);
+}
+
 static double us(uint64_t t, uint64_t t0)
 {
     return t >= t0 ? (double)(t - t0) / 1e3 : -(double)(t0 - t) / 1e3;
@@ -259,6 +275,19 @@ int ccq_trace_write_json(FILE *f, ccq_runtime *rt, const ccq_event *ev, size_t n
             break;
         }
     }
+    /* Notes: the text of recent errors, as global instants (they explain the red marks). */
+    pthread_mutex_lock(&rt->trace.note_lock);
+    uint64_t nh = rt->trace.nhead, nfirst = nh > CCQ_TRACE_NOTES ? nh - CCQ_TRACE_NOTES : 0;
+    for (uint64_t k = nfirst; k < nh; k++) {
+        const struct ccq_trace_note_s *nt = &rt->trace.notes[k % CCQ_TRACE_NOTES];
+        fprintf(f,
+                "%s{\"ph\":\"i\",\"s\":\"g\",\"cat\":\"error\",\"name\":\"%s\",\"pid\":%u,"
+                "\"tid\":1,\"ts\":%.3f,\"args\":{\"detail\":",
+                SEP(), ccq_event_type_name(nt->type), sched_pid, us(nt->time_ns, t0));
+        json_str(f, nt->text);
+        fprintf(f, "}}");
+    }
+    pthread_mutex_unlock(&rt->trace.note_lock);
 #undef SEP
     fprintf(f, "\n]}\n");
     free(ci);
