@@ -126,6 +126,7 @@ typedef struct ccq_stream {
     alignas(CCQ_CACHELINE) _Atomic uint64_t ended; /* commands ended, in stream order */
     ccq_signal ev;                                 /* fences and producers waiting for room */
     _Atomic int err_status;                        /* first unreported error, 0 if none */
+    _Atomic uint64_t issued_ns; /* when its batch in flight was issued; 0 when none */
     /* Scheduler only. */
     alignas(CCQ_CACHELINE) ccq_cmd *fifo_head; /* commands received and not ended */
     ccq_cmd *fifo_tail;

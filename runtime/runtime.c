@@ -287,6 +287,14 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
         return ccq_fail(st, "backend \"%s\": %s", ops->name, err.msg);
     }
     rt->ndev = ops->device_count(rt->be);
+    if (rt->fault.drop_rank >= (int64_t)rt->ndev) {
+        ccq_status bad = ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                                  "ccq_config.fault (CCQ_FAULT): drop:rank=%" PRId64
+                                  " is not a device (%u devices)",
+                                  rt->fault.drop_rank, rt->ndev);
+        runtime_free(rt);
+        return bad;
+    }
     rt->max_streams = cfg.max_streams;
     nstreams = rt->ndev * rt->max_streams;
     rt->streams = ccq_alloc_lines((size_t)nstreams * sizeof *rt->streams);
@@ -302,6 +310,7 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
         atomic_init(&s->ring, NULL);
         atomic_init(&s->ended, 0);
         atomic_init(&s->err_status, 0);
+        atomic_init(&s->issued_ns, 0);
         ccq_signal_init(&s->ev);
         pthread_mutex_init(&s->err_lock, NULL);
         s->device = i / rt->max_streams;
@@ -837,14 +846,20 @@ static ccq_status sync_collective(ccq_runtime *rt, ccq_device_id device, ccq_str
      * commands end in stream order, so `ended` reaching the ticket count covers them. */
     w.target = atomic_load_explicit(&s->tickets, memory_order_acquire) & ~CCQ_TICKET_CLOSED;
     if (!fence_done(&w)) {
-        if (rt->timeout_ns != UINT64_MAX) {
-            /* A short grace beyond timeout_ms lets the watchdog, which fires at the same
-             * deadline for the oldest command, report why instead of a bare timeout. */
-            uint64_t grace =
-                rt->timeout_ns / 8 < 200000000ull ? rt->timeout_ns / 8 + 20000000ull : 200000000ull;
+        /* A grace beyond timeout_ms lets the watchdog, which fires at the same deadline for
+         * the oldest queued command, report why instead of a bare timeout. */
+        uint64_t grace =
+            rt->timeout_ns / 4 < 250000000ull ? rt->timeout_ns / 4 + 50000000ull : 300000000ull;
+        if (rt->timeout_ns != UINT64_MAX)
             deadline = ccq_now_ns() + rt->timeout_ns + grace;
-        }
-        if (!ccq_signal_wait_spin(&s->ev, fence_done, &w, deadline, rt->spin_ns)) {
+        bool ok = ccq_signal_wait_spin(&s->ev, fence_done, &w, deadline, rt->spin_ns);
+        /* Issued work is aborted timeout_ms after it was issued, which can be later than
+         * this fence's deadline: wait for that verdict rather than report a bare timeout. */
+        uint64_t issued = atomic_load_explicit(&s->issued_ns, memory_order_acquire);
+        if (!ok && issued != 0 && deadline != UINT64_MAX &&
+            issued + rt->timeout_ns + grace > deadline)
+            ok = ccq_signal_wait_spin(&s->ev, fence_done, &w, issued + rt->timeout_ns + grace, 0);
+        if (!ok) {
             uint64_t e = atomic_load_explicit(&s->ended, memory_order_acquire);
             if (atomic_load_explicit(&s->err_status, memory_order_acquire) == 0)
                 return ccq_fail(CCQ_ERR_TIMEOUT,

@@ -750,6 +750,7 @@ static void batch_done(ccq_runtime *rt, ccq_batch *b)
             n++;
         }
         s->inflight = false;
+        atomic_store_explicit(&s->issued_ns, 0, memory_order_relaxed);
         publish_ended(rt, s, n);
         s = next;
     }
@@ -1070,6 +1071,7 @@ static void issue(ccq_runtime *rt, ccq_batch *b)
         }
         s->cursor = s->bcur;
         s->inflight = true;
+        atomic_store_explicit(&s->issued_ns, b->issue_ns, memory_order_release);
         s->bnext_touched = NULL;
         s->batch_next = b->streams;
         b->streams = s;
