@@ -22,7 +22,22 @@ typedef struct ccq_errbuf {
 
 /* Kinds of operations a batch carries. A collective is one op holding every local
  * rank's part; a send/recv pair is one op with two parts (send first, recv second). */
-typedef enum ccq_op_kind { CCQ_OP_ALL_REDUCE, CCQ_OP_SENDRECV, CCQ_OP_KIND_COUNT_ } ccq_op_kind;
+typedef enum ccq_op_kind {
+    CCQ_OP_ALL_REDUCE,
+    CCQ_OP_SENDRECV,
+    CCQ_OP_BROADCAST,
+    CCQ_OP_REDUCE,
+    CCQ_OP_ALL_GATHER,
+    CCQ_OP_REDUCE_SCATTER,
+    CCQ_OP_ALL_TO_ALL,
+    CCQ_OP_GATHER,
+    CCQ_OP_SCATTER,
+    CCQ_OP_KIND_COUNT_
+} ccq_op_kind;
+
+/* Collective parts are in rank order; each part's src and dst hold count or count * n
+ * elements as the kind defines (see ccq.h), and a NULL buffer means "not used by this
+ * rank" (non-root ranks of rooted collectives). */
 
 /* One local rank's share of an operation. */
 typedef struct ccq_be_part {
@@ -42,7 +57,7 @@ typedef struct ccq_be_op {
     uint8_t kind;  /* ccq_op_kind */
     uint8_t dtype; /* ccq_dtype */
     uint8_t redop; /* ccq_reduce_op (collectives that reduce) */
-    uint32_t root; /* root rank (rooted collectives) */
+    uint32_t root; /* root rank (broadcast, reduce, gather, scatter) */
     size_t count;  /* elements per part */
     ccq_be_comm *comm;
     uint32_t comm_size; /* ranks in the communicator */

@@ -240,6 +240,61 @@ CCQ_API ccq_status ccq_send(ccq_runtime *rt, ccq_device_id device, ccq_stream_id
 CCQ_API ccq_status ccq_recv(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream, void *dst,
                             size_t count, ccq_dtype dtype, ccq_device_id peer);
 
+/*
+ * The other collectives. They go through the same path as ccq_all_reduce (matching by
+ * per-(communicator, rank) sequence number, signature checks, batching, fences, errors) and
+ * follow NCCL's definitions. A rank's position in the sorted device set orders the blocks of
+ * all_gather, reduce_scatter, all_to_all, gather and scatter; a root is a device id (it must
+ * be in the set). Buffers are borrowed until the covering fence returns. In place as NCCL:
+ * broadcast/reduce: src == dst; all_gather: src == dst + rank*count; reduce_scatter:
+ * dst == src + rank*count; gather (root): src == dst + root_rank*count; scatter (root):
+ * dst == src + root_rank*count (in elements). all_to_all has no in-place form. Any other
+ * overlap is CCQ_ERR_INVALID_ARGUMENT. The parts must agree on count, dtype, op (reductions)
+ * and root (rooted ones), or they all fail with CCQ_ERR_MISMATCH. Errors as ccq_all_reduce.
+ */
+
+/** Copy @p count elements from @p root's @p src to every rank's @p dst (src is read on the
+ * root only; it may be NULL elsewhere). */
+CCQ_API ccq_status ccq_broadcast(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream,
+                                 const void *src, void *dst, size_t count, ccq_dtype dtype,
+                                 ccq_device_id root, const ccq_device_id *devices, size_t n);
+
+/** Reduce every rank's @p src (count elements) into @p root's @p dst (NULL elsewhere). */
+CCQ_API ccq_status ccq_reduce(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream,
+                              const void *src, void *dst, size_t count, ccq_dtype dtype,
+                              ccq_reduce_op op, ccq_device_id root, const ccq_device_id *devices,
+                              size_t n);
+
+/** Every rank's @p src (count elements) into block `rank` of every rank's @p dst
+ * (count * n elements). */
+CCQ_API ccq_status ccq_all_gather(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream,
+                                  const void *src, void *dst, size_t count, ccq_dtype dtype,
+                                  const ccq_device_id *devices, size_t n);
+
+/** Reduce block r (count elements) of every rank's @p src (count * n elements) into rank
+ * r's @p dst (count elements). */
+CCQ_API ccq_status ccq_reduce_scatter(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream,
+                                      const void *src, void *dst, size_t count, ccq_dtype dtype,
+                                      ccq_reduce_op op, const ccq_device_id *devices, size_t n);
+
+/** Block j (count elements) of rank i's @p src goes to block i of rank j's @p dst (both
+ * count * n elements). */
+CCQ_API ccq_status ccq_all_to_all(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream,
+                                  const void *src, void *dst, size_t count, ccq_dtype dtype,
+                                  const ccq_device_id *devices, size_t n);
+
+/** Every rank's @p src (count elements) into block `rank` of @p root's @p dst (count * n
+ * elements; NULL elsewhere). */
+CCQ_API ccq_status ccq_gather(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream,
+                              const void *src, void *dst, size_t count, ccq_dtype dtype,
+                              ccq_device_id root, const ccq_device_id *devices, size_t n);
+
+/** Block r (count elements) of @p root's @p src (count * n elements; NULL elsewhere) into
+ * rank r's @p dst (count elements). */
+CCQ_API ccq_status ccq_scatter(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream,
+                               const void *src, void *dst, size_t count, ccq_dtype dtype,
+                               ccq_device_id root, const ccq_device_id *devices, size_t n);
+
 /**
  * Fence: wait until every command submitted on (device, stream) before this call has
  * completed, or until timeout_ms (plus a short grace so the watchdog can report first).
@@ -289,11 +344,22 @@ typedef enum ccq_event_type {
 } ccq_event_type;
 
 /** Kinds of commands in events. */
-typedef enum ccq_cmd_kind_public {
+typedef enum ccq_kind {
     CCQ_KIND_ALL_REDUCE,
     CCQ_KIND_SEND,
-    CCQ_KIND_RECV
-} ccq_cmd_kind_public;
+    CCQ_KIND_RECV,
+    CCQ_KIND_BROADCAST,
+    CCQ_KIND_REDUCE,
+    CCQ_KIND_ALL_GATHER,
+    CCQ_KIND_REDUCE_SCATTER,
+    CCQ_KIND_ALL_TO_ALL,
+    CCQ_KIND_GATHER,
+    CCQ_KIND_SCATTER,
+    CCQ_KIND_COUNT_
+} ccq_kind;
+
+/** Name of a command kind ("all_gather"), or "?". */
+CCQ_API const char *ccq_kind_name(uint32_t kind);
 
 /** One event. Fields that do not apply to a type are 0 (or ~0 for device/stream). */
 typedef struct ccq_event {
@@ -308,12 +374,13 @@ typedef struct ccq_event {
     uint32_t thread;  /**< Thread that submitted the command, or that fenced (Linux tid). */
     uint32_t device, stream;
     uint32_t comm; /**< Communicator id (creation order, starting at 0). */
-    uint8_t kind;  /**< ccq_cmd_kind_public */
+    uint8_t kind;  /**< ccq_kind */
     uint8_t dtype; /**< ccq_dtype */
     uint8_t op;    /**< ccq_reduce_op */
     uint8_t peer_valid;
     int32_t status; /**< ccq_status, where it applies. */
-    uint32_t peer;  /**< send/recv: the other device. */
+    uint32_t peer;  /**< send/recv: the other device; rooted collectives: the root device
+                         (peer_valid is 1 in both cases). */
 } ccq_event;
 
 /**

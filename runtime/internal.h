@@ -26,7 +26,37 @@
 #define CCQ_MAX_BATCH_MAX   65536u
 
 /* Command kinds: one rank's part as the user submitted it. */
-enum ccq_cmd_kind { CCQ_CMD_ALL_REDUCE, CCQ_CMD_SEND, CCQ_CMD_RECV };
+/* Command kinds: the public ccq_kind numbering. */
+enum ccq_cmd_kind {
+    CCQ_CMD_ALL_REDUCE = CCQ_KIND_ALL_REDUCE,
+    CCQ_CMD_SEND = CCQ_KIND_SEND,
+    CCQ_CMD_RECV = CCQ_KIND_RECV,
+    CCQ_CMD_BROADCAST = CCQ_KIND_BROADCAST,
+    CCQ_CMD_REDUCE = CCQ_KIND_REDUCE,
+    CCQ_CMD_ALL_GATHER = CCQ_KIND_ALL_GATHER,
+    CCQ_CMD_REDUCE_SCATTER = CCQ_KIND_REDUCE_SCATTER,
+    CCQ_CMD_ALL_TO_ALL = CCQ_KIND_ALL_TO_ALL,
+    CCQ_CMD_GATHER = CCQ_KIND_GATHER,
+    CCQ_CMD_SCATTER = CCQ_KIND_SCATTER,
+};
+
+/* What each kind of command is: one table drives validation, matching, hazards and the
+ * backend op, so every collective goes through the same path. */
+enum { CCQ_USE_NONE, CCQ_USE_ALL, CCQ_USE_ROOT };
+typedef struct ccq_kind_info {
+    const char *name;
+    uint8_t op_kind;          /* ccq_op_kind */
+    bool collective;          /* on the communicator's collective channel */
+    bool reduces;             /* takes a reduce op */
+    bool rooted;              /* takes a root */
+    uint8_t src_use, dst_use; /* which ranks read src / write dst */
+    bool src_n, dst_n;        /* the buffer holds count * n elements (else count) */
+} ccq_kind_info;
+extern const ccq_kind_info ccq_kinds[CCQ_KIND_COUNT_];
+
+/* Bytes of a part's src / dst (0 when this rank does not use it). */
+size_t ccq_part_src_bytes(uint8_t kind, size_t count, size_t esize, uint32_t n, bool is_root);
+size_t ccq_part_dst_bytes(uint8_t kind, size_t count, size_t esize, uint32_t n, bool is_root);
 
 /* Scheduler-side states of a command. */
 enum ccq_cmd_state {
@@ -82,6 +112,7 @@ typedef struct ccq_cmd {
     uint8_t chan;  /* CCQ_CHAN_* */
     uint32_t part; /* index in the instance: rank for collectives, 0 send / 1 recv */
     uint32_t rank; /* rank of the submitting device in the communicator */
+    uint32_t root; /* rooted collectives: root rank */
     ccq_device_id device;
     ccq_device_id peer; /* send/recv: the other device */
     size_t count;

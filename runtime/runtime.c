@@ -511,7 +511,7 @@ typedef struct submit_args {
     size_t count;
     ccq_dtype dtype;
     ccq_reduce_op op;
-    ccq_device_id peer;
+    ccq_device_id peer; /* send/recv: the other device; rooted collectives: the root */
 } submit_args;
 
 /* Allocate the stream's slot ring on first use and announce the stream to the scheduler.
@@ -590,19 +590,81 @@ static ccq_status reserve_ticket(ccq_runtime *rt, ccq_stream *s, const char *fn,
     }
 }
 
+/* The buffers a part uses: not NULL when they hold bytes, and not overlapping except at
+ * the one in-place position NCCL defines for the kind (see ccq.h). */
+static ccq_status check_buffers(const char *fn, const ccq_kind_info *k, const submit_args *a,
+                                size_t esize, uint32_t n, uint32_t rank, uint32_t root)
+{
+    bool is_root = rank == root;
+    size_t sb = ccq_part_src_bytes(a->kind, a->count, esize, n, is_root);
+    size_t db = ccq_part_dst_bytes(a->kind, a->count, esize, n, is_root);
+    size_t block = a->count * esize; /* one rank's block */
+    uintptr_t s0 = (uintptr_t)a->src, d0 = (uintptr_t)a->dst;
+
+    if (sb > 0 && a->src == NULL)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "%s: src is NULL", fn);
+    if (db > 0 && a->dst == NULL)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "%s: dst is NULL", fn);
+    if (sb == 0 || db == 0 || !(s0 < d0 + db && d0 < s0 + sb))
+        return CCQ_OK;
+    switch (a->kind) {
+    case CCQ_CMD_ALL_REDUCE:
+    case CCQ_CMD_BROADCAST:
+    case CCQ_CMD_REDUCE:
+        if (s0 == d0)
+            return CCQ_OK;
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "%s: src and dst overlap partially (in place needs src == dst)", fn);
+    case CCQ_CMD_ALL_GATHER:
+        if (s0 == d0 + rank * block)
+            return CCQ_OK;
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "%s: src and dst overlap (in place needs src == dst + rank * count, rank "
+                        "%u)",
+                        fn, rank);
+    case CCQ_CMD_REDUCE_SCATTER:
+        if (d0 == s0 + rank * block)
+            return CCQ_OK;
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "%s: src and dst overlap (in place needs dst == src + rank * count, rank "
+                        "%u)",
+                        fn, rank);
+    case CCQ_CMD_GATHER:
+        if (s0 == d0 + root * block)
+            return CCQ_OK;
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "%s: src and dst overlap (in place on the root needs src == dst + "
+                        "root_rank * count, root rank %u)",
+                        fn, root);
+    case CCQ_CMD_SCATTER:
+        if (d0 == s0 + root * block)
+            return CCQ_OK;
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "%s: src and dst overlap (in place on the root needs dst == src + "
+                        "root_rank * count, root rank %u)",
+                        fn, root);
+    default:
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "%s: src and dst overlap (%s has no in-place "
+                        "form)",
+                        fn, k->name);
+    }
+}
+
 static ccq_status submit(ccq_runtime *rt, const char *fn, const submit_args *a,
                          const ccq_device_id *devices, size_t n)
 {
     ccq_device_id sorted[CCQ_MAX_DEVICES];
-    ccq_comm *comm;
+    ccq_comm *comm = NULL;
     ccq_stream *s;
     ccq_cmd *ring, *c;
     ccq_be_submit be_sub;
     ccq_status st;
-    size_t esize, bytes;
-    uint32_t nset, rank = 0, chan, part;
+    const ccq_kind_info *k = &ccq_kinds[a->kind];
+    size_t esize;
+    uint32_t nset, rank = 0, root = 0, chan = 0, part = 0;
     uint64_t t = 0, seq;
-    _Atomic uint64_t *counter;
+    _Atomic uint64_t *counter = NULL;
 
     ccq_clear_detail();
     if (rt == NULL)
@@ -613,24 +675,11 @@ static ccq_status submit(ccq_runtime *rt, const char *fn, const submit_args *a,
     esize = ccq_dtype_size(a->dtype);
     if (esize == 0)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "%s: invalid dtype %d", fn, (int)a->dtype);
-    if (a->kind == CCQ_CMD_ALL_REDUCE && (unsigned)a->op >= CCQ_REDUCE_OP_COUNT_)
+    if (k->reduces && (unsigned)a->op >= CCQ_REDUCE_OP_COUNT_)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "%s: invalid reduce op %d", fn, (int)a->op);
     if (a->count > SIZE_MAX / esize || a->count * esize > (size_t)PTRDIFF_MAX)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "%s: count %zu of %s overflows the address space",
                         fn, a->count, ccq_dtype_name(a->dtype));
-    bytes = a->count * esize;
-    if (bytes > 0) {
-        if (a->kind != CCQ_CMD_RECV && a->src == NULL)
-            return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "%s: src is NULL", fn);
-        if (a->kind != CCQ_CMD_SEND && a->dst == NULL)
-            return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "%s: dst is NULL", fn);
-    }
-    if (a->kind == CCQ_CMD_ALL_REDUCE && bytes > 0 && a->src != a->dst) {
-        uintptr_t s0 = (uintptr_t)a->src, d0 = (uintptr_t)a->dst;
-        if (s0 < d0 + bytes && d0 < s0 + bytes)
-            return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
-                            "%s: src and dst overlap partially (in place needs src == dst)", fn);
-    }
 
     /* Refuse early once shutdown has begun, before the communicator lookup can give a
      * less useful answer; reserve_ticket() checks again, race-free. */
@@ -638,7 +687,7 @@ static ccq_status submit(ccq_runtime *rt, const char *fn, const submit_args *a,
         return ccq_fail(CCQ_ERR_SHUTDOWN, "%s: the runtime is shutting down", fn);
 
     /* The communicator and this device's rank in it. */
-    if (a->kind == CCQ_CMD_ALL_REDUCE) {
+    if (k->collective) {
         st = normalize_set(rt, fn, devices, n, sorted);
         if (st != CCQ_OK)
             return st;
@@ -648,6 +697,17 @@ static ccq_status submit(ccq_runtime *rt, const char *fn, const submit_args *a,
         if (rank == nset)
             return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
                             "%s: device %u is not in the device set it submits to", fn, a->device);
+        if (k->rooted) {
+            while (root < nset && sorted[root] != a->peer)
+                root++;
+            if (root == nset)
+                return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                                "%s: root device %u is not in the device set", fn, a->peer);
+        }
+        if ((k->src_n || k->dst_n) && a->count * esize > (size_t)PTRDIFF_MAX / nset)
+            return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                            "%s: count %zu x %u ranks of %s overflows the address space", fn,
+                            a->count, nset, ccq_dtype_name(a->dtype));
         comm = ccq_comm_lookup(rt, sorted, nset);
         if (comm == NULL) {
             char set[128];
@@ -670,28 +730,29 @@ static ccq_status submit(ccq_runtime *rt, const char *fn, const submit_args *a,
         nset = self == peer ? 1 : 2;
         sorted[0] = self < peer ? self : peer;
         sorted[1] = self < peer ? peer : self;
-        if (atomic_load_explicit(&rt->closing, memory_order_acquire))
-            return ccq_fail(CCQ_ERR_SHUTDOWN, "%s: the runtime is shutting down", fn);
+        rank = self == sorted[0] ? 0 : 1;
+    }
+    st = check_buffers(fn, k, a, esize, nset, rank, root);
+    if (st != CCQ_OK)
+        return st;
+    if (!k->collective) {
         st = ccq_comm_get_or_create(rt, sorted, nset, &comm);
         if (st != CCQ_OK)
             return st;
         ccq_comm_request_init(rt, comm);
-        rank = self == sorted[0] ? 0 : 1;
         /* Direction: from the sender's rank to the receiver's. */
-        {
-            uint32_t from = a->kind == CCQ_CMD_SEND ? rank : (peer == sorted[0] ? 0 : 1);
-            uint32_t dir = nset == 1 ? 0 : from;
-            chan = CCQ_CHAN_P2P0 + dir;
-            part = a->kind == CCQ_CMD_SEND ? 0 : 1;
-            counter = a->kind == CCQ_CMD_SEND ? &comm->p2p_send[dir].v : &comm->p2p_recv[dir].v;
-        }
+        uint32_t from = a->kind == CCQ_CMD_SEND ? rank : (a->peer == sorted[0] ? 0 : 1);
+        uint32_t dir = nset == 1 ? 0 : from;
+        chan = CCQ_CHAN_P2P0 + dir;
+        part = a->kind == CCQ_CMD_SEND ? 0 : 1;
+        counter = a->kind == CCQ_CMD_SEND ? &comm->p2p_send[dir].v : &comm->p2p_recv[dir].v;
     }
     st = comm_status(comm, fn);
     if (st != CCQ_OK)
         return st;
     be_sub.device = a->device;
     be_sub.stream_index = a->device * rt->max_streams + a->stream;
-    be_sub.kind = a->kind == CCQ_CMD_ALL_REDUCE ? CCQ_OP_ALL_REDUCE : CCQ_OP_SENDRECV;
+    be_sub.kind = k->op_kind;
     be_sub.dtype = (uint8_t)a->dtype;
     be_sub.redop = (uint8_t)a->op;
     if (rt->be_ops->check != NULL) {
@@ -724,6 +785,7 @@ static ccq_status submit(ccq_runtime *rt, const char *fn, const submit_args *a,
     c->chan = (uint8_t)chan;
     c->part = part;
     c->rank = rank;
+    c->root = root;
     c->device = a->device;
     c->peer = a->peer;
     c->count = a->count;
@@ -755,6 +817,63 @@ CCQ_API ccq_status ccq_all_reduce(ccq_runtime *rt, ccq_device_id device, ccq_str
 {
     submit_args a = {CCQ_CMD_ALL_REDUCE, device, stream, src, dst, count, dtype, op, 0};
     return submit(rt, "ccq_all_reduce", &a, devices, n);
+}
+
+CCQ_API ccq_status ccq_broadcast(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream,
+                                 const void *src, void *dst, size_t count, ccq_dtype dtype,
+                                 ccq_device_id root, const ccq_device_id *devices, size_t n)
+{
+    submit_args a = {CCQ_CMD_BROADCAST, device, stream, src, dst, count, dtype, CCQ_SUM, root};
+    return submit(rt, "ccq_broadcast", &a, devices, n);
+}
+
+CCQ_API ccq_status ccq_reduce(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream,
+                              const void *src, void *dst, size_t count, ccq_dtype dtype,
+                              ccq_reduce_op op, ccq_device_id root, const ccq_device_id *devices,
+                              size_t n)
+{
+    submit_args a = {CCQ_CMD_REDUCE, device, stream, src, dst, count, dtype, op, root};
+    return submit(rt, "ccq_reduce", &a, devices, n);
+}
+
+CCQ_API ccq_status ccq_all_gather(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream,
+                                  const void *src, void *dst, size_t count, ccq_dtype dtype,
+                                  const ccq_device_id *devices, size_t n)
+{
+    submit_args a = {CCQ_CMD_ALL_GATHER, device, stream, src, dst, count, dtype, CCQ_SUM, 0};
+    return submit(rt, "ccq_all_gather", &a, devices, n);
+}
+
+CCQ_API ccq_status ccq_reduce_scatter(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream,
+                                      const void *src, void *dst, size_t count, ccq_dtype dtype,
+                                      ccq_reduce_op op, const ccq_device_id *devices, size_t n)
+{
+    submit_args a = {CCQ_CMD_REDUCE_SCATTER, device, stream, src, dst, count, dtype, op, 0};
+    return submit(rt, "ccq_reduce_scatter", &a, devices, n);
+}
+
+CCQ_API ccq_status ccq_all_to_all(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream,
+                                  const void *src, void *dst, size_t count, ccq_dtype dtype,
+                                  const ccq_device_id *devices, size_t n)
+{
+    submit_args a = {CCQ_CMD_ALL_TO_ALL, device, stream, src, dst, count, dtype, CCQ_SUM, 0};
+    return submit(rt, "ccq_all_to_all", &a, devices, n);
+}
+
+CCQ_API ccq_status ccq_gather(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream,
+                              const void *src, void *dst, size_t count, ccq_dtype dtype,
+                              ccq_device_id root, const ccq_device_id *devices, size_t n)
+{
+    submit_args a = {CCQ_CMD_GATHER, device, stream, src, dst, count, dtype, CCQ_SUM, root};
+    return submit(rt, "ccq_gather", &a, devices, n);
+}
+
+CCQ_API ccq_status ccq_scatter(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream,
+                               const void *src, void *dst, size_t count, ccq_dtype dtype,
+                               ccq_device_id root, const ccq_device_id *devices, size_t n)
+{
+    submit_args a = {CCQ_CMD_SCATTER, device, stream, src, dst, count, dtype, CCQ_SUM, root};
+    return submit(rt, "ccq_scatter", &a, devices, n);
 }
 
 CCQ_API ccq_status ccq_send(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream,

@@ -265,20 +265,23 @@ static void ev_cmd(ccq_runtime *rt, uint32_t type, const ccq_cmd *c, uint64_t t,
     e.dtype = c->dtype;
     e.op = c->redop;
     e.status = st;
-    if (c->kind != CCQ_CMD_ALL_REDUCE) {
+    if (!ccq_kinds[c->kind].collective) {
         e.peer_valid = 1;
         e.peer = c->peer;
+    } else if (ccq_kinds[c->kind].rooted) {
+        e.peer_valid = 1;
+        e.peer = c->comm->devices[c->root];
     }
     ccq_trace_rec(&rt->trace, &e);
 }
 
 /* Record an event about a communicator, an operation of it, or a batch. */
-static void ev_misc(ccq_runtime *rt, uint32_t type, uint64_t id, uint32_t comm, uint64_t seq,
-                    uint64_t count, uint64_t extra, ccq_status st)
+static void ev_misc(ccq_runtime *rt, uint64_t t, uint32_t type, uint64_t id, uint32_t comm,
+                    uint64_t seq, uint64_t count, uint64_t extra, ccq_status st)
 {
     ccq_event e;
     memset(&e, 0, sizeof e);
-    e.time_ns = ccq_now_ns();
+    e.time_ns = t;
     e.type = type;
     e.id = id;
     e.comm = comm;
@@ -338,6 +341,40 @@ static void fail_inst(ccq_sched *S, ccq_inst *i, ccq_status st, const char *reas
 /* Matching                                                                              */
 /* ------------------------------------------------------------------------------------ */
 
+/* The fields the parts of a collective must agree on: kind, count, dtype, and the op of
+ * reductions and the root of rooted ones (those only when the kinds agree). */
+static bool field_differs(const ccq_cmd *a, const ccq_cmd *b, int f)
+{
+    switch (f) {
+    case 0:
+        return a->kind != b->kind;
+    case 1:
+        return a->count != b->count;
+    case 2:
+        return a->dtype != b->dtype;
+    case 3:
+        return a->kind == b->kind && ccq_kinds[a->kind].reduces && a->redop != b->redop;
+    default:
+        return a->kind == b->kind && ccq_kinds[a->kind].rooted && a->root != b->root;
+    }
+}
+
+static size_t field_str(char *buf, size_t len, const ccq_cmd *c, int f)
+{
+    switch (f) {
+    case 0:
+        return ccq_format(buf, len, "%s", ccq_cmd_kind_name(c->kind));
+    case 1:
+        return ccq_format(buf, len, "%zu", c->count);
+    case 2:
+        return ccq_format(buf, len, "%s", ccq_dtype_name((ccq_dtype)c->dtype));
+    case 3:
+        return ccq_format(buf, len, "%s", ccq_reduce_op_name((ccq_reduce_op)c->redop));
+    default:
+        return ccq_format(buf, len, "device %u", c->comm->devices[c->root]);
+    }
+}
+
 /* All parts are present: check that they agree, then build the backend's view. */
 static void inst_complete(ccq_runtime *rt, ccq_sched *S, ccq_inst *i)
 {
@@ -350,40 +387,26 @@ static void inst_complete(ccq_runtime *rt, ccq_sched *S, ccq_inst *i)
 
     if (ch->id == CCQ_CHAN_COLL) {
         /* Compare every rank with rank 0, field by field, naming the ranks. */
-        static const char *const fields[] = {"kind", "count", "dtype", "op"};
-        for (int f = 0; f < 4; f++) {
+        static const char *const fields[] = {"kind", "count", "dtype", "op", "root"};
+        for (int f = 0; f < 5; f++) {
             bool field_bad = false;
             for (uint32_t r = 1; r < ch->nparts; r++) {
                 ccq_cmd *c = i->cmds[r];
-                bool diff = f == 0   ? c->kind != c0->kind
-                            : f == 1 ? c->count != c0->count
-                            : f == 2 ? c->dtype != c0->dtype
-                                     : c->redop != c0->redop;
-                if (!diff)
+                if (!field_differs(c0, c, f))
                     continue;
                 if (!bad)
                     w += ccq_format(detail + w, sizeof detail - w,
                                     "parts do not match across ranks:");
                 bad = true;
-                if (!field_bad)
-                    w += ccq_format(detail + w, sizeof detail - w, "%s %s: rank 0 (device %u) %s",
-                                    nbad ? ";" : "", fields[f], c0->device,
-                                    f == 0   ? ccq_cmd_kind_name(c0->kind)
-                                    : f == 2 ? ccq_dtype_name(c0->dtype)
-                                    : f == 3 ? ccq_reduce_op_name(c0->redop)
-                                             : "");
-                if (f == 1 && !field_bad)
-                    w += ccq_format(detail + w, sizeof detail - w, "%zu", c0->count);
+                if (!field_bad) {
+                    w += ccq_format(detail + w, sizeof detail - w, "%s %s: rank 0 (device %u) ",
+                                    nbad ? ";" : "", fields[f], c0->device);
+                    w += field_str(detail + w, sizeof detail - w, c0, f);
+                }
                 field_bad = true;
                 w += ccq_format(detail + w, sizeof detail - w, ", rank %u (device %u) ", r,
                                 c->device);
-                if (f == 1)
-                    w += ccq_format(detail + w, sizeof detail - w, "%zu", c->count);
-                else
-                    w += ccq_format(detail + w, sizeof detail - w, "%s",
-                                    f == 0   ? ccq_cmd_kind_name(c->kind)
-                                    : f == 2 ? ccq_dtype_name(c->dtype)
-                                             : ccq_reduce_op_name(c->redop));
+                w += field_str(detail + w, sizeof detail - w, c, f);
             }
             nbad += field_bad;
         }
@@ -408,10 +431,10 @@ static void inst_complete(ccq_runtime *rt, ccq_sched *S, ccq_inst *i)
         return;
     }
 
-    i->op.kind = ch->id == CCQ_CHAN_COLL ? CCQ_OP_ALL_REDUCE : CCQ_OP_SENDRECV;
+    i->op.kind = ccq_kinds[c0->kind].op_kind;
     i->op.dtype = c0->dtype;
     i->op.redop = c0->redop;
-    i->op.root = 0;
+    i->op.root = ch->id == CCQ_CHAN_COLL ? c0->root : 0;
     i->op.count = c0->count;
     i->op.comm = ch->comm->be;
     i->op.comm_size = ch->comm->n;
@@ -424,12 +447,14 @@ static void inst_complete(ccq_runtime *rt, ccq_sched *S, ccq_inst *i)
         i->bparts[p].rank = c->rank;
         i->bparts[p].stream_index = c->stream->index;
         i->bparts[p].slot = c->slot;
-        i->bparts[p].src = c->kind == CCQ_CMD_RECV ? NULL : c->src;
-        i->bparts[p].dst = c->kind == CCQ_CMD_SEND ? NULL : c->dst;
+        /* Buffers a rank does not use reach the backend as NULL (non-root ranks). */
+        i->bparts[p].src = c->rd.lo < c->rd.hi ? c->src : NULL;
+        i->bparts[p].dst = c->wr.lo < c->wr.hi ? c->dst : NULL;
     }
     i->state = CCQ_INST_READY;
     if (ccq_trace_on(&rt->trace))
-        ev_misc(rt, CCQ_EV_MATCHED, c0->trace_id, ch->comm->id, i->seq, c0->count, ch->id, CCQ_OK);
+        ev_misc(rt, ccq_now_ns(), CCQ_EV_MATCHED, c0->trace_id, ch->comm->id, i->seq, c0->count,
+                c0->count * ccq_dtype_size((ccq_dtype)c0->dtype), CCQ_OK);
     if (i->seq == ch->head)
         chan_list(S, ch);
 }
@@ -489,11 +514,16 @@ static void arrive(ccq_runtime *rt, ccq_cmd *c)
     if (ccq_trace_on(&rt->trace))
         ev_cmd(rt, CCQ_EV_SUBMITTED, c, c->submit_ns, CCQ_OK);
     {
-        size_t bytes = c->count * ccq_dtype_size((ccq_dtype)c->dtype);
-        const void *r = c->kind == CCQ_CMD_RECV ? NULL : c->src;
-        void *w = c->kind == CCQ_CMD_SEND ? NULL : c->dst;
-        c->rd = r && bytes ? (ccq_span){(uintptr_t)r, (uintptr_t)r + bytes} : CCQ_SPAN_EMPTY;
-        c->wr = w && bytes ? (ccq_span){(uintptr_t)w, (uintptr_t)w + bytes} : CCQ_SPAN_EMPTY;
+        /* The memory this rank's part reads and writes, by kind (hazards, backend view). */
+        size_t es = ccq_dtype_size((ccq_dtype)c->dtype);
+        bool root = c->rank == c->root;
+        uint32_t n = ccq_kinds[c->kind].collective ? c->comm->n : 1;
+        size_t rb = ccq_part_src_bytes(c->kind, c->count, es, n, root);
+        size_t wb = ccq_part_dst_bytes(c->kind, c->count, es, n, root);
+        c->rd =
+            c->src && rb ? (ccq_span){(uintptr_t)c->src, (uintptr_t)c->src + rb} : CCQ_SPAN_EMPTY;
+        c->wr =
+            c->dst && wb ? (ccq_span){(uintptr_t)c->dst, (uintptr_t)c->dst + wb} : CCQ_SPAN_EMPTY;
     }
     c->status = CCQ_OK;
     c->state = CCQ_CMD_QUEUED;
@@ -615,7 +645,7 @@ static bool drain(ccq_runtime *rt)
 /* ------------------------------------------------------------------------------------ */
 
 /* End the head command of a stream. The caller publishes `ended` afterwards. */
-static void end_head(ccq_runtime *rt, ccq_stream *s)
+static void end_head(ccq_runtime *rt, ccq_stream *s, uint64_t now)
 {
     ccq_sched *S = rt->sched;
     ccq_cmd *c = s->fifo_head;
@@ -635,12 +665,11 @@ static void end_head(ccq_runtime *rt, ccq_stream *s)
         S->error_seen = true;
         ccq_stream_record_error(s, c->status, c->detail);
     }
-    if (ccq_trace_on(&rt->trace)) {
-        uint64_t now = ccq_now_ns();
+    /* Metrics are kept whether or not the recorder is on (one histogram bucket per end). */
+    if (c->issue_ns != 0)
+        ccq_hist_add(&rt->trace.run_ns, now - c->issue_ns);
+    if (ccq_trace_on(&rt->trace))
         ev_cmd(rt, c->status == CCQ_OK ? CCQ_EV_COMPLETED : CCQ_EV_FAILED, c, now, c->status);
-        if (c->issue_ns != 0)
-            ccq_hist_add(&rt->trace.run_ns, now - c->issue_ns);
-    }
     free(c->detail);
     c->detail = NULL;
     free(c->pre_detail);
@@ -669,12 +698,14 @@ static bool end_failed_heads(ccq_runtime *rt)
 {
     ccq_sched *S = rt->sched;
     bool any = false;
+    uint64_t now = 0; /* read the clock only if something ends */
 
     for (uint32_t k = 0; k < S->nactive;) {
         ccq_stream *s = S->active[k];
         uint64_t n = 0;
         while (!s->inflight && s->fifo_head != NULL && s->fifo_head->state == CCQ_CMD_FAILED) {
-            end_head(rt, s);
+            now = now ? now : ccq_now_ns();
+            end_head(rt, s, now);
             n++;
         }
         publish_ended(rt, s, n);
@@ -702,6 +733,7 @@ static void batch_release(ccq_sched *S, ccq_batch *b)
 static void batch_done(ccq_runtime *rt, ccq_batch *b)
 {
     ccq_sched *S = rt->sched;
+    uint64_t now = ccq_now_ns();
 
     /* Communicators the backend aborted on its own (an asynchronous error): fail what is
      * queued on them and refuse new work, as the watchdog's aborts do. */
@@ -746,7 +778,7 @@ static void batch_done(ccq_runtime *rt, ccq_batch *b)
         ccq_stream *next = s->batch_next;
         uint64_t n = 0;
         while (s->fifo_head != s->cursor) {
-            end_head(rt, s);
+            end_head(rt, s, now);
             n++;
         }
         s->inflight = false;
@@ -755,7 +787,8 @@ static void batch_done(ccq_runtime *rt, ccq_batch *b)
         s = next;
     }
     if (ccq_trace_on(&rt->trace))
-        ev_misc(rt, CCQ_EV_BATCH_DONE, b->be.id, UINT32_MAX, 0, b->be.nops, 0, b->be.status);
+        ev_misc(rt, ccq_now_ns(), CCQ_EV_BATCH_DONE, b->be.id, UINT32_MAX, 0, b->be.nops, 0,
+                b->be.status);
     for (uint32_t k = 0; k < b->be.nops; k++) {
         if (b->insts[k]->op.status != CCQ_OK || b->be.status != CCQ_OK) {
             char note[CCQ_DETAIL_LEN];
@@ -1064,10 +1097,9 @@ static void issue(ccq_runtime *rt, ccq_batch *b)
                 continue; /* a failed command riding along; it is not sent anywhere */
             q->batch = b->be.id;
             q->issue_ns = b->issue_ns;
-            if (traced) {
+            ccq_hist_add(&rt->trace.queue_ns, b->issue_ns - q->submit_ns);
+            if (traced)
                 ev_cmd(rt, CCQ_EV_ISSUED, q, b->issue_ns, CCQ_OK);
-                ccq_hist_add(&rt->trace.queue_ns, b->issue_ns - q->submit_ns);
-            }
         }
         s->cursor = s->bcur;
         s->inflight = true;
@@ -1087,9 +1119,10 @@ static void issue(ccq_runtime *rt, ccq_batch *b)
     stats_batch(rt, b->be.nops);
 
     st = rt->be_ops->issue(rt->be, &b->be, &err);
-    if (traced) /* bytes = how long issuing took (for the host backend: inline work too) */
-        ev_misc(rt, CCQ_EV_BATCH, b->be.id, UINT32_MAX, 0, b->be.nops, ccq_now_ns() - b->issue_ns,
-                st);
+    if (traced) { /* bytes = how long issuing took (for the host backend: inline work too) */
+        uint64_t t1 = ccq_now_ns();
+        ev_misc(rt, t1, CCQ_EV_BATCH, b->be.id, UINT32_MAX, 0, b->be.nops, t1 - b->issue_ns, st);
+    }
     if (st != CCQ_OK) {
         /* Nothing started: the batch completes now, failed with the backend's message. */
         b->be.status = st;
@@ -1174,10 +1207,15 @@ static void describe_wait(ccq_inst *i, ccq_cmd *c, uint64_t now, char *buf, size
                     w += ccq_format(buf + w, len - w, "%s %u (device %u)", k++ ? "," : "", r,
                                     comm->devices[r]);
             /* The signature they owe: what the parts that did come agree on. */
-            w += ccq_format(
-                buf + w, len - w, ", which %s not submitted all_reduce #%" PRIu64 " (%s x %zu, %s)",
-                missing > 1 ? "have" : "has", i->seq, ccq_dtype_name((ccq_dtype)c->dtype), c->count,
-                ccq_reduce_op_name((ccq_reduce_op)c->redop));
+            w += ccq_format(buf + w, len - w, ", which %s not submitted %s #%" PRIu64 " (%s x %zu",
+                            missing > 1 ? "have" : "has", ccq_cmd_kind_name(c->kind), i->seq,
+                            ccq_dtype_name((ccq_dtype)c->dtype), c->count);
+            if (ccq_kinds[c->kind].reduces)
+                w += ccq_format(buf + w, len - w, ", %s",
+                                ccq_reduce_op_name((ccq_reduce_op)c->redop));
+            if (ccq_kinds[c->kind].rooted)
+                w += ccq_format(buf + w, len - w, ", root device %u", comm->devices[c->root]);
+            w += ccq_format(buf + w, len - w, ")");
             /* Desync report: how far each rank of the communicator got. */
             w += ccq_format(buf + w, len - w, "; comm ");
             w += ccq_describe_comm(buf + w, len - w, comm);
@@ -1244,7 +1282,7 @@ static void abort_comm(ccq_runtime *rt, ccq_comm *comm, const char *why)
     snprintf(comm->init_detail, sizeof comm->init_detail, "%s", why);
     atomic_store_explicit(&comm->aborted, 1, memory_order_release);
     if (ccq_trace_on(&rt->trace))
-        ev_misc(rt, CCQ_EV_ABORT, 0, comm->id, 0, 0, 0, CCQ_ERR_ABORTED);
+        ev_misc(rt, ccq_now_ns(), CCQ_EV_ABORT, 0, comm->id, 0, 0, 0, CCQ_ERR_ABORTED);
     {
         char note[CCQ_DETAIL_LEN];
         size_t w = ccq_format(note, sizeof note, "communicator ");
@@ -1302,8 +1340,8 @@ static bool watchdog(ccq_runtime *rt, uint64_t now)
             }
             describe_wait(q->inst, q, now, detail, sizeof detail);
             if (ccq_trace_on(&rt->trace))
-                ev_misc(rt, CCQ_EV_WATCHDOG, q->trace_id, q->comm->id, q->seq, q->count, 0,
-                        CCQ_ERR_TIMEOUT);
+                ev_misc(rt, ccq_now_ns(), CCQ_EV_WATCHDOG, q->trace_id, q->comm->id, q->seq,
+                        q->count, 0, CCQ_ERR_TIMEOUT);
             ccq_trace_note(&rt->trace, CCQ_EV_WATCHDOG, detail);
             fail_inst(S, q->inst, CCQ_ERR_TIMEOUT, detail, false);
             S->error_seen = true;
@@ -1478,7 +1516,8 @@ void *ccq_sched_main(void *arg)
             continue;
         }
 
-        deadline = S->wd_next;
+        deadline = min_u64(
+            S->wd_next, ccq_trace_next_tick(&rt->trace, S->completed + S->failed + S->cancelled));
         if (S->ninflight > 0 && rt->be_ops->poll_interval_ns > 0)
             deadline = min_u64(deadline, add_sat(now, rt->be_ops->poll_interval_ns));
         uint32_t seq = ccq_wake_prepare(&rt->wake);
@@ -1500,6 +1539,7 @@ void *ccq_sched_main(void *arg)
         comm_create_now(rt, ccq_container_of(n, ccq_comm, req_node), true);
         n = next;
     }
+    ccq_trace_fence_writes(); /* the ring is read by other threads from now on */
     atomic_store_explicit(&rt->sched_exited, 1, memory_order_seq_cst);
     /* A snapshot request that came too late is answered by its caller now (see trace.c). */
     ccq_signal_notify(&rt->trace.req_sig);

@@ -11,6 +11,9 @@
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 #include "runtime/internal.h"
 
@@ -86,7 +89,9 @@ int ccq_trace_init(ccq_trace *t, uint32_t capacity, const char *file)
         atomic_init(&t->queue_ns.b[i], 0);
         atomic_init(&t->run_ns.b[i], 0);
     }
-    t->start_ns = t->rate_t0 = ccq_now_ns();
+    t->start_ns = ccq_now_ns();
+    atomic_init(&t->rate_t0, t->start_ns);
+    atomic_init(&t->rate_n0, 0);
     if (file != NULL && *file != '\0' && (t->file = strdup(file)) == NULL)
         return -1;
     if (capacity == 0)
@@ -94,8 +99,8 @@ int ccq_trace_init(ccq_trace *t, uint32_t capacity, const char *file)
     t->cap = 1;
     while (t->cap < capacity)
         t->cap <<= 1;
-    /* Fences are far fewer than commands: a sixteenth of the space, at least 256. */
-    t->fcap = t->cap / 16 > 256 ? t->cap / 16 : 256;
+    /* Fences are fewer than commands: a quarter of the space, at least 256. */
+    t->fcap = t->cap / 4 > 256 ? t->cap / 4 : 256;
     t->ring = calloc(t->cap, sizeof *t->ring);
     t->fring = calloc(t->fcap, sizeof *t->fring);
     return t->ring != NULL && t->fring != NULL ? 0 : -1;
@@ -137,10 +142,36 @@ static void deliver(ccq_trace *t, const ccq_event *ev)
         cb->fn(ev, cb->user);
 }
 
+/* Copy an event into the ring with streaming stores where available: the ring is larger
+ * than the caches, so ordinary stores would first read every line they overwrite. Only
+ * the scheduler reads the ring while it runs (its own stores are always visible to it);
+ * others read it after ccq_trace_fence_writes() (see the scheduler's exit). */
+static inline void ring_put(ccq_event *slot, const ccq_event *ev)
+{
+#if defined(__SSE2__) && !defined(CCQ_TSAN)
+    _Static_assert(sizeof(ccq_event) % 16 == 0, "events are whole 16-byte units");
+    if (((uintptr_t)slot & 15) == 0) {
+        const __m128i *s = (const __m128i *)(const void *)ev;
+        __m128i *d = (__m128i *)(void *)slot;
+        for (size_t k = 0; k < sizeof(ccq_event) / 16; k++)
+            _mm_stream_si128(d + k, _mm_loadu_si128(s + k));
+        return;
+    }
+#endif
+    *slot = *ev;
+}
+
+void ccq_trace_fence_writes(void)
+{
+#if defined(__SSE2__) && !defined(CCQ_TSAN)
+    _mm_sfence();
+#endif
+}
+
 void ccq_trace_rec(ccq_trace *t, const ccq_event *ev)
 {
     if (t->cap != 0) {
-        t->ring[t->head & (t->cap - 1)] = *ev;
+        ring_put(&t->ring[t->head & (t->cap - 1)], ev);
         t->head++;
         atomic_store_explicit(&t->head_pub, t->head, memory_order_relaxed);
     }
@@ -213,16 +244,28 @@ size_t ccq_trace_copy(ccq_trace *t, ccq_event *out, size_t cap, uint64_t *droppe
     return finish_copy(t, out, n, cap, dropped);
 }
 
+uint64_t ccq_trace_next_tick(ccq_trace *t, uint64_t ended)
+{
+    uint64_t bits = atomic_load_explicit(&t->rate_bits, memory_order_relaxed);
+    /* A tick is due while the last window had completions, or until the published rate is
+     * 0 again: an idle runtime reports 0 within two seconds, then sleeps without ticking. */
+    if (ended == atomic_load_explicit(&t->rate_n0, memory_order_relaxed) && bits == 0)
+        return UINT64_MAX;
+    return atomic_load_explicit(&t->rate_t0, memory_order_relaxed) + 1000000000ull;
+}
+
 void ccq_trace_tick(ccq_trace *t, uint64_t now, uint64_t ended)
 {
-    if (now - t->rate_t0 < 1000000000ull)
+    uint64_t t0 = atomic_load_explicit(&t->rate_t0, memory_order_relaxed);
+    if (now - t0 < 1000000000ull)
         return;
-    double rate = (double)(ended - t->rate_n0) * 1e9 / (double)(now - t->rate_t0);
+    double rate = (double)(ended - atomic_load_explicit(&t->rate_n0, memory_order_relaxed)) * 1e9 /
+                  (double)(now - t0);
     uint64_t bits;
     memcpy(&bits, &rate, sizeof bits);
     atomic_store_explicit(&t->rate_bits, bits, memory_order_relaxed);
-    t->rate_t0 = now;
-    t->rate_n0 = ended;
+    atomic_store_explicit(&t->rate_n0, ended, memory_order_relaxed);
+    atomic_store_explicit(&t->rate_t0, now, memory_order_release);
 }
 
 /* ---- public API ---- */
@@ -384,6 +427,15 @@ CCQ_API ccq_status ccq_get_metrics(ccq_runtime *rt, ccq_metrics *out)
                        atomic_load_explicit(&rt->stats.cancelled, memory_order_relaxed);
     bits = atomic_load_explicit(&t->rate_bits, memory_order_relaxed);
     memcpy(&m.commands_per_s, &bits, sizeof bits);
+    {
+        /* An idle scheduler sleeps and stops ticking: then the rate is over the time since
+         * its last tick, which tends to 0 instead of repeating the last busy second. */
+        uint64_t now = ccq_now_ns(), t0 = atomic_load_explicit(&t->rate_t0, memory_order_acquire);
+        if (now - t0 > 1500000000ull)
+            m.commands_per_s = (double)(m.commands_ended -
+                                        atomic_load_explicit(&t->rate_n0, memory_order_relaxed)) *
+                               1e9 / (double)(now - t0);
+    }
     m.commands_per_s_total = m.uptime_ns ? (double)m.commands_ended * 1e9 / (double)m.uptime_ns : 0;
     m.queue_p50_us = ccq_hist_percentile_us(&t->queue_ns, 50);
     m.queue_p99_us = ccq_hist_percentile_us(&t->queue_ns, 99);
@@ -404,8 +456,15 @@ CCQ_API ccq_status ccq_get_metrics(ccq_runtime *rt, ccq_metrics *out)
             m.deepest_stream = s->id;
         }
     }
-    m.trace_events = atomic_load_explicit(&t->head_pub, memory_order_relaxed);
-    m.trace_dropped = m.trace_events > t->cap ? m.trace_events - t->cap : 0;
+    {
+        uint64_t sched = atomic_load_explicit(&t->head_pub, memory_order_relaxed), fences;
+        pthread_mutex_lock(&t->fence_lock);
+        fences = t->fhead;
+        pthread_mutex_unlock(&t->fence_lock);
+        m.trace_events = sched + fences;
+        m.trace_dropped =
+            (sched > t->cap ? sched - t->cap : 0) + (fences > t->fcap ? fences - t->fcap : 0);
+    }
     memcpy(out, &m, out->struct_size);
     return CCQ_OK;
 }

@@ -72,8 +72,8 @@ typedef struct ccq_trace {
     /* Metrics (scheduler writes, anyone reads). */
     uint64_t start_ns;
     ccq_hist queue_ns, run_ns;
-    _Atomic uint64_t rate_bits; /* double: commands/s over the last full second */
-    uint64_t rate_t0, rate_n0;  /* scheduler only */
+    _Atomic uint64_t rate_bits;        /* double: commands/s over the last full second */
+    _Atomic uint64_t rate_t0, rate_n0; /* start of the current window (scheduler writes) */
 } ccq_trace;
 
 struct ccq_runtime;
@@ -83,6 +83,8 @@ void ccq_trace_fini(ccq_trace *t);
 
 /* Record an event (scheduler thread only) and hand it to the callback. */
 void ccq_trace_rec(ccq_trace *t, const ccq_event *ev);
+/* Make the scheduler's ring writes (streaming stores) visible to other threads. */
+void ccq_trace_fence_writes(void);
 /* Record a fence event (any thread). */
 void ccq_trace_rec_fence(ccq_trace *t, const ccq_event *ev);
 /* Whether recording does anything (recorder on or a callback set): lets hot paths skip
@@ -105,6 +107,8 @@ static inline bool ccq_trace_requested(ccq_trace *t)
  * or the scheduler has exited. */
 size_t ccq_trace_copy(ccq_trace *t, ccq_event *out, size_t cap, uint64_t *dropped);
 
+/* Scheduler side: when the next rate tick is due (UINT64_MAX: none needed). */
+uint64_t ccq_trace_next_tick(ccq_trace *t, uint64_t ended);
 /* Scheduler side: update the commands/s rate once a second. */
 void ccq_trace_tick(ccq_trace *t, uint64_t now, uint64_t ended);
 

@@ -16,7 +16,9 @@
 
 #include "runtime/internal.h"
 
-#define SUBMIT_SLICE_US 0.2 /* width of the submission marker slices */
+#define SUBMIT_SLICE_US                                                                            \
+    0.2 /* widest submission marker slice (narrower if the next one is                             \
+           closer: slices of one track must nest, never partly overlap) */
 
 typedef struct cmd_info {
     uint64_t submit, issue, batch;
@@ -47,14 +49,14 @@ static double us(uint64_t t, uint64_t t0)
 static void op_name(char *buf, size_t len, const ccq_event *e)
 {
     switch (e->kind) {
-    case CCQ_KIND_ALL_REDUCE:
-        snprintf(buf, len, "all_reduce #%" PRIu64, e->seq);
-        break;
     case CCQ_KIND_SEND:
         snprintf(buf, len, "send #%" PRIu64 " to %u", e->seq, e->peer);
         break;
-    default:
+    case CCQ_KIND_RECV:
         snprintf(buf, len, "recv #%" PRIu64 " from %u", e->seq, e->peer);
+        break;
+    default:
+        snprintf(buf, len, "%s #%" PRIu64, ccq_kind_name(e->kind), e->seq);
         break;
     }
 }
@@ -72,8 +74,11 @@ static void op_args(FILE *f, const comm_names *cn, const ccq_event *e, const cmd
             "{\"id\":%" PRIu64 ",\"comm\":\"%s\",\"seq\":%" PRIu64 ",\"dtype\":\"%s\","
             "\"count\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"thread\":%u",
             e->id, set, e->seq, ccq_dtype_name((ccq_dtype)e->dtype), e->count, e->bytes, e->thread);
-    if (e->kind == CCQ_KIND_ALL_REDUCE)
+    if (e->kind == CCQ_KIND_ALL_REDUCE || e->kind == CCQ_KIND_REDUCE ||
+        e->kind == CCQ_KIND_REDUCE_SCATTER)
         fprintf(f, ",\"op\":\"%s\"", ccq_reduce_op_name((ccq_reduce_op)e->op));
+    if (e->peer_valid && e->kind != CCQ_KIND_SEND && e->kind != CCQ_KIND_RECV)
+        fprintf(f, ",\"root\":%u", e->peer);
     if (ci != NULL && ci->have_issue) {
         fprintf(f, ",\"batch\":%" PRIu64, ci->batch);
         if (ci->have_submit)
@@ -125,6 +130,30 @@ int ccq_trace_write_json(FILE *f, ccq_runtime *rt, const ccq_event *ev, size_t n
             ",\"clock\":\"CLOCK_MONOTONIC\",\"t0_ns\":%" PRIu64 "},\n\"traceEvents\":[\n",
             CCQ_VERSION_STRING, rt->be_ops->name, rt->ndev, n, dropped, t0);
 
+    /* For each submission, when the next one on the same stream happens (backward pass). */
+    uint64_t *next_sub = malloc((n ? n : 1) * sizeof *next_sub);
+    uint64_t *last = malloc(((size_t)rt->ndev * rt->max_streams + 1) * sizeof *last);
+    if (next_sub == NULL || last == NULL) {
+        free(next_sub);
+        free(last);
+        free(ci);
+        free(stream_seen);
+        free(cn.name);
+        return -1;
+    }
+    for (size_t k = 0; k < (size_t)rt->ndev * rt->max_streams; k++)
+        last[k] = UINT64_MAX;
+    for (size_t k = n; k-- > 0;) {
+        const ccq_event *e = &ev[k];
+        next_sub[k] = UINT64_MAX;
+        if (e->type != CCQ_EV_SUBMITTED || e->device >= rt->ndev || e->stream >= rt->max_streams)
+            continue;
+        size_t tr = (size_t)e->device * rt->max_streams + e->stream;
+        next_sub[k] = last[tr];
+        last[tr] = e->time_ns;
+    }
+    free(last);
+
     /* Process and thread names. */
     for (uint32_t d = 0; d < rt->ndev; d++)
         fprintf(f,
@@ -168,10 +197,13 @@ int ccq_trace_write_json(FILE *f, ccq_runtime *rt, const ccq_event *ev, size_t n
                 c->have_submit = true;
             }
             op_name(name, sizeof name, e);
+            double dur = SUBMIT_SLICE_US;
+            if (next_sub[k] != UINT64_MAX && (double)(next_sub[k] - e->time_ns) / 2e3 < dur)
+                dur = (double)((next_sub[k] - e->time_ns) / 2) / 1e3; /* whole ns: no overlap */
             fprintf(f,
                     "%s{\"ph\":\"X\",\"cat\":\"submit\",\"name\":\"%s\",\"pid\":%u,\"tid\":%u,"
                     "\"ts\":%.3f,\"dur\":%.3f,\"args\":",
-                    SEP(), name, pid, tid, us(e->time_ns, t0), SUBMIT_SLICE_US);
+                    SEP(), name, pid, tid, us(e->time_ns, t0), dur);
             op_args(f, &cn, e, NULL);
             fprintf(f,
                     "},\n{\"ph\":\"b\",\"cat\":\"queued\",\"name\":\"%s\",\"id\":\"q%" PRIu64
@@ -213,17 +245,19 @@ int ccq_trace_write_json(FILE *f, ccq_runtime *rt, const ccq_event *ev, size_t n
                 op_args(f, &cn, e, c);
                 fputc('}', f);
             } else {
-                /* Never issued (mismatch, timeout, cancellation): end its queued slice and
-                 * mark the failure where it happened. */
+                /* Never issued (mismatch, timeout, cancellation), or its issue fell out of
+                 * the recorder: end its queued slice and mark the end where it happened. */
+                bool failed = e->type == CCQ_EV_FAILED;
                 if (c != NULL && c->have_submit)
                     fprintf(f,
                             "%s{\"ph\":\"e\",\"cat\":\"queued\",\"name\":\"%s\",\"id\":\"q%" PRIu64
                             "\",\"pid\":%u,\"tid\":%u,\"ts\":%.3f}",
                             SEP(), name, e->id, pid, tid, us(e->time_ns, t0));
                 fprintf(f,
-                        "%s{\"ph\":\"i\",\"s\":\"t\",\"cat\":\"op,failed\",\"name\":\"%s "
-                        "failed\",\"pid\":%u,\"tid\":%u,\"ts\":%.3f,\"args\":",
-                        SEP(), name, pid, tid + 1, us(e->time_ns, t0));
+                        "%s{\"ph\":\"i\",\"s\":\"t\",\"cat\":\"%s\",\"name\":\"%s %s\","
+                        "\"pid\":%u,\"tid\":%u,\"ts\":%.3f,\"args\":",
+                        SEP(), failed ? "op,failed" : "op", name, failed ? "failed" : "completed",
+                        pid, tid + 1, us(e->time_ns, t0));
                 op_args(f, &cn, e, c);
                 fputc('}', f);
             }
@@ -290,6 +324,7 @@ int ccq_trace_write_json(FILE *f, ccq_runtime *rt, const ccq_event *ev, size_t n
     pthread_mutex_unlock(&rt->trace.note_lock);
 #undef SEP
     fprintf(f, "\n]}\n");
+    free(next_sub);
     free(ci);
     free(stream_seen);
     free(cn.name);

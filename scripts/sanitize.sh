@@ -14,7 +14,7 @@ set -euo pipefail
 ccq_install_deps
 which=${1:-all}
 common=(-DCMAKE_BUILD_TYPE=Debug -DCCQ_WERROR=ON -DCCQ_BUILD_BENCH=OFF -DCCQ_BUILD_EXAMPLES=OFF)
-export CCQ_TEST_ITEMS=200000 CCQ_TEST_WAKE_ROUNDS=20000 CCQ_TEST_EVENT_ROUNDS=5000
+export CCQ_TEST_ITEMS=200000 CCQ_TEST_WAKE_ROUNDS=20000 CCQ_TEST_EVENT_ROUNDS=5000 CCQ_STRESS_OPS=2000
 
 if [ "$which" = all ] || [ "$which" = asan ]; then
     echo "== AddressSanitizer + UBSan + LeakSanitizer"

@@ -151,9 +151,24 @@ static void wait_calls(const char *fn, size_t n)
 typedef struct group_info {
     size_t start, end; /* log indices of ncclGroupStart and the matching ncclGroupEnd */
     size_t nallreduce, nsend, nrecv, ninit, nother;
+    size_t ncoll; /* the other collectives (is_other_coll) */
 } group_info;
 
-/* The outermost groups of the log carrying data operations (not communicator creation). */
+/* ncclBroadcast, ncclReduce, ncclAllGather, ncclReduceScatter, ncclAlltoAll, ncclGather,
+ * ncclScatter. */
+static bool is_other_coll(const fake_call *c)
+{
+    static const char *const fns[] = {"ncclBroadcast",     "ncclReduce",   "ncclAllGather",
+                                      "ncclReduceScatter", "ncclAlltoAll", "ncclGather",
+                                      "ncclScatter"};
+    for (size_t k = 0; k < sizeof fns / sizeof fns[0]; k++)
+        if (is(c, fns[k]))
+            return true;
+    return false;
+}
+
+/* The outermost groups of the log carrying data operations (not communicator creation):
+ * all_reduce, send/recv and the other collectives. */
 static size_t data_groups(group_info *out, size_t max)
 {
     size_t n = 0, size = fake_log_size();
@@ -170,7 +185,7 @@ static size_t data_groups(group_info *out, size_t max)
             }
         } else if (is(&c, "ncclGroupEnd")) {
             assert_true(depth > 0);
-            if (--depth == 0 && g.nallreduce + g.nsend + g.nrecv > 0) {
+            if (--depth == 0 && g.nallreduce + g.nsend + g.nrecv + g.ncoll > 0) {
                 g.end = i;
                 if (n < max)
                     out[n] = g;
@@ -181,7 +196,9 @@ static size_t data_groups(group_info *out, size_t max)
             g.nsend += is(&c, "ncclSend");
             g.nrecv += is(&c, "ncclRecv");
             g.ninit += is(&c, "ncclCommInitRankConfig");
-            g.nother += !is(&c, "ncclAllReduce") && !is(&c, "ncclSend") && !is(&c, "ncclRecv");
+            g.ncoll += is_other_coll(&c);
+            g.nother += !is(&c, "ncclAllReduce") && !is(&c, "ncclSend") && !is(&c, "ncclRecv") &&
+                        !is_other_coll(&c);
         }
     }
     assert_int_equal(depth, 0);
@@ -350,6 +367,124 @@ static void test_fake_rejects_incomplete_groups(void **state)
     for (int r = 0; r < 2; r++)
         assert_int_equal(ncclCommDestroy(comm[r]), ncclSuccess);
     fake_reset(); /* forget the two errors provoked on purpose */
+}
+
+/* The other collectives in the fake: matched across ranks in the communicator's one
+ * sequence of collectives (a missing part, or parts of different kinds or roots, fail the
+ * group with ncclInvalidUsage); argument misuse fails the call with ncclInvalidArgument;
+ * NCCL's in-place forms and NULL buffers on non-roots run. */
+static void test_fake_collectives(void **state)
+{
+    (void)state;
+    ncclUniqueId id;
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    ncclComm_t comm[2];
+    float g[2][8], x[2][4] = {{1, 2, 3, 4}, {10, 20, 30, 40}}, y[4];
+    unsigned char b8[2][4] = {{0}};
+    void *dev = NULL;
+    char msg[256];
+    int errors = 0;
+
+    assert_int_equal(ncclGetUniqueId(&id), ncclSuccess);
+    assert_int_equal(ncclGroupStart(), ncclSuccess);
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(cudaSetDevice(r), cudaSuccess);
+        assert_int_equal(ncclCommInitRankConfig(&comm[r], 2, id, r, &config), ncclSuccess);
+    }
+    assert_int_equal(ncclGroupEnd(), ncclSuccess);
+
+    /* A broadcast missing rank 1's part. */
+    assert_int_equal(ncclGroupStart(), ncclSuccess);
+    assert_int_equal(ncclBroadcast(x[0], x[0], 4, ncclFloat32, 0, comm[0], NULL), ncclSuccess);
+    assert_int_equal(ncclGroupEnd(), ncclInvalidUsage);
+    assert_int_equal(fake_errors(msg, sizeof msg), ++errors);
+    assert_non_null(strstr(msg, "the ncclBroadcast of"));
+    assert_non_null(strstr(msg, "lacks rank 1's part"));
+
+    /* Roots that differ; kinds that differ (one sequence: the all_reduce is rank 0's first
+     * collective, the gather rank 1's). Nothing runs. */
+    assert_int_equal(ncclGroupStart(), ncclSuccess);
+    assert_int_equal(ncclBroadcast(x[0], x[0], 4, ncclFloat32, 0, comm[0], NULL), ncclSuccess);
+    assert_int_equal(ncclBroadcast(x[1], x[1], 4, ncclFloat32, 1, comm[1], NULL), ncclSuccess);
+    assert_int_equal(ncclGroupEnd(), ncclInvalidUsage);
+    assert_int_equal(fake_errors(msg, sizeof msg), ++errors);
+    assert_non_null(strstr(msg, "differs"));
+    assert_true(x[1][0] == 10.0f);
+    assert_int_equal(ncclGroupStart(), ncclSuccess);
+    assert_int_equal(ncclAllReduce(x[0], x[0], 4, ncclFloat32, ncclSum, comm[0], NULL),
+                     ncclSuccess);
+    assert_int_equal(ncclGather(x[1], g[1], 4, ncclFloat32, 1, comm[1], NULL), ncclSuccess);
+    assert_int_equal(ncclGroupEnd(), ncclInvalidUsage);
+    assert_int_equal(fake_errors(msg, sizeof msg), ++errors);
+    assert_non_null(strstr(msg, "differs"));
+    assert_true(x[0][0] == 1.0f);
+
+    /* Misuse at the call: the group then reports the call's error and runs nothing. */
+    assert_int_equal(ncclGroupStart(), ncclSuccess);
+    assert_int_equal(ncclReduce(x[0], y, 4, ncclFloat32, ncclSum, 2, comm[0], NULL),
+                     ncclInvalidArgument);
+    assert_int_equal(ncclGroupEnd(), ncclInvalidArgument);
+    assert_int_equal(fake_errors(msg, sizeof msg), ++errors);
+    assert_non_null(strstr(msg, "root 2 out of range"));
+    assert_int_equal(ncclScatter(NULL, y, 2, ncclFloat32, 0, comm[0], NULL), ncclInvalidArgument);
+    assert_int_equal(fake_errors(msg, sizeof msg), ++errors);
+    assert_non_null(strstr(msg, "NULL sendbuff"));
+    assert_int_equal(ncclAllGather(g[0] + 4, g[0], 4, ncclFloat32, comm[0], NULL),
+                     ncclInvalidArgument); /* rank 0's in-place position is g[0] + 0 */
+    assert_int_equal(fake_errors(msg, sizeof msg), ++errors);
+    assert_non_null(strstr(msg, "overlap"));
+    assert_int_equal(ncclAlltoAll(g[0], g[0], 4, ncclFloat32, comm[0], NULL), ncclInvalidArgument);
+    assert_int_equal(fake_errors(msg, sizeof msg), ++errors);
+    assert_int_equal(cudaSetDevice(0), cudaSuccess);
+    assert_int_equal(cudaMalloc(&dev, 6 * sizeof(float)), cudaSuccess); /* holds 1.5 blocks */
+    assert_int_equal(ncclAllGather(x[0], dev, 4, ncclFloat32, comm[0], NULL), ncclInvalidArgument);
+    assert_int_equal(fake_errors(msg, sizeof msg), ++errors);
+    assert_non_null(strstr(msg, "does not hold the 32 bytes"));
+    assert_int_equal(cudaFree(dev), cudaSuccess);
+    fake_set_devices(2, 8);
+    assert_int_equal(ncclReduceScatter(g[0], y, 4, ncclFloat8e4m3, ncclSum, comm[0], NULL),
+                     ncclInvalidArgument);
+    assert_int_equal(fake_errors(msg, sizeof msg), ++errors);
+    assert_non_null(strstr(msg, "fp8"));
+    b8[0][0] = 0x38;
+    assert_int_equal(ncclGroupStart(), ncclSuccess); /* moving fp8 is fine below sm90 */
+    assert_int_equal(ncclBroadcast(b8[0], b8[0], 4, ncclFloat8e4m3, 0, comm[0], NULL), ncclSuccess);
+    assert_int_equal(ncclBroadcast(NULL, b8[1], 4, ncclFloat8e4m3, 0, comm[1], NULL), ncclSuccess);
+    assert_int_equal(ncclGroupEnd(), ncclSuccess);
+    assert_int_equal(b8[1][0], 0x38);
+    assert_int_equal(fake_errors(NULL, 0), errors);
+    fake_set_devices(NDEV, 9);
+
+    /* Complete groups run: in-place all_gather, reduce and scatter with NULL on the
+     * non-root, gather in place on the root. */
+    for (int r = 0; r < 2; r++)
+        for (int i = 0; i < 4; i++)
+            g[r][r * 4 + i] = (float)(r * 10 + i);
+    assert_int_equal(ncclGroupStart(), ncclSuccess);
+    assert_int_equal(ncclAllGather(g[0], g[0], 4, ncclFloat32, comm[0], NULL), ncclSuccess);
+    assert_int_equal(ncclAllGather(g[1] + 4, g[1], 4, ncclFloat32, comm[1], NULL), ncclSuccess);
+    assert_int_equal(ncclReduce(x[0], NULL, 4, ncclFloat32, ncclMax, 1, comm[0], NULL),
+                     ncclSuccess);
+    assert_int_equal(ncclReduce(x[1], y, 4, ncclFloat32, ncclMax, 1, comm[1], NULL), ncclSuccess);
+    assert_int_equal(ncclGroupEnd(), ncclSuccess);
+    for (int i = 0; i < 8; i++) {
+        float want = (float)((i / 4) * 10 + i % 4);
+        assert_true(g[0][i] == want && g[1][i] == want);
+    }
+    assert_true(y[0] == 10.0f && y[3] == 40.0f);
+    assert_int_equal(ncclGroupStart(), ncclSuccess);
+    assert_int_equal(ncclScatter(NULL, y, 4, ncclFloat32, 1, comm[0], NULL), ncclSuccess);
+    assert_int_equal(ncclScatter(g[0], g[0] + 4, 4, ncclFloat32, 1, comm[1], NULL), ncclSuccess);
+    assert_int_equal(ncclGather(x[0], NULL, 2, ncclFloat32, 1, comm[0], NULL), ncclSuccess);
+    assert_int_equal(ncclGather(g[1] + 2, g[1], 2, ncclFloat32, 1, comm[1], NULL), ncclSuccess);
+    assert_int_equal(ncclGroupEnd(), ncclSuccess);
+    assert_true(y[0] == 0.0f && y[3] == 3.0f);       /* block 0 of root 1's g[0] */
+    assert_true(g[1][0] == 1.0f && g[1][1] == 2.0f); /* rank 0's x[0][0..1] */
+    assert_true(g[1][2] == 2.0f && g[1][3] == 3.0f); /* in place: the root's own block */
+    assert_int_equal(fake_errors(NULL, 0), errors);
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(ncclCommDestroy(comm[r]), ncclSuccess);
+    fake_reset(); /* forget the errors provoked on purpose */
 }
 
 /* ---- Creation ---- */
@@ -1412,6 +1547,696 @@ static void test_dtype_op_mapping(void **state)
     }
 }
 
+/* ---- The other collectives ---- */
+
+/* Kinds, in the table below; the seven new ones first, all_reduce last (for mixed batches). */
+enum {
+    K_BROADCAST,
+    K_REDUCE,
+    K_ALL_GATHER,
+    K_REDUCE_SCATTER,
+    K_ALL_TO_ALL,
+    K_GATHER,
+    K_SCATTER,
+    K_ALL_REDUCE,
+    NKINDS
+};
+enum { NSEVEN = K_ALL_REDUCE };
+/* Which ranks use a buffer. */
+enum { U_ALL = 1, U_ROOT = 2 };
+
+/* Each collective as ccq.h and nccl.h define it: the NCCL function it must become, who
+ * reads src and writes dst, which of them holds count * n elements, and whether it has an
+ * in-place form. Written from the headers, independently of the library's own table. */
+static const struct tkind {
+    const char *name, *fn;
+    bool reduces, rooted, has_in_place;
+    int src_use, dst_use;
+    bool src_n, dst_n;
+} tkinds[NKINDS] = {
+    [K_BROADCAST] = {"broadcast", "ncclBroadcast", false, true, true, U_ROOT, U_ALL, false, false},
+    [K_REDUCE] = {"reduce", "ncclReduce", true, true, true, U_ALL, U_ROOT, false, false},
+    [K_ALL_GATHER] = {"all_gather", "ncclAllGather", false, false, true, U_ALL, U_ALL, false, true},
+    [K_REDUCE_SCATTER] = {"reduce_scatter", "ncclReduceScatter", true, false, true, U_ALL, U_ALL,
+                          true, false},
+    [K_ALL_TO_ALL] = {"all_to_all", "ncclAlltoAll", false, false, false, U_ALL, U_ALL, true, true},
+    [K_GATHER] = {"gather", "ncclGather", false, true, true, U_ALL, U_ROOT, false, true},
+    [K_SCATTER] = {"scatter", "ncclScatter", false, true, true, U_ROOT, U_ALL, true, false},
+    [K_ALL_REDUCE] = {"all_reduce", "ncclAllReduce", true, false, true, U_ALL, U_ALL, false, false},
+};
+
+static const ncclDataType_t nccl_dtype_of[CCQ_DTYPE_COUNT_] = {
+    [CCQ_INT8] = ncclInt8,
+    [CCQ_UINT8] = ncclUint8,
+    [CCQ_INT32] = ncclInt32,
+    [CCQ_UINT32] = ncclUint32,
+    [CCQ_INT64] = ncclInt64,
+    [CCQ_UINT64] = ncclUint64,
+    [CCQ_FLOAT16] = ncclFloat16,
+    [CCQ_FLOAT32] = ncclFloat32,
+    [CCQ_FLOAT64] = ncclFloat64,
+    [CCQ_BFLOAT16] = ncclBfloat16,
+    [CCQ_FLOAT8E4M3] = ncclFloat8e4m3,
+    [CCQ_FLOAT8E5M2] = ncclFloat8e5m2,
+};
+
+static const ncclRedOp_t nccl_op_of[CCQ_REDUCE_OP_COUNT_] = {
+    [CCQ_SUM] = ncclSum, [CCQ_PROD] = ncclProd, [CCQ_MAX] = ncclMax,
+    [CCQ_MIN] = ncclMin, [CCQ_AVG] = ncclAvg,
+};
+
+static ccq_status submit_kind(ccq_runtime *rt, int k, ccq_device_id d, ccq_stream_id s,
+                              const void *src, void *dst, size_t count, ccq_dtype dt,
+                              ccq_reduce_op op, ccq_device_id root, const ccq_device_id *devs,
+                              size_t n)
+{
+    switch (k) {
+    case K_BROADCAST:
+        return ccq_broadcast(rt, d, s, src, dst, count, dt, root, devs, n);
+    case K_REDUCE:
+        return ccq_reduce(rt, d, s, src, dst, count, dt, op, root, devs, n);
+    case K_ALL_GATHER:
+        return ccq_all_gather(rt, d, s, src, dst, count, dt, devs, n);
+    case K_REDUCE_SCATTER:
+        return ccq_reduce_scatter(rt, d, s, src, dst, count, dt, op, devs, n);
+    case K_ALL_TO_ALL:
+        return ccq_all_to_all(rt, d, s, src, dst, count, dt, devs, n);
+    case K_GATHER:
+        return ccq_gather(rt, d, s, src, dst, count, dt, root, devs, n);
+    case K_SCATTER:
+        return ccq_scatter(rt, d, s, src, dst, count, dt, root, devs, n);
+    default:
+        return ccq_all_reduce(rt, d, s, src, dst, count, dt, op, devs, n);
+    }
+}
+
+/* One collective over a device set: its arguments and, per rank (position in the sorted
+ * set), the buffers passed (NULL where the rank uses none), src's contents before the
+ * collective, and dst's expected contents. */
+typedef struct coll {
+    int k;
+    const ccq_device_id *api_devs; /* the set as passed to ccq (any order) */
+    uint32_t n, root;              /* ranks; the root's rank (rooted kinds) */
+    ccq_device_id dev[NDEV];       /* device of each rank */
+    ccq_device_id root_dev;
+    ccq_dtype dt;
+    ccq_reduce_op op;
+    size_t count, es;
+    size_t sb[NDEV], db[NDEV]; /* bytes of src and dst rank r uses */
+    bool in_place[NDEV];       /* src and dst of rank r are at NCCL's in-place position */
+    unsigned char *mem[NDEV][2];
+    const void *src[NDEV];
+    void *dst[NDEV];
+    unsigned char *in[NDEV], *want[NDEV];
+} coll;
+
+static void *xmalloc(size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 1);
+    assert_non_null(p);
+    return p;
+}
+
+/* The reference: dst of every rank that has one, from the inputs, per ccq.h. */
+static void coll_reference(coll *c)
+{
+    size_t blk = c->count * c->es;
+    const void *inputs[NDEV];
+    uint32_t n = c->n, root = c->root;
+
+    switch (c->k) {
+    case K_BROADCAST:
+        for (uint32_t r = 0; r < n; r++)
+            memcpy(c->want[r], c->in[root], blk);
+        break;
+    case K_REDUCE:
+    case K_ALL_REDUCE:
+        for (uint32_t j = 0; j < n; j++)
+            inputs[j] = c->in[j];
+        for (uint32_t r = 0; r < n; r++)
+            if (c->want[r] != NULL)
+                ref_allreduce(c->dt, c->op, n, inputs, c->want[r], c->count);
+        break;
+    case K_ALL_GATHER:
+        for (uint32_t r = 0; r < n; r++)
+            for (uint32_t j = 0; j < n; j++)
+                memcpy(c->want[r] + j * blk, c->in[j], blk);
+        break;
+    case K_REDUCE_SCATTER:
+        for (uint32_t r = 0; r < n; r++) {
+            for (uint32_t j = 0; j < n; j++)
+                inputs[j] = c->in[j] + r * blk;
+            ref_allreduce(c->dt, c->op, n, inputs, c->want[r], c->count);
+        }
+        break;
+    case K_ALL_TO_ALL:
+        for (uint32_t i = 0; i < n; i++)
+            for (uint32_t j = 0; j < n; j++)
+                memcpy(c->want[j] + i * blk, c->in[i] + j * blk, blk);
+        break;
+    case K_GATHER:
+        for (uint32_t j = 0; j < n; j++)
+            memcpy(c->want[root] + j * blk, c->in[j], blk);
+        break;
+    case K_SCATTER:
+        for (uint32_t r = 0; r < n; r++)
+            memcpy(c->want[r], c->in[root] + r * blk, blk);
+        break;
+    default:
+        fail();
+    }
+}
+
+/* Set up collective k over `devs` (any order): buffers (in place where asked and the kind
+ * has an in-place form for the rank), inputs from ref_fill, dst filled with 0xA5 elsewhere,
+ * and the expected results. */
+static void coll_make(coll *c, int k, const ccq_device_id *devs, size_t n, ccq_device_id root_dev,
+                      ccq_dtype dt, ccq_reduce_op op, size_t count, bool in_place, uint32_t seed)
+{
+    const struct tkind *t = &tkinds[k];
+    size_t blk;
+
+    memset(c, 0, sizeof *c);
+    assert_true(n >= 1 && n <= NDEV);
+    c->k = k;
+    c->api_devs = devs;
+    c->n = (uint32_t)n;
+    c->dt = dt;
+    c->op = op;
+    c->count = count;
+    c->es = ccq_dtype_size(dt);
+    blk = count * c->es;
+    for (size_t i = 0; i < n; i++) { /* insertion sort: rank order */
+        size_t j = i;
+        while (j > 0 && c->dev[j - 1] > devs[i]) {
+            c->dev[j] = c->dev[j - 1];
+            j--;
+        }
+        c->dev[j] = devs[i];
+    }
+    c->root_dev = t->rooted ? root_dev : c->dev[0];
+    while (c->root < c->n && c->dev[c->root] != c->root_dev)
+        c->root++;
+    assert_true(c->root < c->n);
+    for (uint32_t r = 0; r < c->n; r++) {
+        bool is_root = r == c->root;
+        bool use_src = t->src_use == U_ALL || (t->src_use == U_ROOT && is_root);
+        bool use_dst = t->dst_use == U_ALL || (t->dst_use == U_ROOT && is_root);
+        c->sb[r] = use_src ? blk * (t->src_n ? n : 1) : 0;
+        c->db[r] = use_dst ? blk * (t->dst_n ? n : 1) : 0;
+        c->in_place[r] = in_place && t->has_in_place && use_src && use_dst;
+        if (c->in_place[r]) {
+            unsigned char *buf = xmalloc(c->sb[r] > c->db[r] ? c->sb[r] : c->db[r]);
+            c->mem[r][0] = buf;
+            switch (k) {
+            case K_ALL_GATHER: /* src == dst + rank * count */
+                c->dst[r] = buf;
+                c->src[r] = buf + r * blk;
+                break;
+            case K_REDUCE_SCATTER: /* dst == src + rank * count */
+                c->src[r] = buf;
+                c->dst[r] = buf + r * blk;
+                break;
+            case K_GATHER: /* root: src == dst + root * count */
+                c->dst[r] = buf;
+                c->src[r] = buf + c->root * blk;
+                break;
+            case K_SCATTER: /* root: dst == src + root * count */
+                c->src[r] = buf;
+                c->dst[r] = buf + c->root * blk;
+                break;
+            default: /* src == dst */
+                c->src[r] = c->dst[r] = buf;
+                break;
+            }
+        } else {
+            if (use_src)
+                c->src[r] = c->mem[r][0] = xmalloc(c->sb[r]);
+            if (use_dst)
+                c->dst[r] = c->mem[r][1] = xmalloc(c->db[r]);
+        }
+        if (use_dst) {
+            memset(c->dst[r], 0xA5, c->db[r]);
+            c->want[r] = xmalloc(c->db[r]);
+        }
+        if (use_src) {
+            ref_fill(dt, (void *)(uintptr_t)c->src[r], c->sb[r] / c->es, seed * 131u + r);
+            c->in[r] = xmalloc(c->sb[r]);
+            memcpy(c->in[r], c->src[r], c->sb[r]);
+        }
+    }
+    coll_reference(c);
+}
+
+static void coll_free(coll *c)
+{
+    for (uint32_t r = 0; r < c->n; r++) {
+        free(c->mem[r][0]);
+        free(c->mem[r][1]);
+        free(c->in[r]);
+        free(c->want[r]);
+    }
+    memset(c, 0, sizeof *c);
+}
+
+/* Submit every rank's part on stream s, in reverse rank order (so that the order of the
+ * NCCL calls cannot come from the order of submission). */
+static void coll_submit(ccq_runtime *rt, const coll *c, ccq_stream_id s)
+{
+    for (uint32_t r = c->n; r-- > 0;) {
+        ccq_status st = submit_kind(rt, c->k, c->dev[r], s, c->src[r], c->dst[r], c->count, c->dt,
+                                    c->op, c->root_dev, c->api_devs, c->n);
+        if (st != CCQ_OK)
+            fail_msg("%s on device %u (rank %u): %s: %s", tkinds[c->k].name, c->dev[r], r,
+                     ccq_status_name(st), ccq_last_error_detail());
+    }
+}
+
+static void coll_fence(ccq_runtime *rt, const coll *c, ccq_stream_id s)
+{
+    for (uint32_t r = 0; r < c->n; r++) {
+        ccq_status st = ccq_sync_collective(rt, c->dev[r], s);
+        if (st != CCQ_OK)
+            fail_msg("%s: fence on device %u: %s: %s", tkinds[c->k].name, c->dev[r],
+                     ccq_status_name(st), ccq_last_error_detail());
+    }
+}
+
+/* Every dst holds the reference's result; every src that is not also a dst is intact. */
+static void coll_verify(const coll *c)
+{
+    char msg[256];
+    for (uint32_t r = 0; r < c->n; r++) {
+        if (c->dst[r] != NULL &&
+            ref_compare(c->dt, c->dst[r], c->want[r], c->db[r] / c->es, msg, sizeof msg) != 0)
+            fail_msg("%s %s x %zu%s over %u ranks (root rank %u): rank %u (device %u): %s",
+                     tkinds[c->k].name, ccq_dtype_name(c->dt), c->count,
+                     c->in_place[r] ? " in place" : "", c->n, c->root, r, c->dev[r], msg);
+        if (c->src[r] != NULL && !c->in_place[r] && memcmp(c->src[r], c->in[r], c->sb[r]) != 0)
+            fail_msg("%s: rank %u's src was modified", tkinds[c->k].name, r);
+    }
+}
+
+/* Calls first .. first + n - 1 of the log are the n NCCL calls of c: the kind's function,
+ * ranks 0..n-1 in order on their devices, NCCL's root rank, count, dtype and op, and the
+ * buffers as passed (NULL for a buffer a non-root does not use). */
+static void coll_check_calls(const coll *c, size_t first)
+{
+    const struct tkind *t = &tkinds[c->k];
+    for (uint32_t j = 0; j < c->n; j++) {
+        fake_call e = entry(first + j);
+        if (!is(&e, t->fn) || e.rank != (int)j) {
+            fake_log_dump();
+            fail_msg("call %zu is %s of rank %d; expected %s of rank %u", first + j, e.fn, e.rank,
+                     t->fn, j);
+        }
+        assert_int_equal(e.result, ncclSuccess);
+        assert_false(on_this_thread(&e));
+        assert_int_equal(e.nranks, c->n);
+        assert_int_equal(e.device, c->dev[j]);
+        assert_non_null(e.stream);
+        if (e.root != (t->rooted ? (int)c->root : -1))
+            fail_msg("%s of rank %u: root %d; expected %d (root device %u)", t->fn, j, e.root,
+                     t->rooted ? (int)c->root : -1, c->root_dev);
+        if (e.count != c->count)
+            fail_msg("%s of rank %u: count %zu; expected %zu (NCCL's per-rank count)", t->fn, j,
+                     e.count, c->count);
+        assert_int_equal(e.dtype, nccl_dtype_of[c->dt]);
+        assert_int_equal(e.op, t->reduces ? (int)nccl_op_of[c->op] : -1);
+        assert_ptr_equal(e.src, c->src[j]);
+        assert_ptr_equal(e.dst, c->dst[j]);
+    }
+}
+
+/* The whole log since the reset is one group holding exactly c's n calls. */
+static void coll_check_one_group(const coll *c)
+{
+    group_info g[4];
+    assert_int_equal(fake_log_count("ncclGroupStart"), 1);
+    assert_int_equal(fake_log_count("ncclGroupEnd"), 1);
+    assert_int_equal(data_groups(g, 4), 1);
+    if (c->k == K_ALL_REDUCE)
+        assert_int_equal(g[0].nallreduce, c->n);
+    else
+        assert_int_equal(g[0].ncoll, c->n);
+    assert_int_equal(g[0].nallreduce + g[0].ncoll + g[0].nsend + g[0].nrecv + g[0].nother, c->n);
+    assert_int_equal(g[0].end, g[0].start + c->n + 1);
+    assert_int_equal(entry(g[0].end).result, ncclSuccess);
+    coll_check_calls(c, g[0].start + 1);
+}
+
+/* Run one collective on its own and check calls and data. */
+static void coll_run(ccq_runtime *rt, int k, const ccq_device_id *devs, size_t n,
+                     ccq_device_id root_dev, ccq_dtype dt, ccq_reduce_op op, size_t count,
+                     bool in_place, uint32_t seed)
+{
+    coll c;
+    assert_int_equal(ccq_comm_init(rt, devs, n), CCQ_OK);
+    coll_make(&c, k, devs, n, root_dev, dt, op, count, in_place, seed);
+    fake_log_reset();
+    coll_submit(rt, &c, 0);
+    coll_fence(rt, &c, 0);
+    coll_verify(&c);
+    coll_check_one_group(&c);
+    coll_free(&c);
+}
+
+/* One collective kind over 4 devices (given shuffled; root device 3, not 0; in place with
+ * root device 1), over 3 devices {1,2,3} (root device 2 is rank 1, root device 3 rank 2;
+ * out of place and in place), and over one device: one group of n calls of the NCCL
+ * function, ranks 0..n-1, NCCL's root rank and counts, and the data. */
+static void coll_kind_cases(int k)
+{
+    static const ccq_device_id all_shuffled[NDEV] = {2, 0, 3, 1};
+    static const ccq_device_id three[3] = {3, 1, 2};
+    static const ccq_device_id one[1] = {2};
+    ccq_runtime *rt = make_rt(10000);
+
+    coll_run(rt, k, all_shuffled, NDEV, 3, CCQ_FLOAT32, CCQ_SUM, 1000, false, 1);
+    coll_run(rt, k, ALL, NDEV, 1, CCQ_INT32, CCQ_MAX, 257, true, 2);
+    coll_run(rt, k, three, 3, 2, CCQ_BFLOAT16, CCQ_AVG, 100, false, 3);
+    coll_run(rt, k, three, 3, 3, CCQ_UINT8, CCQ_PROD, 33, true, 4);
+    coll_run(rt, k, one, 1, 2, CCQ_FLOAT64, CCQ_MIN, 5, true, 5);
+    coll_run(rt, k, one, 1, 2, CCQ_INT64, CCQ_SUM, 6, false, 6);
+}
+
+static void test_broadcast(void **state)
+{
+    (void)state;
+    coll_kind_cases(K_BROADCAST);
+}
+
+static void test_reduce(void **state)
+{
+    (void)state;
+    coll_kind_cases(K_REDUCE);
+}
+
+static void test_all_gather(void **state)
+{
+    (void)state;
+    coll_kind_cases(K_ALL_GATHER);
+}
+
+static void test_reduce_scatter(void **state)
+{
+    (void)state;
+    coll_kind_cases(K_REDUCE_SCATTER);
+}
+
+static void test_all_to_all(void **state)
+{
+    (void)state;
+    coll_kind_cases(K_ALL_TO_ALL);
+}
+
+static void test_gather(void **state)
+{
+    (void)state;
+    coll_kind_cases(K_GATHER);
+}
+
+static void test_scatter(void **state)
+{
+    (void)state;
+    coll_kind_cases(K_SCATTER);
+}
+
+/* Every ccq dtype (and op, for the reductions) of the seven reaches NCCL as the matching
+ * value, on {0,1} with root device 1; each (dtype, op) has its own count so that its calls
+ * can be told apart in the log. */
+static void test_coll_dtype_op_mapping(void **state)
+{
+    (void)state;
+    enum { NO = CCQ_REDUCE_OP_COUNT_ };
+    ccq_runtime *rt = make_rt(10000);
+
+    assert_int_equal(ccq_comm_init(rt, P01, 2), CCQ_OK);
+    for (int k = 0; k < NSEVEN; k++) {
+        const struct tkind *t = &tkinds[k];
+        int nops = t->reduces ? NO : 1;
+        for (int dt = 0; dt < CCQ_DTYPE_COUNT_; dt++) {
+            coll cs[NO];
+            int seen[NO] = {0};
+            for (int o = 0; o < nops; o++)
+                coll_make(&cs[o], k, P01, 2, 1, (ccq_dtype)dt, (ccq_reduce_op)o,
+                          1 + (size_t)(dt * NO + o), false, (uint32_t)(k * 1000 + dt * 10 + o));
+            fake_log_reset();
+            for (int o = 0; o < nops; o++)
+                coll_submit(rt, &cs[o], 0);
+            for (int o = 0; o < nops; o++)
+                coll_fence(rt, &cs[o], 0);
+            for (long i = fake_log_find(t->fn, 0); i >= 0;
+                 i = fake_log_find(t->fn, (size_t)i + 1)) {
+                fake_call e = entry((size_t)i);
+                int o = 0;
+                while (o < nops && cs[o].count != e.count)
+                    o++;
+                assert_true(o < nops);
+                assert_true(e.rank >= 0 && e.rank < 2);
+                assert_int_equal(e.dtype, nccl_dtype_of[dt]);
+                assert_int_equal(e.op, t->reduces ? (int)nccl_op_of[o] : -1);
+                assert_int_equal(e.root, t->rooted ? 1 : -1);
+                assert_ptr_equal(e.src, cs[o].src[e.rank]);
+                assert_ptr_equal(e.dst, cs[o].dst[e.rank]);
+                seen[o]++;
+            }
+            for (int o = 0; o < nops; o++) {
+                if (seen[o] != 2)
+                    fail_msg("%s %s %s: %d NCCL calls, expected 2", t->name,
+                             ccq_dtype_name((ccq_dtype)dt), ccq_reduce_op_name((ccq_reduce_op)o),
+                             seen[o]);
+                coll_verify(&cs[o]);
+                coll_free(&cs[o]);
+            }
+        }
+    }
+}
+
+/* Everything found ready in one pass is one group, whatever the kinds: an all_reduce, a
+ * broadcast and an all_gather over the four devices and a send/recv of {0,1}; each rank's
+ * collectives in submission order, each collective's calls in rank order. */
+static void test_coll_mixed_batch(void **state)
+{
+    (void)state;
+    enum { N = 96 };
+    static int32_t sbuf[N], rbuf[N];
+    coll ar, bc, ag;
+    group_info g[4];
+    blocker b;
+    ccq_runtime *rt = make_rt(10000);
+
+    assert_int_equal(ccq_comm_init(rt, ALL, NDEV), CCQ_OK);
+    assert_int_equal(ccq_comm_init(rt, P01, 2), CCQ_OK);
+    /* Warm the streams up: the scheduler only scans streams it already knows. */
+    allreduce_all(rt, 1, 7);
+    assert_int_equal(ccq_send(rt, 0, 3, sbuf, N, CCQ_INT32, 1), CCQ_OK);
+    assert_int_equal(ccq_recv(rt, 1, 3, rbuf, N, CCQ_INT32, 0), CCQ_OK);
+    assert_int_equal(ccq_sync_collective(rt, 1, 3), CCQ_OK);
+    assert_int_equal(ccq_sync_collective(rt, 0, 3), CCQ_OK);
+    ccq_stats before = stats_of(rt);
+    coll_make(&ar, K_ALL_REDUCE, ALL, NDEV, 0, CCQ_FLOAT32, CCQ_SUM, 64, false, 11);
+    coll_make(&bc, K_BROADCAST, ALL, NDEV, 2, CCQ_INT32, CCQ_SUM, N, false, 12);
+    coll_make(&ag, K_ALL_GATHER, ALL, NDEV, 0, CCQ_UINT8, CCQ_SUM, 40, true, 13);
+    ref_fill(CCQ_INT32, sbuf, N, 14);
+    memset(rbuf, 0, sizeof rbuf);
+    fake_log_reset();
+
+    block_scheduler(&b, rt);
+    coll_submit(rt, &ar, 1);
+    assert_int_equal(ccq_send(rt, 0, 3, sbuf, N, CCQ_INT32, 1), CCQ_OK);
+    coll_submit(rt, &bc, 1);
+    assert_int_equal(ccq_recv(rt, 1, 3, rbuf, N, CCQ_INT32, 0), CCQ_OK);
+    coll_submit(rt, &ag, 1);
+    release_scheduler(&b);
+    coll_fence(rt, &ar, 1);
+    assert_int_equal(ccq_sync_collective(rt, 0, 3), CCQ_OK);
+    assert_int_equal(ccq_sync_collective(rt, 1, 3), CCQ_OK);
+    coll_verify(&ar);
+    coll_verify(&bc);
+    coll_verify(&ag);
+    assert_memory_equal(rbuf, sbuf, sizeof sbuf);
+
+    if (data_groups(g, 4) != 1) {
+        fake_log_dump();
+        fail_msg("%zu data groups, expected 1", data_groups(g, 4));
+    }
+    assert_int_equal(g[0].nallreduce, NDEV);
+    assert_int_equal(g[0].ncoll, 2 * NDEV);
+    assert_int_equal(g[0].nsend, 1);
+    assert_int_equal(g[0].nrecv, 1);
+    assert_int_equal(g[0].nother, 0);
+    coll_check_calls(&ar, (size_t)fake_log_find("ncclAllReduce", g[0].start));
+    coll_check_calls(&bc, (size_t)fake_log_find("ncclBroadcast", g[0].start));
+    coll_check_calls(&ag, (size_t)fake_log_find("ncclAllGather", g[0].start));
+    assert_true(fake_log_find("ncclAllReduce", g[0].start) <
+                fake_log_find("ncclBroadcast", g[0].start));
+    assert_true(fake_log_find("ncclBroadcast", g[0].start) <
+                fake_log_find("ncclAllGather", g[0].start));
+    ccq_stats st = stats_of(rt);
+    assert_int_equal(st.batches - before.batches, 1);
+    assert_int_equal(st.max_batch_ops, 4);
+    coll_free(&ar);
+    coll_free(&bc);
+    coll_free(&ag);
+}
+
+/* fp8: reduce and reduce_scatter are refused at the call below compute capability 9
+ * (nothing queued), like all_reduce; the collectives that only move data run there; on 9
+ * the reductions run and reduce as NCCL would. */
+static void test_coll_fp8_capability(void **state)
+{
+    (void)state;
+    enum { N = 48 };
+    static uint8_t in[2 * N], out[2 * N];
+    ccq_runtime *rt;
+
+    fake_set_devices(NDEV, 8);
+    rt = make_rt(10000);
+    assert_int_equal(ccq_comm_init(rt, P01, 2), CCQ_OK);
+    for (int t = CCQ_FLOAT8E4M3; t <= CCQ_FLOAT8E5M2; t++) {
+        ccq_status st[4] = {
+            ccq_reduce(rt, 0, 0, in, NULL, N, (ccq_dtype)t, CCQ_SUM, 1, P01, 2),
+            ccq_reduce(rt, 1, 0, in, out, N, (ccq_dtype)t, CCQ_MAX, 1, P01, 2),
+            ccq_reduce_scatter(rt, 0, 0, in, out, N, (ccq_dtype)t, CCQ_SUM, P01, 2),
+            ccq_reduce_scatter(rt, 1, 0, in, out, N, (ccq_dtype)t, CCQ_MIN, P01, 2),
+        };
+        for (int k = 0; k < 4; k++)
+            if (st[k] != CCQ_ERR_UNSUPPORTED)
+                fail_msg("%s case %d on compute capability 8: %s, expected CCQ_ERR_UNSUPPORTED",
+                         ccq_dtype_name((ccq_dtype)t), k, ccq_status_name(st[k]));
+        assert_int_equal(ccq_reduce_scatter(rt, 1, 0, in, out, N, (ccq_dtype)t, CCQ_SUM, P01, 2),
+                         CCQ_ERR_UNSUPPORTED);
+        assert_detail_has(ccq_last_error_detail(), "compute capability 9.0");
+        assert_detail_has(ccq_last_error_detail(), "device 1 is 8.x");
+    }
+    assert_int_equal(stats_of(rt).submitted, 0);
+    for (int k = 0; k < NSEVEN; k++)
+        if (!tkinds[k].reduces)
+            for (int t = CCQ_FLOAT8E4M3; t <= CCQ_FLOAT8E5M2; t++)
+                coll_run(rt, k, P01, 2, 1, (ccq_dtype)t, CCQ_SUM, N, false, (uint32_t)(k + t));
+    assert_int_equal(ccq_runtime_destroy(rt), CCQ_OK);
+    g_rt = NULL;
+    check_clean();
+
+    fake_reset();
+    fake_set_devices(NDEV, 9);
+    rt = make_rt(10000);
+    for (int t = CCQ_FLOAT8E4M3; t <= CCQ_FLOAT8E5M2; t++) {
+        for (int o = CCQ_SUM; o <= CCQ_MIN; o++) {
+            coll_run(rt, K_REDUCE, P01, 2, 1, (ccq_dtype)t, (ccq_reduce_op)o, N, false,
+                     (uint32_t)(t * 10 + o));
+            coll_run(rt, K_REDUCE_SCATTER, P01, 2, 1, (ccq_dtype)t, (ccq_reduce_op)o, N, o == 0,
+                     (uint32_t)(t * 10 + o + 5));
+            coll_run(rt, K_REDUCE, ALL, NDEV, 3, (ccq_dtype)t, (ccq_reduce_op)o, N, true,
+                     (uint32_t)(t * 10 + o + 7));
+        }
+    }
+}
+
+/* The parts of a rooted collective that disagree on the root, or parts of different kinds:
+ * CCQ_ERR_MISMATCH on every rank, naming the field, and NCCL never sees them; the
+ * communicator keeps working. */
+static void test_coll_mismatch(void **state)
+{
+    (void)state;
+    ccq_runtime *rt = make_rt(10000);
+
+    assert_int_equal(ccq_comm_init(rt, ALL, NDEV), CCQ_OK);
+    for (int k = 0; k < NSEVEN + 1; k++) {
+        bool kind_case = k == NSEVEN; /* broadcast on ranks 0-2, all_gather on rank 3 */
+        int k0 = kind_case ? K_BROADCAST : k;
+        coll a, b;
+        if (!kind_case && !tkinds[k].rooted)
+            continue;
+        coll_make(&a, k0, ALL, NDEV, 1, CCQ_FLOAT32, CCQ_SUM, 32, false, 1);
+        coll_make(&b, kind_case ? K_ALL_GATHER : k0, ALL, NDEV, 2, CCQ_FLOAT32, CCQ_SUM, 32, false,
+                  2);
+        fake_log_reset();
+        for (uint32_t r = 0; r < NDEV; r++) {
+            const coll *c = r < 3 ? &a : &b;
+            assert_int_equal(submit_kind(rt, c->k, r, 0, c->src[r], c->dst[r], c->count, c->dt,
+                                         c->op, c->root_dev, ALL, NDEV),
+                             CCQ_OK);
+        }
+        for (ccq_device_id d = 0; d < NDEV; d++) {
+            ccq_status st = ccq_sync_collective(rt, d, 0);
+            if (st != CCQ_ERR_MISMATCH)
+                fail_msg("%s: device %u: fence returned %s, expected CCQ_ERR_MISMATCH (%s)",
+                         kind_case ? "broadcast vs all_gather" : tkinds[k].name, d,
+                         ccq_status_name(st), ccq_last_error_detail());
+            if (kind_case) {
+                assert_detail_has(ccq_last_error_detail(), "kind");
+                assert_detail_has(ccq_last_error_detail(), "all_gather");
+            } else {
+                assert_detail_has(ccq_last_error_detail(), "root");
+                assert_detail_has(ccq_last_error_detail(), "device 1");
+                assert_detail_has(ccq_last_error_detail(), "device 2");
+            }
+        }
+        assert_int_equal(fake_log_count(tkinds[a.k].fn), 0);
+        assert_int_equal(fake_log_count(tkinds[b.k].fn), 0);
+        assert_int_equal(fake_log_count("ncclGroupStart"), 0);
+        for (uint32_t r = 0; r < NDEV; r++) {
+            const coll *c = r < 3 ? &a : &b;
+            for (size_t i = 0; c->dst[r] != NULL && i < c->db[r]; i++)
+                assert_int_equal(((const unsigned char *)c->dst[r])[i], 0xA5);
+        }
+        coll_free(&a);
+        coll_free(&b);
+        coll_run(rt, k0, ALL, NDEV, 3, CCQ_INT32, CCQ_SUM, 17, false, 3);
+    }
+}
+
+/* ncclAlltoAll, ncclGather and ncclScatter exist only from NCCL 2.28 on (an older libnccl
+ * lacks the symbols: the program does not load, or stops at the first call), yet creation
+ * accepts any NCCL >= 2.19. Either creation must refuse an NCCL older than 2.28, or those
+ * three collectives must be refused at the call there (CCQ_ERR_UNSUPPORTED); never may a
+ * group call them. At the time of writing this fails: backends/nccl/nccl.c:192 checks for
+ * 2.19 only, and ccq_all_to_all is queued and issued as ncclAlltoAll. */
+static void test_old_nccl_lacks_new_collectives(void **state)
+{
+    (void)state;
+    enum { N = 4 };
+    static float in[2][2 * N], out[2][2 * N];
+    ccq_config cfg;
+    ccq_runtime *rt = NULL;
+    ccq_status st;
+    size_t calls;
+
+    fake_set_nccl_version(NCCL_VERSION(2, 27, 7));
+    ccq_config_init(&cfg);
+    cfg.backend = "nccl";
+    cfg.max_streams = MAX_STREAMS;
+    cfg.queue_depth = QUEUE_DEPTH;
+    cfg.timeout_ms = 10000;
+    st = ccq_runtime_create(&cfg, &rt);
+    if (st == CCQ_ERR_UNSUPPORTED) {
+        assert_detail_has(ccq_last_error_detail(), "2.28");
+        return;
+    }
+    assert_int_equal(st, CCQ_OK);
+    g_rt = rt;
+    assert_int_equal(ccq_comm_init(rt, P01, 2), CCQ_OK);
+    st = ccq_all_to_all(rt, 0, 0, in[0], out[0], N, CCQ_FLOAT32, P01, 2);
+    if (st == CCQ_ERR_UNSUPPORTED)
+        return;
+    if (st == CCQ_OK) { /* let it end, so that the runtime is left clean */
+        assert_int_equal(ccq_all_to_all(rt, 1, 0, in[1], out[1], N, CCQ_FLOAT32, P01, 2), CCQ_OK);
+        (void)ccq_sync_collective(rt, 0, 0);
+        (void)ccq_sync_collective(rt, 1, 0);
+    }
+    ccq_runtime_destroy(rt);
+    g_rt = NULL;
+    calls = fake_log_count("ncclAlltoAll");
+    fake_reset(); /* the fake error of the call into the missing symbol */
+    fail_msg("NCCL 2.27.7: ccq_runtime_create accepted it and ccq_all_to_all returned %s, and "
+             "%zu ncclAlltoAll call(s) were made, a function NCCL 2.27 does not have; expected "
+             "CCQ_ERR_UNSUPPORTED from creation or from the call (backends/nccl/nccl.c:192 "
+             "only requires NCCL >= 2.19)",
+             ccq_status_name(st), calls);
+}
+
 /* ---- Binding ---- */
 
 /* Binding: refused on another backend, for a bad device or stream, and while commands are
@@ -1544,6 +2369,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_fake_rejects_incomplete_groups, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fake_collectives, setup, teardown),
         cmocka_unit_test_setup_teardown(test_init_sequence, setup, teardown),
         cmocka_unit_test_setup_teardown(test_init_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_no_gpu, setup, teardown),
@@ -1564,6 +2390,18 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_watchdog_aborts_stuck_batch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fp8_capability, setup, teardown),
         cmocka_unit_test_setup_teardown(test_dtype_op_mapping, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_broadcast, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_reduce, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_all_gather, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_reduce_scatter, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_all_to_all, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gather, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_scatter, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_coll_dtype_op_mapping, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_coll_mixed_batch, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_coll_fp8_capability, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_coll_mismatch, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_old_nccl_lacks_new_collectives, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bind_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_device_memory, setup, teardown),
     };

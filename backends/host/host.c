@@ -72,24 +72,62 @@ static host_be *to_host(ccq_backend *be)
     return ccq_container_of(be, host_be, base);
 }
 
-static size_t op_parts_bytes(const ccq_be_op *op)
+/* Bytes an op reads and writes in all: what it costs, for the inline/worker decision. */
+static size_t op_moved_bytes(const ccq_be_op *op)
 {
-    return op->count * ccq_dtype_size((ccq_dtype)op->dtype);
+    size_t b = op->count * ccq_dtype_size((ccq_dtype)op->dtype), n = op->nparts;
+    switch (op->kind) {
+    case CCQ_OP_SENDRECV:
+        return 2 * b;
+    case CCQ_OP_BROADCAST:
+    case CCQ_OP_REDUCE:
+        return (n + 1) * b;
+    case CCQ_OP_ALL_GATHER:
+    case CCQ_OP_REDUCE_SCATTER:
+        return (n * n + n) * b;
+    case CCQ_OP_ALL_TO_ALL:
+        return 2 * n * n * b;
+    case CCQ_OP_GATHER:
+    case CCQ_OP_SCATTER:
+        return 2 * n * b;
+    default: /* all_reduce */
+        return 2 * n * b;
+    }
 }
 
-/* Run elements [begin, end) of one op. */
+/* Copy `bytes` from src to every non-NULL dst (skipping dst == src, in place), block by
+ * block, so the source is read from memory once and the copies come from cache: a
+ * broadcast reads once and writes n times (n - 1 in place). */
+static void copy_fanout(void *const *dst, uint32_t nd, const char *src, size_t bytes)
+{
+    for (size_t off = 0; off < bytes; off += CCQ_HOST_REDUCE_BLOCK_BYTES) {
+        size_t len =
+            bytes - off < CCQ_HOST_REDUCE_BLOCK_BYTES ? bytes - off : CCQ_HOST_REDUCE_BLOCK_BYTES;
+        for (uint32_t k = 0; k < nd; k++)
+            if (dst[k] != NULL && (const char *)dst[k] != src)
+                memcpy((char *)dst[k] + off, src + off, len);
+    }
+}
+
+/* Run elements [begin, end) of one op. Every kind is cut along the per-rank block of
+ * `count` elements, so all of them split into chunks the same way. Parts are in rank
+ * order (the runtime builds them so); a NULL buffer is one this rank does not use. */
 static void run_range(const ccq_be_op *op, size_t begin, size_t end)
 {
-    size_t es = ccq_dtype_size((ccq_dtype)op->dtype);
+    size_t es = ccq_dtype_size((ccq_dtype)op->dtype), blk = op->count * es;
+    size_t off = begin * es, len = (end - begin) * es;
+    uint32_t n = op->nparts;
+    const void *src[CCQ_HOST_MAX_RANKS];
+    void *dst[CCQ_HOST_MAX_RANKS];
+    ccq_dtype dt = (ccq_dtype)op->dtype;
+    ccq_reduce_op ro = (ccq_reduce_op)op->redop;
 
     if (begin >= end)
         return;
-    if (op->kind == CCQ_OP_ALL_REDUCE) {
-        const void *src[CCQ_HOST_MAX_RANKS];
-        void *dst[CCQ_HOST_MAX_RANKS];
+    switch (op->kind) {
+    case CCQ_OP_ALL_REDUCE: {
         bool in_place = false;
-        /* Parts are in rank order (the runtime builds them so). */
-        for (uint32_t r = 0; r < op->nparts; r++) {
+        for (uint32_t r = 0; r < n; r++) {
             src[r] = op->parts[r].src;
             dst[r] = op->parts[r].dst;
             in_place |= src[r] == dst[r];
@@ -97,16 +135,66 @@ static void run_range(const ccq_be_op *op, size_t begin, size_t end)
         /* Streaming stores once the op's working set is far beyond the caches (measured on
          * the 2-core machine of docs/performance.md: +45% at 64 MiB per rank, a loss below
          * ~32 MiB in all), and never in place, where the output lines are already cached. */
-        unsigned flags = !in_place && 2 * (uint64_t)op->nparts * op->count * es >= HOST_NT_BYTES
-                             ? CCQ_HOST_REDUCE_NT
-                             : 0;
-        ccq_host_allreduce_range_ex((ccq_dtype)op->dtype, (ccq_reduce_op)op->redop, op->nparts, src,
-                                    dst, begin, end, flags);
-    } else { /* CCQ_OP_SENDRECV: part 0 sends, part 1 receives */
-        const char *s = (const char *)op->parts[0].src + begin * es;
-        char *d = (char *)op->parts[1].dst + begin * es;
+        unsigned flags =
+            !in_place && 2 * (uint64_t)n * blk >= HOST_NT_BYTES ? CCQ_HOST_REDUCE_NT : 0;
+        ccq_host_allreduce_range_ex(dt, ro, n, src, dst, begin, end, flags);
+        break;
+    }
+    case CCQ_OP_REDUCE: /* every rank's src into the root's dst */
+        for (uint32_t r = 0; r < n; r++)
+            src[r] = op->parts[r].src;
+        dst[0] = op->parts[op->root].dst;
+        ccq_host_reduce_range(dt, ro, n, src, 1, dst, begin, end, 0);
+        break;
+    case CCQ_OP_REDUCE_SCATTER: /* block r of every src into rank r's dst */
+        for (uint32_t r = 0; r < n; r++) {
+            for (uint32_t j = 0; j < n; j++)
+                src[j] = (const char *)op->parts[j].src + r * blk;
+            dst[0] = op->parts[r].dst;
+            ccq_host_reduce_range(dt, ro, n, src, 1, dst, begin, end, 0);
+        }
+        break;
+    case CCQ_OP_BROADCAST: /* the root's src into every dst */
+        for (uint32_t r = 0; r < n; r++)
+            dst[r] = (char *)op->parts[r].dst + off;
+        copy_fanout(dst, n, (const char *)op->parts[op->root].src + off, len);
+        break;
+    case CCQ_OP_ALL_GATHER: /* rank r's src into block r of every dst */
+        for (uint32_t r = 0; r < n; r++) {
+            for (uint32_t j = 0; j < n; j++)
+                dst[j] = (char *)op->parts[j].dst + r * blk + off;
+            copy_fanout(dst, n, (const char *)op->parts[r].src + off, len);
+        }
+        break;
+    case CCQ_OP_ALL_TO_ALL: /* block j of rank i's src into block i of rank j's dst */
+        for (uint32_t i = 0; i < n; i++)
+            for (uint32_t j = 0; j < n; j++)
+                memcpy((char *)op->parts[j].dst + i * blk + off,
+                       (const char *)op->parts[i].src + j * blk + off, len);
+        break;
+    case CCQ_OP_GATHER: /* rank r's src into block r of the root's dst */
+        for (uint32_t r = 0; r < n; r++) {
+            char *d = (char *)op->parts[op->root].dst + r * blk + off;
+            const char *s = (const char *)op->parts[r].src + off;
+            if (d != s)
+                memcpy(d, s, len);
+        }
+        break;
+    case CCQ_OP_SCATTER: /* block r of the root's src into rank r's dst */
+        for (uint32_t r = 0; r < n; r++) {
+            char *d = (char *)op->parts[r].dst + off;
+            const char *s = (const char *)op->parts[op->root].src + r * blk + off;
+            if (d != s)
+                memcpy(d, s, len);
+        }
+        break;
+    default: { /* CCQ_OP_SENDRECV: part 0 sends, part 1 receives */
+        const char *s = (const char *)op->parts[0].src + off;
+        char *d = (char *)op->parts[1].dst + off;
         if (s != d)
-            memmove(d, s, (end - begin) * es);
+            memmove(d, s, len);
+        break;
+    }
     }
 }
 
@@ -319,7 +407,7 @@ static ccq_status host_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
                      CCQ_HOST_MAX_RANKS);
             return CCQ_ERR_UNSUPPORTED;
         }
-        total += op_parts_bytes(b->ops[k]) * b->ops[k]->nparts;
+        total += op_moved_bytes(b->ops[k]);
     }
     j = malloc(sizeof *j + (2 * (size_t)b->nops + 1) * sizeof(size_t) +
                (size_t)b->nops * (sizeof(uint64_t) + 1));

@@ -71,6 +71,9 @@ typedef void (*ccq_reduce_kernel)(uint32_t n, const void *const *src, void *cons
  * overwritten (read-for-ownership), a third of the traffic. For in-place or cache-sized
  * buffers it would hurt (the lines are already in cache), so the caller decides. */
 static _Thread_local int put_nt;
+/* Outputs the write-out step fills: n for all_reduce, 1 for reduce and reduce_scatter. Set
+ * by the entry points, so the generated kernels keep one signature. */
+static _Thread_local uint32_t put_nout;
 
 static inline void put_block(void *dst, const void *src, size_t bytes)
 {
@@ -104,7 +107,7 @@ static inline void put_block(void *dst, const void *src, size_t bytes)
  * most expensive step n times. */
 #define CCQ_PUT_COPY_(elem_t, LEN)                                                                 \
     do {                                                                                           \
-        for (uint32_t r = 0; r < n; r++)                                                           \
+        for (uint32_t r = 0; r < put_nout; r++)                                                    \
             put_block((elem_t *)dst[r] + off, acc, (LEN) * sizeof(elem_t));                        \
     } while (0)
 #define CCQ_PUT_ROUND_(elem_t, LEN, STORE)                                                         \
@@ -112,7 +115,7 @@ static inline void put_block(void *dst, const void *src, size_t bytes)
         elem_t narrow_[CCQ_HOST_REDUCE_BLOCK_BYTES / sizeof(float)];                               \
         for (size_t i = 0; i < (LEN); i++)                                                         \
             narrow_[i] = STORE(acc[i]);                                                            \
-        for (uint32_t r = 0; r < n; r++)                                                           \
+        for (uint32_t r = 0; r < put_nout; r++)                                                    \
             put_block((elem_t *)dst[r] + off, narrow_, (LEN) * sizeof(elem_t));                    \
     } while (0)
 #define CCQ_PUT_F16_(elem_t, LEN)  CCQ_PUT_ROUND_(elem_t, LEN, ccq_f32_to_f16)
@@ -230,12 +233,20 @@ void ccq_host_allreduce_range_ex(ccq_dtype dtype, ccq_reduce_op op, uint32_t n,
                                  const void *const *src, void *const *dst, size_t begin, size_t end,
                                  unsigned flags)
 {
+    ccq_host_reduce_range(dtype, op, n, src, n, dst, begin, end, flags);
+}
+
+void ccq_host_reduce_range(ccq_dtype dtype, ccq_reduce_op op, uint32_t n, const void *const *src,
+                           uint32_t nout, void *const *dst, size_t begin, size_t end,
+                           unsigned flags)
+{
     /* The runtime validates dtype and op before issuing; this only keeps a bad value from
      * indexing past the table. */
     if ((unsigned)dtype >= CCQ_DTYPE_COUNT_ || (unsigned)op >= CCQ_REDUCE_OP_COUNT_ || n == 0 ||
         begin >= end)
         return;
     put_nt = (flags & CCQ_HOST_REDUCE_NT) != 0;
+    put_nout = nout;
     ccq_reduce_kernels[dtype][op](n, src, dst, begin, end);
 #ifdef __SSE2__
     /* Streaming stores are weakly ordered: make them visible before whoever reports the

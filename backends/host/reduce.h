@@ -48,6 +48,13 @@ void ccq_host_allreduce_range_ex(ccq_dtype dtype, ccq_reduce_op op, uint32_t n,
                                  const void *const *src, void *const *dst, size_t begin, size_t end,
                                  unsigned flags);
 
+/* Reduce n inputs into nout outputs (reduce: nout = 1; reduce_scatter: one call per output
+ * block). Same semantics, blocking and in-place rules as ccq_host_allreduce_range; an output
+ * may be one of the inputs. */
+void ccq_host_reduce_range(ccq_dtype dtype, ccq_reduce_op op, uint32_t n, const void *const *src,
+                           uint32_t nout, void *const *dst, size_t begin, size_t end,
+                           unsigned flags);
+
 /* Bytes of accumulator per block: well inside L1 together with the stream of inputs. */
 #define CCQ_HOST_REDUCE_BLOCK_BYTES 8192
 

@@ -16,6 +16,14 @@
 #include "queue/mpsc.h"
 #include "queue/wake.h"
 
+/* ncclAlltoAll, ncclGather and ncclScatter appeared in NCCL 2.28: built against older
+ * headers, ccq refuses those three collectives instead of calling them. */
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+#define NCCL_HAS_228_COLLECTIVES 1
+#else
+#define NCCL_HAS_228_COLLECTIVES 0
+#endif
+
 /* The scheduler polls completions at this interval while batches are in flight. */
 #define NCCL_POLL_INTERVAL_NS 20000u
 /* Communicator creation gives up after this long (it also honours timeout_ms). */
@@ -79,6 +87,7 @@ typedef struct nccl_be {
     ccq_be_hooks hooks;
     int ndev;
     int *cc_major;
+    int version; /* ncclGetVersion(): all_to_all, gather and scatter need 2.28 */
     uint32_t max_streams, ring_size;
     uint64_t timeout_ns;
     nccl_stream *streams; /* [ndev * max_streams] */
@@ -201,6 +210,7 @@ static ccq_status nccl_create(const ccq_config *cfg, const ccq_be_hooks *hooks, 
     h->base.ops = &ccq_nccl_backend_ops;
     h->hooks = *hooks;
     h->ndev = ndev;
+    h->version = version;
     h->max_streams = cfg->max_streams;
     h->ring_size = ccq_ring_size(cfg->queue_depth);
     h->timeout_ns = cfg->timeout_ms ? cfg->timeout_ms * 1000000ull : NCCL_INIT_TIMEOUT_NS;
@@ -366,10 +376,24 @@ static ccq_status nccl_check(ccq_backend *be, const ccq_be_submit *s, ccq_errbuf
 {
     nccl_be *h = to_nccl(be);
     bool fp8 = s->dtype == CCQ_FLOAT8E4M3 || s->dtype == CCQ_FLOAT8E5M2;
-    if (fp8 && s->kind == CCQ_OP_ALL_REDUCE && h->cc_major[s->device] < 9) {
+    bool reduces = s->kind == CCQ_OP_ALL_REDUCE || s->kind == CCQ_OP_REDUCE ||
+                   s->kind == CCQ_OP_REDUCE_SCATTER;
+    bool since_228 =
+        s->kind == CCQ_OP_ALL_TO_ALL || s->kind == CCQ_OP_GATHER || s->kind == CCQ_OP_SCATTER;
+    if (since_228 && (!NCCL_HAS_228_COLLECTIVES || h->version < NCCL_VERSION(2, 28, 0))) {
+        snprintf(err->msg, sizeof err->msg,
+                 "%s needs NCCL 2.28 or newer (ncclAlltoAll/ncclGather/ncclScatter); this process "
+                 "has NCCL %d.%d.%d",
+                 s->kind == CCQ_OP_ALL_TO_ALL ? "all_to_all"
+                 : s->kind == CCQ_OP_GATHER   ? "gather"
+                                              : "scatter",
+                 h->version / 10000, h->version / 100 % 100, h->version % 100);
+        return CCQ_ERR_UNSUPPORTED;
+    }
+    if (fp8 && reduces && h->cc_major[s->device] < 9) {
         snprintf(err->msg, sizeof err->msg,
                  "NCCL reduces fp8 only on compute capability 9.0 (sm90) or newer; device %u is "
-                 "%d.x (send/recv of fp8 data works everywhere)",
+                 "%d.x (moving fp8 data without reducing it works everywhere)",
                  s->device, h->cc_major[s->device]);
         return CCQ_ERR_UNSUPPORTED;
     }
@@ -554,15 +578,8 @@ static ccq_status nccl_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
         ncclDataType_t dt = dtype_map[op->dtype];
         if (op->status != CCQ_OK)
             continue; /* refused above */
-        if (op->kind == CCQ_OP_ALL_REDUCE) {
-            for (uint32_t p = 0; p < op->nparts; p++) {
-                const ccq_be_part *part = &op->parts[p];
-                NCCL_CHECK_GOTO(ncclAllReduce(part->src, part->dst, op->count, dt,
-                                              op_map[op->redop], c->comms[part->rank],
-                                              h->streams[part->stream_index].comm),
-                                err, status, fail);
-            }
-        } else { /* send/recv: part 0 sends to part 1's rank, part 1 receives from part 0's */
+        if (op->kind == CCQ_OP_SENDRECV) {
+            /* part 0 sends to part 1's rank, part 1 receives from part 0's */
             const ccq_be_part *snd = &op->parts[0], *rcv = &op->parts[1];
             NCCL_CHECK_GOTO(ncclSend(snd->src, op->count, dt, (int)rcv->rank, c->comms[snd->rank],
                                      h->streams[snd->stream_index].comm),
@@ -570,6 +587,56 @@ static ccq_status nccl_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
             NCCL_CHECK_GOTO(ncclRecv(rcv->dst, op->count, dt, (int)snd->rank, c->comms[rcv->rank],
                                      h->streams[rcv->stream_index].comm),
                             err, status, fail);
+            continue;
+        }
+        /* A collective: every local rank's part, in rank order, inside this one group. */
+        for (uint32_t p = 0; p < op->nparts; p++) {
+            const ccq_be_part *part = &op->parts[p];
+            ncclComm_t comm = c->comms[part->rank];
+            cudaStream_t cs = h->streams[part->stream_index].comm;
+            ncclRedOp_t ro = op_map[op->redop];
+            int root = (int)op->root;
+            switch (op->kind) {
+            case CCQ_OP_ALL_REDUCE:
+                NCCL_CHECK_GOTO(ncclAllReduce(part->src, part->dst, op->count, dt, ro, comm, cs),
+                                err, status, fail);
+                break;
+            case CCQ_OP_BROADCAST:
+                NCCL_CHECK_GOTO(ncclBroadcast(part->src, part->dst, op->count, dt, root, comm, cs),
+                                err, status, fail);
+                break;
+            case CCQ_OP_REDUCE:
+                NCCL_CHECK_GOTO(ncclReduce(part->src, part->dst, op->count, dt, ro, root, comm, cs),
+                                err, status, fail);
+                break;
+            case CCQ_OP_ALL_GATHER:
+                NCCL_CHECK_GOTO(ncclAllGather(part->src, part->dst, op->count, dt, comm, cs), err,
+                                status, fail);
+                break;
+            case CCQ_OP_REDUCE_SCATTER:
+                NCCL_CHECK_GOTO(
+                    ncclReduceScatter(part->src, part->dst, op->count, dt, ro, comm, cs), err,
+                    status, fail);
+                break;
+#if NCCL_HAS_228_COLLECTIVES
+            case CCQ_OP_ALL_TO_ALL:
+                NCCL_CHECK_GOTO(ncclAlltoAll(part->src, part->dst, op->count, dt, comm, cs), err,
+                                status, fail);
+                break;
+            case CCQ_OP_GATHER:
+                NCCL_CHECK_GOTO(ncclGather(part->src, part->dst, op->count, dt, root, comm, cs),
+                                err, status, fail);
+                break;
+            case CCQ_OP_SCATTER:
+                NCCL_CHECK_GOTO(ncclScatter(part->src, part->dst, op->count, dt, root, comm, cs),
+                                err, status, fail);
+                break;
+#endif
+            default:
+                status = CCQ_ERR_UNSUPPORTED;
+                snprintf(err->msg, sizeof err->msg, "operation kind %u", op->kind);
+                goto fail;
+            }
         }
     }
     group_open = false;

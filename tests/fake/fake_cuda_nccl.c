@@ -51,7 +51,47 @@ struct ncclComm {
     struct ncclComm *next;
 };
 
-enum { OP_INIT, OP_ALLREDUCE, OP_SEND, OP_RECV };
+/* Kinds of calls a group collects; the collectives come last (see is_coll()). */
+enum {
+    OP_INIT,
+    OP_SEND,
+    OP_RECV,
+    OP_ALLREDUCE,
+    OP_BROADCAST,
+    OP_REDUCE,
+    OP_ALLGATHER,
+    OP_REDUCESCATTER,
+    OP_ALLTOALL,
+    OP_GATHER,
+    OP_SCATTER,
+    OP_KINDS_
+};
+
+/* Which ranks use a collective's buffer. */
+enum { USE_ALL = 1, USE_ROOT = 2 };
+
+/* NCCL's definitions of the collectives (nccl.h): who reads sendbuff and writes recvbuff,
+ * and which of the two holds count * nranks elements rather than count. */
+static const struct coll_info {
+    const char *fn;
+    bool reduces, rooted;
+    unsigned char src_use, dst_use;
+    bool src_n, dst_n;
+} coll_info[OP_KINDS_] = {
+    [OP_ALLREDUCE] = {"ncclAllReduce", true, false, USE_ALL, USE_ALL, false, false},
+    [OP_BROADCAST] = {"ncclBroadcast", false, true, USE_ROOT, USE_ALL, false, false},
+    [OP_REDUCE] = {"ncclReduce", true, true, USE_ALL, USE_ROOT, false, false},
+    [OP_ALLGATHER] = {"ncclAllGather", false, false, USE_ALL, USE_ALL, false, true},
+    [OP_REDUCESCATTER] = {"ncclReduceScatter", true, false, USE_ALL, USE_ALL, true, false},
+    [OP_ALLTOALL] = {"ncclAlltoAll", false, false, USE_ALL, USE_ALL, true, true},
+    [OP_GATHER] = {"ncclGather", false, true, USE_ALL, USE_ROOT, false, true},
+    [OP_SCATTER] = {"ncclScatter", false, true, USE_ROOT, USE_ALL, true, false},
+};
+
+static bool is_coll(int kind)
+{
+    return kind >= OP_ALLREDUCE && kind < OP_KINDS_;
+}
 
 /* A call collected by the open group. The lead op of a matched unit holds its partners. */
 typedef struct fake_op {
@@ -62,9 +102,9 @@ typedef struct fake_op {
     size_t count;
     ncclDataType_t dtype;
     ncclRedOp_t redop;
-    int peer;
+    int peer, root;
     bool matched, lead;
-    size_t unit[FAKE_MAX_RANKS]; /* all_reduce: op index per rank; send: [0] = its recv */
+    size_t unit[FAKE_MAX_RANKS]; /* collectives: op index per rank; send: [0] = its recv */
 } fake_op;
 
 /* NCCL keeps group state per thread; so does the fake. */
@@ -181,7 +221,7 @@ static fake_call *enter(const char *fn, int *result)
     c->fn = fn;
     c->thread = pthread_self();
     c->device = cur_dev;
-    c->rank = c->nranks = c->peer = c->peer_device = -1;
+    c->rank = c->nranks = c->peer = c->peer_device = c->root = -1;
     *result = 0;
     for (size_t i = 0; i < F.nscripts; i++) {
         if (F.scripts[i].live && strcmp(F.scripts[i].fn, fn) == 0) {
@@ -696,24 +736,30 @@ static bool grp_match(void)
         fake_clique *q = o->comm->clique;
         if (o->kind == OP_INIT || o->matched)
             continue;
-        if (o->kind == OP_ALLREDUCE) {
-            /* Earlier calls are all matched, so each rank's first unmatched one is the
-             * same position in its sequence as this one. */
+        if (is_coll(o->kind)) {
+            /* The collectives of a communicator form one sequence, as in NCCL: earlier calls
+             * are all matched, so each rank's first unmatched collective is the same
+             * position in its sequence as this one, and must be the same collective. */
+            const struct coll_info *ki = &coll_info[o->kind];
             for (int rk = 0; rk < q->nranks; rk++) {
                 size_t k = i;
-                while (k < grp.n && !(grp.ops[k].kind == OP_ALLREDUCE && !grp.ops[k].matched &&
+                while (k < grp.n && !(is_coll(grp.ops[k].kind) && !grp.ops[k].matched &&
                                       grp.ops[k].comm->clique == q && grp.ops[k].comm->rank == rk))
                     k++;
                 if (k == grp.n) {
-                    fake_error("ncclGroupEnd: incomplete group: an all_reduce of %s lacks rank "
-                               "%d's part",
-                               q->id.internal, rk);
+                    fake_error("ncclGroupEnd: incomplete group: the %s of %s lacks rank %d's part",
+                               ki->fn, q->id.internal, rk);
                     return false;
                 }
                 fake_op *x = &grp.ops[k];
-                if (x->count != o->count || x->dtype != o->dtype || x->redop != o->redop) {
-                    fake_error("ncclGroupEnd: all_reduce of %s: rank %d's part differs",
-                               q->id.internal, rk);
+                if (x->kind != o->kind || x->count != o->count || x->dtype != o->dtype ||
+                    (ki->reduces && x->redop != o->redop) || (ki->rooted && x->root != o->root)) {
+                    fake_error("ncclGroupEnd: %s of %s: rank %d's part differs (%s, count %zu, "
+                               "dtype %d, op %d, root %d; rank %d: count %zu, dtype %d, op %d, "
+                               "root %d)",
+                               ki->fn, q->id.internal, rk, coll_info[x->kind].fn, x->count,
+                               (int)x->dtype, (int)x->redop, x->root, o->comm->rank, o->count,
+                               (int)o->dtype, (int)o->redop, o->root);
                     return false;
                 }
                 o->unit[rk] = k;
@@ -750,6 +796,72 @@ static bool grp_match(void)
     return true;
 }
 
+/* Run one matched collective with NCCL's semantics (nccl.h) on host memory. p[rk] is rank
+ * rk's call. Copies are memmoves, reductions the host backend's kernel (n inputs into one
+ * output), so NCCL's in-place forms (checked at the call) work: every output block is
+ * either disjoint from every input still to be read, or is exactly the input it comes
+ * from. Buffers a rank does not use are not touched (they may be NULL). */
+static void coll_execute(const fake_op *o, const fake_op *const *p, int n)
+{
+    ccq_dtype dt = to_ccq_dtype[o->dtype];
+    ccq_reduce_op rop = coll_info[o->kind].reduces ? to_ccq_op[o->redop] : CCQ_SUM;
+    size_t count = o->count, blk = count * ccq_dtype_size(dt);
+    const void *src[FAKE_MAX_RANKS];
+    void *dst[FAKE_MAX_RANKS];
+    int root = o->root;
+
+    if (count == 0)
+        return;
+    switch (o->kind) {
+    case OP_ALLREDUCE:
+        for (int rk = 0; rk < n; rk++) {
+            src[rk] = p[rk]->src;
+            dst[rk] = p[rk]->dst;
+        }
+        ccq_host_allreduce_range(dt, rop, (uint32_t)n, src, dst, 0, count);
+        break;
+    case OP_BROADCAST:
+        for (int rk = 0; rk < n; rk++)
+            memmove(p[rk]->dst, p[root]->src, blk);
+        break;
+    case OP_REDUCE:
+        for (int rk = 0; rk < n; rk++)
+            src[rk] = p[rk]->src;
+        dst[0] = p[root]->dst;
+        ccq_host_reduce_range(dt, rop, (uint32_t)n, src, 1, dst, 0, count, 0);
+        break;
+    case OP_ALLGATHER:
+        for (int rk = 0; rk < n; rk++)
+            for (int j = 0; j < n; j++)
+                memmove((char *)p[rk]->dst + (size_t)j * blk, p[j]->src, blk);
+        break;
+    case OP_REDUCESCATTER:
+        for (int rk = 0; rk < n; rk++) {
+            for (int j = 0; j < n; j++)
+                src[j] = (const char *)p[j]->src + (size_t)rk * blk;
+            dst[0] = p[rk]->dst;
+            ccq_host_reduce_range(dt, rop, (uint32_t)n, src, 1, dst, 0, count, 0);
+        }
+        break;
+    case OP_ALLTOALL:
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < n; j++)
+                memmove((char *)p[j]->dst + (size_t)i * blk,
+                        (const char *)p[i]->src + (size_t)j * blk, blk);
+        break;
+    case OP_GATHER:
+        for (int j = 0; j < n; j++)
+            memmove((char *)p[root]->dst + (size_t)j * blk, p[j]->src, blk);
+        break;
+    case OP_SCATTER:
+        for (int rk = 0; rk < n; rk++)
+            memmove(p[rk]->dst, (const char *)p[root]->src + (size_t)rk * blk, blk);
+        break;
+    default:
+        abort();
+    }
+}
+
 /* Run a matched group on host memory, in call order of each unit's first call. */
 static void grp_execute(void)
 {
@@ -757,16 +869,12 @@ static void grp_execute(void)
         fake_op *o = &grp.ops[i];
         if (!o->lead)
             continue;
-        if (o->kind == OP_ALLREDUCE) {
+        if (is_coll(o->kind)) {
             int n = o->comm->clique->nranks;
-            const void *src[FAKE_MAX_RANKS];
-            void *dst[FAKE_MAX_RANKS];
-            for (int rk = 0; rk < n; rk++) {
-                src[rk] = grp.ops[o->unit[rk]].src;
-                dst[rk] = grp.ops[o->unit[rk]].dst;
-            }
-            ccq_host_allreduce_range(to_ccq_dtype[o->dtype], to_ccq_op[o->redop], (uint32_t)n, src,
-                                     dst, 0, o->count);
+            const fake_op *p[FAKE_MAX_RANKS];
+            for (int rk = 0; rk < n; rk++)
+                p[rk] = &grp.ops[o->unit[rk]];
+            coll_execute(o, p, n);
         } else {
             const fake_op *snd = o->kind == OP_SEND ? o : &grp.ops[o->unit[0]];
             const fake_op *rcv = o->kind == OP_RECV ? o : &grp.ops[o->unit[0]];
@@ -836,18 +944,104 @@ ncclResult_t ncclGroupEnd(void)
     return (ncclResult_t)leave(c, r);
 }
 
-/* Common part of the three operations: check, then collect (or run alone outside a group). */
+/* Bytes of a collective's buffer that rank `rank` uses (0: it need not pass one). */
+static size_t coll_bytes(const fake_op *op, bool src, int nranks)
+{
+    const struct coll_info *ki = &coll_info[op->kind];
+    int use = src ? ki->src_use : ki->dst_use;
+    bool times_n = src ? ki->src_n : ki->dst_n;
+    if (use == USE_ROOT && op->comm->rank != op->root)
+        return 0;
+    return op->count * ccq_dtype_size(to_ccq_dtype[op->dtype]) * (times_n ? (size_t)nranks : 1u);
+}
+
+/* A collective's arguments as NCCL would check them (ncclInvalidArgument), plus what NCCL
+ * leaves undefined but a correct caller never does: a NULL buffer the rank uses, and src
+ * and dst overlapping anywhere but at the kind's in-place position (nccl.h). Those, and a
+ * root out of range or an fp8 reduction below compute capability 9 (which NCCL refuses),
+ * are fake errors. Lock held; comm valid, dtype and op in range. */
+static int coll_check(fake_call *c, const fake_op *op)
+{
+    const struct coll_info *ki = &coll_info[op->kind];
+    int n = op->comm->clique->nranks, rank = op->comm->rank;
+    size_t sb, db, blk = op->count * ccq_dtype_size(to_ccq_dtype[op->dtype]);
+    uintptr_t s0 = (uintptr_t)op->src, d0 = (uintptr_t)op->dst;
+
+    if (ki->rooted && (op->root < 0 || op->root >= n)) {
+        fake_error("%s: root %d out of range for %d ranks", c->fn, op->root, n);
+        return ncclInvalidArgument;
+    }
+    if (ki->reduces && (op->dtype == ncclFloat8e4m3 || op->dtype == ncclFloat8e5m2) &&
+        F.cc[op->comm->device] < 9) {
+        fake_error("%s: fp8 reduction on device %d of compute capability %d (NCCL needs sm90)",
+                   c->fn, op->comm->device, F.cc[op->comm->device]);
+        return ncclInvalidArgument;
+    }
+    sb = coll_bytes(op, true, n);
+    db = coll_bytes(op, false, n);
+    if ((sb > 0 && op->src == NULL) || (db > 0 && op->dst == NULL)) {
+        fake_error("%s: rank %d of %d (root %d) passed a NULL %s for %zu elements", c->fn, rank, n,
+                   op->root, sb > 0 && op->src == NULL ? "sendbuff" : "recvbuff", op->count);
+        return ncclInvalidArgument;
+    }
+    /* Device memory (cudaMalloc'd) must hold what the call uses; host arrays of a test
+     * cannot be checked. */
+    for (int b = 0; b < 2; b++) {
+        const void *ptr = b == 0 ? op->src : (const void *)op->dst;
+        size_t bytes = b == 0 ? sb : db;
+        if (bytes > 0 && mem_find(ptr, 0) != NULL && mem_find(ptr, bytes) == NULL) {
+            fake_error("%s: rank %d: %s %p does not hold the %zu bytes the call uses", c->fn, rank,
+                       b == 0 ? "sendbuff" : "recvbuff", ptr, bytes);
+            return ncclInvalidArgument;
+        }
+    }
+    if (sb > 0 && db > 0 && s0 < d0 + db && d0 < s0 + sb) {
+        bool in_place;
+        switch (op->kind) {
+        case OP_ALLGATHER:
+            in_place = s0 == d0 + (uintptr_t)rank * blk;
+            break;
+        case OP_REDUCESCATTER:
+            in_place = d0 == s0 + (uintptr_t)rank * blk;
+            break;
+        case OP_ALLTOALL:
+            in_place = false;
+            break;
+        case OP_GATHER:
+            in_place = s0 == d0 + (uintptr_t)op->root * blk;
+            break;
+        case OP_SCATTER:
+            in_place = d0 == s0 + (uintptr_t)op->root * blk;
+            break;
+        default:
+            in_place = s0 == d0;
+            break;
+        }
+        if (!in_place) {
+            fake_error("%s: rank %d: sendbuff %p (%zu bytes) and recvbuff %p (%zu bytes) overlap "
+                       "outside the in-place position",
+                       c->fn, rank, op->src, sb, (void *)op->dst, db);
+            return ncclInvalidArgument;
+        }
+    }
+    return ncclSuccess;
+}
+
+/* Common part of the operations: check, then collect (or run alone outside a group). */
 static int add_op(fake_call *c, int r, const fake_op *op, cudaStream_t stream)
 {
     ncclComm_t comm = op->comm;
+    bool coll = is_coll(op->kind);
     set_comm(c, comm);
     c->stream = stream;
     c->src = op->src;
     c->dst = op->dst;
     c->count = op->count;
     c->dtype = (int)op->dtype;
-    c->op = op->kind == OP_ALLREDUCE ? (int)op->redop : -1;
-    if (op->kind != OP_ALLREDUCE) {
+    c->op = coll && coll_info[op->kind].reduces ? (int)op->redop : -1;
+    if (coll && coll_info[op->kind].rooted)
+        c->root = op->root;
+    if (!coll) {
         c->peer = op->peer;
         if (comm != NULL && op->peer >= 0 && op->peer < comm->clique->nranks &&
             comm->clique->ranks[op->peer] != NULL)
@@ -855,15 +1049,18 @@ static int add_op(fake_call *c, int r, const fake_op *op, cudaStream_t stream)
     }
     if (r == ncclSuccess && (!comm_ok(comm, c->fn) || !stream_ok(stream, c->fn)))
         r = ncclInvalidArgument;
-    if (r == ncclSuccess && ((unsigned)op->dtype >= ncclNumTypes ||
-                             (op->kind == OP_ALLREDUCE && (unsigned)op->redop >= ncclNumOps) ||
-                             (op->kind != OP_ALLREDUCE && c->peer_device < 0)))
+    if (r == ncclSuccess &&
+        ((unsigned)op->dtype >= ncclNumTypes ||
+         (coll && coll_info[op->kind].reduces && (unsigned)op->redop >= ncclNumOps) ||
+         (!coll && c->peer_device < 0)))
         r = ncclInvalidArgument;
     if (r == ncclSuccess && stream != NULL && stream->device != comm->device) {
         fake_error("%s: stream of device %d for a communicator of device %d", c->fn, stream->device,
                    comm->device);
         r = ncclInvalidArgument;
     }
+    if (r == ncclSuccess && coll)
+        r = coll_check(c, op);
     if (r != ncclSuccess) {
         if (grp.depth > 0 && grp.err == ncclSuccess)
             grp.err = (ncclResult_t)r;
@@ -915,6 +1112,83 @@ ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int
                  .dtype = datatype,
                  .peer = peer};
     return (ncclResult_t)leave(c, add_op(c, r, &o, stream));
+}
+
+/* The other collectives: nccl.h's signatures; counts as NCCL defines them (all_gather:
+ * sendcount, reduce_scatter: recvcount, alltoall: per peer, gather/scatter: per rank). */
+static ncclResult_t coll_call(const char *fn, int kind, const void *sendbuff, void *recvbuff,
+                              size_t count, ncclDataType_t datatype, ncclRedOp_t op, int root,
+                              ncclComm_t comm, cudaStream_t stream)
+{
+    int r;
+    fake_call *c = enter(fn, &r);
+    /* NCCL added these three in 2.28: an older library does not have the symbols at all
+     * (the program would not load, or would stop at the call). */
+    if (r == ncclSuccess && (kind == OP_ALLTOALL || kind == OP_GATHER || kind == OP_SCATTER) &&
+        F.version < NCCL_VERSION(2, 28, 0)) {
+        fake_error("%s called, but the emulated NCCL %d does not have it (added in 2.28)", fn,
+                   F.version);
+        r = ncclInvalidUsage;
+    }
+    fake_op o = {.kind = kind,
+                 .comm = comm,
+                 .src = sendbuff,
+                 .dst = recvbuff,
+                 .count = count,
+                 .dtype = datatype,
+                 .redop = op,
+                 .root = root};
+    return (ncclResult_t)leave(c, add_op(c, r, &o, stream));
+}
+
+ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count,
+                           ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream)
+{
+    return coll_call("ncclBroadcast", OP_BROADCAST, sendbuff, recvbuff, count, datatype, ncclSum,
+                     root, comm, stream);
+}
+
+ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
+                        ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream)
+{
+    return coll_call("ncclReduce", OP_REDUCE, sendbuff, recvbuff, count, datatype, op, root, comm,
+                     stream);
+}
+
+ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
+                           ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream)
+{
+    return coll_call("ncclAllGather", OP_ALLGATHER, sendbuff, recvbuff, sendcount, datatype,
+                     ncclSum, -1, comm, stream);
+}
+
+ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount,
+                               ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                               cudaStream_t stream)
+{
+    return coll_call("ncclReduceScatter", OP_REDUCESCATTER, sendbuff, recvbuff, recvcount, datatype,
+                     op, -1, comm, stream);
+}
+
+ncclResult_t ncclAlltoAll(const void *sendbuff, void *recvbuff, size_t count,
+                          ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream)
+{
+    return coll_call("ncclAlltoAll", OP_ALLTOALL, sendbuff, recvbuff, count, datatype, ncclSum, -1,
+                     comm, stream);
+}
+
+ncclResult_t ncclGather(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
+                        int root, ncclComm_t comm, cudaStream_t stream)
+{
+    return coll_call("ncclGather", OP_GATHER, sendbuff, recvbuff, count, datatype, ncclSum, root,
+                     comm, stream);
+}
+
+ncclResult_t ncclScatter(const void *sendbuff, void *recvbuff, size_t count,
+                         ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream)
+{
+    return coll_call("ncclScatter", OP_SCATTER, sendbuff, recvbuff, count, datatype, ncclSum, root,
+                     comm, stream);
 }
 
 /* ---- Test controls ---- */
@@ -1105,10 +1379,11 @@ void fake_log_dump(void)
     for (size_t i = 0; i < F.nlog; i++) {
         const fake_call *c = &F.log[i];
         fprintf(stderr,
-                "%5zu %-26s r=%d dev=%d stream=%p event=%p comm=%p rank=%d/%d peer=%d count=%zu "
-                "dtype=%d op=%d value=%d\n",
+                "%5zu %-26s r=%d dev=%d stream=%p event=%p comm=%p rank=%d/%d peer=%d root=%d "
+                "count=%zu dtype=%d op=%d src=%p dst=%p value=%d\n",
                 i, c->fn, c->result, c->device, (void *)c->stream, (void *)c->event,
-                (void *)c->comm, c->rank, c->nranks, c->peer, c->count, c->dtype, c->op, c->value);
+                (void *)c->comm, c->rank, c->nranks, c->peer, c->root, c->count, c->dtype, c->op,
+                c->src, c->dst, c->value);
     }
     unlock();
 }

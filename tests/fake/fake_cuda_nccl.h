@@ -25,10 +25,22 @@ ncclResult_t ncclGroupEnd(void);
  *   calling thread's current device. Non-blocking: ncclCommGetAsyncError reports
  *   ncclInProgress `pending` times (fake_set_pending), then success or a scripted error.
  * - Groups (per thread, as in NCCL): ncclGroupEnd matches the group's calls and runs them
- *   on host memory: the k-th ncclAllReduce of every rank of a clique together (reduced with
- *   the host backend's kernel), each ncclSend with the first unmatched ncclRecv of its
- *   (clique, src rank, dst rank) as a memcpy. A group with a part missing returns
- *   ncclInvalidUsage, runs nothing and counts as a fake error.
+ *   on host memory: the k-th collective (ncclAllReduce, ncclBroadcast, ncclReduce,
+ *   ncclAllGather, ncclReduceScatter, ncclAlltoAll, ncclGather, ncclScatter: one sequence
+ *   per communicator, as in NCCL) of every rank of a clique together, with NCCL's semantics
+ *   (reductions with the host backend's kernel, copies with memmove; NCCL's in-place forms
+ *   work; a buffer a rank does not use may be NULL and is not touched); each ncclSend with
+ *   the first unmatched ncclRecv of its (clique, src rank, dst rank) as a memcpy. A group
+ *   with a part missing, or whose k-th collectives differ across ranks (kind, count, dtype,
+ *   op of reductions, root of rooted ones), returns ncclInvalidUsage, runs nothing and
+ *   counts as a fake error.
+ * - Collective arguments: a root out of range, an fp8 reduction on a device of compute
+ *   capability < 9, a NULL buffer the rank uses (count > 0), a buffer inside a cudaMalloc
+ *   allocation that does not hold what the call uses, or sendbuff and recvbuff overlapping
+ *   other than at the kind's in-place position return ncclInvalidArgument at the call and
+ *   count as fake errors. ncclAlltoAll, ncclGather and ncclScatter called while the emulated
+ *   version (fake_set_nccl_version) is below 2.28, which lacks them, are fake errors too
+ *   (ncclInvalidUsage).
  * - Memory: cudaMalloc returns host memory (so the collectives run on it), remembered with
  *   its device; cudaMemcpy is a memmove whose device side must lie in a live allocation.
  * - Events: recorded events complete at once, or, in manual mode, when the test calls
@@ -52,8 +64,10 @@ typedef struct fake_call {
     ncclComm_t comm;
     int rank, nranks;      /* the communicator's */
     int peer, peer_device; /* ncclSend/ncclRecv: the peer rank and its device */
-    size_t count;
-    int dtype, op; /* ncclDataType_t, ncclRedOp_t as passed */
+    int root;              /* ncclBroadcast/Reduce/Gather/Scatter: the root rank as passed;
+                              -1 for every other call */
+    size_t count;          /* collectives: the count as passed, in NCCL's convention */
+    int dtype, op; /* ncclDataType_t, ncclRedOp_t as passed (op: -1 for calls without one) */
     const void *src;
     void *dst;
     int value; /* ncclCommGetAsyncError: the state reported; ncclCommInitRankConfig:
