@@ -249,8 +249,10 @@ CCQ_API ccq_status ccq_recv(ccq_runtime *rt, ccq_device_id device, ccq_stream_id
  * broadcast/reduce: src == dst; all_gather: src == dst + rank*count; reduce_scatter:
  * dst == src + rank*count; gather (root): src == dst + root_rank*count; scatter (root):
  * dst == src + root_rank*count (in elements). all_to_all has no in-place form. Any other
- * overlap is CCQ_ERR_INVALID_ARGUMENT. The parts must agree on count, dtype, op (reductions)
- * and root (rooted ones), or they all fail with CCQ_ERR_MISMATCH. Errors as ccq_all_reduce.
+ * overlap is CCQ_ERR_INVALID_ARGUMENT. A buffer a rank does not use (dst of a non-root
+ * reduce/gather, src of a non-root broadcast/scatter) is ignored: never read, written or checked.
+ * The parts must agree on count, dtype, op (reductions) and root (rooted ones), or they all fail
+ * with CCQ_ERR_MISMATCH. Errors as ccq_all_reduce.
  */
 
 /** Copy @p count elements from @p root's @p src to every rank's @p dst (src is read on the

@@ -4,8 +4,8 @@
 #
 # Iteration counts are lowered (CCQ_TEST_*), since sanitizers slow memory-heavy loops 5-20x;
 # the stress is in the number of threads and interleavings, not in repetitions. Under TSan,
-# test_reduce (single-threaded kernels, exhaustive conversions) and test_allreduce (the
-# dtype x op x size grid, already covered under ASan) are left out: they exercise no
+# test_reduce (single-threaded kernels, exhaustive conversions), test_allreduce and
+# test_collectives (the dtype x op x size grids, already covered under ASan) are left out: they exercise no
 # concurrency that test_threads, test_stress and test_matching do not, and take minutes
 # there. GPU programs are left out too (they exit 77 without a GPU, and the CUDA runtime's
 # own allocations at exit are not ours to report).
@@ -29,5 +29,5 @@ if [ "$which" = all ] || [ "$which" = tsan ]; then
     ccq_build "$CCQ_ROOT/build-tsan" "${common[@]}" -DCCQ_SANITIZE=thread >/dev/null
     (cd "$CCQ_ROOT/build-tsan" &&
         TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 CCQ_TEST_ITERS=2 \
-        ctest -j"$(nproc)" --output-on-failure -E '^gpu_|^test_reduce$|^test_allreduce$')
+        ctest -j"$(nproc)" --output-on-failure -E '^gpu_|^test_reduce$|^test_allreduce$|^test_collectives$')
 fi

@@ -495,3 +495,102 @@ size_t ref_compare(ccq_dtype dtype, const void *got, const void *want, size_t co
     }
     return bad;
 }
+
+/* ---- The other collectives, from their definitions in ccq.h (NCCL's) ---- */
+
+/* Element si of src into element di of dst, bit for bit. */
+static void ref_copy_element(ccq_dtype dtype, void *dst, size_t di, const void *src, size_t si)
+{
+    ref_store_bits(dtype, dst, di, ref_load_bits(dtype, src, si));
+}
+
+size_t ref_collective(ccq_kind kind, ccq_dtype dtype, ccq_reduce_op op, uint32_t n, uint32_t root,
+                      const void *const *inputs, uint32_t rank, void *out, size_t count)
+{
+    size_t es = ref_dtype_size(dtype);
+    const void *blocks[1024];
+
+    if (n == 0 || n > 1024 || rank >= n || root >= n || es == 0)
+        return 0;
+    switch (kind) {
+    case CCQ_KIND_ALL_REDUCE:
+        ref_allreduce(dtype, op, n, inputs, out, count);
+        return count;
+    case CCQ_KIND_REDUCE:
+        if (rank != root)
+            return 0;
+        ref_allreduce(dtype, op, n, inputs, out, count);
+        return count;
+    case CCQ_KIND_BROADCAST:
+        for (size_t i = 0; i < count; i++)
+            ref_copy_element(dtype, out, i, inputs[root], i);
+        return count;
+    case CCQ_KIND_REDUCE_SCATTER:
+        /* Block `rank` of every input, reduced in rank order. */
+        for (uint32_t j = 0; j < n; j++)
+            blocks[j] = (const char *)inputs[j] + (size_t)rank * count * es;
+        ref_allreduce(dtype, op, n, blocks, out, count);
+        return count;
+    case CCQ_KIND_GATHER: /* the root receives what all_gather gives every rank */
+    case CCQ_KIND_ALL_GATHER:
+        if (kind == CCQ_KIND_GATHER && rank != root)
+            return 0;
+        for (uint32_t j = 0; j < n; j++)
+            for (size_t i = 0; i < count; i++)
+                ref_copy_element(dtype, out, (size_t)j * count + i, inputs[j], i);
+        return (size_t)n * count;
+    case CCQ_KIND_ALL_TO_ALL:
+        /* Block j of out comes from block `rank` of rank j's input. */
+        for (uint32_t j = 0; j < n; j++)
+            for (size_t i = 0; i < count; i++)
+                ref_copy_element(dtype, out, (size_t)j * count + i, inputs[j],
+                                 (size_t)rank * count + i);
+        return (size_t)n * count;
+    case CCQ_KIND_SCATTER:
+        for (size_t i = 0; i < count; i++)
+            ref_copy_element(dtype, out, i, inputs[root], (size_t)rank * count + i);
+        return count;
+    default:
+        return 0;
+    }
+}
+
+size_t ref_src_count(ccq_kind kind, uint32_t n, uint32_t root, uint32_t rank, size_t count)
+{
+    switch (kind) {
+    case CCQ_KIND_ALL_REDUCE:
+    case CCQ_KIND_REDUCE:
+    case CCQ_KIND_ALL_GATHER:
+    case CCQ_KIND_GATHER:
+        return count;
+    case CCQ_KIND_BROADCAST:
+        return rank == root ? count : 0;
+    case CCQ_KIND_REDUCE_SCATTER:
+    case CCQ_KIND_ALL_TO_ALL:
+        return (size_t)n * count;
+    case CCQ_KIND_SCATTER:
+        return rank == root ? (size_t)n * count : 0;
+    default:
+        return 0;
+    }
+}
+
+size_t ref_dst_count(ccq_kind kind, uint32_t n, uint32_t root, uint32_t rank, size_t count)
+{
+    switch (kind) {
+    case CCQ_KIND_ALL_REDUCE:
+    case CCQ_KIND_BROADCAST:
+    case CCQ_KIND_REDUCE_SCATTER:
+    case CCQ_KIND_SCATTER:
+        return count;
+    case CCQ_KIND_REDUCE:
+        return rank == root ? count : 0;
+    case CCQ_KIND_ALL_GATHER:
+    case CCQ_KIND_ALL_TO_ALL:
+        return (size_t)n * count;
+    case CCQ_KIND_GATHER:
+        return rank == root ? (size_t)n * count : 0;
+    default:
+        return 0;
+    }
+}

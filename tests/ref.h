@@ -47,4 +47,20 @@ size_t ref_compare(ccq_dtype dtype, const void *got, const void *want, size_t co
 double ref_decode(ccq_dtype dtype, uint32_t code);
 uint32_t ref_encode(ccq_dtype dtype, float value);
 
+/*
+ * The collectives of ccq.h other than send/recv, from their definitions (NCCL's): what rank
+ * `rank`'s dst holds afterwards. Ranks are positions in the sorted device set; inputs[r] is
+ * rank r's src (ref_src_count elements; only inputs[root] is read for broadcast and
+ * scatter, the others may be NULL), root is a rank. Reductions use ref_allreduce's
+ * semantics in rank order. Writes ref_dst_count elements to out and returns that number;
+ * 0 when the rank's dst is not written (non-root ranks of reduce and gather). out must not
+ * overlap the inputs.
+ */
+size_t ref_collective(ccq_kind kind, ccq_dtype dtype, ccq_reduce_op op, uint32_t n, uint32_t root,
+                      const void *const *inputs, uint32_t rank, void *out, size_t count);
+
+/* Elements rank `rank`'s src and dst hold for a collective of `count` (0 = not used). */
+size_t ref_src_count(ccq_kind kind, uint32_t n, uint32_t root, uint32_t rank, size_t count);
+size_t ref_dst_count(ccq_kind kind, uint32_t n, uint32_t root, uint32_t rank, size_t count);
+
 #endif /* CCQ_TESTS_REF_H */

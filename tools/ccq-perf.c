@@ -15,7 +15,50 @@
 #include "ccq.h"
 #include "ref.h"
 
-typedef enum { COLL_ALL_REDUCE, COLL_SENDRECV } coll_kind;
+typedef enum {
+    COLL_ALL_REDUCE,
+    COLL_SENDRECV,
+    COLL_BROADCAST,
+    COLL_REDUCE,
+    COLL_ALL_GATHER,
+    COLL_REDUCE_SCATTER,
+    COLL_ALLTOALL,
+    COLL_GATHER,
+    COLL_SCATTER,
+    COLL_COUNT_
+} coll_kind;
+
+/*
+ * What ccq-perf knows about each collective: its name on the command line and in the
+ * table (nccl-tests' binary name, without "_perf"), the ccq_kind it runs, and nccl-tests'
+ * conventions for it:
+ *  - per_rank_n: the size S of a line is the buffer that holds count * n elements (the
+ *    receive buffer of all_gather and gather, the send buffer of reduce_scatter and
+ *    scatter, either buffer of alltoall); each rank's block is then (S / esize) / n
+ *    elements. Otherwise the block is S / esize elements and S is the buffer size.
+ *  - busbw: algbw (= S / time) times 2(n-1)/n for all_reduce, (n-1)/n for all_gather,
+ *    reduce_scatter, alltoall, gather and scatter, 1 for broadcast, reduce and sendrecv
+ *    (nccl-tests' doc/PERFORMANCE.md).
+ *  - rooted: -r applies and the root column shows it (-1 otherwise).
+ *  - in_place: NCCL defines an in-place form (not alltoall's, not sendrecv's).
+ */
+typedef struct coll_info {
+    const char *name;
+    ccq_kind kind;
+    bool reduces, rooted, per_rank_n, in_place;
+} coll_info;
+
+static const coll_info colls[COLL_COUNT_] = {
+    [COLL_ALL_REDUCE] = {"all_reduce", CCQ_KIND_ALL_REDUCE, true, false, false, true},
+    [COLL_SENDRECV] = {"sendrecv", CCQ_KIND_SEND, false, false, false, false},
+    [COLL_BROADCAST] = {"broadcast", CCQ_KIND_BROADCAST, false, true, false, true},
+    [COLL_REDUCE] = {"reduce", CCQ_KIND_REDUCE, true, true, false, true},
+    [COLL_ALL_GATHER] = {"all_gather", CCQ_KIND_ALL_GATHER, false, false, true, true},
+    [COLL_REDUCE_SCATTER] = {"reduce_scatter", CCQ_KIND_REDUCE_SCATTER, true, false, true, true},
+    [COLL_ALLTOALL] = {"alltoall", CCQ_KIND_ALL_TO_ALL, false, false, true, false},
+    [COLL_GATHER] = {"gather", CCQ_KIND_GATHER, false, true, true, true},
+    [COLL_SCATTER] = {"scatter", CCQ_KIND_SCATTER, false, true, true, true},
+};
 
 typedef struct opts {
     size_t minbytes, maxbytes;
@@ -27,6 +70,7 @@ typedef struct opts {
     ccq_dtype dtype;
     ccq_reduce_op op;
     coll_kind coll;
+    uint32_t root; /* -r: the root device of rooted collectives */
     const char *backend;
     bool json;
     uint32_t max_batch_ops; /* 0 = the config's default */
@@ -50,7 +94,7 @@ typedef struct bench {
     worker *w; /* [ndev * threads] */
     pthread_barrier_t bar;
     /* Set by the main thread before each phase. */
-    size_t count;
+    size_t count; /* elements per rank and block: the count argument of the calls */
     int in_place, iters, agg;
     volatile int quit;
 } bench;
@@ -118,36 +162,52 @@ static double now_s(void)
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: ccq-perf [options]   (flags as nccl-tests)\n"
-            "  -b, --minbytes SIZE    smallest size per rank (default 8; K/M/G suffixes)\n"
-            "  -e, --maxbytes SIZE    largest size (default 64M)\n"
-            "  -f, --stepfactor F     multiply the size by F each step (default 2)\n"
-            "  -i, --stepbytes SIZE   add SIZE each step instead (-f 0)\n"
-            "  -g, --ngpus N          devices (default: 4 on host, all GPUs on nccl)\n"
-            "  -t, --nthreads N       submitting threads per device, each on its own stream\n"
-            "  -n, --iters N          timed iterations (default 20)\n"
-            "  -w, --warmup_iters N   warm-up iterations (default 5)\n"
-            "  -m, --agg_iters N      operations submitted per iteration before the fence\n"
-            "  -c, --check 0/1        check results on the first iteration (default 1)\n"
-            "  -o, --op OP            sum, prod, max, min, avg (default sum)\n"
-            "  -d, --datatype T       float, half, bfloat16, double, int8, uint8, int32, uint32,\n"
-            "                         int64, uint64, f8e4m3, f8e5m2 (default float)\n"
-            "      --collective C     all_reduce (default) or sendrecv\n"
-            "      --backend B        host (default) or nccl\n"
-            "      --max-batch-ops N  the runtime's max_batch_ops\n"
-            "      --json             one JSON object per size line instead of the table\n");
+    fprintf(
+        f,
+        "usage: ccq-perf [options]   (flags as nccl-tests)\n"
+        "  -b, --minbytes SIZE    smallest size per rank (default 8; K/M/G suffixes)\n"
+        "  -e, --maxbytes SIZE    largest size (default 64M)\n"
+        "  -f, --stepfactor F     multiply the size by F each step (default 2)\n"
+        "  -i, --stepbytes SIZE   add SIZE each step instead (-f 0)\n"
+        "  -g, --ngpus N          devices (default: 4 on host, all GPUs on nccl)\n"
+        "  -t, --nthreads N       submitting threads per device, each on its own stream\n"
+        "  -n, --iters N          timed iterations (default 20)\n"
+        "  -w, --warmup_iters N   warm-up iterations (default 5)\n"
+        "  -m, --agg_iters N      operations submitted per iteration before the fence\n"
+        "  -c, --check 0/1        check results on the first iteration (default 1)\n"
+        "  -o, --op OP            sum, prod, max, min, avg (default sum)\n"
+        "  -d, --datatype T       float, half, bfloat16, double, int8, uint8, int32, uint32,\n"
+        "                         int64, uint64, f8e4m3, f8e5m2 (default float)\n"
+        "  -r, --root ROOT        root device of broadcast, reduce, gather, scatter (default 0)\n"
+        "      --collective C     all_reduce (default), sendrecv, broadcast, reduce, all_gather,\n"
+        "                         reduce_scatter, alltoall, gather, scatter\n"
+        "      --backend B        host (default) or nccl\n"
+        "      --max-batch-ops N  the runtime's max_batch_ops\n"
+        "      --json             one JSON object per size line instead of the table\n");
 }
 
 static int parse_opts(int argc, char **argv, opts *o)
 {
     static const struct option lo[] = {
-        {"minbytes", 1, 0, 'b'},      {"maxbytes", 1, 0, 'e'},     {"stepfactor", 1, 0, 'f'},
-        {"stepbytes", 1, 0, 'i'},     {"ngpus", 1, 0, 'g'},        {"nthreads", 1, 0, 't'},
-        {"iters", 1, 0, 'n'},         {"warmup_iters", 1, 0, 'w'}, {"agg_iters", 1, 0, 'm'},
-        {"check", 1, 0, 'c'},         {"op", 1, 0, 'o'},           {"datatype", 1, 0, 'd'},
-        {"collective", 1, 0, 'C'},    {"backend", 1, 0, 'B'},      {"json", 0, 0, 'J'},
-        {"max-batch-ops", 1, 0, 'M'}, {"help", 0, 0, 'h'},         {0, 0, 0, 0},
+        {"minbytes", 1, 0, 'b'},
+        {"maxbytes", 1, 0, 'e'},
+        {"stepfactor", 1, 0, 'f'},
+        {"stepbytes", 1, 0, 'i'},
+        {"ngpus", 1, 0, 'g'},
+        {"nthreads", 1, 0, 't'},
+        {"iters", 1, 0, 'n'},
+        {"warmup_iters", 1, 0, 'w'},
+        {"agg_iters", 1, 0, 'm'},
+        {"check", 1, 0, 'c'},
+        {"op", 1, 0, 'o'},
+        {"datatype", 1, 0, 'd'},
+        {"collective", 1, 0, 'C'},
+        {"backend", 1, 0, 'B'},
+        {"json", 0, 0, 'J'},
+        {"max-batch-ops", 1, 0, 'M'},
+        {"help", 0, 0, 'h'},
+        {"root", 1, 0, 'r'},
+        {0, 0, 0, 0},
     };
     int c;
     memset(o, 0, sizeof *o);
@@ -163,7 +223,7 @@ static int parse_opts(int argc, char **argv, opts *o)
     o->op = CCQ_SUM;
     o->coll = COLL_ALL_REDUCE;
     o->backend = "host";
-    while ((c = getopt_long(argc, argv, "b:e:f:i:g:t:n:w:m:c:o:d:h", lo, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "b:e:f:i:g:t:n:w:m:c:o:d:r:h", lo, NULL)) != -1) {
         switch (c) {
         case 'b':
             o->minbytes = parse_size(optarg);
@@ -208,15 +268,21 @@ static int parse_opts(int argc, char **argv, opts *o)
                 return -1;
             }
             break;
-        case 'C':
-            if (strcmp(optarg, "all_reduce") == 0)
-                o->coll = COLL_ALL_REDUCE;
-            else if (strcmp(optarg, "sendrecv") == 0)
-                o->coll = COLL_SENDRECV;
-            else {
+        case 'C': {
+            int k = 0;
+            /* ccq's name of alltoall is accepted too. */
+            const char *name = strcmp(optarg, "all_to_all") == 0 ? "alltoall" : optarg;
+            while (k < COLL_COUNT_ && strcmp(name, colls[k].name) != 0)
+                k++;
+            if (k == COLL_COUNT_) {
                 fprintf(stderr, "ccq-perf: unknown collective '%s'\n", optarg);
                 return -1;
             }
+            o->coll = (coll_kind)k;
+            break;
+        }
+        case 'r':
+            o->root = (uint32_t)atoi(optarg);
             break;
         case 'B':
             o->backend = optarg;
@@ -244,17 +310,73 @@ static int parse_opts(int argc, char **argv, opts *o)
     return 0;
 }
 
+/*
+ * The buffers this worker passes. Out of place: its src and dst allocations. In place, as
+ * nccl-tests lays it out: src == dst for all_reduce, broadcast and reduce; the small buffer
+ * is block `rank` of the big one for the others (all_gather and gather: src = dst + rank *
+ * count; reduce_scatter and scatter: dst = src + rank * count), on every rank (non-root
+ * ranks of gather and scatter pass a buffer they do not use). Devices are 0..n-1, so a
+ * device is its own rank.
+ */
+static void part_buffers(const worker *w, void **src, void **dst)
+{
+    const bench *b = w->b;
+    size_t off = (size_t)w->dev * b->count * ccq_dtype_size(b->o->dtype);
+
+    *src = w->src;
+    *dst = w->dst;
+    if (!b->in_place)
+        return;
+    switch (b->o->coll) {
+    case COLL_ALL_GATHER:
+    case COLL_GATHER:
+        *src = (char *)w->dst + off;
+        break;
+    case COLL_REDUCE_SCATTER:
+    case COLL_SCATTER:
+        *dst = (char *)w->src + off;
+        break;
+    default:
+        *dst = w->src;
+        break;
+    }
+}
+
 /* Submit one operation of this worker (one part of a collective, or send + recv). */
 static ccq_status submit_one(worker *w)
 {
     bench *b = w->b;
     const opts *o = b->o;
     uint32_t n = o->ndev;
-    void *dst = b->in_place ? w->src : w->dst;
+    void *src, *dst;
 
-    if (o->coll == COLL_ALL_REDUCE)
-        return ccq_all_reduce(b->rt, w->dev, w->stream, w->src, dst, b->count, o->dtype, o->op,
+    part_buffers(w, &src, &dst);
+    switch (o->coll) {
+    case COLL_ALL_REDUCE:
+        return ccq_all_reduce(b->rt, w->dev, w->stream, src, dst, b->count, o->dtype, o->op,
                               b->devs, n);
+    case COLL_BROADCAST:
+        return ccq_broadcast(b->rt, w->dev, w->stream, src, dst, b->count, o->dtype, o->root,
+                             b->devs, n);
+    case COLL_REDUCE:
+        return ccq_reduce(b->rt, w->dev, w->stream, src, dst, b->count, o->dtype, o->op, o->root,
+                          b->devs, n);
+    case COLL_ALL_GATHER:
+        return ccq_all_gather(b->rt, w->dev, w->stream, src, dst, b->count, o->dtype, b->devs, n);
+    case COLL_REDUCE_SCATTER:
+        return ccq_reduce_scatter(b->rt, w->dev, w->stream, src, dst, b->count, o->dtype, o->op,
+                                  b->devs, n);
+    case COLL_ALLTOALL:
+        return ccq_all_to_all(b->rt, w->dev, w->stream, src, dst, b->count, o->dtype, b->devs, n);
+    case COLL_GATHER:
+        return ccq_gather(b->rt, w->dev, w->stream, src, dst, b->count, o->dtype, o->root, b->devs,
+                          n);
+    case COLL_SCATTER:
+        return ccq_scatter(b->rt, w->dev, w->stream, src, dst, b->count, o->dtype, o->root, b->devs,
+                           n);
+    default:
+        break;
+    }
     /* sendrecv as nccl-tests: send to the next rank, receive from the previous one. */
     ccq_status st =
         ccq_send(b->rt, w->dev, w->stream, w->src, b->count, o->dtype, (w->dev + 1) % n);
@@ -302,41 +424,82 @@ static double run_phase(bench *b, int iters, int agg)
     return t1 - t0;
 }
 
-/* Inputs depend only on the device, so whichever thread's part a collective matches with
- * (threads of one device race for the communicator's sequence numbers), results hold. */
-static void fill_inputs(bench *b)
+/* Elements this worker's src and dst hold in the current phase (0 where the rank does not
+ * use them: non-root ranks of broadcast and scatter, of reduce and gather). */
+static size_t src_elems(const bench *b, const worker *w)
 {
     const opts *o = b->o;
-    size_t bytes = b->count * ccq_dtype_size(o->dtype);
+    if (o->coll == COLL_SENDRECV)
+        return b->count;
+    return ref_src_count(colls[o->coll].kind, o->ndev, o->root, w->dev, b->count);
+}
+
+static size_t dst_elems(const bench *b, const worker *w)
+{
+    const opts *o = b->o;
+    if (o->coll == COLL_SENDRECV)
+        return b->count;
+    return ref_dst_count(colls[o->coll].kind, o->ndev, o->root, w->dev, b->count);
+}
+
+/*
+ * Inputs depend only on the device, so whichever thread's part a collective matches with
+ * (threads of one device race for the communicator's sequence numbers), results hold. With
+ * `poison`, outputs are overwritten first (before the inputs, which in place may lie inside
+ * them), so an element the collective does not write is counted wrong.
+ */
+static void fill_inputs(bench *b, bool poison)
+{
+    const opts *o = b->o;
+    size_t es = ccq_dtype_size(o->dtype);
     for (uint32_t k = 0; k < o->ndev * o->threads; k++) {
         worker *w = &b->w[k];
-        ref_fill(o->dtype, w->hsrc, b->count, 1000 + w->dev);
-        ccq_mem_copy(b->rt, w->dev, w->src, w->hsrc, bytes, CCQ_COPY_TO_DEVICE);
+        void *src, *dst;
+        size_t sn = src_elems(b, w), dn = dst_elems(b, w);
+        part_buffers(w, &src, &dst);
+        if (poison && dn > 0) {
+            memset(w->hdst, 0x5a, dn * es);
+            ccq_mem_copy(b->rt, w->dev, dst, w->hdst, dn * es, CCQ_COPY_TO_DEVICE);
+        }
+        ref_fill(o->dtype, w->hsrc, sn, 1000 + w->dev);
+        if (sn > 0)
+            ccq_mem_copy(b->rt, w->dev, src, w->hsrc, sn * es, CCQ_COPY_TO_DEVICE);
     }
 }
 
-/* Run one operation and count wrong elements against the reference. */
+/* Run one operation and count wrong elements against the reference (tests/ref.c). */
 static size_t check_once(bench *b)
 {
     const opts *o = b->o;
-    size_t bytes = b->count * ccq_dtype_size(o->dtype), wrong = 0;
+    size_t es = ccq_dtype_size(o->dtype), wrong = 0;
+    size_t cap = b->count * (colls[o->coll].per_rank_n ? o->ndev : 1u);
     char msg[256];
-    void *want = malloc(bytes ? bytes : 1);
+    void *want = malloc(cap * es + 1);
     const void **ins = calloc(o->ndev, sizeof *ins);
 
-    fill_inputs(b);
+    fill_inputs(b, true);
     run_phase(b, 1, 1);
     for (uint32_t d = 0; d < o->ndev; d++)
         ins[d] = b->w[d * o->threads].hsrc;
-    if (o->coll == COLL_ALL_REDUCE)
-        ref_allreduce(o->dtype, o->op, o->ndev, ins, want, b->count);
     for (uint32_t k = 0; k < o->ndev * o->threads; k++) {
         worker *w = &b->w[k];
-        void *got_dev = b->in_place && o->coll == COLL_ALL_REDUCE ? w->src : w->dst;
-        ccq_mem_copy(b->rt, w->dev, w->hdst, got_dev, bytes, CCQ_COPY_TO_HOST);
+        void *src, *dst;
+        size_t dn = dst_elems(b, w);
+        part_buffers(w, &src, &dst);
+        size_t wn = dn;
         if (o->coll == COLL_SENDRECV)
-            memcpy(want, b->w[((w->dev + o->ndev - 1) % o->ndev) * o->threads].hsrc, bytes);
-        wrong += ref_compare(o->dtype, w->hdst, want, b->count, msg, sizeof msg);
+            memcpy(want, b->w[((w->dev + o->ndev - 1) % o->ndev) * o->threads].hsrc, dn * es);
+        else
+            wn = ref_collective(colls[o->coll].kind, o->dtype, o->op, o->ndev, o->root, ins, w->dev,
+                                want, b->count);
+        if (wn != dn) { /* the reference disagrees on what this rank receives */
+            wrong += wn > dn ? wn : dn;
+            continue;
+        }
+        if (dn == 0)
+            continue;
+        ccq_mem_copy(b->rt, w->dev, w->hdst, dst, dn * es, CCQ_COPY_TO_HOST);
+        wrong += ref_compare(o->dtype, w->hdst, want, dn, msg, sizeof msg);
     }
     free(want);
     free(ins);
@@ -345,8 +508,18 @@ static size_t check_once(bench *b)
 
 static double busbw_factor_num(coll_kind c, uint32_t n)
 {
-    /* nccl-tests: all_reduce 2(n-1)/n; sendrecv 1. */
-    return c == COLL_ALL_REDUCE ? (n > 1 ? 2.0 * (n - 1) / n : 0.0) : 1.0;
+    switch (c) {
+    case COLL_ALL_REDUCE:
+        return n > 1 ? 2.0 * (n - 1) / n : 0.0;
+    case COLL_ALL_GATHER:
+    case COLL_REDUCE_SCATTER:
+    case COLL_ALLTOALL:
+    case COLL_GATHER:
+    case COLL_SCATTER:
+        return (double)(n - 1) / n;
+    default: /* sendrecv, broadcast, reduce */
+        return 1.0;
+    }
 }
 
 typedef struct result {
@@ -360,15 +533,16 @@ static result measure(bench *b, size_t bytes)
     const opts *o = b->o;
     result r = {0};
 
-    if (b->in_place && o->coll == COLL_SENDRECV) {
-        /* A send and a recv on one buffer conflict, so the ring could not form one group. */
+    if (b->in_place && !colls[o->coll].in_place) {
+        /* sendrecv: a send and a recv on one buffer conflict, so the ring could not form
+         * one group. alltoall: NCCL has no in-place form (ccq refuses it). */
         r.skipped = true;
         return r;
     }
     if (o->check)
         r.wrong = check_once(b);
     else
-        fill_inputs(b);
+        fill_inputs(b, false);
     if (o->warmup > 0)
         run_phase(b, o->warmup, o->agg);
     double t = run_phase(b, o->iters, o->agg);
@@ -438,11 +612,16 @@ int main(int argc, char **argv)
     }
     if (o.ndev == 0 || o.ndev > ccq_device_count(b.rt))
         o.ndev = ccq_device_count(b.rt);
+    if (colls[o.coll].rooted && o.root >= o.ndev) {
+        fprintf(stderr, "ccq-perf: root %u is not one of the %u devices\n", o.root, o.ndev);
+        ccq_runtime_destroy(b.rt);
+        return 2;
+    }
     esize = ccq_dtype_size(o.dtype);
     b.devs = calloc(o.ndev, sizeof *b.devs);
     for (uint32_t d = 0; d < o.ndev; d++)
         b.devs[d] = d;
-    if (o.coll == COLL_ALL_REDUCE && (st = ccq_comm_init(b.rt, b.devs, o.ndev)) != CCQ_OK) {
+    if (o.coll != COLL_SENDRECV && (st = ccq_comm_init(b.rt, b.devs, o.ndev)) != CCQ_OK) {
         fprintf(stderr, "ccq-perf: ccq_comm_init: %s: %s\n", ccq_status_name(st),
                 ccq_last_error_detail());
         ccq_runtime_destroy(b.rt);
@@ -471,8 +650,8 @@ int main(int argc, char **argv)
         pthread_create(&th[k], NULL, worker_main, &b.w[k]);
 
     if (!o.json) {
-        printf("# ccq-perf %s: %s, backend %s\n", CCQ_VERSION_STRING,
-               o.coll == COLL_ALL_REDUCE ? "all_reduce" : "sendrecv", ccq_backend_name(b.rt));
+        printf("# ccq-perf %s: %s, backend %s\n", CCQ_VERSION_STRING, colls[o.coll].name,
+               ccq_backend_name(b.rt));
         printf("# nThread %u nGpus %u minBytes %zu maxBytes %zu step: %g(%s) warmup iters: %d "
                "iters: %d agg iters: %d validation: %d\n",
                o.threads, o.ndev, o.minbytes, o.maxbytes, o.factor ? o.factor : (double)o.incbytes,
@@ -490,8 +669,13 @@ int main(int argc, char **argv)
     bool first = true;
     for (size_t size = o.minbytes; size <= o.maxbytes;) {
         result oop, ip;
-        b.count = size / esize;
-        size_t bytes = b.count * esize;
+        /* nccl-tests: `count` is size / esize; the collectives that split a buffer of n
+         * blocks take count / n per rank, and the line reports the larger buffer. */
+        size_t count = size / esize;
+        b.count = colls[o.coll].per_rank_n ? count / o.ndev : count;
+        size_t bytes = b.count * esize * (colls[o.coll].per_rank_n ? o.ndev : 1u);
+        const char *opname = colls[o.coll].reduces ? ccq_reduce_op_name(o.op) : "none";
+        int root = colls[o.coll].rooted ? (int)o.root : -1;
         b.in_place = 0;
         oop = measure(&b, bytes);
         b.in_place = 1;
@@ -510,18 +694,16 @@ int main(int argc, char **argv)
         if (o.json) {
             printf("%s  {\"collective\": \"%s\", \"backend\": \"%s\", \"ndev\": %u, "
                    "\"threads\": %u, \"size\": %zu, \"count\": %zu, \"type\": \"%s\", "
-                   "\"redop\": \"%s\", ",
-                   first ? "" : ",\n", o.coll == COLL_ALL_REDUCE ? "all_reduce" : "sendrecv",
-                   ccq_backend_name(b.rt), o.ndev, o.threads, bytes, b.count,
-                   nccl_type_name(o.dtype),
-                   o.coll == COLL_ALL_REDUCE ? ccq_reduce_op_name(o.op) : "none");
+                   "\"redop\": \"%s\", \"root\": %d, ",
+                   first ? "" : ",\n", colls[o.coll].name, ccq_backend_name(b.rt), o.ndev,
+                   o.threads, bytes, count, nccl_type_name(o.dtype), opname, root);
             json_result("out_of_place", &oop);
             printf(", ");
             json_result("in_place", &ip);
             printf("}");
         } else {
-            printf("%12zu  %12zu  %8s  %6s  %6d", bytes, b.count, nccl_type_name(o.dtype),
-                   o.coll == COLL_ALL_REDUCE ? ccq_reduce_op_name(o.op) : "none", -1);
+            printf("%12zu  %12zu  %8s  %6s  %6d", bytes, count, nccl_type_name(o.dtype), opname,
+                   root);
             print_result(&oop);
             print_result(&ip);
             printf("\n");
