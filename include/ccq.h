@@ -124,8 +124,8 @@ typedef struct ccq_config {
                                   default): e.g. "fail:op=17;delay:us=5000,op=3;drop:rank=2".
                                   Grammar in docs/reliability.md. Env: CCQ_FAULT. */
     uint32_t trace_capacity; /**< Events the flight recorder keeps (the newest; older ones
-                                  are overwritten and counted). Default 65536; 0 disables
-                                  it. Env: CCQ_TRACE_CAPACITY. */
+                                  are overwritten and counted), rounded up to a power of two.
+                                Default 65536; 0 disables it. Env: CCQ_TRACE_CAPACITY. */
     const char *trace_file;  /**< If set, the recorder is written there as Chrome/Perfetto
                                   JSON at destroy and when the watchdog or an error fires
                                   (at most once a second). Env: CCQ_TRACE_FILE. */
