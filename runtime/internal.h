@@ -350,6 +350,14 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg, const ccq_backend_ops 
                                    ccq_runtime **out);
 void ccq_stream_record_error(ccq_stream *s, ccq_status st, const char *detail);
 
+/* Commands submitted on a stream and not ended yet (queued or in flight). */
+static inline uint64_t ccq_stream_outstanding(ccq_stream *s)
+{
+    uint64_t e = atomic_load_explicit(&s->ended, memory_order_acquire);
+    uint64_t k = atomic_load_explicit(&s->tickets, memory_order_acquire) & ~CCQ_TICKET_CLOSED;
+    return k > e ? k - e : 0;
+}
+
 static inline ccq_stream *ccq_stream_at(ccq_runtime *rt, ccq_device_id d, ccq_stream_id s)
 {
     return &rt->streams[(size_t)d * rt->max_streams + s];

@@ -607,48 +607,49 @@ static ccq_status check_buffers(const char *fn, const ccq_kind_info *k, const su
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "%s: dst is NULL", fn);
     if (sb == 0 || db == 0 || !(s0 < d0 + db && d0 < s0 + sb))
         return CCQ_OK;
+    /* The one in-place position of each kind (NCCL's), in bytes from the other buffer. */
+    const char *rule = "src == dst";
+    bool ok = false;
     switch (a->kind) {
     case CCQ_CMD_ALL_REDUCE:
     case CCQ_CMD_BROADCAST:
     case CCQ_CMD_REDUCE:
-        if (s0 == d0)
-            return CCQ_OK;
-        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
-                        "%s: src and dst overlap partially (in place needs src == dst)", fn);
+        ok = s0 == d0;
+        break;
     case CCQ_CMD_ALL_GATHER:
-        if (s0 == d0 + rank * block)
-            return CCQ_OK;
-        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
-                        "%s: src and dst overlap (in place needs src == dst + rank * count, rank "
-                        "%u)",
-                        fn, rank);
+        ok = s0 == d0 + rank * block;
+        rule = "src == dst + rank * count";
+        break;
     case CCQ_CMD_REDUCE_SCATTER:
-        if (d0 == s0 + rank * block)
-            return CCQ_OK;
-        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
-                        "%s: src and dst overlap (in place needs dst == src + rank * count, rank "
-                        "%u)",
-                        fn, rank);
+        ok = d0 == s0 + rank * block;
+        rule = "dst == src + rank * count";
+        break;
     case CCQ_CMD_GATHER:
-        if (s0 == d0 + root * block)
-            return CCQ_OK;
-        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
-                        "%s: src and dst overlap (in place on the root needs src == dst + "
-                        "root_rank * count, root rank %u)",
-                        fn, root);
+        ok = s0 == d0 + root * block;
+        rule = "src == dst + root_rank * count, on the root";
+        break;
     case CCQ_CMD_SCATTER:
-        if (d0 == s0 + root * block)
-            return CCQ_OK;
-        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
-                        "%s: src and dst overlap (in place on the root needs dst == src + "
-                        "root_rank * count, root rank %u)",
-                        fn, root);
+        ok = d0 == s0 + root * block;
+        rule = "dst == src + root_rank * count, on the root";
+        break;
     default:
-        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
-                        "%s: src and dst overlap (%s has no in-place "
-                        "form)",
-                        fn, k->name);
+        rule = NULL; /* all_to_all, send/recv: no in-place form */
+        break;
     }
+    if (ok)
+        return CCQ_OK;
+    if (rule == NULL)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "%s: src and dst overlap (%s has no in-place form)", fn, k->name);
+    if (k->rooted && !k->reduces && a->kind != CCQ_CMD_BROADCAST) /* gather, scatter */
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "%s: src and dst overlap (in place needs %s; root rank %u)", fn, rule,
+                        root);
+    if (k->src_n || k->dst_n) /* all_gather, reduce_scatter */
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "%s: src and dst overlap (in place needs %s; rank %u)", fn, rule, rank);
+    return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "%s: src and dst overlap (in place needs %s)", fn,
+                    rule);
 }
 
 static ccq_status submit(ccq_runtime *rt, const char *fn, const submit_args *a,
@@ -1084,8 +1085,7 @@ CCQ_API ccq_status ccq_nccl_bind_stream(ccq_runtime *rt, ccq_device_id device, c
     if (st != CCQ_OK)
         return st;
     s = ccq_stream_at(rt, device, stream);
-    if ((atomic_load_explicit(&s->tickets, memory_order_acquire) & ~CCQ_TICKET_CLOSED) !=
-        atomic_load_explicit(&s->ended, memory_order_acquire))
+    if (ccq_stream_outstanding(s) != 0)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
                         "ccq_nccl_bind_stream: device %u stream %u has commands outstanding; "
                         "bind before submitting or after a fence",

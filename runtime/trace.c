@@ -446,9 +446,7 @@ CCQ_API ccq_status ccq_get_metrics(ccq_runtime *rt, ccq_metrics *out)
     nstreams = rt->ndev * rt->max_streams;
     for (uint32_t i = 0; i < nstreams; i++) {
         ccq_stream *s = &rt->streams[i];
-        uint64_t e = atomic_load_explicit(&s->ended, memory_order_acquire);
-        uint64_t k = atomic_load_explicit(&s->tickets, memory_order_acquire) & ~CCQ_TICKET_CLOSED;
-        uint64_t d = k > e ? k - e : 0;
+        uint64_t d = ccq_stream_outstanding(s);
         m.queued_now += d;
         if (d > m.deepest_depth) {
             m.deepest_depth = d;
@@ -483,8 +481,6 @@ CCQ_API ccq_status ccq_stream_queue_depth(ccq_runtime *rt, ccq_device_id device,
                         "max_streams = %u)",
                         stream, device, rt->ndev, rt->max_streams);
     s = ccq_stream_at(rt, device, stream);
-    uint64_t e = atomic_load_explicit(&s->ended, memory_order_acquire);
-    uint64_t k = atomic_load_explicit(&s->tickets, memory_order_acquire) & ~CCQ_TICKET_CLOSED;
-    *depth = k > e ? k - e : 0;
+    *depth = ccq_stream_outstanding(s);
     return CCQ_OK;
 }
