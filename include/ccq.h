@@ -220,8 +220,9 @@ CCQ_API ccq_status ccq_comm_init(ccq_runtime *rt, const ccq_device_id *devices, 
  * @param[in]  devices, n  The communicator's device set (as given to ccq_comm_init, any
  *                   order); must contain @p device.
  * @return CCQ_OK (queued); CCQ_ERR_INVALID_ARGUMENT; CCQ_ERR_NOT_INITIALIZED (the set was
- *         never passed to ccq_comm_init); CCQ_ERR_QUEUE_FULL (non-blocking mode, or the
- *         stream stayed full for timeout_ms); CCQ_ERR_ABORTED (the communicator was aborted);
+ *         never passed to ccq_comm_init; a pair's communicator also exists once ccq_send or
+ *         ccq_recv between the two devices created it); CCQ_ERR_QUEUE_FULL (non-blocking mode, or
+ * the stream stayed full for timeout_ms); CCQ_ERR_ABORTED (the communicator was aborted);
  *         CCQ_ERR_SHUTDOWN. On any error nothing is queued.
  */
 CCQ_API ccq_status ccq_all_reduce(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream,

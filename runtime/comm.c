@@ -40,8 +40,18 @@ static void comm_free(ccq_comm *c)
     free(c->devices);
     free(c->coll_seq);
     free(c->coll_done);
-    for (int i = 0; i < CCQ_CHAN_COUNT; i++)
+    for (int i = 0; i < CCQ_CHAN_COUNT; i++) {
+        /* Instances still in a window (operations that never resolved) die with it; at
+         * destroy no batch holds one any more. */
+        for (uint64_t k = 0; c->chan[i].win != NULL && k < c->chan[i].cap; k++) {
+            ccq_inst *in = c->chan[i].win[k];
+            if (in != NULL) {
+                free(in->fail_detail);
+                free(in);
+            }
+        }
         free(c->chan[i].win);
+    }
     free(c);
 }
 

@@ -241,6 +241,7 @@ typedef struct ccq_inst {
     ccq_chan *chan;
     uint64_t seq;
     uint32_t present;
+    uint32_t dropped; /* fault injection: parts that "arrived" absent (drop:rank=R) */
     uint8_t state;
     uint64_t bmark;         /* batch attempt that tentatively included it */
     uint64_t bpass;         /* batch pass whose batch holds it */

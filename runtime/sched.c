@@ -538,19 +538,20 @@ static void arrive(ccq_runtime *rt, ccq_cmd *c)
     active_add(S, s);
     S->wd_next = min_u64(S->wd_next, add_sat(c->submit_ns, rt->timeout_ns));
 
+    bool dropped = false;
     if (rt->fault.drop_rank == (int64_t)c->device) {
-        /* Fault injection: this rank "never submitted" the command. Its other parts wait
-         * and time out naming it; the command itself fails on its own stream. */
+        /* Fault injection: this rank "never submitted" the command (it still ends, failed,
+         * on its own stream; its operation sees the part as missing: below). */
         uint64_t k = S->drop_seen[c->device]++;
-        if (k >= (uint64_t)rt->fault.drop_after &&
-            (rt->fault.drop_count < 0 ||
-             k - (uint64_t)rt->fault.drop_after < (uint64_t)rt->fault.drop_count)) {
+        dropped = k >= (uint64_t)rt->fault.drop_after &&
+                  (rt->fault.drop_count < 0 ||
+                   k - (uint64_t)rt->fault.drop_after < (uint64_t)rt->fault.drop_count);
+        if (dropped) {
             ccq_format(detail, sizeof detail,
                        "dropped by fault injection (CCQ_FAULT drop:rank=%u): never matched, "
                        "so the other ranks see this rank as missing",
                        c->device);
             fail_cmd(c, CCQ_ERR_BACKEND, detail, false);
-            return;
         }
     }
     if (atomic_load_explicit(&comm->state, memory_order_acquire) == CCQ_COMM_PENDING)
@@ -568,6 +569,8 @@ static void arrive(ccq_runtime *rt, ccq_cmd *c)
     }
     ch = &comm->chan[c->chan];
     if (c->seq < ch->head) {
+        if (dropped)
+            return;
         /* Its operation was already resolved without it: the other parts failed. */
         ccq_format(detail, sizeof detail,
                    "arrived after the other parts of this operation had failed (%s)",
@@ -580,6 +583,17 @@ static void arrive(ccq_runtime *rt, ccq_cmd *c)
     if (i == NULL) {
         i = inst_alloc(S, ch, c->seq);
         *win_slot(ch, c->seq) = i;
+    }
+    if (dropped) {
+        /* The part counts as arrived-but-absent: the operation can never run. With parts
+         * from other ranks it waits, and the watchdog names this rank as missing; with none
+         * (a one-rank communicator, a send to self) nothing would ever resolve its sequence
+         * number and everything after it would stall, so it resolves now. */
+        i->present++;
+        i->dropped++;
+        if (i->state != CCQ_INST_FAILED && i->dropped == ch->nparts)
+            fail_inst(S, i, CCQ_ERR_BACKEND, "every part was dropped by fault injection", false);
+        return;
     }
     if (c->part >= ch->nparts || i->cmds[c->part] != NULL) {
         /* Cannot happen: sequence numbers come from one counter per (channel, part). */
@@ -602,7 +616,7 @@ static void arrive(ccq_runtime *rt, ccq_cmd *c)
         i->cmds[c->part] = NULL;
         return;
     }
-    if (i->present == ch->nparts)
+    if (i->present == ch->nparts && i->dropped == 0)
         inst_complete(rt, S, i);
 }
 
