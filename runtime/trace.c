@@ -234,7 +234,8 @@ static size_t finish_copy(ccq_trace *t, ccq_event *out, size_t n, size_t cap, ui
                         : 0);
     pthread_mutex_unlock(&t->fence_lock);
     n += (size_t)fn;
-    qsort(out, n, sizeof *out, ev_order);
+    if (n > 1) /* qsort's array must not be NULL, even for 0 elements */
+        qsort(out, n, sizeof *out, ev_order);
     return n;
 }
 
