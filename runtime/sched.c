@@ -248,31 +248,27 @@ static void chan_advance(ccq_sched *S, ccq_chan *ch)
 /* Record an event about a command (submitted, issued, completed, failed). */
 static void ev_cmd(ccq_runtime *rt, uint32_t type, const ccq_cmd *c, uint64_t t, ccq_status st)
 {
-    ccq_event e;
-    memset(&e, 0, sizeof e);
-    e.time_ns = t;
-    e.id = c->trace_id;
-    e.batch = c->batch;
-    e.seq = c->seq;
-    e.count = c->count;
-    e.bytes = c->count * ccq_dtype_size((ccq_dtype)c->dtype);
-    e.type = type;
-    e.thread = c->thread;
-    e.device = c->device;
-    e.stream = c->stream->id;
-    e.comm = c->comm->id;
-    e.kind = c->kind;
-    e.dtype = c->dtype;
-    e.op = c->redop;
-    e.status = st;
-    if (!ccq_kinds[c->kind].collective) {
-        e.peer_valid = 1;
-        e.peer = c->peer;
-    } else if (ccq_kinds[c->kind].rooted) {
-        e.peer_valid = 1;
-        e.peer = c->comm->devices[c->root];
-    }
-    ccq_trace_rec(&rt->trace, &e);
+    ccq_event tmp, *e = ccq_trace_slot(&rt->trace, &tmp);
+    const ccq_kind_info *k = &ccq_kinds[c->kind];
+    /* Every field is written: the slot holds an older event. */
+    e->time_ns = t;
+    e->id = c->trace_id;
+    e->batch = c->batch;
+    e->seq = c->seq;
+    e->count = c->count;
+    e->bytes = c->count * ccq_dtype_size((ccq_dtype)c->dtype);
+    e->type = type;
+    e->thread = c->thread;
+    e->device = c->device;
+    e->stream = c->stream->id;
+    e->comm = c->comm->id;
+    e->kind = c->kind;
+    e->dtype = c->dtype;
+    e->op = c->redop;
+    e->peer_valid = !k->collective || k->rooted;
+    e->status = st;
+    e->peer = !k->collective ? c->peer : k->rooted ? c->comm->devices[c->root] : 0;
+    ccq_trace_commit(&rt->trace, e);
 }
 
 /* Record an event about a communicator, an operation of it, or a batch. */

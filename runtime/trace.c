@@ -11,9 +11,6 @@
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-#ifdef __SSE2__
-#include <emmintrin.h>
-#endif
 
 #include "runtime/internal.h"
 
@@ -142,36 +139,22 @@ static void deliver(ccq_trace *t, const ccq_event *ev)
         cb->fn(ev, cb->user);
 }
 
-/* Copy an event into the ring with streaming stores where available: the ring is larger
- * than the caches, so ordinary stores would first read every line they overwrite. Only
- * the scheduler reads the ring while it runs (its own stores are always visible to it);
- * others read it after ccq_trace_fence_writes() (see the scheduler's exit). */
-static inline void ring_put(ccq_event *slot, const ccq_event *ev)
-{
-#if defined(__SSE2__) && !defined(CCQ_TSAN)
-    _Static_assert(sizeof(ccq_event) % 16 == 0, "events are whole 16-byte units");
-    if (((uintptr_t)slot & 15) == 0) {
-        const __m128i *s = (const __m128i *)(const void *)ev;
-        __m128i *d = (__m128i *)(void *)slot;
-        for (size_t k = 0; k < sizeof(ccq_event) / 16; k++)
-            _mm_stream_si128(d + k, _mm_loadu_si128(s + k));
-        return;
-    }
-#endif
-    *slot = *ev;
-}
-
 void ccq_trace_fence_writes(void)
 {
-#if defined(__SSE2__) && !defined(CCQ_TSAN)
-    _mm_sfence();
-#endif
+    /* Ring writes are plain stores; the scheduler's exit publishes them (release). */
 }
 
 void ccq_trace_rec(ccq_trace *t, const ccq_event *ev)
 {
+    ccq_event *slot = ccq_trace_slot(t, NULL);
+    if (slot != NULL)
+        *slot = *ev;
+    ccq_trace_commit(t, slot != NULL ? slot : ev);
+}
+
+void ccq_trace_commit(ccq_trace *t, const ccq_event *ev)
+{
     if (t->cap != 0) {
-        ring_put(&t->ring[t->head & (t->cap - 1)], ev);
         t->head++;
         atomic_store_explicit(&t->head_pub, t->head, memory_order_relaxed);
     }

@@ -83,6 +83,15 @@ void ccq_trace_fini(ccq_trace *t);
 
 /* Record an event (scheduler thread only) and hand it to the callback. */
 void ccq_trace_rec(ccq_trace *t, const ccq_event *ev);
+
+/* The same in two steps, so the scheduler fills the ring slot in place (one write of the
+ * event instead of build + copy): slot() returns the next ring slot, or `tmp` when the
+ * recorder is off; fill every field, then commit(). Scheduler thread only. */
+static inline ccq_event *ccq_trace_slot(ccq_trace *t, ccq_event *tmp)
+{
+    return t->cap != 0 ? &t->ring[t->head & (t->cap - 1)] : tmp;
+}
+void ccq_trace_commit(ccq_trace *t, const ccq_event *ev);
 /* Make the scheduler's ring writes (streaming stores) visible to other threads. */
 void ccq_trace_fence_writes(void);
 /* Record a fence event (any thread). */
