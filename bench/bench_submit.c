@@ -275,10 +275,44 @@ static double api_run(ccq_runtime *rt, int nprod, uint32_t n, int *errors)
     return mean;
 }
 
+/* The API: a runtime whose streams hold a whole run, so no producer waits for room (that
+ * would measure the scheduler, not submission). Median ns per call, or -1. */
+static double api_median(int nprod, uint32_t n, int reps, int *errors)
+{
+    ccq_config cfg;
+    ccq_runtime *rt;
+    double v[64];
+
+    ccq_config_init(&cfg);
+    cfg.host_devices = MAXP;
+    cfg.queue_depth = n + 1;
+    if (ccq_runtime_create(&cfg, &rt) != CCQ_OK) {
+        fprintf(stderr, "ccq_runtime_create: %s\n", ccq_last_error_detail());
+        return -1;
+    }
+    for (int p = 0; p < nprod; p++) {
+        ccq_device_id d = (ccq_device_id)p;
+        ccq_comm_init(rt, &d, 1);
+    }
+    api_run(rt, nprod, n, errors); /* warm-up: touches every queue slot once */
+    for (int r = 0; r < reps; r++)
+        v[r] = api_run(rt, nprod, n, errors);
+    ccq_runtime_destroy(rt);
+    return bench_median(v, (size_t)reps);
+}
+
 int main(int argc, char **argv)
 {
     uint32_t n = (uint32_t)bench_opt(argc, argv, "--items", 200000);
     int reps = (int)bench_opt(argc, argv, "--reps", 7);
+    if (reps < 1 || reps > 64) {
+        fprintf(stderr, "--reps must be 1..64\n");
+        return 2;
+    }
+    /* --producers N: only that row (to profile one configuration). */
+    int only = (int)bench_opt(argc, argv, "--producers", 0);
+    /* --no-api 1: skip the public-call column (to profile the queues alone). */
+    int no_api = (int)bench_opt(argc, argv, "--no-api", 0);
     bench_json js;
     double v[64];
     int errors = 0;
@@ -292,6 +326,8 @@ int main(int argc, char **argv)
     printf("# %-5s %9s %9s %6s %9s %9s %6s %11s %9s\n", "prod", "ccq wall", "mtx wall", "ratio",
            "ccq cpu", "mtx cpu", "ratio", "per-stream", "API");
     for (int nprod = 1; nprod <= MAXP; nprod *= 2) {
+        if (only > 0 && nprod != only)
+            continue;
         double q, m, qc, mc, ps, api, cv[64];
         for (int r = 0; r < reps; r++)
             v[r] = queue_run(0, nprod, n, &cv[r]);
@@ -305,26 +341,9 @@ int main(int argc, char **argv)
             v[r] = queue_run(2, nprod, n, &cv[r]);
         ps = bench_median(v, (size_t)reps);
 
-        /* The API: a runtime whose streams hold a whole run, so no producer waits for room
-         * (that would measure the scheduler, not submission). */
-        ccq_config cfg;
-        ccq_runtime *rt;
-        ccq_config_init(&cfg);
-        cfg.host_devices = MAXP;
-        cfg.queue_depth = n + 1;
-        if (ccq_runtime_create(&cfg, &rt) != CCQ_OK) {
-            fprintf(stderr, "ccq_runtime_create: %s\n", ccq_last_error_detail());
+        api = no_api ? 0.0 : api_median(nprod, n, reps, &errors);
+        if (api < 0)
             return 1;
-        }
-        for (int p = 0; p < nprod; p++) {
-            ccq_device_id d = (ccq_device_id)p;
-            ccq_comm_init(rt, &d, 1);
-        }
-        api_run(rt, nprod, n, &errors); /* warm-up: touches every queue slot once */
-        for (int r = 0; r < reps; r++)
-            v[r] = api_run(rt, nprod, n, &errors);
-        api = bench_median(v, (size_t)reps);
-        ccq_runtime_destroy(rt);
 
         printf("  %-5d %9.1f %9.1f %5.1fx %9.1f %9.1f %5.1fx %11.1f %9.1f\n", nprod, q, m, m / q,
                qc, mc, mc / qc, ps, api);
