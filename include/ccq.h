@@ -438,7 +438,9 @@ typedef struct ccq_metrics {
 } ccq_metrics;
 
 /** Snapshot the live metrics. Thread-safe; percentiles come from log2 histograms (within
- * a factor of 2^(1/4)). */
+ * a factor of 2^(1/4)). @p out->struct_size: sizeof(ccq_metrics), or a smaller size from
+ * offsetof(ccq_metrics, trace_events) up (only that many bytes are written); anything else
+ * is CCQ_ERR_INVALID_ARGUMENT. */
 CCQ_API ccq_status ccq_get_metrics(ccq_runtime *rt, ccq_metrics *out);
 
 /** Commands queued or in flight on one stream (submitted and not ended). Thread-safe. */

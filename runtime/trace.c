@@ -414,11 +414,15 @@ CCQ_API ccq_status ccq_get_metrics(ccq_runtime *rt, ccq_metrics *out)
     {
         /* An idle scheduler sleeps and stops ticking: then the rate is over the time since
          * its last tick, which tends to 0 instead of repeating the last busy second. */
-        uint64_t now = ccq_now_ns(), t0 = atomic_load_explicit(&t->rate_t0, memory_order_acquire);
-        if (now - t0 > 1500000000ull)
-            m.commands_per_s = (double)(m.commands_ended -
-                                        atomic_load_explicit(&t->rate_n0, memory_order_relaxed)) *
-                               1e9 / (double)(now - t0);
+        uint64_t now = ccq_now_ns(), t0, n0;
+        /* (t0, n0) from the same tick: ccq_trace_tick stores n0, then t0 (release). */
+        do {
+            t0 = atomic_load_explicit(&t->rate_t0, memory_order_acquire);
+            n0 = atomic_load_explicit(&t->rate_n0, memory_order_acquire);
+        } while (t0 != atomic_load_explicit(&t->rate_t0, memory_order_acquire));
+        /* A tick after commands_ended or now were read is recent: keep its published rate. */
+        if (now > t0 && now - t0 > 1500000000ull && m.commands_ended >= n0)
+            m.commands_per_s = (double)(m.commands_ended - n0) * 1e9 / (double)(now - t0);
     }
     m.commands_per_s_total = m.uptime_ns ? (double)m.commands_ended * 1e9 / (double)m.uptime_ns : 0;
     m.queue_p50_us = ccq_hist_percentile_us(&t->queue_ns, 50);

@@ -9,7 +9,7 @@ set -euo pipefail
 . "$(dirname "$0")/common.sh"
 
 secs=${1:-60}
-dir=${2:-$CCQ_ROOT/build-fuzz}
+dir=$(realpath -m "${2:-$CCQ_ROOT/build-fuzz}") # the run cds away: absolute
 jobs=${FUZZ_JOBS:-1}
 cc=${FUZZ_CC:-clang}
 

@@ -1702,6 +1702,11 @@ static void *cc_reader_main(void *p)
         atomic_fetch_add(&sh->snapshots, 1);
         if (ccq_get_metrics(sh->rt, &m) != CCQ_OK || ccq_get_stats(sh->rt, &st) != CCQ_OK)
             sh->reader_errors++;
+        /* The rate is over a window of at least a second, so it cannot exceed what has ended
+         * by now (read after it); a torn (t0, n0) read once gave ~1e19. */
+        if (!(m.commands_per_s >= 0 &&
+              m.commands_per_s <= (double)(st.completed + st.failed + st.cancelled) + 1))
+            sh->reader_errors++;
         for (ccq_device_id d = 0; d < NDEV; d++)
             for (ccq_stream_id s = 0; s < 2; s++)
                 sh->reader_errors += ccq_stream_queue_depth(sh->rt, d, s, &depth) != CCQ_OK;
