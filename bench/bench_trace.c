@@ -14,10 +14,11 @@
 #include <pthread.h>
 
 #include "bench_common.h"
+#include "bench_tput.h"
 #include "ccq.h"
 
 #define MAXP 2
-#define NDEV 4
+#define NDEV BENCH_TPUT_NDEV
 
 static ccq_runtime *make_rt(uint32_t capacity, uint32_t queue_depth, uint32_t max_batch)
 {
@@ -101,68 +102,14 @@ static double submit_run(ccq_runtime *rt, int nprod, uint32_t n, double *cpu, in
 }
 
 /* ---- (2) scheduler throughput ---- */
-typedef struct tput {
-    ccq_runtime *rt;
-    ccq_device_id dev;
-    int n;
-    float *src, *dst;
-    pthread_barrier_t *bar;
-    int errors;
-} tput;
-
-static void *submitter(void *arg)
-{
-    tput *a = arg;
-    ccq_device_id devs[NDEV] = {0, 1, 2, 3};
-    pthread_barrier_wait(a->bar);
-    for (int i = 0; i < a->n; i++)
-        a->errors += ccq_all_reduce(a->rt, a->dev, 0, &a->src[i], &a->dst[i], 1, CCQ_FLOAT32,
-                                    CCQ_SUM, devs, NDEV) != CCQ_OK;
-    a->errors += ccq_sync_collective(a->rt, a->dev, 0) != CCQ_OK;
-    pthread_barrier_wait(a->bar);
-    return NULL;
-}
-
 /* Collectives per second of one run on a fresh runtime; *cpu: the process's CPU time per
  * collective over the run (submitters, scheduler, host workers: where recording costs). */
 static double tput_run(uint32_t capacity, uint32_t max_batch, int n, double *cpu, int *errors)
 {
     ccq_runtime *rt = make_rt(capacity, 0, max_batch);
-    ccq_device_id devs[NDEV] = {0, 1, 2, 3};
-    pthread_t th[NDEV];
-    tput a[NDEV];
-    pthread_barrier_t bar;
-
-    ccq_comm_init(rt, devs, NDEV);
-    pthread_barrier_init(&bar, NULL, NDEV + 1);
-    for (int d = 0; d < NDEV; d++) {
-        a[d] = (tput){rt,
-                      (ccq_device_id)d,
-                      n,
-                      calloc((size_t)n, sizeof(float)),
-                      calloc((size_t)n, sizeof(float)),
-                      &bar,
-                      0};
-        for (int i = 0; i < n; i++)
-            a[d].src[i] = (float)(d + 1);
-        pthread_create(&th[d], NULL, submitter, &a[d]);
-    }
-    pthread_barrier_wait(&bar);
-    uint64_t t0 = bench_now_ns(), c0 = cpu_ns(CLOCK_PROCESS_CPUTIME_ID);
-    pthread_barrier_wait(&bar);
-    double secs = (double)(bench_now_ns() - t0) / 1e9;
-    *cpu = (double)(cpu_ns(CLOCK_PROCESS_CPUTIME_ID) - c0) / n;
-    for (int d = 0; d < NDEV; d++) {
-        pthread_join(th[d], NULL);
-        *errors += a[d].errors;
-        for (int i = 0; i < n; i++)
-            *errors += a[d].dst[i] != 10.0f; /* 1 + 2 + 3 + 4 */
-        free(a[d].src);
-        free(a[d].dst);
-    }
-    pthread_barrier_destroy(&bar);
+    double rate = bench_tput_run(rt, n, cpu, errors);
     ccq_runtime_destroy(rt);
-    return n / secs;
+    return rate;
 }
 
 /* The overhead of `on` over `off` in percent: positive when on is slower (times: on - off;
