@@ -764,6 +764,11 @@ static void batch_done(ccq_runtime *rt, ccq_batch *b)
         ccq_status st = i->op.status;
         if (st == CCQ_OK && b->be.status != CCQ_OK)
             st = b->be.status;
+        /* The watchdog aborted the batch: every op in it is aborted, also one the backend
+         * finished before it saw its communicator's abort (abort_batch aborts them one by
+         * one while the backend runs), so the outcome does not depend on that race. */
+        if (st == CCQ_OK && b->aborting)
+            st = CCQ_ERR_ABORTED;
         for (uint32_t p = 0; p < i->chan->nparts; p++) {
             ccq_cmd *c = i->cmds[p];
             c->status = st;

@@ -668,7 +668,9 @@ static void test_delay_short_completes(void **state)
  * comes first and the part of {0,1} after it, so {0,1} cannot be issued before {0,2} is
  * complete, and the part of {0,2} on device 2 comes last: both go into one batch, in
  * communicator order ({0,1} was created first: op 1, delayed; {0,2}: op 2). {2,3}, in no
- * batch with them, keeps working.
+ * batch with them, keeps working. The fast op is reported aborted even when the backend
+ * finished it before the watchdog's abort of its communicator reached it (abort_batch
+ * aborts the communicators one by one; a 20 ms sleep between them made that visible).
  */
 static void test_delay_abort_takes_batch(void **state)
 {
