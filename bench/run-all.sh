@@ -18,5 +18,7 @@ b=$dir/bench
     "$b/bench_bandwidth" --json "$out/bandwidth.json"
     OUTDIR=$out bench/compare-mpi.sh 2 64M
     OUTDIR=$out bench/compare-mpi.sh 4 64M
+    OUTDIR=$out bench/collectives.sh 4
+    OUTDIR=$out bench/collectives.sh 2
 } 2>&1 | tee "$out/summary.txt"
 /usr/bin/python3 bench/plot.py "$out" docs/img

@@ -129,6 +129,11 @@ typedef struct ccq_config {
     const char *trace_file;  /**< If set, the recorder is written there as Chrome/Perfetto
                                   JSON at destroy and when the watchdog or an error fires
                                   (at most once a second). Env: CCQ_TRACE_FILE. */
+    /** Host backend: an operation that reads plus writes at least this many bytes writes its
+     * outputs with streaming (non-temporal) stores, which skip reading each output line before
+     * overwriting it; worth it once the working set is well beyond the last-level cache.
+     * 0 = the default (64 MiB); UINT64_MAX = never. Env: CCQ_HOST_STREAM_BYTES. */
+    uint64_t host_stream_bytes;
 } ccq_config;
 
 /**

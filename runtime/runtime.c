@@ -59,6 +59,7 @@ CCQ_API void ccq_config_init(ccq_config *cfg)
     cfg->fault = NULL;
     cfg->trace_capacity = 65536;
     cfg->trace_file = NULL;
+    cfg->host_stream_bytes = 0;
 
     b = getenv("CCQ_BACKEND");
     if (b != NULL && *b != '\0')
@@ -90,6 +91,9 @@ CCQ_API void ccq_config_init(ccq_config *cfg)
     if (env_u64("CCQ_HOST_WORKERS", 1024, &v, &err,
                 "CCQ_HOST_WORKERS: expected an integer in [0, 1024] (0 = one per core)"))
         cfg->host_workers = (uint32_t)v;
+    if (env_u64("CCQ_HOST_STREAM_BYTES", UINT64_MAX, &v, &err,
+                "CCQ_HOST_STREAM_BYTES: expected a number of bytes (0 = the default, 64 MiB)"))
+        cfg->host_stream_bytes = v;
     if (env_u64("CCQ_SPIN_US", 1000000, &v, &err,
                 "CCQ_SPIN_US: expected microseconds in [0, 1000000]"))
         cfg->spin_us = (uint32_t)v;

@@ -551,6 +551,58 @@ static uint32_t roots_of(uint32_t n, uint32_t *out)
 }
 
 /*
+ * Streaming (non-temporal) output stores, which the host backend uses once an op moves
+ * host_stream_bytes (64 MiB by default, more than this test can afford per case): a
+ * runtime with the threshold at 1 byte runs the same checks with every output streamed, at
+ * odd offsets (uint8 blocks of odd length), through the rounding write-out of bfloat16,
+ * inline (a small count) and on the workers (a large one), out of place and mixed with in
+ * place (outputs that are inputs keep plain stores), a root that is not rank 0, over the set
+ * given unsorted.
+ */
+static size_t run_streaming(ccq_kind kind, ccase *cs)
+{
+    static const ccq_dtype dts[] = {CCQ_UINT8, CCQ_BFLOAT16};
+    static const ccq_reduce_op ops[] = {CCQ_SUM, CCQ_AVG};
+    const kind_desc *k = desc_of(kind);
+    const devset *set = &sets[NDEV]; /* {6, 1, 4} */
+    size_t ncases = 0;
+    ccq_runtime *rt;
+    ccq_config cfg;
+
+    ccq_config_init(&cfg);
+    cfg.host_devices = NDEV;
+    cfg.host_workers = 3;
+    cfg.timeout_ms = 60000;
+    cfg.host_stream_bytes = 1;
+    assert_int_equal(ccq_runtime_create(&cfg, &rt), CCQ_OK);
+    assert_int_equal(ccq_comm_init(rt, set->given, set->n), CCQ_OK);
+    for (size_t a = 0; a < sizeof dts / sizeof dts[0]; a++)
+        for (int big = 0; big <= 1; big++) {
+            size_t count = big ? (LARGE_BLOCK_BYTES / ref_dtype_size(dts[a])) | 1 : 1001;
+            refcache rc;
+            refcache_init(&rc, kind, dts[a], count, set, 3);
+            for (int m = OUT_OF_PLACE; m <= (k->has_in_place ? MIXED : OUT_OF_PLACE); m += MIXED) {
+                ccase *c = &cs[0];
+                c->kind = kind;
+                c->dt = dts[a];
+                c->op = ops[a];
+                c->count = count;
+                c->given = set->given;
+                c->n = set->n;
+                c->root = k->rooted ? 1 : 0;
+                c->mode = m;
+                c->nonroot_buf = false;
+                case_setup(c, &rc);
+                run_cases(rt, cs, 1);
+                ncases++;
+            }
+            refcache_free(&rc);
+        }
+    assert_int_equal(ccq_runtime_destroy(rt), CCQ_OK);
+    return ncases;
+}
+
+/*
  * The full grid of one kind: every set x small count x dtype x op x root x {out of place,
  * in place} (plus mixed at count 17), one round (queued together, then fenced) per (set,
  * count, dtype). Then the worker-pool path for a subset: a few sets, dtypes, ops and roots
@@ -631,6 +683,7 @@ static void run_kind(fixture *f, ccq_kind kind)
             refcache_free(&rc);
         }
     }
+    ncases += run_streaming(kind, cs);
     free(cs);
     print_message("%s: %zu cases checked\n", ccq_kind_name(kind), ncases);
 }

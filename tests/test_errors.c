@@ -397,8 +397,9 @@ static void test_config_errors(void **state)
 }
 
 static const char *const env_names[] = {
-    "CCQ_BACKEND",       "CCQ_HOST_DEVICES", "CCQ_MAX_STREAMS",        "CCQ_QUEUE_DEPTH",
-    "CCQ_MAX_BATCH_OPS", "CCQ_TIMEOUT_MS",   "CCQ_NONBLOCKING_SUBMIT", "CCQ_HOST_WORKERS",
+    "CCQ_BACKEND",           "CCQ_HOST_DEVICES", "CCQ_MAX_STREAMS",        "CCQ_QUEUE_DEPTH",
+    "CCQ_MAX_BATCH_OPS",     "CCQ_TIMEOUT_MS",   "CCQ_NONBLOCKING_SUBMIT", "CCQ_HOST_WORKERS",
+    "CCQ_HOST_STREAM_BYTES",
 };
 
 static void env_clear(void)
@@ -436,6 +437,7 @@ static void test_env_overrides(void **state)
     setenv("CCQ_TIMEOUT_MS", "1234", 1);
     setenv("CCQ_NONBLOCKING_SUBMIT", "1", 1);
     setenv("CCQ_HOST_WORKERS", "2", 1);
+    setenv("CCQ_HOST_STREAM_BYTES", "1048576", 1);
     ccq_config_init(&cfg);
     assert_string_equal(cfg.backend, "host");
     assert_int_equal(cfg.host_devices, 3);
@@ -445,6 +447,7 @@ static void test_env_overrides(void **state)
     assert_int_equal(cfg.timeout_ms, 1234);
     assert_int_equal(cfg.flags, CCQ_FLAG_NONBLOCKING_SUBMIT);
     assert_int_equal(cfg.host_workers, 2);
+    assert_int_equal(cfg.host_stream_bytes, 1048576);
     assert_null(cfg.env_error);
 
     /* The runtime uses them, also when created from NULL. */
@@ -517,6 +520,7 @@ static void test_env_malformed(void **state)
     check_env_malformed("CCQ_NONBLOCKING_SUBMIT", "2");
     check_env_malformed("CCQ_NONBLOCKING_SUBMIT", "yes");
     check_env_malformed("CCQ_HOST_WORKERS", "many");
+    check_env_malformed("CCQ_HOST_STREAM_BYTES", "64M");
 
     /* An unknown backend named in the environment fails like one set in the config. */
     ccq_runtime *rt = NULL;

@@ -532,6 +532,70 @@ static void test_allreduce_subranges(void **state)
     fixture_free(&fx);
 }
 
+/*
+ * Streaming stores (CCQ_HOST_REDUCE_NT) give the same bytes as plain ones, whatever the
+ * alignment of source and destination and the length (below one 64-byte step, around the
+ * 16-byte head, with a tail), and write nothing outside the range; with and without the
+ * flag, for the copy the host backend's data-movement collectives use and for the
+ * reduction's write-out.
+ */
+static void test_streaming_stores(void **state)
+{
+    (void)state;
+    enum { CAP = 3 * 8192 + 512 };
+    static const size_t lens[] = {0,  1,   15,  16,   17,   63,   64,   65,           79,
+                                  80, 127, 128, 1000, 8191, 8192, 8193, 3 * 8192 + 77};
+    unsigned char *src = malloc(CAP + 64), *dst = malloc(CAP + 64 + 2 * GUARD);
+    assert_non_null(src);
+    assert_non_null(dst);
+    for (size_t i = 0; i < CAP + 64; i++)
+        src[i] = (unsigned char)(i * 131u + 7u);
+    for (unsigned flags = 0; flags <= CCQ_HOST_REDUCE_NT; flags += CCQ_HOST_REDUCE_NT)
+        for (size_t so = 0; so < 16; so += 5)
+            for (size_t doff = 0; doff < 17; doff += 3)
+                for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+                    size_t len = lens[li];
+                    unsigned char *d = dst + GUARD + doff;
+                    memset(dst, GUARD_BYTE, CAP + 64 + 2 * GUARD);
+                    ccq_host_copy(d, src + so, len, flags);
+                    ccq_host_store_fence(flags);
+                    if (memcmp(d, src + so, len) != 0)
+                        fail_msg("copy flags %u src+%zu dst+%zu len %zu: wrong bytes", flags, so,
+                                 doff, len);
+                    for (unsigned char *p = dst; p < d; p++)
+                        assert_int_equal(*p, GUARD_BYTE);
+                    for (unsigned char *p = d + len; p < dst + CAP + 64 + 2 * GUARD; p++)
+                        assert_int_equal(*p, GUARD_BYTE);
+                }
+
+    /* The reduction with streaming write-out, misaligned outputs, equals the plain one. */
+    enum { N = 3, COUNT = 8192 + 333 };
+    float *in[N], *want[N], *got[N];
+    for (int r = 0; r < N; r++) {
+        in[r] = malloc(COUNT * sizeof(float));
+        want[r] = malloc((COUNT + 1) * sizeof(float));
+        got[r] = malloc((COUNT + 1) * sizeof(float));
+        assert_true(in[r] && want[r] && got[r]);
+        ref_fill(CCQ_FLOAT32, in[r], COUNT, 500u + (unsigned)r);
+    }
+    void *wo[N], *go[N];
+    for (int r = 0; r < N; r++) { /* rank r's output starts r floats in: 0, 4 and 8 bytes off */
+        wo[r] = want[r] + r % 2;
+        go[r] = got[r] + r % 2;
+    }
+    ccq_host_allreduce_range_ex(CCQ_FLOAT32, CCQ_SUM, N, (const void *const *)in, wo, 0, COUNT, 0);
+    ccq_host_allreduce_range_ex(CCQ_FLOAT32, CCQ_SUM, N, (const void *const *)in, go, 0, COUNT,
+                                CCQ_HOST_REDUCE_NT);
+    for (int r = 0; r < N; r++) {
+        assert_memory_equal(go[r], wo[r], COUNT * sizeof(float));
+        free(in[r]);
+        free(want[r]);
+        free(got[r]);
+    }
+    free(src);
+    free(dst);
+}
+
 /* ---- specific values ----------------------------------------------------------------------- */
 
 /* Reduces one element per rank in place and returns the first rank's result bytes. */
@@ -680,6 +744,7 @@ int main(void)
         ALLREDUCE_TEST(CCQ_FLOAT8E4M3, "float8e4m3"),
         ALLREDUCE_TEST(CCQ_FLOAT8E5M2, "float8e5m2"),
         cmocka_unit_test(test_allreduce_subranges),
+        cmocka_unit_test(test_streaming_stores),
         cmocka_unit_test(test_int32_avg_truncates),
         cmocka_unit_test(test_uint8_sum_wraps),
         cmocka_unit_test(test_int8_max_is_signed),

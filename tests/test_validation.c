@@ -129,6 +129,7 @@ ROW(env_batch_space, env_create(f, "CCQ_MAX_BATCH_OPS", " ", true))
 ROW(env_timeout_word, env_create(f, "CCQ_TIMEOUT_MS", "soon", true))
 ROW(env_workers_word, env_create(f, "CCQ_HOST_WORKERS", "many", true))
 ROW(env_spin_big, env_create(f, "CCQ_SPIN_US", "2000000", true))
+ROW(env_stream_suffix, env_create(f, "CCQ_HOST_STREAM_BYTES", "64M", true))
 ROW(env_nonblock_2, env_create(f, "CCQ_NONBLOCKING_SUBMIT", "2", false))
 ROW(env_fault_bad, env_create(f, "CCQ_FAULT", "drop:rank=x", false))
 ROW(env_backend_unknown, env_create(f, "CCQ_BACKEND", "quantum", false))
@@ -307,6 +308,7 @@ static const vcase cases[] = {
     {"ccq_runtime_create", "malformed env var", "CCQ_TIMEOUT_MS=soon", E_ARG, "CCQ_TIMEOUT_MS", env_timeout_word},
     {"ccq_runtime_create", "malformed env var", "CCQ_HOST_WORKERS=many", E_ARG, "CCQ_HOST_WORKERS", env_workers_word},
     {"ccq_runtime_create", "malformed env var", "CCQ_SPIN_US=2000000", E_ARG, "CCQ_SPIN_US", env_spin_big},
+    {"ccq_runtime_create", "malformed env var", "CCQ_HOST_STREAM_BYTES=64M", E_ARG, "CCQ_HOST_STREAM_BYTES", env_stream_suffix},
     {"ccq_runtime_create", "malformed env var", "CCQ_NONBLOCKING_SUBMIT=2, `cfg` = NULL", E_ARG, "CCQ_NONBLOCKING_SUBMIT", env_nonblock_2},
     {"ccq_runtime_create", "malformed env var", "CCQ_FAULT=drop:rank=x, `cfg` = NULL", E_ARG, "fault spec", env_fault_bad},
     {"ccq_runtime_create", "unknown backend", "CCQ_BACKEND=quantum, `cfg` = NULL", E_ARG, "unknown backend \"quantum\"", env_backend_unknown},
@@ -415,10 +417,10 @@ enum { NCASES = sizeof cases / sizeof cases[0] };
 
 /* Every CCQ_* variable ccq_config_init() reads: the rows must not depend on the caller's. */
 static const char *const env_names[] = {
-    "CCQ_BACKEND",      "CCQ_HOST_DEVICES",  "CCQ_MAX_STREAMS",
-    "CCQ_QUEUE_DEPTH",  "CCQ_MAX_BATCH_OPS", "CCQ_TIMEOUT_MS",
-    "CCQ_HOST_WORKERS", "CCQ_SPIN_US",       "CCQ_NONBLOCKING_SUBMIT",
-    "CCQ_FAULT",
+    "CCQ_BACKEND",      "CCQ_HOST_DEVICES",      "CCQ_MAX_STREAMS",
+    "CCQ_QUEUE_DEPTH",  "CCQ_MAX_BATCH_OPS",     "CCQ_TIMEOUT_MS",
+    "CCQ_HOST_WORKERS", "CCQ_SPIN_US",           "CCQ_NONBLOCKING_SUBMIT",
+    "CCQ_FAULT",        "CCQ_HOST_STREAM_BYTES",
 };
 
 static ccq_runtime *make_rt(void)

@@ -73,6 +73,7 @@ typedef struct opts {
     uint32_t root; /* -r: the root device of rooted collectives */
     const char *backend;
     bool json;
+    bool floor;             /* --floor: time the memory-traffic floor next to each line */
     uint32_t max_batch_ops; /* 0 = the config's default */
 } opts;
 
@@ -96,6 +97,7 @@ typedef struct bench {
     /* Set by the main thread before each phase. */
     size_t count; /* elements per rank and block: the count argument of the calls */
     int in_place, iters, agg;
+    size_t copy_bytes; /* > 0: the phase is the floor's memcpy of this many bytes per worker */
     volatile int quit;
 } bench;
 
@@ -183,31 +185,25 @@ static void usage(FILE *f)
         "                         reduce_scatter, alltoall, gather, scatter\n"
         "      --backend B        host (default) or nccl\n"
         "      --max-batch-ops N  the runtime's max_batch_ops\n"
-        "      --json             one JSON object per size line instead of the table\n");
+        "      --json             one JSON object per size line instead of the table\n"
+        "      --floor            host backend: also time a parallel memcpy that moves the\n"
+        "                         bytes the collective must read and write (out of place),\n"
+        "                         and print that floor and the share of it reached\n");
 }
 
 static int parse_opts(int argc, char **argv, opts *o)
 {
     static const struct option lo[] = {
-        {"minbytes", 1, 0, 'b'},
-        {"maxbytes", 1, 0, 'e'},
-        {"stepfactor", 1, 0, 'f'},
-        {"stepbytes", 1, 0, 'i'},
-        {"ngpus", 1, 0, 'g'},
-        {"nthreads", 1, 0, 't'},
-        {"iters", 1, 0, 'n'},
-        {"warmup_iters", 1, 0, 'w'},
-        {"agg_iters", 1, 0, 'm'},
-        {"check", 1, 0, 'c'},
-        {"op", 1, 0, 'o'},
-        {"datatype", 1, 0, 'd'},
-        {"collective", 1, 0, 'C'},
-        {"backend", 1, 0, 'B'},
-        {"json", 0, 0, 'J'},
-        {"max-batch-ops", 1, 0, 'M'},
-        {"help", 0, 0, 'h'},
-        {"root", 1, 0, 'r'},
-        {0, 0, 0, 0},
+        {"minbytes", 1, 0, 'b'},   {"maxbytes", 1, 0, 'e'},
+        {"stepfactor", 1, 0, 'f'}, {"stepbytes", 1, 0, 'i'},
+        {"ngpus", 1, 0, 'g'},      {"nthreads", 1, 0, 't'},
+        {"iters", 1, 0, 'n'},      {"warmup_iters", 1, 0, 'w'},
+        {"agg_iters", 1, 0, 'm'},  {"check", 1, 0, 'c'},
+        {"op", 1, 0, 'o'},         {"datatype", 1, 0, 'd'},
+        {"collective", 1, 0, 'C'}, {"backend", 1, 0, 'B'},
+        {"json", 0, 0, 'J'},       {"max-batch-ops", 1, 0, 'M'},
+        {"help", 0, 0, 'h'},       {"root", 1, 0, 'r'},
+        {"floor", 0, 0, 'F'},      {0, 0, 0, 0},
     };
     int c;
     memset(o, 0, sizeof *o);
@@ -289,6 +285,9 @@ static int parse_opts(int argc, char **argv, opts *o)
             break;
         case 'J':
             o->json = true;
+            break;
+        case 'F':
+            o->floor = true;
             break;
         case 'M':
             o->max_batch_ops = (uint32_t)atoi(optarg);
@@ -403,6 +402,12 @@ static void *worker_main(void *arg)
         pthread_barrier_wait(&b->bar);
         if (b->quit)
             break;
+        if (b->copy_bytes > 0) { /* the floor: host staging buffers, no ccq call */
+            for (int it = 0; it < b->iters * b->agg; it++)
+                memcpy(w->hdst, w->hsrc, b->copy_bytes);
+            pthread_barrier_wait(&b->bar);
+            continue;
+        }
         for (int it = 0; it < b->iters; it++)
             for (int a = 0; a < b->agg; a++)
                 record(w, submit_one(w));
@@ -522,11 +527,48 @@ static double busbw_factor_num(coll_kind c, uint32_t n)
     }
 }
 
+/*
+ * --floor: the bytes an out-of-place collective of line size S over n ranks must at least
+ * read plus write in host memory (each input read once, each output written once):
+ * all_reduce, alltoall and sendrecv read and write n*S; broadcast reads S once and writes
+ * it n times, reduce reads n*S and writes S, all_gather reads n blocks of S/n and writes n*S,
+ * reduce_scatter reads n*S and writes n blocks of S/n: (n+1)*S; gather and scatter move S
+ * in and S out: 2*S. A memcpy of X bytes reads and writes X, so the floor is the time the
+ * workers take to memcpy half of it in parallel, on their own host buffers, right after
+ * the collective at the same size.
+ */
+static double floor_traffic(coll_kind c, uint32_t n, size_t bytes)
+{
+    switch (c) {
+    case COLL_ALL_REDUCE:
+    case COLL_ALLTOALL:
+    case COLL_SENDRECV:
+        return 2.0 * n * (double)bytes;
+    case COLL_GATHER:
+    case COLL_SCATTER:
+        return 2.0 * (double)bytes;
+    default: /* broadcast, reduce, all_gather, reduce_scatter */
+        return (n + 1.0) * (double)bytes;
+    }
+}
+
 typedef struct result {
     double us, algbw, busbw;
+    double floor_us; /* 0 when not measured */
     size_t wrong;
     bool skipped;
 } result;
+
+/* Time the floor's parallel memcpy of `bytes` bytes per worker, per operation. */
+static double measure_floor(bench *b, size_t bytes)
+{
+    const opts *o = b->o;
+    b->copy_bytes = bytes;
+    run_phase(b, 1, 1); /* warm: page faults and caches */
+    double t = run_phase(b, o->iters, o->agg);
+    b->copy_bytes = 0;
+    return t * 1e6 / ((double)o->iters * o->agg);
+}
 
 static result measure(bench *b, size_t bytes)
 {
@@ -549,6 +591,11 @@ static result measure(bench *b, size_t bytes)
     r.us = t * 1e6 / ((double)o->iters * o->agg);
     r.algbw = r.us > 0 ? (double)bytes / r.us / 1e3 : 0;
     r.busbw = r.algbw * busbw_factor_num(o->coll, o->ndev);
+    if (o->floor && !b->in_place) {
+        double per_worker = floor_traffic(o->coll, o->ndev, bytes) / 2 / (o->ndev * o->threads);
+        if (per_worker >= 1)
+            r.floor_us = measure_floor(b, (size_t)per_worker);
+    }
     return r;
 }
 
@@ -564,9 +611,13 @@ static void json_result(const char *name, const result *r)
 {
     if (r->skipped)
         printf("\"%s\": null", name);
-    else
-        printf("\"%s\": {\"time_us\": %.3f, \"algbw\": %.4f, \"busbw\": %.4f, \"wrong\": %zu}",
-               name, r->us, r->algbw, r->busbw, r->wrong);
+    else {
+        printf("\"%s\": {\"time_us\": %.3f, \"algbw\": %.4f, \"busbw\": %.4f, \"wrong\": %zu", name,
+               r->us, r->algbw, r->busbw, r->wrong);
+        if (r->floor_us > 0)
+            printf(", \"floor_us\": %.3f, \"of_floor\": %.4f", r->floor_us, r->floor_us / r->us);
+        printf("}");
+    }
 }
 
 static int first_error(bench *b)
@@ -612,6 +663,11 @@ int main(int argc, char **argv)
     }
     if (o.ndev == 0 || o.ndev > ccq_device_count(b.rt))
         o.ndev = ccq_device_count(b.rt);
+    if (o.floor && strcmp(ccq_backend_name(b.rt), "host") != 0) {
+        fprintf(stderr, "ccq-perf: --floor times host memory copies; it needs --backend host\n");
+        ccq_runtime_destroy(b.rt);
+        return 2;
+    }
     if (colls[o.coll].rooted && o.root >= o.ndev) {
         fprintf(stderr, "ccq-perf: root %u is not one of the %u devices\n", o.root, o.ndev);
         ccq_runtime_destroy(b.rt);
@@ -644,6 +700,10 @@ int main(int argc, char **argv)
                     w->dev, ccq_last_error_detail());
             return 1;
         }
+        if (o.floor) { /* the floor copies whole staging buffers: no untouched (zero) pages */
+            memset(w->hsrc, 1, o.maxbytes + esize);
+            memset(w->hdst, 2, o.maxbytes + esize);
+        }
     }
     pthread_barrier_init(&b.bar, NULL, nw + 1);
     for (uint32_t k = 0; k < nw; k++)
@@ -657,12 +717,14 @@ int main(int argc, char **argv)
                o.threads, o.ndev, o.minbytes, o.maxbytes, o.factor ? o.factor : (double)o.incbytes,
                o.factor ? "factor" : "bytes", o.warmup, o.iters, o.agg, o.check);
         printf("#\n#%75s%35s\n", "out-of-place", "in-place");
-        printf("#%11s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s\n", "size",
+        printf("#%11s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s", "size",
                "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time",
                "algbw", "busbw", "#wrong");
-        printf("#%11s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s\n", "(B)",
+        printf(o.floor ? "  %8s  %6s\n" : "\n", "floor", "of");
+        printf("#%11s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s", "(B)",
                "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)",
                "");
+        printf(o.floor ? "  %8s  %6s\n" : "\n", "(us)", "floor");
     } else {
         printf("[\n");
     }
@@ -706,6 +768,9 @@ int main(int argc, char **argv)
                    root);
             print_result(&oop);
             print_result(&ip);
+            if (o.floor)
+                printf("  %8.2f  %5.0f%%", oop.floor_us,
+                       oop.us > 0 ? 100 * oop.floor_us / oop.us : 0);
             printf("\n");
         }
         fflush(stdout);

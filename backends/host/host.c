@@ -24,7 +24,8 @@
 /* Batches up to this size (bytes over all parts) get chunks run by the scheduler thread as
  * well as by the workers (about 1 ms of copying at most). */
 #define HOST_CALLER_RUNS_BYTES (16u * 1024u * 1024u)
-/* Working set (inputs + outputs of all ranks) from which outputs use streaming stores. */
+/* Default working set (inputs + outputs of all ranks) from which outputs use streaming
+ * stores (cfg.host_stream_bytes overrides it). */
 #define HOST_NT_BYTES (64ull * 1024u * 1024u)
 /* Ranks one op can have here (the runtime's device limit). */
 #define CCQ_HOST_MAX_RANKS 1024u
@@ -44,6 +45,7 @@ typedef struct host_job {
     uint64_t *delay_us;  /* [nops]: fault injection: extra time the op takes */
     uint8_t *failed;     /* [nops]: fault injection: the op fails instead of running */
     bool any_failed;
+    uint64_t stream_bytes; /* the backend's streaming-store threshold */
 } host_job;
 
 typedef struct host_be {
@@ -62,9 +64,10 @@ typedef struct host_be {
      * short while before they sleep on the condvar (see worker_main). */
     _Atomic uint32_t pending;
     uint64_t spin_ns;
-    ccq_mpsc done;        /* finished jobs; the scheduler pops them in poll() */
-    ccq_fault_plan fault; /* CCQ_FAULT's fail and delay clauses (off by default) */
-    uint64_t next_op;     /* operations issued so far (scheduler thread only) */
+    uint64_t stream_bytes; /* ops moving at least this many bytes use streaming stores */
+    ccq_mpsc done;         /* finished jobs; the scheduler pops them in poll() */
+    ccq_fault_plan fault;  /* CCQ_FAULT's fail and delay clauses (off by default) */
+    uint64_t next_op;      /* operations issued so far (scheduler thread only) */
 } host_be;
 
 static host_be *to_host(ccq_backend *be)
@@ -98,21 +101,22 @@ static size_t op_moved_bytes(const ccq_be_op *op)
 /* Copy `bytes` from src to every non-NULL dst (skipping dst == src, in place), block by
  * block, so the source is read from memory once and the copies come from cache: a
  * broadcast reads once and writes n times (n - 1 in place). */
-static void copy_fanout(void *const *dst, uint32_t nd, const char *src, size_t bytes)
+static void copy_fanout(void *const *dst, uint32_t nd, const char *src, size_t bytes,
+                        unsigned flags)
 {
     for (size_t off = 0; off < bytes; off += CCQ_HOST_REDUCE_BLOCK_BYTES) {
         size_t len =
             bytes - off < CCQ_HOST_REDUCE_BLOCK_BYTES ? bytes - off : CCQ_HOST_REDUCE_BLOCK_BYTES;
         for (uint32_t k = 0; k < nd; k++)
             if (dst[k] != NULL && (const char *)dst[k] != src)
-                memcpy((char *)dst[k] + off, src + off, len);
+                ccq_host_copy((char *)dst[k] + off, src + off, len, flags);
     }
 }
 
 /* Run elements [begin, end) of one op. Every kind is cut along the per-rank block of
  * `count` elements, so all of them split into chunks the same way. Parts are in rank
  * order (the runtime builds them so); a NULL buffer is one this rank does not use. */
-static void run_range(const ccq_be_op *op, size_t begin, size_t end)
+static void run_range(const ccq_be_op *op, size_t begin, size_t end, uint64_t stream_bytes)
 {
     size_t es = ccq_dtype_size((ccq_dtype)op->dtype), blk = op->count * es;
     size_t off = begin * es, len = (end - begin) * es;
@@ -121,6 +125,12 @@ static void run_range(const ccq_be_op *op, size_t begin, size_t end)
     void *dst[CCQ_HOST_MAX_RANKS];
     ccq_dtype dt = (ccq_dtype)op->dtype;
     ccq_reduce_op ro = (ccq_reduce_op)op->redop;
+    /* Streaming stores once the op's working set is far beyond the caches: they skip the
+     * read-for-ownership of every output line, a third of an out-of-place all_reduce's
+     * traffic and nearly half of a broadcast's (measured on the 2-core machine of
+     * docs/performance.md: +45% for all_reduce at 64 MiB per rank, a loss below ~32 MiB
+     * in all). Never into an output that is also an input (in place): its lines are cached. */
+    unsigned nt = op_moved_bytes(op) >= stream_bytes ? CCQ_HOST_REDUCE_NT : 0;
 
     if (begin >= end)
         return;
@@ -132,52 +142,47 @@ static void run_range(const ccq_be_op *op, size_t begin, size_t end)
             dst[r] = op->parts[r].dst;
             in_place |= src[r] == dst[r];
         }
-        /* Streaming stores once the op's working set is far beyond the caches (measured on
-         * the 2-core machine of docs/performance.md: +45% at 64 MiB per rank, a loss below
-         * ~32 MiB in all), and never in place, where the output lines are already cached. */
-        unsigned flags =
-            !in_place && 2 * (uint64_t)n * blk >= HOST_NT_BYTES ? CCQ_HOST_REDUCE_NT : 0;
-        ccq_host_allreduce_range_ex(dt, ro, n, src, dst, begin, end, flags);
+        ccq_host_allreduce_range_ex(dt, ro, n, src, dst, begin, end, in_place ? 0 : nt);
         break;
     }
     case CCQ_OP_REDUCE: /* every rank's src into the root's dst */
         for (uint32_t r = 0; r < n; r++)
             src[r] = op->parts[r].src;
         dst[0] = op->parts[op->root].dst;
-        ccq_host_reduce_range(dt, ro, n, src, 1, dst, begin, end, 0);
+        ccq_host_reduce_range(dt, ro, n, src, 1, dst, begin, end, dst[0] == src[op->root] ? 0 : nt);
         break;
     case CCQ_OP_REDUCE_SCATTER: /* block r of every src into rank r's dst */
         for (uint32_t r = 0; r < n; r++) {
             for (uint32_t j = 0; j < n; j++)
                 src[j] = (const char *)op->parts[j].src + r * blk;
             dst[0] = op->parts[r].dst;
-            ccq_host_reduce_range(dt, ro, n, src, 1, dst, begin, end, 0);
+            ccq_host_reduce_range(dt, ro, n, src, 1, dst, begin, end, dst[0] == src[r] ? 0 : nt);
         }
         break;
     case CCQ_OP_BROADCAST: /* the root's src into every dst */
         for (uint32_t r = 0; r < n; r++)
             dst[r] = (char *)op->parts[r].dst + off;
-        copy_fanout(dst, n, (const char *)op->parts[op->root].src + off, len);
+        copy_fanout(dst, n, (const char *)op->parts[op->root].src + off, len, nt);
         break;
     case CCQ_OP_ALL_GATHER: /* rank r's src into block r of every dst */
         for (uint32_t r = 0; r < n; r++) {
             for (uint32_t j = 0; j < n; j++)
                 dst[j] = (char *)op->parts[j].dst + r * blk + off;
-            copy_fanout(dst, n, (const char *)op->parts[r].src + off, len);
+            copy_fanout(dst, n, (const char *)op->parts[r].src + off, len, nt);
         }
         break;
     case CCQ_OP_ALL_TO_ALL: /* block j of rank i's src into block i of rank j's dst */
         for (uint32_t i = 0; i < n; i++)
             for (uint32_t j = 0; j < n; j++)
-                memcpy((char *)op->parts[j].dst + i * blk + off,
-                       (const char *)op->parts[i].src + j * blk + off, len);
+                ccq_host_copy((char *)op->parts[j].dst + i * blk + off,
+                              (const char *)op->parts[i].src + j * blk + off, len, nt);
         break;
     case CCQ_OP_GATHER: /* rank r's src into block r of the root's dst */
         for (uint32_t r = 0; r < n; r++) {
             char *d = (char *)op->parts[op->root].dst + r * blk + off;
             const char *s = (const char *)op->parts[r].src + off;
             if (d != s)
-                memcpy(d, s, len);
+                ccq_host_copy(d, s, len, nt);
         }
         break;
     case CCQ_OP_SCATTER: /* block r of the root's src into rank r's dst */
@@ -185,17 +190,20 @@ static void run_range(const ccq_be_op *op, size_t begin, size_t end)
             char *d = (char *)op->parts[r].dst + off;
             const char *s = (const char *)op->parts[op->root].src + r * blk + off;
             if (d != s)
-                memcpy(d, s, len);
+                ccq_host_copy(d, s, len, nt);
         }
         break;
     default: { /* CCQ_OP_SENDRECV: part 0 sends, part 1 receives */
         const char *s = (const char *)op->parts[0].src + off;
         char *d = (char *)op->parts[1].dst + off;
-        if (s != d)
+        if (s + len <= d || d + len <= s)
+            ccq_host_copy(d, s, len, nt);
+        else if (s != d)
             memmove(d, s, len);
         break;
     }
     }
+    ccq_host_store_fence(nt);
 }
 
 static bool op_aborted(const ccq_be_op *op)
@@ -226,7 +234,7 @@ static void run_chunk(host_job *j, size_t chunk)
             return;
     }
     size_t end = begin + j->chunk_elems[k];
-    run_range(op, begin, end < op->count ? end : op->count);
+    run_range(op, begin, end < op->count ? end : op->count, j->stream_bytes);
 }
 
 static void job_finish(host_be *h, host_job *j)
@@ -344,6 +352,7 @@ static ccq_status host_create(const ccq_config *cfg, const ccq_be_hooks *hooks, 
     h->ndev = cfg->host_devices;
     h->nworkers = cfg->host_workers ? cfg->host_workers : (cores > 0 ? (uint32_t)cores : 1);
     h->spin_ns = (uint64_t)cfg->spin_us * 1000u;
+    h->stream_bytes = cfg->host_stream_bytes ? cfg->host_stream_bytes : HOST_NT_BYTES;
     ccq_fault_parse(cfg->fault, &h->fault, err->msg, sizeof err->msg);
     atomic_init(&h->pending, 0);
     ccq_mpsc_init(&h->done);
@@ -422,6 +431,7 @@ static ccq_status host_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
     j->delay_us = (uint64_t *)(j->chunk_elems + b->nops);
     j->failed = (uint8_t *)(j->delay_us + b->nops);
     j->any_failed = false;
+    j->stream_bytes = h->stream_bytes;
     for (uint32_t k = 0; k < b->nops; k++, h->next_op++) {
         j->failed[k] = (uint8_t)ccq_fault_fails(&h->fault, h->next_op);
         j->delay_us[k] = ccq_fault_delay_us(&h->fault, h->next_op);
@@ -477,7 +487,7 @@ static ccq_status host_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
 run_inline:
     for (uint32_t k = 0; k < b->nops; k++)
         if (!op_aborted(b->ops[k]) && !j->failed[k])
-            run_range(b->ops[k], 0, b->ops[k]->count);
+            run_range(b->ops[k], 0, b->ops[k]->count, j->stream_bytes);
     job_finish(h, j);
     return CCQ_OK;
 }

@@ -75,13 +75,15 @@ static _Thread_local int put_nt;
  * by the entry points, so the generated kernels keep one signature. */
 static _Thread_local uint32_t put_nout;
 
-static inline void put_block(void *dst, const void *src, size_t bytes)
+static inline void put_block_as(void *dst, const void *src, size_t bytes, int nt)
 {
 #ifdef __SSE2__
-    if (put_nt && ((uintptr_t)dst & 15) == 0) {
+    if (nt && bytes >= 64) {
         char *d = dst;
         const char *s = src;
-        size_t i = 0;
+        /* Plain stores up to the first 16-byte boundary of dst, then 64 bytes per step. */
+        size_t i = (16 - ((uintptr_t)d & 15)) & 15;
+        memcpy(d, s, i);
         for (; i + 64 <= bytes; i += 64) {
             __m128i a = _mm_loadu_si128((const __m128i *)(s + i));
             __m128i b = _mm_loadu_si128((const __m128i *)(s + i + 16));
@@ -95,8 +97,32 @@ static inline void put_block(void *dst, const void *src, size_t bytes)
         memcpy(d + i, s + i, bytes - i);
         return;
     }
+#else
+    (void)nt;
 #endif
     memcpy(dst, src, bytes);
+}
+
+static inline void put_block(void *dst, const void *src, size_t bytes)
+{
+    put_block_as(dst, src, bytes, put_nt);
+}
+
+void ccq_host_copy(void *dst, const void *src, size_t bytes, unsigned flags)
+{
+    put_block_as(dst, src, bytes, (flags & CCQ_HOST_REDUCE_NT) != 0);
+}
+
+/* Streaming stores are weakly ordered: make them visible before whoever reports the chunk
+ * done publishes it (the release of that report does not order them). */
+void ccq_host_store_fence(unsigned flags)
+{
+#ifdef __SSE2__
+    if (flags & CCQ_HOST_REDUCE_NT)
+        _mm_sfence();
+#else
+    (void)flags;
+#endif
 }
 
 /* Loads: native types pass through, narrow floats widen to float. */
@@ -248,11 +274,6 @@ void ccq_host_reduce_range(ccq_dtype dtype, ccq_reduce_op op, uint32_t n, const 
     put_nt = (flags & CCQ_HOST_REDUCE_NT) != 0;
     put_nout = nout;
     ccq_reduce_kernels[dtype][op](n, src, dst, begin, end);
-#ifdef __SSE2__
-    /* Streaming stores are weakly ordered: make them visible before whoever reports the
-     * chunk done publishes it. */
-    if (put_nt)
-        _mm_sfence();
-#endif
+    ccq_host_store_fence(flags);
     put_nt = 0;
 }

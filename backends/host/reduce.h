@@ -55,6 +55,12 @@ void ccq_host_reduce_range(ccq_dtype dtype, ccq_reduce_op op, uint32_t n, const 
                            uint32_t nout, void *const *dst, size_t begin, size_t end,
                            unsigned flags);
 
+/* Copy `bytes` from src to dst (not overlapping); with CCQ_HOST_REDUCE_NT by non-temporal
+ * stores from the first 16-byte boundary of dst on. Those are weakly ordered: call
+ * ccq_host_store_fence(flags) once after the last copy, before the data is published. */
+void ccq_host_copy(void *dst, const void *src, size_t bytes, unsigned flags);
+void ccq_host_store_fence(unsigned flags);
+
 /* Bytes of accumulator per block: well inside L1 together with the stream of inputs. */
 #define CCQ_HOST_REDUCE_BLOCK_BYTES 8192
 
