@@ -460,6 +460,22 @@ static void case_setup(ccase *c, refcache *rc)
     }
 }
 
+/* A case of rc's kind, dtype and count over `set` (rc's set), set up. */
+static void case_make(ccase *c, refcache *rc, const devset *set, ccq_reduce_op op, uint32_t root,
+                      int mode, bool nonroot_buf)
+{
+    c->kind = rc->kind;
+    c->dt = rc->dt;
+    c->op = op;
+    c->count = rc->count;
+    c->given = set->given;
+    c->n = set->n;
+    c->root = root;
+    c->mode = mode;
+    c->nonroot_buf = nonroot_buf;
+    case_setup(c, rc);
+}
+
 static uint32_t rank_of(const ccase *c, ccq_device_id dev)
 {
     uint32_t r = 0;
@@ -582,17 +598,7 @@ static size_t run_streaming(ccq_kind kind, ccase *cs)
             refcache rc;
             refcache_init(&rc, kind, dts[a], count, set, 3);
             for (int m = OUT_OF_PLACE; m <= (k->has_in_place ? MIXED : OUT_OF_PLACE); m += MIXED) {
-                ccase *c = &cs[0];
-                c->kind = kind;
-                c->dt = dts[a];
-                c->op = ops[a];
-                c->count = count;
-                c->given = set->given;
-                c->n = set->n;
-                c->root = k->rooted ? 1 : 0;
-                c->mode = m;
-                c->nonroot_buf = false;
-                case_setup(c, &rc);
+                case_make(&cs[0], &rc, set, ops[a], k->rooted ? 1 : 0, m, false);
                 run_cases(rt, cs, 1);
                 ncases++;
             }
@@ -632,19 +638,9 @@ static void run_kind(fixture *f, ccq_kind kind)
                 refcache_init(&rc, kind, all_dts[a], small_counts[ci], &sets[s], 1);
                 for (uint32_t b = 0; b < (k->reduces ? NOP : 1u); b++)
                     for (uint32_t ri = 0; ri < nroots; ri++)
-                        for (int m = OUT_OF_PLACE; m <= nmodes; m++) {
-                            ccase *c = &cs[nc++];
-                            c->kind = kind;
-                            c->dt = all_dts[a];
-                            c->op = all_ops[b];
-                            c->count = small_counts[ci];
-                            c->given = sets[s].given;
-                            c->n = n;
-                            c->root = roots[ri];
-                            c->mode = m;
-                            c->nonroot_buf = ((ci + ri) & 1) != 0;
-                            case_setup(c, &rc);
-                        }
+                        for (int m = OUT_OF_PLACE; m <= nmodes; m++)
+                            case_make(&cs[nc++], &rc, &sets[s], all_ops[b], roots[ri], m,
+                                      ((ci + ri) & 1) != 0);
                 run_cases(f->rt, cs, nc);
                 refcache_free(&rc);
                 ncases += nc;
@@ -666,17 +662,8 @@ static void run_kind(fixture *f, ccq_kind kind)
             for (size_t b = 0; b < (k->reduces ? sizeof large_ops / sizeof large_ops[0] : 1u); b++)
                 for (uint32_t ri = 0; ri < nroots; ri++)
                     for (int m = OUT_OF_PLACE; m <= nmodes; m++) {
-                        ccase *c = &cs[0];
-                        c->kind = kind;
-                        c->dt = large_dts[a];
-                        c->op = large_ops[b];
-                        c->count = count;
-                        c->given = set->given;
-                        c->n = n;
-                        c->root = k->rooted ? lroots[ri] : 0;
-                        c->mode = m;
-                        c->nonroot_buf = ri == 0;
-                        case_setup(c, &rc);
+                        case_make(&cs[0], &rc, set, large_ops[b], k->rooted ? lroots[ri] : 0, m,
+                                  ri == 0);
                         run_cases(f->rt, cs, 1);
                         ncases++;
                     }
