@@ -196,7 +196,8 @@ static void run_range(const ccq_be_op *op, size_t begin, size_t end, uint64_t st
     default: { /* CCQ_OP_SENDRECV: part 0 sends, part 1 receives */
         const char *s = (const char *)op->parts[0].src + off;
         char *d = (char *)op->parts[1].dst + off;
-        if (s + len <= d || d + len <= s)
+        uintptr_t us = (uintptr_t)s, ud = (uintptr_t)d;
+        if (us + len <= ud || ud + len <= us) /* the usual case: no overlap */
             ccq_host_copy(d, s, len, nt);
         else if (s != d)
             memmove(d, s, len);
