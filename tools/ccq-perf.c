@@ -592,7 +592,9 @@ static result measure(bench *b, size_t bytes)
     r.algbw = r.us > 0 ? (double)bytes / r.us / 1e3 : 0;
     r.busbw = r.algbw * busbw_factor_num(o->coll, o->ndev);
     if (o->floor && !b->in_place) {
-        double per_worker = floor_traffic(o->coll, o->ndev, bytes) / 2 / (o->ndev * o->threads);
+        /* Each of the `threads` streams of a device runs its own collective in an
+         * iteration, so each worker copies one device's share of one collective. */
+        double per_worker = floor_traffic(o->coll, o->ndev, bytes) / 2 / o->ndev;
         if (per_worker >= 1)
             r.floor_us = measure_floor(b, (size_t)per_worker);
     }
