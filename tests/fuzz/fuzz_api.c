@@ -1929,6 +1929,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     cfg.host_workers = 1 + ((h[0] >> 6) & 1);
     cfg.flags = f.nonblocking ? CCQ_FLAG_NONBLOCKING_SUBMIT : 0;
     cfg.spin_us = (h[2] & 0x80) ? 20 : 0;
+    /* Streaming stores for every output, or the default (only ops moving 64 MiB, which the
+     * harness never makes): results must not depend on it. */
+    cfg.host_stream_bytes = (h[1] & 0x80) ? 1 : 0;
     cfg.trace_capacity = f.trace_cap; /* small: snapshots and dumps stay cheap */
     cfg.trace_file = NULL;
     cfg.env_error = NULL; /* the harness sets every field; the environment must not matter */
@@ -1936,11 +1939,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     cfg.fault = fault_spec;
     fz_note(&f,
             "config: devices %u, streams %u, queue_depth %u%s, max_batch_ops %u, timeout_ms "
-            "%llu, workers %u, spin_us %u, fault \"%s\", trace_capacity %u",
+            "%llu, workers %u, spin_us %u, fault \"%s\", trace_capacity %u, host_stream_bytes "
+            "%llu",
             cfg.host_devices, cfg.max_streams, cfg.queue_depth,
             f.nonblocking ? " (non-blocking)" : "", cfg.max_batch_ops,
             (unsigned long long)cfg.timeout_ms, cfg.host_workers, cfg.spin_us,
-            fault_spec ? fault_spec : "(null)", cfg.trace_capacity);
+            fault_spec ? fault_spec : "(null)", cfg.trace_capacity,
+            (unsigned long long)cfg.host_stream_bytes);
 
     if (h[6] >= 0xf0) {
         cfg.fault = NULL;
