@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by scripts/*.sh: install missing Debian packages (as root), configure and build.
 # Usage: . scripts/common.sh; ccq_build <build-dir> [extra cmake args...]
 
