@@ -18,7 +18,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=${CCQ_GPU_BUILD_DIR:-$ROOT/build-gpu}
 DEPS=${CCQ_GPU_DEPS:-$ROOT/build-gpudeps}
 BUDGET=${CCQ_GPU_CHECK_BUDGET:-570}
-TESTS=(gpu_allreduce gpu_sendrecv gpu_fence gpu_error)
+TESTS=(gpu_allreduce gpu_sendrecv gpu_fence gpu_error gpu_collectives)
 T0=$(date +%s)
 
 SUMMARY=()
