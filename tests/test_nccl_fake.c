@@ -151,7 +151,8 @@ static void wait_calls(const char *fn, size_t n)
 typedef struct group_info {
     size_t start, end; /* log indices of ncclGroupStart and the matching ncclGroupEnd */
     size_t nallreduce, nsend, nrecv, ninit, nother;
-    size_t ncoll; /* the other collectives (is_other_coll) */
+    size_t ncoll;   /* the other collectives (is_other_coll) */
+    size_t ndevset; /* cudaSetDevice calls */
 } group_info;
 
 /* ncclBroadcast, ncclReduce, ncclAllGather, ncclReduceScatter, ncclAlltoAll, ncclGather,
@@ -168,11 +169,13 @@ static bool is_other_coll(const fake_call *c)
 }
 
 /* The outermost groups of the log carrying data operations (not communicator creation):
- * all_reduce, send/recv and the other collectives. */
+ * all_reduce, send/recv and the other collectives. Inside them, every data call must find
+ * its communicator's device current, made so by a cudaSetDevice within the group (NCCL runs
+ * one-rank communicators' calls at once, on the current device). */
 static size_t data_groups(group_info *out, size_t max)
 {
     size_t n = 0, size = fake_log_size();
-    int depth = 0;
+    int depth = 0, cur = -1;
     group_info g;
 
     memset(&g, 0, sizeof g);
@@ -182,6 +185,7 @@ static size_t data_groups(group_info *out, size_t max)
             if (depth++ == 0) {
                 memset(&g, 0, sizeof g);
                 g.start = i;
+                cur = -1;
             }
         } else if (is(&c, "ncclGroupEnd")) {
             assert_true(depth > 0);
@@ -192,13 +196,23 @@ static size_t data_groups(group_info *out, size_t max)
                 n++;
             }
         } else if (depth > 0) {
+            bool data = is(&c, "ncclAllReduce") || is(&c, "ncclSend") || is(&c, "ncclRecv") ||
+                        is_other_coll(&c);
+            if (is(&c, "cudaSetDevice"))
+                cur = c.device;
+            if (data && cur != c.device)
+                fail_msg("log entry %zu: %s on a communicator of device %d with device %d current",
+                         i, c.fn, c.device, cur);
+            g.ndevset += is(&c, "cudaSetDevice");
             g.nallreduce += is(&c, "ncclAllReduce");
             g.nsend += is(&c, "ncclSend");
             g.nrecv += is(&c, "ncclRecv");
             g.ninit += is(&c, "ncclCommInitRankConfig");
             g.ncoll += is_other_coll(&c);
+            /* cudaSetDevice: the part's device made current (one-rank communicators run
+             * at the call); anything else inside a group is unexpected. */
             g.nother += !is(&c, "ncclAllReduce") && !is(&c, "ncclSend") && !is(&c, "ncclRecv") &&
-                        !is_other_coll(&c);
+                        !is_other_coll(&c) && !is(&c, "cudaSetDevice");
         }
     }
     assert_int_equal(depth, 0);
@@ -675,6 +689,8 @@ static void test_allreduce_one_group(void **state)
     for (size_t i = g[0].start + 1; i < g[0].end; i++) {
         fake_call c = entry(i);
         assert_false(on_this_thread(&c));
+        if (is(&c, "cudaSetDevice"))
+            continue;
         assert_true(c.rank >= 0 && c.rank < NDEV);
         assert_null(cs[c.rank]); /* each rank once */
         assert_non_null(c.stream);
@@ -803,6 +819,8 @@ static void test_sendrecv_ring(void **state)
     assert_int_equal(g[0].nallreduce + g[0].nother, 0);
     for (size_t i = g[0].start + 1; i < g[0].end; i++) {
         fake_call c = entry(i);
+        if (is(&c, "cudaSetDevice"))
+            continue;
         assert_int_equal(c.nranks, 2);
         assert_int_equal(c.peer, 1 - c.rank);
         assert_int_equal(c.count, N);
@@ -841,11 +859,43 @@ static void test_self_sendrecv(void **state)
     assert_int_equal(g[0].nrecv, 1);
     for (size_t i = g[0].start + 1; i < g[0].end; i++) {
         fake_call c = entry(i);
+        if (is(&c, "cudaSetDevice")) {
+            assert_int_equal(c.device, 2);
+            continue;
+        }
         assert_ptr_equal(c.comm, init.comm);
         assert_int_equal(c.peer, 0);
         assert_int_equal(c.peer_device, 2);
         assert_int_equal(c.dtype, ncclUint8);
     }
+}
+
+/* NCCL runs a one-rank communicator's operation at the call, on the calling thread's current
+ * device (the fake refuses it otherwise): the scheduler makes each part's device current
+ * before it calls NCCL, also after work on other devices left another one current. */
+static void test_one_rank_current_device(void **state)
+{
+    (void)state;
+    enum { N = 33 };
+    static float in[N], out[N];
+    static uint8_t src[N], dst[N];
+    static const ccq_device_id one[1] = {1};
+    ccq_runtime *rt = make_rt(10000);
+
+    assert_int_equal(ccq_comm_init(rt, ALL, NDEV), CCQ_OK);
+    assert_int_equal(ccq_comm_init(rt, one, 1), CCQ_OK);
+    allreduce_all(rt, 0, 5); /* NCCL streams of stream 0 on every device; the last stays current */
+    ref_fill(CCQ_FLOAT32, in, N, 8);
+    assert_int_equal(ccq_all_reduce(rt, 1, 0, in, out, N, CCQ_FLOAT32, CCQ_AVG, one, 1), CCQ_OK);
+    assert_int_equal(ccq_sync_collective(rt, 1, 0), CCQ_OK);
+    assert_memory_equal(out, in, sizeof in);
+
+    allreduce_all(rt, 0, 6);
+    ref_fill(CCQ_UINT8, src, N, 9);
+    assert_int_equal(ccq_send(rt, 2, 0, src, N, CCQ_UINT8, 2), CCQ_OK);
+    assert_int_equal(ccq_recv(rt, 2, 0, dst, N, CCQ_UINT8, 2), CCQ_OK);
+    assert_int_equal(ccq_sync_collective(rt, 2, 0), CCQ_OK);
+    assert_memory_equal(dst, src, N);
 }
 
 /* ---- Bound streams ---- */
@@ -1843,11 +1893,13 @@ static void coll_verify(const coll *c)
 static void coll_check_calls(const coll *c, size_t first)
 {
     const struct tkind *t = &tkinds[c->k];
-    for (uint32_t j = 0; j < c->n; j++) {
-        fake_call e = entry(first + j);
+    for (uint32_t j = 0; j < c->n; j++, first++) {
+        fake_call e = entry(first);
+        if (is(&e, "cudaSetDevice")) /* the part's device made current (data_groups) */
+            e = entry(++first);
         if (!is(&e, t->fn) || e.rank != (int)j) {
             fake_log_dump();
-            fail_msg("call %zu is %s of rank %d; expected %s of rank %u", first + j, e.fn, e.rank,
+            fail_msg("call %zu is %s of rank %d; expected %s of rank %u", first, e.fn, e.rank,
                      t->fn, j);
         }
         assert_int_equal(e.result, ncclSuccess);
@@ -1880,7 +1932,7 @@ static void coll_check_one_group(const coll *c)
     else
         assert_int_equal(g[0].ncoll, c->n);
     assert_int_equal(g[0].nallreduce + g[0].ncoll + g[0].nsend + g[0].nrecv + g[0].nother, c->n);
-    assert_int_equal(g[0].end, g[0].start + c->n + 1);
+    assert_int_equal(g[0].end, g[0].start + c->n + g[0].ndevset + 1);
     assert_int_equal(entry(g[0].end).result, ncclSuccess);
     coll_check_calls(c, g[0].start + 1);
 }
@@ -2377,6 +2429,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_batch_is_one_group, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sendrecv_ring, setup, teardown),
         cmocka_unit_test_setup_teardown(test_self_sendrecv, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_one_rank_current_device, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bound_stream_waits_for_submission, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fence_makes_user_stream_wait, setup, teardown),
         cmocka_unit_test_setup_teardown(test_completion_events_polled, setup, teardown),

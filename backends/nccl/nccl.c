@@ -514,6 +514,22 @@ fail:
     return status;
 }
 
+/*
+ * NCCL runs a one-rank communicator's operation at the call, even inside a group (a copy,
+ * or a kernel for ncclAvg and the like), on the calling thread's current device, and a
+ * launch on a stream of another device fails. So each part's device is made current
+ * before its NCCL call; *cur avoids repeating cudaSetDevice within a batch.
+ */
+static cudaError_t set_device(int *cur, int dev)
+{
+    if (*cur == dev)
+        return cudaSuccess;
+    cudaError_t e = cudaSetDevice(dev);
+    if (e == cudaSuccess)
+        *cur = dev;
+    return e;
+}
+
 static ccq_status nccl_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
 {
     nccl_be *h = to_nccl(be);
@@ -521,6 +537,7 @@ static ccq_status nccl_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
     ccq_status status = CCQ_OK;
     uint32_t nparts = 0;
     bool group_open = false;
+    int cur = -1; /* the device made current last (-1: not known) */
     ncclResult_t r;
 
     for (uint32_t k = 0; k < b->nops; k++)
@@ -581,9 +598,11 @@ static ccq_status nccl_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
         if (op->kind == CCQ_OP_SENDRECV) {
             /* part 0 sends to part 1's rank, part 1 receives from part 0's */
             const ccq_be_part *snd = &op->parts[0], *rcv = &op->parts[1];
+            CUDA_CHECK_GOTO(set_device(&cur, (int)snd->device), err, status, fail);
             NCCL_CHECK_GOTO(ncclSend(snd->src, op->count, dt, (int)rcv->rank, c->comms[snd->rank],
                                      h->streams[snd->stream_index].comm),
                             err, status, fail);
+            CUDA_CHECK_GOTO(set_device(&cur, (int)rcv->device), err, status, fail);
             NCCL_CHECK_GOTO(ncclRecv(rcv->dst, op->count, dt, (int)snd->rank, c->comms[rcv->rank],
                                      h->streams[rcv->stream_index].comm),
                             err, status, fail);
@@ -596,6 +615,7 @@ static ccq_status nccl_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
             cudaStream_t cs = h->streams[part->stream_index].comm;
             ncclRedOp_t ro = op_map[op->redop];
             int root = (int)op->root;
+            CUDA_CHECK_GOTO(set_device(&cur, (int)part->device), err, status, fail);
             switch (op->kind) {
             case CCQ_OP_ALL_REDUCE:
                 NCCL_CHECK_GOTO(ncclAllReduce(part->src, part->dst, op->count, dt, ro, comm, cs),

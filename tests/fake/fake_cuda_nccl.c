@@ -1059,6 +1059,14 @@ static int add_op(fake_call *c, int r, const fake_op *op, cudaStream_t stream)
                    comm->device);
         r = ncclInvalidArgument;
     }
+    /* NCCL runs a one-rank communicator's operation at the call (a copy or a kernel on the
+     * stream), on the calling thread's current device, even inside a group: a launch on a
+     * stream of another device fails. */
+    if (r == ncclSuccess && comm->clique->nranks == 1 && cur_dev != comm->device) {
+        fake_error("%s: one-rank communicator of device %d called with device %d current", c->fn,
+                   comm->device, cur_dev);
+        r = ncclUnhandledCudaError;
+    }
     if (r == ncclSuccess && coll)
         r = coll_check(c, op);
     if (r != ncclSuccess) {

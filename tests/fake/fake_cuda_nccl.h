@@ -47,7 +47,8 @@ ncclResult_t ncclGroupEnd(void);
  *   fake_complete_events(). Stream waits are only logged: work runs at ncclGroupEnd.
  * - Misuse the real libraries would punish (a destroyed or aborted handle used again, an
  *   event recorded on another device's stream, a collective on a stream of another device
- *   than its communicator's) is logged as a fake error; see fake_errors().
+ *   than its communicator's, a call on a one-rank communicator while another device is
+ *   current: NCCL runs those at the call) is logged as a fake error; see fake_errors().
  * Every function here is thread-safe (one mutex).
  */
 
