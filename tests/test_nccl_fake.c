@@ -1163,6 +1163,53 @@ static void test_group_end_in_progress(void **state)
     assert_true(first_query > first_record);
 }
 
+/* While a group's launch is still in progress on a communicator (ncclGroupEnd returned
+ * ncclInProgress), NCCL refuses every other call on it (the fake logs such a call as a
+ * misuse): a batch on another stream that uses the communicator waits until it has left
+ * ncclInProgress, then runs, and both batches complete with the right data. */
+static void test_busy_comm_waits(void **state)
+{
+    (void)state;
+    enum { N = 64, S = 2 };
+    static float in[S][NDEV][N], out[S][NDEV][N], want[S][N];
+    ccq_runtime *rt = make_rt(10000);
+    char msg[256];
+
+    assert_int_equal(ccq_comm_init(rt, ALL, NDEV), CCQ_OK);
+    for (int s = 0; s < S; s++) {
+        const void *inputs[NDEV];
+        for (int d = 0; d < NDEV; d++) {
+            ref_fill(CCQ_FLOAT32, in[s][d], N, 40u + (uint32_t)(s * NDEV + d));
+            inputs[d] = in[s][d];
+        }
+        ref_allreduce(CCQ_FLOAT32, CCQ_SUM, NDEV, inputs, want[s], N);
+    }
+    fake_set_pending(1);
+    fake_script("ncclGroupEnd", ncclInProgress);
+    fake_hold_async(true); /* the launch of the first batch does not finish */
+    fake_log_reset();
+    for (ccq_device_id d = 0; d < NDEV; d++)
+        assert_int_equal(
+            ccq_all_reduce(rt, d, 0, in[0][d], out[0][d], N, CCQ_FLOAT32, CCQ_SUM, ALL, NDEV),
+            CCQ_OK);
+    wait_calls("ncclCommGetAsyncError", 1); /* batch 1 issued, its comms polled */
+    for (ccq_device_id d = 0; d < NDEV; d++)
+        assert_int_equal(
+            ccq_all_reduce(rt, d, 1, in[1][d], out[1][d], N, CCQ_FLOAT32, CCQ_SUM, ALL, NDEV),
+            CCQ_OK);
+    size_t polls = fake_log_count("ncclCommGetAsyncError");
+    wait_calls("ncclCommGetAsyncError", polls + 4 * NDEV); /* still polled, nothing else */
+    assert_int_equal(fake_log_count("ncclAllReduce"), NDEV);
+    fake_hold_async(false);
+    for (ccq_stream_id s = 0; s < S; s++)
+        for (ccq_device_id d = 0; d < NDEV; d++) {
+            assert_int_equal(ccq_sync_collective(rt, d, s), CCQ_OK);
+            if (ref_compare(CCQ_FLOAT32, out[s][d], want[s], N, msg, sizeof msg) != 0)
+                fail_msg("stream %u device %u: %s", s, d, msg);
+        }
+    assert_int_equal(fake_log_count("ncclAllReduce"), 2 * NDEV);
+}
+
 /* ---- Errors ---- */
 
 /* NCCL and CUDA failures become ccq statuses per nccl_status(), with NCCL's own message
@@ -1379,11 +1426,35 @@ static void test_async_error_aborts_every_comm_of_group(void **state)
     assert_int_equal(fake_log_count("ncclCommAbort"), NDEV + 2);
 }
 
+/* A call that fails inside a group may leave its error on the communicators already in the
+ * group (NCCL's group cleanup; armed here with fake_script_async_error), which then refuse
+ * every call. The backend aborts those, so the batch's fences report the failure and later
+ * work on the communicator fails fast with CCQ_ERR_ABORTED without reaching NCCL. */
+static void test_failed_call_in_group_aborts_poisoned_comm(void **state)
+{
+    (void)state;
+    enum { N = 8 };
+    static float in[N], out[N];
+    static const char *const has[] = {"ncclAllReduce", "invalid argument", NULL};
+    ccq_runtime *rt = make_rt(10000);
+
+    assert_int_equal(ccq_comm_init(rt, ALL, NDEV), CCQ_OK);
+    allreduce_all(rt, 0, 2);
+    fake_log_reset();
+    fake_script_async_error(0, ncclInvalidArgument);
+    fake_script("ncclAllReduce", ncclSuccess); /* rank 0's call joins the group */
+    fake_script("ncclAllReduce", ncclInvalidArgument);
+    allreduce_expect(rt, 0, CCQ_ERR_INVALID_ARGUMENT, has);
+    assert_int_equal(fake_log_count("ncclCommAbort"), NDEV);
+    size_t calls = fake_log_count("ncclAllReduce");
+    assert_int_equal(ccq_all_reduce(rt, 0, 1, in, out, N, CCQ_FLOAT32, CCQ_SUM, ALL, NDEV),
+                     CCQ_ERR_ABORTED);
+    assert_int_equal(fake_log_count("ncclAllReduce"), calls);
+}
+
 /* docs/nccl.md: "later submissions on an aborted communicator | fail fast: CCQ_ERR_ABORTED
- * from the submitting call", whatever aborted it (here an asynchronous error). At the time
- * of writing this fails: the backend aborts its NCCL communicators on an asynchronous
- * error but the runtime's ccq_comm never learns it (only the watchdog's aborts go through
- * the runtime), so the call queues the command and only the fence reports the abort. */
+ * from the submitting call", whatever aborted it (here an asynchronous error, which the
+ * backend reports to the runtime through the batch's ops). */
 static void test_aborted_comm_refuses_submission(void **state)
 {
     (void)state;
@@ -1401,10 +1472,8 @@ static void test_aborted_comm_refuses_submission(void **state)
 }
 
 /* New work on a communicator aborted by an asynchronous error must not take down work of
- * healthy communicators that the scheduler puts into the same batch. At the time of writing
- * this fails: the runtime still queues and batches work for the aborted communicator (see
- * above), and nccl_issue() fails the whole batch with CCQ_ERR_ABORTED when any op's
- * communicator is aborted. */
+ * healthy communicators that the scheduler puts into the same batch: nccl_issue() fails only
+ * the ops of the aborted communicator. */
 static void test_abort_spares_other_comms_in_batch(void **state)
 {
     (void)state;
@@ -2429,6 +2498,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_batch_is_one_group, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sendrecv_ring, setup, teardown),
         cmocka_unit_test_setup_teardown(test_self_sendrecv, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_busy_comm_waits, setup, teardown),
         cmocka_unit_test_setup_teardown(test_one_rank_current_device, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bound_stream_waits_for_submission, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fence_makes_user_stream_wait, setup, teardown),
@@ -2439,6 +2509,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_async_error_aborts_every_comm_of_group, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_aborted_comm_refuses_submission, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_failed_call_in_group_aborts_poisoned_comm, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_abort_spares_other_comms_in_batch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_watchdog_aborts_stuck_batch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fp8_capability, setup, teardown),

@@ -3,6 +3,7 @@
  * and asynchronous errors polled from the scheduler thread. The only file in ccq that
  * includes CUDA or NCCL headers. */
 #define _GNU_SOURCE
+#include <inttypes.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -530,6 +531,44 @@ static cudaError_t set_device(int *cur, int dev)
     return e;
 }
 
+/*
+ * Non-blocking communicators: while a group's launch is still in progress (ncclGroupEnd
+ * returned ncclInProgress: an in-flight batch in NB_ENQUEUING, on other ccq streams, since a
+ * stream has one batch in flight), NCCL refuses any other call on its communicators with
+ * ncclInvalidArgument. Before nb uses such a communicator, wait until it leaves
+ * ncclInProgress (a launch takes microseconds to milliseconds), at most timeout_ms.
+ */
+static ccq_status settle_comms(nccl_be *h, const nccl_batch *nb, ccq_errbuf *err)
+{
+    for (const nccl_batch *a = h->inflight; a != NULL; a = a->next) {
+        if (a->state != NB_ENQUEUING)
+            continue;
+        for (uint32_t j = 0; j < a->ncomms; j++) {
+            nccl_comm *c = a->comms[j];
+            bool shared = false;
+            for (uint32_t k = 0; k < nb->ncomms && !shared; k++)
+                shared = nb->comms[k] == c;
+            if (!shared || c->aborted)
+                continue;
+            ncclComm_t failed = NULL;
+            ncclResult_t r = wait_comms(c->comms, c->n, h->timeout_ns, &failed);
+            if (r == ncclInProgress) {
+                snprintf(err->msg, sizeof err->msg,
+                         "a communicator of this batch was still launching batch %" PRIu64
+                         " (ncclInProgress) after timeout_ms",
+                         a->b->id);
+                return CCQ_ERR_TIMEOUT;
+            }
+            if (r != ncclSuccess) {
+                ccq_status st = nccl_status(r);
+                nccl_msg(err, "asynchronous error", r, failed);
+                return st == CCQ_OK ? CCQ_ERR_BACKEND : st;
+            }
+        }
+    }
+    return CCQ_OK;
+}
+
 static ccq_status nccl_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
 {
     nccl_be *h = to_nccl(be);
@@ -584,6 +623,10 @@ static ccq_status nccl_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
                                 status, fail);
         }
     }
+
+    status = settle_comms(h, nb, err);
+    if (status != CCQ_OK)
+        goto fail;
 
     /* The whole batch is one group: every local rank's part of each collective and both
      * halves of each send/recv, so NCCL launches them together and rings cannot deadlock. */
@@ -681,8 +724,24 @@ static ccq_status nccl_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
     return CCQ_OK;
 
 fail:
-    if (group_open)
+    if (group_open) {
         ncclGroupEnd();
+        /* NCCL leaves the error of a call that failed inside a group as the asynchronous
+         * error of every communicator of the group, which then refuses all further calls:
+         * abort those, so their later work fails fast with CCQ_ERR_ABORTED. */
+        for (uint32_t k = 0; k < nb->ncomms; k++) {
+            nccl_comm *c = nb->comms[k];
+            for (uint32_t i = 0; i < c->n && !c->aborted; i++) {
+                ncclResult_t st = ncclSuccess;
+                if (ncclCommGetAsyncError(c->comms[i], &st) != ncclSuccess ||
+                    (st != ncclSuccess && st != ncclInProgress))
+                    abort_comm(c);
+            }
+        }
+        for (uint32_t k = 0; k < b->nops; k++)
+            if (((nccl_comm *)b->ops[k]->comm)->aborted)
+                b->ops[k]->comm_aborted = 1;
+    }
     nb_free(nb);
     return status == CCQ_OK ? CCQ_ERR_BACKEND : status;
 }

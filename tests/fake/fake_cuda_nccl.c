@@ -900,9 +900,17 @@ static int grp_end(int scripted)
     int r = scripted;
     bool init_pending = false;
 
-    if (grp.err != ncclSuccess)
+    if (grp.err != ncclSuccess) {
         r = grp.err; /* NCCL reports the group's first failure and runs nothing */
-    else if (r != ncclSuccess && r != ncclInProgress)
+        /* A communicator whose call made it into the failed group takes an armed
+         * asynchronous error now (NCCL may leave the group's error on them). */
+        for (size_t i = 0; i < grp.n; i++) {
+            ncclResult_t e =
+                grp.ops[i].kind == OP_INIT ? ncclSuccess : take_async(grp.ops[i].comm->rank);
+            if (e != ncclSuccess)
+                grp.ops[i].comm->async = e;
+        }
+    } else if (r != ncclSuccess && r != ncclInProgress)
         ; /* scripted failure: nothing runs */
     else if (!grp_match())
         r = ncclInvalidUsage;
@@ -1056,6 +1064,15 @@ static int add_op(fake_call *c, int r, const fake_op *op, cudaStream_t stream)
         r = ncclInvalidArgument;
     if (r == ncclSuccess && stream != NULL && stream->device != comm->device) {
         fake_error("%s: stream of device %d for a communicator of device %d", c->fn, stream->device,
+                   comm->device);
+        r = ncclInvalidArgument;
+    }
+    /* A non-blocking communicator whose last group is still being launched (ncclGroupEnd
+     * returned ncclInProgress and ncclCommGetAsyncError has not reported the end yet)
+     * refuses every call: "use of a communicator before the previous operation returned
+     * ncclSuccess". */
+    if (r == ncclSuccess && comm->pending > 0) {
+        fake_error("%s: communicator of device %d used while still ncclInProgress", c->fn,
                    comm->device);
         r = ncclInvalidArgument;
     }

@@ -48,7 +48,8 @@ ncclResult_t ncclGroupEnd(void);
  * - Misuse the real libraries would punish (a destroyed or aborted handle used again, an
  *   event recorded on another device's stream, a collective on a stream of another device
  *   than its communicator's, a call on a one-rank communicator while another device is
- *   current: NCCL runs those at the call) is logged as a fake error; see fake_errors().
+ *   current: NCCL runs those at the call; a data call on a communicator still ncclInProgress)
+ *   is logged as a fake error; see fake_errors().
  * Every function here is thread-safe (one mutex).
  */
 
@@ -99,8 +100,8 @@ void fake_set_last_error(const char *msg);
 /* Queue the result of the next call of fn not yet scripted (FIFO per function); a call
  * with no script succeeds. A call scripted to fail has no other effect. */
 void fake_script(const char *fn, int result);
-/* The next communicator of this rank to be created or to take part in a group gets a
- * sticky asynchronous error (after its pending count). */
+/* The next communicator of this rank to be created or to take part in a group (also one
+ * that fails) gets a sticky asynchronous error (after its pending count). */
 void fake_script_async_error(int rank, ncclResult_t err);
 
 /* ---- Inspection ---- */
