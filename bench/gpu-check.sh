@@ -229,7 +229,7 @@ main() {
         else
             status=$(echo "$line" | grep -oE '\*\*\*[A-Za-z]+[^0-9]*' | head -1 | sed 's/ *$//')
             [ -z "$status" ] && ((rc == 124 || rc == 137)) && status="killed by the step timeout (${to}s)"
-            [ -z "$status" ] && ! grep -q "Test +#" "$log" && status="no such test (not built or not registered?)"
+            [ -z "$status" ] && ! grep -qE "Test +#" "$log" && status="no such test (not built or not registered?)"
             fail_row "$t" "${status:-failed (ctest status $rc)}; $(grep -cE '^([0-9]+: )?FAIL ' "$log") failed check(s); first: $(grep -m1 -E '^([0-9]+: )?FAIL |self-timeout' "$log" | sed -E 's/^[0-9]+: //' | cut -c1-110)"
             nfail=$((nfail + 1))
         fi

@@ -2358,6 +2358,50 @@ static void test_old_nccl_lacks_new_collectives(void **state)
              ccq_status_name(st), calls);
 }
 
+/* ccq_runtime_destroy releases CUDA objects of every device on the caller's thread and
+ * leaves that thread's current device as it was. */
+static void test_destroy_restores_device(void **state)
+{
+    (void)state;
+    ccq_runtime *rt = make_rt(10000);
+
+    assert_int_equal(ccq_comm_init(rt, ALL, NDEV), CCQ_OK);
+    allreduce_all(rt, 0, 3);
+    allreduce_all(rt, 1, 4);
+    assert_int_equal(cudaSetDevice(2), cudaSuccess);
+    assert_int_equal(ccq_runtime_destroy(rt), CCQ_OK);
+    g_rt = NULL;
+    assert_int_equal(fake_current_device(), 2);
+}
+
+/* fp8 appeared in NCCL 2.24: with an older library, fp8 work is refused at the call with
+ * CCQ_ERR_UNSUPPORTED (reduction or not), nothing reaches NCCL, other dtypes work. */
+static void test_old_nccl_lacks_fp8(void **state)
+{
+    (void)state;
+    enum { N = 4 };
+    static uint8_t in[2][N], out[2][N];
+    static float fin[2][N], fout[2][N];
+    ccq_runtime *rt;
+
+    fake_set_nccl_version(NCCL_VERSION(2, 23, 4));
+    rt = make_rt(10000);
+    assert_int_equal(ccq_comm_init(rt, P01, 2), CCQ_OK);
+    assert_int_equal(ccq_all_reduce(rt, 0, 0, in[0], out[0], N, CCQ_FLOAT8E4M3, CCQ_SUM, P01, 2),
+                     CCQ_ERR_UNSUPPORTED);
+    assert_detail_has(ccq_last_error_detail(), "fp8 needs NCCL 2.24");
+    assert_detail_has(ccq_last_error_detail(), "2.23.4");
+    assert_int_equal(ccq_broadcast(rt, 0, 0, in[0], out[0], N, CCQ_FLOAT8E5M2, 0, P01, 2),
+                     CCQ_ERR_UNSUPPORTED);
+    for (ccq_device_id d = 0; d < 2; d++)
+        assert_int_equal(ccq_all_reduce(rt, d, 0, fin[d], fout[d], N, CCQ_FLOAT32, CCQ_SUM, P01, 2),
+                         CCQ_OK);
+    for (ccq_device_id d = 0; d < 2; d++)
+        assert_int_equal(ccq_sync_collective(rt, d, 0), CCQ_OK);
+    assert_int_equal(fake_log_count("ncclBroadcast"), 0);
+    assert_int_equal(fake_log_count("ncclAllReduce"), 2);
+}
+
 /* ---- Binding ---- */
 
 /* Binding: refused on another backend, for a bad device or stream, and while commands are
@@ -2527,6 +2571,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_coll_fp8_capability, setup, teardown),
         cmocka_unit_test_setup_teardown(test_coll_mismatch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_old_nccl_lacks_new_collectives, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_old_nccl_lacks_fp8, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_destroy_restores_device, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bind_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_device_memory, setup, teardown),
     };

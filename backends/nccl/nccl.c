@@ -24,6 +24,13 @@
 #else
 #define NCCL_HAS_228_COLLECTIVES 0
 #endif
+/* ncclFloat8e4m3 and ncclFloat8e5m2 appeared in NCCL 2.24: older headers build without fp8
+ * (refused at submission). */
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 24, 0)
+#define NCCL_HAS_FP8 1
+#else
+#define NCCL_HAS_FP8 0
+#endif
 
 /* The scheduler polls completions at this interval while batches are in flight. */
 #define NCCL_POLL_INTERVAL_NS 20000u
@@ -134,8 +141,10 @@ static const ncclDataType_t dtype_map[CCQ_DTYPE_COUNT_] = {
     [CCQ_FLOAT32] = ncclFloat32,
     [CCQ_FLOAT64] = ncclFloat64,
     [CCQ_BFLOAT16] = ncclBfloat16,
+#if NCCL_HAS_FP8
     [CCQ_FLOAT8E4M3] = ncclFloat8e4m3,
     [CCQ_FLOAT8E5M2] = ncclFloat8e5m2,
+#endif
 };
 
 static const ncclRedOp_t op_map[CCQ_REDUCE_OP_COUNT_] = {
@@ -165,10 +174,14 @@ static void free_stream_events(nccl_be *h, nccl_stream *s, int dev)
     s->slot_events = NULL;
 }
 
+/* On the thread calling ccq_runtime_destroy: its current device is restored at the end. */
 static void nccl_destroy(ccq_backend *be)
 {
     nccl_be *h = to_nccl(be);
     uint32_t nstreams = (uint32_t)h->ndev * h->max_streams;
+    int prev = -1;
+
+    (void)cudaGetDevice(&prev);
 
     for (uint32_t i = 0; h->streams != NULL && i < nstreams; i++) {
         nccl_stream *s = &h->streams[i];
@@ -180,6 +193,8 @@ static void nccl_destroy(ccq_backend *be)
         if (s->comm != NULL)
             cudaStreamDestroy(s->comm);
     }
+    if (prev >= 0)
+        cudaSetDevice(prev);
     free(h->streams);
     free(h->cc_major);
     free(h);
@@ -341,13 +356,21 @@ fail:
     return st == CCQ_OK ? CCQ_ERR_BACKEND : st;
 }
 
+/* At ccq_runtime_destroy, on its thread, after the scheduler stopped. A communicator in
+ * error refuses ncclCommDestroy (and would leak): abort those instead. */
 static void nccl_comm_destroy(ccq_backend *be, ccq_be_comm *comm)
 {
     nccl_comm *c = (nccl_comm *)comm;
     (void)be;
-    for (uint32_t i = 0; !c->aborted && i < c->n; i++)
-        if (c->comms[i] != NULL)
+    for (uint32_t i = 0; !c->aborted && i < c->n; i++) {
+        ncclResult_t st = ncclSuccess;
+        if (c->comms[i] == NULL)
+            continue;
+        if (ncclCommGetAsyncError(c->comms[i], &st) != ncclSuccess || st != ncclSuccess)
+            ncclCommAbort(c->comms[i]);
+        else
             ncclCommDestroy(c->comms[i]);
+    }
     comm_free(c);
 }
 
@@ -388,6 +411,13 @@ static ccq_status nccl_check(ccq_backend *be, const ccq_be_submit *s, ccq_errbuf
                  s->kind == CCQ_OP_ALL_TO_ALL ? "all_to_all"
                  : s->kind == CCQ_OP_GATHER   ? "gather"
                                               : "scatter",
+                 h->version / 10000, h->version / 100 % 100, h->version % 100);
+        return CCQ_ERR_UNSUPPORTED;
+    }
+    if (fp8 && (!NCCL_HAS_FP8 || h->version < NCCL_VERSION(2, 24, 0))) {
+        snprintf(err->msg, sizeof err->msg,
+                 "fp8 needs NCCL 2.24 or newer (ncclFloat8e4m3/ncclFloat8e5m2); this process has "
+                 "NCCL %d.%d.%d",
                  h->version / 10000, h->version / 100 % 100, h->version % 100);
         return CCQ_ERR_UNSUPPORTED;
     }

@@ -398,6 +398,16 @@ int main(void)
     /* NCCL reads it once, at its first communicator: set it before any. */
     setenv("NCCL_CHECK_POINTERS", "1", 0);
     ndev = gpu_init(PROG, 100);
+    /* The first communicator of a process loads NCCL's state (NVML, topology, proxy
+     * threads), which can take seconds: do it once with a generous deadline, so the short
+     * timeout_ms of the parts below only ever covers what they test. */
+    {
+        ccq_runtime *rt = gpu_runtime(60000, 0);
+        gpu_comm_init(rt, one, 1);
+        if (ndev >= 2)
+            gpu_comm_init(rt, pair, 2);
+        ccq_runtime_destroy(rt);
+    }
     one_device_watchdog();
     if (ndev >= 2)
         two_device_watchdog();
