@@ -756,9 +756,9 @@ static ccq_status nccl_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
 fail:
     if (group_open) {
         ncclGroupEnd();
-        /* NCCL leaves the error of a call that failed inside a group as the asynchronous
-         * error of every communicator of the group, which then refuses all further calls:
-         * abort those, so their later work fails fast with CCQ_ERR_ABORTED. */
+        /* NCCL's group cleanup may leave the error of a call that failed inside the group
+         * as the asynchronous error of the group's communicators, which then refuse every
+         * further call: abort those, so their later work fails fast with CCQ_ERR_ABORTED. */
         for (uint32_t k = 0; k < nb->ncomms; k++) {
             nccl_comm *c = nb->comms[k];
             for (uint32_t i = 0; i < c->n && !c->aborted; i++) {
