@@ -1307,6 +1307,59 @@ static void fail_all_comm(ccq_runtime *rt, ncclComm_t all[NDEV], ncclComm_t pair
 /* An asynchronous error during a batch aborts every communicator of the failed group and
  * fails its ops with NCCL's message; later work on it fails with CCQ_ERR_ABORTED without
  * reaching NCCL; another communicator keeps working. */
+/* A failed batch (here an asynchronous error) is handed back only once the GPU no longer
+ * touches its buffers: its fences wait for the completion events even after the abort, and
+ * return the error once they complete; if they never do, the fences return after
+ * timeout_ms more with a detail saying the buffers may still change. */
+static void test_failed_batch_waits_for_gpu(void **state)
+{
+    (void)state;
+    enum { N = 16 };
+    static float in[NDEV][N], out[NDEV][N];
+    static const ccq_device_id p23[2] = {2, 3};
+    ccq_runtime *rt = make_rt(400);
+
+    assert_int_equal(ccq_comm_init(rt, ALL, NDEV), CCQ_OK);
+    assert_int_equal(ccq_comm_init(rt, p23, 2), CCQ_OK);
+    allreduce_all(rt, 0, 7);
+    fake_set_manual_events(true);
+    fake_set_abort_keeps_events(true); /* the batch's work is stuck behind something else */
+
+    /* Aborted, then drained: the fences return the error only once the GPU is done. */
+    fake_script_async_error(2, ncclUnhandledCudaError);
+    for (ccq_device_id d = 0; d < NDEV; d++)
+        assert_int_equal(
+            ccq_all_reduce(rt, d, 1, in[d], out[d], N, CCQ_FLOAT32, CCQ_SUM, ALL, NDEV), CCQ_OK);
+    wait_calls("ncclCommAbort", NDEV);
+    sleep_ms(100);
+    for (ccq_device_id d = 0; d < NDEV; d++) {
+        uint64_t depth = 0;
+        assert_int_equal(ccq_stream_queue_depth(rt, d, 1, &depth), CCQ_OK);
+        assert_int_equal(depth, 1); /* not ended while the GPU may still write out[d] */
+    }
+    fake_complete_events();
+    for (ccq_device_id d = 0; d < NDEV; d++) {
+        assert_int_equal(ccq_sync_collective(rt, d, 1), CCQ_ERR_BACKEND);
+        assert_detail_has(ccq_last_error_detail(), "asynchronous error");
+        if (strstr(ccq_last_error_detail(), "may still change") != NULL)
+            fail_msg("a drained batch reported as not drained: %s", ccq_last_error_detail());
+    }
+
+    /* Never drained: handed back timeout_ms after the failure, saying so. */
+    fake_script_async_error(0, ncclUnhandledCudaError);
+    for (ccq_device_id d = 2; d < NDEV; d++)
+        assert_int_equal(ccq_all_reduce(rt, d, 2, in[d], out[d], N, CCQ_FLOAT32, CCQ_SUM, p23, 2),
+                         CCQ_OK);
+    for (ccq_device_id d = 2; d < NDEV; d++) {
+        ccq_status st = ccq_sync_collective(rt, d, 2);
+        if (st == CCQ_ERR_TIMEOUT) /* the fence's own deadline came first; the error follows */
+            st = ccq_sync_collective(rt, d, 2);
+        assert_int_equal(st, CCQ_ERR_BACKEND);
+        assert_detail_has(ccq_last_error_detail(), "may still change");
+    }
+    fake_complete_events(); /* destroy then finds the streams idle */
+}
+
 static void test_async_error_aborts_group(void **state)
 {
     (void)state;
@@ -2553,6 +2606,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_async_error_aborts_every_comm_of_group, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_aborted_comm_refuses_submission, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_failed_batch_waits_for_gpu, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failed_call_in_group_aborts_poisoned_comm, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_abort_spares_other_comms_in_batch, setup, teardown),

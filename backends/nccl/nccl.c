@@ -32,6 +32,8 @@
 #define NCCL_HAS_FP8 0
 #endif
 
+/* How long a failed batch waits for the GPU to drain its work when timeout_ms is 0. */
+#define NCCL_DRAIN_MAX_NS (60ull * 1000000000u)
 /* The scheduler polls completions at this interval while batches are in flight. */
 #define NCCL_POLL_INTERVAL_NS 20000u
 /* Communicator creation gives up after this long (it also honours timeout_ms). */
@@ -85,6 +87,8 @@ typedef struct nccl_batch {
     ccq_be_batch *b;
     struct nccl_batch *next;
     int state;
+    bool failed;             /* batch_fail ran: now only waiting for the GPU to drain */
+    uint64_t drain_deadline; /* when a failed batch is returned even if not drained */
     uint32_t nstreams, ncomms;
     uint32_t *streams; /* stream indices used */
     nccl_comm **comms; /* distinct communicators used */
@@ -777,8 +781,10 @@ fail:
 }
 
 /* Fail a batch whose group hit an error: abort every communicator it used (their other
- * work cannot be trusted), keep NCCL's message. */
-static void batch_fail(nccl_batch *nb, ccq_status st, const char *msg)
+ * work cannot be trusted), keep NCCL's message. The batch is returned only once the GPU no
+ * longer touches its buffers (see batch_drained), so completion events are recorded now if
+ * the group's launch had not got that far. */
+static void batch_fail(nccl_be *h, nccl_batch *nb, ccq_status st, const char *msg)
 {
     ccq_be_batch *b = nb->b;
     for (uint32_t k = 0; k < nb->ncomms; k++)
@@ -789,6 +795,39 @@ static void batch_fail(nccl_batch *nb, ccq_status st, const char *msg)
         b->ops[k]->status = st;
         b->ops[k]->comm_aborted = 1;
     }
+    nb->failed = true;
+    nb->drain_deadline = ccq_now_ns() + (h->timeout_ns ? h->timeout_ns : NCCL_DRAIN_MAX_NS);
+    if (nb->state == NB_ENQUEUING) {
+        ccq_errbuf e;
+        if (record_done(h, nb, &e) == CCQ_OK)
+            nb->state = NB_RUNNING;
+    }
+}
+
+/*
+ * A failed batch is returned once its streams' completion events have completed: an abort
+ * makes NCCL's kernels exit, but work queued for the batch (for instance behind a bound
+ * user stream) may still run and write its buffers. If that has not happened by the drain
+ * deadline (timeout_ms after the failure), it is returned anyway, saying so in the detail.
+ * A stream whose event cannot be queried does not hold the batch.
+ */
+static bool batch_drained(nccl_batch *nb, nccl_be *h)
+{
+    ccq_be_batch *b = nb->b;
+    if (nb->state != NB_RUNNING)
+        return true; /* no completion event was recorded: nothing to wait for */
+    for (uint32_t k = 0; k < nb->nstreams; k++) {
+        if (cudaEventQuery(h->streams[nb->streams[k]].done) != cudaErrorNotReady)
+            continue;
+        if (ccq_now_ns() < nb->drain_deadline)
+            return false;
+        size_t len = strlen(b->detail.msg);
+        snprintf(b->detail.msg + len, sizeof b->detail.msg - len,
+                 "; the GPU had not finished this batch's queued work timeout_ms after the "
+                 "failure: its buffers may still change");
+        return true;
+    }
+    return true;
 }
 
 /* Advance one batch; true when it is finished (completed or failed). */
@@ -797,11 +836,14 @@ static bool batch_poll(nccl_be *h, nccl_batch *nb)
     ccq_errbuf err = {{0}};
     bool enqueuing = false;
 
+    if (nb->failed)
+        return batch_drained(nb, h);
+
     for (uint32_t k = 0; k < nb->ncomms; k++) {
         nccl_comm *c = nb->comms[k];
         if (c->aborted) {
-            batch_fail(nb, CCQ_ERR_ABORTED, "the communicator was aborted");
-            return true;
+            batch_fail(h, nb, CCQ_ERR_ABORTED, "the communicator was aborted");
+            return batch_drained(nb, h);
         }
         for (uint32_t i = 0; i < c->n; i++) {
             ncclResult_t st = ncclSuccess, r = ncclCommGetAsyncError(c->comms[i], &st);
@@ -811,9 +853,9 @@ static bool batch_poll(nccl_be *h, nccl_batch *nb)
                 enqueuing = true;
             } else if (st != ncclSuccess) {
                 nccl_msg(&err, "asynchronous error", st, c->comms[i]);
-                batch_fail(nb, nccl_status(st) == CCQ_OK ? CCQ_ERR_BACKEND : nccl_status(st),
+                batch_fail(h, nb, nccl_status(st) == CCQ_OK ? CCQ_ERR_BACKEND : nccl_status(st),
                            err.msg);
-                return true;
+                return batch_drained(nb, h);
             }
         }
     }
@@ -821,8 +863,8 @@ static bool batch_poll(nccl_be *h, nccl_batch *nb)
         if (enqueuing)
             return false;
         if (record_done(h, nb, &err) != CCQ_OK) {
-            batch_fail(nb, CCQ_ERR_BACKEND, err.msg);
-            return true;
+            batch_fail(h, nb, CCQ_ERR_BACKEND, err.msg);
+            return batch_drained(nb, h);
         }
         nb->state = NB_RUNNING;
     }
@@ -833,8 +875,8 @@ static bool batch_poll(nccl_be *h, nccl_batch *nb)
         if (e != cudaSuccess) {
             snprintf(err.msg, sizeof err.msg, "cudaEventQuery: %s (%s)", cudaGetErrorString(e),
                      cudaGetErrorName(e));
-            batch_fail(nb, CCQ_ERR_BACKEND, err.msg);
-            return true;
+            batch_fail(h, nb, CCQ_ERR_BACKEND, err.msg);
+            return batch_drained(nb, h);
         }
     }
     return true; /* ops keep the status issue() gave them: CCQ_OK unless refused */

@@ -119,7 +119,7 @@ static _Thread_local int cur_dev;
 /* Everything else is guarded by fake_lock, held for the whole of every call. */
 static pthread_mutex_t fake_lock = PTHREAD_MUTEX_INITIALIZER;
 typedef struct fake_state {
-    bool inited, hold, manual;
+    bool inited, hold, manual, abort_keeps;
     int ndev, cc[FAKE_MAX_DEV], version, pending;
     char last_error[256];
     struct {
@@ -701,8 +701,15 @@ ncclResult_t ncclCommAbort(ncclComm_t comm)
     set_comm(c, comm);
     if (r == ncclSuccess && !comm_ok(comm, c->fn))
         r = ncclInvalidArgument;
-    if (r == ncclSuccess)
+    if (r == ncclSuccess) {
         comm->aborted = true;
+        /* The aborted kernels exit, so the device's streams drain: its recorded events
+         * complete, unless the test keeps them (work stuck elsewhere, e.g. behind a user
+         * stream). */
+        for (struct CUevent_st *e = F.events; e != NULL && !F.abort_keeps; e = e->next)
+            if (e->device == comm->device && e->recorded)
+                e->complete = true;
+    }
     return (ncclResult_t)leave(c, r);
 }
 
@@ -1259,6 +1266,13 @@ void fake_set_manual_events(bool manual)
 {
     lock();
     F.manual = manual;
+    unlock();
+}
+
+void fake_set_abort_keeps_events(bool keep)
+{
+    lock();
+    F.abort_keeps = keep;
     unlock();
 }
 

@@ -95,6 +95,9 @@ void fake_hold_async(bool hold);
 /* Manual events stay cudaErrorNotReady once recorded, until fake_complete_events(). */
 void fake_set_manual_events(bool manual);
 void fake_complete_events(void);
+/* ncclCommAbort completes the recorded events of its device (the aborted kernels exit and
+ * the streams drain); with keep, they stay as they are. */
+void fake_set_abort_keeps_events(bool keep);
 /* What ncclGetLastError returns (default ""). */
 void fake_set_last_error(const char *msg);
 /* Queue the result of the next call of fn not yet scripted (FIFO per function); a call
