@@ -11,6 +11,8 @@
 
 #include <cmocka.h>
 
+#include "test_util.h"
+
 #include "ccq.h"
 #include "ref.h"
 
@@ -69,13 +71,6 @@ static int teardown(void **state)
         rc = -1;
     free(f);
     return rc;
-}
-
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    assert_non_null(p);
-    return p;
 }
 
 /* A seed that differs for every (dtype, count, device). */

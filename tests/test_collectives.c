@@ -13,6 +13,8 @@
 
 #include <cmocka.h>
 
+#include "test_util.h"
+
 #include "ccq.h"
 #include "ref.h"
 
@@ -152,22 +154,6 @@ static int teardown(void **state)
         rc = -1;
     free(f);
     return rc;
-}
-
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    assert_non_null(p);
-    return p;
-}
-
-static ccq_stats stats_of(ccq_runtime *rt)
-{
-    ccq_stats st;
-    memset(&st, 0, sizeof st);
-    st.struct_size = sizeof st;
-    assert_int_equal(ccq_get_stats(rt, &st), CCQ_OK);
-    return st;
 }
 
 /* One call of any kind; root is a device id (ignored where the kind has none). */

@@ -11,28 +11,14 @@
 
 #include <cmocka.h>
 
+#include "test_util.h"
+
 #include <pthread.h>
 #include <time.h>
 
 #include "ccq.h"
 #include "ref.h"
 #include "runtime/internal.h"
-
-static void sleep_ms(unsigned ms)
-{
-    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0)
-        ;
-}
-
-static ccq_stats stats_of(ccq_runtime *rt)
-{
-    ccq_stats st;
-    memset(&st, 0, sizeof st);
-    st.struct_size = sizeof st;
-    assert_int_equal(ccq_get_stats(rt, &st), CCQ_OK);
-    return st;
-}
 
 static ccq_runtime *make_rt_cfg(const ccq_config *cfg)
 {

@@ -14,6 +14,8 @@
 
 #include <cmocka.h>
 
+#include "test_util.h"
+
 #include <pthread.h>
 #include <stdbool.h>
 #include <time.h>
@@ -36,39 +38,11 @@ static bool verbose(void)
     return v != NULL && *v != '\0' && strcmp(v, "0") != 0;
 }
 
-/* Iteration counts; CCQ_TEST_ITERS overrides (stress runs, slow sanitizer builds). */
-static unsigned env_iters(unsigned dflt)
-{
-    const char *v = getenv("CCQ_TEST_ITERS");
-    if (v != NULL && *v != '\0') {
-        unsigned long x = strtoul(v, NULL, 10);
-        if (x > 0)
-            return (unsigned)x;
-    }
-    return dflt;
-}
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 static void sleep_us(unsigned us)
 {
     struct timespec ts = {(time_t)(us / 1000000u), (long)(us % 1000000u) * 1000L};
     while (nanosleep(&ts, &ts) != 0)
         ;
-}
-
-static ccq_stats stats_of(ccq_runtime *rt)
-{
-    ccq_stats st;
-    memset(&st, 0, sizeof st);
-    st.struct_size = sizeof st;
-    assert_int_equal(ccq_get_stats(rt, &st), CCQ_OK);
-    return st;
 }
 
 /* A host runtime with `fault` set explicitly (so a CCQ_FAULT in the caller's environment

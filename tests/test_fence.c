@@ -10,6 +10,8 @@
 
 #include <cmocka.h>
 
+#include "test_util.h"
+
 #include <pthread.h>
 #include <time.h>
 
@@ -17,30 +19,11 @@
 #include "ref.h"
 #include "runtime/internal.h"
 
-/* Iteration counts; CCQ_TEST_ITERS overrides (for stress or for slow sanitizer builds). */
-static unsigned env_iters(unsigned dflt)
-{
-    const char *v = getenv("CCQ_TEST_ITERS");
-    if (v != NULL && *v != '\0') {
-        unsigned long x = strtoul(v, NULL, 10);
-        if (x > 0)
-            return (unsigned)x;
-    }
-    return dflt;
-}
-
 static uint64_t now_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-static void sleep_ms(unsigned ms)
-{
-    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0)
-        ;
 }
 
 static ccq_runtime *make_rt(uint32_t devices, uint64_t timeout_ms)
@@ -53,15 +36,6 @@ static ccq_runtime *make_rt(uint32_t devices, uint64_t timeout_ms)
     assert_int_equal(ccq_runtime_create(&cfg, &rt), CCQ_OK);
     assert_non_null(rt);
     return rt;
-}
-
-static ccq_stats stats_of(ccq_runtime *rt)
-{
-    ccq_stats st;
-    memset(&st, 0, sizeof st);
-    st.struct_size = sizeof st;
-    assert_int_equal(ccq_get_stats(rt, &st), CCQ_OK);
-    return st;
 }
 
 /* Wait (bounded, never failing on its own) until `n` threads sleep in the stream's event,

@@ -15,6 +15,8 @@
 
 #include <cmocka.h>
 
+#include "test_util.h"
+
 #include "ref.h"
 #include "runtime/internal.h"
 
@@ -41,13 +43,6 @@ static void ok(ccq_status st, const char *what)
 {
     if (st != CCQ_OK)
         fail_msg("%s: %s (%s)", what, ccq_status_name(st), ccq_last_error_detail());
-}
-
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    assert_non_null(p);
-    return p;
 }
 
 /* ====================================================================================== */

@@ -10,6 +10,8 @@
 
 #include <cmocka.h>
 
+#include "test_util.h"
+
 #include <pthread.h>
 #include <stdatomic.h>
 #include <time.h>
@@ -26,13 +28,6 @@ static const ccq_device_id P01[2] = {0, 1};
 
 /* The test's runtime; teardown destroys it if the test did not. */
 static ccq_runtime *g_rt;
-
-static void sleep_ms(unsigned ms)
-{
-    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0)
-        ;
-}
 
 static ccq_runtime *make_rt(uint64_t timeout_ms)
 {
@@ -217,15 +212,6 @@ static size_t data_groups(group_info *out, size_t max)
     }
     assert_int_equal(depth, 0);
     return n;
-}
-
-static ccq_stats stats_of(ccq_runtime *rt)
-{
-    ccq_stats st;
-    memset(&st, 0, sizeof st);
-    st.struct_size = sizeof st;
-    assert_int_equal(ccq_get_stats(rt, &st), CCQ_OK);
-    return st;
 }
 
 static void assert_detail_has(const char *detail, const char *what)
@@ -1821,13 +1807,6 @@ typedef struct coll {
     void *dst[NDEV];
     unsigned char *in[NDEV], *want[NDEV];
 } coll;
-
-static void *xmalloc(size_t bytes)
-{
-    void *p = malloc(bytes ? bytes : 1);
-    assert_non_null(p);
-    return p;
-}
 
 /* The reference: dst of every rank that has one, from the inputs, per ccq.h. */
 static void coll_reference(coll *c)

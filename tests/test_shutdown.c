@@ -10,6 +10,8 @@
 
 #include <cmocka.h>
 
+#include "test_util.h"
+
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -18,34 +20,6 @@
 #include "ccq.h"
 #include "ref.h"
 #include "runtime/internal.h"
-
-/* Iteration counts; CCQ_TEST_ITERS overrides (stress runs, slow sanitizer builds). */
-static unsigned env_iters(unsigned dflt)
-{
-    const char *v = getenv("CCQ_TEST_ITERS");
-    if (v != NULL && *v != '\0') {
-        unsigned long x = strtoul(v, NULL, 10);
-        if (x > 0)
-            return (unsigned)x;
-    }
-    return dflt;
-}
-
-static void sleep_ms(unsigned ms)
-{
-    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0)
-        ;
-}
-
-static ccq_stats stats_of(ccq_runtime *rt)
-{
-    ccq_stats st;
-    memset(&st, 0, sizeof st);
-    st.struct_size = sizeof st;
-    assert_int_equal(ccq_get_stats(rt, &st), CCQ_OK);
-    return st;
-}
 
 static ccq_runtime *make_rt(uint32_t devices, uint64_t timeout_ms)
 {

@@ -12,32 +12,13 @@
 
 #include <cmocka.h>
 
+#include "test_util.h"
+
 #include <pthread.h>
 #include <stdatomic.h>
 
 #include "ccq.h"
 #include "ref.h"
-
-/* Iteration counts; CCQ_TEST_ITERS overrides (stress runs, slow sanitizer builds). */
-static unsigned env_iters(unsigned dflt)
-{
-    const char *v = getenv("CCQ_TEST_ITERS");
-    if (v != NULL && *v != '\0') {
-        unsigned long x = strtoul(v, NULL, 10);
-        if (x > 0)
-            return (unsigned)x;
-    }
-    return dflt;
-}
-
-static ccq_stats stats_of(ccq_runtime *rt)
-{
-    ccq_stats st;
-    memset(&st, 0, sizeof st);
-    st.struct_size = sizeof st;
-    assert_int_equal(ccq_get_stats(rt, &st), CCQ_OK);
-    return st;
-}
 
 /* A thread's first failure, reported by the main thread (cmocka asserts are not for
  * other threads). */

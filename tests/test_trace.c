@@ -14,6 +14,8 @@
 
 #include <cmocka.h>
 
+#include "test_util.h"
+
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -46,27 +48,9 @@ static bool verbose(void)
     return v != NULL && *v != '\0' && strcmp(v, "0") != 0;
 }
 
-static unsigned env_iters(unsigned dflt)
-{
-    const char *v = getenv("CCQ_TEST_ITERS");
-    if (v != NULL && *v != '\0') {
-        unsigned long x = strtoul(v, NULL, 10);
-        if (x > 0)
-            return (unsigned)x;
-    }
-    return dflt;
-}
-
 static uint32_t my_tid(void)
 {
     return (uint32_t)syscall(SYS_gettid);
-}
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 static bool is_fence(uint32_t type)
@@ -78,15 +62,6 @@ static bool is_cmd(uint32_t type)
 {
     return type == CCQ_EV_SUBMITTED || type == CCQ_EV_ISSUED || type == CCQ_EV_COMPLETED ||
            type == CCQ_EV_FAILED;
-}
-
-static ccq_stats stats_of(ccq_runtime *rt)
-{
-    ccq_stats st;
-    memset(&st, 0, sizeof st);
-    st.struct_size = sizeof st;
-    assert_int_equal(ccq_get_stats(rt, &st), CCQ_OK);
-    return st;
 }
 
 static ccq_metrics metrics_of(ccq_runtime *rt)

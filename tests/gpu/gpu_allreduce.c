@@ -18,23 +18,6 @@ static const ccq_device_id pair[2] = {0, 1};
 static ccq_runtime *rt;
 static int ndev;
 
-/* Creates the runtime and the communicators; again after a backend error, so that one
- * failure (which may poison an NCCL communicator) does not fail every later case. */
-static void runtime_up(void)
-{
-    rt = gpu_runtime(30000, 0);
-    gpu_comm_init(rt, one, 1);
-    if (ndev >= 2)
-        gpu_comm_init(rt, pair, 2);
-}
-
-static void runtime_reset(const char *why)
-{
-    printf("   resetting the runtime after: %s\n", why);
-    ccq_runtime_destroy(rt);
-    runtime_up();
-}
-
 /* Test data: small values, so that every two-rank result is exact in every type. fp8 gets
  * integers in [-4, 4] (sums need at most 3 significant bits, as e5m2 has); the other floats
  * multiples of 0.5 in [-3.5, 3.5] (products need 6 bits, bfloat16 has 8). */
@@ -48,26 +31,6 @@ static double gen(ccq_dtype dt, int rank, size_t i)
     if (gpu_is_signed(dt))
         return (double)(int)(h % 11) - 5.0;
     return (double)(h % 11);
-}
-
-/* NCCL's two-rank result: float AVG is a premultiplied sum (exact here), integer AVG
- * truncates toward zero. */
-static double ref2(ccq_dtype dt, ccq_reduce_op op, double a, double b)
-{
-    switch (op) {
-    case CCQ_SUM:
-        return a + b;
-    case CCQ_PROD:
-        return a * b;
-    case CCQ_MAX:
-        return a > b ? a : b;
-    case CCQ_MIN:
-        return a < b ? a : b;
-    case CCQ_AVG:
-        return gpu_is_float(dt) ? a * 0.5 + b * 0.5 : trunc((a + b) / 2.0);
-    default:
-        return NAN;
-    }
 }
 
 static int fence_ok(ccq_device_id dev, const char *what)
@@ -120,12 +83,12 @@ static void one_rank(ccq_dtype dt, size_t count, int fp8_ok)
         }
         if (!CCQ_EXPECT_OK(st)) {
             bad = 1;
-            runtime_reset(what);
+            rt = gpu_runtime_reset(rt, ndev, what);
             continue;
         }
         if (!fence_ok(0, what)) {
             bad = 1;
-            runtime_reset(what);
+            rt = gpu_runtime_reset(rt, ndev, what);
             continue;
         }
         gpu_to_host(0, out, dst, bytes);
@@ -205,21 +168,22 @@ static void two_ranks(ccq_dtype dt, size_t count, int cc0, int cc1)
         }
         CUDA_REQUIRE(cudaSetDevice(0));
         for (size_t i = 0; i < count; i++)
-            want[i] = ref2(dt, (ccq_reduce_op)op, gpu_load(dt, in[0], i), gpu_load(dt, in[1], i));
+            want[i] =
+                gpu_ref2(dt, (ccq_reduce_op)op, gpu_load(dt, in[0], i), gpu_load(dt, in[1], i));
         for (int r = 0; r < 2 && submitted; r++)
             submitted = CCQ_EXPECT_OK(ccq_all_reduce(rt, (ccq_device_id)r, 0, src[r], dst[r], count,
                                                      dt, (ccq_reduce_op)op, pair, 2));
         if (!submitted) {
             /* A lone part would wait out timeout_ms: the reset's shutdown cancels it. */
             bad = 1;
-            runtime_reset(what);
+            rt = gpu_runtime_reset(rt, ndev, what);
             continue;
         }
         for (int r = 0; r < 2; r++)
             fenced &= fence_ok((ccq_device_id)r, what);
         if (!fenced) {
             bad = 1;
-            runtime_reset(what);
+            rt = gpu_runtime_reset(rt, ndev, what);
             continue;
         }
         for (int r = 0; r < 2; r++) {
@@ -303,7 +267,7 @@ int main(void)
     gpu_section("host codecs");
     check_codecs();
     gpu_section("runtime and communicators");
-    runtime_up();
+    rt = gpu_runtime_up(ndev);
 
     for (int dt = 0; dt < CCQ_DTYPE_COUNT_; dt++)
         for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++)

@@ -43,23 +43,6 @@ static const ccq_device_id pair[2] = {0, 1};
 static ccq_runtime *rt;
 static int ndev;
 
-static void runtime_up(void)
-{
-    rt = gpu_runtime(30000, 0);
-    gpu_comm_init(rt, one, 1);
-    if (ndev >= 2)
-        gpu_comm_init(rt, pair, 2);
-}
-
-/* After a failure (which may poison an NCCL communicator, or leave a lone part waiting):
- * the shutdown cancels what is queued, and later cases start afresh. */
-static void runtime_reset(const char *why)
-{
-    printf("   resetting the runtime after: %s\n", why);
-    ccq_runtime_destroy(rt);
-    runtime_up();
-}
-
 static ccq_status submit_kind(int k, ccq_device_id d, const void *src, void *dst, size_t count,
                               ccq_dtype dt, ccq_reduce_op op, ccq_device_id root,
                               const ccq_device_id *devs, size_t n)
@@ -94,26 +77,6 @@ static double gen(ccq_dtype dt, int rank, size_t i)
     return (double)(int)(h % 11) - 5.0;
 }
 
-/* NCCL's result of reducing a and b (float AVG is a premultiplied sum, exact here; integer
- * AVG truncates toward zero). */
-static double ref2(ccq_dtype dt, ccq_reduce_op op, double a, double b)
-{
-    switch (op) {
-    case CCQ_SUM:
-        return a + b;
-    case CCQ_PROD:
-        return a * b;
-    case CCQ_MAX:
-        return a > b ? a : b;
-    case CCQ_MIN:
-        return a < b ? a : b;
-    case CCQ_AVG:
-        return gpu_is_float(dt) ? a * 0.5 + b * 0.5 : trunc((a + b) / 2.0);
-    default:
-        return NAN;
-    }
-}
-
 /* out = reduce(inputs[0..n-1]) over count elements; one input is its own reduction. */
 static void ref_reduce(ccq_dtype dt, ccq_reduce_op op, int n, const unsigned char *const *inputs,
                        unsigned char *out, size_t count)
@@ -123,7 +86,8 @@ static void ref_reduce(ccq_dtype dt, ccq_reduce_op op, int n, const unsigned cha
         return;
     }
     for (size_t i = 0; i < count; i++)
-        gpu_store(dt, out, i, ref2(dt, op, gpu_load(dt, inputs[0], i), gpu_load(dt, inputs[1], i)));
+        gpu_store(dt, out, i,
+                  gpu_ref2(dt, op, gpu_load(dt, inputs[0], i), gpu_load(dt, inputs[1], i)));
 }
 
 /* One collective over ranks 0..n-1 (devices 0..n-1): buffers per rank (device memory;
@@ -301,7 +265,7 @@ static int run_case(gcase *c, const char *what)
     }
     if (!ok) {
         if (submitted > 0)
-            runtime_reset(what); /* a lone part would wait out timeout_ms */
+            rt = gpu_runtime_reset(rt, ndev, what); /* a lone part would wait out timeout_ms */
         teardown(c);
         return 0;
     }
@@ -315,7 +279,7 @@ static int run_case(gcase *c, const char *what)
         }
     }
     if (!ok) {
-        runtime_reset(what);
+        rt = gpu_runtime_reset(rt, ndev, what);
         teardown(c);
         return 0;
     }
@@ -397,7 +361,7 @@ static void run_group(int k, int n, ccq_dtype dt, size_t count, int cc_ok)
                 if (st == CCQ_ERR_UNSUPPORTED)
                     EXPECT(ccq_last_error_detail()[0] != '\0', "%s: no detail", what);
                 else if (st == CCQ_OK && ccq_sync_collective(rt, 0, 0) != CCQ_OK)
-                    runtime_reset(what);
+                    rt = gpu_runtime_reset(rt, ndev, what);
                 teardown(&c);
                 continue;
             }
@@ -436,7 +400,7 @@ int main(void)
            "%d.x)\n",
            cc0 >= 9 ? "work" : "be refused with CCQ_ERR_UNSUPPORTED", cc0);
     gpu_section("runtime and communicators");
-    runtime_up();
+    rt = gpu_runtime_up(ndev);
 
     gpu_section("one rank (device 0)");
     for (int k = 0; k < NKINDS; k++) {

@@ -383,3 +383,38 @@ void gpu_store(ccq_dtype dt, void *buf, size_t i, double v)
         break;
     }
 }
+
+ccq_runtime *gpu_runtime_up(int ndev)
+{
+    static const ccq_device_id one[1] = {0}, pair[2] = {0, 1};
+    ccq_runtime *rt = gpu_runtime(30000, 0);
+    gpu_comm_init(rt, one, 1);
+    if (ndev >= 2)
+        gpu_comm_init(rt, pair, 2);
+    return rt;
+}
+
+ccq_runtime *gpu_runtime_reset(ccq_runtime *rt, int ndev, const char *why)
+{
+    printf("   resetting the runtime after: %s\n", why);
+    ccq_runtime_destroy(rt);
+    return gpu_runtime_up(ndev);
+}
+
+double gpu_ref2(ccq_dtype dt, ccq_reduce_op op, double a, double b)
+{
+    switch (op) {
+    case CCQ_SUM:
+        return a + b;
+    case CCQ_PROD:
+        return a * b;
+    case CCQ_MAX:
+        return a > b ? a : b;
+    case CCQ_MIN:
+        return a < b ? a : b;
+    case CCQ_AVG:
+        return gpu_is_float(dt) ? a * 0.5 + b * 0.5 : trunc((a + b) / 2.0);
+    default:
+        return NAN;
+    }
+}

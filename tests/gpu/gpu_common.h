@@ -74,6 +74,15 @@ ccq_runtime *gpu_runtime(uint64_t timeout_ms, uint32_t max_batch_ops);
 /** ccq_comm_init, printing status and detail and exiting 1 on failure. */
 void gpu_comm_init(ccq_runtime *rt, const ccq_device_id *devs, size_t n);
 
+/**
+ * The tests' runtime: timeout_ms 30 s, communicators {0} and, with @p ndev >= 2, {0, 1}.
+ * gpu_runtime_reset destroys @p rt (shutdown cancels what is queued) and makes a new one,
+ * so that one failure (which may poison an NCCL communicator or leave a lone part waiting)
+ * does not fail every later case.
+ */
+ccq_runtime *gpu_runtime_up(int ndev);
+ccq_runtime *gpu_runtime_reset(ccq_runtime *rt, int ndev, const char *why);
+
 /** cudaMalloc on device @p dev (the current device is restored); exits 1 on failure. */
 void *gpu_dev_alloc(int dev, size_t bytes);
 void gpu_dev_free(int dev, void *p);
@@ -98,5 +107,9 @@ void gpu_store(ccq_dtype dt, void *buf, size_t i, double v);
 int gpu_is_float(ccq_dtype dt);
 int gpu_is_signed(ccq_dtype dt);
 int gpu_is_fp8(ccq_dtype dt);
+
+/** NCCL's result of reducing a and b with @p op: float AVG is a premultiplied sum, integer
+ * AVG truncates toward zero. */
+double gpu_ref2(ccq_dtype dt, ccq_reduce_op op, double a, double b);
 
 #endif /* CCQ_GPU_COMMON_H */

@@ -1,0 +1,56 @@
+/* Small helpers shared by the CMocka test programs. Include after <cmocka.h>. */
+#ifndef CCQ_TEST_UTIL_H
+#define CCQ_TEST_UTIL_H
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ccq.h"
+
+/* Iteration counts; CCQ_TEST_ITERS overrides (stress runs, slow sanitizer builds). */
+static inline unsigned env_iters(unsigned dflt)
+{
+    const char *v = getenv("CCQ_TEST_ITERS");
+    if (v != NULL && *v != '\0') {
+        unsigned long x = strtoul(v, NULL, 10);
+        if (x > 0)
+            return (unsigned)x;
+    }
+    return dflt;
+}
+
+static inline uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static inline void sleep_ms(unsigned ms)
+{
+    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0)
+        ;
+}
+
+/* malloc that never returns NULL (0 bytes gives a valid pointer) or fails the test. */
+static inline void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    assert_non_null(p);
+    return p;
+}
+
+/* The runtime's counters; fails the test if they cannot be read. */
+static inline ccq_stats stats_of(ccq_runtime *rt)
+{
+    ccq_stats st;
+    memset(&st, 0, sizeof st);
+    st.struct_size = sizeof st;
+    assert_int_equal(ccq_get_stats(rt, &st), CCQ_OK);
+    return st;
+}
+
+#endif /* CCQ_TEST_UTIL_H */
