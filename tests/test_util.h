@@ -3,6 +3,7 @@
 #define CCQ_TEST_UTIL_H
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -51,6 +52,23 @@ static inline ccq_stats stats_of(ccq_runtime *rt)
     st.struct_size = sizeof st;
     assert_int_equal(ccq_get_stats(rt, &st), CCQ_OK);
     return st;
+}
+
+/* Teardown check: every command ended (none pending or cancelled) and exactly
+ * @p expect_failed of them failed. 0 if so; -1 after printing the counters. */
+static inline int all_ended(ccq_runtime *rt, uint64_t expect_failed)
+{
+    ccq_stats st = {.struct_size = sizeof st};
+    if (ccq_get_stats(rt, &st) == CCQ_OK && st.pending == 0 && st.cancelled == 0 &&
+        st.failed == expect_failed && st.submitted == st.completed + st.failed)
+        return 0;
+    fprintf(stderr,
+            "stats: submitted %llu completed %llu failed %llu (expected %llu) cancelled %llu "
+            "pending %llu\n",
+            (unsigned long long)st.submitted, (unsigned long long)st.completed,
+            (unsigned long long)st.failed, (unsigned long long)expect_failed,
+            (unsigned long long)st.cancelled, (unsigned long long)st.pending);
+    return -1;
 }
 
 #endif /* CCQ_TEST_UTIL_H */
