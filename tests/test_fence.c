@@ -47,24 +47,6 @@ static void wait_for_waiters(ccq_runtime *rt, ccq_device_id d, ccq_stream_id s, 
         sleep_ms(1);
 }
 
-/*
- * Fence expecting a watchdog error. The fence's own deadline is timeout_ms plus a grace
- * after the fence call, so on a badly stalled machine it may return a bare CCQ_ERR_TIMEOUT
- * before the scheduler recorded why; the recorded error then comes with the next fence.
- */
-static ccq_status fence_watchdog(ccq_runtime *rt, ccq_device_id d, ccq_stream_id s, char *detail,
-                                 size_t len)
-{
-    ccq_status st = CCQ_OK;
-    for (int tries = 0; tries < 2; tries++) {
-        st = ccq_sync_collective(rt, d, s);
-        snprintf(detail, len, "%s", ccq_last_error_detail());
-        if (st != CCQ_ERR_TIMEOUT || strstr(detail, "still pending") == NULL)
-            break;
-    }
-    return st;
-}
-
 /* (a) After the fence every element of every output is the reduction. */
 static void test_fence_data_complete(void **state)
 {

@@ -301,19 +301,6 @@ static void release_scheduler(blocker *b)
     assert_int_equal(b->st, CCQ_OK);
 }
 
-/* A fence expecting the watchdog's error: on a stalled machine the fence's own deadline
- * may come first with a bare timeout; the recorded error then comes with the next one. */
-static ccq_status fence_watchdog(ccq_runtime *rt, ccq_device_id d, ccq_stream_id s)
-{
-    ccq_status st = CCQ_OK;
-    for (int tries = 0; tries < 3; tries++) {
-        st = ccq_sync_collective(rt, d, s);
-        if (st != CCQ_ERR_TIMEOUT || strstr(ccq_last_error_detail(), "still pending") == NULL)
-            break;
-    }
-    return st;
-}
-
 /* ---- The fake itself ---- */
 
 /* The fake refuses what NCCL would hang on: a group missing a rank's part of an
@@ -1337,10 +1324,7 @@ static void test_failed_batch_waits_for_gpu(void **state)
         assert_int_equal(ccq_all_reduce(rt, d, 2, in[d], out[d], N, CCQ_FLOAT32, CCQ_SUM, p23, 2),
                          CCQ_OK);
     for (ccq_device_id d = 2; d < NDEV; d++) {
-        ccq_status st = ccq_sync_collective(rt, d, 2);
-        if (st == CCQ_ERR_TIMEOUT) /* the fence's own deadline came first; the error follows */
-            st = ccq_sync_collective(rt, d, 2);
-        assert_int_equal(st, CCQ_ERR_BACKEND);
+        assert_int_equal(fence_watchdog(rt, d, 2, NULL, 0), CCQ_ERR_BACKEND);
         assert_detail_has(ccq_last_error_detail(), "may still change");
     }
     fake_complete_events(); /* destroy then finds the streams idle */
@@ -1570,7 +1554,7 @@ static void test_watchdog_aborts_stuck_batch(void **state)
         assert_int_equal(
             ccq_all_reduce(rt, d, 0, in[d], out[d], N, CCQ_FLOAT32, CCQ_SUM, ALL, NDEV), CCQ_OK);
     for (ccq_device_id d = 0; d < NDEV; d++) {
-        assert_int_equal(fence_watchdog(rt, d, 0), CCQ_ERR_ABORTED);
+        assert_int_equal(fence_watchdog(rt, d, 0, NULL, 0), CCQ_ERR_ABORTED);
         assert_detail_has(ccq_last_error_detail(), "aborted");
     }
     assert_int_equal(fake_log_count("ncclCommAbort"), NDEV);

@@ -54,6 +54,26 @@ static inline ccq_stats stats_of(ccq_runtime *rt)
     return st;
 }
 
+/*
+ * Fence expecting a watchdog error. The fence's own deadline is timeout_ms plus a grace
+ * after the fence call, so on a badly stalled machine it may return a bare CCQ_ERR_TIMEOUT
+ * before the scheduler recorded why; the recorded error then comes with a later fence.
+ * @p detail (may be NULL) receives the last detail.
+ */
+static inline ccq_status fence_watchdog(ccq_runtime *rt, ccq_device_id d, ccq_stream_id s,
+                                        char *detail, size_t len)
+{
+    ccq_status st = CCQ_OK;
+    for (int tries = 0; tries < 3; tries++) {
+        st = ccq_sync_collective(rt, d, s);
+        if (detail != NULL)
+            snprintf(detail, len, "%s", ccq_last_error_detail());
+        if (st != CCQ_ERR_TIMEOUT || strstr(ccq_last_error_detail(), "still pending") == NULL)
+            break;
+    }
+    return st;
+}
+
 /* Teardown check: every command ended (none pending or cancelled) and exactly
  * @p expect_failed of them failed. 0 if so; -1 after printing the counters. */
 static inline int all_ended(ccq_runtime *rt, uint64_t expect_failed)
