@@ -594,3 +594,29 @@ size_t ref_dst_count(ccq_kind kind, uint32_t n, uint32_t root, uint32_t rank, si
         return 0;
     }
 }
+
+ccq_status ref_submit(ccq_runtime *rt, ccq_kind kind, ccq_device_id dev, ccq_stream_id s,
+                      const void *src, void *dst, size_t count, ccq_dtype dt, ccq_reduce_op op,
+                      ccq_device_id root, const ccq_device_id *devs, size_t n)
+{
+    switch (kind) {
+    case CCQ_KIND_ALL_REDUCE:
+        return ccq_all_reduce(rt, dev, s, src, dst, count, dt, op, devs, n);
+    case CCQ_KIND_BROADCAST:
+        return ccq_broadcast(rt, dev, s, src, dst, count, dt, root, devs, n);
+    case CCQ_KIND_REDUCE:
+        return ccq_reduce(rt, dev, s, src, dst, count, dt, op, root, devs, n);
+    case CCQ_KIND_ALL_GATHER:
+        return ccq_all_gather(rt, dev, s, src, dst, count, dt, devs, n);
+    case CCQ_KIND_REDUCE_SCATTER:
+        return ccq_reduce_scatter(rt, dev, s, src, dst, count, dt, op, devs, n);
+    case CCQ_KIND_ALL_TO_ALL:
+        return ccq_all_to_all(rt, dev, s, src, dst, count, dt, devs, n);
+    case CCQ_KIND_GATHER:
+        return ccq_gather(rt, dev, s, src, dst, count, dt, root, devs, n);
+    case CCQ_KIND_SCATTER:
+        return ccq_scatter(rt, dev, s, src, dst, count, dt, root, devs, n);
+    default:
+        return CCQ_ERR_INVALID_ARGUMENT;
+    }
+}

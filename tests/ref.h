@@ -63,4 +63,11 @@ size_t ref_collective(ccq_kind kind, ccq_dtype dtype, ccq_reduce_op op, uint32_t
 size_t ref_src_count(ccq_kind kind, uint32_t n, uint32_t root, uint32_t rank, size_t count);
 size_t ref_dst_count(ccq_kind kind, uint32_t n, uint32_t root, uint32_t rank, size_t count);
 
+/* Not a reference: one part of a collective of any kind through its public call, so tests
+ * and tools drive every kind the same way. root is a device id; op and root are ignored by
+ * the kinds that have none. An unknown kind returns CCQ_ERR_INVALID_ARGUMENT. */
+ccq_status ref_submit(ccq_runtime *rt, ccq_kind kind, ccq_device_id dev, ccq_stream_id stream,
+                      const void *src, void *dst, size_t count, ccq_dtype dtype, ccq_reduce_op op,
+                      ccq_device_id root, const ccq_device_id *devs, size_t n);
+
 #endif /* CCQ_TESTS_REF_H */

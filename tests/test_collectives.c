@@ -144,34 +144,6 @@ static int teardown(void **state)
     return rc;
 }
 
-/* One call of any kind; root is a device id (ignored where the kind has none). */
-static ccq_status submit(ccq_runtime *rt, ccq_kind kind, ccq_device_id dev, ccq_stream_id s,
-                         const void *src, void *dst, size_t count, ccq_dtype dt, ccq_reduce_op op,
-                         ccq_device_id root, const ccq_device_id *devs, size_t n)
-{
-    switch (kind) {
-    case CCQ_KIND_ALL_REDUCE:
-        return ccq_all_reduce(rt, dev, s, src, dst, count, dt, op, devs, n);
-    case CCQ_KIND_BROADCAST:
-        return ccq_broadcast(rt, dev, s, src, dst, count, dt, root, devs, n);
-    case CCQ_KIND_REDUCE:
-        return ccq_reduce(rt, dev, s, src, dst, count, dt, op, root, devs, n);
-    case CCQ_KIND_ALL_GATHER:
-        return ccq_all_gather(rt, dev, s, src, dst, count, dt, devs, n);
-    case CCQ_KIND_REDUCE_SCATTER:
-        return ccq_reduce_scatter(rt, dev, s, src, dst, count, dt, op, devs, n);
-    case CCQ_KIND_ALL_TO_ALL:
-        return ccq_all_to_all(rt, dev, s, src, dst, count, dt, devs, n);
-    case CCQ_KIND_GATHER:
-        return ccq_gather(rt, dev, s, src, dst, count, dt, root, devs, n);
-    case CCQ_KIND_SCATTER:
-        return ccq_scatter(rt, dev, s, src, dst, count, dt, root, devs, n);
-    default:
-        fail_msg("submit: kind %d", (int)kind);
-        return CCQ_ERR_INVALID_ARGUMENT;
-    }
-}
-
 static void fence_all(ccq_runtime *rt, uint32_t n, const ccq_device_id *devs)
 {
     for (uint32_t r = 0; r < n; r++)
@@ -461,8 +433,8 @@ static uint32_t rank_of(const ccase *c, ccq_device_id dev)
 static void case_submit(ccq_runtime *rt, const ccase *c, ccq_device_id dev, ccq_stream_id s)
 {
     const part *p = &c->p[rank_of(c, dev)];
-    ccq_status st = submit(rt, c->kind, dev, s, p->src, p->dst, c->count, c->dt, c->op,
-                           c->sorted[c->root], c->given, c->n);
+    ccq_status st = ref_submit(rt, c->kind, dev, s, p->src, p->dst, c->count, c->dt, c->op,
+                               c->sorted[c->root], c->given, c->n);
     if (st != CCQ_OK) {
         char d[256];
         case_desc(c, d, sizeof d);
@@ -705,9 +677,9 @@ static void test_count_zero(void **state)
                 for (uint32_t i = 0; i < set->n; i++) {
                     ccq_device_id d = set->given[i];
                     void *b = (i & 1) ? buf[d] : NULL;
-                    ccq_status st = submit(f->rt, kinds[ki].kind, d, i % NSTREAMS, b, b, 0,
-                                           all_dts[(s + ki) % NDT], all_ops[root % NOP],
-                                           sorted[root], set->given, set->n);
+                    ccq_status st = ref_submit(f->rt, kinds[ki].kind, d, i % NSTREAMS, b, b, 0,
+                                               all_dts[(s + ki) % NDT], all_ops[root % NOP],
+                                               sorted[root], set->given, set->n);
                     if (st != CCQ_OK)
                         fail_msg("%s count 0 on device %u: %s (%s)", ccq_kind_name(kinds[ki].kind),
                                  d, ccq_status_name(st), ccq_last_error_detail());
@@ -794,9 +766,9 @@ static void mismatch_one(fixture *f, ccq_kind kind, field fld, ccq_kind other_ki
         }
         bool need_src = ref_src_count(k, n, rt_root, r, count) > 0;
         bool need_dst = ref_dst_count(k, n, rt_root, r, count) > 0;
-        ccq_status st = submit(f->rt, k, d, 0, need_src || !null_unused ? src[r] : NULL,
-                               need_dst || !null_unused ? dst[r] : NULL, count, dt, op,
-                               sorted[rt_root], set->given, n);
+        ccq_status st = ref_submit(f->rt, k, d, 0, need_src || !null_unused ? src[r] : NULL,
+                                   need_dst || !null_unused ? dst[r] : NULL, count, dt, op,
+                                   sorted[rt_root], set->given, n);
         if (st != CCQ_OK)
             fail_msg("%s: submit on device %u: %s (%s)", what, d, ccq_status_name(st),
                      ccq_last_error_detail());
@@ -892,8 +864,8 @@ static void expect_invalid(fixture *f, const char *what, ccq_kind kind, ccq_devi
                            const devset *set, const char *want)
 {
     uint64_t before = stats_of(f->rt).submitted, depth = 1;
-    ccq_status st = submit(f->rt, kind, dev, 0, src, dst, count, CCQ_FLOAT32, CCQ_SUM, root,
-                           set->given, set->n);
+    ccq_status st = ref_submit(f->rt, kind, dev, 0, src, dst, count, CCQ_FLOAT32, CCQ_SUM, root,
+                               set->given, set->n);
     const char *detail = ccq_last_error_detail();
     if (st != CCQ_ERR_INVALID_ARGUMENT || strstr(detail, want) == NULL)
         fail_msg("%s %s on device %u: %s, detail \"%s\" (want CCQ_ERR_INVALID_ARGUMENT naming "

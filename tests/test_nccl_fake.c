@@ -1752,24 +1752,13 @@ static ccq_status submit_kind(ccq_runtime *rt, int k, ccq_device_id d, ccq_strea
                               ccq_reduce_op op, ccq_device_id root, const ccq_device_id *devs,
                               size_t n)
 {
-    switch (k) {
-    case K_BROADCAST:
-        return ccq_broadcast(rt, d, s, src, dst, count, dt, root, devs, n);
-    case K_REDUCE:
-        return ccq_reduce(rt, d, s, src, dst, count, dt, op, root, devs, n);
-    case K_ALL_GATHER:
-        return ccq_all_gather(rt, d, s, src, dst, count, dt, devs, n);
-    case K_REDUCE_SCATTER:
-        return ccq_reduce_scatter(rt, d, s, src, dst, count, dt, op, devs, n);
-    case K_ALL_TO_ALL:
-        return ccq_all_to_all(rt, d, s, src, dst, count, dt, devs, n);
-    case K_GATHER:
-        return ccq_gather(rt, d, s, src, dst, count, dt, root, devs, n);
-    case K_SCATTER:
-        return ccq_scatter(rt, d, s, src, dst, count, dt, root, devs, n);
-    default:
-        return ccq_all_reduce(rt, d, s, src, dst, count, dt, op, devs, n);
-    }
+    static const ccq_kind kind_of[NKINDS] = {
+        [K_BROADCAST] = CCQ_KIND_BROADCAST,   [K_REDUCE] = CCQ_KIND_REDUCE,
+        [K_ALL_GATHER] = CCQ_KIND_ALL_GATHER, [K_REDUCE_SCATTER] = CCQ_KIND_REDUCE_SCATTER,
+        [K_ALL_TO_ALL] = CCQ_KIND_ALL_TO_ALL, [K_GATHER] = CCQ_KIND_GATHER,
+        [K_SCATTER] = CCQ_KIND_SCATTER,       [K_ALL_REDUCE] = CCQ_KIND_ALL_REDUCE,
+    };
+    return ref_submit(rt, kind_of[k], d, s, src, dst, count, dt, op, root, devs, n);
 }
 
 /* One collective over a device set: its arguments and, per rank (position in the sorted

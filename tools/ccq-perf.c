@@ -350,32 +350,9 @@ static ccq_status submit_one(worker *w)
     void *src, *dst;
 
     part_buffers(w, &src, &dst);
-    switch (o->coll) {
-    case COLL_ALL_REDUCE:
-        return ccq_all_reduce(b->rt, w->dev, w->stream, src, dst, b->count, o->dtype, o->op,
-                              b->devs, n);
-    case COLL_BROADCAST:
-        return ccq_broadcast(b->rt, w->dev, w->stream, src, dst, b->count, o->dtype, o->root,
-                             b->devs, n);
-    case COLL_REDUCE:
-        return ccq_reduce(b->rt, w->dev, w->stream, src, dst, b->count, o->dtype, o->op, o->root,
-                          b->devs, n);
-    case COLL_ALL_GATHER:
-        return ccq_all_gather(b->rt, w->dev, w->stream, src, dst, b->count, o->dtype, b->devs, n);
-    case COLL_REDUCE_SCATTER:
-        return ccq_reduce_scatter(b->rt, w->dev, w->stream, src, dst, b->count, o->dtype, o->op,
-                                  b->devs, n);
-    case COLL_ALLTOALL:
-        return ccq_all_to_all(b->rt, w->dev, w->stream, src, dst, b->count, o->dtype, b->devs, n);
-    case COLL_GATHER:
-        return ccq_gather(b->rt, w->dev, w->stream, src, dst, b->count, o->dtype, o->root, b->devs,
-                          n);
-    case COLL_SCATTER:
-        return ccq_scatter(b->rt, w->dev, w->stream, src, dst, b->count, o->dtype, o->root, b->devs,
-                           n);
-    default:
-        break;
-    }
+    if (o->coll != COLL_SENDRECV)
+        return ref_submit(b->rt, colls[o->coll].kind, w->dev, w->stream, src, dst, b->count,
+                          o->dtype, o->op, o->root, b->devs, n);
     /* sendrecv as nccl-tests: send to the next rank, receive from the previous one. */
     ccq_status st =
         ccq_send(b->rt, w->dev, w->stream, w->src, b->count, o->dtype, (w->dev + 1) % n);
