@@ -5,14 +5,17 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backends/backend.h"
+
 /*
  * Spec: clauses separated by ';', each "kind:key=value[,key=value...]".
- *   fail:op=N[,count=C]         the backend fails the N-th operation it runs (0-based, in
- *                               issue order) and the C-1 after it (default C = 1), with
- *                               CCQ_ERR_BACKEND
+ *   fail:op=N[,count=C]         the N-th operation issued to the backend (0-based, in
+ *                               issue order) and the C-1 after it (default C = 1) fail with
+ *                               CCQ_ERR_BACKEND without running
  *   fail:every=K                every K-th operation fails
- *   delay:us=U[,op=N][,count=C] operations N.. (default all) take U microseconds longer;
- *                               they run on a worker, so the watchdog can abort them
+ *   delay:us=U[,op=N][,count=C] operations N.. (default all) start U microseconds late (their
+ *                               batch is held before the backend gets it), so the watchdog
+ *                               can abort them before they touch a buffer
  *   drop:rank=R[,after=N][,count=C]  device R's commands after its first N are dropped on
  *                               arrival, as if that rank never submitted them (default C
  *                               unlimited); each dropped command fails on its own stream
@@ -40,5 +43,12 @@ int ccq_fault_any(const ccq_fault_plan *p);
  * how long it is delayed (microseconds, 0 if not). */
 int ccq_fault_fails(const ccq_fault_plan *p, uint64_t op);
 uint64_t ccq_fault_delay_us(const ccq_fault_plan *p, uint64_t op);
+
+/* Put the plan's fail and delay clauses around a backend (runtime/fault_backend.c): on
+ * CCQ_OK *ops and *be are the wrapper's, which owns the inner backend from then on (its
+ * destroy destroys both). A plan without fail or delay leaves them unchanged. drop is the
+ * scheduler's (it acts on commands, not operations). */
+ccq_status ccq_fault_wrap(const ccq_fault_plan *plan, const ccq_backend_ops **ops,
+                          ccq_backend **be);
 
 #endif /* CCQ_RUNTIME_FAULT_H */

@@ -120,8 +120,11 @@ static ccq_status config_import(const ccq_config *in, ccq_config *out)
     return CCQ_OK;
 }
 
-static ccq_status config_validate(const ccq_config *c)
+/* Check every field; the fault spec is parsed here, once, into *fault. */
+static ccq_status config_validate(const ccq_config *c, ccq_fault_plan *fault)
 {
+    char ferr[256];
+
     if (c->env_error != NULL)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "environment: %s", c->env_error);
     if (c->backend == NULL)
@@ -159,12 +162,8 @@ static ccq_status config_validate(const ccq_config *c)
     if (c->spin_us > 1000000)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
                         "ccq_config.spin_us is %" PRIu32 "; expected at most 1000000", c->spin_us);
-    if (c->fault != NULL) {
-        ccq_fault_plan plan;
-        char err[256];
-        if (ccq_fault_parse(c->fault, &plan, err, sizeof err) != 0)
-            return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_config.fault (CCQ_FAULT): %s", err);
-    }
+    if (ccq_fault_parse(c->fault, fault, ferr, sizeof ferr) != 0)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_config.fault (CCQ_FAULT): %s", ferr);
     if (c->flags & ~CCQ_FLAG_NONBLOCKING_SUBMIT)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_config.flags has unknown bits 0x%" PRIx32,
                         c->flags & ~CCQ_FLAG_NONBLOCKING_SUBMIT);
@@ -224,6 +223,7 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
     ccq_config cfg;
     ccq_errbuf err = {{0}};
     ccq_be_hooks hooks;
+    ccq_fault_plan fault;
     ccq_status st;
     uint32_t nstreams;
 
@@ -234,7 +234,7 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
     st = config_import(cfg_in, &cfg);
     if (st != CCQ_OK)
         return st;
-    st = config_validate(&cfg);
+    st = config_validate(&cfg, &fault);
     if (st != CCQ_OK)
         return st;
     if (ops == NULL) {
@@ -269,7 +269,7 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
         atomic_init(&rt->buckets[i], NULL);
     rt->timeout_ns = cfg.timeout_ms == 0 ? UINT64_MAX : cfg.timeout_ms * 1000000ull;
     rt->spin_ns = (uint64_t)cfg.spin_us * 1000u;
-    ccq_fault_parse(cfg.fault, &rt->fault, NULL, 0); /* validated above */
+    rt->fault = fault;
     if (ccq_trace_init(&rt->trace, cfg.trace_capacity, cfg.trace_file) != 0) {
         ccq_trace_fini(&rt->trace);
         pthread_mutex_destroy(&rt->comm_lock);
@@ -290,7 +290,12 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
         runtime_free(rt);
         return ccq_fail(st, "backend \"%s\": %s", ops->name, err.msg);
     }
-    rt->ndev = ops->device_count(rt->be);
+    /* Fault injection's fail and delay act between the scheduler and any backend. */
+    if (ccq_fault_wrap(&rt->fault, &rt->be_ops, &rt->be) != CCQ_OK) {
+        runtime_free(rt);
+        return ccq_fail(CCQ_ERR_NO_MEMORY, "out of memory setting up fault injection");
+    }
+    rt->ndev = rt->be_ops->device_count(rt->be);
     if (rt->fault.drop_rank >= (int64_t)rt->ndev) {
         ccq_status bad = ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
                                   "ccq_config.fault (CCQ_FAULT): drop:rank=%" PRId64

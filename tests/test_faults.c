@@ -23,6 +23,16 @@
 #include "ccq.h"
 #include "ref.h"
 
+#ifdef CCQ_TEST_FAKE_NCCL
+/* Built a second time as test_faults_nccl_fake: the same scenarios on the NCCL backend, run
+ * against the fake CUDA/NCCL (tests/fake), which executes collectives on host memory. Fault
+ * injection is a runtime layer, so every scenario must behave exactly as on the host. */
+#include "fake/fake_cuda_nccl.h"
+#define TEST_BACKEND "nccl"
+#else
+#define TEST_BACKEND "host"
+#endif
+
 #define MAXR         8     /* ranks of the largest op built here */
 #define DETAIL_LEN   1024  /* at least the library's detail length */
 #define POISON_BYTE  0x5a  /* output buffers start as this; a failed op must leave them so */
@@ -57,6 +67,11 @@ static ccq_runtime *make_rt(uint32_t devices, uint64_t timeout_ms, const char *f
     cfg.host_devices = devices;
     cfg.timeout_ms = timeout_ms;
     cfg.fault = fault;
+    cfg.backend = TEST_BACKEND;
+#ifdef CCQ_TEST_FAKE_NCCL
+    fake_reset();
+    fake_set_devices((int)devices, 9);
+#endif
     st = ccq_runtime_create(&cfg, &rt);
     if (st != CCQ_OK)
         fail_msg("ccq_runtime_create (fault \"%s\"): %s: %s", fault ? fault : "(null)",

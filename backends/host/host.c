@@ -14,7 +14,6 @@
 #include "backends/host/reduce.h"
 #include "queue/mpsc.h"
 #include "queue/wake.h"
-#include "runtime/fault.h"
 
 /* Batches that move fewer bytes than this run on the scheduler thread: handing them to a
  * worker (a futex wake and a cache migration, ~5-20 us) would cost more than the copy. */
@@ -40,11 +39,8 @@ typedef struct host_job {
     ccq_be_batch *b;
     struct host_job *next; /* pending list (jobs with unclaimed chunks) */
     uint32_t nchunks, claimed, remaining;
-    size_t *first_chunk; /* [nops + 1]: chunk index where each op starts */
-    size_t *chunk_elems; /* [nops]: elements per chunk of each op */
-    uint64_t *delay_us;  /* [nops]: fault injection: extra time the op takes */
-    uint8_t *failed;     /* [nops]: fault injection: the op fails instead of running */
-    bool any_failed;
+    size_t *first_chunk;   /* [nops + 1]: chunk index where each op starts */
+    size_t *chunk_elems;   /* [nops]: elements per chunk of each op */
     uint64_t stream_bytes; /* the backend's streaming-store threshold */
 } host_job;
 
@@ -66,8 +62,6 @@ typedef struct host_be {
     uint64_t spin_ns;
     uint64_t stream_bytes; /* ops moving at least this many bytes use streaming stores */
     ccq_mpsc done;         /* finished jobs; the scheduler pops them in poll() */
-    ccq_fault_plan fault;  /* CCQ_FAULT's fail and delay clauses (off by default) */
-    uint64_t next_op;      /* operations issued so far (scheduler thread only) */
 } host_be;
 
 static host_be *to_host(ccq_backend *be)
@@ -220,20 +214,9 @@ static void run_chunk(host_job *j, size_t chunk)
     while (j->first_chunk[k + 1] <= chunk)
         k++;
     const ccq_be_op *op = j->b->ops[k];
-    if (op_aborted(op) || j->failed[k])
+    if (op_aborted(op))
         return;
     size_t begin = (chunk - j->first_chunk[k]) * j->chunk_elems[k];
-    if (begin == 0 && j->delay_us[k] > 0) {
-        /* Fault injection: a slow op, on a worker. Sleep in 1 ms steps so an abort (the
-         * watchdog's) ends it early, as a real abort would. */
-        uint64_t until = ccq_now_ns() + j->delay_us[k] * 1000u;
-        while (!op_aborted(op) && ccq_now_ns() < until) {
-            struct timespec ts = {0, 1000000};
-            nanosleep(&ts, NULL);
-        }
-        if (op_aborted(op))
-            return;
-    }
     size_t end = begin + j->chunk_elems[k];
     run_range(op, begin, end < op->count ? end : op->count, j->stream_bytes);
 }
@@ -241,12 +224,7 @@ static void run_chunk(host_job *j, size_t chunk)
 static void job_finish(host_be *h, host_job *j)
 {
     for (uint32_t k = 0; k < j->b->nops; k++)
-        j->b->ops[k]->status = op_aborted(j->b->ops[k]) ? CCQ_ERR_ABORTED
-                               : j->failed[k]           ? CCQ_ERR_BACKEND
-                                                        : CCQ_OK;
-    if (j->any_failed)
-        snprintf(j->b->detail.msg, sizeof j->b->detail.msg,
-                 "fault injection (CCQ_FAULT fail): the host backend failed this operation");
+        j->b->ops[k]->status = op_aborted(j->b->ops[k]) ? CCQ_ERR_ABORTED : CCQ_OK;
     /* The push (an atomic RMW) publishes every byte the workers wrote; notify wakes the
      * scheduler, which acquires it in poll(). */
     ccq_mpsc_push_mpsc(&h->done, &j->done_node);
@@ -354,7 +332,6 @@ static ccq_status host_create(const ccq_config *cfg, const ccq_be_hooks *hooks, 
     h->nworkers = cfg->host_workers ? cfg->host_workers : (cores > 0 ? (uint32_t)cores : 1);
     h->spin_ns = (uint64_t)cfg->spin_us * 1000u;
     h->stream_bytes = cfg->host_stream_bytes ? cfg->host_stream_bytes : HOST_NT_BYTES;
-    ccq_fault_parse(cfg->fault, &h->fault, err->msg, sizeof err->msg);
     atomic_init(&h->pending, 0);
     ccq_mpsc_init(&h->done);
     pthread_mutex_init(&h->mu, NULL);
@@ -409,7 +386,6 @@ static ccq_status host_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
     host_be *h = to_host(be);
     size_t total = 0, nchunks = 0;
     host_job *j;
-    bool any_delay = false;
 
     for (uint32_t k = 0; k < b->nops; k++) {
         if (b->ops[k]->nparts > CCQ_HOST_MAX_RANKS) {
@@ -419,8 +395,7 @@ static ccq_status host_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
         }
         total += op_moved_bytes(b->ops[k]);
     }
-    j = malloc(sizeof *j + (2 * (size_t)b->nops + 1) * sizeof(size_t) +
-               (size_t)b->nops * (sizeof(uint64_t) + 1));
+    j = malloc(sizeof *j + (2 * (size_t)b->nops + 1) * sizeof(size_t));
     if (j == NULL) {
         snprintf(err->msg, sizeof err->msg, "out of memory");
         return CCQ_ERR_NO_MEMORY;
@@ -429,21 +404,10 @@ static ccq_status host_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
     j->next = NULL;
     j->first_chunk = (size_t *)(j + 1);
     j->chunk_elems = j->first_chunk + b->nops + 1;
-    j->delay_us = (uint64_t *)(j->chunk_elems + b->nops);
-    j->failed = (uint8_t *)(j->delay_us + b->nops);
-    j->any_failed = false;
     j->stream_bytes = h->stream_bytes;
-    for (uint32_t k = 0; k < b->nops; k++, h->next_op++) {
-        j->failed[k] = (uint8_t)ccq_fault_fails(&h->fault, h->next_op);
-        j->delay_us[k] = ccq_fault_delay_us(&h->fault, h->next_op);
-        j->any_failed |= j->failed[k] != 0;
-        any_delay |= j->delay_us[k] > 0;
-    }
     b->be_priv = j;
 
-    /* A delayed op must run on a worker, or it would stall the scheduler (and with it the
-     * watchdog that is supposed to catch it). */
-    if ((total <= HOST_INLINE_BYTES || h->nworkers == 0) && !any_delay)
+    if (total <= HOST_INLINE_BYTES || h->nworkers == 0)
         goto run_inline;
     /* Cut each op into chunks: at least HOST_MIN_CHUNK_BYTES per buffer, and about four
      * per worker for big ops so a slow worker does not hold the batch back. */
@@ -457,10 +421,10 @@ static ccq_status host_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
         per = (per + 63) & ~(size_t)63; /* whole cache lines for every dtype */
         j->first_chunk[k] = nchunks;
         j->chunk_elems[k] = per;
-        nchunks += op->count ? (op->count + per - 1) / per : (j->delay_us[k] > 0);
+        nchunks += (op->count + per - 1) / per;
     }
     j->first_chunk[b->nops] = nchunks;
-    if (nchunks <= 1 && !any_delay) /* nothing to share: a hand-off only adds a wake-up */
+    if (nchunks <= 1) /* nothing to share: a hand-off only adds a wake-up */
         goto run_inline;
     j->nchunks = (uint32_t)nchunks;
     j->claimed = 0;
@@ -476,7 +440,7 @@ static ccq_status host_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
     /* Caller runs: for mid-size batches the scheduler takes chunks too, so the batch
      * starts now rather than after a worker wakes up. Bounded by HOST_CALLER_RUNS_BYTES so
      * the scheduler is never kept from matching and issuing for long. */
-    if (total <= HOST_CALLER_RUNS_BYTES && !any_delay) {
+    if (total <= HOST_CALLER_RUNS_BYTES) {
         host_job *cj;
         size_t c;
         while (claim_chunk(h, j, &cj, &c))
@@ -487,7 +451,7 @@ static ccq_status host_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
 
 run_inline:
     for (uint32_t k = 0; k < b->nops; k++)
-        if (!op_aborted(b->ops[k]) && !j->failed[k])
+        if (!op_aborted(b->ops[k]))
             run_range(b->ops[k], 0, b->ops[k]->count, j->stream_bytes);
     job_finish(h, j);
     return CCQ_OK;

@@ -1,0 +1,317 @@
+/* Fault injection as a runtime layer: a backend that wraps the real one (host, NCCL, the
+ * fake NCCL of the tests) and applies the plan's `fail` and `delay` clauses to the
+ * operations it is handed, so fault drills behave the same on every backend. `drop` is not
+ * here: it acts on commands as they reach the scheduler (runtime/sched.c, arrive()).
+ *
+ * Only installed when the plan fails or delays something, so a runtime without fault
+ * injection calls its backend directly and pays nothing. Like every backend it runs on the
+ * scheduler thread only, except the forwarded user-thread hooks (check, submit, fence,
+ * bind_stream, mem_*), which touch nothing of the wrapper's state. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "queue/wake.h"
+#include "runtime/fault.h"
+
+/* The scheduler polls at this interval while a batch is held (a delay has no completion to
+ * notify it), so a delayed batch is released within about this much of its time. */
+#define FAULT_POLL_INTERVAL_NS 500000u
+
+/* One batch the wrapper was handed. `inner` is what the wrapped backend runs: the batch's
+ * operations that neither fail by injection nor were aborted while the batch was held. */
+typedef struct fault_job {
+    ccq_be_batch inner;
+    ccq_be_batch *outer;
+    uint64_t release_ns;    /* delayed: handed to the inner backend at this time */
+    struct fault_job *next; /* on the held or done list */
+    ccq_be_op *ops[];       /* inner.ops */
+} fault_job;
+
+typedef struct fault_be {
+    ccq_backend base;
+    ccq_backend_ops ops; /* the inner backend's ops with the wrapper's in between */
+    const ccq_backend_ops *inner_ops;
+    ccq_backend *inner;
+    ccq_fault_plan plan;
+    uint64_t next_op; /* operations issued so far: the numbering `op=N` refers to */
+    fault_job *held;  /* delayed, not handed to the inner backend yet */
+    fault_job *done;  /* ended without the inner backend (every op failed or aborted) */
+} fault_be;
+
+static fault_be *to_fault(ccq_backend *be)
+{
+    return ccq_container_of(be, fault_be, base);
+}
+
+static const fault_be *to_fault_const(const ccq_backend *be)
+{
+    return ccq_container_of(be, const fault_be, base);
+}
+
+/* ---- Forwarded calls ----------------------------------------------------------------- */
+
+static void fwd_destroy(ccq_backend *be)
+{
+    fault_be *f = to_fault(be);
+    /* Every issued batch came back through poll() before destroy (backend contract). */
+    f->inner_ops->destroy(f->inner);
+    free(f);
+}
+
+static uint32_t fwd_device_count(const ccq_backend *be)
+{
+    const fault_be *f = to_fault_const(be);
+    return f->inner_ops->device_count(f->inner);
+}
+
+static ccq_status fwd_comm_create(ccq_backend *be, const ccq_device_id *devices, uint32_t n,
+                                  ccq_be_comm **out, ccq_errbuf *err)
+{
+    fault_be *f = to_fault(be);
+    return f->inner_ops->comm_create(f->inner, devices, n, out, err);
+}
+
+static void fwd_comm_destroy(ccq_backend *be, ccq_be_comm *comm)
+{
+    fault_be *f = to_fault(be);
+    f->inner_ops->comm_destroy(f->inner, comm);
+}
+
+static ccq_status fwd_check(ccq_backend *be, const ccq_be_submit *s, ccq_errbuf *err)
+{
+    fault_be *f = to_fault(be);
+    return f->inner_ops->check(f->inner, s, err);
+}
+
+static ccq_status fwd_submit(ccq_backend *be, const ccq_be_submit *s, ccq_errbuf *err)
+{
+    fault_be *f = to_fault(be);
+    return f->inner_ops->submit(f->inner, s, err);
+}
+
+static void fwd_fence(ccq_backend *be, uint32_t stream_index)
+{
+    fault_be *f = to_fault(be);
+    f->inner_ops->fence(f->inner, stream_index);
+}
+
+static ccq_status fwd_bind_stream(ccq_backend *be, ccq_device_id device, uint32_t stream_index,
+                                  void *native, ccq_errbuf *err)
+{
+    fault_be *f = to_fault(be);
+    return f->inner_ops->bind_stream(f->inner, device, stream_index, native, err);
+}
+
+static ccq_status fwd_mem_alloc(ccq_backend *be, ccq_device_id device, size_t bytes, void **out,
+                                ccq_errbuf *err)
+{
+    fault_be *f = to_fault(be);
+    return f->inner_ops->mem_alloc(f->inner, device, bytes, out, err);
+}
+
+static void fwd_mem_free(ccq_backend *be, ccq_device_id device, void *ptr)
+{
+    fault_be *f = to_fault(be);
+    f->inner_ops->mem_free(f->inner, device, ptr);
+}
+
+static ccq_status fwd_mem_copy(ccq_backend *be, ccq_device_id device, void *dst, const void *src,
+                               size_t bytes, int to_device, ccq_errbuf *err)
+{
+    fault_be *f = to_fault(be);
+    return f->inner_ops->mem_copy(f->inner, device, dst, src, bytes, to_device, err);
+}
+
+/* ---- Batches ------------------------------------------------------------------------- */
+
+/* Hand a job's surviving operations to the inner backend. On an error nothing started
+ * there, and the whole batch ends failed with the inner backend's message. */
+static ccq_status job_start(fault_be *f, fault_job *j, ccq_errbuf *err)
+{
+    ccq_status st = f->inner_ops->issue(f->inner, &j->inner, err);
+    if (st != CCQ_OK)
+        for (uint32_t k = 0; k < j->inner.nops; k++)
+            j->inner.ops[k]->status = st;
+    return st;
+}
+
+static void job_end_now(fault_be *f, fault_job *j)
+{
+    j->next = f->done;
+    f->done = j;
+}
+
+static ccq_status fault_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
+{
+    fault_be *f = to_fault(be);
+    fault_job *j = malloc(sizeof *j + (b->nops ? b->nops : 1) * sizeof j->ops[0]);
+    uint64_t delay_us = 0;
+    uint32_t n = 0, failed = 0;
+
+    if (j == NULL) {
+        snprintf(err->msg, sizeof err->msg, "out of memory (fault injection)");
+        return CCQ_ERR_NO_MEMORY;
+    }
+    memset(&j->inner, 0, sizeof j->inner);
+    j->outer = b;
+    j->next = NULL;
+    j->release_ns = 0;
+    for (uint32_t k = 0; k < b->nops; k++, f->next_op++) {
+        uint64_t d = ccq_fault_delay_us(&f->plan, f->next_op);
+        if (ccq_fault_fails(&f->plan, f->next_op)) {
+            /* Nothing of it runs: its outputs stay as they were. */
+            b->ops[k]->status = CCQ_ERR_BACKEND;
+            failed++;
+            continue;
+        }
+        j->ops[n++] = b->ops[k];
+        delay_us = d > delay_us ? d : delay_us;
+    }
+    if (failed > 0)
+        snprintf(b->detail.msg, sizeof b->detail.msg,
+                 "fault injection (CCQ_FAULT fail): the %s backend failed this operation",
+                 f->ops.name);
+    j->inner.id = b->id;
+    j->inner.nops = n;
+    j->inner.ops = j->ops;
+    j->inner.status = CCQ_OK;
+    b->be_priv = j;
+    if (n == 0) {
+        job_end_now(f, j);
+        return CCQ_OK;
+    }
+    if (delay_us > 0) {
+        /* A slow operation: held here, not started, so an abort (the watchdog's, or
+         * shutdown's) ends it before it touches any buffer. */
+        j->release_ns = ccq_now_ns() + delay_us * 1000u;
+        j->next = f->held;
+        f->held = j;
+        return CCQ_OK;
+    }
+    ccq_status st = job_start(f, j, err);
+    if (st != CCQ_OK) {
+        b->be_priv = NULL;
+        free(j);
+    }
+    return st;
+}
+
+/* The outer batch of a finished job, with what the inner backend said about it. */
+static ccq_be_batch *job_finish(fault_job *j)
+{
+    ccq_be_batch *b = j->outer;
+    if (j->inner.status != CCQ_OK) {
+        b->status = j->inner.status;
+        snprintf(b->detail.msg, sizeof b->detail.msg, "%s", j->inner.detail.msg);
+    } else if (j->inner.detail.msg[0] != '\0' && b->detail.msg[0] == '\0') {
+        snprintf(b->detail.msg, sizeof b->detail.msg, "%s", j->inner.detail.msg);
+    }
+    b->be_priv = NULL;
+    free(j);
+    return b;
+}
+
+static ccq_be_batch *fault_poll(ccq_backend *be)
+{
+    fault_be *f = to_fault(be);
+    ccq_be_batch *list = NULL;
+    uint64_t now = f->held != NULL ? ccq_now_ns() : 0;
+
+    /* Held batches whose delay is over go to the inner backend now. */
+    for (fault_job **pp = &f->held; *pp != NULL;) {
+        fault_job *j = *pp;
+        if (j->release_ns > now) {
+            pp = &j->next;
+            continue;
+        }
+        *pp = j->next;
+        ccq_errbuf err = {{0}};
+        if (job_start(f, j, &err) != CCQ_OK) {
+            j->inner.status = j->inner.ops[0]->status;
+            snprintf(j->inner.detail.msg, sizeof j->inner.detail.msg, "%s", err.msg);
+            job_end_now(f, j);
+        }
+    }
+    while (f->done != NULL) {
+        fault_job *j = f->done;
+        f->done = j->next;
+        ccq_be_batch *b = job_finish(j);
+        b->next_done = list;
+        list = b;
+    }
+    for (ccq_be_batch *ib = f->inner_ops->poll(f->inner); ib != NULL;) {
+        ccq_be_batch *next = ib->next_done;
+        ccq_be_batch *b = job_finish(ccq_container_of(ib, fault_job, inner));
+        b->next_done = list;
+        list = b;
+        ib = next;
+    }
+    return list;
+}
+
+/* An abort also ends the held operations of that communicator: they never started, so
+ * they fail at once and their buffers are untouched. */
+static void fault_abort(ccq_backend *be, ccq_be_comm *comm)
+{
+    fault_be *f = to_fault(be);
+
+    f->inner_ops->abort(f->inner, comm);
+    for (fault_job **pp = &f->held; *pp != NULL;) {
+        fault_job *j = *pp;
+        uint32_t n = 0;
+        for (uint32_t k = 0; k < j->inner.nops; k++) {
+            if (j->ops[k]->comm == comm)
+                j->ops[k]->status = CCQ_ERR_ABORTED;
+            else
+                j->ops[n++] = j->ops[k];
+        }
+        j->inner.nops = n;
+        if (n > 0) {
+            pp = &j->next;
+            continue;
+        }
+        *pp = j->next;
+        job_end_now(f, j);
+    }
+}
+
+ccq_status ccq_fault_wrap(const ccq_fault_plan *plan, const ccq_backend_ops **ops, ccq_backend **be)
+{
+    const ccq_backend_ops *in = *ops;
+    fault_be *f;
+
+    if (plan->fail_op < 0 && plan->fail_every <= 0 && plan->delay_us <= 0)
+        return CCQ_OK; /* nothing for a backend layer to do */
+    f = calloc(1, sizeof *f);
+    if (f == NULL)
+        return CCQ_ERR_NO_MEMORY;
+    f->inner_ops = in;
+    f->inner = *be;
+    f->plan = *plan;
+    f->ops = (ccq_backend_ops){
+        .name = in->name,
+        .create = NULL, /* the wrapper is made around a backend that exists */
+        .destroy = fwd_destroy,
+        .device_count = fwd_device_count,
+        .comm_create = fwd_comm_create,
+        .comm_destroy = fwd_comm_destroy,
+        .issue = fault_issue,
+        .poll = fault_poll,
+        .abort = fault_abort,
+        .poll_interval_ns = in->poll_interval_ns && in->poll_interval_ns < FAULT_POLL_INTERVAL_NS
+                                ? in->poll_interval_ns
+                                : FAULT_POLL_INTERVAL_NS,
+        .check = in->check ? fwd_check : NULL,
+        .submit = in->submit ? fwd_submit : NULL,
+        .fence = in->fence ? fwd_fence : NULL,
+        .bind_stream = in->bind_stream ? fwd_bind_stream : NULL,
+        .mem_alloc = in->mem_alloc ? fwd_mem_alloc : NULL,
+        .mem_free = in->mem_free ? fwd_mem_free : NULL,
+        .mem_copy = in->mem_copy ? fwd_mem_copy : NULL,
+    };
+    f->base.ops = &f->ops;
+    *ops = &f->ops;
+    *be = &f->base;
+    return CCQ_OK;
+}
