@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "ccq.h"
+#include "common/kinds.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -20,20 +21,8 @@ typedef struct ccq_errbuf {
     char msg[CCQ_DETAIL_LEN];
 } ccq_errbuf;
 
-/* Kinds of operations a batch carries. A collective is one op holding every local
- * rank's part; a send/recv pair is one op with two parts (send first, recv second). */
-typedef enum ccq_op_kind {
-    CCQ_OP_ALL_REDUCE,
-    CCQ_OP_SENDRECV,
-    CCQ_OP_BROADCAST,
-    CCQ_OP_REDUCE,
-    CCQ_OP_ALL_GATHER,
-    CCQ_OP_REDUCE_SCATTER,
-    CCQ_OP_ALL_TO_ALL,
-    CCQ_OP_GATHER,
-    CCQ_OP_SCATTER,
-    CCQ_OP_KIND_COUNT_
-} ccq_op_kind;
+/* Devices one runtime can have, and so parts one operation can have. */
+#define CCQ_MAX_DEVICES 1024u
 
 /* Collective parts are in rank order; each part's src and dst hold count or count * n
  * elements as the kind defines (see ccq.h), and a NULL buffer means "not used by this
@@ -54,7 +43,7 @@ typedef struct ccq_be_comm ccq_be_comm; /* a backend's communicator (opaque to t
 /* An operation as the backend sees it. Owned by the runtime; valid from issue() until the
  * batch holding it comes back from poll(). */
 typedef struct ccq_be_op {
-    uint8_t kind;  /* ccq_op_kind */
+    uint8_t kind;  /* ccq_kind; a send/recv pair is CCQ_KIND_SEND (common/kinds.h) */
     uint8_t dtype; /* ccq_dtype */
     uint8_t redop; /* ccq_reduce_op (collectives that reduce) */
     uint32_t root; /* root rank (broadcast, reduce, gather, scatter) */
@@ -89,7 +78,7 @@ typedef struct ccq_be_submit {
     ccq_device_id device;
     uint32_t stream_index;
     uint32_t slot;
-    uint8_t kind; /* ccq_op_kind of the operation the command is part of */
+    uint8_t kind; /* ccq_kind of the command (CCQ_KIND_SEND or CCQ_KIND_RECV for a pair) */
     uint8_t dtype;
     uint8_t redop;
 } ccq_be_submit;

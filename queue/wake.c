@@ -10,13 +10,6 @@
 #include <time.h>
 #include <unistd.h>
 
-uint64_t ccq_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 void ccq_spin_step(unsigned *step)
 {
     for (int k = 0; k < 32; k++)

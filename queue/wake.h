@@ -11,8 +11,7 @@
 
 #include "queue/tsan.h"
 
-/* Monotonic clock in nanoseconds; the one clock all of ccq uses. */
-uint64_t ccq_now_ns(void);
+#include "common/clock.h" /* deadlines are on ccq_now_ns() */
 
 /* One step of a bounded polling loop: a few hundred nanoseconds of `pause`, and every
  * eighth step a sched_yield(), so a poller never keeps a runnable thread (often the one

@@ -12,6 +12,7 @@
 
 #include "backends/backend.h"
 #include "ccq.h"
+#include "common/kinds.h"
 #include "queue/mpsc.h"
 #include "queue/wake.h"
 #include "runtime/fault.h"
@@ -20,43 +21,9 @@
 #define CCQ_CACHELINE 64
 
 /* Upper bounds for configuration values (validated in ccq_runtime_create). */
-#define CCQ_MAX_DEVICES     1024u
 #define CCQ_MAX_STREAMS_MAX 65536u
 #define CCQ_QUEUE_DEPTH_MAX (1u << 20)
 #define CCQ_MAX_BATCH_MAX   65536u
-
-/* Command kinds: one rank's part as the user submitted it. */
-/* Command kinds: the public ccq_kind numbering. */
-enum ccq_cmd_kind {
-    CCQ_CMD_ALL_REDUCE = CCQ_KIND_ALL_REDUCE,
-    CCQ_CMD_SEND = CCQ_KIND_SEND,
-    CCQ_CMD_RECV = CCQ_KIND_RECV,
-    CCQ_CMD_BROADCAST = CCQ_KIND_BROADCAST,
-    CCQ_CMD_REDUCE = CCQ_KIND_REDUCE,
-    CCQ_CMD_ALL_GATHER = CCQ_KIND_ALL_GATHER,
-    CCQ_CMD_REDUCE_SCATTER = CCQ_KIND_REDUCE_SCATTER,
-    CCQ_CMD_ALL_TO_ALL = CCQ_KIND_ALL_TO_ALL,
-    CCQ_CMD_GATHER = CCQ_KIND_GATHER,
-    CCQ_CMD_SCATTER = CCQ_KIND_SCATTER,
-};
-
-/* What each kind of command is: one table drives validation, matching, hazards and the
- * backend op, so every collective goes through the same path. */
-enum { CCQ_USE_NONE, CCQ_USE_ALL, CCQ_USE_ROOT };
-typedef struct ccq_kind_info {
-    const char *name;
-    uint8_t op_kind;          /* ccq_op_kind */
-    bool collective;          /* on the communicator's collective channel */
-    bool reduces;             /* takes a reduce op */
-    bool rooted;              /* takes a root */
-    uint8_t src_use, dst_use; /* which ranks read src / write dst */
-    bool src_n, dst_n;        /* the buffer holds count * n elements (else count) */
-} ccq_kind_info;
-extern const ccq_kind_info ccq_kinds[CCQ_KIND_COUNT_];
-
-/* Bytes of a part's src / dst (0 when this rank does not use it). */
-size_t ccq_part_src_bytes(uint8_t kind, size_t count, size_t esize, uint32_t n, bool is_root);
-size_t ccq_part_dst_bytes(uint8_t kind, size_t count, size_t esize, uint32_t n, bool is_root);
 
 /* Scheduler-side states of a command. */
 enum ccq_cmd_state {
@@ -106,7 +73,7 @@ typedef struct ccq_cmd {
     /* Cache-line aligned: neighbouring slots belong to different commands, which a
      * producer and the scheduler touch at the same time. */
     alignas(CCQ_CACHELINE) ccq_mpsc_node qnode;
-    uint8_t kind;  /* ccq_cmd_kind */
+    uint8_t kind;  /* ccq_kind */
     uint8_t dtype; /* ccq_dtype */
     uint8_t redop; /* ccq_reduce_op */
     uint8_t chan;  /* CCQ_CHAN_* */
@@ -320,7 +287,6 @@ ccq_status ccq_fail(ccq_status st, const char *fmt, ...) __attribute__((format(p
 void ccq_clear_detail(void);
 size_t ccq_format(char *buf, size_t len, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-const char *ccq_cmd_kind_name(uint8_t kind);
 size_t ccq_describe_cmd(char *buf, size_t len, const ccq_cmd *c);
 size_t ccq_describe_comm(char *buf, size_t len, const ccq_comm *comm);
 
@@ -335,7 +301,6 @@ void ccq_comm_free_all(ccq_runtime *rt);
 ccq_status ccq_sched_create(ccq_runtime *rt);
 void ccq_sched_destroy(ccq_runtime *rt);
 void *ccq_sched_main(void *arg);
-void ccq_sched_notify(void *arg); /* backend completion hook */
 
 /* ---- runtime/trace.c ---- */
 ccq_status ccq_trace_write_file(ccq_runtime *rt, const char *path);

@@ -605,8 +605,8 @@ static ccq_status check_buffers(const char *fn, const ccq_kind_info *k, const su
                                 size_t esize, uint32_t n, uint32_t rank, uint32_t root)
 {
     bool is_root = rank == root;
-    size_t sb = ccq_part_src_bytes(a->kind, a->count, esize, n, is_root);
-    size_t db = ccq_part_dst_bytes(a->kind, a->count, esize, n, is_root);
+    size_t sb = ccq_kind_src_bytes(a->kind, a->count, esize, n, is_root);
+    size_t db = ccq_kind_dst_bytes(a->kind, a->count, esize, n, is_root);
     size_t block = a->count * esize; /* one rank's block */
     uintptr_t s0 = (uintptr_t)a->src, d0 = (uintptr_t)a->dst;
 
@@ -616,49 +616,42 @@ static ccq_status check_buffers(const char *fn, const ccq_kind_info *k, const su
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "%s: dst is NULL", fn);
     if (sb == 0 || db == 0 || !(s0 < d0 + db && d0 < s0 + sb))
         return CCQ_OK;
-    /* The one in-place position of each kind (NCCL's), in bytes from the other buffer. */
-    const char *rule = "src == dst";
-    bool ok = false;
-    switch (a->kind) {
-    case CCQ_CMD_ALL_REDUCE:
-    case CCQ_CMD_BROADCAST:
-    case CCQ_CMD_REDUCE:
-        ok = s0 == d0;
+    /* The one in-place position of the kind (common/kinds.h), in bytes from the other. */
+    switch (k->inplace) {
+    case CCQ_INPLACE_SAME:
+        if (s0 == d0)
+            return CCQ_OK;
         break;
-    case CCQ_CMD_ALL_GATHER:
-        ok = s0 == d0 + rank * block;
-        rule = "src == dst + rank * count";
-        break;
-    case CCQ_CMD_REDUCE_SCATTER:
-        ok = d0 == s0 + rank * block;
-        rule = "dst == src + rank * count";
-        break;
-    case CCQ_CMD_GATHER:
-        ok = s0 == d0 + root * block;
-        rule = "src == dst + root_rank * count, on the root";
-        break;
-    case CCQ_CMD_SCATTER:
-        ok = d0 == s0 + root * block;
-        rule = "dst == src + root_rank * count, on the root";
-        break;
+    case CCQ_INPLACE_SRC_AT_RANK:
+        if (s0 == d0 + rank * block)
+            return CCQ_OK;
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "%s: src and dst overlap (in place needs %s; rank %u)", fn, k->inplace_rule,
+                        rank);
+    case CCQ_INPLACE_DST_AT_RANK:
+        if (d0 == s0 + rank * block)
+            return CCQ_OK;
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "%s: src and dst overlap (in place needs %s; rank %u)", fn, k->inplace_rule,
+                        rank);
+    case CCQ_INPLACE_SRC_AT_ROOT:
+        if (s0 == d0 + root * block)
+            return CCQ_OK;
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "%s: src and dst overlap (in place needs %s; root rank %u)", fn,
+                        k->inplace_rule, root);
+    case CCQ_INPLACE_DST_AT_ROOT:
+        if (d0 == s0 + root * block)
+            return CCQ_OK;
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "%s: src and dst overlap (in place needs %s; root rank %u)", fn,
+                        k->inplace_rule, root);
     default:
-        rule = NULL; /* all_to_all, send/recv: no in-place form */
-        break;
-    }
-    if (ok)
-        return CCQ_OK;
-    if (rule == NULL)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
                         "%s: src and dst overlap (%s has no in-place form)", fn, k->name);
-    if (k->rooted && !k->reduces && a->kind != CCQ_CMD_BROADCAST) /* gather, scatter */
-        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
-                        "%s: src and dst overlap (in place needs %s; root rank %u)", fn, rule,
-                        root);
-    if (k->src_n || k->dst_n) /* all_gather, reduce_scatter */
-        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
-                        "%s: src and dst overlap (in place needs %s; rank %u)", fn, rule, rank);
+    }
     return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "%s: src and dst overlap (in place needs %s)", fn,
-                    rule);
+                    k->inplace_rule);
 }
 
 static ccq_status submit(ccq_runtime *rt, const char *fn, const submit_args *a,
@@ -751,18 +744,18 @@ static ccq_status submit(ccq_runtime *rt, const char *fn, const submit_args *a,
             return st;
         ccq_comm_request_init(rt, comm);
         /* Direction: from the sender's rank to the receiver's. */
-        uint32_t from = a->kind == CCQ_CMD_SEND ? rank : (a->peer == sorted[0] ? 0 : 1);
+        uint32_t from = a->kind == CCQ_KIND_SEND ? rank : (a->peer == sorted[0] ? 0 : 1);
         uint32_t dir = nset == 1 ? 0 : from;
         chan = CCQ_CHAN_P2P0 + dir;
-        part = a->kind == CCQ_CMD_SEND ? 0 : 1;
-        counter = a->kind == CCQ_CMD_SEND ? &comm->p2p_send[dir].v : &comm->p2p_recv[dir].v;
+        part = a->kind == CCQ_KIND_SEND ? 0 : 1;
+        counter = a->kind == CCQ_KIND_SEND ? &comm->p2p_send[dir].v : &comm->p2p_recv[dir].v;
     }
     st = comm_status(comm, fn);
     if (st != CCQ_OK)
         return st;
     be_sub.device = a->device;
     be_sub.stream_index = a->device * rt->max_streams + a->stream;
-    be_sub.kind = k->op_kind;
+    be_sub.kind = a->kind;
     be_sub.dtype = (uint8_t)a->dtype;
     be_sub.redop = (uint8_t)a->op;
     if (rt->be_ops->check != NULL) {
@@ -825,7 +818,7 @@ CCQ_API ccq_status ccq_all_reduce(ccq_runtime *rt, ccq_device_id device, ccq_str
                                   const void *src, void *dst, size_t count, ccq_dtype dtype,
                                   ccq_reduce_op op, const ccq_device_id *devices, size_t n)
 {
-    submit_args a = {CCQ_CMD_ALL_REDUCE, device, stream, src, dst, count, dtype, op, 0};
+    submit_args a = {CCQ_KIND_ALL_REDUCE, device, stream, src, dst, count, dtype, op, 0};
     return submit(rt, "ccq_all_reduce", &a, devices, n);
 }
 
@@ -833,7 +826,7 @@ CCQ_API ccq_status ccq_broadcast(ccq_runtime *rt, ccq_device_id device, ccq_stre
                                  const void *src, void *dst, size_t count, ccq_dtype dtype,
                                  ccq_device_id root, const ccq_device_id *devices, size_t n)
 {
-    submit_args a = {CCQ_CMD_BROADCAST, device, stream, src, dst, count, dtype, CCQ_SUM, root};
+    submit_args a = {CCQ_KIND_BROADCAST, device, stream, src, dst, count, dtype, CCQ_SUM, root};
     return submit(rt, "ccq_broadcast", &a, devices, n);
 }
 
@@ -842,7 +835,7 @@ CCQ_API ccq_status ccq_reduce(ccq_runtime *rt, ccq_device_id device, ccq_stream_
                               ccq_reduce_op op, ccq_device_id root, const ccq_device_id *devices,
                               size_t n)
 {
-    submit_args a = {CCQ_CMD_REDUCE, device, stream, src, dst, count, dtype, op, root};
+    submit_args a = {CCQ_KIND_REDUCE, device, stream, src, dst, count, dtype, op, root};
     return submit(rt, "ccq_reduce", &a, devices, n);
 }
 
@@ -850,7 +843,7 @@ CCQ_API ccq_status ccq_all_gather(ccq_runtime *rt, ccq_device_id device, ccq_str
                                   const void *src, void *dst, size_t count, ccq_dtype dtype,
                                   const ccq_device_id *devices, size_t n)
 {
-    submit_args a = {CCQ_CMD_ALL_GATHER, device, stream, src, dst, count, dtype, CCQ_SUM, 0};
+    submit_args a = {CCQ_KIND_ALL_GATHER, device, stream, src, dst, count, dtype, CCQ_SUM, 0};
     return submit(rt, "ccq_all_gather", &a, devices, n);
 }
 
@@ -858,7 +851,7 @@ CCQ_API ccq_status ccq_reduce_scatter(ccq_runtime *rt, ccq_device_id device, ccq
                                       const void *src, void *dst, size_t count, ccq_dtype dtype,
                                       ccq_reduce_op op, const ccq_device_id *devices, size_t n)
 {
-    submit_args a = {CCQ_CMD_REDUCE_SCATTER, device, stream, src, dst, count, dtype, op, 0};
+    submit_args a = {CCQ_KIND_REDUCE_SCATTER, device, stream, src, dst, count, dtype, op, 0};
     return submit(rt, "ccq_reduce_scatter", &a, devices, n);
 }
 
@@ -866,7 +859,7 @@ CCQ_API ccq_status ccq_all_to_all(ccq_runtime *rt, ccq_device_id device, ccq_str
                                   const void *src, void *dst, size_t count, ccq_dtype dtype,
                                   const ccq_device_id *devices, size_t n)
 {
-    submit_args a = {CCQ_CMD_ALL_TO_ALL, device, stream, src, dst, count, dtype, CCQ_SUM, 0};
+    submit_args a = {CCQ_KIND_ALL_TO_ALL, device, stream, src, dst, count, dtype, CCQ_SUM, 0};
     return submit(rt, "ccq_all_to_all", &a, devices, n);
 }
 
@@ -874,7 +867,7 @@ CCQ_API ccq_status ccq_gather(ccq_runtime *rt, ccq_device_id device, ccq_stream_
                               const void *src, void *dst, size_t count, ccq_dtype dtype,
                               ccq_device_id root, const ccq_device_id *devices, size_t n)
 {
-    submit_args a = {CCQ_CMD_GATHER, device, stream, src, dst, count, dtype, CCQ_SUM, root};
+    submit_args a = {CCQ_KIND_GATHER, device, stream, src, dst, count, dtype, CCQ_SUM, root};
     return submit(rt, "ccq_gather", &a, devices, n);
 }
 
@@ -882,21 +875,21 @@ CCQ_API ccq_status ccq_scatter(ccq_runtime *rt, ccq_device_id device, ccq_stream
                                const void *src, void *dst, size_t count, ccq_dtype dtype,
                                ccq_device_id root, const ccq_device_id *devices, size_t n)
 {
-    submit_args a = {CCQ_CMD_SCATTER, device, stream, src, dst, count, dtype, CCQ_SUM, root};
+    submit_args a = {CCQ_KIND_SCATTER, device, stream, src, dst, count, dtype, CCQ_SUM, root};
     return submit(rt, "ccq_scatter", &a, devices, n);
 }
 
 CCQ_API ccq_status ccq_send(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream,
                             const void *src, size_t count, ccq_dtype dtype, ccq_device_id peer)
 {
-    submit_args a = {CCQ_CMD_SEND, device, stream, src, NULL, count, dtype, CCQ_SUM, peer};
+    submit_args a = {CCQ_KIND_SEND, device, stream, src, NULL, count, dtype, CCQ_SUM, peer};
     return submit(rt, "ccq_send", &a, NULL, 0);
 }
 
 CCQ_API ccq_status ccq_recv(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream, void *dst,
                             size_t count, ccq_dtype dtype, ccq_device_id peer)
 {
-    submit_args a = {CCQ_CMD_RECV, device, stream, NULL, dst, count, dtype, CCQ_SUM, peer};
+    submit_args a = {CCQ_KIND_RECV, device, stream, NULL, dst, count, dtype, CCQ_SUM, peer};
     return submit(rt, "ccq_recv", &a, NULL, 0);
 }
 

@@ -145,12 +145,6 @@ void ccq_sched_destroy(ccq_runtime *rt)
     rt->sched = NULL;
 }
 
-void ccq_sched_notify(void *arg)
-{
-    ccq_runtime *rt = arg;
-    ccq_wake_signal(&rt->wake);
-}
-
 /* ------------------------------------------------------------------------------------ */
 /* Instances and channel windows                                                         */
 /* ------------------------------------------------------------------------------------ */
@@ -359,7 +353,7 @@ static size_t field_str(char *buf, size_t len, const ccq_cmd *c, int f)
 {
     switch (f) {
     case 0:
-        return ccq_format(buf, len, "%s", ccq_cmd_kind_name(c->kind));
+        return ccq_format(buf, len, "%s", ccq_kind_name(c->kind));
     case 1:
         return ccq_format(buf, len, "%zu", c->count);
     case 2:
@@ -427,7 +421,7 @@ static void inst_complete(ccq_runtime *rt, ccq_sched *S, ccq_inst *i)
         return;
     }
 
-    i->op.kind = ccq_kinds[c0->kind].op_kind;
+    i->op.kind = c0->kind; /* a send/recv pair: part 0, the send (see common/kinds.h) */
     i->op.dtype = c0->dtype;
     i->op.redop = c0->redop;
     i->op.root = ch->id == CCQ_CHAN_COLL ? c0->root : 0;
@@ -514,8 +508,8 @@ static void arrive(ccq_runtime *rt, ccq_cmd *c)
         size_t es = ccq_dtype_size((ccq_dtype)c->dtype);
         bool root = c->rank == c->root;
         uint32_t n = ccq_kinds[c->kind].collective ? c->comm->n : 1;
-        size_t rb = ccq_part_src_bytes(c->kind, c->count, es, n, root);
-        size_t wb = ccq_part_dst_bytes(c->kind, c->count, es, n, root);
+        size_t rb = ccq_kind_src_bytes(c->kind, c->count, es, n, root);
+        size_t wb = ccq_kind_dst_bytes(c->kind, c->count, es, n, root);
         c->rd =
             c->src && rb ? (ccq_span){(uintptr_t)c->src, (uintptr_t)c->src + rb} : CCQ_SPAN_EMPTY;
         c->wr =
@@ -1223,7 +1217,7 @@ static void describe_wait(ccq_inst *i, ccq_cmd *c, uint64_t now, char *buf, size
                                     comm->devices[r]);
             /* The signature they owe: what the parts that did come agree on. */
             w += ccq_format(buf + w, len - w, ", which %s not submitted %s #%" PRIu64 " (%s x %zu",
-                            missing > 1 ? "have" : "has", ccq_cmd_kind_name(c->kind), i->seq,
+                            missing > 1 ? "have" : "has", ccq_kind_name(c->kind), i->seq,
                             ccq_dtype_name((ccq_dtype)c->dtype), c->count);
             if (ccq_kinds[c->kind].reduces)
                 w += ccq_format(buf + w, len - w, ", %s",
@@ -1241,7 +1235,7 @@ static void describe_wait(ccq_inst *i, ccq_cmd *c, uint64_t now, char *buf, size
                                 comm->coll_done[r]);
         } else {
             ccq_cmd *have = i->cmds[0] ? i->cmds[0] : i->cmds[1];
-            if (have->kind == CCQ_CMD_SEND)
+            if (have->kind == CCQ_KIND_SEND)
                 w += ccq_format(buf + w, len - w,
                                 "; missing the matching recv on device %u from "
                                 "device %u (#%" PRIu64 ")",

@@ -74,10 +74,9 @@ static void op_args(FILE *f, const comm_names *cn, const ccq_event *e, const cmd
             "{\"id\":%" PRIu64 ",\"comm\":\"%s\",\"seq\":%" PRIu64 ",\"dtype\":\"%s\","
             "\"count\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"thread\":%u",
             e->id, set, e->seq, ccq_dtype_name((ccq_dtype)e->dtype), e->count, e->bytes, e->thread);
-    if (e->kind == CCQ_KIND_ALL_REDUCE || e->kind == CCQ_KIND_REDUCE ||
-        e->kind == CCQ_KIND_REDUCE_SCATTER)
+    if (e->kind < CCQ_KIND_COUNT_ && ccq_kinds[e->kind].reduces)
         fprintf(f, ",\"op\":\"%s\"", ccq_reduce_op_name((ccq_reduce_op)e->op));
-    if (e->peer_valid && e->kind != CCQ_KIND_SEND && e->kind != CCQ_KIND_RECV)
+    if (e->peer_valid && e->kind < CCQ_KIND_COUNT_ && ccq_kinds[e->kind].rooted)
         fprintf(f, ",\"root\":%u", e->peer);
     if (ci != NULL && ci->have_issue) {
         fprintf(f, ",\"batch\":%" PRIu64, ci->batch);

@@ -116,51 +116,6 @@ size_t ccq_format(char *buf, size_t len, const char *fmt, ...)
     return (size_t)n < len ? (size_t)n : len - 1;
 }
 
-#define A CCQ_USE_ALL
-#define R CCQ_USE_ROOT
-#define N CCQ_USE_NONE
-/* name, backend op kind, on the collective channel, reduces, rooted, who reads src, who
- * writes dst, src holds count * n, dst holds count * n. */
-const ccq_kind_info ccq_kinds[CCQ_KIND_COUNT_] = {
-    [CCQ_CMD_ALL_REDUCE] = {"all_reduce", CCQ_OP_ALL_REDUCE, true, true, false, A, A, false, false},
-    [CCQ_CMD_SEND] = {"send", CCQ_OP_SENDRECV, false, false, false, A, N, false, false},
-    [CCQ_CMD_RECV] = {"recv", CCQ_OP_SENDRECV, false, false, false, N, A, false, false},
-    [CCQ_CMD_BROADCAST] = {"broadcast", CCQ_OP_BROADCAST, true, false, true, R, A, false, false},
-    [CCQ_CMD_REDUCE] = {"reduce", CCQ_OP_REDUCE, true, true, true, A, R, false, false},
-    [CCQ_CMD_ALL_GATHER] = {"all_gather", CCQ_OP_ALL_GATHER, true, false, false, A, A, false, true},
-    [CCQ_CMD_REDUCE_SCATTER] = {"reduce_scatter", CCQ_OP_REDUCE_SCATTER, true, true, false, A, A,
-                                true, false},
-    [CCQ_CMD_ALL_TO_ALL] = {"all_to_all", CCQ_OP_ALL_TO_ALL, true, false, false, A, A, true, true},
-    [CCQ_CMD_GATHER] = {"gather", CCQ_OP_GATHER, true, false, true, A, R, false, true},
-    [CCQ_CMD_SCATTER] = {"scatter", CCQ_OP_SCATTER, true, false, true, R, A, true, false},
-};
-#undef A
-#undef R
-#undef N
-
-static size_t part_bytes(uint8_t use, bool times_n, size_t count, size_t esize, uint32_t n,
-                         bool is_root)
-{
-    if (use == CCQ_USE_NONE || (use == CCQ_USE_ROOT && !is_root))
-        return 0;
-    return count * esize * (times_n ? n : 1u);
-}
-
-size_t ccq_part_src_bytes(uint8_t kind, size_t count, size_t esize, uint32_t n, bool is_root)
-{
-    return part_bytes(ccq_kinds[kind].src_use, ccq_kinds[kind].src_n, count, esize, n, is_root);
-}
-
-size_t ccq_part_dst_bytes(uint8_t kind, size_t count, size_t esize, uint32_t n, bool is_root)
-{
-    return part_bytes(ccq_kinds[kind].dst_use, ccq_kinds[kind].dst_n, count, esize, n, is_root);
-}
-
-const char *ccq_cmd_kind_name(uint8_t kind)
-{
-    return kind < CCQ_KIND_COUNT_ ? ccq_kinds[kind].name : "?";
-}
-
 CCQ_API const char *ccq_kind_name(uint32_t kind)
 {
     return kind < CCQ_KIND_COUNT_ ? ccq_kinds[kind].name : "?";
@@ -198,7 +153,7 @@ size_t ccq_describe_cmd(char *buf, size_t len, const ccq_cmd *c)
     } else {
         w += ccq_format(buf + w, len - w, "%s #%llu (%s x %zu) %s device %u", k->name,
                         (unsigned long long)c->seq, ccq_dtype_name(c->dtype), c->count,
-                        c->kind == CCQ_CMD_SEND ? "to" : "from", c->peer);
+                        c->kind == CCQ_KIND_SEND ? "to" : "from", c->peer);
     }
     w += ccq_format(buf + w, len - w, " on device %u stream %u", c->device, c->stream->id);
     return w;

@@ -213,7 +213,7 @@ static void tb_complete(tb *t, ccq_be_batch *b)
         op->status = CCQ_OK;
         if (bytes == 0)
             continue;
-        if (op->kind == CCQ_OP_ALL_REDUCE) {
+        if (op->kind == CCQ_KIND_ALL_REDUCE) {
             const void *in[TB_PARTS];
             void *tmp = malloc(bytes);
             if (tmp == NULL) {
@@ -828,9 +828,9 @@ static void test_interleaved_recording(void **state)
         const rec_batch *b = tb_batch(t, i);
         for (uint32_t k = 0; k < b->nops; k++) {
             const rec_op *o = tb_op(t, b, k);
-            assert_int_equal(o->nparts, o->kind == CCQ_OP_SENDRECV ? 2 : o->comm->n);
+            assert_int_equal(o->nparts, o->kind == CCQ_KIND_SEND ? 2 : o->comm->n);
             assert_int_equal(o->comm_size, o->comm->n);
-            if (o->kind == CCQ_OP_ALL_REDUCE)
+            if (o->kind == CCQ_KIND_ALL_REDUCE)
                 for (uint32_t p = 0; p < o->nparts; p++) {
                     assert_int_equal(o->parts[p].rank, p);
                     assert_int_equal(o->parts[p].device, o->comm->devs[p]);
@@ -1017,7 +1017,7 @@ static void check_ar_result(const arbuf *b, const ccq_device_id *set, uint32_t n
 static bool is_ar(const rec_op *o, const arbuf *b, const ccq_device_id *set, uint32_t n,
                   ccq_stream_id s)
 {
-    if (o->kind != CCQ_OP_ALL_REDUCE || o->nparts != n || o->comm_size != n || o->count != GC ||
+    if (o->kind != CCQ_KIND_ALL_REDUCE || o->nparts != n || o->comm_size != n || o->count != GC ||
         o->dtype != CCQ_INT32 || o->redop != CCQ_SUM)
         return false;
     for (uint32_t r = 0; r < n; r++) {
@@ -1188,7 +1188,7 @@ static void test_batch_independent_streams(void **state)
     expect_ar(t, 1, 6, &b, DEV_B, 2, 7, "independent streams");
     expect_ar(t, 1, 7, &c, DEV_C, 2, 8, "independent streams");
     const rec_op *p2p = tb_op(t, rb, 8);
-    assert_int_equal(p2p->kind, CCQ_OP_SENDRECV);
+    assert_int_equal(p2p->kind, CCQ_KIND_SEND);
     assert_int_equal(p2p->nparts, 2);
     assert_int_equal(p2p->count, 4);
     assert_int_equal(p2p->parts[0].device, 1);
@@ -1291,7 +1291,7 @@ static void test_batch_stream_order(void **state)
     rb = tb_batch(t, before + 2);
     assert_int_equal(rb->nops, 2);
     expect_ar(t, before + 2, 0, &w1, DEV_B, 2, 2, "w1");
-    assert_int_equal(tb_op(t, rb, 1)->kind, CCQ_OP_SENDRECV);
+    assert_int_equal(tb_op(t, rb, 1)->kind, CCQ_KIND_SEND);
     assert_memory_equal(sv, rv, sizeof sv);
     check_ar_result(&g, DEV_A, 4);
     check_ar_result(&y, DEV_A, 4);
@@ -1339,7 +1339,7 @@ static void test_ring_beyond_max(void **state)
         bool seen[NDEV] = {false};
         for (uint32_t k = 0; k < rb->nops; k++) {
             const rec_op *o = tb_op(t, rb, k);
-            assert_int_equal(o->kind, CCQ_OP_SENDRECV);
+            assert_int_equal(o->kind, CCQ_KIND_SEND);
             assert_int_equal(o->nparts, 2);
             uint32_t from = o->parts[0].device;
             assert_true(from < NDEV);
@@ -1417,8 +1417,8 @@ static void test_batch_hazards(void **state)
     expect_ar(t, 6, 0, &h, DEV_A, 4, 1, "before its readers");
     rb = tb_batch(t, 7);
     assert_int_equal(rb->nops, 2);
-    assert_int_equal(tb_op(t, rb, 0)->kind, CCQ_OP_ALL_REDUCE);
-    assert_int_equal(tb_op(t, rb, 1)->kind, CCQ_OP_SENDRECV);
+    assert_int_equal(tb_op(t, rb, 0)->kind, CCQ_KIND_ALL_REDUCE);
+    assert_int_equal(tb_op(t, rb, 1)->kind, CCQ_KIND_SEND);
     check_ar_result(&h, DEV_A, 4);
     assert_memory_equal(z, h.dst[0], sizeof z);
     for (uint32_t d = 0; d < NDEV; d++)

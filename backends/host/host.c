@@ -26,8 +26,6 @@
 /* Default working set (inputs + outputs of all ranks) from which outputs use streaming
  * stores (cfg.host_stream_bytes overrides it). */
 #define HOST_NT_BYTES (64ull * 1024u * 1024u)
-/* Ranks one op can have here (the runtime's device limit). */
-#define CCQ_HOST_MAX_RANKS 1024u
 
 typedef struct host_comm {
     uint32_t n;
@@ -72,24 +70,7 @@ static host_be *to_host(ccq_backend *be)
 /* Bytes an op reads and writes in all: what it costs, for the inline/worker decision. */
 static size_t op_moved_bytes(const ccq_be_op *op)
 {
-    size_t b = op->count * ccq_dtype_size((ccq_dtype)op->dtype), n = op->nparts;
-    switch (op->kind) {
-    case CCQ_OP_SENDRECV:
-        return 2 * b;
-    case CCQ_OP_BROADCAST:
-    case CCQ_OP_REDUCE:
-        return (n + 1) * b;
-    case CCQ_OP_ALL_GATHER:
-    case CCQ_OP_REDUCE_SCATTER:
-        return (n * n + n) * b;
-    case CCQ_OP_ALL_TO_ALL:
-        return 2 * n * n * b;
-    case CCQ_OP_GATHER:
-    case CCQ_OP_SCATTER:
-        return 2 * n * b;
-    default: /* all_reduce */
-        return 2 * n * b;
-    }
+    return ccq_kind_op_bytes(op->kind, op->count, ccq_dtype_size((ccq_dtype)op->dtype), op->nparts);
 }
 
 /* Copy `bytes` from src to every non-NULL dst (skipping dst == src, in place), block by
@@ -115,8 +96,8 @@ static void run_range(const ccq_be_op *op, size_t begin, size_t end, uint64_t st
     size_t es = ccq_dtype_size((ccq_dtype)op->dtype), blk = op->count * es;
     size_t off = begin * es, len = (end - begin) * es;
     uint32_t n = op->nparts;
-    const void *src[CCQ_HOST_MAX_RANKS];
-    void *dst[CCQ_HOST_MAX_RANKS];
+    const void *src[CCQ_MAX_DEVICES];
+    void *dst[CCQ_MAX_DEVICES];
     ccq_dtype dt = (ccq_dtype)op->dtype;
     ccq_reduce_op ro = (ccq_reduce_op)op->redop;
     /* Streaming stores once the op's working set is far beyond the caches: they skip the
@@ -129,7 +110,7 @@ static void run_range(const ccq_be_op *op, size_t begin, size_t end, uint64_t st
     if (begin >= end)
         return;
     switch (op->kind) {
-    case CCQ_OP_ALL_REDUCE: {
+    case CCQ_KIND_ALL_REDUCE: {
         bool in_place = false;
         for (uint32_t r = 0; r < n; r++) {
             src[r] = op->parts[r].src;
@@ -139,13 +120,13 @@ static void run_range(const ccq_be_op *op, size_t begin, size_t end, uint64_t st
         ccq_host_allreduce_range_ex(dt, ro, n, src, dst, begin, end, in_place ? 0 : nt);
         break;
     }
-    case CCQ_OP_REDUCE: /* every rank's src into the root's dst */
+    case CCQ_KIND_REDUCE: /* every rank's src into the root's dst */
         for (uint32_t r = 0; r < n; r++)
             src[r] = op->parts[r].src;
         dst[0] = op->parts[op->root].dst;
         ccq_host_reduce_range(dt, ro, n, src, 1, dst, begin, end, dst[0] == src[op->root] ? 0 : nt);
         break;
-    case CCQ_OP_REDUCE_SCATTER: /* block r of every src into rank r's dst */
+    case CCQ_KIND_REDUCE_SCATTER: /* block r of every src into rank r's dst */
         for (uint32_t r = 0; r < n; r++) {
             for (uint32_t j = 0; j < n; j++)
                 src[j] = (const char *)op->parts[j].src + r * blk;
@@ -153,25 +134,25 @@ static void run_range(const ccq_be_op *op, size_t begin, size_t end, uint64_t st
             ccq_host_reduce_range(dt, ro, n, src, 1, dst, begin, end, dst[0] == src[r] ? 0 : nt);
         }
         break;
-    case CCQ_OP_BROADCAST: /* the root's src into every dst */
+    case CCQ_KIND_BROADCAST: /* the root's src into every dst */
         for (uint32_t r = 0; r < n; r++)
             dst[r] = (char *)op->parts[r].dst + off;
         copy_fanout(dst, n, (const char *)op->parts[op->root].src + off, len, nt);
         break;
-    case CCQ_OP_ALL_GATHER: /* rank r's src into block r of every dst */
+    case CCQ_KIND_ALL_GATHER: /* rank r's src into block r of every dst */
         for (uint32_t r = 0; r < n; r++) {
             for (uint32_t j = 0; j < n; j++)
                 dst[j] = (char *)op->parts[j].dst + r * blk + off;
             copy_fanout(dst, n, (const char *)op->parts[r].src + off, len, nt);
         }
         break;
-    case CCQ_OP_ALL_TO_ALL: /* block j of rank i's src into block i of rank j's dst */
+    case CCQ_KIND_ALL_TO_ALL: /* block j of rank i's src into block i of rank j's dst */
         for (uint32_t i = 0; i < n; i++)
             for (uint32_t j = 0; j < n; j++)
                 ccq_host_copy((char *)op->parts[j].dst + i * blk + off,
                               (const char *)op->parts[i].src + j * blk + off, len, nt);
         break;
-    case CCQ_OP_GATHER: /* rank r's src into block r of the root's dst */
+    case CCQ_KIND_GATHER: /* rank r's src into block r of the root's dst */
         for (uint32_t r = 0; r < n; r++) {
             char *d = (char *)op->parts[op->root].dst + r * blk + off;
             const char *s = (const char *)op->parts[r].src + off;
@@ -179,7 +160,7 @@ static void run_range(const ccq_be_op *op, size_t begin, size_t end, uint64_t st
                 ccq_host_copy(d, s, len, nt);
         }
         break;
-    case CCQ_OP_SCATTER: /* block r of the root's src into rank r's dst */
+    case CCQ_KIND_SCATTER: /* block r of the root's src into rank r's dst */
         for (uint32_t r = 0; r < n; r++) {
             char *d = (char *)op->parts[r].dst + off;
             const char *s = (const char *)op->parts[op->root].src + r * blk + off;
@@ -187,7 +168,7 @@ static void run_range(const ccq_be_op *op, size_t begin, size_t end, uint64_t st
                 ccq_host_copy(d, s, len, nt);
         }
         break;
-    default: { /* CCQ_OP_SENDRECV: part 0 sends, part 1 receives */
+    default: { /* CCQ_KIND_SEND, a send/recv pair: part 0 sends, part 1 receives */
         const char *s = (const char *)op->parts[0].src + off;
         char *d = (char *)op->parts[1].dst + off;
         uintptr_t us = (uintptr_t)s, ud = (uintptr_t)d;
@@ -320,9 +301,9 @@ static ccq_status host_create(const ccq_config *cfg, const ccq_be_hooks *hooks, 
         snprintf(err->msg, sizeof err->msg, "out of memory");
         return CCQ_ERR_NO_MEMORY;
     }
-    if (cfg->host_devices > CCQ_HOST_MAX_RANKS) {
+    if (cfg->host_devices > CCQ_MAX_DEVICES) {
         snprintf(err->msg, sizeof err->msg, "host_devices = %u exceeds the host backend's %u",
-                 cfg->host_devices, CCQ_HOST_MAX_RANKS);
+                 cfg->host_devices, CCQ_MAX_DEVICES);
         free(h);
         return CCQ_ERR_INVALID_ARGUMENT;
     }
@@ -388,9 +369,9 @@ static ccq_status host_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
     host_job *j;
 
     for (uint32_t k = 0; k < b->nops; k++) {
-        if (b->ops[k]->nparts > CCQ_HOST_MAX_RANKS) {
+        if (b->ops[k]->nparts > CCQ_MAX_DEVICES) {
             snprintf(err->msg, sizeof err->msg, "op with %u parts exceeds %u", b->ops[k]->nparts,
-                     CCQ_HOST_MAX_RANKS);
+                     CCQ_MAX_DEVICES);
             return CCQ_ERR_UNSUPPORTED;
         }
         total += op_moved_bytes(b->ops[k]);

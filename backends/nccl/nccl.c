@@ -404,18 +404,15 @@ static ccq_status nccl_check(ccq_backend *be, const ccq_be_submit *s, ccq_errbuf
 {
     nccl_be *h = to_nccl(be);
     bool fp8 = s->dtype == CCQ_FLOAT8E4M3 || s->dtype == CCQ_FLOAT8E5M2;
-    bool reduces = s->kind == CCQ_OP_ALL_REDUCE || s->kind == CCQ_OP_REDUCE ||
-                   s->kind == CCQ_OP_REDUCE_SCATTER;
+    bool reduces = ccq_kinds[s->kind].reduces;
     bool since_228 =
-        s->kind == CCQ_OP_ALL_TO_ALL || s->kind == CCQ_OP_GATHER || s->kind == CCQ_OP_SCATTER;
+        s->kind == CCQ_KIND_ALL_TO_ALL || s->kind == CCQ_KIND_GATHER || s->kind == CCQ_KIND_SCATTER;
     if (since_228 && (!NCCL_HAS_228_COLLECTIVES || h->version < NCCL_VERSION(2, 28, 0))) {
         snprintf(err->msg, sizeof err->msg,
                  "%s needs NCCL 2.28 or newer (ncclAlltoAll/ncclGather/ncclScatter); this process "
                  "has NCCL %d.%d.%d",
-                 s->kind == CCQ_OP_ALL_TO_ALL ? "all_to_all"
-                 : s->kind == CCQ_OP_GATHER   ? "gather"
-                                              : "scatter",
-                 h->version / 10000, h->version / 100 % 100, h->version % 100);
+                 ccq_kinds[s->kind].name, h->version / 10000, h->version / 100 % 100,
+                 h->version % 100);
         return CCQ_ERR_UNSUPPORTED;
     }
     if (fp8 && (!NCCL_HAS_FP8 || h->version < NCCL_VERSION(2, 24, 0))) {
@@ -672,7 +669,7 @@ static ccq_status nccl_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
         ncclDataType_t dt = dtype_map[op->dtype];
         if (op->status != CCQ_OK)
             continue; /* refused above */
-        if (op->kind == CCQ_OP_SENDRECV) {
+        if (op->kind == CCQ_KIND_SEND) {
             /* part 0 sends to part 1's rank, part 1 receives from part 0's */
             const ccq_be_part *snd = &op->parts[0], *rcv = &op->parts[1];
             CUDA_CHECK_GOTO(set_device(&cur, (int)snd->device), err, status, fail);
@@ -694,37 +691,37 @@ static ccq_status nccl_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
             int root = (int)op->root;
             CUDA_CHECK_GOTO(set_device(&cur, (int)part->device), err, status, fail);
             switch (op->kind) {
-            case CCQ_OP_ALL_REDUCE:
+            case CCQ_KIND_ALL_REDUCE:
                 NCCL_CHECK_GOTO(ncclAllReduce(part->src, part->dst, op->count, dt, ro, comm, cs),
                                 err, status, fail);
                 break;
-            case CCQ_OP_BROADCAST:
+            case CCQ_KIND_BROADCAST:
                 NCCL_CHECK_GOTO(ncclBroadcast(part->src, part->dst, op->count, dt, root, comm, cs),
                                 err, status, fail);
                 break;
-            case CCQ_OP_REDUCE:
+            case CCQ_KIND_REDUCE:
                 NCCL_CHECK_GOTO(ncclReduce(part->src, part->dst, op->count, dt, ro, root, comm, cs),
                                 err, status, fail);
                 break;
-            case CCQ_OP_ALL_GATHER:
+            case CCQ_KIND_ALL_GATHER:
                 NCCL_CHECK_GOTO(ncclAllGather(part->src, part->dst, op->count, dt, comm, cs), err,
                                 status, fail);
                 break;
-            case CCQ_OP_REDUCE_SCATTER:
+            case CCQ_KIND_REDUCE_SCATTER:
                 NCCL_CHECK_GOTO(
                     ncclReduceScatter(part->src, part->dst, op->count, dt, ro, comm, cs), err,
                     status, fail);
                 break;
 #if NCCL_HAS_228_COLLECTIVES
-            case CCQ_OP_ALL_TO_ALL:
+            case CCQ_KIND_ALL_TO_ALL:
                 NCCL_CHECK_GOTO(ncclAlltoAll(part->src, part->dst, op->count, dt, comm, cs), err,
                                 status, fail);
                 break;
-            case CCQ_OP_GATHER:
+            case CCQ_KIND_GATHER:
                 NCCL_CHECK_GOTO(ncclGather(part->src, part->dst, op->count, dt, root, comm, cs),
                                 err, status, fail);
                 break;
-            case CCQ_OP_SCATTER:
+            case CCQ_KIND_SCATTER:
                 NCCL_CHECK_GOTO(ncclScatter(part->src, part->dst, op->count, dt, root, comm, cs),
                                 err, status, fail);
                 break;
