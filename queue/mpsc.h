@@ -32,9 +32,10 @@ static inline void ccq_mpsc_init(ccq_mpsc *q)
 }
 
 /* Producer side, any number of threads. Returns true if the queue looked empty just
- * before this push (the push made it non-empty). The CAS in ck_stack_push_upmc is a full
- * barrier on x86 and is preceded by a store fence elsewhere, so the node's contents are
- * visible to the consumer that detaches it. */
+ * before this push (the push made it non-empty). This is ck_stack_push_upmc's CAS loop
+ * written out, so that it can report the old head and tell ThreadSanitizer (which does not
+ * model ck's fences) about the release; the store fence before the CAS makes the node's
+ * contents visible to the consumer that detaches it. */
 static inline bool ccq_mpsc_push_mpsc(ccq_mpsc *q, ccq_mpsc_node *n)
 {
     ccq_mpsc_node *head = ck_pr_load_ptr(&q->stack.head);
