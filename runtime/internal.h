@@ -16,9 +16,8 @@
 #include "queue/mpsc.h"
 #include "queue/wake.h"
 #include "runtime/fault.h"
+#include "runtime/stream.h"
 #include "runtime/trace.h"
-
-#define CCQ_CACHELINE 64
 
 /* Upper bounds for configuration values (validated in ccq_runtime_create). */
 #define CCQ_MAX_STREAMS_MAX 65536u
@@ -43,26 +42,6 @@ enum ccq_cmd_state {
 struct ccq_comm;
 struct ccq_stream;
 struct ccq_inst;
-
-/* A byte range [lo, hi); empty ranges are {UINTPTR_MAX, 0} so they never intersect. */
-typedef struct ccq_span {
-    uintptr_t lo, hi;
-} ccq_span;
-
-#define CCQ_SPAN_EMPTY ((ccq_span){UINTPTR_MAX, 0})
-
-static inline bool ccq_span_hit(ccq_span a, ccq_span b)
-{
-    return a.lo < b.hi && b.lo < a.hi;
-}
-
-static inline void ccq_span_add(ccq_span *box, ccq_span s)
-{
-    if (s.lo < box->lo)
-        box->lo = s.lo;
-    if (s.hi > box->hi)
-        box->hi = s.hi;
-}
 
 /*
  * A command: one rank's part of an operation. Commands live in their stream's slot ring
@@ -107,52 +86,6 @@ typedef struct ccq_cmd {
     /* 1 while owned by a submitter or the scheduler; 0 when the slot is free. */
     _Atomic uint32_t busy;
 } ccq_cmd;
-
-/* Tickets word of a stream: submitted count, plus the closed bit set by shutdown. */
-#define CCQ_TICKET_CLOSED (1ull << 63)
-
-/*
- * A stream: (device, stream id). Producers touch the first cache line group; the
- * scheduler publishes progress in the second; the rest is scheduler-only or cold.
- */
-typedef struct ccq_stream {
-    /* Producer side. */
-    alignas(CCQ_CACHELINE) ccq_mpsc q;
-    _Atomic uint64_t tickets; /* commands submitted (reserved) | CCQ_TICKET_CLOSED */
-    ccq_cmd *_Atomic ring;    /* slot ring, allocated on first use */
-    /* Scheduler -> waiters. */
-    alignas(CCQ_CACHELINE) _Atomic uint64_t ended; /* commands ended, in stream order */
-    ccq_signal ev;                                 /* fences and producers waiting for room */
-    _Atomic int err_status;                        /* first unreported error, 0 if none */
-    _Atomic uint64_t issued_ns; /* when its batch in flight was issued; 0 when none */
-    /* Scheduler only. */
-    alignas(CCQ_CACHELINE) ccq_cmd *fifo_head; /* commands received and not ended */
-    ccq_cmd *fifo_tail;
-    ccq_cmd *cursor;   /* first command not issued (NULL: none) */
-    ccq_cmd *bcur;     /* batch building: first command not included */
-    ccq_cmd *bfirst;   /* batch building: first included command */
-    uint64_t bmark;    /* batch attempt that last touched this stream */
-    ccq_cmd *bsave;    /* bcur before that attempt (for rollback) */
-    ccq_span brd, bwr; /* batch building: union of what included commands read, write */
-    ccq_span brd_save, bwr_save;
-    struct ccq_stream *undo_next;     /* streams touched by the current attempt */
-    bool inflight;                    /* commands before `cursor` are in the batch in flight */
-    bool active;                      /* in the scheduler's active list */
-    uint64_t received;                /* commands drained from q */
-    uint64_t bpass;                   /* batch pass in which bcur/bfirst are valid */
-    uint64_t blisted;                 /* batch pass whose pass_streams list holds it */
-    struct ccq_stream *bnext_touched; /* streams with commands in the batch being built */
-    struct ccq_stream *batch_next;    /* streams of a batch in flight */
-    /* Cold. */
-    ccq_mpsc_node new_node; /* on rt->new_streams when first used */
-    ccq_device_id device;
-    ccq_stream_id id;
-    uint32_t index;
-    pthread_mutex_t err_lock; /* guards the strings below */
-    char err_detail[CCQ_DETAIL_LEN];
-    ccq_status last_status;
-    char last_detail[CCQ_DETAIL_LEN];
-} ccq_stream;
 
 /* A per-rank submit counter on its own cache line (no false sharing between devices). */
 typedef struct ccq_counter {
@@ -314,16 +247,8 @@ static inline bool ccq_in_scheduler(const ccq_runtime *rt)
 /* ---- runtime/runtime.c ---- */
 ccq_status ccq_runtime_create_with(const ccq_config *cfg, const ccq_backend_ops *ops,
                                    ccq_runtime **out);
-void ccq_stream_record_error(ccq_stream *s, ccq_status st, const char *detail);
 
-/* Commands submitted on a stream and not ended yet (queued or in flight). */
-static inline uint64_t ccq_stream_outstanding(ccq_stream *s)
-{
-    uint64_t e = atomic_load_explicit(&s->ended, memory_order_acquire);
-    uint64_t k = atomic_load_explicit(&s->tickets, memory_order_acquire) & ~CCQ_TICKET_CLOSED;
-    return k > e ? k - e : 0;
-}
-
+/* The stream (device, id) of this process. */
 static inline ccq_stream *ccq_stream_at(ccq_runtime *rt, ccq_device_id d, ccq_stream_id s)
 {
     return &rt->streams[(size_t)d * rt->max_streams + s];

@@ -691,9 +691,7 @@ static void publish_ended(ccq_runtime *rt, ccq_stream *s, uint64_t n)
     atomic_store_explicit(&rt->stats.completed, S->completed, memory_order_release);
     atomic_store_explicit(&rt->stats.failed, S->failed, memory_order_release);
     atomic_store_explicit(&rt->stats.cancelled, S->cancelled, memory_order_release);
-    atomic_store_explicit(&s->ended, atomic_load_explicit(&s->ended, memory_order_relaxed) + n,
-                          memory_order_release);
-    ccq_signal_notify(&s->ev);
+    ccq_stream_publish_ended(s, n);
 }
 
 /* End failed commands at the heads of streams with nothing in flight, and drop streams
