@@ -40,6 +40,7 @@ extern "C" {
 /* The status list; one X-macro so ccq_status_string() cannot drift from the enum. */
 #define CCQ_STATUS_MAP(X)                                                                          \
     X(CCQ_OK, 0, "success")                                                                        \
+    X(CCQ_IN_PROGRESS, 1, "in progress")                                                           \
     X(CCQ_ERR_INVALID_ARGUMENT, -1, "invalid argument")                                            \
     X(CCQ_ERR_NO_MEMORY, -2, "out of memory")                                                      \
     X(CCQ_ERR_QUEUE_FULL, -3, "stream queue full")                                                 \
@@ -91,6 +92,23 @@ typedef uint32_t ccq_stream_id;
 /** An opaque runtime: the devices of one backend, their streams and the scheduler. */
 typedef struct ccq_runtime ccq_runtime;
 
+/**
+ * The embedder's key-value store, one way processes meet (ccq_config.store): a runtime with
+ * its own rendezvous (a TCP store, a Redis or etcd client, torch's Store) plugs it in. Every
+ * process of the world must see the same store. ccq calls it from the thread calling
+ * ccq_runtime_create and from its scheduler thread, never from two threads at once for one
+ * runtime; keys are NUL-terminated strings ccq namespaces per job.
+ */
+typedef struct ccq_store {
+    void *ctx; /**< Passed back to set and get. */
+    /** Publish @p len bytes under @p key for every process of the world. */
+    ccq_status (*set)(void *ctx, const char *key, const void *value, size_t len);
+    /** Never blocks: CCQ_OK with the value copied (*len in: room, out: its size),
+     * CCQ_IN_PROGRESS while the key is not there yet, or an error (ccq then fails what it
+     * was doing, naming the key). */
+    ccq_status (*get)(void *ctx, const char *key, void *value, size_t *len);
+} ccq_store;
+
 /** Submitting calls return CCQ_ERR_QUEUE_FULL at once instead of waiting for room. */
 #define CCQ_FLAG_NONBLOCKING_SUBMIT 0x1u
 
@@ -134,6 +152,17 @@ typedef struct ccq_config {
      * overwriting it; worth it once the working set is well beyond the last-level cache.
      * 0 = the default (64 MiB); UINT64_MAX = never. Env: CCQ_HOST_STREAM_BYTES. */
     uint64_t host_stream_bytes;
+    /* ---- appended in 0.2: a world of processes (docs/multiprocess.md) ---- */
+    uint32_t world_rank;  /**< This process (default 0). Env: CCQ_WORLD_RANK, else the
+                               launcher's OMPI_COMM_WORLD_RANK or PMI_RANK. */
+    uint32_t world_size;  /**< Processes in the job (default 1: this one alone). Env:
+                               CCQ_WORLD_SIZE, else OMPI_COMM_WORLD_SIZE or PMI_SIZE. */
+    const char *bootstrap; /**< How processes meet: "mpi", "file:DIR" (a directory every
+                                process sees), or NULL to use `store`. Env: CCQ_BOOTSTRAP. */
+    const struct ccq_store *store; /**< The embedder's key-value store (bootstrap NULL). Borrowed
+                                        until ccq_runtime_destroy returns. */
+    int64_t mpi_comm; /**< For "mpi": MPI_Comm_c2f() of the embedder's communicator; -1 (the
+                           default) = MPI_COMM_WORLD. */
 } ccq_config;
 
 /**
@@ -186,8 +215,23 @@ CCQ_API ccq_status ccq_runtime_shutdown(ccq_runtime *rt);
  */
 CCQ_API ccq_status ccq_runtime_destroy(ccq_runtime *rt);
 
-/** Number of devices of the runtime's backend (0 for NULL). Thread-safe. */
+/** Number of devices in the world (every process's; in a world of one, this process's
+ * backend's devices); 0 for NULL. Device ids are global: 0 .. ccq_device_count() - 1, process
+ * p owning a contiguous range (see ccq_local_devices). Thread-safe. */
 CCQ_API uint32_t ccq_device_count(const ccq_runtime *rt);
+
+/** This process's rank in the world (ccq_config.world_rank); 0 for NULL. Thread-safe. */
+CCQ_API uint32_t ccq_world_rank(const ccq_runtime *rt);
+
+/** Processes in the world (ccq_config.world_size); 0 for NULL. Thread-safe. */
+CCQ_API uint32_t ccq_world_size(const ccq_runtime *rt);
+
+/**
+ * The global device ids this process owns: [*first, *first + *count). Only these can be
+ * submitted on, fenced, bound or allocated on here. Thread-safe.
+ * @return CCQ_OK; CCQ_ERR_INVALID_ARGUMENT for a NULL argument.
+ */
+CCQ_API ccq_status ccq_local_devices(const ccq_runtime *rt, ccq_device_id *first, uint32_t *count);
 
 /** Name of the runtime's backend ("host", "nccl"); "" for NULL. Thread-safe. */
 CCQ_API const char *ccq_backend_name(const ccq_runtime *rt);

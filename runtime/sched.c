@@ -16,6 +16,7 @@ typedef struct ccq_sched {
     ccq_stream **active; /* streams with commands received and not ended */
     uint32_t nactive, capactive;
     ccq_chan *chans; /* channels that may have a ready head (list_next links) */
+    ccq_comm *forming; /* communicators forming (forming_next links) */
     ccq_inst *inst_free;
     size_t inst_size;
     uint32_t inst_parts;  /* parts every instance can hold: max(2, ndev) */
@@ -42,6 +43,9 @@ typedef struct ccq_sched {
     /* Counters (published to rt->stats). */
     uint64_t completed, failed, cancelled;
 } ccq_sched;
+
+/* How often communicators that are forming are polled while the scheduler is otherwise idle. */
+#define CCQ_FORM_POLL_NS 1000000u
 
 static inline uint64_t min_u64(uint64_t a, uint64_t b)
 {
@@ -400,7 +404,7 @@ static void inst_complete(ccq_runtime *rt, ccq_sched *S, ccq_inst *i)
             }
             nbad += field_bad;
         }
-    } else {
+    } else if (ch->nparts == 2) {
         ccq_cmd *snd = i->cmds[0], *rcv = i->cmds[1];
         if (snd->count != rcv->count || snd->dtype != rcv->dtype) {
             bad = true;
@@ -425,6 +429,8 @@ static void inst_complete(ccq_runtime *rt, ccq_sched *S, ccq_inst *i)
     i->op.dtype = c0->dtype;
     i->op.redop = c0->redop;
     i->op.root = ch->id == CCQ_CHAN_COLL ? c0->root : 0;
+    /* A half whose peer is another process's: the peer's rank (a pair's ranks are 0, 1). */
+    i->op.peer = ch->id != CCQ_CHAN_COLL && ch->comm->n == 2 ? 1 - c0->rank : 0;
     i->op.count = c0->count;
     i->op.comm = ch->comm->be;
     i->op.comm_size = ch->comm->n;
@@ -433,7 +439,7 @@ static void inst_complete(ccq_runtime *rt, ccq_sched *S, ccq_inst *i)
     i->op.status = CCQ_OK;
     for (uint32_t p = 0; p < ch->nparts; p++) {
         ccq_cmd *c = i->cmds[p];
-        i->bparts[p].device = c->device;
+        i->bparts[p].device = ccq_backend_device(rt, c->device);
         i->bparts[p].rank = c->rank;
         i->bparts[p].stream_index = c->stream->index;
         i->bparts[p].slot = c->slot;
@@ -449,31 +455,74 @@ static void inst_complete(ccq_runtime *rt, ccq_sched *S, ccq_inst *i)
         chan_list(S, ch);
 }
 
-/* Create the backend communicator (scheduler thread only, as NCCL requires). While shutting
- * down it is still created: commands accepted before the streams closed may need it. Only
- * requests left when the scheduler exits are refused. */
-static void comm_create_now(ccq_runtime *rt, ccq_comm *c, bool refuse)
+/* A communicator's formation ended: publish it (ccq_comm_init waiters, submitters) and
+ * release or fail what waits on it. */
+static void comm_settle(ccq_runtime *rt, ccq_comm *c, ccq_status st)
 {
-    ccq_errbuf err = {{0}};
-    ccq_status st;
-
-    if (atomic_load_explicit(&c->state, memory_order_relaxed) != CCQ_COMM_PENDING)
-        return;
-    if (refuse) {
-        c->init_status = CCQ_ERR_SHUTDOWN;
-        snprintf(c->init_detail, sizeof c->init_detail, "the runtime is shutting down");
-        st = CCQ_ERR_SHUTDOWN;
-    } else {
-        st = rt->be_ops->comm_create(rt->be, c->devices, c->n, &c->be, &err);
-        if (st != CCQ_OK) {
-            c->be = NULL;
-            c->init_status = st;
-            snprintf(c->init_detail, sizeof c->init_detail, "%s", err.msg);
-        }
-    }
+    ccq_sched *S = rt->sched;
     atomic_store_explicit(&c->state, st == CCQ_OK ? CCQ_COMM_READY : CCQ_COMM_FAILED,
                           memory_order_release);
     ccq_signal_notify(&c->ev);
+    for (int k = 0; k < CCQ_CHAN_COUNT; k++) {
+        ccq_chan *ch = &c->chan[k];
+        if (st == CCQ_OK) {
+            /* Operations matched while it formed can go now. */
+            ccq_inst *i = win_get(ch, ch->head);
+            if (i != NULL && i->state == CCQ_INST_READY)
+                chan_list(S, ch);
+            continue;
+        }
+        char detail[CCQ_DETAIL_LEN];
+        ccq_format(detail, sizeof detail, "communicator could not be created: %s",
+                   c->init_detail);
+        for (uint64_t q = ch->head, end = ch->head + ch->cap; ch->win != NULL && q < end; q++) {
+            ccq_inst *i = win_get(ch, q);
+            if (i != NULL && i->state != CCQ_INST_ISSUED && i->state != CCQ_INST_FAILED)
+                fail_inst(S, i, c->init_status, detail, c->init_status == CCQ_ERR_SHUTDOWN);
+        }
+        ch->late_status = c->init_status;
+        chan_advance(S, ch);
+    }
+    if (st != CCQ_OK)
+        S->error_seen = true;
+}
+
+/* Start forming a communicator (scheduler thread only: NCCL requires it). While shutting
+ * down it is still formed: commands accepted before the streams closed may need it. Only
+ * requests left when the scheduler exits are refused. */
+static void comm_form(ccq_runtime *rt, ccq_comm *c, uint64_t now)
+{
+    ccq_sched *S = rt->sched;
+    ccq_status st;
+
+    if (c->form_step != CCQ_FORM_IDLE)
+        return;
+    st = ccq_comm_form_start(rt, c, now);
+    if (st == CCQ_IN_PROGRESS) {
+        c->forming_next = S->forming;
+        S->forming = c;
+        return;
+    }
+    comm_settle(rt, c, st);
+}
+
+/* Advance every communicator that is forming; true if one finished. */
+static bool comms_progress(ccq_runtime *rt, uint64_t now)
+{
+    ccq_sched *S = rt->sched;
+    bool any = false;
+    for (ccq_comm **pp = &S->forming; *pp != NULL;) {
+        ccq_comm *c = *pp;
+        ccq_status st = ccq_comm_form_test(rt, c, now);
+        if (st == CCQ_IN_PROGRESS) {
+            pp = &c->forming_next;
+            continue;
+        }
+        *pp = c->forming_next;
+        comm_settle(rt, c, st);
+        any = true;
+    }
+    return any;
 }
 
 static void active_add(ccq_sched *S, ccq_stream *s)
@@ -532,7 +581,7 @@ static void arrive(ccq_runtime *rt, ccq_cmd *c)
     if (rt->fault.drop_rank == (int64_t)c->device) {
         /* Fault injection: this rank "never submitted" the command (it still ends, failed,
          * on its own stream; its operation sees the part as missing: below). */
-        uint64_t k = S->drop_seen[c->device]++;
+        uint64_t k = S->drop_seen[ccq_backend_device(rt, c->device)]++;
         dropped = k >= (uint64_t)rt->fault.drop_after &&
                   (rt->fault.drop_count < 0 ||
                    k - (uint64_t)rt->fault.drop_after < (uint64_t)rt->fault.drop_count);
@@ -544,8 +593,8 @@ static void arrive(ccq_runtime *rt, ccq_cmd *c)
             fail_cmd(c, CCQ_ERR_BACKEND, detail, false);
         }
     }
-    if (atomic_load_explicit(&comm->state, memory_order_acquire) == CCQ_COMM_PENDING)
-        comm_create_now(rt, comm, false);
+    if (comm->form_step == CCQ_FORM_IDLE)
+        comm_form(rt, comm, c->submit_ns);
     if (atomic_load_explicit(&comm->aborted, memory_order_acquire)) {
         ccq_format(detail, sizeof detail, "communicator aborted: %s", comm->init_detail);
         fail_cmd(c, CCQ_ERR_ABORTED, detail, false);
@@ -625,7 +674,7 @@ static bool drain(ccq_runtime *rt)
     }
     for (n = ccq_mpsc_pop_all_spsc(&rt->comm_reqs); n != NULL;) {
         ccq_mpsc_node *next = n->next;
-        comm_create_now(rt, ccq_container_of(n, ccq_comm, req_node), false);
+        comm_form(rt, ccq_container_of(n, ccq_comm, req_node), ccq_now_ns());
         n = next;
         any = true;
     }
@@ -1155,8 +1204,10 @@ static bool build_and_issue(ccq_runtime *rt)
         for (ccq_chan **pp = &S->chans; *pp != NULL && !full;) {
             ccq_chan *ch = *pp;
             ccq_inst *i = win_get(ch, ch->head);
-            if (i == NULL || i->state != CCQ_INST_READY) {
-                /* Its head is not ready: unlist until an arrival or advance relists it. */
+            if (i == NULL || i->state != CCQ_INST_READY ||
+                atomic_load_explicit(&ch->comm->state, memory_order_relaxed) != CCQ_COMM_READY) {
+                /* Its head is not ready (or its communicator is still forming): unlist until
+                 * an arrival, an advance or the communicator's formation relists it. */
                 ch->listed = false;
                 *pp = ch->list_next;
                 continue;
@@ -1203,6 +1254,13 @@ static void describe_wait(ccq_inst *i, ccq_cmd *c, uint64_t now, char *buf, size
     ccq_comm *comm = ch->comm;
     size_t w = ccq_format(buf, len, "not issued within timeout_ms (%.0f ms in queue)",
                           (double)(now - c->submit_ns) / 1e6);
+    if (atomic_load_explicit(&comm->state, memory_order_relaxed) == CCQ_COMM_PENDING) {
+        ccq_format(buf + w, len - w,
+                   "; its communicator is still forming (member processes of world ranks %u..%u "
+                   "must all call ccq_comm_init, or send/recv with this process)",
+                   comm->procs[0], comm->procs[comm->nprocs - 1]);
+        return;
+    }
     if (i->state == CCQ_INST_WAITING) {
         if (ch->id == CCQ_CHAN_COLL) {
             uint32_t missing = 0;
@@ -1495,6 +1553,8 @@ void *ccq_sched_main(void *arg)
 
         progress |= ccq_trace_serve(&rt->trace);
         progress |= drain(rt);
+        if (S->forming != NULL)
+            progress |= comms_progress(rt, ccq_now_ns());
         progress |= reap(rt);
         progress |= end_failed_heads(rt);
         progress |= build_and_issue(rt);
@@ -1527,6 +1587,8 @@ void *ccq_sched_main(void *arg)
             S->wd_next, ccq_trace_next_tick(&rt->trace, S->completed + S->failed + S->cancelled));
         if (S->ninflight > 0 && rt->be_ops->poll_interval_ns > 0)
             deadline = min_u64(deadline, add_sat(now, rt->be_ops->poll_interval_ns));
+        if (S->forming != NULL) /* neither the bootstrap nor NCCL's init can wake us */
+            deadline = min_u64(deadline, add_sat(now, CCQ_FORM_POLL_NS));
         uint32_t seq = ccq_wake_prepare(&rt->wake);
         if (work_visible(rt)) {
             ccq_wake_cancel(&rt->wake);
@@ -1543,8 +1605,18 @@ void *ccq_sched_main(void *arg)
     /* Communicators still waiting for creation will never get it. */
     for (ccq_mpsc_node *n = ccq_mpsc_pop_all_spsc(&rt->comm_reqs); n != NULL;) {
         ccq_mpsc_node *next = n->next;
-        comm_create_now(rt, ccq_container_of(n, ccq_comm, req_node), true);
+        ccq_comm *c = ccq_container_of(n, ccq_comm, req_node);
+        if (c->form_step == CCQ_FORM_IDLE) {
+            ccq_comm_form_cancel(rt, c, "the runtime is shutting down");
+            comm_settle(rt, c, CCQ_ERR_SHUTDOWN);
+        }
         n = next;
+    }
+    while (S->forming != NULL) {
+        ccq_comm *c = S->forming;
+        S->forming = c->forming_next;
+        ccq_comm_form_cancel(rt, c, "the runtime shut down before it formed");
+        comm_settle(rt, c, CCQ_ERR_SHUTDOWN);
     }
     ccq_trace_fence_writes(); /* the ring is read by other threads from now on */
     atomic_store_explicit(&rt->sched_exited, 1, memory_order_seq_cst);

@@ -72,7 +72,9 @@ typedef struct ccq_stream {
 void ccq_stream_init(ccq_stream *s, ccq_device_id device, ccq_stream_id id, uint32_t index);
 void ccq_stream_fini(ccq_stream *s);
 
-/* An argument check shared by every call that names a stream. */
+/* Argument checks shared by every call that names a device (one of this process's) or a
+ * stream; the detail names the owner of another process's device. */
+ccq_status ccq_check_device(const struct ccq_runtime *rt, const char *fn, ccq_device_id device);
 ccq_status ccq_check_stream(const struct ccq_runtime *rt, const char *fn, ccq_device_id device,
                             ccq_stream_id stream);
 

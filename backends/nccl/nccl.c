@@ -62,11 +62,15 @@
     } while (0)
 
 typedef struct nccl_comm {
-    uint32_t n;
-    int *devs;         /* CUDA device of each rank */
-    ncclComm_t *comms; /* one per rank (all ranks are local) */
-    bool aborted;      /* scheduler only */
+    uint32_t n;              /* local ranks: first .. first + n - 1 of nranks */
+    uint32_t first, nranks;
+    int *devs;               /* CUDA device of each local rank */
+    ncclComm_t *comms;       /* one per local rank */
+    bool aborted;            /* scheduler only */
+    uint64_t init_deadline;  /* ncclCommInitRankConfig must have finished by then */
 } nccl_comm;
+
+static void abort_comm(nccl_comm *c);
 
 /* Per ccq stream. `user` and `slot_events` are written by bind (a user thread, while the
  * stream is idle) and read by submit hooks and the scheduler; the rest is scheduler-only,
@@ -301,16 +305,36 @@ static ncclResult_t wait_comms(ncclComm_t *comms, uint32_t n, uint64_t timeout_n
     }
 }
 
-static ccq_status nccl_comm_create(ccq_backend *be, const ccq_device_id *devices, uint32_t n,
-                                   ccq_be_comm **out, ccq_errbuf *err)
+/* A communicator spanning processes: the lowest member process makes the unique id that
+ * every member passes to ncclCommInitRankConfig (the runtime shares it). */
+static ccq_status nccl_comm_root_blob(ccq_backend *be, const ccq_be_comm_desc *d, void *blob,
+                                      size_t *len, ccq_errbuf *err)
+{
+    ccq_status st = CCQ_OK;
+    (void)be;
+    (void)d;
+    if (*len < sizeof(ncclUniqueId)) {
+        snprintf(err->msg, sizeof err->msg, "no room for an ncclUniqueId");
+        return CCQ_ERR_NO_MEMORY;
+    }
+    NCCL_CHECK_GOTO(ncclGetUniqueId((ncclUniqueId *)blob), err, st, fail);
+    *len = sizeof(ncclUniqueId);
+    return CCQ_OK;
+fail:
+    return st == CCQ_OK ? CCQ_ERR_BACKEND : st;
+}
+
+/* One non-blocking group of ncclCommInitRankConfig, one per local rank (global ranks
+ * first_rank + i of nranks); nccl_comm_test polls it, so the scheduler never waits here. */
+static ccq_status nccl_comm_create(ccq_backend *be, const ccq_be_comm_desc *d, ccq_be_comm **out,
+                                   ccq_errbuf *err)
 {
     nccl_be *h = to_nccl(be);
     nccl_comm *c = calloc(1, sizeof *c);
+    uint32_t n = d->nlocal;
     ncclUniqueId id;
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     ccq_status st = CCQ_OK;
-    ncclComm_t failed = NULL;
-    ncclResult_t r;
     bool group_open = false;
 
     if (c == NULL || (c->devs = calloc(n, sizeof *c->devs)) == NULL ||
@@ -321,34 +345,35 @@ static ccq_status nccl_comm_create(ccq_backend *be, const ccq_device_id *devices
         return CCQ_ERR_NO_MEMORY;
     }
     c->n = n;
+    c->first = d->first_rank;
+    c->nranks = d->nranks;
     for (uint32_t i = 0; i < n; i++)
-        c->devs[i] = (int)devices[i]; /* sorted and duplicate-free (the runtime checked) */
-    config.blocking = 0;              /* so a hung peer can never block the scheduler */
+        c->devs[i] = (int)d->local_devices[i];
+    config.blocking = 0; /* so a hung peer can never block the scheduler */
 
-    NCCL_CHECK_GOTO(ncclGetUniqueId(&id), err, st, fail);
+    if (d->nprocs > 1) {
+        if (d->root_blob == NULL || d->root_blob_len != sizeof id) {
+            st = CCQ_ERR_INVALID_ARGUMENT;
+            snprintf(err->msg, sizeof err->msg, "no ncclUniqueId from the lowest member process");
+            goto fail;
+        }
+        memcpy(&id, d->root_blob, sizeof id);
+    } else {
+        NCCL_CHECK_GOTO(ncclGetUniqueId(&id), err, st, fail);
+    }
     NCCL_CHECK_GOTO(ncclGroupStart(), err, st, fail);
     group_open = true;
     for (uint32_t i = 0; i < n; i++) {
         CUDA_CHECK_GOTO(cudaSetDevice(c->devs[i]), err, st, fail);
-        NCCL_CHECK_GOTO(ncclCommInitRankConfig(&c->comms[i], (int)n, id, (int)i, &config), err, st,
-                        fail);
+        NCCL_CHECK_GOTO(ncclCommInitRankConfig(&c->comms[i], (int)d->nranks, id,
+                                               (int)(d->first_rank + i), &config),
+                        err, st, fail);
     }
     group_open = false;
     NCCL_CHECK_GOTO(ncclGroupEnd(), err, st, fail);
-    r = wait_comms(c->comms, n, h->timeout_ns, &failed);
-    if (r == ncclInProgress) {
-        st = CCQ_ERR_TIMEOUT;
-        snprintf(err->msg, sizeof err->msg,
-                 "ncclCommInitRankConfig did not finish within timeout_ms");
-        goto fail;
-    }
-    if (r != ncclSuccess) {
-        st = nccl_status(r);
-        nccl_msg(err, "ncclCommInitRankConfig", r, failed);
-        goto fail;
-    }
+    c->init_deadline = ccq_now_ns() + h->timeout_ns;
     *out = (ccq_be_comm *)c;
-    return CCQ_OK;
+    return CCQ_IN_PROGRESS;
 
 fail:
     if (group_open)
@@ -357,6 +382,37 @@ fail:
         if (c->comms[i] != NULL)
             ncclCommAbort(c->comms[i]);
     comm_free(c);
+    return st == CCQ_OK ? CCQ_ERR_BACKEND : st;
+}
+
+/* Has every local rank's ncclCommInitRankConfig finished? A failed or overdue one aborts
+ * them all (the runtime then forgets the communicator). */
+static ccq_status nccl_comm_test(ccq_backend *be, ccq_be_comm *comm, ccq_errbuf *err)
+{
+    nccl_comm *c = (nccl_comm *)comm;
+    ccq_status st;
+    (void)be;
+    for (uint32_t i = 0; i < c->n; i++) {
+        ncclResult_t state = ncclInProgress, r = ncclCommGetAsyncError(c->comms[i], &state);
+        if (r != ncclSuccess)
+            state = r;
+        if (state == ncclInProgress) {
+            if (ccq_now_ns() < c->init_deadline)
+                return CCQ_IN_PROGRESS;
+            snprintf(err->msg, sizeof err->msg,
+                     "ncclCommInitRankConfig did not finish within timeout_ms");
+            st = CCQ_ERR_TIMEOUT;
+            goto fail;
+        }
+        if (state != ncclSuccess) {
+            st = nccl_status(state);
+            nccl_msg(err, "ncclCommInitRankConfig", state, c->comms[i]);
+            goto fail;
+        }
+    }
+    return CCQ_OK;
+fail:
+    abort_comm(c);
     return st == CCQ_OK ? CCQ_ERR_BACKEND : st;
 }
 
@@ -669,15 +725,29 @@ static ccq_status nccl_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
         ncclDataType_t dt = dtype_map[op->dtype];
         if (op->status != CCQ_OK)
             continue; /* refused above */
+        if ((op->kind == CCQ_KIND_SEND || op->kind == CCQ_KIND_RECV) && op->nparts == 1) {
+            /* A half whose peer is in another process: that process calls the other half. */
+            const ccq_be_part *me = &op->parts[0];
+            ncclComm_t mine = c->comms[me->rank - c->first];
+            cudaStream_t cs = h->streams[me->stream_index].comm;
+            CUDA_CHECK_GOTO(set_device(&cur, (int)me->device), err, status, fail);
+            if (op->kind == CCQ_KIND_SEND)
+                NCCL_CHECK_GOTO(ncclSend(me->src, op->count, dt, (int)op->peer, mine, cs), err,
+                                status, fail);
+            else
+                NCCL_CHECK_GOTO(ncclRecv(me->dst, op->count, dt, (int)op->peer, mine, cs), err,
+                                status, fail);
+            continue;
+        }
         if (op->kind == CCQ_KIND_SEND) {
             /* part 0 sends to part 1's rank, part 1 receives from part 0's */
             const ccq_be_part *snd = &op->parts[0], *rcv = &op->parts[1];
             CUDA_CHECK_GOTO(set_device(&cur, (int)snd->device), err, status, fail);
-            NCCL_CHECK_GOTO(ncclSend(snd->src, op->count, dt, (int)rcv->rank, c->comms[snd->rank],
+            NCCL_CHECK_GOTO(ncclSend(snd->src, op->count, dt, (int)rcv->rank, c->comms[snd->rank - c->first],
                                      h->streams[snd->stream_index].comm),
                             err, status, fail);
             CUDA_CHECK_GOTO(set_device(&cur, (int)rcv->device), err, status, fail);
-            NCCL_CHECK_GOTO(ncclRecv(rcv->dst, op->count, dt, (int)snd->rank, c->comms[rcv->rank],
+            NCCL_CHECK_GOTO(ncclRecv(rcv->dst, op->count, dt, (int)snd->rank, c->comms[rcv->rank - c->first],
                                      h->streams[rcv->stream_index].comm),
                             err, status, fail);
             continue;
@@ -685,7 +755,7 @@ static ccq_status nccl_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
         /* A collective: every local rank's part, in rank order, inside this one group. */
         for (uint32_t p = 0; p < op->nparts; p++) {
             const ccq_be_part *part = &op->parts[p];
-            ncclComm_t comm = c->comms[part->rank];
+            ncclComm_t comm = c->comms[part->rank - c->first];
             cudaStream_t cs = h->streams[part->stream_index].comm;
             ncclRedOp_t ro = op_map[op->redop];
             int root = (int)op->root;
@@ -951,7 +1021,9 @@ const ccq_backend_ops ccq_nccl_backend_ops = {
     .create = nccl_create,
     .destroy = nccl_destroy,
     .device_count = nccl_device_count,
+    .comm_root_blob = nccl_comm_root_blob,
     .comm_create = nccl_comm_create,
+    .comm_test = nccl_comm_test,
     .comm_destroy = nccl_comm_destroy,
     .issue = nccl_issue,
     .poll = nccl_poll,
