@@ -50,6 +50,8 @@ typedef struct ccq_be_comm_desc {
     uint32_t nlocal;                    /* this process's ranks */
     const ccq_device_id *local_devices; /* [nlocal]: the backend's device of each local rank */
     uint32_t nprocs;                    /* member processes (1: every rank is here) */
+    const uint32_t *procs;              /* [nprocs]: their world ranks, ascending */
+    uint32_t world_rank;                /* this process's */
     const void *root_blob;              /* nprocs > 1: what comm_root_blob gave on the lowest */
     size_t root_blob_len;               /*   member process, the same bytes in every member */
 } ccq_be_comm_desc;

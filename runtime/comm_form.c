@@ -57,6 +57,8 @@ static ccq_status form_backend(ccq_runtime *rt, ccq_comm *c, const void *blob, s
     d.nlocal = c->nlocal;
     d.local_devices = local;
     d.nprocs = c->nprocs;
+    d.procs = c->procs;
+    d.world_rank = rt->world.rank;
     d.root_blob = blob;
     d.root_blob_len = blob_len;
     st = rt->be_ops->comm_create(rt->be, &d, &c->be, &err);
@@ -101,7 +103,8 @@ ccq_status ccq_comm_form_start(ccq_runtime *rt, ccq_comm *c, uint64_t now)
     mine.first_device = c->devices[0];
     mine.last_device = c->devices[c->n - 1];
     if (rt->world.rank == c->procs[0]) {
-        ccq_be_comm_desc d = {c->n, c->first_local, c->nlocal, NULL, c->nprocs, NULL, 0};
+        ccq_be_comm_desc d = {c->n,     c->first_local, c->nlocal, NULL, c->nprocs,
+                              c->procs, rt->world.rank, NULL,      0};
         ccq_errbuf err = {{0}};
         size_t len = sizeof mine.blob;
         st = rt->be_ops->comm_root_blob(rt->be, &d, mine.blob, &len, &err);
@@ -110,8 +113,7 @@ ccq_status ccq_comm_form_start(ccq_runtime *rt, ccq_comm *c, uint64_t now)
         mine.blob_len = (uint32_t)len;
     }
     form_tag(c, tag, sizeof tag);
-    st = ccq_boot_xchg_post(rt->world.boot, tag, c->procs, c->nprocs, &mine, sizeof mine,
-                            &c->xchg);
+    st = ccq_boot_xchg_post(rt->world.boot, tag, c->procs, c->nprocs, &mine, sizeof mine, &c->xchg);
     if (st != CCQ_OK)
         return form_fail(c, st, "bootstrap: %s", ccq_last_error_detail());
     c->form_step = CCQ_FORM_MEET;

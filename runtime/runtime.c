@@ -60,6 +60,11 @@ CCQ_API void ccq_config_init(ccq_config *cfg)
     cfg->trace_capacity = 65536;
     cfg->trace_file = NULL;
     cfg->host_stream_bytes = 0;
+    cfg->world_rank = 0;
+    cfg->world_size = 1;
+    cfg->bootstrap = NULL;
+    cfg->store = NULL;
+    cfg->mpi_comm = -1;
 
     b = getenv("CCQ_BACKEND");
     if (b != NULL && *b != '\0')
@@ -100,6 +105,29 @@ CCQ_API void ccq_config_init(ccq_config *cfg)
     if (env_u64("CCQ_NONBLOCKING_SUBMIT", 1, &v, &err, "CCQ_NONBLOCKING_SUBMIT: expected 0 or 1"))
         cfg->flags = v ? (cfg->flags | CCQ_FLAG_NONBLOCKING_SUBMIT)
                        : (cfg->flags & ~CCQ_FLAG_NONBLOCKING_SUBMIT);
+    /* The world: ccq's own variables first, then what the launcher (Open MPI, or a PMI one:
+     * MPICH, Slurm) sets for every process it starts. */
+    static const char *const rank_vars[] = {"CCQ_WORLD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"};
+    static const char *const size_vars[] = {"CCQ_WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"};
+    for (int k = 0; k < 3; k++)
+        if (env_u64(rank_vars[k], UINT32_MAX - 1, &v, &err,
+                    k == 0   ? "CCQ_WORLD_RANK: expected a process rank"
+                    : k == 1 ? "OMPI_COMM_WORLD_RANK: expected a process rank"
+                             : "PMI_RANK: expected a process rank")) {
+            cfg->world_rank = (uint32_t)v;
+            break;
+        }
+    for (int k = 0; k < 3; k++)
+        if (env_u64(size_vars[k], UINT32_MAX, &v, &err,
+                    k == 0   ? "CCQ_WORLD_SIZE: expected a number of processes"
+                    : k == 1 ? "OMPI_COMM_WORLD_SIZE: expected a number of processes"
+                             : "PMI_SIZE: expected a number of processes")) {
+            cfg->world_size = (uint32_t)v;
+            break;
+        }
+    b = getenv("CCQ_BOOTSTRAP");
+    if (b != NULL && *b != '\0')
+        cfg->bootstrap = b; /* checked by ccq_runtime_create */
     cfg->env_error = err;
 }
 
