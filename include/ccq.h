@@ -192,6 +192,23 @@ CCQ_API uint32_t ccq_device_count(const ccq_runtime *rt);
 /** Name of the runtime's backend ("host", "nccl"); "" for NULL. Thread-safe. */
 CCQ_API const char *ccq_backend_name(const ccq_runtime *rt);
 
+/**
+ * Version of the library that is running, as "MAJOR.MINOR.PATCH" (CCQ_VERSION_STRING of the
+ * build of libccq that was loaded). Compare it, or ccq_version_number(), with the
+ * CCQ_VERSION_* macros of the header the program was built with: a different major
+ * version is not ABI compatible; an older minor version lacks the calls added since.
+ * Static storage; thread-safe.
+ */
+CCQ_API const char *ccq_version(void);
+
+/**
+ * The running library's version as CCQ_VERSION_HEX encodes it ((MAJOR << 16) |
+ * (MINOR << 8) | PATCH, as libuv's uv_version()), so that
+ * `ccq_version_number() >= CCQ_VERSION_HEX` says the library is at least as new as the
+ * header. Thread-safe.
+ */
+CCQ_API unsigned ccq_version_number(void);
+
 /** Static text of a status ("invalid argument"); "unknown status" for other values. */
 CCQ_API const char *ccq_status_string(ccq_status s);
 
