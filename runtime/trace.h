@@ -81,6 +81,9 @@ struct ccq_runtime;
 int ccq_trace_init(ccq_trace *t, uint32_t capacity, const char *file);
 void ccq_trace_fini(ccq_trace *t);
 
+/* Every event the library records or hands to a callback goes through rec, commit or
+ * rec_fence, which set its struct_size to sizeof(ccq_event). */
+
 /* Record an event (scheduler thread only) and hand it to the callback. */
 void ccq_trace_rec(ccq_trace *t, const ccq_event *ev);
 
@@ -91,7 +94,7 @@ static inline ccq_event *ccq_trace_slot(ccq_trace *t, ccq_event *tmp)
 {
     return t->cap != 0 ? &t->ring[t->head & (t->cap - 1)] : tmp;
 }
-void ccq_trace_commit(ccq_trace *t, const ccq_event *ev);
+void ccq_trace_commit(ccq_trace *t, ccq_event *ev);
 /* Make the scheduler's ring writes (streaming stores) visible to other threads. */
 void ccq_trace_fence_writes(void);
 /* Record a fence event (any thread). */
@@ -115,6 +118,15 @@ static inline bool ccq_trace_requested(ccq_trace *t)
 /* Copy both rings, oldest first (sorted by time). `direct` = the caller is the scheduler,
  * or the scheduler has exited. */
 size_t ccq_trace_copy(ccq_trace *t, ccq_event *out, size_t cap, uint64_t *dropped);
+
+/* The size of ccq_event in 0.2.0, the first layout with struct_size: the smallest element
+ * size ccq_trace_snapshot accepts. Fixed forever; later layouts only append. */
+#define CCQ_EVENT_SIZE_0_2 88u
+
+/* Copy n events into an array of elements of `elem_size` bytes (CCQ_EVENT_SIZE_0_2 ..
+ * sizeof(ccq_event), a multiple of ccq_event's alignment): the first elem_size bytes of
+ * each, with struct_size = elem_size. */
+void ccq_events_copy_out(void *out, size_t elem_size, const ccq_event *ev, size_t n);
 
 /* Scheduler side: when the next rate tick is due (UINT64_MAX: none needed). */
 uint64_t ccq_trace_next_tick(ccq_trace *t, uint64_t ended);

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "ccq.h"
+#include "runtime/trace.h" /* ccq_events_copy_out, CCQ_EVENT_SIZE_0_2 */
 
 #define NDEV         4
 #define COUNT        8     /* elements per command of the known workloads */
@@ -208,6 +209,7 @@ static ccq_event *snap(ccq_runtime *rt, size_t *n, uint64_t *dropped)
 {
     ccq_event *ev = calloc(SNAP_MAX, sizeof *ev);
     assert_non_null(ev);
+    ev[0].struct_size = sizeof *ev;
     ok(ccq_trace_snapshot(rt, ev, SNAP_MAX, n, dropped), "ccq_trace_snapshot");
     assert_true(*n < SNAP_MAX);
     for (size_t k = 1; k < *n; k++)
@@ -854,6 +856,7 @@ static void test_known_workload(void **state)
         ccq_event small[8];
         size_t m;
         uint64_t d2;
+        small[0].struct_size = sizeof small[0];
         ok(ccq_trace_snapshot(rt, small, 8, &m, &d2), "small snapshot");
         assert_int_equal(m, 8);
         assert_int_equal(d2, 0);
@@ -1069,6 +1072,7 @@ static void test_disabled(void **state)
     assert_int_equal(ccq_trace_dump(rt, path), CCQ_ERR_INVALID_ARGUMENT);
     assert_non_null(strstr(ccq_last_error_detail(), "trace_capacity = 0"));
     assert_null(slurp(path));
+    buf[0].struct_size = sizeof buf[0];
     ok(ccq_trace_snapshot(rt, buf, 16, &n, &dropped), "snapshot");
     assert_int_equal(n, 0);
     assert_int_equal(dropped, 0);
@@ -1661,6 +1665,7 @@ static void *cc_reader_main(void *p)
     ccq_event *buf = calloc(cap, sizeof *buf);
     uint64_t dropped;
 
+    buf[0].struct_size = sizeof *buf; /* each snapshot writes it back */
     pthread_barrier_wait(&sh->bar);
     while (!atomic_load(&sh->stop) || atomic_load(&sh->dumps) == 0) {
         ccq_metrics m;
@@ -1767,6 +1772,92 @@ static void test_concurrency(void **state)
     free(sh);
 }
 
+/* Every event the library hands out says its size (callbacks with the recorder on and off,
+ * scheduler and fence events, snapshot elements); a snapshot refuses an element size that is
+ * no ccq_event layout, before it writes anything; and an older, smaller layout's array is
+ * strided by its size. */
+static void test_event_struct_size(void **state)
+{
+    (void)state;
+    static const uint32_t bad[] = {0, 1, 8, 80, 84, 87, 89, 96, 1u << 20, UINT32_MAX};
+    unsigned char guard[sizeof(ccq_event)];
+
+    memset(guard, 0xab, sizeof guard);
+    for (int on = 0; on < 2; on++) {
+        ccq_runtime *rt = make_rt(on ? 65536 : 0, LONG_TIMEOUT, NULL, NULL);
+        fence_log fl = {.n = 0, .tid = my_tid()};
+        ccq_event buf[4];
+        size_t n = 0;
+        evlog log;
+
+        evlog_init(&log);
+        ok(ccq_set_event_callback(rt, evlog_cb, &log), "set callback");
+        workload(rt, &fl);
+        if (on) { /* also the elements of a snapshot */
+            ccq_event *ev = snap(rt, &n, NULL);
+            assert_true(n > 0);
+            for (size_t k = 0; k < n; k++)
+                if (ev[k].struct_size != sizeof(ccq_event))
+                    fail_msg("snapshot event %zu (%s): struct_size %u", k,
+                             ccq_event_type_name(ev[k].type), ev[k].struct_size);
+            free(ev);
+        }
+        ok(ccq_runtime_shutdown(rt), "shutdown");
+        assert_true(log.n > 0);
+        for (size_t k = 0; k < log.n; k++)
+            if (log.ev[k].struct_size != sizeof(ccq_event))
+                fail_msg("recorder %s: callback event %zu (%s): struct_size %u", on ? "on" : "off",
+                         k, ccq_event_type_name(log.ev[k].type), log.ev[k].struct_size);
+        for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+            memset(buf, 0xab, sizeof buf);
+            buf[0].struct_size = bad[b];
+            n = 99;
+            assert_int_equal(ccq_trace_snapshot(rt, buf, 4, &n, NULL), CCQ_ERR_INVALID_ARGUMENT);
+            assert_non_null(strstr(ccq_last_error_detail(), "out[0].struct_size"));
+            assert_int_equal(n, 99);
+            assert_memory_equal((unsigned char *)&buf[0] + sizeof(uint32_t),
+                                guard + sizeof(uint32_t), sizeof buf[0] - sizeof(uint32_t));
+            assert_memory_equal(&buf[1], guard, sizeof buf[1]);
+        }
+        /* cap 0 reads no element. */
+        buf[0].struct_size = 0;
+        ok(ccq_trace_snapshot(rt, buf, 0, &n, NULL), "snapshot of 0 events");
+        assert_int_equal(n, 0);
+        evlog_free(&log);
+        assert_int_equal(ccq_runtime_destroy(rt), CCQ_OK);
+    }
+    assert_true(sizeof(ccq_event) >= CCQ_EVENT_SIZE_0_2);
+
+    /* The stride copy, with a pretend older layout of 64 bytes: each element gets its first
+     * 64 bytes and struct_size 64, and nothing past the last element is written. */
+    {
+        enum { N = 3, ES = 64 };
+        ccq_event src[N];
+        unsigned char out[N * ES + 16];
+        memset(src, 0, sizeof src);
+        for (int k = 0; k < N; k++) {
+            src[k].struct_size = sizeof(ccq_event);
+            src[k].type = CCQ_EV_COMPLETED;
+            src[k].time_ns = 1000 + (uint64_t)k;
+            src[k].id = 7 + (uint64_t)k;
+            src[k].bytes = 4096u * (uint64_t)(k + 1);
+        }
+        memset(out, 0xcd, sizeof out);
+        ccq_events_copy_out(out, ES, src, N);
+        for (int k = 0; k < N; k++) {
+            ccq_event e;
+            memcpy(&e, out + k * ES, ES);
+            assert_int_equal(e.struct_size, ES);
+            assert_int_equal(e.type, CCQ_EV_COMPLETED);
+            assert_int_equal(e.time_ns, 1000 + (uint64_t)k);
+            assert_int_equal(e.id, 7 + (uint64_t)k);
+            assert_int_equal(e.bytes, 4096u * (uint64_t)(k + 1));
+        }
+        for (size_t k = N * ES; k < sizeof out; k++)
+            assert_int_equal(out[k], 0xcd);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1783,6 +1874,7 @@ int main(void)
         cmocka_unit_test(test_metrics_recorder_off),
         cmocka_unit_test(test_metrics_rate),
         cmocka_unit_test(test_concurrency),
+        cmocka_unit_test(test_event_struct_size),
     };
     return cmocka_run_group_tests_name("trace", tests, NULL, NULL);
 }
