@@ -53,4 +53,13 @@ if needs_libccq "$work/cmake/app_cmake_static"; then
     exit 1
 fi
 "$work/cmake/app_cmake_static" find_package-ccq::ccq_static
+step "find_package(ccq) without the static library's dependencies (no pkg-config): ccq::ccq"
+"$cmake" -S "$here" -B "$work/cmake-shared" -DCMAKE_PREFIX_PATH="$prefix" \
+    -DCMAKE_C_COMPILER="$cc" -DCMAKE_C_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="$flags" \
+    -DCCQ_TEST_ONLY_SHARED=ON -DCMAKE_DISABLE_FIND_PACKAGE_PkgConfig=ON \
+    >"$work/cmake-shared-configure.log" || { cat "$work/cmake-shared-configure.log"; exit 1; }
+grep -q "no ccq::ccq_static" "$work/cmake-shared-configure.log"
+"$cmake" --build "$work/cmake-shared" >"$work/cmake-shared-build.log" ||
+    { cat "$work/cmake-shared-build.log"; exit 1; }
+"$work/cmake-shared/app_cmake_shared" find_package-ccq::ccq-only
 step "all three ways linked and ran"
