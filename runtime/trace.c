@@ -135,8 +135,15 @@ void ccq_trace_note(ccq_trace *t, uint32_t type, const char *text)
 static void deliver(ccq_trace *t, const ccq_event *ev)
 {
     ccq_trace_cb *cb = atomic_load_explicit(&t->cb, memory_order_acquire);
-    if (cb != NULL && cb->fn != NULL)
+    if (cb == NULL)
+        return;
+    if (cb->fn != NULL) {
         cb->fn(ev, cb->user);
+    } else if (cb->fn_v0_1 != NULL) {
+        ccq_event_v0_1 old;
+        ccq_event_to_v0_1(&old, ev);
+        cb->fn_v0_1(&old, cb->user);
+    }
 }
 
 void ccq_trace_fence_writes(void)
@@ -266,27 +273,34 @@ CCQ_API const char *ccq_event_type_name(uint32_t type)
     return type < CCQ_EV_TYPE_COUNT_ ? ev_names[type] : "?";
 }
 
-CCQ_API ccq_status ccq_set_event_callback(ccq_runtime *rt, ccq_event_fn fn, void *user)
+ccq_status ccq_trace_set_callback(ccq_trace *t, ccq_event_fn fn, ccq_event_fn_v0_1 fn_v0_1,
+                                  void *user)
 {
-    ccq_trace_cb *cb = NULL;
+    ccq_trace_cb *cb;
 
-    ccq_clear_detail();
-    if (rt == NULL)
-        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_set_event_callback: rt is NULL");
-    pthread_mutex_lock(&rt->trace.cb_lock);
+    pthread_mutex_lock(&t->cb_lock);
     /* Callbacks are never freed while the runtime lives: the scheduler may be inside the
      * previous one. They are kept on a list and freed at destroy. */
     cb = malloc(sizeof *cb);
     if (cb == NULL) {
-        pthread_mutex_unlock(&rt->trace.cb_lock);
+        pthread_mutex_unlock(&t->cb_lock);
         return ccq_fail(CCQ_ERR_NO_MEMORY, "ccq_set_event_callback: out of memory");
     }
     cb->fn = fn;
+    cb->fn_v0_1 = fn_v0_1;
     cb->user = user;
-    cb->prev = atomic_load_explicit(&rt->trace.cb, memory_order_relaxed);
-    atomic_store_explicit(&rt->trace.cb, cb, memory_order_release);
-    pthread_mutex_unlock(&rt->trace.cb_lock);
+    cb->prev = atomic_load_explicit(&t->cb, memory_order_relaxed);
+    atomic_store_explicit(&t->cb, cb, memory_order_release);
+    pthread_mutex_unlock(&t->cb_lock);
     return CCQ_OK;
+}
+
+CCQ_API ccq_status ccq_set_event_callback(ccq_runtime *rt, ccq_event_fn fn, void *user)
+{
+    ccq_clear_detail();
+    if (rt == NULL)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_set_event_callback: rt is NULL");
+    return ccq_trace_set_callback(&rt->trace, fn, NULL, user);
 }
 
 static bool snapshot_answered(void *arg)

@@ -10,6 +10,7 @@
 
 #include "ccq.h"
 #include "queue/wake.h"
+#include "runtime/trace_compat.h"
 
 /* Log2 histogram with 4 sub-buckets per power of two (values in ns): percentiles within a
  * factor of 2^(1/4). One writer (the scheduler), any number of readers. */
@@ -26,6 +27,7 @@ double ccq_hist_percentile_us(const ccq_hist *h, double p);
 
 typedef struct ccq_trace_cb {
     ccq_event_fn fn;
+    ccq_event_fn_v0_1 fn_v0_1; /* set instead of fn by 0.1.0's entry point (trace_compat.c) */
     void *user;
     struct ccq_trace_cb *prev; /* replaced callbacks, freed at destroy (a reader may hold one) */
 } ccq_trace_cb;
@@ -105,6 +107,11 @@ static inline bool ccq_trace_on(ccq_trace *t)
 {
     return t->cap != 0 || atomic_load_explicit(&t->cb, memory_order_relaxed) != NULL;
 }
+
+/* Install a callback (fn, or 0.1.0's fn_v0_1; both NULL clears it). Any thread. CCQ_OK or
+ * CCQ_ERR_NO_MEMORY (with its detail). */
+ccq_status ccq_trace_set_callback(ccq_trace *t, ccq_event_fn fn, ccq_event_fn_v0_1 fn_v0_1,
+                                  void *user);
 
 /* Keep the text of an error for the trace (any thread; cheap enough for rare events). */
 void ccq_trace_note(ccq_trace *t, uint32_t type, const char *text);

@@ -26,6 +26,7 @@
 
 #include "ccq.h"
 #include "runtime/trace.h" /* ccq_events_copy_out, CCQ_EVENT_SIZE_0_2 */
+#include "runtime/trace_compat.h"
 
 #define NDEV         4
 #define COUNT        8     /* elements per command of the known workloads */
@@ -1858,6 +1859,127 @@ static void test_event_struct_size(void **state)
     }
 }
 
+/* A 0.1.0 callback's events, in 0.1.0's layout. */
+typedef struct v01_log {
+    pthread_mutex_t mu;
+    ccq_event_v0_1 ev[4096];
+    size_t n;
+} v01_log;
+
+static void v01_cb(const ccq_event_v0_1 *ev, void *user)
+{
+    v01_log *l = user;
+    pthread_mutex_lock(&l->mu);
+    if (l->n < sizeof l->ev / sizeof l->ev[0])
+        l->ev[l->n++] = *ev;
+    pthread_mutex_unlock(&l->mu);
+}
+
+static void same_v01(const char *what, size_t k, const ccq_event_v0_1 *o, const ccq_event *e)
+{
+    if (o->time_ns != e->time_ns || o->id != e->id || o->batch != e->batch || o->seq != e->seq ||
+        o->count != e->count || o->bytes != e->bytes || o->type != e->type ||
+        o->thread != e->thread || o->device != e->device || o->stream != e->stream ||
+        o->comm != e->comm || o->kind != e->kind || o->dtype != e->dtype || o->op != e->op ||
+        o->peer_valid != e->peer_valid || o->status != e->status || o->peer != e->peer)
+        fail_msg("%s %zu: the 0.1.0 event (%s, id %llu, %llu ns) differs from the event (%s, id "
+                 "%llu, %llu ns)",
+                 what, k, ccq_event_type_name(o->type), (unsigned long long)o->id,
+                 (unsigned long long)o->time_ns, ccq_event_type_name(e->type),
+                 (unsigned long long)e->id, (unsigned long long)e->time_ns);
+}
+
+/* 0.1.0's entry points (ready to be ccq_trace_snapshot@CCQ_0.1 and
+ * ccq_set_event_callback@CCQ_0.1): the same events as the current ones, field by field, in
+ * 0.1.0's 80-byte layout, and nothing written past the caller's array. */
+static void test_v0_1_compat(void **state)
+{
+    (void)state;
+    ccq_runtime *rt = make_rt(65536, LONG_TIMEOUT, NULL, NULL);
+    fence_log fl = {.n = 0, .tid = my_tid()};
+    static v01_log old;
+    ccq_event_v0_1 *ov;
+    ccq_event *ev;
+    evlog log;
+    size_t n, on = 0;
+
+    assert_int_equal(sizeof(ccq_event_v0_1), 80);
+    memset(&old, 0, sizeof old);
+    pthread_mutex_init(&old.mu, NULL);
+    evlog_init(&log);
+    ok(ccq_set_event_callback_v0_1(rt, v01_cb, &old), "0.1.0 callback");
+    workload(rt, &fl);
+    ok(ccq_set_event_callback(rt, evlog_cb, &log), "callback");
+    workload(rt, &fl);
+    ok(ccq_set_event_callback_v0_1(rt, NULL, NULL), "clear");
+    assert_int_equal(ccq_set_event_callback_v0_1(NULL, v01_cb, &old), CCQ_ERR_INVALID_ARGUMENT);
+    ok(ccq_runtime_shutdown(rt), "shutdown");
+
+    /* The first workload went to the 0.1.0 callback, the second to the current one: as many
+     * events of each type in both (batches depend on timing), and in 0.1.0's layout the
+     * fields are where 0.1.0 had them (command events name a stream of a device). */
+    assert_true(old.n > 0 && old.n < sizeof old.ev / sizeof old.ev[0]);
+    {
+        uint64_t co[CCQ_EV_TYPE_COUNT_] = {0}, cn[CCQ_EV_TYPE_COUNT_] = {0};
+        for (size_t k = 0; k < old.n; k++) {
+            assert_true(old.ev[k].type < CCQ_EV_TYPE_COUNT_);
+            co[old.ev[k].type]++;
+            if (is_cmd(old.ev[k].type))
+                assert_true(old.ev[k].device < NDEV && old.ev[k].stream < 6 &&
+                            old.ev[k].count == COUNT && old.ev[k].time_ns != 0);
+        }
+        count_types(log.ev, log.n, cn);
+        for (uint32_t t = 0; t < CCQ_EV_TYPE_COUNT_; t++)
+            if (t != CCQ_EV_BATCH && t != CCQ_EV_BATCH_DONE && co[t] != cn[t])
+                fail_msg("%s: %llu events through the 0.1.0 callback, %llu through the current",
+                         ccq_event_type_name(t), (unsigned long long)co[t],
+                         (unsigned long long)cn[t]);
+    }
+
+    ev = snap(rt, &n, NULL);
+    ov = malloc((n + 1) * sizeof *ov);
+    assert_non_null(ov);
+    memset(&ov[n], 0xab, sizeof ov[n]);
+    ok(ccq_trace_snapshot_v0_1(rt, ov, n, &on, NULL), "0.1.0 snapshot");
+    assert_int_equal(on, n);
+    for (size_t k = 0; k < n; k++)
+        same_v01("snapshot event", k, &ov[k], &ev[k]);
+    for (size_t b = 0; b < sizeof ov[n]; b++)
+        assert_int_equal(((unsigned char *)&ov[n])[b], 0xab);
+    ok(ccq_trace_snapshot_v0_1(rt, NULL, 0, &on, NULL), "0.1.0 snapshot of 0 events");
+    assert_int_equal(on, 0);
+    assert_int_equal(ccq_trace_snapshot_v0_1(rt, NULL, 4, &on, NULL), CCQ_ERR_INVALID_ARGUMENT);
+    /* The converter on its own: every field. */
+    {
+        ccq_event e = {.struct_size = sizeof e,
+                       .type = CCQ_EV_FAILED,
+                       .time_ns = 11,
+                       .id = 12,
+                       .batch = 13,
+                       .seq = 14,
+                       .count = 15,
+                       .bytes = 16,
+                       .thread = 17,
+                       .device = 18,
+                       .stream = 19,
+                       .comm = 20,
+                       .kind = 21,
+                       .dtype = 22,
+                       .op = 23,
+                       .peer_valid = 1,
+                       .status = CCQ_ERR_TIMEOUT,
+                       .peer = 24};
+        ccq_event_v0_1 o;
+        ccq_event_to_v0_1(&o, &e);
+        same_v01("converted event", 0, &o, &e);
+    }
+    free(ov);
+    free(ev);
+    evlog_free(&log);
+    pthread_mutex_destroy(&old.mu);
+    assert_int_equal(ccq_runtime_destroy(rt), CCQ_OK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1875,6 +1997,7 @@ int main(void)
         cmocka_unit_test(test_metrics_rate),
         cmocka_unit_test(test_concurrency),
         cmocka_unit_test(test_event_struct_size),
+        cmocka_unit_test(test_v0_1_compat),
     };
     return cmocka_run_group_tests_name("trace", tests, NULL, NULL);
 }
