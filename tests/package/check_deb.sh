@@ -4,8 +4,9 @@
 # under /usr/local, no build or source paths in the text files), and that the unpacked
 # packages work: a program links against them with pkg-config and runs.
 # usage: check_deb.sh <build dir> <source dir> <cpack> <C compiler> <scratch dir> <version>
+#        [<extra C and link flags>]   (-fsanitize=... when the library has a sanitizer)
 set -eu
-build=$1 src=$2 cpack=$3 cc=$4 work=$5 version=$6
+build=$1 src=$2 cpack=$3 cc=$4 work=$5 version=$6 flags=${7:-}
 major=${version%%.*}
 for tool in dpkg-deb pkg-config readelf; do
     command -v "$tool" >/dev/null || { echo "SKIP: no $tool"; exit 77; }
@@ -72,6 +73,6 @@ libdir=$(dirname "$(dirname "$pc")")
 PKG_CONFIG_PATH=$(dirname "$pc") && export PKG_CONFIG_PATH
 [ "$(pkg-config --variable=includedir ccq)" -ef "$root/usr/include" ] || fail "ccq.pc: includedir $(pkg-config --variable=includedir ccq)"
 # shellcheck disable=SC2046 # pkg-config's output is a list of words
-"$cc" -o "$work/app" "$src/tests/install/app.c" $(pkg-config --cflags --libs ccq)
+"$cc" $flags -o "$work/app" "$src/tests/install/app.c" $(pkg-config --cflags --libs ccq)
 LD_LIBRARY_PATH=$libdir "$work/app" deb-shared
 echo "OK: $(basename "$rt"), $(basename "$dev")"
