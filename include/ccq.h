@@ -192,6 +192,23 @@ CCQ_API uint32_t ccq_device_count(const ccq_runtime *rt);
 /** Name of the runtime's backend ("host", "nccl"); "" for NULL. Thread-safe. */
 CCQ_API const char *ccq_backend_name(const ccq_runtime *rt);
 
+/**
+ * Version of the library that is running, as "MAJOR.MINOR.PATCH" (CCQ_VERSION_STRING of the
+ * build of libccq that was loaded). Compare it, or ccq_version_number(), with the
+ * CCQ_VERSION_* macros of the header the program was built with: a different major
+ * version is not ABI compatible; an older minor version lacks the calls added since.
+ * Static storage; thread-safe.
+ */
+CCQ_API const char *ccq_version(void);
+
+/**
+ * The running library's version as CCQ_VERSION_HEX encodes it ((MAJOR << 16) |
+ * (MINOR << 8) | PATCH, as libuv's uv_version()), so that
+ * `ccq_version_number() >= CCQ_VERSION_HEX` says the library is at least as new as the
+ * header. Thread-safe.
+ */
+CCQ_API unsigned ccq_version_number(void);
+
 /** Static text of a status ("invalid argument"); "unknown status" for other values. */
 CCQ_API const char *ccq_status_string(ccq_status s);
 
@@ -369,17 +386,25 @@ typedef enum ccq_kind {
 /** Name of a command kind ("all_gather"), or "?". */
 CCQ_API const char *ccq_kind_name(uint32_t kind);
 
-/** One event. Fields that do not apply to a type are 0 (or ~0 for device/stream). */
+/**
+ * One event. Fields that do not apply to a type are 0 (or ~0 for device/stream).
+ * Fields are only ever appended: struct_size says which of them an event holds, so an
+ * array of events (ccq_trace_snapshot) and the callback keep working when it grows.
+ */
 typedef struct ccq_event {
-    uint64_t time_ns; /**< CLOCK_MONOTONIC, the one clock of all events. */
-    uint64_t id;      /**< Command id (unique per runtime), or batch id for batch events. */
-    uint64_t batch;   /**< Batch that issued the command. */
-    uint64_t seq;     /**< Sequence number of the operation in its communicator (per
-                           direction for send/recv). */
-    uint64_t count;   /**< Elements of the command; operations for batch events. */
-    uint64_t bytes;   /**< Bytes of the command (count x dtype size). */
-    uint32_t type;    /**< ccq_event_type */
-    uint32_t thread;  /**< Thread that submitted the command, or that fenced (Linux tid). */
+    uint32_t struct_size; /**< Bytes of this event the library filled: sizeof(ccq_event) of
+                               the running library in callbacks, the caller's element size
+                               in ccq_trace_snapshot's array (which the caller sets in
+                               out[0] before the call). */
+    uint32_t type;        /**< ccq_event_type */
+    uint64_t time_ns;     /**< CLOCK_MONOTONIC, the one clock of all events. */
+    uint64_t id;          /**< Command id (unique per runtime), or batch id for batch events. */
+    uint64_t batch;       /**< Batch that issued the command. */
+    uint64_t seq;         /**< Sequence number of the operation in its communicator (per
+                               direction for send/recv). */
+    uint64_t count;       /**< Elements of the command; operations for batch events. */
+    uint64_t bytes;       /**< Bytes of the command (count x dtype size). */
+    uint32_t thread;      /**< Thread that submitted the command, or that fenced (Linux tid). */
     uint32_t device, stream;
     uint32_t comm; /**< Communicator id (creation order, starting at 0). */
     uint8_t kind;  /**< ccq_kind */
@@ -389,6 +414,7 @@ typedef struct ccq_event {
     int32_t status; /**< ccq_status, where it applies. */
     uint32_t peer;  /**< send/recv: the other device; rooted collectives: the root device
                          (peer_valid is 1 in both cases). */
+    /* ---- fields appended after 0.2.0 go here ---- */
 } ccq_event;
 
 /**
@@ -414,8 +440,16 @@ CCQ_API ccq_status ccq_trace_dump(ccq_runtime *rt, const char *path);
 
 /**
  * Copy the recorder's events, oldest first, into @p out (at most @p cap). Thread-safe.
+ * @param[in,out] out   An array of @p cap events of the caller's ccq_event: set
+ *                      out[0].struct_size = sizeof(ccq_event) before the call (the library
+ *                      strides the array by it and writes that many bytes of each event,
+ *                      with struct_size set, so a program built against an older ccq.h
+ *                      keeps working). May be NULL when @p cap is 0.
  * @param[out] n        Events copied.
  * @param[out] dropped  Events lost to overwriting since the runtime started (may be NULL).
+ * @return CCQ_OK; CCQ_ERR_INVALID_ARGUMENT (NULL; out[0].struct_size is not the size of a
+ *         released ccq_event layout, 0.2.0's or a later one up to this library's);
+ *         CCQ_ERR_NO_MEMORY (an older layout needs a temporary copy).
  */
 CCQ_API ccq_status ccq_trace_snapshot(ccq_runtime *rt, ccq_event *out, size_t cap, size_t *n,
                                       uint64_t *dropped);

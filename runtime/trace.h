@@ -10,6 +10,7 @@
 
 #include "ccq.h"
 #include "queue/wake.h"
+#include "runtime/trace_compat.h"
 
 /* Log2 histogram with 4 sub-buckets per power of two (values in ns): percentiles within a
  * factor of 2^(1/4). One writer (the scheduler), any number of readers. */
@@ -26,6 +27,7 @@ double ccq_hist_percentile_us(const ccq_hist *h, double p);
 
 typedef struct ccq_trace_cb {
     ccq_event_fn fn;
+    ccq_event_fn_v0_1 fn_v0_1; /* set instead of fn by 0.1.0's entry point (trace_compat.c) */
     void *user;
     struct ccq_trace_cb *prev; /* replaced callbacks, freed at destroy (a reader may hold one) */
 } ccq_trace_cb;
@@ -81,6 +83,9 @@ struct ccq_runtime;
 int ccq_trace_init(ccq_trace *t, uint32_t capacity, const char *file);
 void ccq_trace_fini(ccq_trace *t);
 
+/* Every event the library records or hands to a callback goes through rec, commit or
+ * rec_fence, which set its struct_size to sizeof(ccq_event). */
+
 /* Record an event (scheduler thread only) and hand it to the callback. */
 void ccq_trace_rec(ccq_trace *t, const ccq_event *ev);
 
@@ -91,7 +96,7 @@ static inline ccq_event *ccq_trace_slot(ccq_trace *t, ccq_event *tmp)
 {
     return t->cap != 0 ? &t->ring[t->head & (t->cap - 1)] : tmp;
 }
-void ccq_trace_commit(ccq_trace *t, const ccq_event *ev);
+void ccq_trace_commit(ccq_trace *t, ccq_event *ev);
 /* Make the scheduler's ring writes (streaming stores) visible to other threads. */
 void ccq_trace_fence_writes(void);
 /* Record a fence event (any thread). */
@@ -102,6 +107,11 @@ static inline bool ccq_trace_on(ccq_trace *t)
 {
     return t->cap != 0 || atomic_load_explicit(&t->cb, memory_order_relaxed) != NULL;
 }
+
+/* Install a callback (fn, or 0.1.0's fn_v0_1; both NULL clears it). Any thread. CCQ_OK or
+ * CCQ_ERR_NO_MEMORY (with its detail). */
+ccq_status ccq_trace_set_callback(ccq_trace *t, ccq_event_fn fn, ccq_event_fn_v0_1 fn_v0_1,
+                                  void *user);
 
 /* Keep the text of an error for the trace (any thread; cheap enough for rare events). */
 void ccq_trace_note(ccq_trace *t, uint32_t type, const char *text);
@@ -115,6 +125,15 @@ static inline bool ccq_trace_requested(ccq_trace *t)
 /* Copy both rings, oldest first (sorted by time). `direct` = the caller is the scheduler,
  * or the scheduler has exited. */
 size_t ccq_trace_copy(ccq_trace *t, ccq_event *out, size_t cap, uint64_t *dropped);
+
+/* The size of ccq_event in 0.2.0, the first layout with struct_size: the smallest element
+ * size ccq_trace_snapshot accepts. Fixed forever; later layouts only append. */
+#define CCQ_EVENT_SIZE_0_2 88u
+
+/* Copy n events into an array of elements of `elem_size` bytes (CCQ_EVENT_SIZE_0_2 ..
+ * sizeof(ccq_event), a multiple of ccq_event's alignment): the first elem_size bytes of
+ * each, with struct_size = elem_size. */
+void ccq_events_copy_out(void *out, size_t elem_size, const ccq_event *ev, size_t n);
 
 /* Scheduler side: when the next rate tick is due (UINT64_MAX: none needed). */
 uint64_t ccq_trace_next_tick(ccq_trace *t, uint64_t ended);
