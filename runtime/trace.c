@@ -125,7 +125,7 @@ void ccq_trace_note(ccq_trace *t, uint32_t type, const char *text)
     if (t->cap == 0)
         return;
     pthread_mutex_lock(&t->note_lock);
-    struct ccq_trace_note_s *n = &t->notes[t->nhead++ % CCQ_TRACE_NOTES];
+    ccq_note *n = &t->notes[t->nhead++ % CCQ_TRACE_NOTES];
     n->time_ns = ccq_now_ns();
     n->type = type;
     snprintf(n->text, sizeof n->text, "%s", text);
@@ -389,32 +389,65 @@ CCQ_API ccq_status ccq_trace_snapshot(ccq_runtime *rt, ccq_event *out, size_t ca
     return CCQ_OK;
 }
 
+/* Copy what a dump shows out of the runtime: the events (through the scheduler), then the
+ * communicators and notes under their locks. The writer then works on the copy alone. */
+static int take_view(ccq_runtime *rt, ccq_trace_view *v)
+{
+    ccq_trace *t = &rt->trace;
+    size_t cap = (size_t)t->cap + t->fcap;
+
+    memset(v, 0, sizeof *v);
+    v->hdr.backend = rt->be_ops->name;
+    v->hdr.ndev = rt->ndev;
+    v->hdr.max_streams = rt->max_streams;
+    v->ev = malloc((cap ? cap : 1) * sizeof *v->ev);
+    v->notes = malloc(CCQ_TRACE_NOTES * sizeof *v->notes);
+    if (v->ev == NULL || v->notes == NULL)
+        return -1;
+    v->nev = snapshot(rt, v->ev, cap, &v->hdr.dropped);
+    v->hdr.t0_ns = v->nev ? v->ev[0].time_ns : 0;
+
+    pthread_mutex_lock(&rt->comm_lock); /* comms can be created meanwhile */
+    v->ncomms = atomic_load_explicit(&rt->ncomms, memory_order_acquire);
+    v->comms = calloc(v->ncomms ? v->ncomms : 1, sizeof *v->comms);
+    for (uint32_t k = 0; v->comms != NULL && k < v->ncomms; k++)
+        ccq_describe_comm(v->comms[k].devices, sizeof v->comms[k].devices, rt->comms[k]);
+    pthread_mutex_unlock(&rt->comm_lock);
+
+    pthread_mutex_lock(&t->note_lock); /* the newest CCQ_TRACE_NOTES, oldest first */
+    uint64_t first = t->nhead > CCQ_TRACE_NOTES ? t->nhead - CCQ_TRACE_NOTES : 0;
+    for (uint64_t k = first; k < t->nhead; k++)
+        v->notes[v->nnotes++] = t->notes[k % CCQ_TRACE_NOTES];
+    pthread_mutex_unlock(&t->note_lock);
+    return v->comms != NULL ? 0 : -1;
+}
+
 /* Write the recorder to `path`; shared by ccq_trace_dump and the automatic dumps. */
 ccq_status ccq_trace_write_file(ccq_runtime *rt, const char *path)
 {
-    ccq_trace *t = &rt->trace;
-    size_t cap = (size_t)t->cap + t->fcap, n;
-    uint64_t dropped = 0;
-    ccq_event *ev = malloc((cap ? cap : 1) * sizeof *ev);
+    ccq_trace_view v;
+    ccq_status st = CCQ_OK;
     FILE *f;
     int rc;
 
-    if (ev == NULL)
-        return ccq_fail(CCQ_ERR_NO_MEMORY, "ccq_trace_dump: out of memory");
-    n = snapshot(rt, ev, cap, &dropped);
+    if (take_view(rt, &v) != 0) {
+        st = ccq_fail(CCQ_ERR_NO_MEMORY, "ccq_trace_dump: out of memory");
+        goto free_view;
+    }
     f = fopen(path, "w");
     if (f == NULL) {
-        int e = errno;
-        free(ev);
-        return ccq_fail(CCQ_ERR_BACKEND, "ccq_trace_dump: cannot open \"%s\": %s", path,
-                        strerror(e));
+        st = ccq_fail(CCQ_ERR_BACKEND, "ccq_trace_dump: cannot open \"%s\": %s", path,
+                      strerror(errno));
+        goto free_view;
     }
-    rc = ccq_trace_write_json(f, rt, ev, n, dropped);
-    rc |= fclose(f);
-    free(ev);
-    if (rc != 0)
-        return ccq_fail(CCQ_ERR_BACKEND, "ccq_trace_dump: writing \"%s\" failed", path);
-    return CCQ_OK;
+    rc = ccq_trace_write_json(f, &v);
+    if ((rc | fclose(f)) != 0)
+        st = ccq_fail(CCQ_ERR_BACKEND, "ccq_trace_dump: writing \"%s\" failed", path);
+free_view:
+    free(v.ev);
+    free(v.notes);
+    free(v.comms);
+    return st;
 }
 
 CCQ_API ccq_status ccq_trace_dump(ccq_runtime *rt, const char *path)

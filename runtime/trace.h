@@ -11,6 +11,7 @@
 #include "ccq.h"
 #include "queue/wake.h"
 #include "runtime/trace_compat.h"
+#include "runtime/trace_view.h"
 
 /* Log2 histogram with 4 sub-buckets per power of two (values in ns): percentiles within a
  * factor of 2^(1/4). One writer (the scheduler), any number of readers. */
@@ -22,8 +23,7 @@ typedef struct ccq_hist {
 void ccq_hist_add(ccq_hist *h, uint64_t ns);
 double ccq_hist_percentile_us(const ccq_hist *h, double p);
 
-#define CCQ_TRACE_NOTES    64
-#define CCQ_TRACE_NOTE_LEN 512
+#define CCQ_TRACE_NOTES 64
 
 typedef struct ccq_trace_cb {
     ccq_event_fn fn;
@@ -60,11 +60,7 @@ typedef struct ccq_trace {
     /* Notes: the text of recent errors (watchdog desync reports, aborts, mismatches, backend
      * failures), exported with the trace. Rare, so a mutex guards them. */
     pthread_mutex_t note_lock;
-    struct ccq_trace_note_s {
-        uint64_t time_ns;
-        uint32_t type;
-        char text[CCQ_TRACE_NOTE_LEN];
-    } notes[CCQ_TRACE_NOTES];
+    ccq_note notes[CCQ_TRACE_NOTES];
     uint64_t nhead;
 
     /* Automatic dumps (trace_file): at destroy, and on watchdog/errors at most 1/s. */
@@ -139,10 +135,6 @@ void ccq_events_copy_out(void *out, size_t elem_size, const ccq_event *ev, size_
 uint64_t ccq_trace_next_tick(ccq_trace *t, uint64_t ended);
 /* Scheduler side: update the commands/s rate once a second. */
 void ccq_trace_tick(ccq_trace *t, uint64_t now, uint64_t ended);
-
-/* Write events as Chrome Trace Event Format JSON (runtime/trace_json.c). */
-int ccq_trace_write_json(FILE *f, struct ccq_runtime *rt, const ccq_event *ev, size_t n,
-                         uint64_t dropped);
 
 /* The calling thread's id (Linux tid), cached per thread. */
 uint32_t ccq_thread_id(void);
