@@ -118,8 +118,8 @@ static inline bool ccq_trace_requested(ccq_trace *t)
 {
     return atomic_load_explicit(&t->req_state, memory_order_acquire) == 1;
 }
-/* Copy both rings, oldest first (sorted by time). `direct` = the caller is the scheduler,
- * or the scheduler has exited. */
+/* Copy both rings, oldest first (sorted by time). Only the scheduler may call it while it
+ * runs (other threads ask it through ccq_trace_snapshot); anyone may once it has exited. */
 size_t ccq_trace_copy(ccq_trace *t, ccq_event *out, size_t cap, uint64_t *dropped);
 
 /* The size of ccq_event in 0.2.0, the first layout with struct_size: the smallest element
