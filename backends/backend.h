@@ -92,6 +92,10 @@ typedef struct ccq_be_submit {
     uint8_t kind; /* ccq_op_kind of the operation the command is part of */
     uint8_t dtype;
     uint8_t redop;
+    /* The communicator's sorted device set (a send/recv: its two devices, or one), valid
+     * during the hook; e.g. a check that depends on every device of the communicator. */
+    const ccq_device_id *devices;
+    uint32_t ndevices;
 } ccq_be_submit;
 
 /* Completion notification: a backend calls notify(notify_arg) from any thread when it has
