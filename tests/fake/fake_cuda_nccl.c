@@ -1090,8 +1090,8 @@ static int coll_check(fake_call *c, const fake_op *op)
         fake_error("%s: root %d out of range for %d ranks", c->fn, op->root, n);
         return ncclInvalidArgument;
     }
-    /* NCCL checks the communicator's lowest compute capability (comm->minCompCap, ArgsCheck
-     * in misc/argcheck.cc), not the calling rank's device. */
+    /* NCCL checks the communicator's lowest compute capability (comm->minCompCap, in
+     * taskAppend, enqueue.cc), not the calling rank's device. */
     if (ki->reduces && (op->dtype == ncclFloat8e4m3 || op->dtype == ncclFloat8e5m2)) {
         int low = op->comm->device;
         for (int k = 0; k < n; k++) {
