@@ -81,6 +81,10 @@ typedef struct ccq_be_submit {
     uint8_t kind; /* ccq_kind of the command (CCQ_KIND_SEND or CCQ_KIND_RECV for a pair) */
     uint8_t dtype;
     uint8_t redop;
+    /* The communicator's sorted device set (a send/recv: its two devices, or one), valid
+     * during the hook; e.g. a check that depends on every device of the communicator. */
+    const ccq_device_id *devices;
+    uint32_t ndevices;
 } ccq_be_submit;
 
 /* Completion notification: a backend calls notify(notify_arg) from any thread when it has

@@ -651,6 +651,8 @@ static ccq_status submit(ccq_runtime *rt, const char *fn, const submit_args *a,
     be_sub.kind = a->kind;
     be_sub.dtype = (uint8_t)a->dtype;
     be_sub.redop = (uint8_t)a->op;
+    be_sub.devices = sorted;
+    be_sub.ndevices = nset;
     if (rt->be_ops->check != NULL) {
         ccq_errbuf err = {{0}};
         st = rt->be_ops->check(rt->be, &be_sub, &err);
