@@ -20,6 +20,8 @@ typedef struct ccq_boot_xchg ccq_boot_xchg;
 
 /* Longest tag (bytes, without the NUL). */
 #define CCQ_BOOT_TAG_MAX 256u
+/* Most processes in a world (each handle keeps 8 bytes per process). */
+#define CCQ_BOOT_WORLD_MAX (1u << 20)
 /* Largest record one process contributes to an exchange. */
 #define CCQ_BOOT_VALUE_MAX (1u << 20)
 
@@ -28,16 +30,18 @@ typedef struct ccq_boot_xchg ccq_boot_xchg;
  * mpi_comm: the MPI_Fint (MPI_Comm_c2f) of the embedder's communicator, -1 = MPI_COMM_WORLD
  * (only for "mpi"; its rank and size must be world_rank and world_size). Never blocks on
  * other processes (MPI: the communicator's MPI_Comm_idup completes inside later exchanges).
- * Errors (err filled, *out NULL): CCQ_ERR_INVALID_ARGUMENT for a bad spec, world_size == 0,
- * world_rank >= world_size, a missing or unusable directory, a NULL or incomplete store, an
- * MPI rank/size that disagrees; CCQ_ERR_UNSUPPORTED for "mpi" in a build without MPI or an
- * MPI initialised below MPI_THREAD_SERIALIZED (or already finalized); CCQ_ERR_NO_MEMORY.
+ * Errors (err filled, *out NULL): CCQ_ERR_INVALID_ARGUMENT for a bad spec, world_size 0 or
+ * above CCQ_BOOT_WORLD_MAX, world_rank >= world_size, a missing or unusable directory, a
+ * NULL or incomplete store, an MPI rank/size that disagrees; CCQ_ERR_UNSUPPORTED for "mpi" in
+ * a build without MPI or an MPI initialised below MPI_THREAD_SERIALIZED (or already
+ * finalized); CCQ_ERR_NO_MEMORY.
  */
 ccq_status ccq_boot_open(const char *spec, const ccq_store *store, int64_t mpi_comm,
                          uint32_t world_rank, uint32_t world_size, ccq_boot **out, ccq_errbuf *err);
 
-/* Close this end; exchanges not freed yet are freed. file: removes this job's keys once the
- * last process of the world has closed (see boot_file.c). NULL is a no-op. */
+/* Close this end; exchanges not freed yet are freed (so must not be used after). Must not
+ * race with other calls on the handle. file: removes this job's keys once the last process
+ * of the world has closed (see boot_file.c). NULL is a no-op. */
 void ccq_boot_close(ccq_boot *boot);
 
 /* "mpi", "file:DIR" or "store", for details. */
