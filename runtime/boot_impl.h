@@ -48,7 +48,7 @@ struct ccq_boot {
     /* How many ccq_boot_open calls for this job and world rank this process made before
      * this one: the k-th runtime of each rank meets the k-th of the others, so a second
      * runtime in the same process never reads the first one's records (the store cannot
-     * delete them). */
+     * delete them). 0 for mechanisms with a private channel per handle (MPI). */
     uint32_t gen;
     uint64_t nonce;
     uint64_t *nonces;            /* per world rank: the nonce first seen from it, 0 = none */
@@ -71,7 +71,8 @@ struct ccq_boot_xchg {
     uint32_t ngot;
     unsigned char *rec; /* this process's encoded record (header, tag, payload) */
     size_t rec_len;
-    ccq_status status; /* CCQ_IN_PROGRESS, CCQ_OK or the sticky error */
+    ccq_status status;     /* CCQ_IN_PROGRESS, CCQ_OK or the sticky error */
+    uint64_t next_poll_ns; /* no mechanism round before this (see xchg_test_locked) */
     ccq_errbuf detail;
     void *mech_priv;
 };
@@ -80,6 +81,9 @@ struct ccq_boot_xchg {
 typedef struct ccq_boot_mech {
     const char *name;
     uint64_t poll_ns; /* suggested interval between tests */
+    /* Each handle talks on a channel of its own (MPI: its own communicator), so records of
+     * another handle can never be read and the generation is not needed (always 0). */
+    bool private_channel;
     /* Publish x->rec to the other members (or store it to send later). */
     ccq_status (*publish)(ccq_boot *b, ccq_boot_xchg *x, ccq_errbuf *err);
     /* Optional, once per test before fetching: progress (MPI: sends, incoming). CCQ_OK,

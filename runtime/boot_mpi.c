@@ -339,7 +339,8 @@ static void mpi_close(ccq_boot *b)
 
 static const ccq_boot_mech mpi_mech = {
     .name = "mpi",
-    .poll_ns = 100000, /* a test is a few MPI calls in this process: cheap */
+    .poll_ns = 100000,       /* a test is a few MPI calls in this process: cheap */
+    .private_channel = true, /* each handle has its own duplicate communicator */
     .publish = mpi_publish,
     .progress = mpi_progress,
     .fetch = mpi_fetch,

@@ -48,8 +48,10 @@ void ccq_boot_close(ccq_boot *boot);
 const char *ccq_boot_name(const ccq_boot *boot);
 /* The job id keys are namespaced with (CCQ_JOB_ID, else a launcher's id, else "default"). */
 const char *ccq_boot_job(const ccq_boot *boot);
-/* How many bootstraps this process opened for this job and world rank before this one:
- * part of every key, so the k-th runtime of a process meets the k-th of the others. */
+/* file and store: how many bootstraps this process opened for this job and world rank
+ * before this one, part of every key, so the k-th runtime of a rank meets the k-th of the
+ * others (records of processes at another generation are refused with a detail). MPI: 0
+ * (each handle has its own communicator). */
 uint32_t ccq_boot_generation(const ccq_boot *boot);
 uint32_t ccq_boot_world_rank(const ccq_boot *boot);
 uint32_t ccq_boot_world_size(const ccq_boot *boot);
@@ -78,6 +80,8 @@ ccq_status ccq_boot_xchg_post(ccq_boot *boot, const char *tag, const uint32_t *m
  * bytes, receives them in member order; it may be NULL before that), CCQ_IN_PROGRESS while
  * some have not (out untouched), or an error (err filled; the exchange stays failed and
  * later calls return the same error). Calling it again after CCQ_OK copies out again.
+ * It asks the mechanism (opens files, calls the store's get, calls MPI) at most once per
+ * ccq_boot_poll_interval_ns; calls in between return CCQ_IN_PROGRESS at once.
  */
 ccq_status ccq_boot_xchg_test(ccq_boot_xchg *x, void *out, ccq_errbuf *err);
 

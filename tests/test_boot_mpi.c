@@ -3,7 +3,8 @@
  *             poster, a member that never posts (timeout naming it), a second bootstrap in
  *             the same process (MPI stays up), a world_rank that disagrees with MPI's.
  *   embedder  the test initialises MPI (MULTIPLE) and hands ccq a communicator whose ranks
- *             are the reverse of MPI_COMM_WORLD's; ccq's messages never reach it.
+ *             are the reverse of MPI_COMM_WORLD's; ccq's messages never reach it. Then a
+ *             process that opens its bootstrap late: the others time out, then complete.
  *   funneled  (1 process) MPI initialised at MPI_THREAD_FUNNELED is refused with a detail.
  * A failed check aborts the job (MPI_Abort), so mpiexec exits non-zero. */
 #include <mpi.h>
@@ -162,7 +163,8 @@ static void mode_ccq(void)
     /* A second bootstrap: MPI is still up (ccq finalizes it only at exit). */
     st = ccq_boot_open("mpi", NULL, -1, rank, size, &b, &err);
     CHECK(st == CCQ_OK, "reopen: %s", err.msg);
-    CHECK(ccq_boot_generation(b) == 1, "generation %u", ccq_boot_generation(b));
+    /* Its own duplicate communicator keeps it apart from the first: no generation. */
+    CHECK(ccq_boot_generation(b) == 0, "generation %u", ccq_boot_generation(b));
     world_exchange(b, size, "world");
     ccq_boot_close(b);
 }
@@ -191,6 +193,36 @@ static void mode_embedder(void)
     MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, rev, &flag, MPI_STATUS_IGNORE);
     CHECK(!flag, "a message reached the embedder's communicator");
     MPI_Comm_free(&rev);
+
+    /* Process 2 opens its bootstrap late: until then the duplication of MPI_COMM_WORLD cannot
+     * complete, the others' wait times out saying so (naming 2 among the missing), and a
+     * second wait on the same exchange succeeds once 2 arrives. */
+    me = (uint32_t)wrank;
+    if (wrank == 2)
+        usleep(600000);
+    st = ccq_boot_open("mpi", NULL, -1, me, (uint32_t)wsize, &b, &err);
+    CHECK(st == CCQ_OK, "open: %s", err.msg);
+    {
+        uint32_t all[3] = {0, 1, 2}, miss[3];
+        uint64_t v = value_of(me, 3), out[3];
+        ccq_boot_xchg *x;
+        size_t nmiss;
+
+        CHECK(ccq_boot_xchg_post(b, "world", all, 3, &v, 8, &x, &err) == CCQ_OK, "%s", err.msg);
+        if (wrank < 2) {
+            st = ccq_boot_xchg_wait(x, out, deadline_ms(300), &err);
+            CHECK(st == CCQ_ERR_TIMEOUT, "%s: %s", ccq_status_name(st), err.msg);
+            CHECK(strstr(err.msg, "MPI_Comm_idup over the 3 processes") != NULL, "%s", err.msg);
+            nmiss = ccq_boot_xchg_missing(x, miss, 3);
+            CHECK(nmiss >= 1 && miss[nmiss - 1] == 2, "missing %zu", nmiss);
+        }
+        st = ccq_boot_xchg_wait(x, out, deadline_ms(20000), &err);
+        CHECK(st == CCQ_OK, "late: %s: %s", ccq_status_name(st), err.msg);
+        for (uint32_t i = 0; i < 3; i++)
+            CHECK(out[i] == value_of(i, 3), "late out[%u]", i);
+        ccq_boot_xchg_free(x);
+    }
+    ccq_boot_close(b);
     /* ccq did not initialise MPI, so it must not have finalized it. */
     MPI_Finalized(&flag);
     CHECK(!flag, "ccq finalized the embedder's MPI");
