@@ -40,6 +40,7 @@ extern "C" {
 /* The status list; one X-macro so ccq_status_string() cannot drift from the enum. */
 #define CCQ_STATUS_MAP(X)                                                                          \
     X(CCQ_OK, 0, "success")                                                                        \
+    X(CCQ_IN_PROGRESS, 1, "in progress")                                                           \
     X(CCQ_ERR_INVALID_ARGUMENT, -1, "invalid argument")                                            \
     X(CCQ_ERR_NO_MEMORY, -2, "out of memory")                                                      \
     X(CCQ_ERR_QUEUE_FULL, -3, "stream queue full")                                                 \
@@ -51,7 +52,9 @@ extern "C" {
     X(CCQ_ERR_SHUTDOWN, -9, "runtime is shutting down")                                            \
     X(CCQ_ERR_UNSUPPORTED, -10, "unsupported")
 
-/** Status codes. Negative values are errors. */
+/** Status codes. Negative values are errors; CCQ_IN_PROGRESS (positive) is not an error but
+ * "not done yet": a non-blocking call (such as a ccq_store's get) has nothing to report yet
+ * and is asked again later. */
 typedef enum ccq_status {
 #define CCQ_STATUS_ENUM_(name, value, text) name = value,
     CCQ_STATUS_MAP(CCQ_STATUS_ENUM_)
@@ -90,6 +93,39 @@ typedef uint32_t ccq_stream_id;
 
 /** An opaque runtime: the devices of one backend, their streams and the scheduler. */
 typedef struct ccq_runtime ccq_runtime;
+
+/**
+ * The embedder's key-value store, for a world of processes that meet through the
+ * embedder's own rendezvous (a TCP store, a Redis or etcd client, torch's Store...)
+ * instead of MPI or a shared directory (see docs/multiprocess.md, "Bootstrap").
+ *
+ * Keys are NUL-terminated strings that ccq builds as "ccq/<job>/<generation>/<tag>/<rank>"
+ * (docs/multiprocess.md); every process of the world must see the values the others set.
+ * Values are small binary records (tens to hundreds of bytes) and are written once: ccq
+ * never sets a key twice and never deletes one (the store's owner drops them with the job).
+ *
+ * Ownership: ccq copies this struct; @p ctx and the functions must stay valid until
+ * ccq_runtime_destroy() of every runtime using the store has returned.
+ *
+ * Threads: ccq calls set and get from the thread calling ccq_runtime_create and from the
+ * runtime's scheduler thread, but never two calls at once for one runtime (a lock of the
+ * runtime serialises them). Several runtimes sharing one store, in one process, can call it
+ * concurrently: such a store must be thread-safe. The callbacks must not call ccq, and get
+ * must not wait for the key: ccq polls it, sleeping in between (about once a millisecond),
+ * until it appears or timeout_ms ends.
+ */
+typedef struct ccq_store {
+    void *ctx; /**< Passed back to set and get as their first argument. */
+    /** Publish @p len bytes of @p value under @p key for every process of the world.
+     * @return CCQ_OK, or an error (the exchange that needed the key fails; the runtime's
+     *         detail names the key and the status). */
+    ccq_status (*set)(void *ctx, const char *key, const void *value, size_t len);
+    /** Never blocks. @p len in: the room at @p value; out: the value's size.
+     * @return CCQ_OK with min(size, room) bytes copied (when size > room ccq calls again with
+     *         room >= size); CCQ_IN_PROGRESS while the key is not there yet; or an error
+     *         (the exchange fails, the detail names the key). */
+    ccq_status (*get)(void *ctx, const char *key, void *value, size_t *len);
+} ccq_store;
 
 /** Submitting calls return CCQ_ERR_QUEUE_FULL at once instead of waiting for room. */
 #define CCQ_FLAG_NONBLOCKING_SUBMIT 0x1u
