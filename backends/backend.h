@@ -101,6 +101,13 @@ typedef struct ccq_be_submit {
     uint8_t kind; /* ccq_kind of the command (CCQ_KIND_SEND or CCQ_KIND_RECV for a pair) */
     uint8_t dtype;
     uint8_t redop;
+    /* This process's devices of the communicator (a send/recv: of its two devices, or one),
+     * as the runtime's global ids, sorted, valid during the hook; minus device_first they are
+     * the backend's devices. For a check that depends on every device of the communicator
+     * (another process checks its own). */
+    const ccq_device_id *devices;
+    uint32_t ndevices;
+    ccq_device_id device_first;
 } ccq_be_submit;
 
 /* Completion notification: a backend calls notify(notify_arg) from any thread when it has
@@ -121,8 +128,8 @@ typedef struct ccq_backend_ops {
     /* Communicators spanning processes (desc->nprocs > 1): on the lowest member process
      * only, the bytes every member passes to comm_create (NCCL: a new ncclUniqueId), at most
      * CCQ_BE_ROOT_BLOB_MAX. NULL for a backend that cannot span processes. */
-    ccq_status (*comm_root_blob)(ccq_backend *be, const struct ccq_be_comm_desc *desc,
-                                 void *blob, size_t *len, ccq_errbuf *err);
+    ccq_status (*comm_root_blob)(ccq_backend *be, const struct ccq_be_comm_desc *desc, void *blob,
+                                 size_t *len, ccq_errbuf *err);
     /* Start creating a communicator: CCQ_OK when it is ready, CCQ_IN_PROGRESS when comm_test
      * must be polled until it is (*out is set either way), or an error. Must not block. */
     ccq_status (*comm_create)(ccq_backend *be, const struct ccq_be_comm_desc *desc,

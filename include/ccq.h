@@ -52,7 +52,9 @@ extern "C" {
     X(CCQ_ERR_SHUTDOWN, -9, "runtime is shutting down")                                            \
     X(CCQ_ERR_UNSUPPORTED, -10, "unsupported")
 
-/** Status codes. Negative values are errors. */
+/** Status codes. Negative values are errors; CCQ_IN_PROGRESS (positive) is not an error but
+ * "not done yet": a non-blocking call (such as a ccq_store's get) has nothing to report yet
+ * and is asked again later. */
 typedef enum ccq_status {
 #define CCQ_STATUS_ENUM_(name, value, text) name = value,
     CCQ_STATUS_MAP(CCQ_STATUS_ENUM_)
@@ -93,19 +95,35 @@ typedef uint32_t ccq_stream_id;
 typedef struct ccq_runtime ccq_runtime;
 
 /**
- * The embedder's key-value store, one way processes meet (ccq_config.store): a runtime with
- * its own rendezvous (a TCP store, a Redis or etcd client, torch's Store) plugs it in. Every
- * process of the world must see the same store. ccq calls it from the thread calling
- * ccq_runtime_create and from its scheduler thread, never from two threads at once for one
- * runtime; keys are NUL-terminated strings ccq namespaces per job.
+ * The embedder's key-value store, for a world of processes that meet through the
+ * embedder's own rendezvous (a TCP store, a Redis or etcd client, torch's Store...)
+ * instead of MPI or a shared directory (see docs/multiprocess.md, "Bootstrap").
+ *
+ * Keys are NUL-terminated strings that ccq builds as "ccq/<job>/<generation>/<tag>/<rank>"
+ * (docs/multiprocess.md); every process of the world must see the values the others set.
+ * Values are small binary records (tens to hundreds of bytes) and are written once: ccq
+ * never sets a key twice and never deletes one (the store's owner drops them with the job).
+ *
+ * Ownership: ccq copies this struct; @p ctx and the functions must stay valid until
+ * ccq_runtime_destroy() of every runtime using the store has returned.
+ *
+ * Threads: ccq calls set and get from the thread calling ccq_runtime_create and from the
+ * runtime's scheduler thread, but never two calls at once for one runtime (a lock of the
+ * runtime serialises them). Several runtimes sharing one store, in one process, can call it
+ * concurrently: such a store must be thread-safe. The callbacks must not call ccq, and get
+ * must not wait for the key: ccq polls it, sleeping in between (about once a millisecond),
+ * until it appears or timeout_ms ends.
  */
 typedef struct ccq_store {
-    void *ctx; /**< Passed back to set and get. */
-    /** Publish @p len bytes under @p key for every process of the world. */
+    void *ctx; /**< Passed back to set and get as their first argument. */
+    /** Publish @p len bytes of @p value under @p key for every process of the world.
+     * @return CCQ_OK, or an error (the exchange that needed the key fails; the runtime's
+     *         detail names the key and the status). */
     ccq_status (*set)(void *ctx, const char *key, const void *value, size_t len);
-    /** Never blocks: CCQ_OK with the value copied (*len in: room, out: its size),
-     * CCQ_IN_PROGRESS while the key is not there yet, or an error (ccq then fails what it
-     * was doing, naming the key). */
+    /** Never blocks. @p len in: the room at @p value; out: the value's size.
+     * @return CCQ_OK with min(size, room) bytes copied (when size > room ccq calls again with
+     *         room >= size); CCQ_IN_PROGRESS while the key is not there yet; or an error
+     *         (the exchange fails, the detail names the key). */
     ccq_status (*get)(void *ctx, const char *key, void *value, size_t *len);
 } ccq_store;
 
@@ -235,6 +253,23 @@ CCQ_API ccq_status ccq_local_devices(const ccq_runtime *rt, ccq_device_id *first
 
 /** Name of the runtime's backend ("host", "nccl"); "" for NULL. Thread-safe. */
 CCQ_API const char *ccq_backend_name(const ccq_runtime *rt);
+
+/**
+ * Version of the library that is running, as "MAJOR.MINOR.PATCH" (CCQ_VERSION_STRING of the
+ * build of libccq that was loaded). Compare it, or ccq_version_number(), with the
+ * CCQ_VERSION_* macros of the header the program was built with: a different major
+ * version is not ABI compatible; an older minor version lacks the calls added since.
+ * Static storage; thread-safe.
+ */
+CCQ_API const char *ccq_version(void);
+
+/**
+ * The running library's version as CCQ_VERSION_HEX encodes it ((MAJOR << 16) |
+ * (MINOR << 8) | PATCH, as libuv's uv_version()), so that
+ * `ccq_version_number() >= CCQ_VERSION_HEX` says the library is at least as new as the
+ * header. Thread-safe.
+ */
+CCQ_API unsigned ccq_version_number(void);
 
 /** Static text of a status ("invalid argument"); "unknown status" for other values. */
 CCQ_API const char *ccq_status_string(ccq_status s);
@@ -413,17 +448,25 @@ typedef enum ccq_kind {
 /** Name of a command kind ("all_gather"), or "?". */
 CCQ_API const char *ccq_kind_name(uint32_t kind);
 
-/** One event. Fields that do not apply to a type are 0 (or ~0 for device/stream). */
+/**
+ * One event. Fields that do not apply to a type are 0 (or ~0 for device/stream).
+ * Fields are only ever appended: struct_size says which of them an event holds, so an
+ * array of events (ccq_trace_snapshot) and the callback keep working when it grows.
+ */
 typedef struct ccq_event {
-    uint64_t time_ns; /**< CLOCK_MONOTONIC, the one clock of all events. */
-    uint64_t id;      /**< Command id (unique per runtime), or batch id for batch events. */
-    uint64_t batch;   /**< Batch that issued the command. */
-    uint64_t seq;     /**< Sequence number of the operation in its communicator (per
-                           direction for send/recv). */
-    uint64_t count;   /**< Elements of the command; operations for batch events. */
-    uint64_t bytes;   /**< Bytes of the command (count x dtype size). */
-    uint32_t type;    /**< ccq_event_type */
-    uint32_t thread;  /**< Thread that submitted the command, or that fenced (Linux tid). */
+    uint32_t struct_size; /**< Bytes of this event the library filled: sizeof(ccq_event) of
+                               the running library in callbacks, the caller's element size
+                               in ccq_trace_snapshot's array (which the caller sets in
+                               out[0] before the call). */
+    uint32_t type;        /**< ccq_event_type */
+    uint64_t time_ns;     /**< CLOCK_MONOTONIC, the one clock of all events. */
+    uint64_t id;          /**< Command id (unique per runtime), or batch id for batch events. */
+    uint64_t batch;       /**< Batch that issued the command. */
+    uint64_t seq;         /**< Sequence number of the operation in its communicator (per
+                               direction for send/recv). */
+    uint64_t count;       /**< Elements of the command; operations for batch events. */
+    uint64_t bytes;       /**< Bytes of the command (count x dtype size). */
+    uint32_t thread;      /**< Thread that submitted the command, or that fenced (Linux tid). */
     uint32_t device, stream;
     uint32_t comm; /**< Communicator id (creation order, starting at 0). */
     uint8_t kind;  /**< ccq_kind */
@@ -433,6 +476,7 @@ typedef struct ccq_event {
     int32_t status; /**< ccq_status, where it applies. */
     uint32_t peer;  /**< send/recv: the other device; rooted collectives: the root device
                          (peer_valid is 1 in both cases). */
+    /* ---- fields appended after 0.2.0 go here ---- */
 } ccq_event;
 
 /**
@@ -458,8 +502,16 @@ CCQ_API ccq_status ccq_trace_dump(ccq_runtime *rt, const char *path);
 
 /**
  * Copy the recorder's events, oldest first, into @p out (at most @p cap). Thread-safe.
+ * @param[in,out] out   An array of @p cap events of the caller's ccq_event: set
+ *                      out[0].struct_size = sizeof(ccq_event) before the call (the library
+ *                      strides the array by it and writes that many bytes of each event,
+ *                      with struct_size set, so a program built against an older ccq.h
+ *                      keeps working). May be NULL when @p cap is 0.
  * @param[out] n        Events copied.
  * @param[out] dropped  Events lost to overwriting since the runtime started (may be NULL).
+ * @return CCQ_OK; CCQ_ERR_INVALID_ARGUMENT (NULL; out[0].struct_size is not the size of a
+ *         released ccq_event layout, 0.2.0's or a later one up to this library's);
+ *         CCQ_ERR_NO_MEMORY (an older layout needs a temporary copy).
  */
 CCQ_API ccq_status ccq_trace_snapshot(ccq_runtime *rt, ccq_event *out, size_t cap, size_t *n,
                                       uint64_t *dropped);

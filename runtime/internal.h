@@ -120,7 +120,7 @@ typedef struct ccq_comm {
     ccq_device_id *devices; /* sorted global ids: rank r is devices[r] */
     uint32_t first_local;   /* this process's ranks: first_local .. first_local + nlocal - 1 */
     uint32_t nlocal;
-    uint32_t nprocs;        /* member processes, and their world ranks (ascending) */
+    uint32_t nprocs; /* member processes, and their world ranks (ascending) */
     uint32_t *procs;
     _Atomic uint32_t state; /* ccq_comm_state */
     _Atomic uint32_t aborted;
@@ -190,9 +190,9 @@ struct ccq_runtime {
     ccq_config cfg;
     const ccq_backend_ops *be_ops;
     ccq_backend *be;
-    uint32_t ndev;        /* this process's devices: global ids dev_first .. + ndev - 1 */
+    uint32_t ndev; /* this process's devices: global ids dev_first .. + ndev - 1 */
     uint32_t dev_first;
-    uint32_t ndev_world;  /* devices of every process (ccq_device_count) */
+    uint32_t ndev_world; /* devices of every process (ccq_device_count) */
     ccq_world world;
     uint32_t max_streams;
     uint32_t ring_size;   /* slots per stream (power of two >= queue_depth) */

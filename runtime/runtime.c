@@ -430,7 +430,9 @@ CCQ_API ccq_status ccq_local_devices(const ccq_runtime *rt, ccq_device_id *first
     ccq_clear_detail();
     if (rt == NULL || first == NULL || count == NULL)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_local_devices: %s is NULL",
-                        rt == NULL ? "rt" : first == NULL ? "first" : "count");
+                        rt == NULL      ? "rt"
+                        : first == NULL ? "first"
+                                        : "count");
     *first = rt->dev_first;
     *count = rt->ndev;
     return CCQ_OK;
@@ -733,6 +735,9 @@ static ccq_status submit(ccq_runtime *rt, const char *fn, const submit_args *a,
     be_sub.kind = a->kind;
     be_sub.dtype = (uint8_t)a->dtype;
     be_sub.redop = (uint8_t)a->op;
+    be_sub.devices = sorted + comm->first_local;
+    be_sub.ndevices = comm->nlocal;
+    be_sub.device_first = rt->dev_first;
     if (rt->be_ops->check != NULL) {
         ccq_errbuf err = {{0}};
         st = rt->be_ops->check(rt->be, &be_sub, &err);
@@ -993,6 +998,7 @@ CCQ_API ccq_status ccq_mem_copy(ccq_runtime *rt, ccq_device_id device, void *dst
                         dst == NULL ? "dst" : "src");
     if (bytes == 0)
         return CCQ_OK;
-    st = rt->be_ops->mem_copy(rt->be, ccq_backend_device(rt, device), dst, src, bytes, kind == CCQ_COPY_TO_DEVICE, &err);
+    st = rt->be_ops->mem_copy(rt->be, ccq_backend_device(rt, device), dst, src, bytes,
+                              kind == CCQ_COPY_TO_DEVICE, &err);
     return st == CCQ_OK ? CCQ_OK : ccq_fail(st, "ccq_mem_copy: %s", err.msg);
 }

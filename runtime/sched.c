@@ -15,7 +15,7 @@ typedef struct ccq_sched {
     uint32_t nlive, caplive;
     ccq_stream **active; /* streams with commands received and not ended */
     uint32_t nactive, capactive;
-    ccq_chan *chans; /* channels that may have a ready head (list_next links) */
+    ccq_chan *chans;   /* channels that may have a ready head (list_next links) */
     ccq_comm *forming; /* communicators forming (forming_next links) */
     ccq_inst *inst_free;
     size_t inst_size;
@@ -473,8 +473,7 @@ static void comm_settle(ccq_runtime *rt, ccq_comm *c, ccq_status st)
             continue;
         }
         char detail[CCQ_DETAIL_LEN];
-        ccq_format(detail, sizeof detail, "communicator could not be created: %s",
-                   c->init_detail);
+        ccq_format(detail, sizeof detail, "communicator could not be created: %s", c->init_detail);
         for (uint64_t q = ch->head, end = ch->head + ch->cap; ch->win != NULL && q < end; q++) {
             ccq_inst *i = win_get(ch, q);
             if (i != NULL && i->state != CCQ_INST_ISSUED && i->state != CCQ_INST_FAILED)

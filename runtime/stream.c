@@ -198,8 +198,8 @@ static void fence_event(ccq_runtime *rt, uint32_t type, ccq_device_id device, cc
 CCQ_API ccq_status ccq_sync_collective(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream)
 {
     ccq_status st;
-    bool traced =
-        rt != NULL && ccq_is_local(rt, device) && stream < rt->max_streams && ccq_trace_on(&rt->trace);
+    bool traced = rt != NULL && ccq_is_local(rt, device) && stream < rt->max_streams &&
+                  ccq_trace_on(&rt->trace);
     if (traced)
         fence_event(rt, CCQ_EV_FENCE_BEGIN, device, stream, CCQ_OK);
     st = sync_collective(rt, device, stream);

@@ -24,14 +24,14 @@ enum { E_CREATE = 10, E_COUNT, E_LOCAL, E_RANK, E_REMOTE, E_COMM, E_DATA, E_FENC
 
 typedef struct world_case {
     char dir[64];
-    unsigned devices[8];   /* local devices of each process */
+    unsigned devices[8];    /* local devices of each process */
     unsigned world_size[8]; /* what each process claims (0: the real size) */
     uint64_t timeout_ms;
     ccq_status want_create; /* what ccq_runtime_create must return */
     const char *want_detail;
-    bool span_comm;          /* form a communicator over every device of the world */
-    int skip_comm_rank;      /* that process does not call ccq_comm_init (-1: none) */
-    ccq_status want_comm;    /* what ccq_comm_init of the spanning set must return */
+    bool span_comm;       /* form a communicator over every device of the world */
+    int skip_comm_rank;   /* that process does not call ccq_comm_init (-1: none) */
+    ccq_status want_comm; /* what ccq_comm_init of the spanning set must return */
     const char *want_comm_detail;
 } world_case;
 
@@ -151,11 +151,11 @@ static int world_child(unsigned rank, unsigned nprocs, void *arg)
         for (uint32_t d = 0; d < total; d++)
             all[d] = d;
         st = ccq_comm_init(rt, all, total);
-        if (st != wc->want_comm ||
-            (wc->want_comm_detail && strstr(ccq_last_error_detail(), wc->want_comm_detail) == NULL)) {
-            fprintf(stderr, "rank %u: ccq_comm_init of the world: %s: %s (want %s, \"%s\")\n",
-                    rank, ccq_status_name(st), ccq_last_error_detail(),
-                    ccq_status_name(wc->want_comm), wc->want_comm_detail ? wc->want_comm_detail : "");
+        if (st != wc->want_comm || (wc->want_comm_detail && strstr(ccq_last_error_detail(),
+                                                                   wc->want_comm_detail) == NULL)) {
+            fprintf(stderr, "rank %u: ccq_comm_init of the world: %s: %s (want %s, \"%s\")\n", rank,
+                    ccq_status_name(st), ccq_last_error_detail(), ccq_status_name(wc->want_comm),
+                    wc->want_comm_detail ? wc->want_comm_detail : "");
             rc = E_WANT;
         }
     }
