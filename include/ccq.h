@@ -146,8 +146,8 @@ typedef struct ccq_config {
     uint64_t timeout_ms;    /**< Watchdog and fence deadline; 0 = none (default 600000).
                                  Env: CCQ_TIMEOUT_MS. */
     /* ---- appended after the seed API ---- */
-    uint32_t host_workers;   /**< Host backend worker threads; 0 = number of cores.
-                                  Env: CCQ_HOST_WORKERS. */
+    uint32_t host_workers;   /**< Host backend worker threads; 0 = number of cores; at most
+                                  1024. Env: CCQ_HOST_WORKERS. */
     uint32_t flags;          /**< CCQ_FLAG_* bits. Env: CCQ_NONBLOCKING_SUBMIT=1. */
     const char *env_error;   /**< Set by ccq_config_init when a CCQ_* variable is malformed;
                                   ccq_runtime_create then fails with its text. */
@@ -160,8 +160,9 @@ typedef struct ccq_config {
                                   default): e.g. "fail:op=17;delay:us=5000,op=3;drop:rank=2".
                                   Grammar in docs/reliability.md. Env: CCQ_FAULT. */
     uint32_t trace_capacity; /**< Events the flight recorder keeps (the newest; older ones
-                                  are overwritten and counted), rounded up to a power of two.
-                                Default 65536; 0 disables it. Env: CCQ_TRACE_CAPACITY. */
+                                  are overwritten and counted), rounded up to a power of two;
+                                  at most 2^26 (67108864). Default 65536; 0 disables it.
+                                  Env: CCQ_TRACE_CAPACITY. */
     const char *trace_file;  /**< If set, the recorder is written there as Chrome/Perfetto
                                   JSON at destroy and when the watchdog or an error fires
                                   (at most once a second). Env: CCQ_TRACE_FILE. */
@@ -291,11 +292,18 @@ CCQ_API ccq_status ccq_all_reduce(ccq_runtime *rt, ccq_device_id device, ccq_str
  * Queue a send of @p count elements from @p device to @p peer. Matches the recv on
  * @p peer from @p device in per-pair order. Uses the communicator of {device, peer},
  * created on first use. peer == device sends to self. Errors as ccq_all_reduce.
+ * Stream order: a later command of the stream that overwrites @p src (an in-place exchange
+ * or ring shift: recv into the same buffer) does not change what is sent; the host backend
+ * stages the data, the NCCL backend fails such a set with CCQ_ERR_UNSUPPORTED.
+ * After one side of a pair fails (e.g. a recv times out), the other side's next operation
+ * of that pair takes the failed one's place and fails at once with its status; after that
+ * the pair is back in step (docs/semantics.md, "Matching").
  */
 CCQ_API ccq_status ccq_send(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream,
                             const void *src, size_t count, ccq_dtype dtype, ccq_device_id peer);
 
-/** Queue a receive into @p dst on @p device from @p peer. See ccq_send. */
+/** Queue a receive into @p dst on @p device from @p peer. See ccq_send (per-pair order, also
+ * after a timed-out recv: the peer's next send to this device pairs with it and fails). */
 CCQ_API ccq_status ccq_recv(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream, void *dst,
                             size_t count, ccq_dtype dtype, ccq_device_id peer);
 
@@ -456,9 +464,10 @@ typedef struct ccq_event {
 /**
  * Event callback. Called on the scheduler thread for every event except fence events,
  * which are delivered on the thread calling ccq_sync_collective. It must be fast (it
- * delays scheduling), thread-safe, and must not call ccq_sync_collective,
- * ccq_comm_init, ccq_runtime_shutdown or ccq_runtime_destroy on the same runtime (they
- * wait for the scheduler); submitting calls may block on a full stream and are best avoided.
+ * delays scheduling) and thread-safe. It must not call ccq_sync_collective, ccq_comm_init,
+ * ccq_runtime_shutdown or ccq_runtime_destroy (they wait for a scheduler): from inside a
+ * callback they fail at once with CCQ_ERR_INVALID_ARGUMENT and do nothing. Submitting calls
+ * from a callback never wait for room: a full stream gives CCQ_ERR_QUEUE_FULL at once.
  */
 typedef void (*ccq_event_fn)(const ccq_event *ev, void *user);
 

@@ -146,6 +146,7 @@ typedef struct ccq_inst {
     uint64_t bmark;         /* batch attempt that tentatively included it */
     uint64_t bpass;         /* batch pass whose batch holds it */
     uint64_t blocked;       /* batch pass in which it was found blocked */
+    bool stage;             /* send/recv: the send's src is overwritten later in its batch */
     ccq_status fail_status; /* when FAILED: what late parts get */
     char *fail_detail;
     struct ccq_inst *wnext; /* worklist / free list */
@@ -238,6 +239,15 @@ void *ccq_sched_main(void *arg);
 /* ---- runtime/trace.c ---- */
 ccq_status ccq_trace_write_file(ccq_runtime *rt, const char *path);
 void ccq_trace_autodump(ccq_runtime *rt, bool force);
+
+/* Set while the calling thread is ccq's scheduler (of any runtime) or runs an event
+ * callback (scheduler or fencing thread). A call that would wait for a scheduler there
+ * (the callback contract forbids them) fails at once instead of hanging: one thread-local
+ * load, on other threads too. */
+enum { CCQ_INSIDE_SCHED = 1u, CCQ_INSIDE_CALLBACK = 2u };
+extern _Thread_local uint32_t ccq_tls_inside;
+/* CCQ_OK outside; else CCQ_ERR_INVALID_ARGUMENT with a detail naming fn and why. */
+ccq_status ccq_refuse_inside(const char *fn);
 
 static inline bool ccq_in_scheduler(const ccq_runtime *rt)
 {

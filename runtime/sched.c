@@ -35,6 +35,7 @@ typedef struct ccq_sched {
     ccq_stream *undo_streams;
     ccq_chan *undo_chans;
     ccq_stream *pass_streams; /* streams with commands in the batch being built */
+    const ccq_cmd *refuse;    /* the attempt met a send the backend cannot stage */
     uint64_t wd_next;         /* earliest watchdog deadline (UINT64_MAX: none) */
     /* Shutdown. */
     bool closing, cancelled_incomplete, shutdown_aborted;
@@ -46,11 +47,6 @@ typedef struct ccq_sched {
 static inline uint64_t min_u64(uint64_t a, uint64_t b)
 {
     return a < b ? a : b;
-}
-
-static inline uint64_t add_sat(uint64_t a, uint64_t b)
-{
-    return a > UINT64_MAX - b ? UINT64_MAX : a + b;
 }
 
 /* Grow a pointer array to hold at least `need` entries. */
@@ -526,7 +522,7 @@ static void arrive(ccq_runtime *rt, ccq_cmd *c)
     if (s->cursor == NULL)
         s->cursor = c;
     active_add(S, s);
-    S->wd_next = min_u64(S->wd_next, add_sat(c->submit_ns, rt->timeout_ns));
+    S->wd_next = min_u64(S->wd_next, ccq_add_sat(c->submit_ns, rt->timeout_ns));
 
     bool dropped = false;
     if (rt->fault.drop_rank == (int64_t)c->device) {
@@ -935,6 +931,31 @@ static void attempt_undo(ccq_sched *S)
 
 enum { ADD_OK, ADD_BLOCKED, ADD_FULL };
 
+/* The backend cannot stage a send whose src a later command of its stream overwrites in
+ * the same group, and the attempt's whole set (what can only run together) was found: fail
+ * all of it now, so no part of an exchange or ring runs without the others and nothing
+ * waits for the watchdog. */
+static void refuse_group(ccq_runtime *rt, const ccq_cmd *send)
+{
+    ccq_sched *S = rt->sched;
+    char detail[CCQ_DETAIL_LEN];
+    size_t w = ccq_format(detail, sizeof detail,
+                          "refused: the send on device %u stream %u to "
+                          "device %u (#%" PRIu64 ") reads a buffer that a "
+                          "later command of its stream overwrites, and "
+                          "they can only run in one group (an in-place "
+                          "exchange or ring shift); backend \"%s\" cannot "
+                          "stage the outgoing data",
+                          send->device, send->stream->id, send->peer, send->seq, rt->be_ops->name);
+    ccq_format(detail + w, sizeof detail - w,
+               " (NCCL leaves overlapping buffers in one group undefined): use separate send and "
+               "recv buffers");
+    attempt_undo(S);
+    for (uint32_t k = 0; k < S->ntent; k++)
+        fail_inst(S, S->tent[k], CCQ_ERR_UNSUPPORTED, detail, false);
+    S->error_seen = true;
+}
+
 /*
  * Add `root` to the batch together with everything it needs: the earlier sequence numbers
  * of its channel (every rank must cut at the same place) and, for each part, the commands
@@ -988,9 +1009,20 @@ static int try_add(ccq_runtime *rt, ccq_batch *b, ccq_inst *root)
                     /* Exact scan only when the boxes overlap: O(1) for the common case
                      * of independent buffers, O(commands in the batch) otherwise. */
                     if (may_conflict(s, q))
-                        for (ccq_cmd *e = s->bfirst; e != q; e = e->fifo_next)
-                            if (e->status == CCQ_OK && hazard(e, q))
+                        for (ccq_cmd *e = s->bfirst; e != q; e = e->fifo_next) {
+                            if (e->status != CCQ_OK || !hazard(e, q))
+                                continue;
+                            /* A send only reads, so q overwrites what it sends: stream order
+                             * says the send reads the old data. The pair may only be able to
+                             * run together with q (an in-place exchange or ring shift: its
+                             * partner is behind q), so the send's data is staged instead of
+                             * q waiting for it, which could be forever. */
+                            if (e->kind != CCQ_KIND_SEND)
                                 goto blocked;
+                            e->inst->stage = true;
+                            if (!rt->be_ops->stages_sends && S->refuse == NULL)
+                                S->refuse = e;
+                        }
                     ccq_span_add(&s->brd, q->rd);
                     ccq_span_add(&s->bwr, q->wr);
                     if (!inst_taken(S, y))
@@ -1004,6 +1036,11 @@ static int try_add(ccq_runtime *rt, ccq_batch *b, ccq_inst *root)
                     break;
             }
         }
+    }
+    if (S->refuse != NULL) {
+        refuse_group(rt, S->refuse);
+        S->refuse = NULL;
+        return ADD_BLOCKED;
     }
     if (b->be.nops > 0 && b->be.nops + S->ntent > limit) {
         attempt_undo(S);
@@ -1026,6 +1063,7 @@ static int try_add(ccq_runtime *rt, ccq_batch *b, ccq_inst *root)
     return ADD_OK;
 
 blocked:
+    S->refuse = NULL;
     attempt_undo(S);
     root->blocked = S->pass;
     return ADD_BLOCKED;
@@ -1089,6 +1127,7 @@ static void issue(ccq_runtime *rt, ccq_batch *b)
         i->state = CCQ_INST_ISSUED;
         i->op.status = CCQ_OK;
         i->op.comm_aborted = 0;
+        i->op.stage_src = i->stage && rt->be_ops->stages_sends;
         b->ops[k] = &i->op;
     }
     b->be.ops = b->ops;
@@ -1122,7 +1161,7 @@ static void issue(ccq_runtime *rt, ccq_batch *b)
     b->next = S->inflight;
     S->inflight = b;
     S->ninflight++;
-    S->wd_next = min_u64(S->wd_next, add_sat(b->issue_ns, rt->timeout_ns));
+    S->wd_next = min_u64(S->wd_next, ccq_add_sat(b->issue_ns, rt->timeout_ns));
     stats_batch(rt, b->be.nops);
 
     st = rt->be_ops->issue(rt->be, &b->be, &err);
@@ -1340,7 +1379,7 @@ static bool watchdog(ccq_runtime *rt, uint64_t now)
             uint64_t dl;
             if (q->state != CCQ_CMD_QUEUED)
                 continue;
-            dl = add_sat(q->submit_ns, rt->timeout_ns);
+            dl = ccq_add_sat(q->submit_ns, rt->timeout_ns);
             if (dl > now) {
                 next = min_u64(next, dl);
                 break;
@@ -1356,7 +1395,7 @@ static bool watchdog(ccq_runtime *rt, uint64_t now)
         }
     }
     for (ccq_batch *b = S->inflight; b != NULL; b = b->next) {
-        uint64_t dl = add_sat(b->issue_ns, rt->timeout_ns);
+        uint64_t dl = ccq_add_sat(b->issue_ns, rt->timeout_ns);
         if (b->aborting)
             continue;
         if (dl > now) {
@@ -1371,7 +1410,7 @@ static bool watchdog(ccq_runtime *rt, uint64_t now)
         any = true;
     }
     if (S->closing && !S->shutdown_aborted)
-        next = min_u64(next, add_sat(S->close_ns, rt->timeout_ns));
+        next = min_u64(next, ccq_add_sat(S->close_ns, rt->timeout_ns));
     S->wd_next = next;
     return any;
 }
@@ -1429,7 +1468,7 @@ static bool shutdown_step(ccq_runtime *rt, uint64_t now, bool *progress)
     if (!S->closing) {
         S->closing = true;
         S->close_ns = now;
-        S->wd_next = min_u64(S->wd_next, add_sat(now, rt->timeout_ns));
+        S->wd_next = min_u64(S->wd_next, ccq_add_sat(now, rt->timeout_ns));
     }
     if (!S->cancelled_incomplete && all_received(rt)) {
         /* No more parts can come: whatever is incomplete never can run. */
@@ -1437,7 +1476,7 @@ static bool shutdown_step(ccq_runtime *rt, uint64_t now, bool *progress)
         S->cancelled_incomplete = true;
         *progress = true;
     }
-    if (!S->shutdown_aborted && now >= add_sat(S->close_ns, rt->timeout_ns)) {
+    if (!S->shutdown_aborted && now >= ccq_add_sat(S->close_ns, rt->timeout_ns)) {
         char detail[CCQ_DETAIL_LEN];
         snprintf(detail, sizeof detail, "shutdown waited timeout_ms for issued work");
         for (ccq_batch *b = S->inflight; b != NULL; b = b->next)
@@ -1489,6 +1528,8 @@ void *ccq_sched_main(void *arg)
     uint64_t spin_ns = rt->spin_ns, busy_ns = ccq_now_ns();
     unsigned spin_step = 0;
 
+    ccq_tls_inside |= CCQ_INSIDE_SCHED;
+
     for (;;) {
         bool progress = false;
         uint64_t now, deadline;
@@ -1526,7 +1567,7 @@ void *ccq_sched_main(void *arg)
         deadline = min_u64(
             S->wd_next, ccq_trace_next_tick(&rt->trace, S->completed + S->failed + S->cancelled));
         if (S->ninflight > 0 && rt->be_ops->poll_interval_ns > 0)
-            deadline = min_u64(deadline, add_sat(now, rt->be_ops->poll_interval_ns));
+            deadline = min_u64(deadline, ccq_add_sat(now, rt->be_ops->poll_interval_ns));
         uint32_t seq = ccq_wake_prepare(&rt->wake);
         if (work_visible(rt)) {
             ccq_wake_cancel(&rt->wake);

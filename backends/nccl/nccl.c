@@ -369,7 +369,7 @@ static uint32_t nccl_device_count(const ccq_backend *be)
 static ncclResult_t wait_comms(ncclComm_t *comms, uint32_t n, uint64_t timeout_ns,
                                ncclComm_t *failed)
 {
-    uint64_t deadline = ccq_now_ns() + timeout_ns;
+    uint64_t deadline = ccq_deadline_in(timeout_ns);
     for (;;) {
         bool pending = false;
         for (uint32_t i = 0; i < n; i++) {
@@ -999,7 +999,7 @@ static void batch_fail(nccl_be *h, nccl_batch *nb, ccq_status st, const char *ms
         b->ops[k]->comm_aborted = 1;
     }
     nb->failed = true;
-    nb->drain_deadline = ccq_now_ns() + h->drain_ns;
+    nb->drain_deadline = ccq_deadline_in(h->drain_ns);
     if (nb->state == NB_ENQUEUING) {
         ccq_errbuf e;
         if (record_done(h, nb, &e) == CCQ_OK)
