@@ -132,7 +132,10 @@ typedef struct ccq_store {
 
 /**
  * Runtime configuration. Fill it with ccq_config_init(), then change fields.
- * Fields are only ever appended; struct_size lets an older caller keep working.
+ * Fields are only ever appended. ccq_config_init() passes the size of the ccq_config the
+ * caller was compiled with, so the library never writes past it, and records it in
+ * struct_size, from which ccq_runtime_create knows which fields the caller has (the others
+ * keep their defaults): a binary built against an older ccq keeps working with a newer one.
  */
 typedef struct ccq_config {
     uint32_t struct_size;  /**< sizeof(ccq_config); set by ccq_config_init. */
@@ -191,11 +194,25 @@ typedef struct ccq_stats {
 } ccq_stats;
 
 /**
- * Fill @p cfg with defaults, then apply CCQ_* environment variables.
- * @param[out] cfg  Configuration to fill; must not be NULL.
- * Thread-safe (reads the environment only).
+ * Fill the first @p size bytes of @p cfg with defaults, then apply CCQ_* environment
+ * variables, and set cfg->struct_size to the number of bytes written (the smaller of
+ * @p size and this library's sizeof(ccq_config)). Never writes beyond @p size. Call it
+ * through the ccq_config_init() macro, which passes sizeof(ccq_config).
+ * @param[out] cfg   Configuration to fill; NULL is a no-op.
+ * @param      size  sizeof the caller's ccq_config; below offsetof(ccq_config, host_workers)
+ *                   (the oldest layout) nothing is written.
+ * Thread-safe (reads the environment only). Since 0.2.0.
  */
-CCQ_API void ccq_config_init(ccq_config *cfg);
+CCQ_API void ccq_config_init_sized(ccq_config *cfg, size_t size);
+
+/**
+ * 0.1.0's entry point, kept for binaries built against 0.1.0: fills exactly 0.1.0's
+ * ccq_config (every field up to host_stream_bytes). Source code gets the macro below.
+ */
+CCQ_API void(ccq_config_init)(ccq_config *cfg);
+
+/** Fill @p cfg (a ccq_config *) with defaults and the CCQ_* environment variables. */
+#define ccq_config_init(cfg) ccq_config_init_sized((cfg), sizeof(ccq_config))
 
 /**
  * Create a runtime and start its scheduler thread.

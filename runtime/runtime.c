@@ -38,14 +38,20 @@ static bool env_u64(const char *name, uint64_t min, uint64_t max, uint64_t *out,
     return true;
 }
 
-CCQ_API void ccq_config_init(ccq_config *cfg)
+/* 0.1.0's ccq_config: every field up to and including host_stream_bytes (96 bytes on
+ * LP64). Frozen: the old ccq_config_init symbol writes exactly this much, whatever is
+ * appended later. */
+#define CCQ_CONFIG_SIZE_V0 (offsetof(ccq_config, host_stream_bytes) + sizeof(uint64_t))
+_Static_assert(sizeof(void *) != 8 || CCQ_CONFIG_SIZE_V0 == 96, "0.1.0's ccq_config layout moved");
+/* The seed API's layout (before host_workers): the smallest struct_size accepted. */
+#define CCQ_CONFIG_SIZE_MIN offsetof(ccq_config, host_workers)
+
+static void config_defaults(ccq_config *cfg)
 {
     const char *err = NULL;
     const char *b;
     uint64_t v;
 
-    if (cfg == NULL)
-        return;
     memset(cfg, 0, sizeof *cfg);
     cfg->struct_size = sizeof *cfg;
     cfg->backend = "host";
@@ -105,19 +111,43 @@ CCQ_API void ccq_config_init(ccq_config *cfg)
     cfg->env_error = err;
 }
 
+#undef ccq_config_init
+
+CCQ_API void ccq_config_init_sized(ccq_config *cfg, size_t size)
+{
+    ccq_config full;
+
+    if (cfg == NULL || size < CCQ_CONFIG_SIZE_MIN)
+        return;
+    if (size > sizeof full)
+        size = sizeof full; /* a newer caller's fields beyond ours are left alone */
+    config_defaults(&full);
+    full.struct_size = (uint32_t)size;
+    memcpy(cfg, &full, size);
+}
+
+/* The 0.1.0 symbol (CCQ_0.1 in ccq.map): its callers' struct is 0.1.0's. */
+CCQ_API void ccq_config_init(ccq_config *cfg)
+{
+    ccq_config_init_sized(cfg, CCQ_CONFIG_SIZE_V0);
+}
+
 /* Copy a caller's config of any known size; fields it lacks keep their defaults. */
 static ccq_status config_import(const ccq_config *in, ccq_config *out)
 {
-    ccq_config_init(out);
+    config_defaults(out);
+    out->struct_size = sizeof *out;
     if (in == NULL)
         return CCQ_OK;
-    if (in->struct_size < offsetof(ccq_config, host_workers) || in->struct_size > sizeof *in)
+    /* Only the caller's struct_size bytes are read: an older caller's struct is shorter. */
+    if (in->struct_size < CCQ_CONFIG_SIZE_MIN || in->struct_size > sizeof *in)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
                         "ccq_config.struct_size is %" PRIu32 "; set it with ccq_config_init()",
                         in->struct_size);
     memcpy(out, in, in->struct_size);
     out->struct_size = sizeof *out;
-    if (in->struct_size < sizeof *in)
+    /* A caller without env_error never saw the environment's verdict on its fields. */
+    if (in->struct_size < offsetof(ccq_config, env_error) + sizeof in->env_error)
         out->env_error = NULL;
     return CCQ_OK;
 }

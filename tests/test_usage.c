@@ -261,12 +261,57 @@ static void test_recv_timeout_resync(void **state)
     assert_int_equal(ccq_runtime_destroy(rt), CCQ_OK);
 }
 
+/* ---- item 3: ccq_config_init_sized never writes past the caller's size ---- */
+
+static void test_config_init_sized(void **state)
+{
+    (void)state;
+    enum { GUARD = 64 };
+    const size_t seed = offsetof(ccq_config, host_workers); /* the oldest layout */
+    const size_t sizes[] = {seed, offsetof(ccq_config, spin_us), sizeof(ccq_config)};
+    static unsigned char mem[sizeof(ccq_config) + GUARD];
+
+    for (size_t t = 0; t < sizeof sizes / sizeof sizes[0]; t++) {
+        ccq_config *cfg = (ccq_config *)(void *)mem;
+        memset(mem, 0xA5, sizeof mem);
+        ccq_config_init_sized(cfg, sizes[t]);
+        for (size_t k = sizes[t]; k < sizeof mem; k++)
+            if (mem[k] != 0xA5)
+                fail_msg("size %zu: byte %zu written", sizes[t], k);
+        assert_int_equal(cfg->struct_size, sizes[t]);
+        assert_int_equal(cfg->host_devices, 4);
+        /* ccq_runtime_create reads only struct_size bytes: the rest keep their defaults. */
+        ccq_runtime *rt = NULL;
+        cfg->host_devices = 2;
+        assert_int_equal(ccq_runtime_create(cfg, &rt), CCQ_OK);
+        assert_int_equal(ccq_device_count(rt), 2);
+        assert_int_equal(ccq_runtime_destroy(rt), CCQ_OK);
+    }
+    /* A newer caller's larger struct: only this library's fields are written. */
+    memset(mem, 0xA5, sizeof mem);
+    ccq_config_init_sized((ccq_config *)(void *)mem, sizeof mem);
+    for (size_t k = sizeof(ccq_config); k < sizeof mem; k++)
+        assert_int_equal(mem[k], 0xA5);
+    assert_int_equal(((ccq_config *)(void *)mem)->struct_size, sizeof(ccq_config));
+    /* Too small for any layout, or NULL: nothing is written. */
+    memset(mem, 0xA5, sizeof mem);
+    ccq_config_init_sized((ccq_config *)(void *)mem, seed - 1);
+    ccq_config_init_sized(NULL, sizeof(ccq_config));
+    for (size_t k = 0; k < sizeof mem; k++)
+        assert_int_equal(mem[k], 0xA5);
+    /* The macro passes the caller's sizeof. */
+    ccq_config c;
+    ccq_config_init(&c);
+    assert_int_equal(c.struct_size, sizeof c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_timeout_max),      cmocka_unit_test(test_callback_forbidden_calls),
-        cmocka_unit_test(test_inplace_exchange), cmocka_unit_test(test_inplace_ring_shift),
-        cmocka_unit_test(test_inplace_self),     cmocka_unit_test(test_recv_timeout_resync),
+        cmocka_unit_test(test_timeout_max),       cmocka_unit_test(test_callback_forbidden_calls),
+        cmocka_unit_test(test_inplace_exchange),  cmocka_unit_test(test_inplace_ring_shift),
+        cmocka_unit_test(test_inplace_self),      cmocka_unit_test(test_recv_timeout_resync),
+        cmocka_unit_test(test_config_init_sized),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
