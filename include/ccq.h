@@ -271,7 +271,8 @@ CCQ_API const char *ccq_status_name(ccq_status s);
 
 /**
  * Detail of the last error a ccq call returned on the calling thread (thread-local, like
- * dlerror); "" if none. Valid until the next ccq call on this thread.
+ * dlerror); "" if none. Valid until the next ccq call on this thread. At most 511
+ * characters: a longer one ends with "... [truncated]" (ccq_stream_last_error has it whole).
  */
 CCQ_API const char *ccq_last_error_detail(void);
 
@@ -393,6 +394,9 @@ CCQ_API ccq_status ccq_sync_collective(ccq_runtime *rt, ccq_device_id device, cc
 
 /**
  * The last error a fence returned on (device, stream), with its detail, from any thread.
+ * The detail is kept whole (a desync report of a big communicator can run to kilobytes,
+ * while ccq_last_error_detail() keeps at most 511 characters); a detail cut to fit @p len
+ * ends with "... [truncated]".
  * @param[out] buf  Receives the NUL-terminated detail ("" if none); may be NULL if len == 0.
  * @return That error's status, CCQ_OK if the stream never returned one, or
  *         CCQ_ERR_INVALID_ARGUMENT.

@@ -219,6 +219,9 @@ void *ccq_alloc_lines(size_t size);
 void ccq_set_detail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 ccq_status ccq_fail(ccq_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void ccq_clear_detail(void);
+/* End a text cut to fit buf[len] with CCQ_TRUNCATED, so the cut is visible. */
+#define CCQ_TRUNCATED "... [truncated]"
+void ccq_mark_truncated(char *buf, size_t len);
 size_t ccq_format(char *buf, size_t len, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 size_t ccq_describe_cmd(char *buf, size_t len, const ccq_cmd *c);

@@ -286,11 +286,16 @@ static void ev_misc(ccq_runtime *rt, uint64_t t, uint32_t type, uint64_t id, uin
 /* A command's error detail: what it is (its own device and stream), then why it failed. */
 static void set_detail(ccq_cmd *c, const char *reason)
 {
-    char detail[CCQ_DETAIL_LEN];
-    size_t w = ccq_describe_cmd(detail, sizeof detail, c);
-    ccq_format(detail + w, sizeof detail - w, ": %s", reason);
+    char what[CCQ_DETAIL_LEN];
+    size_t w = ccq_describe_cmd(what, sizeof what, c), n = strlen(reason);
+    char *d = malloc(w + 2 + n + 1); /* whole: a desync report may be long */
+    if (d == NULL)
+        xgrow_fail();
+    memcpy(d, what, w);
+    memcpy(d + w, ": ", 2);
+    memcpy(d + w + 2, reason, n + 1);
     free(c->detail);
-    c->detail = xstrdup(detail);
+    c->detail = d;
 }
 
 static void fail_cmd(ccq_cmd *c, ccq_status st, const char *reason, bool cancel)
@@ -1235,41 +1240,117 @@ static bool build_and_issue(ccq_runtime *rt)
 /* Watchdog                                                                              */
 /* ------------------------------------------------------------------------------------ */
 
+/* The longest watchdog report (a desync report of a 1024-rank communicator fits easily;
+ * beyond it the report ends with CCQ_TRUNCATED). Scheduler stack. */
+#define CCQ_REPORT_LEN 16384
+
+/* A sorted list of numbers as ranges: "3-17,19". */
+static size_t fmt_ranges(char *buf, size_t len, const uint32_t *v, uint32_t n)
+{
+    size_t w = 0;
+    for (uint32_t k = 0; k < n;) {
+        uint32_t j = k;
+        while (j + 1 < n && v[j + 1] == v[j] + 1)
+            j++;
+        w += ccq_format(buf + w, len - w, j > k ? "%s%u-%u" : "%s%u", k ? "," : "", v[k], v[j]);
+        k = j + 1;
+    }
+    return w;
+}
+
+/* A collective's signature: "all_reduce #5 (float32 x 8, sum)". */
+static size_t fmt_sig(char *buf, size_t len, const ccq_cmd *c, const ccq_comm *comm)
+{
+    size_t w = ccq_format(buf, len, "%s #%" PRIu64 " (%s x %zu", ccq_kind_name(c->kind), c->seq,
+                          ccq_dtype_name((ccq_dtype)c->dtype), c->count);
+    if (ccq_kinds[c->kind].reduces)
+        w += ccq_format(buf + w, len - w, ", %s", ccq_reduce_op_name((ccq_reduce_op)c->redop));
+    if (ccq_kinds[c->kind].rooted)
+        w += ccq_format(buf + w, len - w, ", root device %u", comm->devices[c->root]);
+    return w + ccq_format(buf + w, len - w, ")");
+}
+
+/* The desync report of a collective that misses parts, most useful facts first: who is
+ * missing, what they owe (or that the parts that came disagree), then how far every rank
+ * got, ranks with equal progress grouped ("0-2,18:6/5 3-17,19:5/5"). */
+static size_t describe_missing(ccq_inst *i, const ccq_cmd *c, char *buf, size_t len)
+{
+    ccq_chan *ch = i->chan;
+    ccq_comm *comm = ch->comm;
+    uint32_t ranks[CCQ_MAX_DEVICES], devs[CCQ_MAX_DEVICES], missing = 0;
+    const ccq_cmd *first = NULL, *odd = NULL;
+    size_t w = 0;
+
+    for (uint32_t r = 0; r < ch->nparts; r++) {
+        const ccq_cmd *p = i->cmds[r];
+        if (p == NULL) {
+            ranks[missing] = r;
+            devs[missing++] = comm->devices[r];
+            continue;
+        }
+        if (first == NULL)
+            first = p;
+        for (int f = 0; f < 5 && odd == NULL; f++)
+            if (field_differs(first, p, f))
+                odd = p;
+    }
+    if (first == NULL)
+        first = c;
+    w += ccq_format(buf + w, len - w, "; missing rank%s ", missing > 1 ? "s" : "");
+    w += fmt_ranges(buf + w, len - w, ranks, missing);
+    w += ccq_format(buf + w, len - w, " (device%s ", missing > 1 ? "s" : "");
+    w += fmt_ranges(buf + w, len - w, devs, missing);
+    if (odd == NULL) {
+        /* The signature they owe: what the parts that did come agree on. */
+        w += ccq_format(buf + w, len - w, "), which %s not submitted ",
+                        missing > 1 ? "have" : "has");
+        w += fmt_sig(buf + w, len - w, first, comm);
+    } else {
+        w += ccq_format(buf + w, len - w,
+                        "); the parts that did arrive disagree (rank %u: ", first->rank);
+        w += fmt_sig(buf + w, len - w, first, comm);
+        w += ccq_format(buf + w, len - w, ", rank %u: ", odd->rank);
+        w += fmt_sig(buf + w, len - w, odd, comm);
+        w += ccq_format(buf + w, len - w,
+                        "), so what the missing ranks owe is unknown (the parts fail as a "
+                        "mismatch once all arrive)");
+    }
+    /* Desync report: how far each rank of the communicator got. */
+    w += ccq_format(buf + w, len - w, "; comm ");
+    w += ccq_describe_comm(buf + w, len - w, comm);
+    w += ccq_format(buf + w, len - w, " collectives submitted/completed per rank:");
+    bool done[CCQ_MAX_DEVICES] = {false};
+    for (uint32_t r = 0; r < ch->nparts && w < len - 1; r++) {
+        if (done[r])
+            continue;
+        uint64_t sub = atomic_load_explicit(&comm->coll_seq[r].v, memory_order_relaxed);
+        uint64_t end = comm->coll_done[r];
+        uint32_t n = 0;
+        for (uint32_t q = r; q < ch->nparts; q++)
+            if (!done[q] &&
+                atomic_load_explicit(&comm->coll_seq[q].v, memory_order_relaxed) == sub &&
+                comm->coll_done[q] == end) {
+                done[q] = true;
+                ranks[n++] = q;
+            }
+        w += ccq_format(buf + w, len - w, " ");
+        w += fmt_ranges(buf + w, len - w, ranks, n);
+        w += ccq_format(buf + w, len - w, ":%" PRIu64 "/%" PRIu64, sub, end);
+    }
+    return w;
+}
+
 /* Why an instance waits: its missing parts, or what its parts wait behind. */
 static void describe_wait(ccq_inst *i, ccq_cmd *c, uint64_t now, char *buf, size_t len)
 {
     ccq_chan *ch = i->chan;
-    ccq_comm *comm = ch->comm;
     size_t w = ccq_format(buf, len, "not issued within timeout_ms (%.0f ms in queue)",
                           (double)(now - c->submit_ns) / 1e6);
     if (i->state == CCQ_INST_WAITING) {
         if (ch->id == CCQ_CHAN_COLL) {
-            uint32_t missing = 0;
-            for (uint32_t r = 0; r < ch->nparts; r++)
-                missing += i->cmds[r] == NULL;
-            w += ccq_format(buf + w, len - w, "; missing rank%s", missing > 1 ? "s" : "");
-            for (uint32_t r = 0, k = 0; r < ch->nparts; r++)
-                if (i->cmds[r] == NULL)
-                    w += ccq_format(buf + w, len - w, "%s %u (device %u)", k++ ? "," : "", r,
-                                    comm->devices[r]);
-            /* The signature they owe: what the parts that did come agree on. */
-            w += ccq_format(buf + w, len - w, ", which %s not submitted %s #%" PRIu64 " (%s x %zu",
-                            missing > 1 ? "have" : "has", ccq_kind_name(c->kind), i->seq,
-                            ccq_dtype_name((ccq_dtype)c->dtype), c->count);
-            if (ccq_kinds[c->kind].reduces)
-                w += ccq_format(buf + w, len - w, ", %s",
-                                ccq_reduce_op_name((ccq_reduce_op)c->redop));
-            if (ccq_kinds[c->kind].rooted)
-                w += ccq_format(buf + w, len - w, ", root device %u", comm->devices[c->root]);
-            w += ccq_format(buf + w, len - w, ")");
-            /* Desync report: how far each rank of the communicator got. */
-            w += ccq_format(buf + w, len - w, "; comm ");
-            w += ccq_describe_comm(buf + w, len - w, comm);
-            w += ccq_format(buf + w, len - w, " collectives submitted/completed per rank:");
-            for (uint32_t r = 0; r < ch->nparts; r++)
-                w += ccq_format(buf + w, len - w, " %u:%" PRIu64 "/%" PRIu64, r,
-                                atomic_load_explicit(&comm->coll_seq[r].v, memory_order_relaxed),
-                                comm->coll_done[r]);
+            w += describe_missing(i, c, buf + w, len - w);
+            if (w >= len - 1)
+                ccq_mark_truncated(buf, len);
         } else {
             ccq_cmd *have = i->cmds[0] ? i->cmds[0] : i->cmds[1];
             if (have->kind == CCQ_KIND_SEND)
@@ -1367,7 +1448,7 @@ static void abort_batch(ccq_runtime *rt, ccq_batch *b, const char *why)
 static bool watchdog(ccq_runtime *rt, uint64_t now)
 {
     ccq_sched *S = rt->sched;
-    char detail[CCQ_DETAIL_LEN];
+    char detail[CCQ_REPORT_LEN];
     uint64_t next = UINT64_MAX;
     bool any = false;
 

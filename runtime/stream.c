@@ -26,6 +26,8 @@ void ccq_stream_init(ccq_stream *s, ccq_device_id device, ccq_stream_id id, uint
 void ccq_stream_fini(ccq_stream *s)
 {
     free(atomic_load_explicit(&s->ring, memory_order_relaxed));
+    free(s->err_detail);
+    free(s->last_detail);
     pthread_mutex_destroy(&s->err_lock);
 }
 
@@ -143,7 +145,9 @@ void ccq_stream_record_error(ccq_stream *s, ccq_status st, const char *detail)
 {
     pthread_mutex_lock(&s->err_lock);
     if (atomic_load_explicit(&s->err_status, memory_order_relaxed) == 0) {
-        snprintf(s->err_detail, sizeof s->err_detail, "%s", detail ? detail : "");
+        char *d = strdup(detail ? detail : "");
+        free(s->err_detail);
+        s->err_detail = d; /* NULL on no memory: reported as "" */
         atomic_store_explicit(&s->err_status, (int)st, memory_order_release);
     }
     pthread_mutex_unlock(&s->err_lock);
@@ -255,9 +259,11 @@ static ccq_status sync_collective(ccq_runtime *rt, ccq_device_id device, ccq_str
     pthread_mutex_lock(&s->err_lock);
     err = atomic_load_explicit(&s->err_status, memory_order_relaxed);
     if (err != 0) {
-        ccq_set_detail("%s", s->err_detail);
+        ccq_set_detail("%s", s->err_detail ? s->err_detail : "");
         s->last_status = (ccq_status)err;
-        memcpy(s->last_detail, s->err_detail, sizeof s->last_detail);
+        free(s->last_detail);
+        s->last_detail = s->err_detail;
+        s->err_detail = NULL;
         atomic_store_explicit(&s->err_status, 0, memory_order_relaxed);
     }
     pthread_mutex_unlock(&s->err_lock);
@@ -280,8 +286,11 @@ CCQ_API ccq_status ccq_stream_last_error(ccq_runtime *rt, ccq_device_id device,
     s = ccq_stream_at(rt, device, stream);
     pthread_mutex_lock(&s->err_lock);
     st = s->last_status;
-    if (len > 0)
-        snprintf(buf, len, "%s", s->last_detail);
+    if (len > 0) {
+        const char *d = s->last_detail ? s->last_detail : "";
+        if ((size_t)snprintf(buf, len, "%s", d) >= len)
+            ccq_mark_truncated(buf, len);
+    }
     pthread_mutex_unlock(&s->err_lock);
     return st;
 }

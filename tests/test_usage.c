@@ -17,6 +17,8 @@
 
 #include "ccq.h"
 
+#define CCQ_TRUNCATED_TEXT "... [truncated]"
+
 static ccq_runtime *make_rt(uint32_t devices, uint64_t timeout_ms)
 {
     ccq_config cfg;
@@ -305,13 +307,110 @@ static void test_config_init_sized(void **state)
     assert_int_equal(c.struct_size, sizeof c);
 }
 
+/* ---- item 5: a desync report of a 1024-rank communicator ---- */
+
+static ccq_runtime *make_wide(uint32_t devices, uint64_t timeout_ms)
+{
+    ccq_config cfg;
+    ccq_runtime *rt = NULL;
+    ccq_config_init(&cfg);
+    cfg.host_devices = devices;
+    cfg.max_streams = 2;
+    cfg.queue_depth = 4;
+    cfg.host_workers = 1;
+    cfg.timeout_ms = timeout_ms;
+    assert_int_equal(ccq_runtime_create(&cfg, &rt), CCQ_OK);
+    return rt;
+}
+
+static void test_desync_report_1024(void **state)
+{
+    (void)state;
+    enum { D = 1024 };
+    static ccq_device_id all[D];
+    static float bufs[D][4];
+    static char whole[65536], tls[1024];
+    ccq_runtime *rt = make_wide(D, 300);
+
+    for (uint32_t d = 0; d < D; d++)
+        all[d] = d;
+    assert_int_equal(ccq_comm_init(rt, all, D), CCQ_OK);
+    /* Stream 0: ranks 3-17 and 19 never submit. */
+    for (uint32_t d = 0; d < D; d++)
+        if (!((d >= 3 && d <= 17) || d == 19))
+            assert_int_equal(
+                ccq_all_reduce(rt, d, 0, bufs[d], bufs[d], 4, CCQ_FLOAT32, CCQ_SUM, all, D),
+                CCQ_OK);
+    assert_int_equal(fence_watchdog(rt, 0, 0, tls, sizeof tls), CCQ_ERR_TIMEOUT);
+    assert_int_equal(ccq_stream_last_error(rt, 0, 0, whole, sizeof whole), CCQ_ERR_TIMEOUT);
+    if (strstr(whole, "missing ranks 3-17,19 (devices 3-17,19), which have not submitted "
+                      "all_reduce #0 (float32 x 4, sum)") == NULL ||
+        strstr(whole, "collectives submitted/completed per rank: 0-2,18,20-1023:1/0 "
+                      "3-17,19:0/0") == NULL ||
+        strstr(whole, CCQ_TRUNCATED_TEXT) != NULL)
+        fail_msg("report: %s", whole);
+    assert_true(strlen(tls) < 512);
+    assert_int_equal(ccq_runtime_destroy(rt), CCQ_OK);
+
+    /* Every odd rank is missing: a long list, cut in the thread's detail (with a mark),
+     * whole from ccq_stream_last_error, cut with a mark in a small buffer. */
+    rt = make_wide(D, 300);
+    assert_int_equal(ccq_comm_init(rt, all, D), CCQ_OK);
+    for (uint32_t d = 0; d < D; d += 2)
+        assert_int_equal(
+            ccq_all_reduce(rt, d, 1, bufs[d], bufs[d], 4, CCQ_FLOAT32, CCQ_SUM, all, D), CCQ_OK);
+    assert_int_equal(fence_watchdog(rt, 0, 1, tls, sizeof tls), CCQ_ERR_TIMEOUT);
+    assert_true(strlen(tls) == 511);
+    assert_non_null(strstr(tls, CCQ_TRUNCATED_TEXT));
+    assert_int_equal(ccq_stream_last_error(rt, 0, 1, whole, sizeof whole), CCQ_ERR_TIMEOUT);
+    if (strstr(whole, CCQ_TRUNCATED_TEXT) != NULL ||
+        strstr(whole, ",1021,1023 (devices 1,3,5,") == NULL ||
+        strstr(whole, "which have not submitted all_reduce #0 (float32 x 4, sum)") == NULL ||
+        strstr(whole, "per rank: 0,2,4,6,") == NULL || strstr(whole, ",1022:1/0 1,3,5,") == NULL ||
+        strstr(whole, ",1023:0/0") == NULL)
+        fail_msg("report: %s", whole);
+    char small[100];
+    assert_int_equal(ccq_stream_last_error(rt, 0, 1, small, sizeof small), CCQ_ERR_TIMEOUT);
+    assert_int_equal(strlen(small), sizeof small - 1);
+    assert_non_null(strstr(small, CCQ_TRUNCATED_TEXT));
+    assert_int_equal(ccq_runtime_destroy(rt), CCQ_OK);
+}
+
+/* The parts that did arrive disagree: the report says so instead of naming one of their
+ * signatures as what the missing ranks owe. */
+static void test_desync_report_disagree(void **state)
+{
+    (void)state;
+    ccq_device_id all[4] = {0, 1, 2, 3};
+    float a[16], b[16];
+    char whole[4096];
+    ccq_runtime *rt = make_wide(4, 300);
+
+    assert_int_equal(ccq_comm_init(rt, all, 4), CCQ_OK);
+    assert_int_equal(ccq_all_reduce(rt, 0, 0, a, a, 8, CCQ_FLOAT32, CCQ_SUM, all, 4), CCQ_OK);
+    assert_int_equal(ccq_all_reduce(rt, 1, 0, b, b, 16, CCQ_FLOAT32, CCQ_SUM, all, 4), CCQ_OK);
+    assert_int_equal(fence_watchdog(rt, 0, 0, NULL, 0), CCQ_ERR_TIMEOUT);
+    assert_int_equal(ccq_stream_last_error(rt, 0, 0, whole, sizeof whole), CCQ_ERR_TIMEOUT);
+    if (strstr(whole, "missing ranks 2-3 (devices 2-3); the parts that did arrive disagree "
+                      "(rank 0: all_reduce #0 (float32 x 8, sum), rank 1: all_reduce #0 "
+                      "(float32 x 16, sum))") == NULL ||
+        strstr(whole, "which have not submitted") != NULL)
+        fail_msg("report: %s", whole);
+    assert_int_equal(ccq_runtime_destroy(rt), CCQ_OK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_timeout_max),       cmocka_unit_test(test_callback_forbidden_calls),
-        cmocka_unit_test(test_inplace_exchange),  cmocka_unit_test(test_inplace_ring_shift),
-        cmocka_unit_test(test_inplace_self),      cmocka_unit_test(test_recv_timeout_resync),
+        cmocka_unit_test(test_timeout_max),
+        cmocka_unit_test(test_callback_forbidden_calls),
+        cmocka_unit_test(test_inplace_exchange),
+        cmocka_unit_test(test_inplace_ring_shift),
+        cmocka_unit_test(test_inplace_self),
+        cmocka_unit_test(test_recv_timeout_resync),
         cmocka_unit_test(test_config_init_sized),
+        cmocka_unit_test(test_desync_report_1024),
+        cmocka_unit_test(test_desync_report_disagree),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
