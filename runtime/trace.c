@@ -128,7 +128,8 @@ void ccq_trace_note(ccq_trace *t, uint32_t type, const char *text)
     ccq_note *n = &t->notes[t->nhead++ % CCQ_TRACE_NOTES];
     n->time_ns = ccq_now_ns();
     n->type = type;
-    snprintf(n->text, sizeof n->text, "%s", text);
+    if ((size_t)snprintf(n->text, sizeof n->text, "%s", text) >= sizeof n->text)
+        ccq_mark_truncated(n->text, sizeof n->text); /* a long desync report: show the cut */
     pthread_mutex_unlock(&t->note_lock);
 }
 

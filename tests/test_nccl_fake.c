@@ -848,6 +848,29 @@ static void test_self_sendrecv(void **state)
     }
 }
 
+/* Issue 11: the largest timeout_ms does not wrap the backend's deadlines: a communicator
+ * whose creation reports ncclInProgress a few times is still waited for. */
+static void test_max_timeout(void **state)
+{
+    (void)state;
+    static float buf[NDEV][8];
+    const uint64_t max = UINT64_MAX / 1000000u;
+    for (uint64_t t = max - 1; t <= max; t++) {
+        ccq_runtime *rt = make_rt(t);
+        fake_set_pending(3);
+        assert_int_equal(ccq_comm_init(rt, ALL, NDEV), CCQ_OK);
+        for (ccq_device_id d = 0; d < NDEV; d++)
+            assert_int_equal(
+                ccq_all_reduce(rt, d, 0, buf[d], buf[d], 8, CCQ_FLOAT32, CCQ_SUM, ALL, NDEV),
+                CCQ_OK);
+        for (ccq_device_id d = 0; d < NDEV; d++)
+            assert_int_equal(ccq_sync_collective(rt, d, 0), CCQ_OK);
+        assert_int_equal(ccq_runtime_destroy(rt), CCQ_OK);
+        g_rt = NULL;
+        fake_set_pending(0);
+    }
+}
+
 /* Issue 11: an in-place exchange, ring shift or self send/recv (a send whose src a later
  * recv of its stream overwrites, in one group) cannot be staged by the NCCL backend: every
  * part fails at once with CCQ_ERR_UNSUPPORTED (never the watchdog, never part of a ring),
@@ -2904,6 +2927,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_sendrecv_ring, setup, teardown),
         cmocka_unit_test_setup_teardown(test_self_sendrecv, setup, teardown),
         cmocka_unit_test_setup_teardown(test_inplace_sendrecv_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_max_timeout, setup, teardown),
         cmocka_unit_test_setup_teardown(test_busy_comm_waits, setup, teardown),
         cmocka_unit_test_setup_teardown(test_one_rank_current_device, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bound_stream_waits_for_submission, setup, teardown),
