@@ -147,6 +147,7 @@ typedef struct ccq_inst {
     uint64_t bpass;         /* batch pass whose batch holds it */
     uint64_t blocked;       /* batch pass in which it was found blocked */
     bool stage;             /* send/recv: the send's src is overwritten later in its batch */
+    uint64_t refuse_pass;   /* batch pass that first found it cannot be staged (0: none) */
     ccq_status fail_status; /* when FAILED: what late parts get */
     char *fail_detail;
     struct ccq_inst *wnext; /* worklist / free list */

@@ -36,6 +36,7 @@ typedef struct ccq_sched {
     ccq_chan *undo_chans;
     ccq_stream *pass_streams; /* streams with commands in the batch being built */
     const ccq_cmd *refuse;    /* the attempt met a send the backend cannot stage */
+    bool refuse_retry;        /* a refusal was deferred: build again without sleeping */
     uint64_t wd_next;         /* earliest watchdog deadline (UINT64_MAX: none) */
     /* Shutdown. */
     bool closing, cancelled_incomplete, shutdown_aborted;
@@ -1043,7 +1044,18 @@ static int try_add(ccq_runtime *rt, ccq_batch *b, ccq_inst *root)
         }
     }
     if (S->refuse != NULL) {
-        refuse_group(rt, S->refuse);
+        /* Refused only when seen again in a later pass: meanwhile the ready commands before
+         * the exchange that can run without it (pulled in here as its stream predecessors)
+         * go in a batch of their own, and only what must run with it fails. */
+        ccq_inst *e = S->refuse->inst;
+        if (e->refuse_pass != 0 && e->refuse_pass < S->pass) {
+            refuse_group(rt, S->refuse);
+        } else {
+            e->refuse_pass = S->pass;
+            S->refuse_retry = true;
+            attempt_undo(S);
+            root->blocked = S->pass;
+        }
         S->refuse = NULL;
         return ADD_BLOCKED;
     }
@@ -1233,6 +1245,8 @@ static bool build_and_issue(ccq_runtime *rt)
         if (!full)
             break;
     }
+    any |= S->refuse_retry;
+    S->refuse_retry = false;
     return any;
 }
 

@@ -898,6 +898,22 @@ static void test_inplace_sendrecv_refused(void **state)
     }
     assert_true(now_ns() - t0 < 5000000000ull);
     assert_int_equal(data_groups(g, 2), 0);
+    /* An all_reduce before the exchange on the same streams does not need it: it runs, and
+     * only the exchange fails. */
+    static float ar[2][N];
+    ccq_device_id pair[2] = {0, 1};
+    uint64_t completed = stats_of(rt).completed;
+    for (ccq_device_id d = 0; d < 2; d++) {
+        ar[d][0] = (float)(d + 1);
+        assert_int_equal(ccq_all_reduce(rt, d, 0, ar[d], ar[d], N, CCQ_FLOAT32, CCQ_SUM, pair, 2),
+                         CCQ_OK);
+        assert_int_equal(ccq_send(rt, d, 0, buf[d], N, CCQ_FLOAT32, 1 - d), CCQ_OK);
+        assert_int_equal(ccq_recv(rt, d, 0, buf[d], N, CCQ_FLOAT32, 1 - d), CCQ_OK);
+    }
+    for (ccq_device_id d = 0; d < 2; d++)
+        assert_int_equal(ccq_sync_collective(rt, d, 0), CCQ_ERR_UNSUPPORTED);
+    assert_int_equal(stats_of(rt).completed, completed + 2);
+    assert_true(ar[0][0] == 3.0f && ar[1][0] == 3.0f);
     /* Separate buffers on the same streams still work. */
     for (ccq_device_id d = 0; d < 2; d++) {
         assert_int_equal(ccq_send(rt, d, 0, buf[d], N, CCQ_FLOAT32, 1 - d), CCQ_OK);
