@@ -36,7 +36,7 @@ typedef struct ccq_sched {
     ccq_chan *undo_chans;
     ccq_stream *pass_streams; /* streams with commands in the batch being built */
     const ccq_cmd *refuse;    /* the attempt met a send the backend cannot stage */
-    bool refuse_retry;        /* a refusal was deferred: build again without sleeping */
+    bool refuse_retry;        /* a refusal was deferred or made: loop again without sleeping */
     uint64_t wd_next;         /* earliest watchdog deadline (UINT64_MAX: none) */
     /* Shutdown. */
     bool closing, cancelled_incomplete, shutdown_aborted;
@@ -960,6 +960,7 @@ static void refuse_group(ccq_runtime *rt, const ccq_cmd *send)
     for (uint32_t k = 0; k < S->ntent; k++)
         fail_inst(S, S->tent[k], CCQ_ERR_UNSUPPORTED, detail, false);
     S->error_seen = true;
+    S->refuse_retry = true; /* progress: the loop runs again and ends the failed heads now */
 }
 
 /*
