@@ -132,7 +132,10 @@ typedef struct ccq_store {
 
 /**
  * Runtime configuration. Fill it with ccq_config_init(), then change fields.
- * Fields are only ever appended; struct_size lets an older caller keep working.
+ * Fields are only ever appended. ccq_config_init() passes the size of the ccq_config the
+ * caller was compiled with, so the library never writes past it, and records it in
+ * struct_size, from which ccq_runtime_create knows which fields the caller has (the others
+ * keep their defaults): a binary built against an older ccq keeps working with a newer one.
  */
 typedef struct ccq_config {
     uint32_t struct_size;  /**< sizeof(ccq_config); set by ccq_config_init. */
@@ -146,8 +149,8 @@ typedef struct ccq_config {
     uint64_t timeout_ms;    /**< Watchdog and fence deadline; 0 = none (default 600000).
                                  Env: CCQ_TIMEOUT_MS. */
     /* ---- appended after the seed API ---- */
-    uint32_t host_workers;   /**< Host backend worker threads; 0 = number of cores.
-                                  Env: CCQ_HOST_WORKERS. */
+    uint32_t host_workers;   /**< Host backend worker threads; 0 = number of cores; at most
+                                  1024. Env: CCQ_HOST_WORKERS. */
     uint32_t flags;          /**< CCQ_FLAG_* bits. Env: CCQ_NONBLOCKING_SUBMIT=1. */
     const char *env_error;   /**< Set by ccq_config_init when a CCQ_* variable is malformed;
                                   ccq_runtime_create then fails with its text. */
@@ -160,8 +163,9 @@ typedef struct ccq_config {
                                   default): e.g. "fail:op=17;delay:us=5000,op=3;drop:rank=2".
                                   Grammar in docs/reliability.md. Env: CCQ_FAULT. */
     uint32_t trace_capacity; /**< Events the flight recorder keeps (the newest; older ones
-                                  are overwritten and counted), rounded up to a power of two.
-                                Default 65536; 0 disables it. Env: CCQ_TRACE_CAPACITY. */
+                                  are overwritten and counted), rounded up to a power of two;
+                                  at most 2^26 (67108864). Default 65536; 0 disables it.
+                                  Env: CCQ_TRACE_CAPACITY. */
     const char *trace_file;  /**< If set, the recorder is written there as Chrome/Perfetto
                                   JSON at destroy and when the watchdog or an error fires
                                   (at most once a second). Env: CCQ_TRACE_FILE. */
@@ -201,11 +205,25 @@ typedef struct ccq_stats {
 } ccq_stats;
 
 /**
- * Fill @p cfg with defaults, then apply CCQ_* environment variables.
- * @param[out] cfg  Configuration to fill; must not be NULL.
- * Thread-safe (reads the environment only).
+ * Fill the first @p size bytes of @p cfg with defaults, then apply CCQ_* environment
+ * variables, and set cfg->struct_size to the number of bytes written (the smaller of
+ * @p size and this library's sizeof(ccq_config)). Never writes beyond @p size. Call it
+ * through the ccq_config_init() macro, which passes sizeof(ccq_config).
+ * @param[out] cfg   Configuration to fill; NULL is a no-op.
+ * @param      size  sizeof the caller's ccq_config; below offsetof(ccq_config, host_workers)
+ *                   (the oldest layout) nothing is written.
+ * Thread-safe (reads the environment only). Since 0.2.0.
  */
-CCQ_API void ccq_config_init(ccq_config *cfg);
+CCQ_API void ccq_config_init_sized(ccq_config *cfg, size_t size);
+
+/**
+ * 0.1.0's entry point, kept for binaries built against 0.1.0: fills exactly 0.1.0's
+ * ccq_config (every field up to host_stream_bytes). Source code gets the macro below.
+ */
+CCQ_API void(ccq_config_init)(ccq_config *cfg);
+
+/** Fill @p cfg (a ccq_config *) with defaults and the CCQ_* environment variables. */
+#define ccq_config_init(cfg) ccq_config_init_sized((cfg), sizeof(ccq_config))
 
 /**
  * Create a runtime and start its scheduler thread.
@@ -279,7 +297,8 @@ CCQ_API const char *ccq_status_name(ccq_status s);
 
 /**
  * Detail of the last error a ccq call returned on the calling thread (thread-local, like
- * dlerror); "" if none. Valid until the next ccq call on this thread.
+ * dlerror); "" if none. Valid until the next ccq call on this thread. At most 511
+ * characters: a longer one ends with "... [truncated]" (ccq_stream_last_error has it whole).
  */
 CCQ_API const char *ccq_last_error_detail(void);
 
@@ -317,11 +336,18 @@ CCQ_API ccq_status ccq_all_reduce(ccq_runtime *rt, ccq_device_id device, ccq_str
  * Queue a send of @p count elements from @p device to @p peer. Matches the recv on
  * @p peer from @p device in per-pair order. Uses the communicator of {device, peer},
  * created on first use. peer == device sends to self. Errors as ccq_all_reduce.
+ * Stream order: a later command of the stream that overwrites @p src (an in-place exchange
+ * or ring shift: recv into the same buffer) does not change what is sent; the host backend
+ * stages the data, the NCCL backend fails such a set with CCQ_ERR_UNSUPPORTED.
+ * After one side of a pair fails (e.g. a recv times out), the other side's next operation
+ * of that pair takes the failed one's place and fails at once with its status; after that
+ * the pair is back in step (docs/semantics.md, "Matching").
  */
 CCQ_API ccq_status ccq_send(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream,
                             const void *src, size_t count, ccq_dtype dtype, ccq_device_id peer);
 
-/** Queue a receive into @p dst on @p device from @p peer. See ccq_send. */
+/** Queue a receive into @p dst on @p device from @p peer. See ccq_send (per-pair order, also
+ * after a timed-out recv: the peer's next send to this device pairs with it and fails). */
 CCQ_API ccq_status ccq_recv(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream, void *dst,
                             size_t count, ccq_dtype dtype, ccq_device_id peer);
 
@@ -394,6 +420,9 @@ CCQ_API ccq_status ccq_sync_collective(ccq_runtime *rt, ccq_device_id device, cc
 
 /**
  * The last error a fence returned on (device, stream), with its detail, from any thread.
+ * The detail is kept whole (a desync report of a big communicator can run to kilobytes,
+ * while ccq_last_error_detail() keeps at most 511 characters); a detail cut to fit @p len
+ * ends with "... [truncated]".
  * @param[out] buf  Receives the NUL-terminated detail ("" if none); may be NULL if len == 0.
  * @return That error's status, CCQ_OK if the stream never returned one, or
  *         CCQ_ERR_INVALID_ARGUMENT.
@@ -482,9 +511,10 @@ typedef struct ccq_event {
 /**
  * Event callback. Called on the scheduler thread for every event except fence events,
  * which are delivered on the thread calling ccq_sync_collective. It must be fast (it
- * delays scheduling), thread-safe, and must not call ccq_sync_collective,
- * ccq_comm_init, ccq_runtime_shutdown or ccq_runtime_destroy on the same runtime (they
- * wait for the scheduler); submitting calls may block on a full stream and are best avoided.
+ * delays scheduling) and thread-safe. It must not call ccq_sync_collective, ccq_comm_init,
+ * ccq_runtime_shutdown or ccq_runtime_destroy (they wait for a scheduler): from inside a
+ * callback they fail at once with CCQ_ERR_INVALID_ARGUMENT and do nothing. Submitting calls
+ * from a callback never wait for room: a full stream gives CCQ_ERR_QUEUE_FULL at once.
  */
 typedef void (*ccq_event_fn)(const ccq_event *ev, void *user);
 

@@ -88,7 +88,7 @@ ccq_status ccq_comm_form_start(ccq_runtime *rt, ccq_comm *c, uint64_t now)
     char tag[96];
     ccq_status st;
 
-    c->form_deadline = rt->timeout_ns == UINT64_MAX ? UINT64_MAX : now + rt->timeout_ns;
+    c->form_deadline = ccq_add_sat(now, rt->timeout_ns);
     if (c->nprocs <= 1)
         return form_backend(rt, c, NULL, 0);
     if (rt->be_ops->comm_root_blob == NULL)

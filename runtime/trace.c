@@ -128,8 +128,23 @@ void ccq_trace_note(ccq_trace *t, uint32_t type, const char *text)
     ccq_note *n = &t->notes[t->nhead++ % CCQ_TRACE_NOTES];
     n->time_ns = ccq_now_ns();
     n->type = type;
-    snprintf(n->text, sizeof n->text, "%s", text);
+    if ((size_t)snprintf(n->text, sizeof n->text, "%s", text) >= sizeof n->text)
+        ccq_mark_truncated(n->text, sizeof n->text); /* a long desync report: show the cut */
     pthread_mutex_unlock(&t->note_lock);
+}
+
+_Thread_local uint32_t ccq_tls_inside;
+
+ccq_status ccq_refuse_inside(const char *fn)
+{
+    if (ccq_tls_inside == 0)
+        return CCQ_OK;
+    return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                    "%s: called from inside a ccq event callback%s; the callback contract forbids "
+                    "it there (it waits for ccq's scheduler or fences, which would hang): call "
+                    "it from another thread",
+                    fn,
+                    (ccq_tls_inside & CCQ_INSIDE_CALLBACK) ? "" : " (on ccq's scheduler thread)");
 }
 
 static void deliver(ccq_trace *t, const ccq_event *ev)
@@ -137,6 +152,8 @@ static void deliver(ccq_trace *t, const ccq_event *ev)
     ccq_trace_cb *cb = atomic_load_explicit(&t->cb, memory_order_acquire);
     if (cb == NULL)
         return;
+    uint32_t saved = ccq_tls_inside;
+    ccq_tls_inside = saved | CCQ_INSIDE_CALLBACK;
     if (cb->fn != NULL) {
         cb->fn(ev, cb->user);
     } else if (cb->fn_v0_1 != NULL) {
@@ -144,6 +161,7 @@ static void deliver(ccq_trace *t, const ccq_event *ev)
         ccq_event_to_v0_1(&old, ev);
         cb->fn_v0_1(&old, cb->user);
     }
+    ccq_tls_inside = saved;
 }
 
 void ccq_trace_fence_writes(void)

@@ -31,8 +31,15 @@ void ccq_event_to_v0_1(ccq_event_v0_1 *out, const ccq_event *ev)
     out->peer = ev->peer;
 }
 
-ccq_status ccq_trace_snapshot_v0_1(ccq_runtime *rt, ccq_event_v0_1 *out, size_t cap, size_t *n,
-                                   uint64_t *dropped)
+/* libccq.so binds 0.1.0 binaries' ccq_trace_snapshot and ccq_set_event_callback to these
+ * (CCQ_0.1 in runtime/ccq.map; today's are CCQ_0.2). A static link never sees these
+ * versioned names and resolves against today's. */
+__asm__(".symver ccq_trace_snapshot_v0_1, ccq_trace_snapshot@CCQ_0.1");
+__asm__(".symver ccq_set_event_callback_v0_1, ccq_set_event_callback@CCQ_0.1");
+#define CCQ_COMPAT_API CCQ_API
+
+CCQ_COMPAT_API ccq_status ccq_trace_snapshot_v0_1(ccq_runtime *rt, ccq_event_v0_1 *out, size_t cap,
+                                                  size_t *n, uint64_t *dropped)
 {
     ccq_event *tmp = NULL;
     ccq_status st;
@@ -58,7 +65,8 @@ ccq_status ccq_trace_snapshot_v0_1(ccq_runtime *rt, ccq_event_v0_1 *out, size_t 
     return st;
 }
 
-ccq_status ccq_set_event_callback_v0_1(ccq_runtime *rt, ccq_event_fn_v0_1 fn, void *user)
+CCQ_COMPAT_API ccq_status ccq_set_event_callback_v0_1(ccq_runtime *rt, ccq_event_fn_v0_1 fn,
+                                                      void *user)
 {
     ccq_clear_detail();
     if (rt == NULL)

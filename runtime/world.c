@@ -91,7 +91,8 @@ ccq_status ccq_world_setup(ccq_world *w, const ccq_config *cfg, const char *back
         st = ccq_fail(st, "bootstrap: the world exchange could not start: %s", err.msg);
         goto fail;
     }
-    st = ccq_boot_xchg_wait(x, all, timeout_ns == UINT64_MAX ? 0 : ccq_now_ns() + timeout_ns, &err);
+    st = ccq_boot_xchg_wait(x, all, timeout_ns == UINT64_MAX ? 0 : ccq_deadline_in(timeout_ns),
+                            &err);
     if (st == CCQ_IN_PROGRESS || st == CCQ_ERR_TIMEOUT) {
         uint32_t nmiss = (uint32_t)ccq_boot_xchg_missing(x, members, w->size);
         char who[256];

@@ -507,6 +507,11 @@ static void test_env_malformed(void **state)
     check_env_malformed("CCQ_NONBLOCKING_SUBMIT", "yes");
     check_env_malformed("CCQ_HOST_WORKERS", "many");
     check_env_malformed("CCQ_HOST_STREAM_BYTES", "64M");
+    /* A count that must be at least 1, set to 0, names the variable too (issue 11). */
+    check_env_malformed("CCQ_HOST_DEVICES", "0");
+    check_env_malformed("CCQ_MAX_STREAMS", "0");
+    check_env_malformed("CCQ_QUEUE_DEPTH", "0");
+    check_env_malformed("CCQ_MAX_BATCH_OPS", "0");
 
     /* An unknown backend named in the environment fails like one set in the config. */
     ccq_runtime *rt = NULL;

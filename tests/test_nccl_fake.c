@@ -848,6 +848,83 @@ static void test_self_sendrecv(void **state)
     }
 }
 
+/* Issue 11: the largest timeout_ms does not wrap the backend's deadlines: a communicator
+ * whose creation reports ncclInProgress a few times is still waited for. */
+static void test_max_timeout(void **state)
+{
+    (void)state;
+    static float buf[NDEV][8];
+    const uint64_t max = UINT64_MAX / 1000000u;
+    for (uint64_t t = max - 1; t <= max; t++) {
+        ccq_runtime *rt = make_rt(t);
+        fake_set_pending(3);
+        assert_int_equal(ccq_comm_init(rt, ALL, NDEV), CCQ_OK);
+        for (ccq_device_id d = 0; d < NDEV; d++)
+            assert_int_equal(
+                ccq_all_reduce(rt, d, 0, buf[d], buf[d], 8, CCQ_FLOAT32, CCQ_SUM, ALL, NDEV),
+                CCQ_OK);
+        for (ccq_device_id d = 0; d < NDEV; d++)
+            assert_int_equal(ccq_sync_collective(rt, d, 0), CCQ_OK);
+        assert_int_equal(ccq_runtime_destroy(rt), CCQ_OK);
+        g_rt = NULL;
+        fake_set_pending(0);
+    }
+}
+
+/* Issue 11: an in-place exchange, ring shift or self send/recv (a send whose src a later
+ * recv of its stream overwrites, in one group) cannot be staged by the NCCL backend: every
+ * part fails at once with CCQ_ERR_UNSUPPORTED (never the watchdog, never part of a ring),
+ * no NCCL call is made for them, and later work on the same streams runs. */
+static void test_inplace_sendrecv_refused(void **state)
+{
+    (void)state;
+    enum { N = 64 };
+    static float buf[NDEV][N], other[NDEV][N];
+    group_info g[2];
+    setenv("CCQ_SPIN_US", "0", 1); /* the scheduler sleeps as soon as it has nothing to do */
+    ccq_runtime *rt = make_rt(10000);
+    unsetenv("CCQ_SPIN_US");
+    uint64_t t0 = now_ns();
+
+    for (int shape = 0; shape < 3; shape++) {
+        uint32_t nd = shape == 0 ? 2 : shape == 1 ? NDEV : 1;
+        for (ccq_device_id d = 0; d < nd; d++) {
+            ccq_device_id next = (d + 1) % nd, prev = (d + nd - 1) % nd;
+            assert_int_equal(ccq_send(rt, d, 0, buf[d], N, CCQ_FLOAT32, next), CCQ_OK);
+            assert_int_equal(ccq_recv(rt, d, 0, buf[d], N, CCQ_FLOAT32, prev), CCQ_OK);
+        }
+        for (ccq_device_id d = 0; d < nd; d++) {
+            assert_int_equal(ccq_sync_collective(rt, d, 0), CCQ_ERR_UNSUPPORTED);
+            assert_non_null(strstr(ccq_last_error_detail(), "cannot stage"));
+        }
+    }
+    assert_true(now_ns() - t0 < 5000000000ull);
+    assert_int_equal(data_groups(g, 2), 0);
+    /* An all_reduce before the exchange on the same streams does not need it: it runs, and
+     * only the exchange fails. */
+    static float ar[2][N];
+    ccq_device_id pair[2] = {0, 1};
+    uint64_t completed = stats_of(rt).completed;
+    for (ccq_device_id d = 0; d < 2; d++) {
+        ar[d][0] = (float)(d + 1);
+        assert_int_equal(ccq_all_reduce(rt, d, 0, ar[d], ar[d], N, CCQ_FLOAT32, CCQ_SUM, pair, 2),
+                         CCQ_OK);
+        assert_int_equal(ccq_send(rt, d, 0, buf[d], N, CCQ_FLOAT32, 1 - d), CCQ_OK);
+        assert_int_equal(ccq_recv(rt, d, 0, buf[d], N, CCQ_FLOAT32, 1 - d), CCQ_OK);
+    }
+    for (ccq_device_id d = 0; d < 2; d++)
+        assert_int_equal(ccq_sync_collective(rt, d, 0), CCQ_ERR_UNSUPPORTED);
+    assert_int_equal(stats_of(rt).completed, completed + 2);
+    assert_true(ar[0][0] == 3.0f && ar[1][0] == 3.0f);
+    /* Separate buffers on the same streams still work. */
+    for (ccq_device_id d = 0; d < 2; d++) {
+        assert_int_equal(ccq_send(rt, d, 0, buf[d], N, CCQ_FLOAT32, 1 - d), CCQ_OK);
+        assert_int_equal(ccq_recv(rt, d, 0, other[d], N, CCQ_FLOAT32, 1 - d), CCQ_OK);
+    }
+    for (ccq_device_id d = 0; d < 2; d++)
+        assert_int_equal(ccq_sync_collective(rt, d, 0), CCQ_OK);
+}
+
 /* NCCL runs a one-rank communicator's operation at the call, on the calling thread's current
  * device (the fake refuses it otherwise): the scheduler makes each part's device current
  * before it calls NCCL, also after work on other devices left another one current. */
@@ -2867,6 +2944,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_batch_is_one_group, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sendrecv_ring, setup, teardown),
         cmocka_unit_test_setup_teardown(test_self_sendrecv, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_inplace_sendrecv_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_max_timeout, setup, teardown),
         cmocka_unit_test_setup_teardown(test_busy_comm_waits, setup, teardown),
         cmocka_unit_test_setup_teardown(test_one_rank_current_device, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bound_stream_waits_for_submission, setup, teardown),

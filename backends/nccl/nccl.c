@@ -371,7 +371,7 @@ static uint32_t nccl_device_count(const ccq_backend *be)
 static ncclResult_t wait_comms(ncclComm_t *comms, uint32_t n, uint64_t timeout_ns,
                                ncclComm_t *failed)
 {
-    uint64_t deadline = ccq_now_ns() + timeout_ns;
+    uint64_t deadline = ccq_deadline_in(timeout_ns);
     for (;;) {
         bool pending = false;
         for (uint32_t i = 0; i < n; i++) {
@@ -466,7 +466,7 @@ static ccq_status nccl_comm_create(ccq_backend *be, const ccq_be_comm_desc *d, c
     }
     group_open = false;
     NCCL_CHECK_GOTO(ncclGroupEnd(), err, st, fail);
-    c->init_deadline = ccq_now_ns() + h->timeout_ns;
+    c->init_deadline = ccq_deadline_in(h->timeout_ns);
     *out = (ccq_be_comm *)c;
     return CCQ_IN_PROGRESS;
 
@@ -488,26 +488,27 @@ static ccq_status nccl_comm_test(ccq_backend *be, ccq_be_comm *comm, ccq_errbuf 
 {
     nccl_comm *c = (nccl_comm *)comm;
     ccq_status st;
+    bool pending = false;
     (void)be;
+    /* Ask every rank each round (a rank still initialising does not hide another's error). */
     for (uint32_t i = 0; i < c->n; i++) {
         ncclResult_t state = ncclInProgress, r = ncclCommGetAsyncError(c->comms[i], &state);
         if (r != ncclSuccess)
             state = r;
         if (state == ncclInProgress) {
-            if (ccq_now_ns() < c->init_deadline)
-                return CCQ_IN_PROGRESS;
-            snprintf(err->msg, sizeof err->msg,
-                     "ncclCommInitRankConfig did not finish within timeout_ms");
-            st = CCQ_ERR_TIMEOUT;
-            goto fail;
-        }
-        if (state != ncclSuccess) {
+            pending = true;
+        } else if (state != ncclSuccess) {
             st = nccl_status(state);
             nccl_msg(err, "ncclCommInitRankConfig", state, c->comms[i]);
             goto fail;
         }
     }
-    return CCQ_OK;
+    if (!pending)
+        return CCQ_OK;
+    if (ccq_now_ns() < c->init_deadline)
+        return CCQ_IN_PROGRESS;
+    snprintf(err->msg, sizeof err->msg, "ncclCommInitRankConfig did not finish within timeout_ms");
+    st = CCQ_ERR_TIMEOUT;
 fail:
     /* Here, not on the abort thread: no work was ever queued on these communicators. The
      * runtime then destroys it (nccl_comm_destroy frees an aborted one). */
@@ -1076,7 +1077,7 @@ static void batch_fail(nccl_be *h, nccl_batch *nb, ccq_status st, const char *ms
         b->ops[k]->comm_aborted = 1;
     }
     nb->failed = true;
-    nb->drain_deadline = ccq_now_ns() + h->drain_ns;
+    nb->drain_deadline = ccq_deadline_in(h->drain_ns);
     if (nb->state == NB_ENQUEUING) {
         ccq_errbuf e;
         if (record_done(h, nb, &e) == CCQ_OK)
