@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "ccq/ccq_nccl.h"
+#include "runtime/bootstrap.h"
 #include "runtime/fault.h"
 #include "runtime/internal.h"
 
@@ -113,26 +114,9 @@ static void config_defaults(ccq_config *cfg)
                 "CCQ_NONBLOCKING_SUBMIT: expected 0 or 1"))
         cfg->flags = v ? (cfg->flags | CCQ_FLAG_NONBLOCKING_SUBMIT)
                        : (cfg->flags & ~CCQ_FLAG_NONBLOCKING_SUBMIT);
-    /* The world: ccq's own variables first, then what the launcher (Open MPI, or a PMI one:
-     * MPICH, Slurm) sets for every process it starts. */
-    static const char *const rank_vars[] = {"CCQ_WORLD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"};
-    static const char *const size_vars[] = {"CCQ_WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"};
-    for (int k = 0; k < 3; k++)
-        if (env_u64(rank_vars[k], 0, UINT32_MAX - 1, &v, &err,
-                    k == 0   ? "CCQ_WORLD_RANK: expected a process rank"
-                    : k == 1 ? "OMPI_COMM_WORLD_RANK: expected a process rank"
-                             : "PMI_RANK: expected a process rank")) {
-            cfg->world_rank = (uint32_t)v;
-            break;
-        }
-    for (int k = 0; k < 3; k++)
-        if (env_u64(size_vars[k], 1, UINT32_MAX, &v, &err,
-                    k == 0   ? "CCQ_WORLD_SIZE: expected a number of processes"
-                    : k == 1 ? "OMPI_COMM_WORLD_SIZE: expected a number of processes"
-                             : "PMI_SIZE: expected a number of processes")) {
-            cfg->world_size = (uint32_t)v;
-            break;
-        }
+    /* The world: ccq's own variables, else what the launcher (Open MPI, or a PMI one: MPICH,
+     * Intel MPI) sets for every process it starts. */
+    ccq_boot_world_from_env(&cfg->world_rank, &cfg->world_size, &err);
     b = getenv("CCQ_BOOTSTRAP");
     if (b != NULL && *b != '\0')
         cfg->bootstrap = b; /* checked by ccq_runtime_create */
