@@ -101,9 +101,9 @@ typedef struct ccq_chan {
     uint64_t head;         /* lowest unresolved sequence number */
     uint64_t cap;          /* window size (power of two) */
     struct ccq_inst **win; /* win[seq & (cap-1)] for head <= seq < head + cap */
-    uint64_t bnext;        /* batch building: next seq to include (valid in pass bpass) */
-    uint64_t bpass;
-    uint64_t bmark, bsave; /* attempt that last moved bnext, and bnext before it */
+    uint64_t build_seq;    /* batch building: next seq to include (valid in pass build_pass) */
+    uint64_t build_pass;
+    uint64_t attempt_seen, undo_seq; /* attempt that last moved build_seq, and it before */
     struct ccq_chan *undo_next;
     bool listed; /* in the scheduler's list of channels with work */
     struct ccq_chan *list_next;
@@ -156,9 +156,9 @@ typedef struct ccq_inst {
     uint32_t present;
     uint32_t dropped; /* fault injection: parts that "arrived" absent (drop:rank=R) */
     uint8_t state;
-    uint64_t bmark;         /* batch attempt that tentatively included it */
-    uint64_t bpass;         /* batch pass whose batch holds it */
-    uint64_t blocked;       /* batch pass in which it was found blocked */
+    uint64_t attempt_seen;  /* batch attempt that tentatively included it */
+    uint64_t batch_pass;    /* batch pass whose batch holds it */
+    uint64_t blocked_pass;  /* batch pass in which it was found blocked */
     bool stage;             /* send/recv: the send's src is overwritten later in its batch */
     uint64_t refuse_pass;   /* batch pass that first found it cannot be staged (0: none) */
     ccq_status fail_status; /* when FAILED: what late parts get */

@@ -909,13 +909,13 @@ static bool hazard(const ccq_cmd *a, const ccq_cmd *b)
  * boxes): O(1), and exact whenever it says "no". */
 static bool may_conflict(const ccq_stream *s, const ccq_cmd *q)
 {
-    return ccq_span_hit(q->wr, s->bwr) || ccq_span_hit(q->wr, s->brd) ||
-           ccq_span_hit(q->rd, s->bwr);
+    return ccq_span_hit(q->wr, s->build_wr) || ccq_span_hit(q->wr, s->build_rd) ||
+           ccq_span_hit(q->rd, s->build_wr);
 }
 
 static void tent_push(ccq_sched *S, ccq_inst *i)
 {
-    i->bmark = S->attempt;
+    i->attempt_seen = S->attempt;
     XGROW(&S->work, &S->capwork, S->nwork + 1);
     S->work[S->nwork++] = i;
     XGROW(&S->tent, &S->captent, S->ntent + 1);
@@ -924,45 +924,45 @@ static void tent_push(ccq_sched *S, ccq_inst *i)
 
 static bool inst_taken(const ccq_sched *S, const ccq_inst *i)
 {
-    return i->bmark == S->attempt || i->bpass == S->pass;
+    return i->attempt_seen == S->attempt || i->batch_pass == S->pass;
 }
 
 /* First touch of a stream in this pass / attempt: set up building state, save for undo. */
 static void stream_touch(ccq_sched *S, ccq_stream *s)
 {
-    if (s->bpass != S->pass) {
-        s->bpass = S->pass;
-        s->bcur = s->cursor;
-        s->bfirst = s->cursor;
-        s->bmark = 0;
-        s->brd = s->bwr = CCQ_SPAN_EMPTY;
+    if (s->build_pass != S->pass) {
+        s->build_pass = S->pass;
+        s->build_next = s->cursor;
+        s->build_first = s->cursor;
+        s->attempt_seen = 0;
+        s->build_rd = s->build_wr = CCQ_SPAN_EMPTY;
     }
-    if (s->bmark != S->attempt) {
-        s->bmark = S->attempt;
-        s->bsave = s->bcur;
-        s->brd_save = s->brd;
-        s->bwr_save = s->bwr;
+    if (s->attempt_seen != S->attempt) {
+        s->attempt_seen = S->attempt;
+        s->undo_build_next = s->build_next;
+        s->undo_rd = s->build_rd;
+        s->undo_wr = s->build_wr;
         s->undo_next = S->undo_streams;
         S->undo_streams = s;
     }
 }
 
-static uint64_t chan_bnext(ccq_sched *S, ccq_chan *ch)
+static uint64_t chan_build_seq(ccq_sched *S, ccq_chan *ch)
 {
-    if (ch->bpass != S->pass) {
-        ch->bpass = S->pass;
-        ch->bnext = ch->head;
-        ch->bmark = 0;
+    if (ch->build_pass != S->pass) {
+        ch->build_pass = S->pass;
+        ch->build_seq = ch->head;
+        ch->attempt_seen = 0;
     }
-    return ch->bnext;
+    return ch->build_seq;
 }
 
 static void chan_touch(ccq_sched *S, ccq_chan *ch)
 {
-    chan_bnext(S, ch);
-    if (ch->bmark != S->attempt) {
-        ch->bmark = S->attempt;
-        ch->bsave = ch->bnext;
+    chan_build_seq(S, ch);
+    if (ch->attempt_seen != S->attempt) {
+        ch->attempt_seen = S->attempt;
+        ch->undo_seq = ch->build_seq;
         ch->undo_next = S->undo_chans;
         S->undo_chans = ch;
     }
@@ -971,16 +971,16 @@ static void chan_touch(ccq_sched *S, ccq_chan *ch)
 static void attempt_undo(ccq_sched *S)
 {
     for (ccq_stream *s = S->undo_streams; s != NULL; s = s->undo_next) {
-        for (ccq_cmd *q = s->bsave; q != s->bcur; q = q->fifo_next)
+        for (ccq_cmd *q = s->undo_build_next; q != s->build_next; q = q->fifo_next)
             q->state = q->status == CCQ_OK ? CCQ_CMD_QUEUED : CCQ_CMD_FAILED;
-        s->bcur = s->bsave;
-        s->brd = s->brd_save;
-        s->bwr = s->bwr_save;
+        s->build_next = s->undo_build_next;
+        s->build_rd = s->undo_rd;
+        s->build_wr = s->undo_wr;
     }
     for (ccq_chan *ch = S->undo_chans; ch != NULL; ch = ch->undo_next)
-        ch->bnext = ch->bsave;
+        ch->build_seq = ch->undo_seq;
     for (uint32_t k = 0; k < S->ntent; k++)
-        S->tent[k]->bmark = 0;
+        S->tent[k]->attempt_seen = 0;
 }
 
 enum { ADD_OK, ADD_BLOCKED, ADD_FULL };
@@ -1034,19 +1034,19 @@ static int try_add(ccq_runtime *rt, ccq_batch *b, ccq_inst *root)
         ccq_inst *x = S->work[--S->nwork];
         ccq_chan *ch = x->chan;
 
-        if (x->blocked == S->pass)
+        if (x->blocked_pass == S->pass)
             goto blocked;
         /* Channel order: every earlier sequence number is in (or resolved). */
         chan_touch(S, ch);
-        for (uint64_t q = ch->bnext; q < x->seq; q++) {
+        for (uint64_t q = ch->build_seq; q < x->seq; q++) {
             ccq_inst *y = win_get(ch, q);
             if (y == NULL || y->state == CCQ_INST_WAITING)
                 goto blocked;
             if (y->state == CCQ_INST_READY && !inst_taken(S, y))
                 tent_push(S, y);
         }
-        if (x->seq + 1 > ch->bnext)
-            ch->bnext = x->seq + 1;
+        if (x->seq + 1 > ch->build_seq)
+            ch->build_seq = x->seq + 1;
         /* Stream order: everything before each part is in the batch too. */
         for (uint32_t p = 0; p < ch->nparts; p++) {
             ccq_cmd *c = x->cmds[p];
@@ -1056,7 +1056,7 @@ static int try_add(ccq_runtime *rt, ccq_batch *b, ccq_inst *root)
             if (s->inflight)
                 goto blocked;
             stream_touch(S, s);
-            for (ccq_cmd *q = s->bcur;; q = q->fifo_next) {
+            for (ccq_cmd *q = s->build_next;; q = q->fifo_next) {
                 if (q->state == CCQ_CMD_QUEUED) {
                     ccq_inst *y = q->inst;
                     if (y->state != CCQ_INST_READY)
@@ -1064,7 +1064,7 @@ static int try_add(ccq_runtime *rt, ccq_batch *b, ccq_inst *root)
                     /* Exact scan only when the boxes overlap: O(1) for the common case
                      * of independent buffers, O(commands in the batch) otherwise. */
                     if (may_conflict(s, q))
-                        for (ccq_cmd *e = s->bfirst; e != q; e = e->fifo_next) {
+                        for (ccq_cmd *e = s->build_first; e != q; e = e->fifo_next) {
                             if (e->status != CCQ_OK || !hazard(e, q))
                                 continue;
                             /* A send only reads, so q overwrites what it sends: stream order
@@ -1078,15 +1078,15 @@ static int try_add(ccq_runtime *rt, ccq_batch *b, ccq_inst *root)
                             if (!rt->be_ops->stages_sends && S->refuse == NULL)
                                 S->refuse = e;
                         }
-                    ccq_span_add(&s->brd, q->rd);
-                    ccq_span_add(&s->bwr, q->wr);
+                    ccq_span_add(&s->build_rd, q->rd);
+                    ccq_span_add(&s->build_wr, q->wr);
                     if (!inst_taken(S, y))
                         tent_push(S, y);
                 }
                 /* Failed commands ride along and end with the batch (stream order).
-                 * bcur moves with every inclusion so an undo covers exactly these. */
+                 * build_next moves with every inclusion so an undo covers exactly these. */
                 q->state = CCQ_CMD_INCLUDED;
-                s->bcur = q->fifo_next;
+                s->build_next = q->fifo_next;
                 if (q == c)
                     break;
             }
@@ -1103,7 +1103,7 @@ static int try_add(ccq_runtime *rt, ccq_batch *b, ccq_inst *root)
             e->refuse_pass = S->pass;
             S->refuse_retry = true;
             attempt_undo(S);
-            root->blocked = S->pass;
+            root->blocked_pass = S->pass;
         }
         S->refuse = NULL;
         return ADD_BLOCKED;
@@ -1116,13 +1116,13 @@ static int try_add(ccq_runtime *rt, ccq_batch *b, ccq_inst *root)
     XGROW(&b->insts, &b->capinsts, b->be.nops + S->ntent);
     for (uint32_t k = 0; k < S->ntent; k++) {
         ccq_inst *i = S->tent[k];
-        i->bpass = S->pass;
+        i->batch_pass = S->pass;
         b->insts[b->be.nops++] = i;
     }
     for (ccq_stream *s = S->undo_streams; s != NULL; s = s->undo_next) {
-        if (s->blisted != S->pass) { /* first commit touching this stream in this pass */
-            s->blisted = S->pass;
-            s->bnext_touched = S->pass_streams;
+        if (s->listed_pass != S->pass) { /* first commit touching this stream in this pass */
+            s->listed_pass = S->pass;
+            s->pass_next = S->pass_streams;
             S->pass_streams = s;
         }
     }
@@ -1131,7 +1131,7 @@ static int try_add(ccq_runtime *rt, ccq_batch *b, ccq_inst *root)
 blocked:
     S->refuse = NULL;
     attempt_undo(S);
-    root->blocked = S->pass;
+    root->blocked_pass = S->pass;
     return ADD_BLOCKED;
 }
 
@@ -1200,10 +1200,10 @@ static void issue(ccq_runtime *rt, ccq_batch *b)
     b->be.id = ++S->batch_id;
     b->issue_ns = ccq_now_ns();
     bool traced = ccq_trace_on(&rt->trace);
-    /* Every stream with commands in the batch: they are in flight up to bcur. */
+    /* Every stream with commands in the batch: they are in flight up to build_next. */
     for (ccq_stream *s = S->pass_streams; s != NULL;) {
-        ccq_stream *next = s->bnext_touched;
-        for (ccq_cmd *q = s->cursor; q != s->bcur; q = q->fifo_next) {
+        ccq_stream *next = s->pass_next;
+        for (ccq_cmd *q = s->cursor; q != s->build_next; q = q->fifo_next) {
             q->state = CCQ_CMD_ISSUED;
             if (q->status != CCQ_OK)
                 continue; /* a failed command riding along; it is not sent anywhere */
@@ -1213,10 +1213,10 @@ static void issue(ccq_runtime *rt, ccq_batch *b)
             if (traced)
                 ev_cmd(rt, CCQ_EV_ISSUED, q, b->issue_ns, CCQ_OK);
         }
-        s->cursor = s->bcur;
+        s->cursor = s->build_next;
         s->inflight = true;
         atomic_store_explicit(&s->issued_ns, b->issue_ns, memory_order_release);
-        s->bnext_touched = NULL;
+        s->pass_next = NULL;
         s->batch_next = b->streams;
         b->streams = s;
         s = next;
@@ -1269,21 +1269,21 @@ static bool build_and_issue(ccq_runtime *rt)
                 continue;
             }
             /* Add as many of this channel's ready instances as fit, in sequence order. */
-            for (uint64_t q = chan_bnext(S, ch);; q = chan_bnext(S, ch)) {
+            for (uint64_t q = chan_build_seq(S, ch);; q = chan_build_seq(S, ch)) {
                 i = win_get(ch, q);
                 if (i != NULL && i->state == CCQ_INST_FAILED) {
-                    ch->bnext = q + 1; /* resolved: its parts end on their own */
+                    ch->build_seq = q + 1; /* resolved: its parts end on their own */
                     continue;
                 }
                 if (i == NULL || i->state != CCQ_INST_READY)
                     break;
-                int r = i->bpass == S->pass ? ADD_OK : try_add(rt, b, i);
+                int r = i->batch_pass == S->pass ? ADD_OK : try_add(rt, b, i);
                 if (r == ADD_FULL)
                     full = true;
                 if (r != ADD_OK)
                     break;
-                if (chan_bnext(S, ch) <= q)
-                    ch->bnext = q + 1;
+                if (chan_build_seq(S, ch) <= q)
+                    ch->build_seq = q + 1;
             }
             pp = &ch->list_next;
         }
