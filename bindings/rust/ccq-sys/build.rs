@@ -321,7 +321,12 @@ fn parse_headers(include: &Path) -> Items {
         let d = d.trim();
         if let Some(rest) = d.strip_prefix("CCQ_API ") {
             let paren = rest.find('(').expect("function declaration");
-            items.fns.insert(ident_at_end(&rest[..paren]).unwrap());
+            // `void(name)(args)`: a name in parentheses (kept from a function-like macro).
+            let inner = ident_at_start(&rest[paren + 1..]).filter(|id| {
+                let after = rest[paren + 1 + id.len()..].trim_start();
+                after.strip_prefix(')').is_some_and(|a| a.trim_start().starts_with('('))
+            });
+            items.fns.insert(inner.or_else(|| ident_at_end(&rest[..paren])).unwrap());
         } else if let Some(rest) = d.strip_prefix("typedef ") {
             let name = ident_at_end(d).unwrap_or_default();
             if let (Some(open), Some(close)) = (rest.find('{'), rest.rfind('}')) {
@@ -339,6 +344,11 @@ fn parse_headers(include: &Path) -> Items {
                 } else {
                     let mut fields = Vec::new();
                     for f in body.split(';').map(str::trim).filter(|f| !f.is_empty()) {
+                        if let Some(p) = f.find("(*") {
+                            // A function pointer: `ret (*name)(args)`.
+                            fields.push(ident_at_start(&f[p + 2..]).unwrap());
+                            continue;
+                        }
                         let f = f.split('[').next().unwrap();
                         let mut parts = f.split(',');
                         fields.push(ident_at_end(parts.next().unwrap()).unwrap());

@@ -25,8 +25,10 @@ pub struct ccq_config {
 }
 
 extern "C" {
-    /// Defaults, then `CCQ_*` environment variables. (When the header turns this into an
-    /// inline wrapper of a sized entry point, bind that one here and make this a Rust
-    /// `unsafe fn` passing `size_of::<ccq_config>()`.)
+    /// Defaults, then `CCQ_*` environment variables, into the first `size` bytes of `cfg`
+    /// (pass `size_of::<ccq_config>()`; C's `ccq_config_init()` macro does).
+    pub fn ccq_config_init_sized(cfg: *mut ccq_config, size: usize);
+    /// 0.1.0's entry point (kept for binaries built against 0.1.0): fills exactly 0.1.0's
+    /// layout. Do not call it from new code; use [`ccq_config_init_sized`].
     pub fn ccq_config_init(cfg: *mut ccq_config);
 }

@@ -2,10 +2,12 @@
 
 use core::ffi::{c_char, c_int};
 
-/// `enum ccq_status`: negative values are errors.
+/// `enum ccq_status`: negative values are errors; `CCQ_IN_PROGRESS` (positive) means "not
+/// done yet" (a non-blocking call with nothing to report).
 pub type ccq_status = c_int;
 
 pub const CCQ_OK: ccq_status = 0;
+pub const CCQ_IN_PROGRESS: ccq_status = 1;
 pub const CCQ_ERR_INVALID_ARGUMENT: ccq_status = -1;
 pub const CCQ_ERR_NO_MEMORY: ccq_status = -2;
 pub const CCQ_ERR_QUEUE_FULL: ccq_status = -3;

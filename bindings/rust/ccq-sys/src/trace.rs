@@ -38,13 +38,16 @@ pub const CCQ_KIND_COUNT_: ccq_kind = 10;
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ccq_event {
+    /// Bytes of this event the library filled; set `out[0].struct_size` before
+    /// `ccq_trace_snapshot`. Fields are only ever appended.
+    pub struct_size: u32,
+    pub r#type: u32,
     pub time_ns: u64,
     pub id: u64,
     pub batch: u64,
     pub seq: u64,
     pub count: u64,
     pub bytes: u64,
-    pub r#type: u32,
     pub thread: u32,
     pub device: u32,
     pub stream: u32,

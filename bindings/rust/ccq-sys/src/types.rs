@@ -1,6 +1,7 @@
 //! Element types, reduction operations, ids and the opaque runtime.
 
-use core::ffi::{c_char, c_uint};
+use crate::ccq_status;
+use core::ffi::{c_char, c_uint, c_void};
 use core::marker::{PhantomData, PhantomPinned};
 
 /// `enum ccq_dtype` (names and widths as NCCL's `ncclDataType_t`).
@@ -41,6 +42,21 @@ pub struct ccq_runtime {
 }
 
 pub const CCQ_FLAG_NONBLOCKING_SUBMIT: u32 = 0x1;
+
+/// The embedder's key-value store for a world of processes (`struct ccq_store`; see
+/// docs/multiprocess.md): ccq copies it; `ctx` and the functions must outlive every runtime
+/// using it. `get` never blocks (`CCQ_IN_PROGRESS` while the key is missing).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ccq_store {
+    pub ctx: *mut c_void,
+    pub set: Option<
+        unsafe extern "C" fn(ctx: *mut c_void, key: *const c_char, value: *const c_void, len: usize) -> ccq_status,
+    >,
+    pub get: Option<
+        unsafe extern "C" fn(ctx: *mut c_void, key: *const c_char, value: *mut c_void, len: *mut usize) -> ccq_status,
+    >,
+}
 
 extern "C" {
     pub fn ccq_dtype_size(dtype: ccq_dtype) -> usize;

@@ -39,12 +39,13 @@ unsafe fn owned(p: *const c_char) -> Option<String> {
     (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
 }
 
-/// The one place that initialises a raw `ccq_config` (defaults + environment). When the C
-/// API gets a sized entry point, call it here with `size_of::<ccq_config>()`.
+/// The one place that initialises a raw `ccq_config` (defaults + environment), as C's
+/// `ccq_config_init()` macro does: the sized entry point with the size of the struct these
+/// bindings declare, so a newer library never writes past it and knows which fields we have.
 fn init_raw() -> sys::ccq_config {
     let mut raw = std::mem::MaybeUninit::<sys::ccq_config>::zeroed();
-    // SAFETY: ccq_config_init fills the whole struct; it only reads the environment.
-    unsafe { sys::ccq_config_init(raw.as_mut_ptr()) };
+    // SAFETY: it writes at most size_of::<ccq_config>() bytes; it only reads the environment.
+    unsafe { sys::ccq_config_init_sized(raw.as_mut_ptr(), std::mem::size_of::<sys::ccq_config>()) };
     // SAFETY: zeroed then filled by ccq: every field holds a valid value.
     unsafe { raw.assume_init() }
 }

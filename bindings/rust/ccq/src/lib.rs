@@ -86,5 +86,23 @@ pub use stats::{Metrics, Stats};
 pub use trace::{Event, EventType, Kind};
 pub use types::{DType, DeviceId, Element, ReduceOp, StreamId, BF16, F16, F8E4M3, F8E5M2};
 
-/// The version of the libccq headers the bindings were generated against (`CCQ_VERSION_STRING`).
+/// The version of the libccq headers the bindings were written against (`CCQ_VERSION_STRING`).
 pub const VERSION: &str = sys::CCQ_VERSION_STRING;
+
+/// The version of the libccq that is running (`ccq_version()`), e.g. `"0.2.0"`. A different
+/// major version than [`VERSION`]'s is not ABI compatible.
+///
+/// ```
+/// assert_eq!(ccq::library_version().split('.').next(), ccq::VERSION.split('.').next());
+/// assert!(ccq::library_version_number() >= ccq::sys::CCQ_VERSION_HEX);
+/// ```
+pub fn library_version() -> &'static str {
+    // SAFETY: static storage.
+    unsafe { error::static_str(sys::ccq_version()) }
+}
+
+/// The running libccq's version as `CCQ_VERSION_HEX` encodes it (`ccq_version_number()`).
+pub fn library_version_number() -> u32 {
+    // SAFETY: takes nothing, returns a value.
+    unsafe { sys::ccq_version_number() }
+}

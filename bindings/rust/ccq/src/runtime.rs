@@ -182,7 +182,9 @@ impl Runtime {
     /// The newest `cap` events of the recorder, oldest first, and how many events were
     /// overwritten since the runtime started.
     pub fn trace_snapshot(&self, cap: usize) -> Result<(Vec<Event>, u64)> {
-        let mut raw = vec![sys::ccq_event::default(); cap];
+        // ccq strides the array by out[0].struct_size: the size of the events we declare.
+        let ev = sys::ccq_event { struct_size: std::mem::size_of::<sys::ccq_event>() as u32, ..Default::default() };
+        let mut raw = vec![ev; cap.max(1)];
         let (mut n, mut dropped) = (0usize, 0u64);
         // SAFETY: raw holds cap events; n and dropped are valid out-pointers.
         check(unsafe { sys::ccq_trace_snapshot(self.as_ptr(), raw.as_mut_ptr(), cap, &mut n, &mut dropped) })?;
