@@ -6,8 +6,8 @@
 //!    Linked as a shared library unless `CCQ_STATIC=1`.
 //! 2. `pkg-config --libs --cflags ccq` (an installed ccq, `ccq.pc`), shared.
 //! 3. This repository's CMake project, built into `OUT_DIR` (`ccq_static`), linked statically
-//!    with what it needs (ck, pthread, and cudart + nccl when CMake found them; set
-//!    `CCQ_WITH_NCCL=OFF` to build the host backend only).
+//!    with what its `ccq.pc` says it needs (ck, pthread, m, and CUDA + NCCL and MPI when CMake
+//!    found them; `CCQ_WITH_NCCL`/`CCQ_WITH_MPI` = `OFF` leave them out).
 //!
 //! Shared linking adds an rpath to this package's own test binaries, and passes the directory
 //! on as `DEP_CCQ_RPATH` so that the `ccq` crate's build script does the same for its tests and
@@ -34,7 +34,8 @@ fn main() {
     let repo = manifest.join("../../..");
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=src");
-    for v in ["CCQ_LIB_DIR", "CCQ_INCLUDE_DIR", "CCQ_STATIC", "CCQ_WITH_NCCL", "PKG_CONFIG_PATH", "CC"] {
+    for v in ["CCQ_LIB_DIR", "CCQ_INCLUDE_DIR", "CCQ_STATIC", "CCQ_WITH_NCCL", "CCQ_WITH_MPI", "PKG_CONFIG_PATH", "CC"]
+    {
         println!("cargo:rerun-if-env-changed={v}");
     }
 
@@ -75,7 +76,7 @@ fn link_library(repo: &Path, out: &Path) -> PathBuf {
         });
         println!("cargo:rustc-link-search=native={}", lib.display());
         if env::var("CCQ_STATIC").as_deref() == Ok("1") {
-            link_static_deps(&lib, None);
+            link_static_deps(&lib);
         } else {
             link_shared(&lib);
         }
@@ -95,31 +96,36 @@ fn link_shared(dir: &Path) {
     add_rpath(&dir.display().to_string());
 }
 
-/// libccq.a in `dir`, plus what it needs: ck, pthread, libm, and CUDA + NCCL when the CMake
-/// cache in `cache` says the library was built with them.
-fn link_static_deps(dir: &Path, cache: Option<&Path>) {
+/// libccq.a in `dir`, plus what it needs: the `Libs.private` of the `ccq.pc` next to it (a
+/// build directory's, or `dir/pkgconfig/`), which names ck, pthread, m and whatever the build
+/// found (CUDA's runtime and NCCL, MPI); without one, ck, pthread and m.
+fn link_static_deps(dir: &Path) {
     println!("cargo:rustc-link-search=native={}", dir.display());
     println!("cargo:rustc-link-lib=static=ccq");
-    let ck = Command::new("pkg-config").args(["--libs", "ck"]).output();
-    match ck {
-        Ok(o) if o.status.success() => emit_pkg_libs(&String::from_utf8_lossy(&o.stdout), false),
-        _ => println!("cargo:rustc-link-lib=ck"),
+    let mut path = env::join_paths([dir.to_path_buf(), dir.join("pkgconfig")]).unwrap();
+    if let Some(old) = env::var_os("PKG_CONFIG_PATH") {
+        path = env::join_paths(env::split_paths(&path).chain(env::split_paths(&old))).unwrap();
     }
-    if let Some(cache) = cache.and_then(|c| fs::read_to_string(c).ok()) {
-        for key in ["CUDA_cudart_LIBRARY:FILEPATH=", "NCCL_LIBRARY:FILEPATH="] {
-            if let Some(p) = cache.lines().find_map(|l| l.strip_prefix(key)) {
-                let p = Path::new(p);
-                if let (Some(d), Some(stem)) = (p.parent(), p.file_stem()) {
-                    let name = stem.to_string_lossy();
-                    println!("cargo:rustc-link-search=native={}", d.display());
-                    println!("cargo:rustc-link-lib={}", name.strip_prefix("lib").unwrap_or(&name));
-                    add_rpath(&d.display().to_string());
-                }
+    let pc = Command::new("pkg-config").args(["--static", "--libs", "ccq"]).env("PKG_CONFIG_PATH", path).output();
+    let flags = match pc {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).into_owned(),
+        _ => {
+            let ck = Command::new("pkg-config").args(["--libs", "ck"]).output().ok().filter(|o| o.status.success());
+            let ck = ck.map_or("-lck".into(), |o| String::from_utf8_lossy(&o.stdout).into_owned());
+            format!("{ck} -lpthread -lm")
+        }
+    };
+    for f in flags.split_whitespace() {
+        if let Some(d) = f.strip_prefix("-L") {
+            // The .pc's own libdir (relative to an install prefix) may not exist here.
+            if Path::new(d).is_dir() && Path::new(d) != dir {
+                println!("cargo:rustc-link-search=native={d}");
+                add_rpath(d); // shared dependencies outside the loader's path (CUDA, MPI)
             }
+        } else if let Some(l) = f.strip_prefix("-l").filter(|&l| l != "ccq") {
+            println!("cargo:rustc-link-lib={l}");
         }
     }
-    println!("cargo:rustc-link-lib=pthread");
-    println!("cargo:rustc-link-lib=m");
 }
 
 /// Emits `-L`/`-l` flags of a pkg-config answer; with `rpath`, an rpath per `-L`.
@@ -157,6 +163,7 @@ fn build_with_cmake(repo: &Path, out: &Path) {
     }
     let build = out.join("build");
     let nccl = env::var("CCQ_WITH_NCCL").unwrap_or_else(|_| "AUTO".into());
+    let mpi = env::var("CCQ_WITH_MPI").unwrap_or_else(|_| "AUTO".into());
     run(Command::new("cmake")
         .arg("-S")
         .arg(repo)
@@ -164,10 +171,11 @@ fn build_with_cmake(repo: &Path, out: &Path) {
         .arg(&build)
         .args(["-DCCQ_BUILD_TESTS=OFF", "-DCCQ_BUILD_BENCH=OFF", "-DCCQ_BUILD_EXAMPLES=OFF"])
         .arg(format!("-DCCQ_WITH_NCCL={nccl}"))
+        .arg(format!("-DCCQ_WITH_MPI={mpi}"))
         .arg("-DCMAKE_BUILD_TYPE=RelWithDebInfo"));
     let jobs = env::var("NUM_JOBS").unwrap_or_else(|_| "2".into());
     run(Command::new("cmake").arg("--build").arg(&build).args(["--target", "ccq_static", "-j", &jobs]));
-    link_static_deps(&build, Some(&build.join("CMakeCache.txt")));
+    link_static_deps(&build);
 }
 
 fn run(cmd: &mut Command) {
