@@ -1,5 +1,6 @@
 //! `struct ccq_config` and its initialisation.
 
+use crate::ccq_store;
 use core::ffi::c_char;
 
 /// Runtime configuration; fill it with [`ccq_config_init`], then change fields.
@@ -22,6 +23,11 @@ pub struct ccq_config {
     pub trace_capacity: u32,
     pub trace_file: *const c_char,
     pub host_stream_bytes: u64,
+    pub world_rank: u32,
+    pub world_size: u32,
+    pub bootstrap: *const c_char,
+    pub store: *const ccq_store,
+    pub mpi_comm: i64,
 }
 
 extern "C" {

@@ -33,6 +33,7 @@ mod status;
 mod trace;
 mod types;
 mod version;
+mod world;
 
 pub use collectives::*;
 pub use config::*;
@@ -45,5 +46,6 @@ pub use status::*;
 pub use trace::*;
 pub use types::*;
 pub use version::*;
+pub use world::*;
 
 pub use core::ffi::{c_char, c_int, c_uint, c_void};
