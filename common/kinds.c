@@ -30,26 +30,6 @@ const ccq_kind_info ccq_kinds[CCQ_KIND_COUNT_] = {
 #undef R
 #undef N
 
-static size_t use_bytes(uint8_t use, bool times_n, size_t count, size_t esize, uint32_t n,
-                        bool is_root)
-{
-    if (use == CCQ_USE_NONE || (use == CCQ_USE_ROOT && !is_root))
-        return 0;
-    return count * esize * (times_n ? n : 1u);
-}
-
-size_t ccq_kind_src_bytes(uint32_t kind, size_t count, size_t esize, uint32_t n, bool is_root)
-{
-    const ccq_kind_info *k = &ccq_kinds[kind];
-    return use_bytes(k->src_use, k->src_n, count, esize, n, is_root);
-}
-
-size_t ccq_kind_dst_bytes(uint32_t kind, size_t count, size_t esize, uint32_t n, bool is_root)
-{
-    const ccq_kind_info *k = &ccq_kinds[kind];
-    return use_bytes(k->dst_use, k->dst_n, count, esize, n, is_root);
-}
-
 size_t ccq_kind_op_bytes(uint32_t kind, size_t count, size_t esize, uint32_t nranks)
 {
     if (!ccq_kinds[kind].collective) /* a pair: the send reads count, the recv writes count */

@@ -41,9 +41,29 @@ extern const ccq_kind_info ccq_kinds[CCQ_KIND_COUNT_];
  * send/recv pair (its part 0 sends, part 1 receives): a backend never sees CCQ_KIND_RECV.
  */
 
-/* Bytes of one rank's src / dst (0 when that rank does not use it). */
-size_t ccq_kind_src_bytes(uint32_t kind, size_t count, size_t esize, uint32_t n, bool is_root);
-size_t ccq_kind_dst_bytes(uint32_t kind, size_t count, size_t esize, uint32_t n, bool is_root);
+static inline size_t ccq_kind_use_bytes_(uint8_t use, bool times_n, size_t count, size_t esize,
+                                         uint32_t n, bool is_root)
+{
+    if (use == CCQ_USE_NONE || (use == CCQ_USE_ROOT && !is_root))
+        return 0;
+    return count * esize * (times_n ? n : 1u);
+}
+
+/* Bytes of one rank's src / dst (0 when that rank does not use it). Inline: on every
+ * submission. */
+static inline size_t ccq_kind_src_bytes(uint32_t kind, size_t count, size_t esize, uint32_t n,
+                                        bool is_root)
+{
+    const ccq_kind_info *k = &ccq_kinds[kind];
+    return ccq_kind_use_bytes_(k->src_use, k->src_n, count, esize, n, is_root);
+}
+
+static inline size_t ccq_kind_dst_bytes(uint32_t kind, size_t count, size_t esize, uint32_t n,
+                                        bool is_root)
+{
+    const ccq_kind_info *k = &ccq_kinds[kind];
+    return ccq_kind_use_bytes_(k->dst_use, k->dst_n, count, esize, n, is_root);
+}
 
 /* Bytes an operation of nranks ranks reads plus writes over all of them (a send/recv pair:
  * the send's src and the recv's dst): what it costs to run. */

@@ -300,6 +300,38 @@ static inline bool ccq_is_local(const ccq_runtime *rt, ccq_device_id d)
     return d - rt->dev_first < rt->ndev;
 }
 
+/* The submit path's stream calls (runtime/stream.c has the slow paths): inline, so that a
+ * submission with room on a stream already in use costs no call. */
+static inline ccq_status ccq_check_stream(const ccq_runtime *rt, const char *fn,
+                                          ccq_device_id device, ccq_stream_id stream)
+{
+    if (ccq_is_local(rt, device) && stream < rt->max_streams)
+        return CCQ_OK;
+    return ccq_check_stream_slow(rt, fn, device, stream);
+}
+
+static inline ccq_cmd *ccq_stream_ring(ccq_runtime *rt, ccq_stream *s)
+{
+    ccq_cmd *ring = atomic_load_explicit(&s->ring, memory_order_acquire);
+    return ring != NULL ? ring : ccq_stream_ring_alloc(rt, s);
+}
+
+/* Reserve a ticket (a slot): one CAS when there is room and no race; else the slow path
+ * (retry, wait for room, or refuse). */
+static inline ccq_status ccq_stream_reserve(ccq_runtime *rt, ccq_stream *s, const char *fn,
+                                            uint64_t *out)
+{
+    uint64_t t = atomic_load_explicit(&s->tickets, memory_order_relaxed);
+    uint64_t e = atomic_load_explicit(&s->ended, memory_order_acquire);
+    if (!(t & CCQ_TICKET_CLOSED) && t - e < rt->cfg.queue_depth &&
+        atomic_compare_exchange_strong_explicit(&s->tickets, &t, t + 1, memory_order_acq_rel,
+                                                memory_order_relaxed)) {
+        *out = t;
+        return CCQ_OK;
+    }
+    return ccq_stream_reserve_slow(rt, s, fn, out);
+}
+
 /* The backend's device (its local index) of this process's global device d. */
 static inline ccq_device_id ccq_backend_device(const ccq_runtime *rt, ccq_device_id d)
 {

@@ -45,8 +45,8 @@ ccq_status ccq_check_device(const ccq_runtime *rt, const char *fn, ccq_device_id
                     rt->dev_first + rt->ndev - 1);
 }
 
-ccq_status ccq_check_stream(const ccq_runtime *rt, const char *fn, ccq_device_id device,
-                            ccq_stream_id stream)
+ccq_status ccq_check_stream_slow(const ccq_runtime *rt, const char *fn, ccq_device_id device,
+                                 ccq_stream_id stream)
 {
     ccq_status st = ccq_check_device(rt, fn, device);
     if (st != CCQ_OK)
@@ -63,13 +63,10 @@ ccq_status ccq_check_stream(const ccq_runtime *rt, const char *fn, ccq_device_id
 
 /* Allocate the stream's slot ring on first use and announce the stream to the scheduler.
  * Happens once per stream, not per command. */
-ccq_cmd *ccq_stream_ring(ccq_runtime *rt, ccq_stream *s)
+ccq_cmd *ccq_stream_ring_alloc(ccq_runtime *rt, ccq_stream *s)
 {
-    ccq_cmd *ring = atomic_load_explicit(&s->ring, memory_order_acquire);
-    ccq_cmd *expected = NULL;
+    ccq_cmd *ring, *expected = NULL;
 
-    if (ring != NULL)
-        return ring;
     ring = ccq_alloc_lines((size_t)rt->ring_size * sizeof *ring);
     if (ring == NULL)
         return NULL;
@@ -102,7 +99,7 @@ static bool has_room_or_closed(void *arg)
     return (t & CCQ_TICKET_CLOSED) || (t & ~CCQ_TICKET_CLOSED) - e < w->depth;
 }
 
-ccq_status ccq_stream_reserve(ccq_runtime *rt, ccq_stream *s, const char *fn, uint64_t *out)
+ccq_status ccq_stream_reserve_slow(ccq_runtime *rt, ccq_stream *s, const char *fn, uint64_t *out)
 {
     uint64_t t = atomic_load_explicit(&s->tickets, memory_order_relaxed);
     uint64_t deadline = 0;

@@ -75,17 +75,19 @@ void ccq_stream_fini(ccq_stream *s);
 /* Argument checks shared by every call that names a device (one of this process's) or a
  * stream; the detail names the owner of another process's device. */
 ccq_status ccq_check_device(const struct ccq_runtime *rt, const char *fn, ccq_device_id device);
-ccq_status ccq_check_stream(const struct ccq_runtime *rt, const char *fn, ccq_device_id device,
-                            ccq_stream_id stream);
+ccq_status ccq_check_stream_slow(const struct ccq_runtime *rt, const char *fn, ccq_device_id device,
+                                 ccq_stream_id stream);
 
 /* ---- Producers (any thread) ---- */
 /* The stream's slot ring, allocated (and the stream announced to the scheduler) on first
  * use; NULL when out of memory. */
-struct ccq_cmd *ccq_stream_ring(struct ccq_runtime *rt, ccq_stream *s);
+struct ccq_cmd *ccq_stream_ring_alloc(struct ccq_runtime *rt, ccq_stream *s);
 /* Reserve a ticket (a slot): one CAS when there is room; waits for room up to timeout_ms
  * unless submission is non-blocking. */
-ccq_status ccq_stream_reserve(struct ccq_runtime *rt, ccq_stream *s, const char *fn,
-                              uint64_t *ticket);
+ccq_status ccq_stream_reserve_slow(struct ccq_runtime *rt, ccq_stream *s, const char *fn,
+                                   uint64_t *ticket);
+/* (ccq_check_stream, ccq_stream_ring and ccq_stream_reserve are inline in internal.h: their
+ * fast paths are on every submission; the _slow / _alloc functions above do the rest.) */
 /* Shutdown: no ticket is handed out after this returns. */
 void ccq_stream_close(ccq_stream *s);
 
