@@ -659,6 +659,7 @@ static void end_head(ccq_runtime *rt, ccq_stream *s, uint64_t now)
         s->fifo_tail = NULL;
     if (s->cursor == c)
         s->cursor = c->fifo_next;
+    uint64_t pos = s->ending++;
     if (c->status == CCQ_OK) {
         S->completed++;
     } else {
@@ -667,7 +668,7 @@ static void end_head(ccq_runtime *rt, ccq_stream *s, uint64_t now)
         else
             S->failed++;
         S->error_seen = true;
-        ccq_stream_record_error(s, c->status, c->detail);
+        ccq_stream_record_error(s, pos, c->status, c->detail);
     }
     /* Metrics are kept whether or not the recorder is on (one histogram bucket per end). */
     if (c->issue_ns != 0)
