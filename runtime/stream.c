@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ccq/ccq_nccl.h"
 #include "runtime/internal.h"
 
 void ccq_stream_init(ccq_stream *s, ccq_device_id device, ccq_stream_id id, uint32_t index)
@@ -469,4 +470,36 @@ CCQ_API ccq_status ccq_stream_last_error(ccq_runtime *rt, ccq_device_id device,
         snprintf(buf, len, "%s", s->last_detail);
     pthread_mutex_unlock(&s->err_lock);
     return st;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* GPU-side waits                                                                        */
+/* ------------------------------------------------------------------------------------ */
+
+CCQ_API ccq_status ccq_nccl_stream_wait(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream,
+                                        struct CUstream_st *cuda_stream)
+{
+    ccq_errbuf err = {{0}};
+    ccq_stream *s = NULL;
+    ccq_status st;
+
+    ccq_clear_detail();
+    st = fence_args(rt, "ccq_nccl_stream_wait", device, stream, &s);
+    if (st != CCQ_OK)
+        return st;
+    if (strcmp(rt->be_ops->name, "nccl") != 0 || rt->be_ops->stream_wait == NULL)
+        return ccq_fail(CCQ_ERR_UNSUPPORTED,
+                        "ccq_nccl_stream_wait: the runtime's backend is \"%s\", not \"nccl\"; "
+                        "use ccq_sync_collective or ccq_fence_wait",
+                        rt->be_ops->name);
+    if (cuda_stream == NULL)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "ccq_nccl_stream_wait: cuda_stream is NULL (the legacy default stream "
+                        "cannot be a wait's target here; pass a stream you created)");
+    /* As ccq_fence_begin: every command whose submission returned before this load. */
+    uint64_t target = atomic_load_explicit(&s->tickets, memory_order_acquire) & ~CCQ_TICKET_CLOSED;
+    st = rt->be_ops->stream_wait(rt->be, device, s->index, cuda_stream, target, &s->ended, &err);
+    if (st != CCQ_OK)
+        return ccq_fail(st, "ccq_nccl_stream_wait: %s", err.msg);
+    return CCQ_OK;
 }

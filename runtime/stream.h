@@ -57,6 +57,7 @@ typedef struct ccq_stream {
     uint64_t received;                /* commands drained from q */
     uint64_t ending;                  /* commands ended, published or not: the next one's
                                          position in end order (errors are kept by it) */
+    uint64_t bdone;                   /* `ending` once the batch being issued is done */
     uint64_t bpass;                   /* batch pass in which bcur/bfirst are valid */
     uint64_t blisted;                 /* batch pass whose pass_streams list holds it */
     struct ccq_stream *bnext_touched; /* streams with commands in the batch being built */
