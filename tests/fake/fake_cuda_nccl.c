@@ -20,6 +20,8 @@
 struct CUstream_st {
     int device;
     bool destroyed, user;
+    bool mo_blocked;   /* memops pump: an earlier item of this stream cannot run yet */
+    size_t mo_pending; /* items queued on it that have not run (stream memory operations) */
     struct CUstream_st *next;
 };
 
@@ -1488,30 +1490,43 @@ static bool value_reached(const uint64_t *addr, uint64_t value)
     return (int64_t)(__atomic_load_n(addr, __ATOMIC_ACQUIRE) - value) >= 0;
 }
 
-/* Run what can run, in queue order per stream. Lock held. */
+/* Run what can run, in queue order per stream: passes over the queue (an item runs when no
+ * earlier item of its stream is pending) until one makes no progress. Lock held. */
 static void memops_pump_locked(void)
 {
     bool progress = true;
     while (progress) {
         progress = false;
+        for (fake_memop *o = M.head; o != NULL; o = o->next)
+            o->stream->mo_blocked = false;
         for (fake_memop *o = M.head; o != NULL; o = o->next) {
-            if (o->done)
+            if (o->done || o->stream->mo_blocked)
                 continue;
-            bool blocked = false;
-            for (fake_memop *e = M.head; e != o && !blocked; e = e->next)
-                blocked = !e->done && e->stream == o->stream;
-            if (blocked)
+            if ((o->kind == MO_WAIT && !value_reached(o->addr, o->value)) ||
+                (o->kind == MO_WRITE && !o->ready)) {
+                o->stream->mo_blocked = true;
                 continue;
-            if (o->kind == MO_WAIT && !value_reached(o->addr, o->value))
-                continue;
-            if (o->kind == MO_WRITE && !o->ready)
-                continue;
+            }
             if (o->kind == MO_WRITE)
                 __atomic_store_n(o->addr, o->value, __ATOMIC_RELEASE);
             if (o->kind == MO_KERNEL)
                 o->fn(o->arg);
             o->done = true;
+            o->stream->mo_pending--;
             progress = true;
+        }
+    }
+    /* Forget what ran (the queue holds pending work only). */
+    fake_memop **pp = &M.head;
+    M.tail = NULL;
+    while (*pp != NULL) {
+        fake_memop *o = *pp;
+        if (o->done) {
+            *pp = o->next;
+            free(o);
+        } else {
+            M.tail = o;
+            pp = &o->next;
         }
     }
 }
@@ -1538,7 +1553,9 @@ static void memop_add(int kind, cudaStream_t stream, uint64_t *addr, uint64_t va
     else
         M.head = o;
     M.tail = o;
-    memops_pump_locked();
+    /* Behind pending work of its stream it cannot run, nor unblock anything. */
+    if (stream->mo_pending++ == 0)
+        memops_pump_locked();
 }
 
 static CUresult fake_cuDeviceGet(CUdevice *device, int ordinal)
