@@ -30,7 +30,9 @@ extern "C" {
  * ccq_runtime_destroy(), which must not race with other calls on the same runtime.
  *
  * Ownership: user buffers passed to a submitting call are borrowed from the call until
- * the fence (ccq_sync_collective) that covers the command returns, whatever its result.
+ * a fence that covers the command returns, whatever its result: ccq_sync_collective, or
+ * ccq_fence_test/ccq_fence_wait on a covering value answering anything but CCQ_IN_PROGRESS.
+ * (ccq_nccl_stream_wait orders GPU work after the commands; it hands nothing back.)
  *
  * Errors: every call that can fail returns a ccq_status. After a call returned an error,
  * ccq_last_error_detail() on the same thread gives a readable detail (which argument,
