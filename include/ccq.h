@@ -339,6 +339,8 @@ CCQ_API ccq_status ccq_fence_begin(ccq_runtime *rt, ccq_device_id device, ccq_st
  * Test a fence value without blocking (two atomic loads when nothing failed since the value
  * was taken). Thread-safe; the same value gives the same final answer every time, from every
  * thread. Does not clear the stream's error (ccq_sync_collective still reports it once).
+ * On NCCL, CCQ_OK means the commands completed on the GPU; unlike ccq_fence_wait it does not
+ * touch a bound CUDA stream (ccq_nccl_bind_stream).
  * @return CCQ_IN_PROGRESS while some covered command has not ended; then CCQ_OK, or the
  *         error ccq_sync_collective would have returned for them: the first error recorded
  *         on the stream since the last error ccq_sync_collective reported before the value
@@ -445,7 +447,8 @@ typedef struct ccq_event {
 /**
  * Event callback. Called on the scheduler thread for every event except fence events,
  * which are delivered on the thread calling ccq_sync_collective. It must be fast (it
- * delays scheduling), thread-safe, and must not call ccq_sync_collective,
+ * delays scheduling), thread-safe, and must not call ccq_sync_collective, ccq_fence_wait
+ * (ccq_fence_test and ccq_nccl_stream_wait never wait, and are fine),
  * ccq_comm_init, ccq_runtime_shutdown or ccq_runtime_destroy on the same runtime (they
  * wait for the scheduler); submitting calls may block on a full stream and are best avoided.
  */

@@ -232,8 +232,11 @@ static ccq_status fence_verdict(ccq_stream *s, const char *fn, ccq_fence f)
 }
 
 /* The answer now, never blocking. Two atomic loads when nothing failed since the value's
- * epoch began. */
-static ccq_status fence_status(ccq_runtime *rt, ccq_stream *s, const char *fn, ccq_fence f)
+ * epoch began. `hook`: on CCQ_OK, let the backend order a bound native stream after the
+ * work (ccq_fence_wait, as ccq_sync_collective); ccq_fence_test skips it so polling stays
+ * two loads (the work is complete on the device when it says CCQ_OK). */
+static ccq_status fence_status(ccq_runtime *rt, ccq_stream *s, const char *fn, ccq_fence f,
+                               bool hook)
 {
     fence_wait w = {s, f & CCQ_FENCE_TARGET_MASK};
 
@@ -255,7 +258,7 @@ static ccq_status fence_status(ccq_runtime *rt, ccq_stream *s, const char *fn, c
     ccq_status st = CCQ_OK;
     if ((uint16_t)(ew >> 32) != (uint16_t)(f >> CCQ_FENCE_TARGET_BITS) || (uint32_t)ew != 0)
         st = fence_verdict(s, fn, f);
-    if (st == CCQ_OK && rt->be_ops->fence != NULL)
+    if (st == CCQ_OK && hook && rt->be_ops->fence != NULL)
         rt->be_ops->fence(rt->be, s->index);
     return st;
 }
@@ -303,7 +306,7 @@ CCQ_API ccq_status ccq_fence_test(ccq_runtime *rt, ccq_device_id device, ccq_str
     st = fence_args(rt, "ccq_fence_test", device, stream, &s);
     if (st != CCQ_OK)
         return st;
-    return fence_status(rt, s, "ccq_fence_test", f);
+    return fence_status(rt, s, "ccq_fence_test", f, false);
 }
 
 CCQ_API ccq_status ccq_fence_wait(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream,
@@ -322,7 +325,7 @@ CCQ_API ccq_status ccq_fence_wait(ccq_runtime *rt, ccq_device_id device, ccq_str
                       : timeout_ms > UINT64_MAX / 1000000u ? UINT64_MAX
                                                            : timeout_ms * 1000000u;
         uint64_t deadline = ns == UINT64_MAX ? UINT64_MAX : add_sat(ccq_now_ns(), ns);
-        st = fence_status(rt, s, "ccq_fence_wait", f); /* argument check before sleeping */
+        st = fence_status(rt, s, "ccq_fence_wait", f, false); /* arguments, before sleeping */
         if (st != CCQ_IN_PROGRESS)
             return st;
         if (!ccq_signal_wait_spin(&s->ev, fence_done, &w, deadline, rt->spin_ns)) {
@@ -335,7 +338,7 @@ CCQ_API ccq_status ccq_fence_wait(ccq_runtime *rt, ccq_device_id device, ccq_str
                             (unsigned long long)(timeout_ms ? timeout_ms : rt->cfg.timeout_ms));
         }
     }
-    return fence_status(rt, s, "ccq_fence_wait", f);
+    return fence_status(rt, s, "ccq_fence_wait", f, true);
 }
 
 static ccq_status sync_collective(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream);

@@ -539,6 +539,36 @@ static void test_concurrent_waits(void **state)
     }
 }
 
+/* On a bound stream, ccq_fence_wait's CCQ_OK orders the stream after the completion event
+ * (as ccq_sync_collective's); the polling ccq_fence_test does not queue anything. */
+static void test_fence_values_and_bound_stream(void **state)
+{
+    (void)state;
+    static float in[NDEV][N], out[NDEV][N], want[N];
+    ccq_runtime *rt = make_rt(600000);
+    cudaStream_t us = fake_user_stream(0);
+
+    assert_int_equal(ccq_comm_init(rt, ALL, NDEV), CCQ_OK);
+    assert_int_equal(ccq_nccl_bind_stream(rt, 0, 0, us), CCQ_OK);
+    fill(in, want, 2);
+    for (ccq_device_id d = 0; d < NDEV; d++)
+        assert_int_equal(
+            ccq_all_reduce(rt, d, 0, in[d], out[d], N, CCQ_FLOAT32, CCQ_SUM, ALL, NDEV), CCQ_OK);
+    ccq_fence f = begin(rt, 0, 0);
+    assert_int_equal(ccq_fence_wait(rt, 0, 0, f, 10000), CCQ_OK);
+    size_t mark = fake_log_size();
+    for (int i = 0; i < 100; i++)
+        assert_int_equal(ccq_fence_test(rt, 0, 0, f), CCQ_OK);
+    assert_true(fake_log_find("cudaStreamWaitEvent", mark) < 0);
+    assert_int_equal(ccq_fence_wait(rt, 0, 0, f, 10000), CCQ_OK);
+    long i = fake_log_find("cudaStreamWaitEvent", mark);
+    assert_true(i >= 0);
+    assert_true(entry((size_t)i).stream == us);
+    for (ccq_device_id d = 1; d < NDEV; d++)
+        assert_int_equal(ccq_sync_collective(rt, d, 0), CCQ_OK);
+    assert_int_equal(ccq_nccl_bind_stream(rt, 0, 0, NULL), CCQ_OK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -552,6 +582,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_release_at_destroy, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unsupported_fallback, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_waits, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fence_values_and_bound_stream, setup, teardown),
     };
     return cmocka_run_group_tests_name("nccl_fence_fake", tests, NULL, NULL);
 }

@@ -17,7 +17,8 @@ struct CUstream_st;
  *
  * After binding, every command submitted on (device, stream) is ordered after the work
  * queued on @p cuda_stream before the submitting call (ccq records an event on it at the
- * call), and a fence that returns CCQ_OK makes @p cuda_stream wait for the collective's
+ * call), and a fence that returns CCQ_OK (ccq_sync_collective, ccq_fence_wait; not the
+ * polling ccq_fence_test) makes @p cuda_stream wait for the collective's
  * completion, so GPU work queued after the fence sees the data. Unbound streams assume the
  * buffers are ready when the call is made.
  *
