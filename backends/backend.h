@@ -61,6 +61,10 @@ typedef struct ccq_be_op {
     uint8_t comm_aborted; /* set by the backend when it aborted `comm` itself (after an
                              asynchronous error): the runtime then fails everything queued
                              on that communicator and refuses new work on it */
+    uint8_t stage_src;    /* SENDRECV, only for backends with stages_sends: a later command of
+                             the sender's stream in this batch writes the send's src (an
+                             in-place exchange or ring shift: stream order says the send reads
+                             the old data). Read src before any op of the batch writes. */
 } ccq_be_op;
 
 /* A batch: what the runtime found ready in one pass, issued as one backend group. */
@@ -86,6 +90,10 @@ typedef struct ccq_be_submit {
     uint8_t kind; /* ccq_kind of the command (CCQ_KIND_SEND or CCQ_KIND_RECV for a pair) */
     uint8_t dtype;
     uint8_t redop;
+    /* The communicator's sorted device set (a send/recv: its two devices, or one), valid
+     * during the hook; e.g. a check that depends on every device of the communicator. */
+    const ccq_device_id *devices;
+    uint32_t ndevices;
 } ccq_be_submit;
 
 /* Completion notification: a backend calls notify(notify_arg) from any thread when it has
@@ -119,6 +127,9 @@ typedef struct ccq_backend_ops {
     /* If nonzero, the scheduler polls at this interval while batches are in flight
      * (for backends that cannot notify); 0 when notify() is always called. */
     uint64_t poll_interval_ns;
+    /* True if the backend honours ccq_be_op.stage_src. Without it, a send whose src a later
+     * command of its stream in the same group overwrites is refused (CCQ_ERR_UNSUPPORTED). */
+    bool stages_sends;
 
     /* ---- Optional hooks called on user threads (NULL when unused). They must be
      * thread-safe and must not call into anything that is not (no NCCL calls): they exist

@@ -146,6 +146,8 @@ typedef struct ccq_inst {
     uint64_t bmark;         /* batch attempt that tentatively included it */
     uint64_t bpass;         /* batch pass whose batch holds it */
     uint64_t blocked;       /* batch pass in which it was found blocked */
+    bool stage;             /* send/recv: the send's src is overwritten later in its batch */
+    uint64_t refuse_pass;   /* batch pass that first found it cannot be staged (0: none) */
     ccq_status fail_status; /* when FAILED: what late parts get */
     char *fail_detail;
     struct ccq_inst *wnext; /* worklist / free list */
@@ -218,6 +220,9 @@ void *ccq_alloc_lines(size_t size);
 void ccq_set_detail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 ccq_status ccq_fail(ccq_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void ccq_clear_detail(void);
+/* End a text cut to fit buf[len] with CCQ_TRUNCATED, so the cut is visible. */
+#define CCQ_TRUNCATED "... [truncated]"
+void ccq_mark_truncated(char *buf, size_t len);
 size_t ccq_format(char *buf, size_t len, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 size_t ccq_describe_cmd(char *buf, size_t len, const ccq_cmd *c);
@@ -238,6 +243,15 @@ void *ccq_sched_main(void *arg);
 /* ---- runtime/trace.c ---- */
 ccq_status ccq_trace_write_file(ccq_runtime *rt, const char *path);
 void ccq_trace_autodump(ccq_runtime *rt, bool force);
+
+/* Set while the calling thread is ccq's scheduler (of any runtime) or runs an event
+ * callback (scheduler or fencing thread). A call that would wait for a scheduler there
+ * (the callback contract forbids them) fails at once instead of hanging: one thread-local
+ * load, on other threads too. */
+enum { CCQ_INSIDE_SCHED = 1u, CCQ_INSIDE_CALLBACK = 2u };
+extern _Thread_local uint32_t ccq_tls_inside;
+/* CCQ_OK outside; else CCQ_ERR_INVALID_ARGUMENT with a detail naming fn and why. */
+ccq_status ccq_refuse_inside(const char *fn);
 
 static inline bool ccq_in_scheduler(const ccq_runtime *rt)
 {

@@ -27,6 +27,10 @@ void ccq_stream_init(ccq_stream *s, ccq_device_id device, ccq_stream_id id, uint
 void ccq_stream_fini(ccq_stream *s)
 {
     free(atomic_load_explicit(&s->ring, memory_order_relaxed));
+    free(s->err_detail);
+    free(s->last_detail);
+    for (uint32_t i = 0; s->hist != NULL && i < CCQ_FENCE_HISTORY; i++)
+        free(s->hist[i].detail);
     free(s->hist);
     pthread_mutex_destroy(&s->err_lock);
 }
@@ -105,12 +109,18 @@ ccq_status ccq_stream_reserve(ccq_runtime *rt, ccq_stream *s, const char *fn, ui
             }
             continue;
         }
+        if (ccq_tls_inside != 0) /* waiting for room would stall the scheduler that makes it */
+            return ccq_fail(CCQ_ERR_QUEUE_FULL,
+                            "%s: device %u stream %u has queue_depth = %u commands outstanding, "
+                            "and a submission from inside an event callback never waits for "
+                            "room",
+                            fn, s->device, s->id, rt->cfg.queue_depth);
         if (rt->cfg.flags & CCQ_FLAG_NONBLOCKING_SUBMIT)
             return ccq_fail(CCQ_ERR_QUEUE_FULL,
                             "%s: device %u stream %u has queue_depth = %u commands outstanding", fn,
                             s->device, s->id, rt->cfg.queue_depth);
         if (deadline == 0)
-            deadline = rt->timeout_ns == UINT64_MAX ? UINT64_MAX : ccq_now_ns() + rt->timeout_ns;
+            deadline = ccq_deadline_in(rt->timeout_ns);
         room_wait w = {s, rt->cfg.queue_depth};
         if (!ccq_signal_wait_spin(&s->ev, has_room_or_closed, &w, deadline, rt->spin_ns))
             return ccq_fail(CCQ_ERR_QUEUE_FULL,
@@ -140,7 +150,9 @@ void ccq_stream_record_error(ccq_stream *s, uint64_t pos, ccq_status st, const c
     pthread_mutex_lock(&s->err_lock);
     uint64_t w = atomic_load_explicit(&s->errw, memory_order_relaxed);
     if ((uint32_t)w == 0) {
-        snprintf(s->err_detail, sizeof s->err_detail, "%s", detail ? detail : "");
+        char *d = strdup(detail ? detail : "");
+        free(s->err_detail);
+        s->err_detail = d; /* NULL on no memory: reported as "" */
         s->err_pos = pos & CCQ_FENCE_TARGET_MASK;
         /* Release: `ended` is published after this, so a fence that sees the command ended
          * sees the flag (and reads err_pos and err_detail under the lock). */
@@ -170,11 +182,6 @@ void ccq_stream_publish_ended(ccq_stream *s, uint64_t n)
  * position is < t, else no error. Epoch e's first error is the stream's current one while e
  * is current, and a record in s->hist once it is closed.
  */
-
-static uint64_t add_sat(uint64_t a, uint64_t b)
-{
-    return a > UINT64_MAX - b ? UINT64_MAX : a + b;
-}
 
 typedef struct fence_wait {
     ccq_stream *s;
@@ -210,7 +217,7 @@ static ccq_status fence_verdict(ccq_stream *s, const char *fn, ccq_fence f)
     if (back == 0) {
         if ((uint32_t)w != 0 && ccq_fence_before(s->err_pos, t)) {
             st = (ccq_status)(int32_t)(uint32_t)w;
-            ccq_set_detail("%s", s->err_detail);
+            ccq_set_detail("%s", s->err_detail ? s->err_detail : "");
         }
     } else if (back <= CCQ_FENCE_HISTORY && s->hist != NULL &&
                s->hist[(cur - back) % CCQ_FENCE_HISTORY].epoch == cur - back &&
@@ -218,7 +225,7 @@ static ccq_status fence_verdict(ccq_stream *s, const char *fn, ccq_fence f)
         const ccq_err_record *r = &s->hist[(cur - back) % CCQ_FENCE_HISTORY];
         if (ccq_fence_before(r->pos, t)) {
             st = r->status;
-            ccq_set_detail("%s", r->detail);
+            ccq_set_detail("%s", r->detail ? r->detail : "");
         }
     } else {
         st = ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
@@ -316,6 +323,8 @@ CCQ_API ccq_status ccq_fence_wait(ccq_runtime *rt, ccq_device_id device, ccq_str
     ccq_status st;
 
     ccq_clear_detail();
+    if (ccq_tls_inside != 0) /* an event callback: it would wait for its own scheduler */
+        return ccq_refuse_inside("ccq_fence_wait");
     st = fence_args(rt, "ccq_fence_wait", device, stream, &s);
     if (st != CCQ_OK)
         return st;
@@ -324,7 +333,7 @@ CCQ_API ccq_status ccq_fence_wait(ccq_runtime *rt, ccq_device_id device, ccq_str
         uint64_t ns = timeout_ms == 0                      ? rt->timeout_ns
                       : timeout_ms > UINT64_MAX / 1000000u ? UINT64_MAX
                                                            : timeout_ms * 1000000u;
-        uint64_t deadline = ns == UINT64_MAX ? UINT64_MAX : add_sat(ccq_now_ns(), ns);
+        uint64_t deadline = ccq_deadline_in(ns);
         st = fence_status(rt, s, "ccq_fence_wait", f, false); /* arguments, before sleeping */
         if (st != CCQ_IN_PROGRESS)
             return st;
@@ -360,6 +369,10 @@ static void fence_event(ccq_runtime *rt, uint32_t type, ccq_device_id device, cc
 CCQ_API ccq_status ccq_sync_collective(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream)
 {
     ccq_status st;
+    if (ccq_tls_inside != 0) { /* before the fence events: a fence callback would recurse */
+        ccq_clear_detail();
+        return ccq_refuse_inside("ccq_sync_collective");
+    }
     bool traced =
         rt != NULL && device < rt->ndev && stream < rt->max_streams && ccq_trace_on(&rt->trace);
     if (traced)
@@ -381,9 +394,8 @@ static ccq_status report_and_clear(ccq_stream *s)
     if ((uint32_t)w != 0) {
         uint32_t epoch = (uint32_t)(w >> 32);
         err = (ccq_status)(int32_t)(uint32_t)w;
-        ccq_set_detail("%s", s->err_detail);
+        ccq_set_detail("%s", s->err_detail ? s->err_detail : "");
         s->last_status = err;
-        memcpy(s->last_detail, s->err_detail, sizeof s->last_detail);
         if (s->hist == NULL) /* the first clear of this stream; without memory, values of the
                                 closed epoch get CCQ_ERR_INVALID_ARGUMENT */
             s->hist = calloc(CCQ_FENCE_HISTORY, sizeof *s->hist);
@@ -392,8 +404,12 @@ static ccq_status report_and_clear(ccq_stream *s)
             r->epoch = epoch;
             r->status = err;
             r->pos = s->err_pos;
-            memcpy(r->detail, s->err_detail, sizeof r->detail);
+            free(r->detail);
+            r->detail = s->err_detail ? strdup(s->err_detail) : NULL; /* NULL: "" */
         }
+        free(s->last_detail);
+        s->last_detail = s->err_detail;
+        s->err_detail = NULL;
         atomic_store_explicit(&s->errw, (uint64_t)(epoch + 1) << 32, memory_order_release);
     }
     pthread_mutex_unlock(&s->err_lock);
@@ -420,15 +436,14 @@ static ccq_status sync_collective(ccq_runtime *rt, ccq_device_id device, ccq_str
          * the oldest queued command, report why instead of a bare timeout. */
         uint64_t grace =
             rt->timeout_ns / 4 < 250000000ull ? rt->timeout_ns / 4 + 50000000ull : 300000000ull;
-        if (rt->timeout_ns != UINT64_MAX)
-            deadline = ccq_now_ns() + rt->timeout_ns + grace;
+        deadline = ccq_deadline_in(ccq_add_sat(rt->timeout_ns, grace));
         bool ok = ccq_signal_wait_spin(&s->ev, fence_done, &w, deadline, rt->spin_ns);
         /* Issued work is aborted timeout_ms after it was issued, which can be later than
          * this fence's deadline: wait for that verdict rather than report a bare timeout. */
         uint64_t issued = atomic_load_explicit(&s->issued_ns, memory_order_acquire);
-        if (!ok && issued != 0 && deadline != UINT64_MAX &&
-            issued + rt->timeout_ns + grace > deadline)
-            ok = ccq_signal_wait_spin(&s->ev, fence_done, &w, issued + rt->timeout_ns + grace, 0);
+        uint64_t verdict = ccq_add_sat(issued, ccq_add_sat(rt->timeout_ns, grace));
+        if (!ok && issued != 0 && deadline != UINT64_MAX && verdict > deadline)
+            ok = ccq_signal_wait_spin(&s->ev, fence_done, &w, verdict, 0);
         if (!ok) {
             uint64_t e = atomic_load_explicit(&s->ended, memory_order_acquire);
             if ((uint32_t)atomic_load_explicit(&s->errw, memory_order_acquire) == 0)
@@ -469,8 +484,11 @@ CCQ_API ccq_status ccq_stream_last_error(ccq_runtime *rt, ccq_device_id device,
     s = ccq_stream_at(rt, device, stream);
     pthread_mutex_lock(&s->err_lock);
     st = s->last_status;
-    if (len > 0)
-        snprintf(buf, len, "%s", s->last_detail);
+    if (len > 0) {
+        const char *d = s->last_detail ? s->last_detail : "";
+        if ((size_t)snprintf(buf, len, "%s", d) >= len)
+            ccq_mark_truncated(buf, len);
+    }
     pthread_mutex_unlock(&s->err_lock);
     return st;
 }

@@ -67,14 +67,14 @@ typedef struct ccq_stream {
     ccq_device_id device;
     ccq_stream_id id;
     uint32_t index;
-    pthread_mutex_t err_lock; /* guards errw's changes, the fields below and hist */
-    uint64_t err_pos;         /* end position of the current epoch's first error */
-    char err_detail[CCQ_DETAIL_LEN];
+    pthread_mutex_t err_lock;    /* guards errw's changes, the fields below and hist */
+    uint64_t err_pos;            /* end position of the current epoch's first error */
+    char *err_detail;            /* malloc'd, whole (a desync report can exceed CCQ_DETAIL_LEN) */
     struct ccq_err_record *hist; /* [CCQ_FENCE_HISTORY]: first errors of the last cleared
                                     epochs, at epoch % CCQ_FENCE_HISTORY; NULL until the
                                     first clear */
     ccq_status last_status;
-    char last_detail[CCQ_DETAIL_LEN];
+    char *last_detail; /* malloc'd or NULL */
 } ccq_stream;
 
 /* Clear epochs a fence value can be older than: ccq_fence_test on a value whose epoch had
@@ -86,7 +86,7 @@ typedef struct ccq_err_record {
     uint32_t epoch;
     ccq_status status;
     uint64_t pos; /* its end position */
-    char detail[CCQ_DETAIL_LEN];
+    char *detail; /* malloc'd, or NULL ("") */
 } ccq_err_record;
 
 /* A fence value: the clear epoch at ccq_fence_begin (low 16 bits) and the stream's ticket

@@ -507,6 +507,11 @@ static void test_env_malformed(void **state)
     check_env_malformed("CCQ_NONBLOCKING_SUBMIT", "yes");
     check_env_malformed("CCQ_HOST_WORKERS", "many");
     check_env_malformed("CCQ_HOST_STREAM_BYTES", "64M");
+    /* A count that must be at least 1, set to 0, names the variable too (issue 11). */
+    check_env_malformed("CCQ_HOST_DEVICES", "0");
+    check_env_malformed("CCQ_MAX_STREAMS", "0");
+    check_env_malformed("CCQ_QUEUE_DEPTH", "0");
+    check_env_malformed("CCQ_MAX_BATCH_OPS", "0");
 
     /* An unknown backend named in the environment fails like one set in the config. */
     ccq_runtime *rt = NULL;
@@ -528,6 +533,7 @@ static void test_status_strings(void **state)
         const char *text;
     } table[] = {
         {CCQ_OK, 0, "CCQ_OK", "success"},
+        {CCQ_IN_PROGRESS, 1, "CCQ_IN_PROGRESS", "in progress"},
         {CCQ_ERR_INVALID_ARGUMENT, -1, "CCQ_ERR_INVALID_ARGUMENT", "invalid argument"},
         {CCQ_ERR_NO_MEMORY, -2, "CCQ_ERR_NO_MEMORY", "out of memory"},
         {CCQ_ERR_QUEUE_FULL, -3, "CCQ_ERR_QUEUE_FULL", "stream queue full"},
@@ -538,7 +544,6 @@ static void test_status_strings(void **state)
         {CCQ_ERR_ABORTED, -8, "CCQ_ERR_ABORTED", "communicator aborted"},
         {CCQ_ERR_SHUTDOWN, -9, "CCQ_ERR_SHUTDOWN", "runtime is shutting down"},
         {CCQ_ERR_UNSUPPORTED, -10, "CCQ_ERR_UNSUPPORTED", "unsupported"},
-        {CCQ_IN_PROGRESS, 1, "CCQ_IN_PROGRESS", "in progress"},
     };
     const size_t n = sizeof table / sizeof table[0];
 
