@@ -77,7 +77,7 @@ static void test_values_pending_then_done(void **state)
     assert_int_equal(ccq_all_reduce(rt, 0, 0, a, oa, 64, CCQ_INT32, CCQ_SUM, devs, 2), CCQ_OK);
     ccq_fence f1 = begin(rt, 0, 0);
     ccq_fence f1b = begin(rt, 0, 0);
-    assert_true(f1 > f0);  /* ordered: it covers one more command */
+    assert_true(f1 > f0);   /* ordered: it covers one more command */
     assert_true(f1b == f1); /* nothing submitted in between */
     for (int k = 0; k < 1000; k++)
         assert_int_equal(ccq_fence_test(rt, 0, 0, f1), CCQ_IN_PROGRESS);
@@ -407,6 +407,47 @@ static void test_values_wait_sleeps(void **state)
     assert_int_equal(ccq_runtime_destroy(rt), CCQ_OK);
 }
 
+/* From inside an event callback (the scheduler thread), ccq_fence_wait is refused at once
+ * (it would wait for its own scheduler); ccq_fence_test and ccq_fence_begin work. */
+typedef struct cb_probe {
+    ccq_runtime *rt;
+    _Atomic int wait_st, test_st, calls;
+} cb_probe;
+
+static void probe_cb(const ccq_event *ev, void *user)
+{
+    cb_probe *p = user;
+    ccq_fence f = 0;
+    if (ev->type != CCQ_EV_SUBMITTED || atomic_fetch_add(&p->calls, 1) != 0)
+        return;
+    ccq_status b = ccq_fence_begin(p->rt, 0, 0, &f);
+    atomic_store(&p->test_st, b != CCQ_OK ? -100 : (int)ccq_fence_test(p->rt, 0, 0, f));
+    atomic_store(&p->wait_st, (int)ccq_fence_wait(p->rt, 0, 0, f, 1000));
+}
+
+static void test_values_inside_callback(void **state)
+{
+    (void)state;
+    ccq_runtime *rt = make_rt(2, 600000, NULL);
+    ccq_device_id devs[2] = {0, 1};
+    int32_t a[8] = {0}, b[8] = {0}, oa[8], ob[8];
+    cb_probe p = {rt, 99, 99, 0};
+
+    assert_int_equal(ccq_comm_init(rt, devs, 2), CCQ_OK);
+    assert_int_equal(ccq_set_event_callback(rt, probe_cb, &p), CCQ_OK);
+    assert_int_equal(ccq_all_reduce(rt, 0, 0, a, oa, 8, CCQ_INT32, CCQ_SUM, devs, 2), CCQ_OK);
+    assert_int_equal(ccq_all_reduce(rt, 1, 0, b, ob, 8, CCQ_INT32, CCQ_SUM, devs, 2), CCQ_OK);
+    assert_int_equal(ccq_sync_collective(rt, 0, 0), CCQ_OK);
+    assert_int_equal(ccq_sync_collective(rt, 1, 0), CCQ_OK);
+    assert_int_equal(ccq_set_event_callback(rt, NULL, NULL), CCQ_OK);
+    assert_true(atomic_load(&p.calls) >= 1);
+    assert_int_equal(atomic_load(&p.wait_st), CCQ_ERR_INVALID_ARGUMENT);
+    /* The first part is queued, the second may be too: pending or done, never an error. */
+    int t = atomic_load(&p.test_st);
+    assert_true(t == CCQ_IN_PROGRESS || t == CCQ_OK);
+    assert_int_equal(ccq_runtime_destroy(rt), CCQ_OK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -419,6 +460,7 @@ int main(void)
         cmocka_unit_test(test_values_invalid),
         cmocka_unit_test(test_values_many_threads),
         cmocka_unit_test(test_values_wait_sleeps),
+        cmocka_unit_test(test_values_inside_callback),
     };
     return cmocka_run_group_tests_name("fence_values", tests, NULL, NULL);
 }
