@@ -569,6 +569,28 @@ static void test_fence_values_and_bound_stream(void **state)
     assert_int_equal(ccq_nccl_bind_stream(rt, 0, 0, NULL), CCQ_OK);
 }
 
+/* A thread without a current CUDA context (the driver says CUDA_ERROR_INVALID_CONTEXT):
+ * the wait is queued again with the device current, and the thread's device restored. */
+static void test_wait_without_current_context(void **state)
+{
+    (void)state;
+    ccq_runtime *rt = make_rt(600000);
+    cudaStream_t us = fake_user_stream(2);
+
+    assert_int_equal(ccq_nccl_stream_wait(rt, 2, 0, us), CCQ_OK); /* set up */
+    assert_int_equal(cudaSetDevice(1), cudaSuccess);
+    size_t mark = fake_log_size();
+    fake_script("cuStreamWaitValue64", CUDA_ERROR_INVALID_CONTEXT);
+    assert_int_equal(ccq_nccl_stream_wait(rt, 2, 0, us), CCQ_OK);
+    long a = fake_log_find("cuStreamWaitValue64", mark);
+    long b = a >= 0 ? fake_log_find("cuStreamWaitValue64", (size_t)a + 1) : -1;
+    assert_true(a >= 0 && b > a);
+    assert_int_equal(entry((size_t)a).result, CUDA_ERROR_INVALID_CONTEXT);
+    assert_int_equal(entry((size_t)b).result, CUDA_SUCCESS);
+    assert_int_equal(entry((size_t)b).device, 2);
+    assert_int_equal(fake_current_device(), 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -583,6 +605,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_unsupported_fallback, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_waits, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fence_values_and_bound_stream, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_wait_without_current_context, setup, teardown),
     };
     return cmocka_run_group_tests_name("nccl_fence_fake", tests, NULL, NULL);
 }

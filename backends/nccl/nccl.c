@@ -813,8 +813,17 @@ static ccq_status nccl_stream_wait(ccq_backend *be, ccq_device_id device, uint32
     atomic_store_explicit(&st->waited, 1, memory_order_seq_cst);
     atomic_thread_fence(memory_order_seq_cst);
     counter_raise(c, atomic_load_explicit(ended, memory_order_acquire));
-    CUresult r = h->mo.wait((CUstream)native, h->mo.dctr + (CUdeviceptr)stream_index * 8u, target,
-                            CU_STREAM_WAIT_VALUE_GEQ);
+    CUdeviceptr addr = h->mo.dctr + (CUdeviceptr)stream_index * 8u;
+    CUresult r = h->mo.wait((CUstream)native, addr, target, CU_STREAM_WAIT_VALUE_GEQ);
+    if (r == CUDA_ERROR_INVALID_CONTEXT) {
+        /* A thread that never used CUDA has no current context: make the device's primary
+         * context current for the call, then give the thread its device back. */
+        int prev = -1;
+        if (cudaGetDevice(&prev) == cudaSuccess && cudaSetDevice((int)device) == cudaSuccess) {
+            r = h->mo.wait((CUstream)native, addr, target, CU_STREAM_WAIT_VALUE_GEQ);
+            cudaSetDevice(prev);
+        }
+    }
     if (r != CUDA_SUCCESS) {
         snprintf(err->msg, sizeof err->msg, "cuStreamWaitValue64 on the given stream: CUresult %d",
                  (int)r);
