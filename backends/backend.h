@@ -45,17 +45,37 @@ typedef struct ccq_be_part {
 
 typedef struct ccq_be_comm ccq_be_comm; /* a backend's communicator (opaque to the runtime) */
 
+/* What a backend is told about a communicator it creates. Ranks are positions in the sorted
+ * set of global device ids, so this process's devices are the contiguous ranks
+ * first_rank .. first_rank + nlocal - 1. */
+#define CCQ_BE_ROOT_BLOB_MAX 256
+typedef struct ccq_be_comm_desc {
+    uint32_t nranks;                    /* ranks in all processes */
+    uint32_t first_rank;                /* rank of this process's first device in it */
+    uint32_t nlocal;                    /* this process's ranks */
+    const ccq_device_id *local_devices; /* [nlocal]: the backend's device of each local rank */
+    uint32_t nprocs;                    /* member processes (1: every rank is here) */
+    const uint32_t *procs;              /* [nprocs]: their world ranks, ascending */
+    uint32_t world_rank;                /* this process's */
+    const void *root_blob;              /* nprocs > 1: what comm_root_blob gave on the lowest */
+    size_t root_blob_len;               /*   member process, the same bytes in every member */
+} ccq_be_comm_desc;
+
 /* An operation as the backend sees it. Owned by the runtime; valid from issue() until the
  * batch holding it comes back from poll(). */
 typedef struct ccq_be_op {
-    uint8_t kind;  /* ccq_kind; a send/recv pair is CCQ_KIND_SEND (common/kinds.h) */
+    uint8_t kind;  /* ccq_kind; a send/recv pair is CCQ_KIND_SEND (common/kinds.h); a half
+                      whose peer is in another process is CCQ_KIND_SEND or CCQ_KIND_RECV with
+                      one part and `peer` set */
     uint8_t dtype; /* ccq_dtype */
     uint8_t redop; /* ccq_reduce_op (collectives that reduce) */
     uint32_t root; /* root rank (broadcast, reduce, gather, scatter) */
+    uint32_t peer; /* a send or recv half: the peer's rank in the communicator */
     size_t count;  /* elements per part */
     ccq_be_comm *comm;
     uint32_t comm_size; /* ranks in the communicator */
-    uint32_t nparts;    /* local parts below (all ranks, for a local communicator) */
+    uint32_t nparts;    /* this process's parts below, in rank order (all ranks, for a
+                           communicator of one process) */
     ccq_be_part *parts;
     ccq_status status;    /* set by the backend before the batch is returned */
     uint8_t comm_aborted; /* set by the backend when it aborted `comm` itself (after an
@@ -90,10 +110,13 @@ typedef struct ccq_be_submit {
     uint8_t kind; /* ccq_kind of the command (CCQ_KIND_SEND or CCQ_KIND_RECV for a pair) */
     uint8_t dtype;
     uint8_t redop;
-    /* The communicator's sorted device set (a send/recv: its two devices, or one), valid
-     * during the hook; e.g. a check that depends on every device of the communicator. */
+    /* This process's devices of the communicator (a send/recv: of its two devices, or one),
+     * as the runtime's global ids, sorted, valid during the hook; minus device_first they are
+     * the backend's devices. For a check that depends on every device of the communicator
+     * (another process checks its own). */
     const ccq_device_id *devices;
     uint32_t ndevices;
+    ccq_device_id device_first;
 } ccq_be_submit;
 
 /* Completion notification: a backend calls notify(notify_arg) from any thread when it has
@@ -111,9 +134,19 @@ typedef struct ccq_backend_ops {
     /* Free everything; every issued batch has been returned by poll() before this. */
     void (*destroy)(ccq_backend *be);
     uint32_t (*device_count)(const ccq_backend *be);
-    /* Create the communicator of a sorted, duplicate-free device set. */
-    ccq_status (*comm_create)(ccq_backend *be, const ccq_device_id *devices, uint32_t n,
+    /* Communicators spanning processes (desc->nprocs > 1): on the lowest member process
+     * only, the bytes every member passes to comm_create (NCCL: a new ncclUniqueId), at most
+     * CCQ_BE_ROOT_BLOB_MAX. NULL for a backend that cannot span processes. */
+    ccq_status (*comm_root_blob)(ccq_backend *be, const struct ccq_be_comm_desc *desc, void *blob,
+                                 size_t *len, ccq_errbuf *err);
+    /* Start creating a communicator: CCQ_OK when it is ready, CCQ_IN_PROGRESS when comm_test
+     * must be polled until it is (*out is set either way), or an error. Must not block. */
+    ccq_status (*comm_create)(ccq_backend *be, const struct ccq_be_comm_desc *desc,
                               ccq_be_comm **out, ccq_errbuf *err);
+    /* Poll a communicator comm_create left in progress: CCQ_OK, CCQ_IN_PROGRESS, or an
+     * error (the runtime then destroys it). NULL when comm_create never returns
+     * CCQ_IN_PROGRESS. */
+    ccq_status (*comm_test)(ccq_backend *be, ccq_be_comm *comm, ccq_errbuf *err);
     void (*comm_destroy)(ccq_backend *be, ccq_be_comm *comm);
     /* Start a batch asynchronously (one group). On CCQ_OK the batch belongs to the backend
      * until poll() returns it with every op's status set. On an error nothing was started

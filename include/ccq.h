@@ -176,6 +176,17 @@ typedef struct ccq_config {
      * overwriting it; worth it once the working set is well beyond the last-level cache.
      * 0 = the default (64 MiB); UINT64_MAX = never. Env: CCQ_HOST_STREAM_BYTES. */
     uint64_t host_stream_bytes;
+    /* ---- appended in 0.2: a world of processes (docs/multiprocess.md) ---- */
+    uint32_t world_rank;  /**< This process (default 0). Env: CCQ_WORLD_RANK, else the
+                               launcher's OMPI_COMM_WORLD_RANK or PMI_RANK. */
+    uint32_t world_size;  /**< Processes in the job (default 1: this one alone). Env:
+                               CCQ_WORLD_SIZE, else OMPI_COMM_WORLD_SIZE or PMI_SIZE. */
+    const char *bootstrap; /**< How processes meet: "mpi", "file:DIR" (a directory every
+                                process sees), or NULL to use `store`. Env: CCQ_BOOTSTRAP. */
+    const struct ccq_store *store; /**< The embedder's key-value store (bootstrap NULL). Borrowed
+                                        until ccq_runtime_destroy returns. */
+    int64_t mpi_comm; /**< For "mpi": MPI_Comm_c2f() of the embedder's communicator; -1 (the
+                           default) = MPI_COMM_WORLD. */
 } ccq_config;
 
 /**
@@ -242,8 +253,23 @@ CCQ_API ccq_status ccq_runtime_shutdown(ccq_runtime *rt);
  */
 CCQ_API ccq_status ccq_runtime_destroy(ccq_runtime *rt);
 
-/** Number of devices of the runtime's backend (0 for NULL). Thread-safe. */
+/** Number of devices in the world (every process's; in a world of one, this process's
+ * backend's devices); 0 for NULL. Device ids are global: 0 .. ccq_device_count() - 1, process
+ * p owning a contiguous range (see ccq_local_devices). Thread-safe. */
 CCQ_API uint32_t ccq_device_count(const ccq_runtime *rt);
+
+/** This process's rank in the world (ccq_config.world_rank); 0 for NULL. Thread-safe. */
+CCQ_API uint32_t ccq_world_rank(const ccq_runtime *rt);
+
+/** Processes in the world (ccq_config.world_size); 0 for NULL. Thread-safe. */
+CCQ_API uint32_t ccq_world_size(const ccq_runtime *rt);
+
+/**
+ * The global device ids this process owns: [*first, *first + *count). Only these can be
+ * submitted on, fenced, bound or allocated on here. Thread-safe.
+ * @return CCQ_OK; CCQ_ERR_INVALID_ARGUMENT for a NULL argument.
+ */
+CCQ_API ccq_status ccq_local_devices(const ccq_runtime *rt, ccq_device_id *first, uint32_t *count);
 
 /** Name of the runtime's backend ("host", "nccl"); "" for NULL. Thread-safe. */
 CCQ_API const char *ccq_backend_name(const ccq_runtime *rt);

@@ -38,6 +38,7 @@ static void comm_free(ccq_comm *c)
     if (c == NULL)
         return;
     free(c->devices);
+    free(c->procs);
     free(c->coll_seq);
     free(c->coll_done);
     for (int i = 0; i < CCQ_CHAN_COUNT; i++) {
@@ -55,7 +56,30 @@ static void comm_free(ccq_comm *c)
     free(c);
 }
 
-static ccq_comm *comm_new(const ccq_device_id *sorted, uint32_t n, uint64_t h)
+/* This process's ranks in a sorted set (contiguous: a process's ids are), and the member
+ * processes, ascending. */
+static bool comm_place(ccq_runtime *rt, ccq_comm *c)
+{
+    uint32_t last = UINT32_MAX;
+    c->first_local = c->n;
+    c->nlocal = 0;
+    c->nprocs = 0;
+    c->procs = malloc(c->n * sizeof *c->procs);
+    if (c->procs == NULL)
+        return false;
+    for (uint32_t r = 0; r < c->n; r++) {
+        uint32_t p = ccq_world_owner(&rt->world, c->devices[r]);
+        if (ccq_is_local(rt, c->devices[r])) {
+            if (c->nlocal++ == 0)
+                c->first_local = r;
+        }
+        if (p != last)
+            c->procs[c->nprocs++] = last = p;
+    }
+    return true;
+}
+
+static ccq_comm *comm_new(ccq_runtime *rt, const ccq_device_id *sorted, uint32_t n, uint64_t h)
 {
     ccq_comm *c = ccq_alloc_lines(sizeof *c);
     if (c == NULL)
@@ -71,6 +95,10 @@ static ccq_comm *comm_new(const ccq_device_id *sorted, uint32_t n, uint64_t h)
         return NULL;
     }
     memcpy(c->devices, sorted, n * sizeof *sorted);
+    if (!comm_place(rt, c)) {
+        comm_free(c);
+        return NULL;
+    }
     for (uint32_t i = 0; i < n; i++)
         atomic_init(&c->coll_seq[i].v, 0);
     for (int i = 0; i < 2; i++) {
@@ -85,7 +113,9 @@ static ccq_comm *comm_new(const ccq_device_id *sorted, uint32_t n, uint64_t h)
     for (int i = 0; i < CCQ_CHAN_COUNT; i++) {
         c->chan[i].comm = c;
         c->chan[i].id = (uint8_t)i;
-        c->chan[i].nparts = i == CCQ_CHAN_COLL ? n : 2;
+        /* Matching is local: an instance gathers this process's parts only (a pair with
+         * another process's device has one half here). */
+        c->chan[i].nparts = i == CCQ_CHAN_COLL ? c->nlocal : c->nlocal == n ? 2 : 1;
         c->chan[i].late_status = CCQ_ERR_TIMEOUT;
     }
     return c;
@@ -119,7 +149,7 @@ ccq_status ccq_comm_get_or_create(ccq_runtime *rt, const ccq_device_id *sorted, 
             rt->comms = nc;
             rt->comms_cap = cap;
         }
-        c = comm_new(sorted, n, h);
+        c = comm_new(rt, sorted, n, h);
         if (c == NULL) {
             pthread_mutex_unlock(&rt->comm_lock);
             return ccq_fail(CCQ_ERR_NO_MEMORY, "out of memory creating a communicator");

@@ -65,11 +65,24 @@ static uint32_t fwd_device_count(const ccq_backend *be)
     return f->inner_ops->device_count(f->inner);
 }
 
-static ccq_status fwd_comm_create(ccq_backend *be, const ccq_device_id *devices, uint32_t n,
-                                  ccq_be_comm **out, ccq_errbuf *err)
+static ccq_status fwd_comm_root_blob(ccq_backend *be, const ccq_be_comm_desc *d, void *blob,
+                                     size_t *len, ccq_errbuf *err)
 {
     fault_be *f = to_fault(be);
-    return f->inner_ops->comm_create(f->inner, devices, n, out, err);
+    return f->inner_ops->comm_root_blob(f->inner, d, blob, len, err);
+}
+
+static ccq_status fwd_comm_create(ccq_backend *be, const ccq_be_comm_desc *d, ccq_be_comm **out,
+                                  ccq_errbuf *err)
+{
+    fault_be *f = to_fault(be);
+    return f->inner_ops->comm_create(f->inner, d, out, err);
+}
+
+static ccq_status fwd_comm_test(ccq_backend *be, ccq_be_comm *comm, ccq_errbuf *err)
+{
+    fault_be *f = to_fault(be);
+    return f->inner_ops->comm_test(f->inner, comm, err);
 }
 
 static void fwd_comm_destroy(ccq_backend *be, ccq_be_comm *comm)
@@ -308,7 +321,9 @@ ccq_status ccq_fault_wrap(const ccq_fault_plan *plan, const ccq_backend_ops **op
         .create = NULL, /* the wrapper is made around a backend that exists */
         .destroy = fwd_destroy,
         .device_count = fwd_device_count,
+        .comm_root_blob = in->comm_root_blob ? fwd_comm_root_blob : NULL,
         .comm_create = fwd_comm_create,
+        .comm_test = in->comm_test ? fwd_comm_test : NULL,
         .comm_destroy = fwd_comm_destroy,
         .issue = fault_issue,
         .poll = fault_poll,

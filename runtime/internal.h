@@ -18,6 +18,7 @@
 #include "runtime/fault.h"
 #include "runtime/stream.h"
 #include "runtime/trace.h"
+#include "runtime/world.h"
 
 /* Upper bounds for configuration values (validated in ccq_runtime_create). */
 #define CCQ_MAX_STREAMS_MAX 65536u
@@ -100,9 +101,9 @@ typedef struct ccq_chan {
     uint64_t head;         /* lowest unresolved sequence number */
     uint64_t cap;          /* window size (power of two) */
     struct ccq_inst **win; /* win[seq & (cap-1)] for head <= seq < head + cap */
-    uint64_t bnext;        /* batch building: next seq to include (valid in pass bpass) */
-    uint64_t bpass;
-    uint64_t bmark, bsave; /* attempt that last moved bnext, and bnext before it */
+    uint64_t build_seq;    /* batch building: next seq to include (valid in pass build_pass) */
+    uint64_t build_pass;
+    uint64_t attempt_seen, undo_seq; /* attempt that last moved build_seq, and it before */
     struct ccq_chan *undo_next;
     bool listed; /* in the scheduler's list of channels with work */
     struct ccq_chan *list_next;
@@ -115,8 +116,12 @@ typedef struct ccq_comm {
     struct ccq_comm *_Atomic next; /* registry hash chain */
     uint64_t hash;
     uint32_t id;
-    uint32_t n;
-    ccq_device_id *devices; /* sorted */
+    uint32_t n;             /* ranks, in every process */
+    ccq_device_id *devices; /* sorted global ids: rank r is devices[r] */
+    uint32_t first_local;   /* this process's ranks: first_local .. first_local + nlocal - 1 */
+    uint32_t nlocal;
+    uint32_t nprocs; /* member processes, and their world ranks (ascending) */
+    uint32_t *procs;
     _Atomic uint32_t state; /* ccq_comm_state */
     _Atomic uint32_t aborted;
     _Atomic uint32_t requested; /* pushed on the scheduler's init list */
@@ -131,7 +136,15 @@ typedef struct ccq_comm {
     /* Scheduler only. */
     ccq_chan chan[CCQ_CHAN_COUNT];
     uint64_t *coll_done; /* [n] collectives ended per rank (desync reports) */
+    /* Formation (scheduler only): meeting the other member processes, then the backend. */
+    struct ccq_comm *forming_next; /* on the scheduler's list of communicators forming */
+    struct ccq_boot_xchg *xchg;    /* the exchange with the member processes, while it runs */
+    uint64_t form_deadline;        /* it fails with CCQ_ERR_TIMEOUT after this */
+    uint8_t form_step;             /* CCQ_FORM_* */
 } ccq_comm;
+
+/* Steps of a communicator's formation (ccq_comm.form_step). */
+enum { CCQ_FORM_IDLE, CCQ_FORM_MEET, CCQ_FORM_BACKEND, CCQ_FORM_DONE };
 
 /* Matching state of one operation instance (a collective, or a send/recv pair). */
 enum ccq_inst_state { CCQ_INST_WAITING, CCQ_INST_READY, CCQ_INST_FAILED, CCQ_INST_ISSUED };
@@ -143,9 +156,9 @@ typedef struct ccq_inst {
     uint32_t present;
     uint32_t dropped; /* fault injection: parts that "arrived" absent (drop:rank=R) */
     uint8_t state;
-    uint64_t bmark;         /* batch attempt that tentatively included it */
-    uint64_t bpass;         /* batch pass whose batch holds it */
-    uint64_t blocked;       /* batch pass in which it was found blocked */
+    uint64_t attempt_seen;  /* batch attempt that tentatively included it */
+    uint64_t batch_pass;    /* batch pass whose batch holds it */
+    uint64_t blocked_pass;  /* batch pass in which it was found blocked */
     bool stage;             /* send/recv: the send's src is overwritten later in its batch */
     uint64_t refuse_pass;   /* batch pass that first found it cannot be staged (0: none) */
     ccq_status fail_status; /* when FAILED: what late parts get */
@@ -179,7 +192,10 @@ struct ccq_runtime {
     ccq_config cfg;
     const ccq_backend_ops *be_ops;
     ccq_backend *be;
-    uint32_t ndev;
+    uint32_t ndev; /* this process's devices: global ids dev_first .. + ndev - 1 */
+    uint32_t dev_first;
+    uint32_t ndev_world; /* devices of every process (ccq_device_count) */
+    ccq_world world;
     uint32_t max_streams;
     uint32_t ring_size;   /* slots per stream (power of two >= queue_depth) */
     uint64_t timeout_ns;  /* UINT64_MAX for none */
@@ -235,6 +251,15 @@ ccq_status ccq_comm_get_or_create(ccq_runtime *rt, const ccq_device_id *sorted, 
 void ccq_comm_request_init(ccq_runtime *rt, ccq_comm *comm);
 void ccq_comm_free_all(ccq_runtime *rt);
 
+/* ---- runtime/comm_form.c (scheduler thread) ---- */
+/* Start forming a communicator: CCQ_OK when ready, CCQ_IN_PROGRESS when
+ * ccq_comm_form_test must be polled until it is not, or an error (init_status and
+ * init_detail say why). */
+ccq_status ccq_comm_form_start(ccq_runtime *rt, ccq_comm *c, uint64_t now);
+ccq_status ccq_comm_form_test(ccq_runtime *rt, ccq_comm *c, uint64_t now);
+/* Stop forming it (shutdown): it ends failed with CCQ_ERR_SHUTDOWN. */
+void ccq_comm_form_cancel(ccq_runtime *rt, ccq_comm *c, const char *why);
+
 /* ---- runtime/sched.c ---- */
 ccq_status ccq_sched_create(ccq_runtime *rt);
 void ccq_sched_destroy(ccq_runtime *rt);
@@ -263,9 +288,22 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg, const ccq_backend_ops 
                                    ccq_runtime **out);
 
 /* The stream (device, id) of this process. */
+/* The stream (global device d, s), d one of this process's (ccq_check_stream checked it). */
 static inline ccq_stream *ccq_stream_at(ccq_runtime *rt, ccq_device_id d, ccq_stream_id s)
 {
-    return &rt->streams[(size_t)d * rt->max_streams + s];
+    return &rt->streams[(size_t)(d - rt->dev_first) * rt->max_streams + s];
+}
+
+/* Whether global device d is one of this process's (one subtraction, one compare). */
+static inline bool ccq_is_local(const ccq_runtime *rt, ccq_device_id d)
+{
+    return d - rt->dev_first < rt->ndev;
+}
+
+/* The backend's device (its local index) of this process's global device d. */
+static inline ccq_device_id ccq_backend_device(const ccq_runtime *rt, ccq_device_id d)
+{
+    return d - rt->dev_first;
 }
 
 #endif /* CCQ_RUNTIME_INTERNAL_H */

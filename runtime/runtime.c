@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "ccq/ccq_nccl.h"
+#include "runtime/bootstrap.h"
 #include "runtime/fault.h"
 #include "runtime/internal.h"
 
@@ -67,6 +68,11 @@ static void config_defaults(ccq_config *cfg)
     cfg->trace_capacity = 65536;
     cfg->trace_file = NULL;
     cfg->host_stream_bytes = 0;
+    cfg->world_rank = 0;
+    cfg->world_size = 1;
+    cfg->bootstrap = NULL;
+    cfg->store = NULL;
+    cfg->mpi_comm = -1;
 
     b = getenv("CCQ_BACKEND");
     if (b != NULL && *b != '\0')
@@ -108,6 +114,12 @@ static void config_defaults(ccq_config *cfg)
                 "CCQ_NONBLOCKING_SUBMIT: expected 0 or 1"))
         cfg->flags = v ? (cfg->flags | CCQ_FLAG_NONBLOCKING_SUBMIT)
                        : (cfg->flags & ~CCQ_FLAG_NONBLOCKING_SUBMIT);
+    /* The world: ccq's own variables, else what the launcher (Open MPI, or a PMI one: MPICH,
+     * Intel MPI) sets for every process it starts. */
+    ccq_boot_world_from_env(&cfg->world_rank, &cfg->world_size, &err);
+    b = getenv("CCQ_BOOTSTRAP");
+    if (b != NULL && *b != '\0')
+        cfg->bootstrap = b; /* checked by ccq_runtime_create */
     cfg->env_error = err;
 }
 
@@ -227,6 +239,7 @@ static void runtime_free(ccq_runtime *rt)
     ccq_sched_destroy(rt);
     ccq_trace_fini(&rt->trace);
     ccq_comm_free_all(rt);
+    ccq_world_fini(&rt->world);
     if (rt->be != NULL)
         rt->be_ops->destroy(rt->be);
     if (rt->streams != NULL) {
@@ -326,11 +339,21 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
         return ccq_fail(CCQ_ERR_NO_MEMORY, "out of memory setting up fault injection");
     }
     rt->ndev = rt->be_ops->device_count(rt->be);
-    if (rt->fault.drop_rank >= (int64_t)rt->ndev) {
+    /* Meet the other processes (a world of one needs nobody) and learn the global ids. */
+    st = ccq_world_setup(&rt->world, &rt->cfg, rt->be_ops->name, rt->ndev, rt->timeout_ns);
+    if (st != CCQ_OK) {
+        char why[CCQ_DETAIL_LEN];
+        snprintf(why, sizeof why, "%s", ccq_last_error_detail());
+        runtime_free(rt);
+        return ccq_fail(st, "%s", why);
+    }
+    rt->dev_first = rt->world.first[rt->world.rank];
+    rt->ndev_world = rt->world.first[rt->world.size];
+    if (rt->fault.drop_rank >= (int64_t)rt->ndev_world) {
         ccq_status bad = ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
                                   "ccq_config.fault (CCQ_FAULT): drop:rank=%" PRId64
                                   " is not a device (%u devices)",
-                                  rt->fault.drop_rank, rt->ndev);
+                                  rt->fault.drop_rank, rt->ndev_world);
         runtime_free(rt);
         return bad;
     }
@@ -342,7 +365,8 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
         return ccq_fail(CCQ_ERR_NO_MEMORY, "out of memory allocating %u streams", nstreams);
     }
     for (uint32_t i = 0; i < nstreams; i++)
-        ccq_stream_init(&rt->streams[i], i / rt->max_streams, i % rt->max_streams, i);
+        ccq_stream_init(&rt->streams[i], rt->dev_first + i / rt->max_streams, i % rt->max_streams,
+                        i);
     st = ccq_sched_create(rt);
     if (st != CCQ_OK) {
         runtime_free(rt);
@@ -409,7 +433,30 @@ CCQ_API ccq_status ccq_runtime_destroy(ccq_runtime *rt)
 
 CCQ_API uint32_t ccq_device_count(const ccq_runtime *rt)
 {
-    return rt == NULL ? 0 : rt->ndev;
+    return rt == NULL ? 0 : rt->ndev_world;
+}
+
+CCQ_API uint32_t ccq_world_rank(const ccq_runtime *rt)
+{
+    return rt == NULL ? 0 : rt->world.rank;
+}
+
+CCQ_API uint32_t ccq_world_size(const ccq_runtime *rt)
+{
+    return rt == NULL ? 0 : rt->world.size;
+}
+
+CCQ_API ccq_status ccq_local_devices(const ccq_runtime *rt, ccq_device_id *first, uint32_t *count)
+{
+    ccq_clear_detail();
+    if (rt == NULL || first == NULL || count == NULL)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_local_devices: %s is NULL",
+                        rt == NULL      ? "rt"
+                        : first == NULL ? "first"
+                                        : "count");
+    *first = rt->dev_first;
+    *count = rt->ndev;
+    return CCQ_OK;
 }
 
 CCQ_API const char *ccq_backend_name(const ccq_runtime *rt)
@@ -429,17 +476,17 @@ static ccq_status normalize_set(const ccq_runtime *rt, const char *fn, const ccq
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "%s: devices is NULL", fn);
     if (n == 0)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "%s: the device set is empty (n == 0)", fn);
-    if (n > rt->ndev)
+    if (n > rt->ndev_world)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
                         "%s: %zu devices given but the runtime has %u (duplicates?)", fn, n,
-                        rt->ndev);
+                        rt->ndev_world);
     for (size_t i = 0; i < n; i++) {
         ccq_device_id d = devices[i];
         size_t j = i;
-        if (d >= rt->ndev)
+        if (d >= rt->ndev_world)
             return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
                             "%s: devices[%zu] = %u does not exist (%u devices)", fn, i, d,
-                            rt->ndev);
+                            rt->ndev_world);
         /* Insertion sort: sets are small, and this keeps the call allocation-free. */
         while (j > 0 && out[j - 1] > d) {
             out[j] = out[j - 1];
@@ -452,6 +499,15 @@ static ccq_status normalize_set(const ccq_runtime *rt, const char *fn, const ccq
             return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "%s: device %u appears twice in the set", fn,
                             out[i]);
     return CCQ_OK;
+}
+
+/* Whether a sorted set holds one of this process's devices (its ids are contiguous). */
+static bool set_has_local(const ccq_runtime *rt, const ccq_device_id *sorted, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (ccq_is_local(rt, sorted[i]))
+            return true;
+    return false;
 }
 
 typedef struct comm_wait {
@@ -500,11 +556,18 @@ CCQ_API ccq_status ccq_comm_init(ccq_runtime *rt, const ccq_device_id *devices, 
         return st;
     if (atomic_load_explicit(&rt->closing, memory_order_acquire))
         return ccq_fail(CCQ_ERR_SHUTDOWN, "ccq_comm_init: the runtime is shutting down");
+    if (!set_has_local(rt, sorted, n))
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "ccq_comm_init: this process (world rank %u, devices %u..%u) owns no "
+                        "device of the set; only the processes that own its devices call it",
+                        rt->world.rank, rt->dev_first, rt->dev_first + rt->ndev - 1);
     st = ccq_comm_get_or_create(rt, sorted, (uint32_t)n, &c);
     if (st != CCQ_OK)
         return st;
     ccq_comm_request_init(rt, c);
-    deadline = ccq_deadline_in(rt->timeout_ns);
+    /* The scheduler fails a communicator that did not form within timeout_ms, naming the
+     * processes that never joined; the grace lets that verdict arrive first. */
+    deadline = ccq_deadline_in(ccq_add_sat(rt->timeout_ns, rt->timeout_ns / 4 + 100000000ull));
     comm_wait w = {rt, c};
     if (!ccq_signal_wait_spin(&c->ev, comm_settled, &w, deadline, rt->spin_ns))
         return ccq_fail(CCQ_ERR_TIMEOUT, "ccq_comm_init: the backend did not create the "
@@ -655,13 +718,14 @@ static ccq_status submit(ccq_runtime *rt, const char *fn, const submit_args *a,
                             set);
         }
         chan = CCQ_CHAN_COLL;
-        part = rank;
+        part = rank - comm->first_local; /* its index among this process's parts */
         counter = &comm->coll_seq[rank].v;
     } else {
         ccq_device_id self = a->device, peer = a->peer;
-        if (peer >= rt->ndev)
+        if (peer >= rt->ndev_world)
             return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
-                            "%s: peer device %u does not exist (%u devices)", fn, peer, rt->ndev);
+                            "%s: peer device %u does not exist (%u devices)", fn, peer,
+                            rt->ndev_world);
         nset = self == peer ? 1 : 2;
         sorted[0] = self < peer ? self : peer;
         sorted[1] = self < peer ? peer : self;
@@ -679,19 +743,22 @@ static ccq_status submit(ccq_runtime *rt, const char *fn, const submit_args *a,
         uint32_t from = a->kind == CCQ_KIND_SEND ? rank : (a->peer == sorted[0] ? 0 : 1);
         uint32_t dir = nset == 1 ? 0 : from;
         chan = CCQ_CHAN_P2P0 + dir;
-        part = a->kind == CCQ_KIND_SEND ? 0 : 1;
+        /* A pair inside this process has both halves (send first); a pair with another
+         * process's device has only this one. */
+        part = comm->nlocal == nset && a->kind == CCQ_KIND_RECV ? 1 : 0;
         counter = a->kind == CCQ_KIND_SEND ? &comm->p2p_send[dir].v : &comm->p2p_recv[dir].v;
     }
     st = comm_status(comm, fn);
     if (st != CCQ_OK)
         return st;
-    be_sub.device = a->device;
-    be_sub.stream_index = a->device * rt->max_streams + a->stream;
+    be_sub.device = ccq_backend_device(rt, a->device);
+    be_sub.stream_index = be_sub.device * rt->max_streams + a->stream;
     be_sub.kind = a->kind;
     be_sub.dtype = (uint8_t)a->dtype;
     be_sub.redop = (uint8_t)a->op;
-    be_sub.devices = sorted;
-    be_sub.ndevices = nset;
+    be_sub.devices = sorted + comm->first_local;
+    be_sub.ndevices = comm->nlocal;
+    be_sub.device_first = rt->dev_first;
     if (rt->be_ops->check != NULL) {
         ccq_errbuf err = {{0}};
         st = rt->be_ops->check(rt->be, &be_sub, &err);
@@ -892,7 +959,8 @@ CCQ_API ccq_status ccq_nccl_bind_stream(ccq_runtime *rt, ccq_device_id device, c
                         "ccq_nccl_bind_stream: device %u stream %u has commands outstanding; "
                         "bind before submitting or after a fence",
                         device, stream);
-    st = rt->be_ops->bind_stream(rt->be, device, s->index, cuda_stream, &err);
+    st = rt->be_ops->bind_stream(rt->be, ccq_backend_device(rt, device), s->index, cuda_stream,
+                                 &err);
     if (st != CCQ_OK)
         return ccq_fail(st, "ccq_nccl_bind_stream: %s", err.msg);
     return CCQ_OK;
@@ -913,12 +981,11 @@ CCQ_API ccq_status ccq_mem_alloc(ccq_runtime *rt, ccq_device_id device, size_t b
     *out = NULL;
     if (rt == NULL)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_mem_alloc: rt is NULL");
-    if (device >= rt->ndev)
-        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_mem_alloc: device %u does not exist",
-                        device);
+    if (ccq_check_device(rt, "ccq_mem_alloc", device) != CCQ_OK)
+        return CCQ_ERR_INVALID_ARGUMENT;
     if (bytes > (size_t)PTRDIFF_MAX / 2)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_mem_alloc: bytes = %zu is too large", bytes);
-    st = rt->be_ops->mem_alloc(rt->be, device, bytes, out, &err);
+    st = rt->be_ops->mem_alloc(rt->be, ccq_backend_device(rt, device), bytes, out, &err);
     return st == CCQ_OK ? CCQ_OK : ccq_fail(st, "ccq_mem_alloc: %s", err.msg);
 }
 
@@ -927,10 +994,10 @@ CCQ_API ccq_status ccq_mem_free(ccq_runtime *rt, ccq_device_id device, void *ptr
     ccq_clear_detail();
     if (rt == NULL)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_mem_free: rt is NULL");
-    if (device >= rt->ndev)
-        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_mem_free: device %u does not exist", device);
+    if (ccq_check_device(rt, "ccq_mem_free", device) != CCQ_OK)
+        return CCQ_ERR_INVALID_ARGUMENT;
     if (ptr != NULL)
-        rt->be_ops->mem_free(rt->be, device, ptr);
+        rt->be_ops->mem_free(rt->be, ccq_backend_device(rt, device), ptr);
     return CCQ_OK;
 }
 
@@ -943,8 +1010,8 @@ CCQ_API ccq_status ccq_mem_copy(ccq_runtime *rt, ccq_device_id device, void *dst
     ccq_clear_detail();
     if (rt == NULL)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_mem_copy: rt is NULL");
-    if (device >= rt->ndev)
-        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_mem_copy: device %u does not exist", device);
+    if (ccq_check_device(rt, "ccq_mem_copy", device) != CCQ_OK)
+        return CCQ_ERR_INVALID_ARGUMENT;
     if (kind != CCQ_COPY_TO_DEVICE && kind != CCQ_COPY_TO_HOST)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_mem_copy: invalid kind %d", (int)kind);
     if (bytes > 0 && (dst == NULL || src == NULL))
@@ -952,6 +1019,7 @@ CCQ_API ccq_status ccq_mem_copy(ccq_runtime *rt, ccq_device_id device, void *dst
                         dst == NULL ? "dst" : "src");
     if (bytes == 0)
         return CCQ_OK;
-    st = rt->be_ops->mem_copy(rt->be, device, dst, src, bytes, kind == CCQ_COPY_TO_DEVICE, &err);
+    st = rt->be_ops->mem_copy(rt->be, ccq_backend_device(rt, device), dst, src, bytes,
+                              kind == CCQ_COPY_TO_DEVICE, &err);
     return st == CCQ_OK ? CCQ_OK : ccq_fail(st, "ccq_mem_copy: %s", err.msg);
 }

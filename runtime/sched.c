@@ -15,7 +15,8 @@ typedef struct ccq_sched {
     uint32_t nlive, caplive;
     ccq_stream **active; /* streams with commands received and not ended */
     uint32_t nactive, capactive;
-    ccq_chan *chans; /* channels that may have a ready head (list_next links) */
+    ccq_chan *chans;   /* channels that may have a ready head (list_next links) */
+    ccq_comm *forming; /* communicators forming (forming_next links) */
     ccq_inst *inst_free;
     size_t inst_size;
     uint32_t inst_parts;  /* parts every instance can hold: max(2, ndev) */
@@ -44,6 +45,9 @@ typedef struct ccq_sched {
     /* Counters (published to rt->stats). */
     uint64_t completed, failed, cancelled;
 } ccq_sched;
+
+/* How often communicators that are forming are polled while the scheduler is otherwise idle. */
+#define CCQ_FORM_POLL_NS 1000000u
 
 static inline uint64_t min_u64(uint64_t a, uint64_t b)
 {
@@ -402,7 +406,7 @@ static void inst_complete(ccq_runtime *rt, ccq_sched *S, ccq_inst *i)
             }
             nbad += field_bad;
         }
-    } else {
+    } else if (ch->nparts == 2) {
         ccq_cmd *snd = i->cmds[0], *rcv = i->cmds[1];
         if (snd->count != rcv->count || snd->dtype != rcv->dtype) {
             bad = true;
@@ -427,6 +431,8 @@ static void inst_complete(ccq_runtime *rt, ccq_sched *S, ccq_inst *i)
     i->op.dtype = c0->dtype;
     i->op.redop = c0->redop;
     i->op.root = ch->id == CCQ_CHAN_COLL ? c0->root : 0;
+    /* A half whose peer is another process's: the peer's rank (a pair's ranks are 0, 1). */
+    i->op.peer = ch->id != CCQ_CHAN_COLL && ch->comm->n == 2 ? 1 - c0->rank : 0;
     i->op.count = c0->count;
     i->op.comm = ch->comm->be;
     i->op.comm_size = ch->comm->n;
@@ -435,7 +441,7 @@ static void inst_complete(ccq_runtime *rt, ccq_sched *S, ccq_inst *i)
     i->op.status = CCQ_OK;
     for (uint32_t p = 0; p < ch->nparts; p++) {
         ccq_cmd *c = i->cmds[p];
-        i->bparts[p].device = c->device;
+        i->bparts[p].device = ccq_backend_device(rt, c->device);
         i->bparts[p].rank = c->rank;
         i->bparts[p].stream_index = c->stream->index;
         i->bparts[p].slot = c->slot;
@@ -451,31 +457,73 @@ static void inst_complete(ccq_runtime *rt, ccq_sched *S, ccq_inst *i)
         chan_list(S, ch);
 }
 
-/* Create the backend communicator (scheduler thread only, as NCCL requires). While shutting
- * down it is still created: commands accepted before the streams closed may need it. Only
- * requests left when the scheduler exits are refused. */
-static void comm_create_now(ccq_runtime *rt, ccq_comm *c, bool refuse)
+/* A communicator's formation ended: publish it (ccq_comm_init waiters, submitters) and
+ * release or fail what waits on it. */
+static void comm_settle(ccq_runtime *rt, ccq_comm *c, ccq_status st)
 {
-    ccq_errbuf err = {{0}};
-    ccq_status st;
-
-    if (atomic_load_explicit(&c->state, memory_order_relaxed) != CCQ_COMM_PENDING)
-        return;
-    if (refuse) {
-        c->init_status = CCQ_ERR_SHUTDOWN;
-        snprintf(c->init_detail, sizeof c->init_detail, "the runtime is shutting down");
-        st = CCQ_ERR_SHUTDOWN;
-    } else {
-        st = rt->be_ops->comm_create(rt->be, c->devices, c->n, &c->be, &err);
-        if (st != CCQ_OK) {
-            c->be = NULL;
-            c->init_status = st;
-            snprintf(c->init_detail, sizeof c->init_detail, "%s", err.msg);
-        }
-    }
+    ccq_sched *S = rt->sched;
     atomic_store_explicit(&c->state, st == CCQ_OK ? CCQ_COMM_READY : CCQ_COMM_FAILED,
                           memory_order_release);
     ccq_signal_notify(&c->ev);
+    for (int k = 0; k < CCQ_CHAN_COUNT; k++) {
+        ccq_chan *ch = &c->chan[k];
+        if (st == CCQ_OK) {
+            /* Operations matched while it formed can go now. */
+            ccq_inst *i = win_get(ch, ch->head);
+            if (i != NULL && i->state == CCQ_INST_READY)
+                chan_list(S, ch);
+            continue;
+        }
+        char detail[CCQ_DETAIL_LEN];
+        ccq_format(detail, sizeof detail, "communicator could not be created: %s", c->init_detail);
+        for (uint64_t q = ch->head, end = ch->head + ch->cap; ch->win != NULL && q < end; q++) {
+            ccq_inst *i = win_get(ch, q);
+            if (i != NULL && i->state != CCQ_INST_ISSUED && i->state != CCQ_INST_FAILED)
+                fail_inst(S, i, c->init_status, detail, c->init_status == CCQ_ERR_SHUTDOWN);
+        }
+        ch->late_status = c->init_status;
+        chan_advance(S, ch);
+    }
+    if (st != CCQ_OK)
+        S->error_seen = true;
+}
+
+/* Start forming a communicator (scheduler thread only: NCCL requires it). While shutting
+ * down it is still formed: commands accepted before the streams closed may need it. Only
+ * requests left when the scheduler exits are refused. */
+static void comm_form(ccq_runtime *rt, ccq_comm *c, uint64_t now)
+{
+    ccq_sched *S = rt->sched;
+    ccq_status st;
+
+    if (c->form_step != CCQ_FORM_IDLE)
+        return;
+    st = ccq_comm_form_start(rt, c, now);
+    if (st == CCQ_IN_PROGRESS) {
+        c->forming_next = S->forming;
+        S->forming = c;
+        return;
+    }
+    comm_settle(rt, c, st);
+}
+
+/* Advance every communicator that is forming; true if one finished. */
+static bool comms_progress(ccq_runtime *rt, uint64_t now)
+{
+    ccq_sched *S = rt->sched;
+    bool any = false;
+    for (ccq_comm **pp = &S->forming; *pp != NULL;) {
+        ccq_comm *c = *pp;
+        ccq_status st = ccq_comm_form_test(rt, c, now);
+        if (st == CCQ_IN_PROGRESS) {
+            pp = &c->forming_next;
+            continue;
+        }
+        *pp = c->forming_next;
+        comm_settle(rt, c, st);
+        any = true;
+    }
+    return any;
 }
 
 static void active_add(ccq_sched *S, ccq_stream *s)
@@ -534,7 +582,7 @@ static void arrive(ccq_runtime *rt, ccq_cmd *c)
     if (rt->fault.drop_rank == (int64_t)c->device) {
         /* Fault injection: this rank "never submitted" the command (it still ends, failed,
          * on its own stream; its operation sees the part as missing: below). */
-        uint64_t k = S->drop_seen[c->device]++;
+        uint64_t k = S->drop_seen[ccq_backend_device(rt, c->device)]++;
         dropped = k >= (uint64_t)rt->fault.drop_after &&
                   (rt->fault.drop_count < 0 ||
                    k - (uint64_t)rt->fault.drop_after < (uint64_t)rt->fault.drop_count);
@@ -546,8 +594,8 @@ static void arrive(ccq_runtime *rt, ccq_cmd *c)
             fail_cmd(c, CCQ_ERR_BACKEND, detail, false);
         }
     }
-    if (atomic_load_explicit(&comm->state, memory_order_acquire) == CCQ_COMM_PENDING)
-        comm_create_now(rt, comm, false);
+    if (comm->form_step == CCQ_FORM_IDLE)
+        comm_form(rt, comm, c->submit_ns);
     if (atomic_load_explicit(&comm->aborted, memory_order_acquire)) {
         ccq_format(detail, sizeof detail, "communicator aborted: %s", comm->init_detail);
         fail_cmd(c, CCQ_ERR_ABORTED, detail, false);
@@ -627,7 +675,7 @@ static bool drain(ccq_runtime *rt)
     }
     for (n = ccq_mpsc_pop_all_spsc(&rt->comm_reqs); n != NULL;) {
         ccq_mpsc_node *next = n->next;
-        comm_create_now(rt, ccq_container_of(n, ccq_comm, req_node), false);
+        comm_form(rt, ccq_container_of(n, ccq_comm, req_node), ccq_now_ns());
         n = next;
         any = true;
     }
@@ -782,8 +830,8 @@ static void batch_done(ccq_runtime *rt, ccq_batch *b)
                            b->be.detail.msg[0] ? ": " : "", b->be.detail.msg);
                 set_detail(c, reason);
             }
-            if (i->chan->id == CCQ_CHAN_COLL && c->seq + 1 > i->chan->comm->coll_done[p])
-                i->chan->comm->coll_done[p] = c->seq + 1;
+            if (i->chan->id == CCQ_CHAN_COLL && c->seq + 1 > i->chan->comm->coll_done[c->rank])
+                i->chan->comm->coll_done[c->rank] = c->seq + 1;
         }
         inst_release(S, i);
     }
@@ -865,13 +913,13 @@ static bool hazard(const ccq_cmd *a, const ccq_cmd *b)
  * boxes): O(1), and exact whenever it says "no". */
 static bool may_conflict(const ccq_stream *s, const ccq_cmd *q)
 {
-    return ccq_span_hit(q->wr, s->bwr) || ccq_span_hit(q->wr, s->brd) ||
-           ccq_span_hit(q->rd, s->bwr);
+    return ccq_span_hit(q->wr, s->build_wr) || ccq_span_hit(q->wr, s->build_rd) ||
+           ccq_span_hit(q->rd, s->build_wr);
 }
 
 static void tent_push(ccq_sched *S, ccq_inst *i)
 {
-    i->bmark = S->attempt;
+    i->attempt_seen = S->attempt;
     XGROW(&S->work, &S->capwork, S->nwork + 1);
     S->work[S->nwork++] = i;
     XGROW(&S->tent, &S->captent, S->ntent + 1);
@@ -880,45 +928,45 @@ static void tent_push(ccq_sched *S, ccq_inst *i)
 
 static bool inst_taken(const ccq_sched *S, const ccq_inst *i)
 {
-    return i->bmark == S->attempt || i->bpass == S->pass;
+    return i->attempt_seen == S->attempt || i->batch_pass == S->pass;
 }
 
 /* First touch of a stream in this pass / attempt: set up building state, save for undo. */
 static void stream_touch(ccq_sched *S, ccq_stream *s)
 {
-    if (s->bpass != S->pass) {
-        s->bpass = S->pass;
-        s->bcur = s->cursor;
-        s->bfirst = s->cursor;
-        s->bmark = 0;
-        s->brd = s->bwr = CCQ_SPAN_EMPTY;
+    if (s->build_pass != S->pass) {
+        s->build_pass = S->pass;
+        s->build_next = s->cursor;
+        s->build_first = s->cursor;
+        s->attempt_seen = 0;
+        s->build_rd = s->build_wr = CCQ_SPAN_EMPTY;
     }
-    if (s->bmark != S->attempt) {
-        s->bmark = S->attempt;
-        s->bsave = s->bcur;
-        s->brd_save = s->brd;
-        s->bwr_save = s->bwr;
+    if (s->attempt_seen != S->attempt) {
+        s->attempt_seen = S->attempt;
+        s->undo_build_next = s->build_next;
+        s->undo_rd = s->build_rd;
+        s->undo_wr = s->build_wr;
         s->undo_next = S->undo_streams;
         S->undo_streams = s;
     }
 }
 
-static uint64_t chan_bnext(ccq_sched *S, ccq_chan *ch)
+static uint64_t chan_build_seq(ccq_sched *S, ccq_chan *ch)
 {
-    if (ch->bpass != S->pass) {
-        ch->bpass = S->pass;
-        ch->bnext = ch->head;
-        ch->bmark = 0;
+    if (ch->build_pass != S->pass) {
+        ch->build_pass = S->pass;
+        ch->build_seq = ch->head;
+        ch->attempt_seen = 0;
     }
-    return ch->bnext;
+    return ch->build_seq;
 }
 
 static void chan_touch(ccq_sched *S, ccq_chan *ch)
 {
-    chan_bnext(S, ch);
-    if (ch->bmark != S->attempt) {
-        ch->bmark = S->attempt;
-        ch->bsave = ch->bnext;
+    chan_build_seq(S, ch);
+    if (ch->attempt_seen != S->attempt) {
+        ch->attempt_seen = S->attempt;
+        ch->undo_seq = ch->build_seq;
         ch->undo_next = S->undo_chans;
         S->undo_chans = ch;
     }
@@ -927,16 +975,16 @@ static void chan_touch(ccq_sched *S, ccq_chan *ch)
 static void attempt_undo(ccq_sched *S)
 {
     for (ccq_stream *s = S->undo_streams; s != NULL; s = s->undo_next) {
-        for (ccq_cmd *q = s->bsave; q != s->bcur; q = q->fifo_next)
+        for (ccq_cmd *q = s->undo_build_next; q != s->build_next; q = q->fifo_next)
             q->state = q->status == CCQ_OK ? CCQ_CMD_QUEUED : CCQ_CMD_FAILED;
-        s->bcur = s->bsave;
-        s->brd = s->brd_save;
-        s->bwr = s->bwr_save;
+        s->build_next = s->undo_build_next;
+        s->build_rd = s->undo_rd;
+        s->build_wr = s->undo_wr;
     }
     for (ccq_chan *ch = S->undo_chans; ch != NULL; ch = ch->undo_next)
-        ch->bnext = ch->bsave;
+        ch->build_seq = ch->undo_seq;
     for (uint32_t k = 0; k < S->ntent; k++)
-        S->tent[k]->bmark = 0;
+        S->tent[k]->attempt_seen = 0;
 }
 
 enum { ADD_OK, ADD_BLOCKED, ADD_FULL };
@@ -990,19 +1038,19 @@ static int try_add(ccq_runtime *rt, ccq_batch *b, ccq_inst *root)
         ccq_inst *x = S->work[--S->nwork];
         ccq_chan *ch = x->chan;
 
-        if (x->blocked == S->pass)
+        if (x->blocked_pass == S->pass)
             goto blocked;
         /* Channel order: every earlier sequence number is in (or resolved). */
         chan_touch(S, ch);
-        for (uint64_t q = ch->bnext; q < x->seq; q++) {
+        for (uint64_t q = ch->build_seq; q < x->seq; q++) {
             ccq_inst *y = win_get(ch, q);
             if (y == NULL || y->state == CCQ_INST_WAITING)
                 goto blocked;
             if (y->state == CCQ_INST_READY && !inst_taken(S, y))
                 tent_push(S, y);
         }
-        if (x->seq + 1 > ch->bnext)
-            ch->bnext = x->seq + 1;
+        if (x->seq + 1 > ch->build_seq)
+            ch->build_seq = x->seq + 1;
         /* Stream order: everything before each part is in the batch too. */
         for (uint32_t p = 0; p < ch->nparts; p++) {
             ccq_cmd *c = x->cmds[p];
@@ -1012,7 +1060,7 @@ static int try_add(ccq_runtime *rt, ccq_batch *b, ccq_inst *root)
             if (s->inflight)
                 goto blocked;
             stream_touch(S, s);
-            for (ccq_cmd *q = s->bcur;; q = q->fifo_next) {
+            for (ccq_cmd *q = s->build_next;; q = q->fifo_next) {
                 if (q->state == CCQ_CMD_QUEUED) {
                     ccq_inst *y = q->inst;
                     if (y->state != CCQ_INST_READY)
@@ -1020,7 +1068,7 @@ static int try_add(ccq_runtime *rt, ccq_batch *b, ccq_inst *root)
                     /* Exact scan only when the boxes overlap: O(1) for the common case
                      * of independent buffers, O(commands in the batch) otherwise. */
                     if (may_conflict(s, q))
-                        for (ccq_cmd *e = s->bfirst; e != q; e = e->fifo_next) {
+                        for (ccq_cmd *e = s->build_first; e != q; e = e->fifo_next) {
                             if (e->status != CCQ_OK || !hazard(e, q))
                                 continue;
                             /* A send only reads, so q overwrites what it sends: stream order
@@ -1034,15 +1082,15 @@ static int try_add(ccq_runtime *rt, ccq_batch *b, ccq_inst *root)
                             if (!rt->be_ops->stages_sends && S->refuse == NULL)
                                 S->refuse = e;
                         }
-                    ccq_span_add(&s->brd, q->rd);
-                    ccq_span_add(&s->bwr, q->wr);
+                    ccq_span_add(&s->build_rd, q->rd);
+                    ccq_span_add(&s->build_wr, q->wr);
                     if (!inst_taken(S, y))
                         tent_push(S, y);
                 }
                 /* Failed commands ride along and end with the batch (stream order).
-                 * bcur moves with every inclusion so an undo covers exactly these. */
+                 * build_next moves with every inclusion so an undo covers exactly these. */
                 q->state = CCQ_CMD_INCLUDED;
-                s->bcur = q->fifo_next;
+                s->build_next = q->fifo_next;
                 if (q == c)
                     break;
             }
@@ -1059,7 +1107,7 @@ static int try_add(ccq_runtime *rt, ccq_batch *b, ccq_inst *root)
             e->refuse_pass = S->pass;
             S->refuse_retry = true;
             attempt_undo(S);
-            root->blocked = S->pass;
+            root->blocked_pass = S->pass;
         }
         S->refuse = NULL;
         return ADD_BLOCKED;
@@ -1072,13 +1120,13 @@ static int try_add(ccq_runtime *rt, ccq_batch *b, ccq_inst *root)
     XGROW(&b->insts, &b->capinsts, b->be.nops + S->ntent);
     for (uint32_t k = 0; k < S->ntent; k++) {
         ccq_inst *i = S->tent[k];
-        i->bpass = S->pass;
+        i->batch_pass = S->pass;
         b->insts[b->be.nops++] = i;
     }
     for (ccq_stream *s = S->undo_streams; s != NULL; s = s->undo_next) {
-        if (s->blisted != S->pass) { /* first commit touching this stream in this pass */
-            s->blisted = S->pass;
-            s->bnext_touched = S->pass_streams;
+        if (s->listed_pass != S->pass) { /* first commit touching this stream in this pass */
+            s->listed_pass = S->pass;
+            s->pass_next = S->pass_streams;
             S->pass_streams = s;
         }
     }
@@ -1087,7 +1135,7 @@ static int try_add(ccq_runtime *rt, ccq_batch *b, ccq_inst *root)
 blocked:
     S->refuse = NULL;
     attempt_undo(S);
-    root->blocked = S->pass;
+    root->blocked_pass = S->pass;
     return ADD_BLOCKED;
 }
 
@@ -1156,10 +1204,10 @@ static void issue(ccq_runtime *rt, ccq_batch *b)
     b->be.id = ++S->batch_id;
     b->issue_ns = ccq_now_ns();
     bool traced = ccq_trace_on(&rt->trace);
-    /* Every stream with commands in the batch: they are in flight up to bcur. */
+    /* Every stream with commands in the batch: they are in flight up to build_next. */
     for (ccq_stream *s = S->pass_streams; s != NULL;) {
-        ccq_stream *next = s->bnext_touched;
-        for (ccq_cmd *q = s->cursor; q != s->bcur; q = q->fifo_next) {
+        ccq_stream *next = s->pass_next;
+        for (ccq_cmd *q = s->cursor; q != s->build_next; q = q->fifo_next) {
             q->state = CCQ_CMD_ISSUED;
             if (q->status != CCQ_OK)
                 continue; /* a failed command riding along; it is not sent anywhere */
@@ -1169,15 +1217,15 @@ static void issue(ccq_runtime *rt, ccq_batch *b)
             if (traced)
                 ev_cmd(rt, CCQ_EV_ISSUED, q, b->issue_ns, CCQ_OK);
         }
-        /* Every command up to bcur ends when the batch comes back: the stream's ended count
-         * then (the backend's GPU-side wait counter after the batch). */
-        s->bdone = s->ending;
-        for (ccq_cmd *q = s->fifo_head; q != s->bcur; q = q->fifo_next)
-            s->bdone++;
-        s->cursor = s->bcur;
+        /* Every command up to build_next ends when the batch comes back: the stream's ended
+         * count then (the backend's GPU-side wait counter after the batch). */
+        s->batch_done = s->ending;
+        for (ccq_cmd *q = s->fifo_head; q != s->build_next; q = q->fifo_next)
+            s->batch_done++;
+        s->cursor = s->build_next;
         s->inflight = true;
         atomic_store_explicit(&s->issued_ns, b->issue_ns, memory_order_release);
-        s->bnext_touched = NULL;
+        s->pass_next = NULL;
         s->batch_next = b->streams;
         b->streams = s;
         s = next;
@@ -1186,7 +1234,7 @@ static void issue(ccq_runtime *rt, ccq_batch *b)
     for (uint32_t k = 0; k < b->be.nops; k++) {
         ccq_inst *i = b->insts[k];
         for (uint32_t p = 0; p < i->op.nparts; p++)
-            i->op.parts[p].stream_done = i->cmds[p] ? i->cmds[p]->stream->bdone : 0;
+            i->op.parts[p].stream_done = i->cmds[p] ? i->cmds[p]->stream->batch_done : 0;
         chan_advance(S, i->chan);
     }
     b->next = S->inflight;
@@ -1225,28 +1273,30 @@ static bool build_and_issue(ccq_runtime *rt)
         for (ccq_chan **pp = &S->chans; *pp != NULL && !full;) {
             ccq_chan *ch = *pp;
             ccq_inst *i = win_get(ch, ch->head);
-            if (i == NULL || i->state != CCQ_INST_READY) {
-                /* Its head is not ready: unlist until an arrival or advance relists it. */
+            if (i == NULL || i->state != CCQ_INST_READY ||
+                atomic_load_explicit(&ch->comm->state, memory_order_relaxed) != CCQ_COMM_READY) {
+                /* Its head is not ready (or its communicator is still forming): unlist until
+                 * an arrival, an advance or the communicator's formation relists it. */
                 ch->listed = false;
                 *pp = ch->list_next;
                 continue;
             }
             /* Add as many of this channel's ready instances as fit, in sequence order. */
-            for (uint64_t q = chan_bnext(S, ch);; q = chan_bnext(S, ch)) {
+            for (uint64_t q = chan_build_seq(S, ch);; q = chan_build_seq(S, ch)) {
                 i = win_get(ch, q);
                 if (i != NULL && i->state == CCQ_INST_FAILED) {
-                    ch->bnext = q + 1; /* resolved: its parts end on their own */
+                    ch->build_seq = q + 1; /* resolved: its parts end on their own */
                     continue;
                 }
                 if (i == NULL || i->state != CCQ_INST_READY)
                     break;
-                int r = i->bpass == S->pass ? ADD_OK : try_add(rt, b, i);
+                int r = i->batch_pass == S->pass ? ADD_OK : try_add(rt, b, i);
                 if (r == ADD_FULL)
                     full = true;
                 if (r != ADD_OK)
                     break;
-                if (chan_bnext(S, ch) <= q)
-                    ch->bnext = q + 1;
+                if (chan_build_seq(S, ch) <= q)
+                    ch->build_seq = q + 1;
             }
             pp = &ch->list_next;
         }
@@ -1311,9 +1361,9 @@ static size_t describe_missing(ccq_inst *i, const ccq_cmd *c, char *buf, size_t 
 
     for (uint32_t r = 0; r < ch->nparts; r++) {
         const ccq_cmd *p = i->cmds[r];
-        if (p == NULL) {
-            ranks[missing] = r;
-            devs[missing++] = comm->devices[r];
+        if (p == NULL) { /* part r is rank first_local + r (matching is per process) */
+            ranks[missing] = comm->first_local + r;
+            devs[missing++] = comm->devices[comm->first_local + r];
             continue;
         }
         if (first == NULL)
@@ -1349,17 +1399,19 @@ static size_t describe_missing(ccq_inst *i, const ccq_cmd *c, char *buf, size_t 
     w += ccq_format(buf + w, len - w, " collectives submitted/completed per rank:");
     bool done[CCQ_MAX_DEVICES] = {false};
     for (uint32_t r = 0; r < ch->nparts && w < len - 1; r++) {
+        uint32_t g = comm->first_local + r; /* this process's ranks only: the others' are theirs */
         if (done[r])
             continue;
-        uint64_t sub = atomic_load_explicit(&comm->coll_seq[r].v, memory_order_relaxed);
-        uint64_t end = comm->coll_done[r];
+        uint64_t sub = atomic_load_explicit(&comm->coll_seq[g].v, memory_order_relaxed);
+        uint64_t end = comm->coll_done[g];
         uint32_t n = 0;
         for (uint32_t q = r; q < ch->nparts; q++)
             if (!done[q] &&
-                atomic_load_explicit(&comm->coll_seq[q].v, memory_order_relaxed) == sub &&
-                comm->coll_done[q] == end) {
+                atomic_load_explicit(&comm->coll_seq[comm->first_local + q].v,
+                                     memory_order_relaxed) == sub &&
+                comm->coll_done[comm->first_local + q] == end) {
                 done[q] = true;
-                ranks[n++] = q;
+                ranks[n++] = comm->first_local + q;
             }
         w += ccq_format(buf + w, len - w, " ");
         w += fmt_ranges(buf + w, len - w, ranks, n);
@@ -1372,8 +1424,16 @@ static size_t describe_missing(ccq_inst *i, const ccq_cmd *c, char *buf, size_t 
 static void describe_wait(ccq_inst *i, ccq_cmd *c, uint64_t now, char *buf, size_t len)
 {
     ccq_chan *ch = i->chan;
+    ccq_comm *comm = ch->comm;
     size_t w = ccq_format(buf, len, "not issued within timeout_ms (%.0f ms in queue)",
                           (double)(now - c->submit_ns) / 1e6);
+    if (atomic_load_explicit(&comm->state, memory_order_relaxed) == CCQ_COMM_PENDING) {
+        ccq_format(buf + w, len - w,
+                   "; its communicator is still forming (member processes of world ranks %u..%u "
+                   "must all call ccq_comm_init, or send/recv with this process)",
+                   comm->procs[0], comm->procs[comm->nprocs - 1]);
+        return;
+    }
     if (i->state == CCQ_INST_WAITING) {
         if (ch->id == CCQ_CHAN_COLL) {
             w += describe_missing(i, c, buf + w, len - w);
@@ -1645,6 +1705,8 @@ void *ccq_sched_main(void *arg)
 
         progress |= ccq_trace_serve(&rt->trace);
         progress |= drain(rt);
+        if (S->forming != NULL)
+            progress |= comms_progress(rt, ccq_now_ns());
         progress |= reap(rt);
         progress |= end_failed_heads(rt);
         progress |= build_and_issue(rt);
@@ -1677,6 +1739,8 @@ void *ccq_sched_main(void *arg)
             S->wd_next, ccq_trace_next_tick(&rt->trace, S->completed + S->failed + S->cancelled));
         if (S->ninflight > 0 && rt->be_ops->poll_interval_ns > 0)
             deadline = min_u64(deadline, ccq_add_sat(now, rt->be_ops->poll_interval_ns));
+        if (S->forming != NULL) /* neither the bootstrap nor NCCL's init can wake us */
+            deadline = min_u64(deadline, ccq_add_sat(now, CCQ_FORM_POLL_NS));
         uint32_t seq = ccq_wake_prepare(&rt->wake);
         if (work_visible(rt)) {
             ccq_wake_cancel(&rt->wake);
@@ -1693,8 +1757,18 @@ void *ccq_sched_main(void *arg)
     /* Communicators still waiting for creation will never get it. */
     for (ccq_mpsc_node *n = ccq_mpsc_pop_all_spsc(&rt->comm_reqs); n != NULL;) {
         ccq_mpsc_node *next = n->next;
-        comm_create_now(rt, ccq_container_of(n, ccq_comm, req_node), true);
+        ccq_comm *c = ccq_container_of(n, ccq_comm, req_node);
+        if (c->form_step == CCQ_FORM_IDLE) {
+            ccq_comm_form_cancel(rt, c, "the runtime is shutting down");
+            comm_settle(rt, c, CCQ_ERR_SHUTDOWN);
+        }
         n = next;
+    }
+    while (S->forming != NULL) {
+        ccq_comm *c = S->forming;
+        S->forming = c->forming_next;
+        ccq_comm_form_cancel(rt, c, "the runtime shut down before it formed");
+        comm_settle(rt, c, CCQ_ERR_SHUTDOWN);
     }
     ccq_trace_fence_writes(); /* the ring is read by other threads from now on */
     atomic_store_explicit(&rt->sched_exited, 1, memory_order_seq_cst);

@@ -35,12 +35,26 @@ void ccq_stream_fini(ccq_stream *s)
     pthread_mutex_destroy(&s->err_lock);
 }
 
+ccq_status ccq_check_device(const ccq_runtime *rt, const char *fn, ccq_device_id device)
+{
+    if (ccq_is_local(rt, device))
+        return CCQ_OK;
+    if (device >= rt->ndev_world)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "%s: device %u does not exist (%u devices)", fn,
+                        device, rt->ndev_world);
+    return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                    "%s: device %u belongs to process %u; this process (world rank %u) owns "
+                    "devices %u..%u",
+                    fn, device, ccq_world_owner(&rt->world, device), rt->world.rank, rt->dev_first,
+                    rt->dev_first + rt->ndev - 1);
+}
+
 ccq_status ccq_check_stream(const ccq_runtime *rt, const char *fn, ccq_device_id device,
                             ccq_stream_id stream)
 {
-    if (device >= rt->ndev)
-        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "%s: device %u does not exist (%u devices)", fn,
-                        device, rt->ndev);
+    ccq_status st = ccq_check_device(rt, fn, device);
+    if (st != CCQ_OK)
+        return st;
     if (stream >= rt->max_streams)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "%s: stream %u out of range (max_streams = %u)",
                         fn, stream, rt->max_streams);
@@ -373,8 +387,8 @@ CCQ_API ccq_status ccq_sync_collective(ccq_runtime *rt, ccq_device_id device, cc
         ccq_clear_detail();
         return ccq_refuse_inside("ccq_sync_collective");
     }
-    bool traced =
-        rt != NULL && device < rt->ndev && stream < rt->max_streams && ccq_trace_on(&rt->trace);
+    bool traced = rt != NULL && ccq_is_local(rt, device) && stream < rt->max_streams &&
+                  ccq_trace_on(&rt->trace);
     if (traced)
         fence_event(rt, CCQ_EV_FENCE_BEGIN, device, stream, CCQ_OK);
     st = sync_collective(rt, device, stream);

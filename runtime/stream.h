@@ -44,24 +44,24 @@ typedef struct ccq_stream {
     /* Scheduler only. */
     alignas(CCQ_CACHELINE) struct ccq_cmd *fifo_head; /* commands received and not ended */
     struct ccq_cmd *fifo_tail;
-    struct ccq_cmd *cursor; /* first command not issued (NULL: none) */
-    struct ccq_cmd *bcur;   /* batch building: first command not included */
-    struct ccq_cmd *bfirst; /* batch building: first included command */
-    uint64_t bmark;         /* batch attempt that last touched this stream */
-    struct ccq_cmd *bsave;  /* bcur before that attempt (for rollback) */
-    ccq_span brd, bwr;      /* batch building: union of what included commands read, write */
-    ccq_span brd_save, bwr_save;
-    struct ccq_stream *undo_next;     /* streams touched by the current attempt */
-    bool inflight;                    /* commands before `cursor` are in the batch in flight */
-    bool active;                      /* in the scheduler's active list */
-    uint64_t received;                /* commands drained from q */
-    uint64_t ending;                  /* commands ended, published or not: the next one's
-                                         position in end order (errors are kept by it) */
-    uint64_t bdone;                   /* `ending` once the batch being issued is done */
-    uint64_t bpass;                   /* batch pass in which bcur/bfirst are valid */
-    uint64_t blisted;                 /* batch pass whose pass_streams list holds it */
-    struct ccq_stream *bnext_touched; /* streams with commands in the batch being built */
-    struct ccq_stream *batch_next;    /* streams of a batch in flight */
+    struct ccq_cmd *cursor;          /* first command not issued (NULL: none) */
+    struct ccq_cmd *build_next;      /* batch building: first command not included */
+    struct ccq_cmd *build_first;     /* batch building: first included command */
+    uint64_t attempt_seen;           /* batch attempt that last touched this stream */
+    struct ccq_cmd *undo_build_next; /* build_next before that attempt (for rollback) */
+    ccq_span build_rd, build_wr; /* batch building: union of what included commands read, write */
+    ccq_span undo_rd, undo_wr;
+    struct ccq_stream *undo_next;  /* streams touched by the current attempt */
+    bool inflight;                 /* commands before `cursor` are in the batch in flight */
+    bool active;                   /* in the scheduler's active list */
+    uint64_t received;             /* commands drained from q */
+    uint64_t ending;               /* commands ended, published or not: the next one's
+                                      position in end order (errors are kept by it) */
+    uint64_t batch_done;           /* `ending` once the batch being issued is done */
+    uint64_t build_pass;           /* batch pass in which build_next/build_first are valid */
+    uint64_t listed_pass;          /* batch pass whose pass_streams list holds it */
+    struct ccq_stream *pass_next;  /* streams with commands in the batch being built */
+    struct ccq_stream *batch_next; /* streams of a batch in flight */
     /* Cold. */
     ccq_mpsc_node new_node; /* on rt->new_streams when first used */
     ccq_device_id device;
@@ -105,7 +105,9 @@ static inline bool ccq_fence_before(uint64_t a, uint64_t b)
 void ccq_stream_init(ccq_stream *s, ccq_device_id device, ccq_stream_id id, uint32_t index);
 void ccq_stream_fini(ccq_stream *s);
 
-/* An argument check shared by every call that names a stream. */
+/* Argument checks shared by every call that names a device (one of this process's) or a
+ * stream; the detail names the owner of another process's device. */
+ccq_status ccq_check_device(const struct ccq_runtime *rt, const char *fn, ccq_device_id device);
 ccq_status ccq_check_stream(const struct ccq_runtime *rt, const char *fn, ccq_device_id device,
                             ccq_stream_id stream);
 

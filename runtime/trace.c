@@ -569,7 +569,7 @@ CCQ_API ccq_status ccq_stream_queue_depth(ccq_runtime *rt, ccq_device_id device,
     if (rt == NULL || depth == NULL)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_stream_queue_depth: %s is NULL",
                         rt == NULL ? "rt" : "depth");
-    if (device >= rt->ndev || stream >= rt->max_streams)
+    if (!ccq_is_local(rt, device) || stream >= rt->max_streams)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
                         "ccq_stream_queue_depth: no stream %u on device %u (%u devices, "
                         "max_streams = %u)",

@@ -168,10 +168,12 @@ static uint32_t tb_device_count(const ccq_backend *be)
     return ccq_container_of(be, const tb, base)->ndev;
 }
 
-static ccq_status tb_comm_create(ccq_backend *be, const ccq_device_id *devices, uint32_t n,
-                                 ccq_be_comm **out, ccq_errbuf *err)
+static ccq_status tb_comm_create(ccq_backend *be, const ccq_be_comm_desc *d, ccq_be_comm **out,
+                                 ccq_errbuf *err)
 {
     tb *t = ccq_container_of(be, tb, base);
+    const ccq_device_id *devices = d->local_devices;
+    uint32_t n = d->nlocal;
     tb_comm *c;
 
     tb_check_thread(t);

@@ -267,10 +267,11 @@ static void allreduce_expect(ccq_runtime *rt, ccq_stream_id s, ccq_status want,
 }
 
 /* Keeps the scheduler inside the creation of communicator {2,3} (asked for by a helper
- * thread, NCCL held in ncclInProgress) until released, so that everything queued
- * meanwhile is found ready in one pass and goes into one batch. This relies on the
- * scheduler creating requested communicators before it drains the stream queues, and on
- * the streams used having been used before (it only scans streams it knows). */
+ * thread; the fake holds its ncclCommInitRankConfig) until released, so that everything
+ * queued meanwhile is found ready in one pass and goes into one batch. This relies on the
+ * scheduler starting to form requested communicators before it drains the stream queues,
+ * and on the streams used having been used before (it only scans streams it knows). The
+ * formation itself no longer blocks the scheduler (it is polled), hence the hold. */
 typedef struct blocker {
     pthread_t thread;
     ccq_runtime *rt;
@@ -287,16 +288,16 @@ static void *blocker_main(void *arg)
 
 static void block_scheduler(blocker *b, ccq_runtime *rt)
 {
-    size_t polls = fake_log_count("ncclCommGetAsyncError");
     b->rt = rt;
-    fake_hold_async(true);
+    fake_hold_init(true);
     assert_int_equal(pthread_create(&b->thread, NULL, blocker_main, b), 0);
-    wait_calls("ncclCommGetAsyncError", polls + 1);
+    while (fake_inits_blocked() == 0)
+        sleep_ms(1);
 }
 
 static void release_scheduler(blocker *b)
 {
-    fake_hold_async(false);
+    fake_hold_init(false);
     assert_int_equal(pthread_join(b->thread, NULL), 0);
     assert_int_equal(b->st, CCQ_OK);
 }

@@ -341,17 +341,24 @@ static uint32_t host_device_count(const ccq_backend *be)
     return ccq_container_of(be, const host_be, base)->ndev;
 }
 
-static ccq_status host_comm_create(ccq_backend *be, const ccq_device_id *devices, uint32_t n,
-                                   ccq_be_comm **out, ccq_errbuf *err)
+static ccq_status host_comm_create(ccq_backend *be, const ccq_be_comm_desc *d, ccq_be_comm **out,
+                                   ccq_errbuf *err)
 {
-    host_comm *c = calloc(1, sizeof *c);
+    host_comm *c;
     (void)be;
-    (void)devices;
+    if (d->nprocs > 1) {
+        snprintf(err->msg, sizeof err->msg,
+                 "the host backend runs communicators of one process only (this one spans %u "
+                 "processes); use backend \"nccl\" across processes",
+                 d->nprocs);
+        return CCQ_ERR_UNSUPPORTED;
+    }
+    c = calloc(1, sizeof *c);
     if (c == NULL) {
         snprintf(err->msg, sizeof err->msg, "out of memory");
         return CCQ_ERR_NO_MEMORY;
     }
-    c->n = n;
+    c->n = d->nranks;
     atomic_init(&c->aborted, 0);
     *out = (ccq_be_comm *)c;
     return CCQ_OK;

@@ -68,13 +68,15 @@
     } while (0)
 
 typedef struct nccl_comm {
-    uint32_t n;
-    int *devs;                    /* CUDA device of each rank */
-    ncclComm_t *comms;            /* one per rank (all ranks are local) */
+    uint32_t n; /* local ranks: first .. first + n - 1 of nranks */
+    uint32_t first, nranks;
+    int *devs;                    /* CUDA device of each local rank */
+    ncclComm_t *comms;            /* one per local rank */
     bool aborted;                 /* scheduler only: set when the abort is queued; from then on the
                                      scheduler makes no NCCL call on this communicator */
     _Atomic bool abort_done;      /* the abort thread finished ncclCommAbort of every rank */
     struct nccl_comm *abort_next; /* the abort thread's queue (under abort_lock) */
+    uint64_t init_deadline;       /* ncclCommInitRankConfig must have finished by then */
 } nccl_comm;
 
 /* Per ccq stream. `user` and `slot_events` are written by bind (a user thread, while the
@@ -430,16 +432,36 @@ static ncclResult_t wait_comms(ncclComm_t *comms, uint32_t n, uint64_t timeout_n
     }
 }
 
-static ccq_status nccl_comm_create(ccq_backend *be, const ccq_device_id *devices, uint32_t n,
-                                   ccq_be_comm **out, ccq_errbuf *err)
+/* A communicator spanning processes: the lowest member process makes the unique id that
+ * every member passes to ncclCommInitRankConfig (the runtime shares it). */
+static ccq_status nccl_comm_root_blob(ccq_backend *be, const ccq_be_comm_desc *d, void *blob,
+                                      size_t *len, ccq_errbuf *err)
+{
+    ccq_status st = CCQ_OK;
+    (void)be;
+    (void)d;
+    if (*len < sizeof(ncclUniqueId)) {
+        snprintf(err->msg, sizeof err->msg, "no room for an ncclUniqueId");
+        return CCQ_ERR_NO_MEMORY;
+    }
+    NCCL_CHECK_GOTO(ncclGetUniqueId((ncclUniqueId *)blob), err, st, fail);
+    *len = sizeof(ncclUniqueId);
+    return CCQ_OK;
+fail:
+    return st == CCQ_OK ? CCQ_ERR_BACKEND : st;
+}
+
+/* One non-blocking group of ncclCommInitRankConfig, one per local rank (global ranks
+ * first_rank + i of nranks); nccl_comm_test polls it, so the scheduler never waits here. */
+static ccq_status nccl_comm_create(ccq_backend *be, const ccq_be_comm_desc *d, ccq_be_comm **out,
+                                   ccq_errbuf *err)
 {
     nccl_be *h = to_nccl(be);
     nccl_comm *c = calloc(1, sizeof *c);
+    uint32_t n = d->nlocal;
     ncclUniqueId id;
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     ccq_status st = CCQ_OK;
-    ncclComm_t failed = NULL;
-    ncclResult_t r;
     bool group_open = false;
 
     if (c == NULL || (c->devs = calloc(n, sizeof *c->devs)) == NULL ||
@@ -450,34 +472,35 @@ static ccq_status nccl_comm_create(ccq_backend *be, const ccq_device_id *devices
         return CCQ_ERR_NO_MEMORY;
     }
     c->n = n;
+    c->first = d->first_rank;
+    c->nranks = d->nranks;
     for (uint32_t i = 0; i < n; i++)
-        c->devs[i] = (int)devices[i]; /* sorted and duplicate-free (the runtime checked) */
-    config.blocking = 0;              /* so a hung peer can never block the scheduler */
+        c->devs[i] = (int)d->local_devices[i];
+    config.blocking = 0; /* so a hung peer can never block the scheduler */
 
-    NCCL_CHECK_GOTO(ncclGetUniqueId(&id), err, st, fail);
+    if (d->nprocs > 1) {
+        if (d->root_blob == NULL || d->root_blob_len != sizeof id) {
+            st = CCQ_ERR_INVALID_ARGUMENT;
+            snprintf(err->msg, sizeof err->msg, "no ncclUniqueId from the lowest member process");
+            goto fail;
+        }
+        memcpy(&id, d->root_blob, sizeof id);
+    } else {
+        NCCL_CHECK_GOTO(ncclGetUniqueId(&id), err, st, fail);
+    }
     NCCL_CHECK_GOTO(ncclGroupStart(), err, st, fail);
     group_open = true;
     for (uint32_t i = 0; i < n; i++) {
         CUDA_CHECK_GOTO(cudaSetDevice(c->devs[i]), err, st, fail);
-        NCCL_CHECK_GOTO(ncclCommInitRankConfig(&c->comms[i], (int)n, id, (int)i, &config), err, st,
-                        fail);
+        NCCL_CHECK_GOTO(ncclCommInitRankConfig(&c->comms[i], (int)d->nranks, id,
+                                               (int)(d->first_rank + i), &config),
+                        err, st, fail);
     }
     group_open = false;
     NCCL_CHECK_GOTO(ncclGroupEnd(), err, st, fail);
-    r = wait_comms(c->comms, n, h->timeout_ns, &failed);
-    if (r == ncclInProgress) {
-        st = CCQ_ERR_TIMEOUT;
-        snprintf(err->msg, sizeof err->msg,
-                 "ncclCommInitRankConfig did not finish within timeout_ms");
-        goto fail;
-    }
-    if (r != ncclSuccess) {
-        st = nccl_status(r);
-        nccl_msg(err, "ncclCommInitRankConfig", r, failed);
-        goto fail;
-    }
+    c->init_deadline = ccq_deadline_in(h->timeout_ns);
     *out = (ccq_be_comm *)c;
-    return CCQ_OK;
+    return CCQ_IN_PROGRESS;
 
 fail:
     if (group_open)
@@ -488,6 +511,44 @@ fail:
         if (c->comms[i] != NULL)
             ncclCommAbort(c->comms[i]);
     comm_free(c);
+    return st == CCQ_OK ? CCQ_ERR_BACKEND : st;
+}
+
+/* Has every local rank's ncclCommInitRankConfig finished? A failed or overdue one aborts
+ * them all (the runtime then forgets the communicator). */
+static ccq_status nccl_comm_test(ccq_backend *be, ccq_be_comm *comm, ccq_errbuf *err)
+{
+    nccl_comm *c = (nccl_comm *)comm;
+    ccq_status st;
+    bool pending = false;
+    (void)be;
+    /* Ask every rank each round (a rank still initialising does not hide another's error). */
+    for (uint32_t i = 0; i < c->n; i++) {
+        ncclResult_t state = ncclInProgress, r = ncclCommGetAsyncError(c->comms[i], &state);
+        if (r != ncclSuccess)
+            state = r;
+        if (state == ncclInProgress) {
+            pending = true;
+        } else if (state != ncclSuccess) {
+            st = nccl_status(state);
+            nccl_msg(err, "ncclCommInitRankConfig", state, c->comms[i]);
+            goto fail;
+        }
+    }
+    if (!pending)
+        return CCQ_OK;
+    if (ccq_now_ns() < c->init_deadline)
+        return CCQ_IN_PROGRESS;
+    snprintf(err->msg, sizeof err->msg, "ncclCommInitRankConfig did not finish within timeout_ms");
+    st = CCQ_ERR_TIMEOUT;
+fail:
+    /* Here, not on the abort thread: no work was ever queued on these communicators. The
+     * runtime then destroys it (nccl_comm_destroy frees an aborted one). */
+    for (uint32_t i = 0; i < c->n; i++)
+        if (c->comms[i] != NULL)
+            ncclCommAbort(c->comms[i]);
+    c->aborted = true;
+    atomic_store_explicit(&c->abort_done, true, memory_order_release);
     return st == CCQ_OK ? CCQ_ERR_BACKEND : st;
 }
 
@@ -561,10 +622,11 @@ static ccq_status nccl_check(ccq_backend *be, const ccq_be_submit *s, ccq_errbuf
         /* NCCL refuses an fp8 reduction unless every rank's device is sm90 or newer (it
          * checks the communicator's lowest compute capability), so check the whole set. */
         ccq_device_id low = s->device;
-        for (uint32_t i = 0; i < s->ndevices; i++)
-            if (s->devices[i] < (ccq_device_id)h->ndev &&
-                h->cc_major[s->devices[i]] < h->cc_major[low])
-                low = s->devices[i];
+        for (uint32_t i = 0; i < s->ndevices; i++) {
+            ccq_device_id d = s->devices[i] - s->device_first;
+            if (d < (ccq_device_id)h->ndev && h->cc_major[d] < h->cc_major[low])
+                low = d;
+        }
         if (h->cc_major[low] < 9) {
             snprintf(err->msg, sizeof err->msg,
                      "NCCL reduces fp8 only on compute capability 9.0 (sm90) or newer on every "
@@ -1016,13 +1078,13 @@ static ccq_status settle_comms(nccl_be *h, const nccl_batch *nb, ccq_errbuf *err
     return CCQ_OK;
 }
 
-/* The kinds this build can hand to NCCL (ncclAlltoAll, ncclGather, ncclScatter: 2.28). A
- * RECV op never reaches a backend from one process (a pair is SEND). */
+/* The kinds this build can hand to NCCL (ncclAlltoAll, ncclGather, ncclScatter: 2.28). */
 static bool kind_supported(unsigned kind)
 {
     switch (kind) {
     case CCQ_KIND_ALL_REDUCE:
     case CCQ_KIND_SEND:
+    case CCQ_KIND_RECV: /* a half whose peer is another process's */
     case CCQ_KIND_BROADCAST:
     case CCQ_KIND_REDUCE:
     case CCQ_KIND_ALL_GATHER:
@@ -1082,15 +1144,31 @@ static ccq_status op_enqueue(nccl_be *h, ccq_be_op *op, int *cur, bool *cuda_err
     ccq_status status = CCQ_OK;
 
     *cuda_err = false;
+    if ((op->kind == CCQ_KIND_SEND || op->kind == CCQ_KIND_RECV) && op->nparts == 1) {
+        /* A half whose peer is another process's device: that process calls the other. */
+        const ccq_be_part *me = &op->parts[0];
+        ncclComm_t mine = c->comms[me->rank - c->first];
+        cudaStream_t cs = h->streams[me->stream_index].comm;
+        CUDA_CHECK_GOTO(set_device(cur, (int)me->device), err, status, cuda_fail);
+        if (op->kind == CCQ_KIND_SEND)
+            NCCL_CHECK_GOTO(ncclSend(me->src, op->count, dt, (int)op->peer, mine, cs), err, status,
+                            fail);
+        else
+            NCCL_CHECK_GOTO(ncclRecv(me->dst, op->count, dt, (int)op->peer, mine, cs), err, status,
+                            fail);
+        return CCQ_OK;
+    }
     if (op->kind == CCQ_KIND_SEND) {
         /* part 0 sends to part 1's rank, part 1 receives from part 0's */
         const ccq_be_part *snd = &op->parts[0], *rcv = &op->parts[1];
         CUDA_CHECK_GOTO(set_device(cur, (int)snd->device), err, status, cuda_fail);
-        NCCL_CHECK_GOTO(ncclSend(snd->src, op->count, dt, (int)rcv->rank, c->comms[snd->rank],
+        NCCL_CHECK_GOTO(ncclSend(snd->src, op->count, dt, (int)rcv->rank,
+                                 c->comms[snd->rank - c->first],
                                  h->streams[snd->stream_index].comm),
                         err, status, fail);
         CUDA_CHECK_GOTO(set_device(cur, (int)rcv->device), err, status, cuda_fail);
-        NCCL_CHECK_GOTO(ncclRecv(rcv->dst, op->count, dt, (int)snd->rank, c->comms[rcv->rank],
+        NCCL_CHECK_GOTO(ncclRecv(rcv->dst, op->count, dt, (int)snd->rank,
+                                 c->comms[rcv->rank - c->first],
                                  h->streams[rcv->stream_index].comm),
                         err, status, fail);
         return CCQ_OK;
@@ -1098,12 +1176,12 @@ static ccq_status op_enqueue(nccl_be *h, ccq_be_op *op, int *cur, bool *cuda_err
     /* A collective: every local rank's part, in rank order, inside this one group. */
     for (uint32_t p = 0; p < op->nparts; p++) {
         const ccq_be_part *part = &op->parts[p];
-        ncclComm_t comm = c->comms[part->rank];
+        ncclComm_t comm = c->comms[part->rank - c->first];
         cudaStream_t cs = h->streams[part->stream_index].comm;
         /* A one-rank reduction is the identity: NCCL's ncclAvg on one rank becomes a
          * pre-multiplied sum run by its one-rank kernel, which lacks fp8 in host code
          * (onerank.cu) and refuses it; ncclSum there is a plain copy, for every type. */
-        ncclRedOp_t ro = c->n == 1 ? ncclSum : op_map[op->redop];
+        ncclRedOp_t ro = c->nranks == 1 ? ncclSum : op_map[op->redop];
         int root = (int)op->root;
         const void *src = part->src;
         void *dst = part->dst;
@@ -1463,7 +1541,9 @@ const ccq_backend_ops ccq_nccl_backend_ops = {
     .create = nccl_create,
     .destroy = nccl_destroy,
     .device_count = nccl_device_count,
+    .comm_root_blob = nccl_comm_root_blob,
     .comm_create = nccl_comm_create,
+    .comm_test = nccl_comm_test,
     .comm_destroy = nccl_comm_destroy,
     .issue = nccl_issue,
     .poll = nccl_poll,

@@ -133,6 +133,8 @@ typedef struct fake_state {
     bool abort_hold;        /* ncclCommAbort blocks while set (fake_hold_abort) */
     bool complete_at_group; /* fake_complete_events_at_next_group() */
     int aborts_blocked;     /* ncclCommAbort calls waiting on abort_hold */
+    bool init_hold;         /* ncclCommInitRankConfig blocks while set (fake_hold_init) */
+    int inits_blocked;      /* ncclCommInitRankConfig calls waiting on init_hold */
     int ndev, cc[FAKE_MAX_DEV], version, pending;
     char last_error[256];
     struct {
@@ -654,9 +656,11 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId i
                                     ncclConfig_t *config)
 {
     int r;
-    fake_call *c = enter("ncclCommInitRankConfig", &r);
+    fake_call *c;
     fake_clique *q;
     struct ncclComm *cm;
+
+    c = enter("ncclCommInitRankConfig", &r);
 
     c->nranks = nranks;
     c->rank = rank;
@@ -702,7 +706,19 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId i
 out:
     if (r != ncclSuccess && grp.depth > 0 && grp.err == ncclSuccess)
         grp.err = (ncclResult_t)r;
-    return (ncclResult_t)leave(c, r);
+    r = leave(c, r);
+    /* A test hook, not NCCL behaviour: once the last rank of a clique exists, hold the
+     * calling thread (the scheduler, which forms communicators) so that a test can queue
+     * work that must all be found in one pass. */
+    if (r == ncclSuccess && rank == nranks - 1) {
+        lock();
+        F.inits_blocked++;
+        while (F.init_hold)
+            pthread_cond_wait(&fake_abort_cond, &fake_lock);
+        F.inits_blocked--;
+        unlock();
+    }
+    return (ncclResult_t)r;
 }
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async_error)
@@ -1429,6 +1445,23 @@ void fake_hold_abort(bool hold)
     F.abort_hold = hold;
     pthread_cond_broadcast(&fake_abort_cond);
     unlock();
+}
+
+void fake_hold_init(bool hold)
+{
+    lock();
+    F.init_hold = hold;
+    pthread_cond_broadcast(&fake_abort_cond);
+    unlock();
+}
+
+int fake_inits_blocked(void)
+{
+    int n;
+    lock();
+    n = F.inits_blocked;
+    unlock();
+    return n;
 }
 
 int fake_aborts_blocked(void)

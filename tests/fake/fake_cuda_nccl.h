@@ -131,6 +131,12 @@ void fake_script(const char *fn, int result);
  * that fails) gets a sticky asynchronous error (after its pending count). */
 void fake_script_async_error(int rank, ncclResult_t err);
 
+/* A test hook (not NCCL behaviour): while held, ncclCommInitRankConfig of a clique's last
+ * rank blocks its caller (ccq's scheduler, forming a communicator) after creating it, until
+ * released; fake_inits_blocked() counts the calls waiting. Lets a test queue work while the scheduler is held in one place. */
+void fake_hold_init(bool hold);
+int fake_inits_blocked(void);
+
 /* ---- Inspection ---- */
 
 /* A CUDA stream of `device` for the test itself (not logged, not counted as live). */

@@ -1,0 +1,40 @@
+//! `struct ccq_config` and its initialisation.
+
+use crate::ccq_store;
+use core::ffi::c_char;
+
+/// Runtime configuration; fill it with [`ccq_config_init`], then change fields.
+/// Fields are only ever appended (append new ones at the end, as the header does).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ccq_config {
+    pub struct_size: u32,
+    pub backend: *const c_char,
+    pub host_devices: u32,
+    pub max_streams: u32,
+    pub queue_depth: u32,
+    pub max_batch_ops: u32,
+    pub timeout_ms: u64,
+    pub host_workers: u32,
+    pub flags: u32,
+    pub env_error: *const c_char,
+    pub spin_us: u32,
+    pub fault: *const c_char,
+    pub trace_capacity: u32,
+    pub trace_file: *const c_char,
+    pub host_stream_bytes: u64,
+    pub world_rank: u32,
+    pub world_size: u32,
+    pub bootstrap: *const c_char,
+    pub store: *const ccq_store,
+    pub mpi_comm: i64,
+}
+
+extern "C" {
+    /// Defaults, then `CCQ_*` environment variables, into the first `size` bytes of `cfg`
+    /// (pass `size_of::<ccq_config>()`; C's `ccq_config_init()` macro does).
+    pub fn ccq_config_init_sized(cfg: *mut ccq_config, size: usize);
+    /// 0.1.0's entry point (kept for binaries built against 0.1.0): fills exactly 0.1.0's
+    /// layout. Do not call it from new code; use [`ccq_config_init_sized`].
+    pub fn ccq_config_init(cfg: *mut ccq_config);
+}

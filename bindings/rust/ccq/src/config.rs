@@ -1,0 +1,234 @@
+//! [`Config`]: a builder over every field of `ccq_config`.
+
+use crate::error::{Error, Result, Status};
+use ccq_sys as sys;
+use std::ffi::{c_char, CStr, CString};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Runtime configuration: every field of `ccq_config`, starting from ccq's defaults with the
+/// `CCQ_*` environment variables applied (what `ccq_config_init` does), then changed with
+/// the builder methods.
+///
+/// ```
+/// let cfg = ccq::Config::new().backend("host").host_devices(2).timeout_ms(5_000);
+/// assert_eq!(cfg.get_host_devices(), 2);
+/// assert_eq!(cfg.get_backend(), "host");
+/// ```
+#[derive(Debug, Clone)]
+pub struct Config {
+    raw: sys::ccq_config,
+    backend: String,
+    fault: Option<String>,
+    trace_file: Option<PathBuf>,
+    env_error: Option<String>,
+}
+
+// SAFETY: the raw pointers in `raw` are only set (from the owned strings) for the duration of
+// Runtime::new; `env_error` points to a static string of libccq.
+unsafe impl Send for Config {}
+// SAFETY: as above; nothing is mutated through &Config.
+unsafe impl Sync for Config {}
+
+/// Copies a C string field (NULL = None).
+///
+/// # Safety
+/// `p` is NULL or a valid NUL-terminated string.
+unsafe fn owned(p: *const c_char) -> Option<String> {
+    // SAFETY: the caller's contract.
+    (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+}
+
+/// The one place that initialises a raw `ccq_config` (defaults + environment), as C's
+/// `ccq_config_init()` macro does: the sized entry point with the size of the struct these
+/// bindings declare, so a newer library never writes past it and knows which fields we have.
+fn init_raw() -> sys::ccq_config {
+    let mut raw = std::mem::MaybeUninit::<sys::ccq_config>::zeroed();
+    // SAFETY: it writes at most size_of::<ccq_config>() bytes; it only reads the environment.
+    unsafe { sys::ccq_config_init_sized(raw.as_mut_ptr(), std::mem::size_of::<sys::ccq_config>()) };
+    // SAFETY: zeroed then filled by ccq: every field holds a valid value.
+    unsafe { raw.assume_init() }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config::new()
+    }
+}
+
+impl Config {
+    /// ccq's defaults, then the `CCQ_*` environment variables (as `ccq_config_init`).
+    pub fn new() -> Config {
+        let raw = init_raw();
+        // SAFETY: the strings ccq_config_init set are NULL, static or from the environment;
+        // they are copied at once.
+        unsafe {
+            Config {
+                backend: owned(raw.backend).unwrap_or_else(|| "host".into()),
+                fault: owned(raw.fault),
+                trace_file: owned(raw.trace_file).map(PathBuf::from),
+                env_error: owned(raw.env_error),
+                raw,
+            }
+        }
+    }
+
+    /// The backend: `"host"` (default) or `"nccl"`. Env: `CCQ_BACKEND`.
+    pub fn backend(mut self, name: &str) -> Self {
+        self.backend = name.into();
+        self
+    }
+    /// Host backend: virtual devices (default 4). Env: `CCQ_HOST_DEVICES`.
+    pub fn host_devices(mut self, n: u32) -> Self {
+        self.raw.host_devices = n;
+        self
+    }
+    /// Streams per device (default 64). Env: `CCQ_MAX_STREAMS`.
+    pub fn max_streams(mut self, n: u32) -> Self {
+        self.raw.max_streams = n;
+        self
+    }
+    /// Commands outstanding per stream before backpressure (default 1024).
+    /// Env: `CCQ_QUEUE_DEPTH`.
+    pub fn queue_depth(mut self, n: u32) -> Self {
+        self.raw.queue_depth = n;
+        self
+    }
+    /// Operations in one backend group (default 256). Env: `CCQ_MAX_BATCH_OPS`.
+    pub fn max_batch_ops(mut self, n: u32) -> Self {
+        self.raw.max_batch_ops = n;
+        self
+    }
+    /// Watchdog and fence deadline in ms; 0 = none (default 600000). Env: `CCQ_TIMEOUT_MS`.
+    pub fn timeout_ms(mut self, ms: u64) -> Self {
+        self.raw.timeout_ms = ms;
+        self
+    }
+    /// [`Config::timeout_ms`] from a `Duration` (`None` = no deadline).
+    pub fn timeout(self, t: Option<Duration>) -> Self {
+        self.timeout_ms(t.map_or(0, |t| t.as_millis().clamp(1, u64::MAX as u128) as u64))
+    }
+    /// Host backend worker threads; 0 = number of cores. Env: `CCQ_HOST_WORKERS`.
+    pub fn host_workers(mut self, n: u32) -> Self {
+        self.raw.host_workers = n;
+        self
+    }
+    /// All `CCQ_FLAG_*` bits at once. Env: `CCQ_NONBLOCKING_SUBMIT=1`.
+    pub fn flags(mut self, flags: u32) -> Self {
+        self.raw.flags = flags;
+        self
+    }
+    /// Submitting calls return [`Status::QueueFull`] at once instead of waiting for room
+    /// (`CCQ_FLAG_NONBLOCKING_SUBMIT`).
+    pub fn nonblocking_submit(mut self, on: bool) -> Self {
+        if on {
+            self.raw.flags |= sys::CCQ_FLAG_NONBLOCKING_SUBMIT;
+        } else {
+            self.raw.flags &= !sys::CCQ_FLAG_NONBLOCKING_SUBMIT;
+        }
+        self
+    }
+    /// How long ccq's threads poll before they sleep, in µs (default 50). Env: `CCQ_SPIN_US`.
+    pub fn spin_us(mut self, us: u32) -> Self {
+        self.raw.spin_us = us;
+        self
+    }
+    /// Fault injection for tests (grammar in docs/reliability.md); `None` = off.
+    /// Env: `CCQ_FAULT`.
+    pub fn fault(mut self, spec: Option<&str>) -> Self {
+        self.fault = spec.map(Into::into);
+        self
+    }
+    /// Events the flight recorder keeps (default 65536; 0 disables it).
+    /// Env: `CCQ_TRACE_CAPACITY`.
+    pub fn trace_capacity(mut self, n: u32) -> Self {
+        self.raw.trace_capacity = n;
+        self
+    }
+    /// Write the recorder as Chrome/Perfetto JSON there at destroy and on errors.
+    /// Env: `CCQ_TRACE_FILE`.
+    pub fn trace_file(mut self, path: Option<&Path>) -> Self {
+        self.trace_file = path.map(Into::into);
+        self
+    }
+    /// Host backend: operations moving at least this many bytes use streaming stores
+    /// (0 = default, 64 MiB; `u64::MAX` = never). Env: `CCQ_HOST_STREAM_BYTES`.
+    pub fn host_stream_bytes(mut self, bytes: u64) -> Self {
+        self.raw.host_stream_bytes = bytes;
+        self
+    }
+
+    /// The backend name.
+    pub fn get_backend(&self) -> &str {
+        &self.backend
+    }
+    /// Host backend devices.
+    pub fn get_host_devices(&self) -> u32 {
+        self.raw.host_devices
+    }
+    /// Streams per device.
+    pub fn get_max_streams(&self) -> u32 {
+        self.raw.max_streams
+    }
+    /// Queue depth per stream.
+    pub fn get_queue_depth(&self) -> u32 {
+        self.raw.queue_depth
+    }
+    /// Operations per backend group.
+    pub fn get_max_batch_ops(&self) -> u32 {
+        self.raw.max_batch_ops
+    }
+    /// Deadline in ms (0 = none).
+    pub fn get_timeout_ms(&self) -> u64 {
+        self.raw.timeout_ms
+    }
+    /// Host worker threads (0 = cores).
+    pub fn get_host_workers(&self) -> u32 {
+        self.raw.host_workers
+    }
+    /// `CCQ_FLAG_*` bits.
+    pub fn get_flags(&self) -> u32 {
+        self.raw.flags
+    }
+    /// Poll time in µs.
+    pub fn get_spin_us(&self) -> u32 {
+        self.raw.spin_us
+    }
+    /// Fault injection spec.
+    pub fn get_fault(&self) -> Option<&str> {
+        self.fault.as_deref()
+    }
+    /// Recorder capacity.
+    pub fn get_trace_capacity(&self) -> u32 {
+        self.raw.trace_capacity
+    }
+    /// Automatic trace file.
+    pub fn get_trace_file(&self) -> Option<&Path> {
+        self.trace_file.as_deref()
+    }
+    /// Streaming-store threshold.
+    pub fn get_host_stream_bytes(&self) -> u64 {
+        self.raw.host_stream_bytes
+    }
+    /// The text of a malformed `CCQ_*` variable; creating a runtime from this config fails
+    /// with it (as in C).
+    pub fn env_error(&self) -> Option<&str> {
+        self.env_error.as_deref()
+    }
+
+    /// Runs `f` with the raw config, its string fields pointing at C copies of this config's
+    /// strings that live until `f` returns.
+    pub(crate) fn with_raw<R>(&self, f: impl FnOnce(&sys::ccq_config) -> R) -> Result<R> {
+        fn c(s: &str, what: &str) -> Result<CString> {
+            CString::new(s).map_err(|_| Error::new(Status::InvalidArgument, format!("{what} contains a NUL byte")))
+        }
+        let backend = c(&self.backend, "Config::backend")?;
+        let fault = self.fault.as_deref().map(|s| c(s, "Config::fault")).transpose()?;
+        let trace = self.trace_file.as_deref().map(|p| c(&p.to_string_lossy(), "Config::trace_file")).transpose()?;
+        let mut raw = self.raw;
+        raw.backend = backend.as_ptr();
+        raw.fault = fault.as_ref().map_or(std::ptr::null(), |s| s.as_ptr());
+        raw.trace_file = trace.as_ref().map_or(std::ptr::null(), |s| s.as_ptr());
+        Ok(f(&raw))
+    }
+}

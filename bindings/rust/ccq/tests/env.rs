@@ -1,0 +1,24 @@
+//! `Config::new` applies the CCQ_* environment as ccq_config_init does (its own test
+//! binary: it changes the process environment).
+
+use ccq::{Config, Runtime, Status};
+
+#[test]
+fn the_environment_is_applied_and_checked() {
+    std::env::set_var("CCQ_HOST_DEVICES", "3");
+    std::env::set_var("CCQ_TIMEOUT_MS", "4321");
+    let c = Config::new();
+    assert_eq!((c.get_host_devices(), c.get_timeout_ms()), (3, 4321));
+    assert_eq!(c.env_error(), None);
+    assert_eq!(Runtime::new(&c.backend("host")).unwrap().device_count(), 3);
+    // The builder overrides the environment.
+    assert_eq!(Config::new().host_devices(2).get_host_devices(), 2);
+
+    std::env::set_var("CCQ_MAX_STREAMS", "many");
+    let c = Config::new();
+    assert!(c.env_error().unwrap().contains("CCQ_MAX_STREAMS"));
+    let e = Runtime::new(&c).unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument);
+    assert!(e.detail().contains("CCQ_MAX_STREAMS"), "{e}");
+    std::env::remove_var("CCQ_MAX_STREAMS");
+}

@@ -1,0 +1,217 @@
+/* Forming a communicator, without ever blocking the scheduler (as UCC's team_create_post and
+ * team_create_test): a communicator spanning processes first meets its member processes
+ * through the bootstrap (which also carries the bytes the backend needs from the lowest
+ * member, NCCL's unique id), then the backend creates it, possibly in the background. The
+ * scheduler calls these on its thread and keeps running other streams meanwhile. */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/bootstrap.h"
+#include "runtime/internal.h"
+
+/* What every member process contributes to the meeting: enough to check that they form the
+ * same communicator, and the lowest member's blob for the backend. */
+#define FORM_MAGIC 0x6d726f46u /* "Form" */
+typedef struct form_hello {
+    uint32_t magic;
+    uint32_t n;
+    uint64_t hash;
+    uint32_t first_device, last_device;
+    uint32_t blob_len;
+    uint8_t blob[CCQ_BE_ROOT_BLOB_MAX];
+} form_hello;
+
+static ccq_status form_fail(ccq_comm *c, ccq_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static ccq_status form_fail(ccq_comm *c, ccq_status st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->init_detail, sizeof c->init_detail, fmt, ap);
+    va_end(ap);
+    c->init_status = st;
+    if (c->xchg != NULL) {
+        ccq_boot_xchg_free(c->xchg);
+        c->xchg = NULL;
+    }
+    c->form_step = CCQ_FORM_DONE;
+    return st;
+}
+
+/* Ask the backend; CCQ_IN_PROGRESS leaves it to ccq_comm_form_test. */
+static ccq_status form_backend(ccq_runtime *rt, ccq_comm *c, const void *blob, size_t blob_len)
+{
+    ccq_device_id local[CCQ_MAX_DEVICES];
+    ccq_be_comm_desc d;
+    ccq_errbuf err = {{0}};
+    ccq_status st;
+
+    for (uint32_t i = 0; i < c->nlocal; i++)
+        local[i] = ccq_backend_device(rt, c->devices[c->first_local + i]);
+    d.nranks = c->n;
+    d.first_rank = c->first_local;
+    d.nlocal = c->nlocal;
+    d.local_devices = local;
+    d.nprocs = c->nprocs;
+    d.procs = c->procs;
+    d.world_rank = rt->world.rank;
+    d.root_blob = blob;
+    d.root_blob_len = blob_len;
+    st = rt->be_ops->comm_create(rt->be, &d, &c->be, &err);
+    if (st == CCQ_IN_PROGRESS) {
+        c->form_step = CCQ_FORM_BACKEND;
+        return st;
+    }
+    if (st != CCQ_OK) {
+        c->be = NULL;
+        return form_fail(c, st, "%s", err.msg);
+    }
+    c->form_step = CCQ_FORM_DONE;
+    return CCQ_OK;
+}
+
+static void form_tag(const ccq_comm *c, char *tag, size_t len)
+{
+    /* Every member computes the same tag from the set; the devices at both ends and the
+     * size make a collision of the hash harmless in practice. */
+    snprintf(tag, len, "comm/%016" PRIx64 "/%" PRIu32 "/%" PRIu32 "-%" PRIu32, c->hash, c->n,
+             c->devices[0], c->devices[c->n - 1]);
+}
+
+ccq_status ccq_comm_form_start(ccq_runtime *rt, ccq_comm *c, uint64_t now)
+{
+    form_hello mine;
+    char tag[96];
+    ccq_status st;
+
+    c->form_deadline = ccq_add_sat(now, rt->timeout_ns);
+    if (c->nprocs <= 1)
+        return form_backend(rt, c, NULL, 0);
+    if (rt->be_ops->comm_root_blob == NULL)
+        return form_fail(c, CCQ_ERR_UNSUPPORTED,
+                         "backend \"%s\" cannot span processes (this communicator spans %" PRIu32
+                         ")",
+                         rt->be_ops->name, c->nprocs);
+    memset(&mine, 0, sizeof mine);
+    mine.magic = FORM_MAGIC;
+    mine.n = c->n;
+    mine.hash = c->hash;
+    mine.first_device = c->devices[0];
+    mine.last_device = c->devices[c->n - 1];
+    if (rt->world.rank == c->procs[0]) {
+        ccq_be_comm_desc d = {c->n,     c->first_local, c->nlocal, NULL, c->nprocs,
+                              c->procs, rt->world.rank, NULL,      0};
+        ccq_errbuf err = {{0}};
+        size_t len = sizeof mine.blob;
+        st = rt->be_ops->comm_root_blob(rt->be, &d, mine.blob, &len, &err);
+        if (st != CCQ_OK)
+            return form_fail(c, st, "%s", err.msg);
+        mine.blob_len = (uint32_t)len;
+    }
+    form_tag(c, tag, sizeof tag);
+    ccq_errbuf err = {{0}};
+    st = ccq_boot_xchg_post(rt->world.boot, tag, c->procs, c->nprocs, &mine, sizeof mine, &c->xchg,
+                            &err);
+    if (st != CCQ_OK)
+        return form_fail(c, st, "bootstrap: %s", err.msg);
+    c->form_step = CCQ_FORM_MEET;
+    return CCQ_IN_PROGRESS;
+}
+
+/* The member processes that have not joined yet, as "processes 1,3-5". */
+static void form_missing(ccq_comm *c, char *buf, size_t len)
+{
+    uint32_t miss[256];
+    size_t n = ccq_boot_xchg_missing(c->xchg, miss, sizeof miss / sizeof miss[0]);
+    size_t w = ccq_format(buf, len, "%s ", n == 1 ? "process" : "processes");
+    ccq_boot_format_ranks(buf + w, len - w, miss, n);
+}
+
+static ccq_status form_meet_test(ccq_runtime *rt, ccq_comm *c, uint64_t now)
+{
+    form_hello *all = malloc(c->nprocs * sizeof *all);
+    ccq_status st;
+    char who[256], set[128];
+
+    if (all == NULL)
+        return CCQ_IN_PROGRESS; /* try again next pass */
+    ccq_errbuf err = {{0}};
+    st = ccq_boot_xchg_test(c->xchg, all, &err);
+    if (st == CCQ_IN_PROGRESS) {
+        free(all);
+        if (now < c->form_deadline)
+            return CCQ_IN_PROGRESS;
+        form_missing(c, who, sizeof who);
+        ccq_describe_comm(set, sizeof set, c);
+        return form_fail(c, CCQ_ERR_TIMEOUT,
+                         "communicator %s spanning processes of world ranks %" PRIu32 "..%" PRIu32
+                         ": %s never joined it within timeout_ms (did they call ccq_comm_init, or "
+                         "send/recv with this process?)",
+                         set, c->procs[0], c->procs[c->nprocs - 1], who);
+    }
+    if (st != CCQ_OK) {
+        free(all);
+        return form_fail(c, st, "bootstrap: %s", err.msg);
+    }
+    for (uint32_t p = 0; p < c->nprocs; p++) {
+        const form_hello *h = &all[p];
+        if (h->magic != FORM_MAGIC || h->n != c->n || h->hash != c->hash ||
+            h->first_device != c->devices[0] || h->last_device != c->devices[c->n - 1]) {
+            free(all);
+            return form_fail(c, CCQ_ERR_MISMATCH,
+                             "process %" PRIu32 " formed another communicator under the same tag",
+                             c->procs[p]);
+        }
+    }
+    ccq_boot_xchg_free(c->xchg);
+    c->xchg = NULL;
+    if (all[0].blob_len > CCQ_BE_ROOT_BLOB_MAX) {
+        free(all);
+        return form_fail(c, CCQ_ERR_BACKEND, "bad blob from process %" PRIu32, c->procs[0]);
+    }
+    st = form_backend(rt, c, all[0].blob, all[0].blob_len);
+    free(all);
+    return st;
+}
+
+ccq_status ccq_comm_form_test(ccq_runtime *rt, ccq_comm *c, uint64_t now)
+{
+    ccq_errbuf err = {{0}};
+    ccq_status st;
+
+    switch (c->form_step) {
+    case CCQ_FORM_MEET:
+        return form_meet_test(rt, c, now);
+    case CCQ_FORM_BACKEND:
+        st = rt->be_ops->comm_test(rt->be, c->be, &err);
+        if (st == CCQ_OK)
+            c->form_step = CCQ_FORM_DONE;
+        if (st == CCQ_IN_PROGRESS && now >= c->form_deadline) {
+            st = CCQ_ERR_TIMEOUT;
+            snprintf(err.msg, sizeof err.msg,
+                     "the backend did not create it within timeout_ms (a member process may "
+                     "be stuck)");
+        }
+        if (st != CCQ_OK && st != CCQ_IN_PROGRESS) {
+            rt->be_ops->comm_destroy(rt->be, c->be);
+            c->be = NULL;
+            return form_fail(c, st, "%s", err.msg);
+        }
+        return st;
+    default:
+        return c->init_status;
+    }
+}
+
+void ccq_comm_form_cancel(ccq_runtime *rt, ccq_comm *c, const char *why)
+{
+    if (c->form_step == CCQ_FORM_BACKEND && c->be != NULL) {
+        rt->be_ops->comm_destroy(rt->be, c->be);
+        c->be = NULL;
+    }
+    form_fail(c, CCQ_ERR_SHUTDOWN, "%s", why);
+}

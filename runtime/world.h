@@ -1,0 +1,29 @@
+/* The world: the processes of a job, this one's place among them, and the global device ids
+ * (process p owns the ids [first[p], first[p + 1])). A world of one process is the default
+ * and needs no bootstrap. */
+#ifndef CCQ_RUNTIME_WORLD_H
+#define CCQ_RUNTIME_WORLD_H
+
+#include <stdint.h>
+
+#include "ccq.h"
+
+struct ccq_boot;
+
+typedef struct ccq_world {
+    uint32_t rank, size;
+    uint32_t *first;       /* [size + 1]: prefix sums of the processes' local device counts */
+    struct ccq_boot *boot; /* how processes meet; NULL in a world of one */
+} ccq_world;
+
+/* Meet the other processes (cfg->bootstrap / store / mpi_comm), exchange local device
+ * counts and check that everyone agrees on the world; waits at most timeout_ns and then
+ * names the processes that never arrived. Sets the thread's error detail on failure. */
+ccq_status ccq_world_setup(ccq_world *w, const ccq_config *cfg, const char *backend,
+                           uint32_t local_devices, uint64_t timeout_ns);
+void ccq_world_fini(ccq_world *w);
+
+/* The process that owns global device d (d < first[size]). O(log size). */
+uint32_t ccq_world_owner(const ccq_world *w, ccq_device_id d);
+
+#endif /* CCQ_RUNTIME_WORLD_H */
