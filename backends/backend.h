@@ -3,6 +3,7 @@
 #ifndef CCQ_BACKEND_H
 #define CCQ_BACKEND_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -36,6 +37,10 @@ typedef struct ccq_be_part {
     uint32_t slot;         /* the command's slot in its stream (see ccq_be_submit) */
     const void *src;       /* NULL for a recv part */
     void *dst;             /* NULL for a send part */
+    uint64_t stream_done;  /* commands of this part's stream that have ended once this batch
+                              is done (its ended count then; the same for every part of a
+                              stream in a batch): the value a GPU-side wait counter takes
+                              after the batch (see stream_wait) */
 } ccq_be_part;
 
 typedef struct ccq_be_comm ccq_be_comm; /* a backend's communicator (opaque to the runtime) */
@@ -174,6 +179,19 @@ typedef struct ccq_backend_ops {
      * Called on a user thread while the stream has nothing outstanding. */
     ccq_status (*bind_stream)(ccq_backend *be, ccq_device_id device, uint32_t stream_index,
                               void *native, ccq_errbuf *err);
+    /* GPU-side waits (ccq_nccl_stream_wait), on a user thread: queue on `native` a wait
+     * until `target` commands of the stream have ended, and return at once. The backend
+     * keeps a per-stream counter of ended commands that the device reads, advanced on the
+     * device after each batch (to the parts' stream_done) and by stream_ended below; after
+     * it armed the stream it raises the counter to *ended (the runtime's count), so a count
+     * published meanwhile is never missed. */
+    ccq_status (*stream_wait)(ccq_backend *be, ccq_device_id device, uint32_t stream_index,
+                              void *native, uint64_t target, const _Atomic uint64_t *ended,
+                              ccq_errbuf *err);
+    /* Scheduler: `ended` commands of the stream have ended (called after each publication).
+     * Commands that end without reaching the device (failed, aborted, timed out, cancelled
+     * by shutdown) advance the counter only through this. */
+    void (*stream_ended)(ccq_backend *be, uint32_t stream_index, uint64_t ended);
     /* Memory the device's collectives can use (ccq_mem_*); user threads, thread-safe. */
     ccq_status (*mem_alloc)(ccq_backend *be, ccq_device_id device, size_t bytes, void **out,
                             ccq_errbuf *err);

@@ -18,7 +18,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=${CCQ_GPU_BUILD_DIR:-$ROOT/build-gpu}
 DEPS=${CCQ_GPU_DEPS:-$ROOT/build-gpudeps}
 BUDGET=${CCQ_GPU_CHECK_BUDGET:-570}
-TESTS=(gpu_allreduce gpu_sendrecv gpu_fence gpu_error gpu_collectives)
+TESTS=(gpu_allreduce gpu_sendrecv gpu_fence gpu_error gpu_collectives gpu_stream_wait)
 T0=$(date +%s)
 
 SUMMARY=()
@@ -223,6 +223,10 @@ main() {
         if echo "$line" | grep -q 'Passed'; then
             row "$t" "pass ($secs)"
             npass=$((npass + 1))
+            # gpu_stream_wait: the loop with GPU-side waits against the blocking fence.
+            while IFS= read -r l; do
+                SUMMARY+=("  $l")
+            done < <(sed -nE 's/^([0-9]+: )?ok   ((GPU-side wait|blocking fence):.*)/\2/p' "$log")
         elif echo "$line" | grep -q 'Skipped'; then
             row "$t" "skip: $(sed -nE 's/.*SKIP [^:]*: //p' "$log" | head -1 | cut -c1-110)"
             nskip=$((nskip + 1))

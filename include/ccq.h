@@ -30,7 +30,9 @@ extern "C" {
  * ccq_runtime_destroy(), which must not race with other calls on the same runtime.
  *
  * Ownership: user buffers passed to a submitting call are borrowed from the call until
- * the fence (ccq_sync_collective) that covers the command returns, whatever its result.
+ * a fence that covers the command returns, whatever its result: ccq_sync_collective, or
+ * ccq_fence_test/ccq_fence_wait on a covering value answering anything but CCQ_IN_PROGRESS.
+ * (ccq_nccl_stream_wait orders GPU work after the commands; it hands nothing back.)
  *
  * Errors: every call that can fail returns a ccq_status. After a call returned an error,
  * ccq_last_error_detail() on the same thread gives a readable detail (which argument,
@@ -53,8 +55,8 @@ extern "C" {
     X(CCQ_ERR_UNSUPPORTED, -10, "unsupported")
 
 /** Status codes. Negative values are errors; CCQ_IN_PROGRESS (positive) is not an error but
- * "not done yet": a non-blocking call (such as a ccq_store's get) has nothing to report yet
- * and is asked again later. */
+ * "not done yet": a non-blocking call (ccq_fence_test, a ccq_store's get) has nothing to
+ * report yet and is asked again later. */
 typedef enum ccq_status {
 #define CCQ_STATUS_ENUM_(name, value, text) name = value,
     CCQ_STATUS_MAP(CCQ_STATUS_ENUM_)
@@ -419,11 +421,60 @@ CCQ_API ccq_status ccq_scatter(ccq_runtime *rt, ccq_device_id device, ccq_stream
 CCQ_API ccq_status ccq_sync_collective(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream);
 
 /**
+ * A fence value: what ccq_fence_begin() captured of one stream (a clear epoch and a ticket
+ * count, packed in 64 bits). A plain value: copy it, keep it, test it from any thread.
+ * Meaningful only with the (device, stream) it was taken on.
+ */
+typedef uint64_t ccq_fence;
+
+/**
+ * Capture every command submitted on (device, stream) so far (every submitting call that
+ * returned before this one). Never blocks: two atomic loads. Values are ordered: a later
+ * ccq_fence_begin on the same stream covers at least what an earlier one did.
+ * Thread-safe; any number of threads may begin, test and wait at once.
+ * @param[out] out  The value.
+ * @return CCQ_OK; CCQ_ERR_INVALID_ARGUMENT (NULL, bad device/stream).
+ */
+CCQ_API ccq_status ccq_fence_begin(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream,
+                                   ccq_fence *out);
+
+/**
+ * Test a fence value without blocking (two atomic loads when nothing failed since the value
+ * was taken). Thread-safe; the same value gives the same final answer every time, from every
+ * thread. Does not clear the stream's error (ccq_sync_collective still reports it once).
+ * On NCCL, CCQ_OK means the commands completed on the GPU; unlike ccq_fence_wait it does not
+ * touch a bound CUDA stream (ccq_nccl_bind_stream).
+ * @return CCQ_IN_PROGRESS while some covered command has not ended; then CCQ_OK, or the
+ *         error ccq_sync_collective would have returned for them: the first error recorded
+ *         on the stream since the last error ccq_sync_collective reported before the value
+ *         was taken, if that error's command is one the value covers (detail in
+ *         ccq_last_error_detail()). An error is reported only once every covered command
+ *         ended, so the covered commands' buffers are free whenever the answer is not
+ *         CCQ_IN_PROGRESS. CCQ_ERR_INVALID_ARGUMENT for a bad device/stream, a value not of
+ *         this stream, or a value older than 16 error reports by ccq_sync_collective on the
+ *         stream (their records are not kept).
+ */
+CCQ_API ccq_status ccq_fence_test(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream,
+                                  ccq_fence f);
+
+/**
+ * Wait until ccq_fence_test() would not return CCQ_IN_PROGRESS, at most @p timeout_ms
+ * (0 = the runtime's timeout_ms; none if that is 0 too). Sleeps (no spinning beyond spin_us).
+ * Thread-safe; any number of threads may wait on the same value.
+ * @return What ccq_fence_test() returns then; CCQ_IN_PROGRESS when the wait ended first (the
+ *         commands are still pending: nothing failed; the watchdog still ends them).
+ */
+CCQ_API ccq_status ccq_fence_wait(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream,
+                                  ccq_fence f, uint64_t timeout_ms);
+
+/**
  * The last error a fence returned on (device, stream), with its detail, from any thread.
  * The detail is kept whole (a desync report of a big communicator can run to kilobytes,
  * while ccq_last_error_detail() keeps at most 511 characters); a detail cut to fit @p len
  * ends with "... [truncated]".
  * @param[out] buf  Receives the NUL-terminated detail ("" if none); may be NULL if len == 0.
+ * (Errors returned by ccq_sync_collective, which reports and clears them; fence values
+ * only read them.)
  * @return That error's status, CCQ_OK if the stream never returned one, or
  *         CCQ_ERR_INVALID_ARGUMENT.
  */
@@ -511,9 +562,10 @@ typedef struct ccq_event {
 /**
  * Event callback. Called on the scheduler thread for every event except fence events,
  * which are delivered on the thread calling ccq_sync_collective. It must be fast (it
- * delays scheduling) and thread-safe. It must not call ccq_sync_collective, ccq_comm_init,
- * ccq_runtime_shutdown or ccq_runtime_destroy (they wait for a scheduler): from inside a
- * callback they fail at once with CCQ_ERR_INVALID_ARGUMENT and do nothing. Submitting calls
+ * delays scheduling) and thread-safe. It must not call ccq_sync_collective, ccq_fence_wait,
+ * ccq_comm_init, ccq_runtime_shutdown or ccq_runtime_destroy (they wait for a scheduler): from
+ * inside a callback they fail at once with CCQ_ERR_INVALID_ARGUMENT and do nothing
+ * (ccq_fence_test and ccq_nccl_stream_wait never wait, and are fine). Submitting calls
  * from a callback never wait for room: a full stream gives CCQ_ERR_QUEUE_FULL at once.
  */
 typedef void (*ccq_event_fn)(const ccq_event *ev, void *user);

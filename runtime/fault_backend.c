@@ -116,6 +116,20 @@ static ccq_status fwd_bind_stream(ccq_backend *be, ccq_device_id device, uint32_
     return f->inner_ops->bind_stream(f->inner, device, stream_index, native, err);
 }
 
+static ccq_status fwd_stream_wait(ccq_backend *be, ccq_device_id device, uint32_t stream_index,
+                                  void *native, uint64_t target, const _Atomic uint64_t *ended,
+                                  ccq_errbuf *err)
+{
+    fault_be *f = to_fault(be);
+    return f->inner_ops->stream_wait(f->inner, device, stream_index, native, target, ended, err);
+}
+
+static void fwd_stream_ended(ccq_backend *be, uint32_t stream_index, uint64_t ended)
+{
+    fault_be *f = to_fault(be);
+    f->inner_ops->stream_ended(f->inner, stream_index, ended);
+}
+
 static ccq_status fwd_mem_alloc(ccq_backend *be, ccq_device_id device, size_t bytes, void **out,
                                 ccq_errbuf *err)
 {
@@ -322,6 +336,8 @@ ccq_status ccq_fault_wrap(const ccq_fault_plan *plan, const ccq_backend_ops **op
         .submit = in->submit ? fwd_submit : NULL,
         .fence = in->fence ? fwd_fence : NULL,
         .bind_stream = in->bind_stream ? fwd_bind_stream : NULL,
+        .stream_wait = in->stream_wait ? fwd_stream_wait : NULL,
+        .stream_ended = in->stream_ended ? fwd_stream_ended : NULL,
         .mem_alloc = in->mem_alloc ? fwd_mem_alloc : NULL,
         .mem_free = in->mem_free ? fwd_mem_free : NULL,
         .mem_copy = in->mem_copy ? fwd_mem_copy : NULL,

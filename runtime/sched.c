@@ -709,6 +709,7 @@ static void end_head(ccq_runtime *rt, ccq_stream *s, uint64_t now)
         s->fifo_tail = NULL;
     if (s->cursor == c)
         s->cursor = c->fifo_next;
+    uint64_t pos = s->ending++;
     if (c->status == CCQ_OK) {
         S->completed++;
     } else {
@@ -717,7 +718,7 @@ static void end_head(ccq_runtime *rt, ccq_stream *s, uint64_t now)
         else
             S->failed++;
         S->error_seen = true;
-        ccq_stream_record_error(s, c->status, c->detail);
+        ccq_stream_record_error(s, pos, c->status, c->detail);
     }
     /* Metrics are kept whether or not the recorder is on (one histogram bucket per end). */
     if (c->issue_ns != 0)
@@ -742,6 +743,9 @@ static void publish_ended(ccq_runtime *rt, ccq_stream *s, uint64_t n)
     atomic_store_explicit(&rt->stats.failed, S->failed, memory_order_release);
     atomic_store_explicit(&rt->stats.cancelled, S->cancelled, memory_order_release);
     ccq_stream_publish_ended(s, n);
+    /* GPU-side waits: commands that never reached the device advance the counter here. */
+    if (rt->be_ops->stream_ended != NULL)
+        rt->be_ops->stream_ended(rt->be, s->index, s->ending);
 }
 
 /* End failed commands at the heads of streams with nothing in flight, and drop streams
@@ -1213,6 +1217,11 @@ static void issue(ccq_runtime *rt, ccq_batch *b)
             if (traced)
                 ev_cmd(rt, CCQ_EV_ISSUED, q, b->issue_ns, CCQ_OK);
         }
+        /* Every command up to build_next ends when the batch comes back: the stream's ended
+         * count then (the backend's GPU-side wait counter after the batch). */
+        s->batch_done = s->ending;
+        for (ccq_cmd *q = s->fifo_head; q != s->build_next; q = q->fifo_next)
+            s->batch_done++;
         s->cursor = s->build_next;
         s->inflight = true;
         atomic_store_explicit(&s->issued_ns, b->issue_ns, memory_order_release);
@@ -1222,8 +1231,12 @@ static void issue(ccq_runtime *rt, ccq_batch *b)
         s = next;
     }
     S->pass_streams = NULL;
-    for (uint32_t k = 0; k < b->be.nops; k++)
-        chan_advance(S, b->insts[k]->chan);
+    for (uint32_t k = 0; k < b->be.nops; k++) {
+        ccq_inst *i = b->insts[k];
+        for (uint32_t p = 0; p < i->op.nparts; p++)
+            i->op.parts[p].stream_done = i->cmds[p] ? i->cmds[p]->stream->batch_done : 0;
+        chan_advance(S, i->chan);
+    }
     b->next = S->inflight;
     S->inflight = b;
     S->ninflight++;

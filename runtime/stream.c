@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ccq/ccq_nccl.h"
 #include "runtime/internal.h"
 
 void ccq_stream_init(ccq_stream *s, ccq_device_id device, ccq_stream_id id, uint32_t index)
@@ -14,7 +15,7 @@ void ccq_stream_init(ccq_stream *s, ccq_device_id device, ccq_stream_id id, uint
     atomic_init(&s->tickets, 0);
     atomic_init(&s->ring, NULL);
     atomic_init(&s->ended, 0);
-    atomic_init(&s->err_status, 0);
+    atomic_init(&s->errw, 0);
     atomic_init(&s->issued_ns, 0);
     ccq_signal_init(&s->ev);
     pthread_mutex_init(&s->err_lock, NULL);
@@ -28,6 +29,9 @@ void ccq_stream_fini(ccq_stream *s)
     free(atomic_load_explicit(&s->ring, memory_order_relaxed));
     free(s->err_detail);
     free(s->last_detail);
+    for (uint32_t i = 0; s->hist != NULL && i < CCQ_FENCE_HISTORY; i++)
+        free(s->hist[i].detail);
+    free(s->hist);
     pthread_mutex_destroy(&s->err_lock);
 }
 
@@ -152,14 +156,18 @@ void ccq_stream_close(ccq_stream *s)
 /* The scheduler's side                                                                  */
 /* ------------------------------------------------------------------------------------ */
 
-void ccq_stream_record_error(ccq_stream *s, ccq_status st, const char *detail)
+void ccq_stream_record_error(ccq_stream *s, uint64_t pos, ccq_status st, const char *detail)
 {
     pthread_mutex_lock(&s->err_lock);
-    if (atomic_load_explicit(&s->err_status, memory_order_relaxed) == 0) {
+    uint64_t w = atomic_load_explicit(&s->errw, memory_order_relaxed);
+    if ((uint32_t)w == 0) {
         char *d = strdup(detail ? detail : "");
         free(s->err_detail);
         s->err_detail = d; /* NULL on no memory: reported as "" */
-        atomic_store_explicit(&s->err_status, (int)st, memory_order_release);
+        s->err_pos = pos & CCQ_FENCE_TARGET_MASK;
+        /* Release: `ended` is published after this, so a fence that sees the command ended
+         * sees the flag (and reads err_pos and err_detail under the lock). */
+        atomic_store_explicit(&s->errw, (w & ~0xffffffffull) | (uint32_t)st, memory_order_release);
     }
     pthread_mutex_unlock(&s->err_lock);
 }
@@ -175,15 +183,182 @@ void ccq_stream_publish_ended(ccq_stream *s, uint64_t n)
 /* Fences                                                                                */
 /* ------------------------------------------------------------------------------------ */
 
+/*
+ * The error rule (docs/semantics.md, "Fence values"). Commands end, and their errors are
+ * recorded, in end order; a command's end position is how many ended before it. Time is
+ * split into clear epochs: epoch k runs from the k-th error ccq_sync_collective reported
+ * (and cleared) to the next, so every closed epoch has exactly one first error, the one
+ * reported, and first errors have increasing positions. A value (e, t) covers positions
+ * < t; the first error of the epochs >= e is epoch e's, so its answer is that error if its
+ * position is < t, else no error. Epoch e's first error is the stream's current one while e
+ * is current, and a record in s->hist once it is closed.
+ */
+
 typedef struct fence_wait {
     ccq_stream *s;
-    uint64_t target;
+    uint64_t target; /* 48 bits */
 } fence_wait;
 
+/* Every command the value covers has ended. */
 static bool fence_done(void *arg)
 {
     fence_wait *w = arg;
-    return atomic_load_explicit(&w->s->ended, memory_order_acquire) >= w->target;
+    uint64_t e = atomic_load_explicit(&w->s->ended, memory_order_acquire);
+    return !ccq_fence_before(e & CCQ_FENCE_TARGET_MASK, w->target);
+}
+
+static ccq_fence fence_make(uint64_t errw, uint64_t tickets)
+{
+    return ((errw >> 32) & 0xffffull) << CCQ_FENCE_TARGET_BITS |
+           (tickets & ~CCQ_TICKET_CLOSED & CCQ_FENCE_TARGET_MASK);
+}
+
+/* The answer for a value whose covered commands all ended and whose epoch had an error or
+ * is closed: under err_lock, which the scheduler holds while it records. */
+static ccq_status fence_verdict(ccq_stream *s, const char *fn, ccq_fence f)
+{
+    uint32_t e = (uint32_t)(f >> CCQ_FENCE_TARGET_BITS);
+    uint64_t t = f & CCQ_FENCE_TARGET_MASK;
+    ccq_status st = CCQ_OK;
+
+    pthread_mutex_lock(&s->err_lock);
+    uint64_t w = atomic_load_explicit(&s->errw, memory_order_relaxed);
+    uint32_t cur = (uint32_t)(w >> 32);
+    uint32_t back = (uint16_t)(cur - e); /* clears since the value's epoch */
+    if (back == 0) {
+        if ((uint32_t)w != 0 && ccq_fence_before(s->err_pos, t)) {
+            st = (ccq_status)(int32_t)(uint32_t)w;
+            ccq_set_detail("%s", s->err_detail ? s->err_detail : "");
+        }
+    } else if (back <= CCQ_FENCE_HISTORY && s->hist != NULL &&
+               s->hist[(cur - back) % CCQ_FENCE_HISTORY].epoch == cur - back &&
+               s->hist[(cur - back) % CCQ_FENCE_HISTORY].status != CCQ_OK) {
+        const ccq_err_record *r = &s->hist[(cur - back) % CCQ_FENCE_HISTORY];
+        if (ccq_fence_before(r->pos, t)) {
+            st = r->status;
+            ccq_set_detail("%s", r->detail ? r->detail : "");
+        }
+    } else {
+        st = ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                      "%s: device %u stream %u: fence value older than %u error reports "
+                      "(ccq_sync_collective cleared %u errors since ccq_fence_begin), or not a "
+                      "value of this stream",
+                      fn, s->device, s->id, CCQ_FENCE_HISTORY, back);
+    }
+    pthread_mutex_unlock(&s->err_lock);
+    return st;
+}
+
+/* The answer now, never blocking. Two atomic loads when nothing failed since the value's
+ * epoch began. `hook`: on CCQ_OK, let the backend order a bound native stream after the
+ * work (ccq_fence_wait, as ccq_sync_collective); ccq_fence_test skips it so polling stays
+ * two loads (the work is complete on the device when it says CCQ_OK). */
+static ccq_status fence_status(ccq_runtime *rt, ccq_stream *s, const char *fn, ccq_fence f,
+                               bool hook)
+{
+    fence_wait w = {s, f & CCQ_FENCE_TARGET_MASK};
+
+    /* `ended` first: the scheduler records an error before it publishes `ended` past it,
+     * so once the covered commands are seen ended, errw shows their errors (or a clear). */
+    if (!fence_done(&w)) {
+        uint64_t k = atomic_load_explicit(&s->tickets, memory_order_acquire) & ~CCQ_TICKET_CLOSED;
+        if (ccq_fence_before(k & CCQ_FENCE_TARGET_MASK, w.target))
+            return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                            "%s: device %u stream %u: fence value covers %llu commands, more "
+                            "than were ever submitted (%llu): not a value of this stream",
+                            fn, s->device, s->id, (unsigned long long)w.target,
+                            (unsigned long long)k);
+        /* Errors are reported only once every covered command ended, so the user's buffers
+         * are free when any answer but CCQ_IN_PROGRESS comes back. */
+        return CCQ_IN_PROGRESS;
+    }
+    uint64_t ew = atomic_load_explicit(&s->errw, memory_order_acquire);
+    ccq_status st = CCQ_OK;
+    if ((uint16_t)(ew >> 32) != (uint16_t)(f >> CCQ_FENCE_TARGET_BITS) || (uint32_t)ew != 0)
+        st = fence_verdict(s, fn, f);
+    if (st == CCQ_OK && hook && rt->be_ops->fence != NULL)
+        rt->be_ops->fence(rt->be, s->index);
+    return st;
+}
+
+static ccq_status fence_args(ccq_runtime *rt, const char *fn, ccq_device_id device,
+                             ccq_stream_id stream, ccq_stream **out)
+{
+    if (rt == NULL)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "%s: rt is NULL", fn);
+    ccq_status st = ccq_check_stream(rt, fn, device, stream);
+    if (st != CCQ_OK)
+        return st;
+    *out = ccq_stream_at(rt, device, stream);
+    return CCQ_OK;
+}
+
+CCQ_API ccq_status ccq_fence_begin(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream,
+                                   ccq_fence *out)
+{
+    ccq_stream *s = NULL;
+    ccq_status st;
+
+    ccq_clear_detail();
+    if (out == NULL)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_fence_begin: out is NULL");
+    st = fence_args(rt, "ccq_fence_begin", device, stream, &s);
+    if (st != CCQ_OK)
+        return st;
+    /* The epoch first: a clear between the two loads leaves the value in the older epoch,
+     * whose record the history keeps, so the error that clear reported is still seen. */
+    uint64_t ew = atomic_load_explicit(&s->errw, memory_order_acquire);
+    /* Every command whose submission returned before this load has a smaller ticket, and
+     * commands end in stream order, so `ended` reaching the ticket count covers them. */
+    *out = fence_make(ew, atomic_load_explicit(&s->tickets, memory_order_acquire));
+    return CCQ_OK;
+}
+
+CCQ_API ccq_status ccq_fence_test(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream,
+                                  ccq_fence f)
+{
+    ccq_stream *s = NULL;
+    ccq_status st;
+
+    ccq_clear_detail();
+    st = fence_args(rt, "ccq_fence_test", device, stream, &s);
+    if (st != CCQ_OK)
+        return st;
+    return fence_status(rt, s, "ccq_fence_test", f, false);
+}
+
+CCQ_API ccq_status ccq_fence_wait(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream,
+                                  ccq_fence f, uint64_t timeout_ms)
+{
+    ccq_stream *s = NULL;
+    ccq_status st;
+
+    ccq_clear_detail();
+    if (ccq_tls_inside != 0) /* an event callback: it would wait for its own scheduler */
+        return ccq_refuse_inside("ccq_fence_wait");
+    st = fence_args(rt, "ccq_fence_wait", device, stream, &s);
+    if (st != CCQ_OK)
+        return st;
+    fence_wait w = {s, f & CCQ_FENCE_TARGET_MASK};
+    if (!fence_done(&w)) {
+        uint64_t ns = timeout_ms == 0                      ? rt->timeout_ns
+                      : timeout_ms > UINT64_MAX / 1000000u ? UINT64_MAX
+                                                           : timeout_ms * 1000000u;
+        uint64_t deadline = ccq_deadline_in(ns);
+        st = fence_status(rt, s, "ccq_fence_wait", f, false); /* arguments, before sleeping */
+        if (st != CCQ_IN_PROGRESS)
+            return st;
+        if (!ccq_signal_wait_spin(&s->ev, fence_done, &w, deadline, rt->spin_ns)) {
+            uint64_t e = atomic_load_explicit(&s->ended, memory_order_acquire);
+            return ccq_fail(CCQ_IN_PROGRESS,
+                            "ccq_fence_wait: device %u stream %u: %llu of the commands it "
+                            "covers still pending after %llu ms",
+                            device, stream,
+                            (unsigned long long)((w.target - e) & CCQ_FENCE_TARGET_MASK),
+                            (unsigned long long)(timeout_ms ? timeout_ms : rt->cfg.timeout_ms));
+        }
+    }
+    return fence_status(rt, s, "ccq_fence_wait", f, true);
 }
 
 static ccq_status sync_collective(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream);
@@ -219,25 +394,54 @@ CCQ_API ccq_status ccq_sync_collective(ccq_runtime *rt, ccq_device_id device, cc
     return st;
 }
 
+/* Report the current epoch's first error and close the epoch: its record goes to the
+ * history, for values begun in it. */
+static ccq_status report_and_clear(ccq_stream *s)
+{
+    ccq_status err = CCQ_OK;
+
+    pthread_mutex_lock(&s->err_lock);
+    uint64_t w = atomic_load_explicit(&s->errw, memory_order_relaxed);
+    if ((uint32_t)w != 0) {
+        uint32_t epoch = (uint32_t)(w >> 32);
+        err = (ccq_status)(int32_t)(uint32_t)w;
+        ccq_set_detail("%s", s->err_detail ? s->err_detail : "");
+        s->last_status = err;
+        if (s->hist == NULL) /* the first clear of this stream; without memory, values of the
+                                closed epoch get CCQ_ERR_INVALID_ARGUMENT */
+            s->hist = calloc(CCQ_FENCE_HISTORY, sizeof *s->hist);
+        if (s->hist != NULL) {
+            ccq_err_record *r = &s->hist[epoch % CCQ_FENCE_HISTORY];
+            r->epoch = epoch;
+            r->status = err;
+            r->pos = s->err_pos;
+            free(r->detail);
+            r->detail = s->err_detail ? strdup(s->err_detail) : NULL; /* NULL: "" */
+        }
+        free(s->last_detail);
+        s->last_detail = s->err_detail;
+        s->err_detail = NULL;
+        atomic_store_explicit(&s->errw, (uint64_t)(epoch + 1) << 32, memory_order_release);
+    }
+    pthread_mutex_unlock(&s->err_lock);
+    return err;
+}
+
+/* Begin + wait (with the watchdog's grace) + report-then-clear. */
 static ccq_status sync_collective(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream)
 {
-    ccq_stream *s;
-    fence_wait w;
+    ccq_stream *s = NULL;
+    ccq_fence f;
     ccq_status st;
     uint64_t deadline = UINT64_MAX;
-    int err;
 
     ccq_clear_detail();
-    if (rt == NULL)
-        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_sync_collective: rt is NULL");
-    st = ccq_check_stream(rt, "ccq_sync_collective", device, stream);
+    st = fence_args(rt, "ccq_sync_collective", device, stream, &s);
     if (st != CCQ_OK)
         return st;
-    s = ccq_stream_at(rt, device, stream);
-    w.s = s;
-    /* Every command whose submission returned before this load has a smaller ticket, and
-     * commands end in stream order, so `ended` reaching the ticket count covers them. */
-    w.target = atomic_load_explicit(&s->tickets, memory_order_acquire) & ~CCQ_TICKET_CLOSED;
+    f = fence_make(atomic_load_explicit(&s->errw, memory_order_acquire),
+                   atomic_load_explicit(&s->tickets, memory_order_acquire));
+    fence_wait w = {s, f & CCQ_FENCE_TARGET_MASK};
     if (!fence_done(&w)) {
         /* A grace beyond timeout_ms lets the watchdog, which fires at the same deadline for
          * the oldest queued command, report why instead of a bare timeout. */
@@ -253,32 +457,26 @@ static ccq_status sync_collective(ccq_runtime *rt, ccq_device_id device, ccq_str
             ok = ccq_signal_wait_spin(&s->ev, fence_done, &w, verdict, 0);
         if (!ok) {
             uint64_t e = atomic_load_explicit(&s->ended, memory_order_acquire);
-            if (atomic_load_explicit(&s->err_status, memory_order_acquire) == 0)
+            if ((uint32_t)atomic_load_explicit(&s->errw, memory_order_acquire) == 0)
                 return ccq_fail(CCQ_ERR_TIMEOUT,
                                 "ccq_sync_collective: device %u stream %u: %llu of the "
                                 "commands it covers still pending after timeout_ms = %llu",
-                                device, stream, (unsigned long long)(w.target - e),
+                                device, stream,
+                                (unsigned long long)((w.target - e) & CCQ_FENCE_TARGET_MASK),
                                 (unsigned long long)rt->cfg.timeout_ms);
         }
     }
-    err = atomic_load_explicit(&s->err_status, memory_order_acquire);
-    if (err == 0) {
+    /* As before fence values: the first error recorded since the previous clear, whatever
+     * its position (also one of a command submitted after this call began). */
+    if ((uint32_t)atomic_load_explicit(&s->errw, memory_order_acquire) == 0) {
         if (rt->be_ops->fence != NULL)
             rt->be_ops->fence(rt->be, s->index);
         return CCQ_OK;
     }
-    pthread_mutex_lock(&s->err_lock);
-    err = atomic_load_explicit(&s->err_status, memory_order_relaxed);
-    if (err != 0) {
-        ccq_set_detail("%s", s->err_detail ? s->err_detail : "");
-        s->last_status = (ccq_status)err;
-        free(s->last_detail);
-        s->last_detail = s->err_detail;
-        s->err_detail = NULL;
-        atomic_store_explicit(&s->err_status, 0, memory_order_relaxed);
-    }
-    pthread_mutex_unlock(&s->err_lock);
-    return (ccq_status)err;
+    st = report_and_clear(s);
+    if (st == CCQ_OK && rt->be_ops->fence != NULL)
+        rt->be_ops->fence(rt->be, s->index);
+    return st;
 }
 
 CCQ_API ccq_status ccq_stream_last_error(ccq_runtime *rt, ccq_device_id device,
@@ -304,4 +502,36 @@ CCQ_API ccq_status ccq_stream_last_error(ccq_runtime *rt, ccq_device_id device,
     }
     pthread_mutex_unlock(&s->err_lock);
     return st;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* GPU-side waits                                                                        */
+/* ------------------------------------------------------------------------------------ */
+
+CCQ_API ccq_status ccq_nccl_stream_wait(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream,
+                                        struct CUstream_st *cuda_stream)
+{
+    ccq_errbuf err = {{0}};
+    ccq_stream *s = NULL;
+    ccq_status st;
+
+    ccq_clear_detail();
+    st = fence_args(rt, "ccq_nccl_stream_wait", device, stream, &s);
+    if (st != CCQ_OK)
+        return st;
+    if (strcmp(rt->be_ops->name, "nccl") != 0 || rt->be_ops->stream_wait == NULL)
+        return ccq_fail(CCQ_ERR_UNSUPPORTED,
+                        "ccq_nccl_stream_wait: the runtime's backend is \"%s\", not \"nccl\"; "
+                        "use ccq_sync_collective or ccq_fence_wait",
+                        rt->be_ops->name);
+    if (cuda_stream == NULL)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "ccq_nccl_stream_wait: cuda_stream is NULL (the legacy default stream "
+                        "cannot be a wait's target here; pass a stream you created)");
+    /* As ccq_fence_begin: every command whose submission returned before this load. */
+    uint64_t target = atomic_load_explicit(&s->tickets, memory_order_acquire) & ~CCQ_TICKET_CLOSED;
+    st = rt->be_ops->stream_wait(rt->be, device, s->index, cuda_stream, target, &s->ended, &err);
+    if (st != CCQ_OK)
+        return ccq_fail(st, "ccq_nccl_stream_wait: %s", err.msg);
+    return CCQ_OK;
 }

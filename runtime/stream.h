@@ -37,7 +37,9 @@ typedef struct ccq_stream {
     /* Scheduler -> waiters. */
     alignas(CCQ_CACHELINE) _Atomic uint64_t ended; /* commands ended, in stream order */
     ccq_signal ev;                                 /* fences and producers waiting for room */
-    _Atomic int err_status;                        /* first unreported error, 0 if none */
+    /* (clear epoch << 32) | the current epoch's first error as (uint32_t)ccq_status, 0 if
+     * none: one word, so a fence test reads "no error since my epoch began" in one load. */
+    _Atomic uint64_t errw;
     _Atomic uint64_t issued_ns; /* when its batch in flight was issued; 0 when none */
     /* Scheduler only. */
     alignas(CCQ_CACHELINE) struct ccq_cmd *fifo_head; /* commands received and not ended */
@@ -53,6 +55,9 @@ typedef struct ccq_stream {
     bool inflight;                 /* commands before `cursor` are in the batch in flight */
     bool active;                   /* in the scheduler's active list */
     uint64_t received;             /* commands drained from q */
+    uint64_t ending;               /* commands ended, published or not: the next one's
+                                      position in end order (errors are kept by it) */
+    uint64_t batch_done;           /* `ending` once the batch being issued is done */
     uint64_t build_pass;           /* batch pass in which build_next/build_first are valid */
     uint64_t listed_pass;          /* batch pass whose pass_streams list holds it */
     struct ccq_stream *pass_next;  /* streams with commands in the batch being built */
@@ -62,11 +67,39 @@ typedef struct ccq_stream {
     ccq_device_id device;
     ccq_stream_id id;
     uint32_t index;
-    pthread_mutex_t err_lock; /* guards the strings below */
-    char *err_detail;         /* malloc'd, whole (a desync report can exceed CCQ_DETAIL_LEN) */
+    pthread_mutex_t err_lock;    /* guards errw's changes, the fields below and hist */
+    uint64_t err_pos;            /* end position of the current epoch's first error */
+    char *err_detail;            /* malloc'd, whole (a desync report can exceed CCQ_DETAIL_LEN) */
+    struct ccq_err_record *hist; /* [CCQ_FENCE_HISTORY]: first errors of the last cleared
+                                    epochs, at epoch % CCQ_FENCE_HISTORY; NULL until the
+                                    first clear */
     ccq_status last_status;
     char *last_detail; /* malloc'd or NULL */
 } ccq_stream;
+
+/* Clear epochs a fence value can be older than: ccq_fence_test on a value whose epoch had
+ * more error reports (ccq_sync_collective clears) after it returns CCQ_ERR_INVALID_ARGUMENT. */
+#define CCQ_FENCE_HISTORY 16u
+
+/* The first error of a cleared epoch: what ccq_sync_collective reported when it cleared it. */
+typedef struct ccq_err_record {
+    uint32_t epoch;
+    ccq_status status;
+    uint64_t pos; /* its end position */
+    char *detail; /* malloc'd, or NULL ("") */
+} ccq_err_record;
+
+/* A fence value: the clear epoch at ccq_fence_begin (low 16 bits) and the stream's ticket
+ * count then (48 bits, compared modulo 2^48). */
+#define CCQ_FENCE_TARGET_BITS 48
+#define CCQ_FENCE_TARGET_MASK ((1ull << CCQ_FENCE_TARGET_BITS) - 1)
+
+/* a comes strictly before b, modulo 2^48 (end positions and targets never lie 2^47 apart). */
+static inline bool ccq_fence_before(uint64_t a, uint64_t b)
+{
+    uint64_t d = (b - a) & CCQ_FENCE_TARGET_MASK;
+    return d != 0 && d < (1ull << (CCQ_FENCE_TARGET_BITS - 1));
+}
 
 /* Set up a stream that has not been used yet, and free what it holds. */
 void ccq_stream_init(ccq_stream *s, ccq_device_id device, ccq_stream_id id, uint32_t index);
@@ -92,8 +125,9 @@ ccq_status ccq_stream_reserve_slow(struct ccq_runtime *rt, ccq_stream *s, const 
 void ccq_stream_close(ccq_stream *s);
 
 /* ---- The scheduler ---- */
-/* A command ended with an error: keep the first one for the next fence. */
-void ccq_stream_record_error(ccq_stream *s, ccq_status st, const char *detail);
+/* The command at end position `pos` (s->ending before it ended) ended with an error: keep
+ * the current epoch's first one for fences. Before `ended` is published past it. */
+void ccq_stream_record_error(ccq_stream *s, uint64_t pos, ccq_status st, const char *detail);
 /* n more commands ended, in stream order: wake fences and producers waiting for room. */
 void ccq_stream_publish_ended(ccq_stream *s, uint64_t n);
 

@@ -11,6 +11,10 @@
 #include <string.h>
 #include <time.h>
 
+#include <pthread.h>
+
+#include <cuda.h> /* driver types only: entry points come from cudaGetDriverEntryPointByVersion */
+#include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -85,7 +89,24 @@ typedef struct nccl_stream {
     cudaEvent_t done;         /* recorded after each batch on `comm` */
     _Atomic uint32_t done_recorded;
     uint64_t batch_mark; /* scheduler scratch: last batch that listed this stream */
+    /* GPU-side waits (see "GPU-side waits" below). */
+    _Atomic uint32_t waited; /* a ccq_nccl_stream_wait was queued: keep its counter */
+    uint64_t floor;          /* scheduler: the highest value the host wrote to the counter */
+    bool repair;             /* scheduler: a GPU write older than `floor` may still run */
 } nccl_stream;
+
+/* GPU-side waits: driver entry points and the counters, set up on first use. */
+typedef struct nccl_memops {
+    pthread_mutex_t lock; /* first-use setup (user threads) */
+    _Atomic int state;    /* 0: not tried, 1: ready, -1: unsupported (why) */
+    char why[CCQ_DETAIL_LEN / 2];
+    PFN_cuStreamWaitValue64_v11070 wait;
+    PFN_cuStreamWriteValue64_v11070 write;
+    int8_t *dev_ok;                /* [ndev]: 64-bit stream memory operations supported */
+    _Atomic uint64_t *_Atomic ctr; /* [ndev * max_streams], mapped pinned host memory */
+    CUdeviceptr dctr;              /* the same memory, as the GPU addresses it */
+    uint32_t nrepair;              /* scheduler: streams with `repair` set */
+} nccl_memops;
 
 enum { NB_ENQUEUING, NB_RUNNING };
 
@@ -97,8 +118,9 @@ typedef struct nccl_batch {
     bool failed;             /* batch_fail ran: now only waiting for the GPU to drain */
     uint64_t drain_deadline; /* when a failed batch is returned even if not drained */
     uint32_t nstreams, ncomms;
-    uint32_t *streams; /* stream indices used */
-    nccl_comm **comms; /* distinct communicators used */
+    uint32_t *streams;     /* stream indices used */
+    uint64_t *stream_done; /* [nstreams]: the parts' stream_done (GPU-side wait counters) */
+    nccl_comm **comms;     /* distinct communicators used */
 } nccl_batch;
 
 typedef struct nccl_be {
@@ -113,6 +135,7 @@ typedef struct nccl_be {
     nccl_stream *streams; /* [ndev * max_streams] */
     nccl_batch *inflight; /* scheduler only */
     uint64_t batch_mark;
+    nccl_memops mo;
     /* The abort thread (see abort_main): aborts queued by the scheduler. */
     pthread_t abort_thread;
     bool abort_thread_started;
@@ -126,6 +149,13 @@ static nccl_be *to_nccl(ccq_backend *be)
 {
     return ccq_container_of(be, nccl_be, base);
 }
+
+/* GPU-side waits (defined with ccq_nccl_stream_wait's hook below). */
+static void memops_init(nccl_be *h);
+static void memops_fini(nccl_be *h);
+static ccq_status counter_write_after(nccl_be *h, uint32_t stream_index, uint64_t value,
+                                      ccq_errbuf *err);
+static void counters_repair(nccl_be *h);
 
 static ccq_status nccl_status(ncclResult_t r)
 {
@@ -278,6 +308,7 @@ static void nccl_destroy(ccq_backend *be)
     pthread_cond_destroy(&h->abort_cond);
     pthread_mutex_destroy(&h->abort_lock);
     (void)cudaGetDevice(&prev);
+    memops_fini(h);
 
     for (uint32_t i = 0; h->streams != NULL && i < nstreams; i++) {
         nccl_stream *s = &h->streams[i];
@@ -325,6 +356,7 @@ static ccq_status nccl_create(const ccq_config *cfg, const ccq_be_hooks *hooks, 
         return CCQ_ERR_NO_MEMORY;
     }
     h->base.ops = &ccq_nccl_backend_ops;
+    memops_init(h);
     h->hooks = *hooks;
     h->ndev = ndev;
     h->version = version;
@@ -681,6 +713,254 @@ bound:
 }
 
 /* ------------------------------------------------------------------------------------ */
+/* GPU-side waits (ccq_nccl_stream_wait; docs/nccl.md "GPU-side waits")                  */
+/* ------------------------------------------------------------------------------------ */
+
+/*
+ * Per ccq stream, a 64-bit count of ended commands that the GPU reads: a user stream waits
+ * with cuStreamWaitValue64(count >= commands submitted before the call); the communication
+ * stream writes each batch's count with cuStreamWriteValue64 before the batch's completion
+ * event; the scheduler writes it from the host when commands end without reaching the GPU.
+ *
+ * The counters live in mapped pinned host memory (cudaHostAlloc, portable and mapped), not
+ * in device memory: the host must be able to release every waiting GPU stream with a plain
+ * store, without a CUDA call that could queue behind a hung stream or fail on a context an
+ * abort left in error; and one allocation serves every device. The GPU polls it over the
+ * bus while a wait is pending, which costs a little bus traffic, nothing on the host.
+ *
+ * Host writes only raise a counter (a CAS loop). A GPU write is queued at issue and runs
+ * before the batch's completion event, so by the time the scheduler publishes a batch's
+ * commands it has run, and the host never writes while one is pending. The exception is a
+ * failed batch returned before its streams drained (the GPU still had not run its queued
+ * work timeout_ms after the failure): its late GPU write could lower the counter below
+ * what the host wrote for the commands that failed after it. Such streams are marked and
+ * their counters rewritten at every poll until their completion event shows the late
+ * write has run.
+ *
+ * The memory is never freed: waits the GPU has queued but not evaluated yet read it, also
+ * after ccq_runtime_destroy (which raises every counter to its final value first). It is
+ * 8 bytes per stream, allocated once per runtime, and only if ccq_nccl_stream_wait is used.
+ */
+
+static void memops_init(nccl_be *h)
+{
+    pthread_mutex_init(&h->mo.lock, NULL);
+    atomic_init(&h->mo.state, 0);
+    atomic_init(&h->mo.ctr, NULL);
+}
+
+static _Atomic uint64_t *counter_of(nccl_be *h, uint32_t stream_index)
+{
+    _Atomic uint64_t *ctr = atomic_load_explicit(&h->mo.ctr, memory_order_acquire);
+    return ctr != NULL ? &ctr[stream_index] : NULL;
+}
+
+/* Raise a counter to v (never lower it): user threads and the scheduler. */
+static void counter_raise(_Atomic uint64_t *c, uint64_t v)
+{
+    uint64_t cur = atomic_load_explicit(c, memory_order_acquire);
+    while ((int64_t)(v - cur) > 0 && !atomic_compare_exchange_weak_explicit(
+                                         c, &cur, v, memory_order_acq_rel, memory_order_acquire))
+        ;
+}
+
+/* At destroy (every command ended): release every waiting GPU stream for good. */
+static void memops_fini(nccl_be *h)
+{
+    uint32_t nstreams = (uint32_t)h->ndev * h->max_streams;
+    for (uint32_t i = 0; h->streams != NULL && i < nstreams; i++)
+        if (atomic_load_explicit(&h->streams[i].waited, memory_order_acquire) &&
+            counter_of(h, i) != NULL)
+            counter_raise(counter_of(h, i), h->streams[i].floor);
+    free(h->mo.dev_ok);
+    pthread_mutex_destroy(&h->mo.lock);
+}
+
+static void *entry_point(nccl_be *h, const char *sym, unsigned version)
+{
+    void *fn = NULL;
+    enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    cudaError_t e = cudaGetDriverEntryPointByVersion(sym, &fn, version, cudaEnableDefault, &q);
+    if (e == cudaSuccess && q == cudaDriverEntryPointSuccess && fn != NULL)
+        return fn;
+    snprintf(h->mo.why, sizeof h->mo.why,
+             "the CUDA driver has no %s (CUDA %u.%u API): cudaGetDriverEntryPointByVersion: %s%s",
+             sym, version / 1000, version % 1000 / 10,
+             e != cudaSuccess ? cudaGetErrorString(e) : "",
+             e != cudaSuccess                               ? ""
+             : q == cudaDriverEntryPointVersionNotSufficent ? "driver too old"
+                                                            : "symbol not found");
+    return NULL;
+}
+
+/* Resolve the driver entry points, check each device, allocate the counters. Under
+ * mo.lock; sets mo.state. */
+static void memops_setup(nccl_be *h)
+{
+    PFN_cuDeviceGet_v2000 get = entry_point(h, "cuDeviceGet", 2000);
+    PFN_cuDeviceGetAttribute_v2000 attr = get ? entry_point(h, "cuDeviceGetAttribute", 2000) : NULL;
+    h->mo.wait = attr ? entry_point(h, "cuStreamWaitValue64", 11070) : NULL;
+    h->mo.write = h->mo.wait ? entry_point(h, "cuStreamWriteValue64", 11070) : NULL;
+    if (h->mo.write == NULL) {
+        atomic_store_explicit(&h->mo.state, -1, memory_order_release);
+        return;
+    }
+    h->mo.dev_ok = calloc((size_t)h->ndev, 1);
+    if (h->mo.dev_ok == NULL) {
+        snprintf(h->mo.why, sizeof h->mo.why, "out of memory");
+        atomic_store_explicit(&h->mo.state, -1, memory_order_release);
+        return;
+    }
+    for (int d = 0; d < h->ndev; d++) {
+        CUdevice cd = 0;
+        int v = 0;
+        if (get(&cd, d) == CUDA_SUCCESS &&
+            attr(&v, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, cd) == CUDA_SUCCESS)
+            h->mo.dev_ok[d] = v != 0;
+    }
+    void *p = NULL, *dp = NULL;
+    size_t bytes = (size_t)h->ndev * h->max_streams * sizeof(uint64_t);
+    cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
+    if (e == cudaSuccess)
+        e = cudaHostGetDevicePointer(&dp, p, 0);
+    if (e != cudaSuccess) {
+        snprintf(h->mo.why, sizeof h->mo.why,
+                 "mapped pinned memory for the wait counters: cudaHostAlloc/"
+                 "cudaHostGetDevicePointer: %s (%s)",
+                 cudaGetErrorString(e), cudaGetErrorName(e));
+        if (p != NULL)
+            cudaFreeHost(p);
+        atomic_store_explicit(&h->mo.state, -1, memory_order_release);
+        return;
+    }
+    memset(p, 0, bytes);
+    h->mo.dctr = (CUdeviceptr)(uintptr_t)dp;
+    atomic_store_explicit(&h->mo.ctr, (_Atomic uint64_t *)p, memory_order_release);
+    atomic_store_explicit(&h->mo.state, 1, memory_order_release);
+}
+
+/* User thread: queue the wait (see backend.h). */
+static ccq_status nccl_stream_wait(ccq_backend *be, ccq_device_id device, uint32_t stream_index,
+                                   void *native, uint64_t target, const _Atomic uint64_t *ended,
+                                   ccq_errbuf *err)
+{
+    nccl_be *h = to_nccl(be);
+    nccl_stream *st = &h->streams[stream_index];
+
+    if (atomic_load_explicit(&h->mo.state, memory_order_acquire) == 0) {
+        pthread_mutex_lock(&h->mo.lock);
+        if (atomic_load_explicit(&h->mo.state, memory_order_relaxed) == 0)
+            memops_setup(h);
+        pthread_mutex_unlock(&h->mo.lock);
+    }
+    if (atomic_load_explicit(&h->mo.state, memory_order_acquire) < 0) {
+        snprintf(err->msg, sizeof err->msg,
+                 "GPU-side waits are unsupported here: %s; fence on the host instead "
+                 "(ccq_fence_wait, ccq_sync_collective)",
+                 h->mo.why);
+        return CCQ_ERR_UNSUPPORTED;
+    }
+    if (!h->mo.dev_ok[device]) {
+        snprintf(err->msg, sizeof err->msg,
+                 "GPU-side waits are unsupported on device %u: "
+                 "CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS is 0 (no 64-bit "
+                 "cuStreamWaitValue64); fence on the host instead (ccq_fence_wait, "
+                 "ccq_sync_collective)",
+                 device);
+        return CCQ_ERR_UNSUPPORTED;
+    }
+    _Atomic uint64_t *c = counter_of(h, stream_index);
+    /* Arm, then read the count: either the scheduler sees the stream armed when it next
+     * publishes (and writes), or this thread sees what it published (and writes it). */
+    atomic_store_explicit(&st->waited, 1, memory_order_seq_cst);
+    atomic_thread_fence(memory_order_seq_cst);
+    counter_raise(c, atomic_load_explicit(ended, memory_order_acquire));
+    CUdeviceptr addr = h->mo.dctr + (CUdeviceptr)stream_index * 8u;
+    CUresult r = h->mo.wait((CUstream)native, addr, target, CU_STREAM_WAIT_VALUE_GEQ);
+    if (r == CUDA_ERROR_INVALID_CONTEXT) {
+        /* A thread that never used CUDA has no current context: make the device's primary
+         * context current for the call, then give the thread its device back. */
+        int prev = -1;
+        if (cudaGetDevice(&prev) == cudaSuccess && cudaSetDevice((int)device) == cudaSuccess) {
+            r = h->mo.wait((CUstream)native, addr, target, CU_STREAM_WAIT_VALUE_GEQ);
+            cudaSetDevice(prev);
+        }
+    }
+    if (r != CUDA_SUCCESS) {
+        snprintf(err->msg, sizeof err->msg, "cuStreamWaitValue64 on the given stream: CUresult %d",
+                 (int)r);
+        return r == CUDA_ERROR_NOT_SUPPORTED ? CCQ_ERR_UNSUPPORTED : CCQ_ERR_BACKEND;
+    }
+    return CCQ_OK;
+}
+
+/* Scheduler, in record_done: the batch's count, queued on the stream's NCCL stream. */
+static ccq_status counter_write_after(nccl_be *h, uint32_t stream_index, uint64_t value,
+                                      ccq_errbuf *err)
+{
+    nccl_stream *st = &h->streams[stream_index];
+    if (counter_of(h, stream_index) == NULL ||
+        !atomic_load_explicit(&st->waited, memory_order_acquire))
+        return CCQ_OK; /* no wait ever: the host writes if one comes (nccl_stream_ended) */
+    /* The stream's device current, as for any work queued on it. */
+    cudaError_t e = cudaSetDevice((int)(stream_index / h->max_streams));
+    if (e != cudaSuccess) {
+        snprintf(err->msg, sizeof err->msg, "cudaSetDevice: %s (%s)", cudaGetErrorString(e),
+                 cudaGetErrorName(e));
+        return CCQ_ERR_BACKEND;
+    }
+    CUresult r =
+        h->mo.write(st->comm, h->mo.dctr + (CUdeviceptr)stream_index * 8u, value, 0 /* ordered */);
+    if (r != CUDA_SUCCESS) {
+        snprintf(err->msg, sizeof err->msg,
+                 "cuStreamWriteValue64 of the GPU-side wait counter: CUresult %d", (int)r);
+        return CCQ_ERR_BACKEND;
+    }
+    return CCQ_OK;
+}
+
+/* Scheduler: `ended` commands of the stream ended. Writes from the host only when the GPU
+ * did not (commands that never reached it, a batch whose write failed or was not queued). */
+static void nccl_stream_ended(ccq_backend *be, uint32_t stream_index, uint64_t ended)
+{
+    nccl_be *h = to_nccl(be);
+    nccl_stream *st = &h->streams[stream_index];
+
+    atomic_thread_fence(memory_order_seq_cst); /* pairs with nccl_stream_wait's arming */
+    _Atomic uint64_t *c = counter_of(h, stream_index);
+    if (c == NULL || !atomic_load_explicit(&st->waited, memory_order_relaxed))
+        return;
+    if ((int64_t)(ended - st->floor) > 0)
+        st->floor = ended;
+    if ((int64_t)(ended - atomic_load_explicit(c, memory_order_acquire)) <= 0)
+        return; /* the GPU wrote it */
+    counter_raise(c, ended);
+    if (!st->repair && st->comm != NULL &&
+        atomic_load_explicit(&st->done_recorded, memory_order_acquire) &&
+        cudaEventQuery(st->done) == cudaErrorNotReady) {
+        st->repair = true; /* a late GPU write may still lower it */
+        h->mo.nrepair++;
+    }
+}
+
+/* Scheduler, each poll while some stream may see a late GPU write (see above). */
+static void counters_repair(nccl_be *h)
+{
+    uint32_t nstreams = (uint32_t)h->ndev * h->max_streams;
+    for (uint32_t i = 0; i < nstreams && h->mo.nrepair > 0; i++) {
+        nccl_stream *st = &h->streams[i];
+        if (!st->repair)
+            continue;
+        bool drained = cudaEventQuery(st->done) != cudaErrorNotReady;
+        counter_raise(counter_of(h, i), st->floor);
+        if (drained) {
+            st->repair = false;
+            h->mo.nrepair--;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------ */
 /* Issue and completion (scheduler thread)                                               */
 /* ------------------------------------------------------------------------------------ */
 
@@ -704,6 +984,7 @@ fail:
 static void nb_free(nccl_batch *nb)
 {
     free(nb->streams);
+    free(nb->stream_done);
     free(nb->comms);
     free(nb);
 }
@@ -714,6 +995,10 @@ static ccq_status record_done(nccl_be *h, nccl_batch *nb, ccq_errbuf *err)
     ccq_status status = CCQ_OK;
     for (uint32_t k = 0; k < nb->nstreams; k++) {
         nccl_stream *st = &h->streams[nb->streams[k]];
+        /* Before the event: once the host sees the batch complete, the counter is there. */
+        status = counter_write_after(h, nb->streams[k], nb->stream_done[k], err);
+        if (status != CCQ_OK)
+            goto fail;
         CUDA_CHECK_GOTO(cudaEventRecord(st->done, st->comm), err, status, fail);
         atomic_store_explicit(&st->done_recorded, 1, memory_order_release);
     }
@@ -966,6 +1251,7 @@ static ccq_status nccl_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
     for (uint32_t k = 0; k < b->nops; k++)
         nparts += b->ops[k]->nparts;
     if (nb == NULL || (nb->streams = calloc(nparts ? nparts : 1, sizeof *nb->streams)) == NULL ||
+        (nb->stream_done = calloc(nparts ? nparts : 1, sizeof *nb->stream_done)) == NULL ||
         (nb->comms = calloc(b->nops ? b->nops : 1, sizeof *nb->comms)) == NULL) {
         snprintf(err->msg, sizeof err->msg, "out of memory");
         if (nb != NULL)
@@ -1005,6 +1291,7 @@ static ccq_status nccl_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
                 goto fail;
             if (st->batch_mark != h->batch_mark) {
                 st->batch_mark = h->batch_mark;
+                nb->stream_done[nb->nstreams] = part->stream_done;
                 nb->streams[nb->nstreams++] = part->stream_index;
             }
             if (user != NULL)
@@ -1184,6 +1471,9 @@ static ccq_be_batch *nccl_poll(ccq_backend *be)
     nccl_be *h = to_nccl(be);
     ccq_be_batch *done = NULL;
 
+    if (h->mo.nrepair > 0)
+        counters_repair(h);
+
     for (nccl_batch **pp = &h->inflight; *pp != NULL;) {
         nccl_batch *nb = *pp;
         if (!batch_poll(h, nb)) {
@@ -1263,6 +1553,8 @@ const ccq_backend_ops ccq_nccl_backend_ops = {
     .submit = nccl_submit,
     .fence = nccl_fence,
     .bind_stream = nccl_bind_stream,
+    .stream_wait = nccl_stream_wait,
+    .stream_ended = nccl_stream_ended,
     .mem_alloc = nccl_mem_alloc,
     .mem_free = nccl_mem_free,
     .mem_copy = nccl_mem_copy,

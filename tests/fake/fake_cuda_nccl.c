@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cuda.h>
+
 #include "backends/host/reduce.h"
 #include "fake/fake_cuda_nccl.h"
 
@@ -18,6 +20,8 @@
 struct CUstream_st {
     int device;
     bool destroyed, user;
+    bool mo_blocked;   /* memops pump: an earlier item of this stream cannot run yet */
+    size_t mo_pending; /* items queued on it that have not run (stream memory operations) */
     struct CUstream_st *next;
 };
 
@@ -158,8 +162,13 @@ typedef struct fake_state {
 } fake_state;
 static fake_state F;
 
+static void memops_reset_locked(void);
+static void memops_complete_locked(void);
+static void memops_abort_locked(int device, bool keep);
+
 static void free_all_locked(void)
 {
+    memops_reset_locked();
     for (struct CUstream_st *s = F.streams, *n; s != NULL; s = n) {
         n = s->next;
         free(s);
@@ -476,6 +485,7 @@ static bool device_stuck(int device)
 /* What the GPU finishes by itself: every recorded event that is not stuck. Lock held. */
 static void complete_events_locked(void)
 {
+    memops_complete_locked(); /* a stream's writes run before its later events complete */
     for (struct CUevent_st *e = F.events; e != NULL; e = e->next)
         e->complete = e->recorded && (e->complete || !e->stuck);
 }
@@ -788,6 +798,7 @@ ncclResult_t ncclCommAbort(ncclComm_t comm)
     }
     if (r == ncclSuccess) {
         comm->aborted = true;
+        memops_abort_locked(comm->device, F.abort_keeps);
         /* The aborted kernels exit, so the device's streams drain: its recorded events
          * complete, unless the test keeps them (work stuck elsewhere, e.g. behind a user
          * stream). */
@@ -1632,4 +1643,338 @@ void fake_log_dump(void)
                 c->src, c->dst, c->value);
     }
     unlock();
+}
+
+/* ---- Driver entry points and stream memory operations (GPU-side waits) ---- */
+
+/* Queued work of streams, in the order it was queued: an item runs once every earlier item
+ * of its stream has run. A wait runs when its 64-bit value is reached (CUDA's GEQ: as a
+ * signed difference); a write of a communication stream when the stream's earlier work is
+ * done (at once with automatic events; with manual events at fake_complete_events(), or
+ * when an abort drains the device, before the events complete, as on a GPU); a user
+ * "kernel" (fake_user_launch) when it reaches the head. */
+enum { MO_WAIT, MO_WRITE, MO_KERNEL };
+typedef struct fake_memop {
+    int kind;
+    cudaStream_t stream;
+    uint64_t *addr;
+    uint64_t value;
+    void (*fn)(void *);
+    void *arg;
+    bool ready, done;
+    bool stuck; /* a write behind the work of a failed collective (as events: see stuck) */
+    struct fake_memop *next;
+} fake_memop;
+
+typedef struct fake_hostmem {
+    void *ptr;
+    bool freed;
+    struct fake_hostmem *next;
+} fake_hostmem;
+
+static struct {
+    int mode; /* FAKE_MEMOPS_* */
+    fake_memop *head, *tail;
+    fake_hostmem *hostmems;
+} M;
+
+static void memops_reset_locked(void)
+{
+    for (fake_memop *o = M.head, *n; o != NULL; o = n) {
+        n = o->next;
+        free(o);
+    }
+    for (fake_hostmem *h = M.hostmems, *n; h != NULL; h = n) {
+        n = h->next;
+        if (!h->freed)
+            free(h->ptr);
+        free(h);
+    }
+    memset(&M, 0, sizeof M);
+}
+
+static bool value_reached(const uint64_t *addr, uint64_t value)
+{
+    return (int64_t)(__atomic_load_n(addr, __ATOMIC_ACQUIRE) - value) >= 0;
+}
+
+/* Run what can run, in queue order per stream: passes over the queue (an item runs when no
+ * earlier item of its stream is pending) until one makes no progress. Lock held. */
+static void memops_pump_locked(void)
+{
+    bool progress = true;
+    while (progress) {
+        progress = false;
+        for (fake_memop *o = M.head; o != NULL; o = o->next)
+            o->stream->mo_blocked = false;
+        for (fake_memop *o = M.head; o != NULL; o = o->next) {
+            if (o->done || o->stream->mo_blocked)
+                continue;
+            if ((o->kind == MO_WAIT && !value_reached(o->addr, o->value)) ||
+                (o->kind == MO_WRITE && !o->ready)) {
+                o->stream->mo_blocked = true;
+                continue;
+            }
+            if (o->kind == MO_WRITE)
+                __atomic_store_n(o->addr, o->value, __ATOMIC_RELEASE);
+            if (o->kind == MO_KERNEL)
+                o->fn(o->arg);
+            o->done = true;
+            o->stream->mo_pending--;
+            progress = true;
+        }
+    }
+    /* Forget what ran (the queue holds pending work only). */
+    fake_memop **pp = &M.head;
+    M.tail = NULL;
+    while (*pp != NULL) {
+        fake_memop *o = *pp;
+        if (o->done) {
+            *pp = o->next;
+            free(o);
+        } else {
+            M.tail = o;
+            pp = &o->next;
+        }
+    }
+}
+
+/* The GPU finishes by itself: queued writes that are not stuck behind a failed
+ * collective's work run (as complete_events_locked completes events). Lock held. */
+static void memops_complete_locked(void)
+{
+    for (fake_memop *o = M.head; o != NULL; o = o->next)
+        if (o->kind == MO_WRITE && !o->stuck)
+            o->ready = true;
+    memops_pump_locked();
+}
+
+/* An abort on `device`: its streams drain (their writes run), unless the test keeps them
+ * (as it keeps the events). Lock held. */
+static void memops_abort_locked(int device, bool keep)
+{
+    for (fake_memop *o = M.head; o != NULL; o = o->next)
+        if (o->kind == MO_WRITE && o->stream->device == device) {
+            o->stuck = false;
+            o->ready |= !keep;
+        }
+    memops_pump_locked();
+}
+
+static void memop_add(int kind, cudaStream_t stream, uint64_t *addr, uint64_t value,
+                      void (*fn)(void *), void *arg)
+{
+    fake_memop *o = calloc(1, sizeof *o);
+    if (o == NULL)
+        abort();
+    *o = (fake_memop){kind, stream, addr, value, fn, arg, false, false, false, NULL};
+    if (kind == MO_WRITE) {
+        o->stuck = device_stuck(stream->device);
+        o->ready = !F.manual && !o->stuck;
+    }
+    if (M.tail)
+        M.tail->next = o;
+    else
+        M.head = o;
+    M.tail = o;
+    /* Behind pending work of its stream it cannot run, nor unblock anything. */
+    if (stream->mo_pending++ == 0)
+        memops_pump_locked();
+}
+
+static CUresult fake_cuDeviceGet(CUdevice *device, int ordinal)
+{
+    int r;
+    fake_call *c = enter("cuDeviceGet", &r);
+    c->device = ordinal;
+    if (r == CUDA_SUCCESS && (ordinal < 0 || ordinal >= F.ndev))
+        r = CUDA_ERROR_INVALID_DEVICE;
+    if (r == CUDA_SUCCESS)
+        *device = ordinal;
+    return (CUresult)leave(c, r);
+}
+
+static CUresult fake_cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
+{
+    int r;
+    fake_call *c = enter("cuDeviceGetAttribute", &r);
+    c->device = dev;
+    c->value = (int)attrib;
+    if (r == CUDA_SUCCESS)
+        *pi = attrib == CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS
+                  ? M.mode != FAKE_MEMOPS_NO_ATTRIBUTE
+                  : 0;
+    return (CUresult)leave(c, r);
+}
+
+static bool host_mapped(const void *p)
+{
+    for (fake_hostmem *h = M.hostmems; h != NULL; h = h->next)
+        if (!h->freed && (const char *)p >= (const char *)h->ptr &&
+            (const char *)p < (const char *)h->ptr + 4096 * 16)
+            return true;
+    return false;
+}
+
+static CUresult fake_cuStreamWaitValue64(CUstream stream, CUdeviceptr addr, cuuint64_t value,
+                                         unsigned int flags)
+{
+    int r;
+    fake_call *c = enter("cuStreamWaitValue64", &r);
+    c->stream = stream;
+    c->dst = (void *)(uintptr_t)addr;
+    c->count = (size_t)value;
+    c->value = (int)flags;
+    if (r == CUDA_SUCCESS && (stream == NULL || !stream_ok(stream, c->fn)))
+        r = CUDA_ERROR_INVALID_HANDLE;
+    if (r == CUDA_SUCCESS && (!host_mapped((void *)(uintptr_t)addr) || (addr & 7) != 0)) {
+        fake_error("cuStreamWaitValue64: %p is not an aligned word of mapped host memory",
+                   (void *)(uintptr_t)addr);
+        r = CUDA_ERROR_INVALID_VALUE;
+    }
+    if (r == CUDA_SUCCESS && flags != CU_STREAM_WAIT_VALUE_GEQ) {
+        fake_error("cuStreamWaitValue64: flags %u (the fake knows GEQ only)", flags);
+        r = CUDA_ERROR_INVALID_VALUE;
+    }
+    if (r == CUDA_SUCCESS)
+        memop_add(MO_WAIT, stream, (uint64_t *)(uintptr_t)addr, value, NULL, NULL);
+    return (CUresult)leave(c, r);
+}
+
+static CUresult fake_cuStreamWriteValue64(CUstream stream, CUdeviceptr addr, cuuint64_t value,
+                                          unsigned int flags)
+{
+    int r;
+    fake_call *c = enter("cuStreamWriteValue64", &r);
+    c->stream = stream;
+    c->dst = (void *)(uintptr_t)addr;
+    c->count = (size_t)value;
+    c->value = (int)flags;
+    if (r == CUDA_SUCCESS && (stream == NULL || !stream_ok(stream, c->fn)))
+        r = CUDA_ERROR_INVALID_HANDLE;
+    if (r == CUDA_SUCCESS && (!host_mapped((void *)(uintptr_t)addr) || (addr & 7) != 0)) {
+        fake_error("cuStreamWriteValue64: %p is not an aligned word of mapped host memory",
+                   (void *)(uintptr_t)addr);
+        r = CUDA_ERROR_INVALID_VALUE;
+    }
+    if (r == CUDA_SUCCESS && stream->device != cur_dev) {
+        fake_error("cuStreamWriteValue64: stream of device %d while device %d is current",
+                   stream->device, cur_dev);
+    }
+    if (r == CUDA_SUCCESS)
+        memop_add(MO_WRITE, stream, (uint64_t *)(uintptr_t)addr, value, NULL, NULL);
+    return (CUresult)leave(c, r);
+}
+
+cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **funcPtr,
+                                             unsigned int cudaVersion, unsigned long long flags,
+                                             enum cudaDriverEntryPointQueryResult *driverStatus)
+{
+    int r;
+    fake_call *c = enter("cudaGetDriverEntryPointByVersion", &r);
+    void *fn = NULL;
+    c->value = (int)cudaVersion;
+    (void)flags;
+    if (strcmp(symbol, "cuDeviceGet") == 0)
+        fn = (void *)fake_cuDeviceGet;
+    else if (strcmp(symbol, "cuDeviceGetAttribute") == 0)
+        fn = (void *)fake_cuDeviceGetAttribute;
+    else if (strcmp(symbol, "cuStreamWaitValue64") == 0 && M.mode != FAKE_MEMOPS_NO_SYMBOL)
+        fn = (void *)fake_cuStreamWaitValue64;
+    else if (strcmp(symbol, "cuStreamWriteValue64") == 0 && M.mode != FAKE_MEMOPS_NO_SYMBOL)
+        fn = (void *)fake_cuStreamWriteValue64;
+    *funcPtr = r == cudaSuccess ? fn : NULL;
+    if (driverStatus != NULL)
+        *driverStatus = fn ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
+    return (cudaError_t)leave(c, r);
+}
+
+cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags)
+{
+    int r;
+    fake_call *c = enter("cudaHostAlloc", &r);
+    c->count = size;
+    c->value = (int)flags;
+    if (r == cudaSuccess && size > 4096 * 16) {
+        fake_error("cudaHostAlloc: the fake maps at most 64 KiB (%zu asked)", size);
+        r = cudaErrorMemoryAllocation;
+    }
+    if (r == cudaSuccess) {
+        fake_hostmem *h = calloc(1, sizeof *h);
+        if (h == NULL || (h->ptr = calloc(1, 4096 * 16)) == NULL)
+            abort();
+        h->next = M.hostmems;
+        M.hostmems = h;
+        *pHost = c->dst = h->ptr;
+        /* Not zeroed by CUDA: fill with garbage so a missing initialisation shows. */
+        memset(h->ptr, 0xa5, size);
+    }
+    return (cudaError_t)leave(c, r);
+}
+
+cudaError_t cudaHostGetDevicePointer(void **pDevice, void *pHost, unsigned int flags)
+{
+    int r;
+    fake_call *c = enter("cudaHostGetDevicePointer", &r);
+    c->src = pHost;
+    c->value = (int)flags;
+    if (r == cudaSuccess && !host_mapped(pHost))
+        r = cudaErrorInvalidValue;
+    if (r == cudaSuccess)
+        *pDevice = pHost; /* unified addressing */
+    return (cudaError_t)leave(c, r);
+}
+
+cudaError_t cudaFreeHost(void *ptr)
+{
+    int r;
+    fake_call *c = enter("cudaFreeHost", &r);
+    c->dst = ptr;
+    fake_hostmem *h = M.hostmems;
+    while (h != NULL && (h->freed || h->ptr != ptr))
+        h = h->next;
+    if (r == cudaSuccess && h == NULL)
+        r = cudaErrorInvalidValue;
+    if (r == cudaSuccess) {
+        /* Waits still queued on it would read freed memory on a GPU. */
+        for (fake_memop *o = M.head; o != NULL; o = o->next)
+            if (!o->done && o->addr != NULL && (char *)o->addr >= (char *)ptr &&
+                (char *)o->addr < (char *)ptr + 4096 * 16)
+                fake_error("cudaFreeHost: a queued stream memory operation still reads it");
+        h->freed = true;
+        free(h->ptr);
+    }
+    return (cudaError_t)leave(c, r);
+}
+
+void fake_set_memops(int mode)
+{
+    lock();
+    M.mode = mode;
+    unlock();
+}
+
+void fake_user_launch(cudaStream_t stream, void (*fn)(void *), void *arg)
+{
+    lock();
+    memop_add(MO_KERNEL, stream, NULL, 0, fn, arg);
+    unlock();
+}
+
+void fake_pump(void)
+{
+    lock();
+    memops_pump_locked();
+    unlock();
+}
+
+size_t fake_stream_pending(cudaStream_t stream)
+{
+    size_t n = 0;
+    lock();
+    memops_pump_locked();
+    for (fake_memop *o = M.head; o != NULL; o = o->next)
+        n += !o->done && o->stream == stream;
+    unlock();
+    return n;
 }

@@ -159,4 +159,23 @@ void fake_log_reset(void);
 /* Print the log to stderr (for debugging a failing test). */
 void fake_log_dump(void);
 
+/* ---- Driver entry points and stream memory operations (GPU-side waits) ----
+ * cudaGetDriverEntryPointByVersion gives fake cuDeviceGet, cuDeviceGetAttribute (only
+ * CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS is nonzero), cuStreamWaitValue64 (GEQ)
+ * and cuStreamWriteValue64, each logged under its name (stream, dst = the address, count =
+ * the value, value = the flags). cudaHostAlloc (mapped; filled with garbage, as CUDA does
+ * not zero it), cudaHostGetDevicePointer and cudaFreeHost manage host memory the stream
+ * operations may address. Work queued on a stream runs in order: a wait holds back what was
+ * queued after it on its stream until the word reaches the value (a plain host store counts
+ * once something pumps the queues: every stream memory operation, fake_user_launch,
+ * fake_complete_events, an abort, fake_pump, fake_stream_pending). */
+enum { FAKE_MEMOPS_OK, FAKE_MEMOPS_NO_ATTRIBUTE, FAKE_MEMOPS_NO_SYMBOL };
+void fake_set_memops(int mode);
+/* A "kernel" on a user stream: fn(arg) runs, under the fake's lock (it must not call the
+ * fake), once everything queued before it on that stream ran. */
+void fake_user_launch(cudaStream_t stream, void (*fn)(void *), void *arg);
+void fake_pump(void);
+/* Items queued on the stream that have not run, after pumping. */
+size_t fake_stream_pending(cudaStream_t stream);
+
 #endif /* CCQ_TESTS_FAKE_CUDA_NCCL_H */

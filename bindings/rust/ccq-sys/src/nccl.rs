@@ -18,4 +18,10 @@ extern "C" {
         stream: ccq_stream_id,
         cuda_stream: *mut CUstream_st,
     ) -> ccq_status;
+    pub fn ccq_nccl_stream_wait(
+        rt: *mut ccq_runtime,
+        device: ccq_device_id,
+        stream: ccq_stream_id,
+        cuda_stream: *mut CUstream_st,
+    ) -> ccq_status;
 }

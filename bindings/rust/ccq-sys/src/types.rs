@@ -33,6 +33,8 @@ pub const CCQ_REDUCE_OP_COUNT_: ccq_reduce_op = 5;
 
 pub type ccq_device_id = u32;
 pub type ccq_stream_id = u32;
+/// A fence value of one stream (`ccq_fence_begin`).
+pub type ccq_fence = u64;
 
 /// The opaque `struct ccq_runtime`; only ever used behind a pointer.
 #[repr(C)]
