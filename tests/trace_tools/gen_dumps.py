@@ -41,8 +41,9 @@ class Rank:
         self.dump_us = max(self.dump_us, us)
 
     def part(self, us, dev, comm, seq, kind, count, dtype="float32", op=None, peer=None,
-             state="completed", status=None, stream=0, run_us=20.0):
-        """One command: submitted at us; issued 3 us later; ended run_us after that."""
+             state="completed", status=None, stream=0, run_us=20.0, fail_us=None):
+        """One command: submitted at us; issued 3 us later; ended run_us after that (a
+        failure at fail_us, e.g. the watchdog's time)."""
         cid = self.next_id
         self.next_id += 1
         base = dict(id=cid, seq=seq, count=count, thread=100 + dev, dev=dev, stream=stream,
@@ -60,15 +61,16 @@ class Rank:
             if state == "completed":
                 self.add(us + 3 + run_us, type="completed", batch=b, status="CCQ_OK", **base)
         if state == "failed":
-            self.add(us + run_us, type="failed", status=status or "CCQ_ERR_TIMEOUT", **base)
+            self.add(fail_us if fail_us is not None else us + run_us, type="failed",
+                     status=status or "CCQ_ERR_TIMEOUT", **base)
         return cid
 
     def coll(self, us, comm, seq, kind="all_reduce", count=1024, dtype="float32", op="sum",
-             root=None, state="completed", status=None, skew=0.0):
+             root=None, state="completed", status=None, skew=0.0, fail_us=None):
         for k, dev in enumerate(self.local(self.comms[comm])):
             self.part(us + skew + k, dev, comm, seq, kind, count, dtype,
                       op if kind in ("all_reduce", "reduce", "reduce_scatter") else None,
-                      root, state, status)
+                      root, state, status, fail_us=fail_us)
 
     def note(self, us, typ, text):
         self.notes.append((self.ns(us), typ, text))
@@ -105,8 +107,8 @@ def world(size, ndev=1, caps=None):
 
 def timeout_story(r, us, seq, missing):
     r.add(us, type="watchdog", id=0, comm=0, seq=seq, status="CCQ_ERR_TIMEOUT")
-    r.note(us, "watchdog", "not issued within timeout_ms (1000 ms in queue); waiting for "
-           "process %s" % missing)
+    r.note(us, "watchdog", "all_reduce #%d (float32 x 1024, sum) on comm {0,1,2}: not issued "
+           "within timeout_ms; waiting for process %s" % (seq, missing))
 
 
 def scenario_clean(wv, out, n=8):
@@ -133,9 +135,9 @@ def scenario_skip(wv, out):
         for s in range(last):
             st = "completed" if s < 5 else "failed"
             r.coll(100.0 * s, c, s, state=st, status="CCQ_ERR_TIMEOUT" if s >= 5 else None,
-                   skew=3.0 * r.rank)
+                   skew=3.0 * r.rank, fail_us=1500.0 + r.rank)
         if r.rank != 1:
-            timeout_story(r, 1500.0, 5, 1)
+            timeout_story(r, 1500.0 + r.rank, 5, 1)
     return [r.write(wv, out, reason="error" if r.rank != 1 else "destroy") for r in ranks]
 
 
@@ -162,7 +164,8 @@ def scenario_wrapped(wv, out, stuck=40, n=48):
         for s in range(last):
             failed = stuck is not None and s >= stuck
             r.coll(100.0 * s, c, s, state="failed" if failed else "completed",
-                   status="CCQ_ERR_TIMEOUT" if failed else None, skew=2.0 * r.rank)
+                   status="CCQ_ERR_TIMEOUT" if failed else None, skew=2.0 * r.rank,
+                   fail_us=100.0 * n + 1000)
             if r.rank in (0, 2):
                 for k in range(3):
                     seq = 3 * s + k
