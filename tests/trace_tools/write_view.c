@@ -87,6 +87,7 @@ int main(int argc, char **argv)
 {
     char line[MAXLINE];
     ccq_trace_view v;
+    char *owned[3] = {NULL, NULL, NULL}; /* backend, host, reason: freed at the end */
     size_t evcap = 0, notecap = 0;
     FILE *in, *out;
 
@@ -167,7 +168,7 @@ int main(int argc, char **argv)
             uint64_t u = strtoull(val, NULL, 10);
             if (!is_ev) {
                 if (strcmp(k, "backend") == 0)
-                    v.hdr.backend = strdup_or_die(val);
+                    free(owned[0]), v.hdr.backend = owned[0] = strdup_or_die(val);
                 else if (strcmp(k, "ndev") == 0)
                     v.hdr.ndev = (uint32_t)u;
                 else if (strcmp(k, "max_streams") == 0)
@@ -181,7 +182,7 @@ int main(int argc, char **argv)
                 else if (strcmp(k, "pid") == 0)
                     v.hdr.pid = (int64_t)u;
                 else if (strcmp(k, "host") == 0)
-                    v.hdr.host = strdup_or_die(val);
+                    free(owned[1]), v.hdr.host = owned[1] = strdup_or_die(val);
                 else if (strcmp(k, "dump") == 0)
                     v.hdr.dump_ns = u;
                 else if (strcmp(k, "offset") == 0)
@@ -189,7 +190,7 @@ int main(int argc, char **argv)
                 else if (strcmp(k, "dropped") == 0)
                     v.hdr.dropped = u;
                 else if (strcmp(k, "reason") == 0)
-                    v.hdr.reason = strdup_or_die(val);
+                    free(owned[2]), v.hdr.reason = owned[2] = strdup_or_die(val);
                 else
                     die("unknown header key", k);
                 continue;
@@ -256,5 +257,7 @@ int main(int argc, char **argv)
     free(v.comms);
     free(v.notes);
     free(v.ev);
+    for (int k = 0; k < 3; k++)
+        free(owned[k]);
     return 0;
 }
