@@ -412,12 +412,10 @@ CCQ_API ccq_status ccq_trace_snapshot(ccq_runtime *rt, ccq_event *out, size_t ca
 }
 
 /* This process's place in the world, for dump headers and file names: world rank, world
- * size, and the global id of its first device. A world of one process until issue 13, which
- * sets them from rt->world.rank, rt->world.size and rt->dev_first. */
+ * size, and the global id of its first device. */
 static void world_of(const ccq_runtime *rt, uint32_t *rank, uint32_t *size, uint32_t *first)
 {
-    (void)rt;
-    *rank = 0, *size = 1, *first = 0;
+    *rank = rt->world.rank, *size = rt->world.size, *first = rt->dev_first;
 }
 
 /* CLOCK_REALTIME - CLOCK_MONOTONIC now: the monotonic read nearest to a realtime read, over

@@ -1,9 +1,13 @@
-/* Per-process dumps (issue 14): trace_file names with %r / %p and the rank appended, the
- * dump's "ccq" header (world, pid, host, clock offset, full device sets, reason), commands
- * still queued at a dump, dumps replacing the file whole, and SIGUSR1 dumps
- * (ccq_config.trace_signal): no handler by default, every runtime of the process dumped,
- * the previous handler chained. The handler stays installed once a runtime asked for it,
- * so the test without it runs first. */
+/* Per-process dumps (issue 14): a real world of 3 processes (file bootstrap, host backend,
+ * each with its own communicator) whose dumps get their ranks in their names and headers and
+ * which tools/ccq-trace analyzes, naming the rank whose device skipped a collective;
+ * trace_file names with %r / %p and the rank appended, the dump's "ccq" header (world, pid,
+ * host, clock offset, full device sets, reason), commands still queued at a dump, dumps
+ * replacing the file whole, and SIGUSR1 dumps (ccq_config.trace_signal): no handler by
+ * default, every runtime of the process dumped, the previous handler chained. The world test
+ * forks, so it runs first (before this process has threads); the handler stays installed
+ * once a runtime asked for it, so the test without it runs before that one.
+ * CCQ_TEST_KEEP_DUMPS=DIR keeps the world's dumps there (docs/img/trace-world.png). */
 #include <dirent.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -18,6 +22,7 @@
 
 #include <cmocka.h>
 
+#include "procs.h"
 #include "runtime/trace.h"
 #include "test_util.h"
 
@@ -87,6 +92,111 @@ static void work(ccq_runtime *rt)
         ok(ccq_all_reduce(rt, d, 0, a[d], a[d], 16, CCQ_FLOAT32, CCQ_SUM, all, NDEV), "ar");
     for (ccq_device_id d = 0; d < NDEV; d++)
         ok(ccq_sync_collective(rt, d, 0), "fence");
+}
+
+/* ---- a world of 3 processes, 2 devices each (global 0-1, 2-3, 4-5) ---- */
+
+#define WORLD 3
+#define ITERS 6
+
+typedef struct world_job {
+    char dir[64];
+} world_job;
+
+/* Each process all_reduces over its own two devices; rank 1's device 3 stops after #2, so
+ * its device 2 waits in #3 until the watchdog fails it. Exit code: 0, or the step that went
+ * wrong. */
+static int world_child(unsigned rank, unsigned nprocs, void *arg)
+{
+    const world_job *j = arg;
+    char boot[96], file[128];
+    static float a[2][65536];
+    ccq_config cfg;
+    ccq_runtime *rt;
+    ccq_device_id devs[2] = {2 * rank, 2 * rank + 1};
+
+    ccq_config_init(&cfg);
+    cfg.host_devices = 2;
+    cfg.host_workers = 1;
+    cfg.fault = NULL;
+    cfg.world_rank = rank;
+    cfg.world_size = nprocs;
+    snprintf(boot, sizeof boot, "file:%s", j->dir);
+    cfg.bootstrap = boot;
+    snprintf(file, sizeof file, "%s/trace.json", j->dir); /* no %r: trace.rank<R>.json */
+    cfg.trace_file = file;
+    cfg.timeout_ms = 300;
+    if (ccq_runtime_create(&cfg, &rt) != CCQ_OK) {
+        fprintf(stderr, "rank %u: %s\n", rank, ccq_last_error_detail());
+        return 10;
+    }
+    if (ccq_comm_init(rt, devs, 2) != CCQ_OK)
+        return 11;
+    for (int i = 0; i < ITERS; i++) {
+        for (int k = 0; k < 2; k++) {
+            if (rank == 1 && k == 1 && i >= 3)
+                continue; /* device 3 "hangs" before #3 */
+            if (ccq_all_reduce(rt, devs[k], 0, a[k], a[k], 65536, CCQ_FLOAT32, CCQ_SUM, devs, 2) !=
+                CCQ_OK)
+                return 12;
+        }
+        sleep_ms(1); /* some "compute" between steps */
+    }
+    ccq_status st0 = ccq_sync_collective(rt, devs[0], 0), st1 = ccq_sync_collective(rt, devs[1], 0);
+    if (st1 != CCQ_OK || st0 != (rank == 1 ? CCQ_ERR_TIMEOUT : CCQ_OK)) {
+        fprintf(stderr, "rank %u: fences %s, %s\n", rank, ccq_status_name(st0),
+                ccq_status_name(st1));
+        return 13;
+    }
+    return ccq_runtime_destroy(rt) == CCQ_OK ? 0 : 14;
+}
+
+static void world_dumps(void **state)
+{
+    (void)state;
+    world_job j;
+    int status[WORLD];
+    char path[160], want[160], cmd[1024];
+
+    procs_tmpdir(j.dir, sizeof j.dir);
+    if (procs_run(WORLD, world_child, &j, 60, status) != 0) {
+        for (unsigned r = 0; r < WORLD; r++)
+            fprintf(stderr, "rank %u exited with %d\n", r, status[r]);
+        procs_rmdir(j.dir);
+        fail_msg("the world's processes failed");
+    }
+    for (unsigned r = 0; r < WORLD; r++) {
+        snprintf(path, sizeof path, "%s/trace.rank%u.json", j.dir, r);
+        char *text = slurp(path);
+        if (text == NULL)
+            fail_msg("no dump %s", path);
+        snprintf(want, sizeof want, "\"world_rank\":%u,\"world_size\":3,\"local_devices\":[%u,2]",
+                 r, 2 * r);
+        has(text, want);
+        snprintf(want, sizeof want, "\"name\":\"device %u\"", 2 * r + 1);
+        has(text, want);
+        free(text);
+    }
+#if defined(CCQ_PYTHON) && defined(CCQ_TRACE_TOOL)
+    /* The analysis of the three real dumps names rank 1, its device 3 and #3. */
+    snprintf(cmd, sizeof cmd,
+             "'%s' '%s' analyze %s/trace.rank0.json %s/trace.rank1.json %s/trace.rank2.json "
+             "> %s/out.txt; rc=$?; cat %s/out.txt; test $rc = 1 && grep -qF 'not all ranks "
+             "joined all_reduce #3: missing ranks {1} (device 3)' %s/out.txt && grep -qF "
+             "'comm {0,1}:' %s/out.txt",
+             CCQ_PYTHON, CCQ_TRACE_TOOL, j.dir, j.dir, j.dir, j.dir, j.dir, j.dir, j.dir);
+    if (system(cmd) != 0)
+        fail_msg("ccq-trace analyze did not name rank 1's device 3 and #3");
+#else
+    (void)cmd;
+#endif
+    const char *keep = getenv("CCQ_TEST_KEEP_DUMPS");
+    if (keep != NULL && *keep != '\0') {
+        snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp %s/trace.rank*.json '%s'/", keep, j.dir,
+                 keep);
+        assert_int_equal(system(cmd), 0);
+    }
+    procs_rmdir(j.dir);
 }
 
 static void expand(void **state)
@@ -312,11 +422,9 @@ int main(void)
     unsetenv("CCQ_TRACE_FILE");
     unsetenv("CCQ_TRACE_SIGNAL");
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(expand),
-        cmocka_unit_test(config),
-        cmocka_unit_test(header),
-        cmocka_unit_test(queued_at_dump),
-        cmocka_unit_test(no_handler_by_default),
+        cmocka_unit_test(world_dumps),    cmocka_unit_test(expand),
+        cmocka_unit_test(config),         cmocka_unit_test(header),
+        cmocka_unit_test(queued_at_dump), cmocka_unit_test(no_handler_by_default),
         cmocka_unit_test(sigusr1),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -7,9 +7,9 @@
  * sequence named is the last one, #7 (what a job that skipped a call really shows without
  * the signature check).
  *
- * Needs issue 13 (ccq_config.world_rank / world_size / bootstrap, communicators across
- * processes, tests/procs.h) and the fake NCCL across processes (tests/fake/fake_xproc.c);
- * not built before both are on main: see tests/CMakeLists.txt, CCQ_TEST_THREE_RANKS.
+ * Needs the world of issue 13 (on main) and the fake NCCL across processes
+ * (tests/fake/fake_xproc.c, branch i13fake): not built before that is on main; see
+ * tests/CMakeLists.txt, CCQ_TEST_THREE_RANKS.
  *
  * usage: three_ranks CCQ_TRACE [stop|skip]   (exit 0 when analyze said what it must) */
 #include <stdio.h>
