@@ -379,7 +379,7 @@ static int child_sendrecv(int proc, const job *j)
     int32_t snd[MAX_LOCAL][2][COUNT], rcv[MAX_LOCAL][2][COUNT];
 
     fake_set_xproc_timeout_ms(20000);
-    CHECK(init_local(&j->id, n, first, nl, 0, false, comm) == ncclSuccess);
+    CHECK(init_local(&j->id, n, first, nl, 0, j->variant == 1, comm) == ncclSuccess);
     make_streams(nl, s, ev);
     for (int round = 0; round < 3; round++) {
         memset(rcv, 0xff, sizeof rcv);
@@ -430,6 +430,15 @@ static void test_sendrecv_3proc(void **state)
 {
     (void)state;
     job j = make_job(&L3, 0);
+    run_ok(&j, child_sendrecv);
+}
+
+/* Blocking communicators: the group's ncclGroupEnd returns once every rank of every process
+ * joined (both local ranks of process 0 register before either waits). */
+static void test_blocking_init_3proc(void **state)
+{
+    (void)state;
+    job j = make_job(&L3, 1);
     run_ok(&j, child_sendrecv);
 }
 
@@ -506,6 +515,40 @@ static void test_two_comms_issued_in_different_orders(void **state)
     (void)state;
     job j = make_job(&L3, 0);
     run_ok(&j, child_two_comms);
+}
+
+/* Stream order: a second in-place all_reduce launched on the stream right after the first
+ * (no wait between) reads the first's output, though the peer is late (process 1 starts
+ * 200 ms after process 0), so the first is still pending at the second's launch. */
+static int child_stream_order(int proc, const job *j)
+{
+    ncclComm_t comm;
+    cudaStream_t s;
+    cudaEvent_t ev;
+    int64_t x[COUNT];
+
+    fake_set_xproc_timeout_ms(20000);
+    CHECK(init_local(&j->id, 2, proc, 1, 0, false, &comm) == ncclSuccess);
+    make_streams(1, &s, &ev);
+    for (int e = 0; e < COUNT; e++)
+        x[e] = (proc + 1) * 1000 + e;
+    if (proc == 1)
+        nanosleep(&(struct timespec){0, 200000000}, NULL);
+    for (int k = 0; k < 3; k++)
+        CHECK(ncclAllReduce(x, x, COUNT, ncclInt64, ncclSum, comm, s) == ncclSuccess);
+    wait_streams(&s, &ev, 1);
+    for (int e = 0; e < COUNT; e++) /* (1000 + e) + (2000 + e), doubled twice */
+        CHECK(x[e] == 4 * (3000 + 2 * e));
+    destroy(&comm, 1);
+    check_no_fake_errors();
+    return 0;
+}
+
+static void test_stream_order(void **state)
+{
+    (void)state;
+    job j = make_job(&P2, 0);
+    run_ok(&j, child_stream_order);
 }
 
 /* ---- Failures: an error, never a hang ---- */
@@ -684,6 +727,37 @@ static void test_recv_count_mismatch(void **state)
     run_failing(&j, child_mismatch);
 }
 
+/* Both processes claim rank 0 (a wrong global rank): the one registering second gets
+ * ncclInvalidArgument and a fake error (exit 10), the other never sees rank 1 and fails
+ * after the fake's timeout (exit 11). */
+static int child_same_rank(int proc, const job *j)
+{
+    ncclComm_t comm;
+    ncclResult_t r;
+    (void)proc;
+    fake_set_xproc_timeout_ms(1000);
+    r = init_local(&j->id, 2, 0, 1, 0, false, &comm);
+    if (r == ncclInvalidArgument) {
+        CHECK(fake_errors(NULL, 0) == 1);
+        return 10;
+    }
+    CHECK(r == ncclSystemError);
+    check_no_fake_errors();
+    CHECK(ncclCommAbort(comm) == ncclSuccess);
+    return 11;
+}
+
+static void test_same_rank_in_two_processes(void **state)
+{
+    (void)state;
+    job j = make_job(&P2, 0);
+    int status[MAX_PROC];
+    run_procs(&j, child_same_rank, status);
+    assert_true((status[0] == 10 && status[1] == 11) || (status[0] == 11 && status[1] == 10));
+    fake_xproc_cleanup();
+    assert_int_equal(fake_xproc_files(&j.id), 0);
+}
+
 /* Ids differ across processes, and are not the in-process counter alone. */
 static void test_unique_ids(void **state)
 {
@@ -726,7 +800,10 @@ int main(void)
         cmocka_unit_test_setup(test_collectives_3proc, setup),
         cmocka_unit_test_setup(test_sendrecv_2proc, setup),
         cmocka_unit_test_setup(test_sendrecv_3proc, setup),
+        cmocka_unit_test_setup(test_blocking_init_3proc, setup),
         cmocka_unit_test_setup(test_two_comms_issued_in_different_orders, setup),
+        cmocka_unit_test_setup(test_stream_order, setup),
+        cmocka_unit_test_setup(test_same_rank_in_two_processes, setup),
         cmocka_unit_test_setup(test_absent_peer_nonblocking, setup),
         cmocka_unit_test_setup(test_absent_peer_blocking, setup),
         cmocka_unit_test_setup(test_exiting_peer_allreduce, setup),

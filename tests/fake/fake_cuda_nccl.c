@@ -599,7 +599,7 @@ const char *ncclGetLastError(ncclComm_t comm)
     return F.last_error; /* written only by the test while the backend is idle */
 }
 
-static int xp_join(ncclComm_t cm);
+static int xp_join(ncclComm_t cm, bool wait);
 
 /* Append a call to this thread's group. Lock held. */
 static void grp_add(const fake_op *op)
@@ -663,8 +663,8 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId i
     *comm = c->comm = cm;
     if (grp.depth > 0)
         grp_add(&(fake_op){.kind = OP_INIT, .comm = cm});
-    else
-        r = xp_join(cm);
+    else if ((r = xp_join(cm, false)) == ncclSuccess || r == ncclInProgress)
+        r = cm->blocking ? xp_join(cm, true) : r;
 out:
     if (r != ncclSuccess && grp.depth > 0 && grp.err == ncclSuccess)
         grp.err = (ncclResult_t)r;
@@ -912,8 +912,9 @@ static void grp_execute(void)
 /* ---- Cross-process cliques: the hooks into fake_xproc.c ---- */
 
 /* A new communicator joins its clique's other processes, unless every rank of the clique
- * was created in this process by the end of the group (or the call) creating it. */
-static int xp_join(ncclComm_t cm)
+ * was created in this process by the end of the group (or the call) creating it; then
+ * (wait), a blocking one waits for them. */
+static int xp_join(ncclComm_t cm, bool wait)
 {
     fake_clique *q = cm->clique;
     int local = 0;
@@ -923,7 +924,9 @@ static int xp_join(ncclComm_t cm)
         return ncclSuccess;
     if (q->xp == NULL && (q->xp = fake_xp_attach(&q->id, q->nranks)) == NULL)
         return ncclSystemError;
-    return fake_xp_join(q->xp, cm->rank, cm->device, cm->blocking);
+    if (!wait)
+        return fake_xp_join(q->xp, cm->rank, cm->device);
+    return cm->blocking ? fake_xp_join_wait(q->xp, cm->rank) : ncclSuccess;
 }
 
 /* A send/recv peer in another process. */
@@ -965,7 +968,7 @@ static int xp_group(void)
         fake_clique *q = o->comm->clique;
         size_t k = 0;
         if (o->kind == OP_INIT) {
-            int j = xp_join(o->comm);
+            int j = xp_join(o->comm, false);
             if (j != ncclSuccess && j != ncclInProgress)
                 r = j;
             continue;
@@ -991,6 +994,10 @@ static int xp_group(void)
             .root = o->root,
             .peer = o->peer};
     }
+    /* Every local rank has registered: now a blocking init may wait for the others. */
+    for (size_t i = 0; i < grp.n && r == ncclSuccess; i++)
+        if (grp.ops[i].kind == OP_INIT)
+            r = xp_join(grp.ops[i].comm, true);
     if (r == ncclSuccess)
         r = fake_xp_launch(xo, nx, streams, ns);
     free(xo);

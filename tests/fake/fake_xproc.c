@@ -692,7 +692,7 @@ fake_xp_clique *fake_xp_attach(const ncclUniqueId *id, int nranks)
     return q;
 }
 
-ncclResult_t fake_xp_join(fake_xp_clique *q, int rank, int device, bool blocking)
+ncclResult_t fake_xp_join(fake_xp_clique *q, int rank, int device)
 {
     int32_t me = (int32_t)getpid(), other;
     if (q->h == NULL && !open_segment(q))
@@ -703,6 +703,8 @@ ncclResult_t fake_xp_join(fake_xp_clique *q, int rank, int device, bool blocking
         shm_unlock(q->h);
         fake_error("ncclCommInitRankConfig: rank %d of %s is process %d's already", rank,
                    q->id.internal, (int)other);
+        if (q->local == 0)
+            close_segment(q); /* no rank of this process is in: do not hold it open */
         return ncclInvalidArgument;
     }
     q->h->pid[rank] = me;
@@ -715,14 +717,17 @@ ncclResult_t fake_xp_join(fake_xp_clique *q, int rank, int device, bool blocking
     q->r[rank].deadline = now_ns() + timeout_ns();
     q->local++;
     join_progress(q, rank);
-    while (blocking && q->r[rank].joining) {
+    return q->r[rank].joining ? ncclInProgress : q->r[rank].err;
+}
+
+ncclResult_t fake_xp_join_wait(fake_xp_clique *q, int rank)
+{
+    while (q->h != NULL && q->r[rank].joining) {
         uint32_t seen = atomic_load(&q->h->futex);
         join_progress(q, rank);
         if (q->r[rank].joining)
             shm_nap(q->h, seen, q->r[rank].deadline);
     }
-    if (q->r[rank].joining)
-        return ncclInProgress;
     return q->r[rank].err;
 }
 
@@ -843,7 +848,7 @@ ncclResult_t fake_xp_launch(const fake_xp_op *ops, size_t n, const void *const *
             shm_unlock(q->h);
             shm_wake(q->h);
         }
-        /* Appended: progress finishes calls in launch order. */
+        /* Appended, so progress visits the calls in launch order. */
         xp_pend **pp = &X.pend;
         while (*pp != NULL)
             pp = &(*pp)->next;

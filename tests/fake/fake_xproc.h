@@ -56,9 +56,11 @@ void fake_xp_unique_id(ncclUniqueId *id, unsigned long long counter);
  * after a fake_error (nranks differs from the segment's, or the segment is unusable). */
 fake_xp_clique *fake_xp_attach(const ncclUniqueId *id, int nranks);
 /* Register a local rank: ncclSuccess once every rank of the clique has registered,
- * ncclInProgress before (blocking: waits for them, at most the timeout, then
- * ncclSystemError), or ncclInvalidArgument (the rank is another process's). */
-ncclResult_t fake_xp_join(fake_xp_clique *q, int rank, int device, bool blocking);
+ * ncclInProgress before, or ncclInvalidArgument (the rank is another process's). */
+ncclResult_t fake_xp_join(fake_xp_clique *q, int rank, int device);
+/* A blocking init: wait until every rank registered (ncclSuccess) or the timeout passed
+ * (ncclSystemError). Called once every local rank of the group has joined. */
+ncclResult_t fake_xp_join_wait(fake_xp_clique *q, int rank);
 /* Progress, then the rank's state: ncclInProgress while joining, its sticky error, or
  * ncclSuccess. */
 ncclResult_t fake_xp_poll(fake_xp_clique *q, int rank);
