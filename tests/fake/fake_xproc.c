@@ -450,21 +450,39 @@ static void compute(const fake_xp_op *o, int n, const void *const *in)
     }
 }
 
-/* The ranks in `missing` have not done their part by now: fail if one's process is gone
- * (ncclRemoteError, at once) or the deadline passed (ncclSystemError). */
-static bool check_peers(fake_xp_clique *q, const xp_pend *p, uint32_t missing, const char *what)
+/* The ranks of `mask` whose registered process is gone. */
+static uint32_t dead_ranks(const fake_xp_clique *q, uint32_t mask)
+{
+    int32_t pid[FAKE_XP_MAX_RANKS];
+    uint32_t dead = 0;
+    shm_lock(q->h);
+    memcpy(pid, q->h->pid, sizeof pid);
+    shm_unlock(q->h);
+    for (int k = 0; k < q->nranks; k++)
+        if ((mask & (1u << k)) && pid[k] != 0 && !alive(pid[k]))
+            dead |= 1u << k;
+    return dead;
+}
+
+/*
+ * The ranks in `missing` had not done their part at a read of the segment made after the
+ * ranks in `dead` were seen gone: fail with ncclRemoteError if one of those is missing (it
+ * never will do it), with ncclSystemError past the deadline, else keep waiting (false).
+ * The order matters: a peer may do its part and exit between a read and a look at it.
+ */
+static bool fail_waiting(fake_xp_clique *q, const xp_pend *p, uint32_t missing, uint32_t dead,
+                         const char *what)
 {
     char msg[256];
-    xp_shm *h = q->h;
-    int32_t pid[FAKE_XP_MAX_RANKS];
-    shm_lock(h);
-    memcpy(pid, h->pid, sizeof pid);
-    shm_unlock(h);
+    int32_t pid;
     for (int k = 0; k < q->nranks; k++) {
-        if (!(missing & (1u << k)) || pid[k] == 0 || alive(pid[k]))
+        if (!(missing & dead & (1u << k)))
             continue;
+        shm_lock(q->h);
+        pid = q->h->pid[k];
+        shm_unlock(q->h);
         snprintf(msg, sizeof msg, "%s %" PRIu64 ": rank %d's process %d exited", what, p->seq, k,
-                 (int)pid[k]);
+                 (int)pid);
         rank_fail(q, p->op.rank, ncclRemoteError, msg);
         return true;
     }
@@ -473,9 +491,8 @@ static bool check_peers(fake_xp_clique *q, const xp_pend *p, uint32_t missing, c
     for (int k = 0; k < q->nranks; k++) {
         if (missing & (1u << k)) {
             snprintf(msg, sizeof msg,
-                     "%s %" PRIu64 ": rank %d did not take part within the fake's "
-                     "timeout",
-                     what, p->seq, k);
+                     "%s %" PRIu64 ": rank %d did not take part within the fake's timeout", what,
+                     p->seq, k);
             break;
         }
     }
@@ -496,13 +513,17 @@ static bool coll_progress(fake_xp_clique *q, xp_pend *p)
     char name[128];
     bool same = true, ok = true, last;
 
-    shm_lock(h);
-    published = sl->tag == p->seq + 1 ? sl->published : 0;
-    memcpy(d, sl->d, sizeof d);
-    memcpy(pid, h->pid, sizeof pid);
-    shm_unlock(h);
-    if (published != all)
-        return check_peers(q, p, all & ~published, xk[o->kind].fn);
+    for (uint32_t dead = 0, attempt = 0;; attempt++) {
+        shm_lock(h);
+        published = sl->tag == p->seq + 1 ? sl->published : 0;
+        memcpy(d, sl->d, sizeof d);
+        memcpy(pid, h->pid, sizeof pid);
+        shm_unlock(h);
+        if (published == all)
+            break;
+        if (attempt == 1 || (dead = dead_ranks(q, all & ~published)) == 0)
+            return fail_waiting(q, p, all & ~published, dead, xk[o->kind].fn);
+    }
 
     /* NCCL's ordering contract: the same collective at the same position on every rank. */
     for (int k = 0; k < n && same; k++) {
@@ -553,14 +574,19 @@ static bool send_progress(fake_xp_clique *q, xp_pend *p)
 {
     xp_shm *h = q->h;
     xp_pslot *ps = &h->pairs[p->op.rank][p->op.peer][p->seq % XP_PSLOTS];
-    bool consumed;
-    shm_lock(h);
-    consumed = ps->tag == p->seq + 1 && ps->state == PS_CONSUMED;
-    if (consumed)
-        memset(ps, 0, sizeof *ps);
-    shm_unlock(h);
-    if (!consumed)
-        return check_peers(q, p, 1u << p->op.peer, "ncclSend");
+    uint32_t peer = 1u << p->op.peer;
+    for (uint32_t dead = 0, attempt = 0;; attempt++) {
+        bool consumed;
+        shm_lock(h);
+        consumed = ps->tag == p->seq + 1 && ps->state == PS_CONSUMED;
+        if (consumed)
+            memset(ps, 0, sizeof *ps);
+        shm_unlock(h);
+        if (consumed)
+            break;
+        if (attempt == 1 || (dead = dead_ranks(q, peer)) == 0)
+            return fail_waiting(q, p, peer, dead, "ncclSend");
+    }
     shm_wake(h);
     return true;
 }
@@ -575,12 +601,16 @@ static bool recv_progress(fake_xp_clique *q, xp_pend *p)
     bool published;
     xp_desc d;
 
-    shm_lock(h);
-    published = ps->tag == p->seq + 1 && ps->state == PS_PUBLISHED;
-    d = ps->d;
-    shm_unlock(h);
-    if (!published)
-        return check_peers(q, p, 1u << o->peer, "ncclRecv");
+    for (uint32_t dead = 0, attempt = 0;; attempt++) {
+        shm_lock(h);
+        published = ps->tag == p->seq + 1 && ps->state == PS_PUBLISHED;
+        d = ps->d;
+        shm_unlock(h);
+        if (published)
+            break;
+        if (attempt == 1 || (dead = dead_ranks(q, 1u << o->peer)) == 0)
+            return fail_waiting(q, p, 1u << o->peer, dead, "ncclRecv");
+    }
     data_name(name, sizeof name, q, false, p->seq, o->peer, o->rank);
     if (d.count != o->count || d.dtype != o->nccl_dtype) {
         fake_error("ncclRecv of %s: rank %d (process %d) receives %zu elements of dtype %d from "
