@@ -405,7 +405,6 @@ static int child_sendrecv(int proc, const job *j)
             }
         }
         CHECK(ncclGroupEnd() == ncclSuccess);
-        memset(snd, 0, sizeof snd); /* the fake copied the data at launch, as NCCL may read it */
         wait_streams(s, ev, nl);
         for (int i = 0; i < nl; i++) {
             int r = first + i, prev = (r + n - 1) % n;
@@ -549,6 +548,78 @@ static void test_stream_order(void **state)
     (void)state;
     job j = make_job(&P2, 0);
     run_ok(&j, child_stream_order);
+}
+
+/* More calls than the segment has slots (256 collectives, 32 sends per pair): 600
+ * all_reduces per rank in one group (twice, in two orders), then 300 sends and recvs around
+ * the ring in groups of 40 with no wait between, reuse every slot several times. */
+static int child_many(int proc, const job *j)
+{
+    enum { NCOLL = 600, NP2P = 300, BATCH = 40, C = 3 };
+    const layout *l = j->l;
+    int n = l->nranks, first = l->first[proc], nl = l->nlocal[proc];
+    ncclComm_t comm[MAX_LOCAL];
+    cudaStream_t s[MAX_LOCAL];
+    cudaEvent_t ev[MAX_LOCAL];
+    static int32_t x[MAX_LOCAL][NCOLL][C], snd[MAX_LOCAL][NP2P][C], rcv[MAX_LOCAL][NP2P][C];
+
+    fake_set_xproc_timeout_ms(20000);
+    CHECK(init_local(&j->id, n, first, nl, 0, false, comm) == ncclSuccess);
+    make_streams(nl, s, ev);
+    for (int by_rank = 0; by_rank < 2; by_rank++) {
+        /* Interleaved (as ccq issues them), then all of rank 0's before rank 1's: a group
+         * may hold its calls in any order. */
+        for (int i = 0; i < nl; i++)
+            for (int k = 0; k < NCOLL; k++)
+                for (int e = 0; e < C; e++)
+                    x[i][k][e] = (first + i + 1) * (k + 1) + e;
+        CHECK(ncclGroupStart() == ncclSuccess);
+        for (int a = 0; a < NCOLL * nl; a++) {
+            int i = by_rank ? a / NCOLL : a % nl, k = by_rank ? a % NCOLL : a / nl;
+            CHECK(cudaSetDevice(i) == cudaSuccess);
+            CHECK(ncclAllReduce(x[i][k], x[i][k], C, ncclInt32, ncclSum, comm[i], s[i]) ==
+                  ncclSuccess);
+        }
+        CHECK(ncclGroupEnd() == ncclSuccess);
+        wait_streams(s, ev, nl);
+        for (int i = 0; i < nl; i++)
+            for (int k = 0; k < NCOLL; k++)
+                for (int e = 0; e < C; e++) /* sum over ranks r of (r + 1)(k + 1) + e */
+                    CHECK(x[i][k][e] == n * (n + 1) / 2 * (k + 1) + n * e);
+    }
+
+    for (int i = 0; i < nl; i++)
+        for (int k = 0; k < NP2P; k++)
+            for (int e = 0; e < C; e++)
+                snd[i][k][e] = 100000 * (first + i) + 10 * k + e;
+    for (int b = 0; b < NP2P; b += BATCH) {
+        CHECK(ncclGroupStart() == ncclSuccess);
+        for (int i = 0; i < nl; i++) {
+            int r = first + i;
+            CHECK(cudaSetDevice(i) == cudaSuccess);
+            for (int k = b; k < b + BATCH && k < NP2P; k++) {
+                CHECK(ncclSend(snd[i][k], C, ncclInt32, (r + 1) % n, comm[i], s[i]) == ncclSuccess);
+                CHECK(ncclRecv(rcv[i][k], C, ncclInt32, (r + n - 1) % n, comm[i], s[i]) ==
+                      ncclSuccess);
+            }
+        }
+        CHECK(ncclGroupEnd() == ncclSuccess);
+    }
+    wait_streams(s, ev, nl);
+    for (int i = 0; i < nl; i++)
+        for (int k = 0; k < NP2P; k++)
+            for (int e = 0; e < C; e++)
+                CHECK(rcv[i][k][e] == 100000 * ((first + i + n - 1) % n) + 10 * k + e);
+    destroy(comm, nl);
+    check_no_fake_errors();
+    return 0;
+}
+
+static void test_slots_reused(void **state)
+{
+    (void)state;
+    job j = make_job(&L2, 0);
+    run_ok(&j, child_many);
 }
 
 /* ---- Failures: an error, never a hang ---- */
@@ -803,6 +874,7 @@ int main(void)
         cmocka_unit_test_setup(test_blocking_init_3proc, setup),
         cmocka_unit_test_setup(test_two_comms_issued_in_different_orders, setup),
         cmocka_unit_test_setup(test_stream_order, setup),
+        cmocka_unit_test_setup(test_slots_reused, setup),
         cmocka_unit_test_setup(test_same_rank_in_two_processes, setup),
         cmocka_unit_test_setup(test_absent_peer_nonblocking, setup),
         cmocka_unit_test_setup(test_absent_peer_blocking, setup),

@@ -60,25 +60,29 @@ ncclResult_t ncclGroupEnd(void);
  *   robust process-shared mutex and a futex word for waits; each published input is a
  *   file beside it (<segment>-c<seq>-<rank>, <segment>-p<from>-<to>-<seq>), unlinked once
  *   read. Init: ncclInProgress (non-blocking) until every rank of the clique registered
- *   (a data call before is a fake error); a blocking init waits in ncclGroupEnd. At ncclGroupEnd
- * each local rank's call on such a clique takes the next number of its communicator's sequence
- * (send/recv: of its ordered pair) and publishes a copy of its input, then returns without waiting
- * for the peers, as NCCL's launch does; the output is written once every rank's input is there, by
- * progress that ncclCommGetAsyncError, cudaEventQuery and later launches make, and an event
- * recorded after the call on its stream completes only then. Each rank computes its own output from
- * all inputs with the same kernels and semantics as in-process. The same sequence number with
- * another kind, count, dtype, op (reductions) or root (rooted kinds) in another rank, or a recv
- * whose count or dtype differs from its send, is a fake error, and the call's rank gets
- * ncclInvalidUsage as its asynchronous error. A peer whose process is gone gives ncclRemoteError at
- * once; a peer that has not joined, or done its part, within the fake's timeout
- * (fake_set_xproc_timeout_ms) gives ncclSystemError; neither is a fake error (nobody here misused
- * anything); the failed call is dropped, so its events complete. A launch on a stream with
- * unfinished cross-process work waits for it first (stream order: its input may be that output).
+ *   (a data call before is a fake error); a blocking init waits in ncclGroupEnd.
+ *   At ncclGroupEnd each local rank's call on such a clique takes the next number of its
+ *   communicator's sequence (send/recv: of its ordered pair) and publishes a copy of its
+ *   input (then, or once the call's slot is free: as with NCCL, the input must not change
+ *   until the call completes); ncclGroupEnd returns without waiting for the peers, as
+ *   NCCL's launch does. The output is written once every rank's input is there, by the
+ *   progress that ncclCommGetAsyncError, cudaEventQuery and later launches make; an event
+ *   recorded after the call on its stream completes only then. Each rank computes its own
+ *   output from all inputs with the same kernels and semantics as in-process.
+ *   The same sequence number with another kind, count, dtype, op (reductions) or root
+ *   (rooted kinds) in another rank, or a recv whose count or dtype differs from its send,
+ *   is a fake error, and the call's rank gets ncclInvalidUsage as its asynchronous error.
+ *   A peer whose process is gone gives ncclRemoteError at once; a peer that has not
+ *   joined, or done its part, within the fake's timeout (fake_set_xproc_timeout_ms) gives
+ *   ncclSystemError; neither is a fake error (nobody here misused anything); the failed
+ *   call is dropped, so its events complete. A launch on a stream with unfinished
+ *   cross-process work waits for it first (stream order: its input may be that output).
  *   The last process whose communicators are destroyed or aborted unlinks the segment and
- *   its files; a process that dies leaves them to fake_xproc_cleanup(). Limits: 256
- *   collectives and 32 sends per ordered pair in flight per clique; the waits (blocking
- *   init, stream order, a full slot) hold the fake's lock; cudaStreamWaitEvent carries no
- *   cross-process dependency; ncclSend/ncclRecv log peer_device -1 for a remote peer.
+ *   its files; a process that dies leaves them to fake_xproc_cleanup(). A clique has 256
+ *   slots for collectives and 32 per ordered pair for sends: later calls wait, unpublished
+ *   (a launch never blocks on them), for older ones to finish. The waits (blocking init,
+ *   stream order) hold the fake's lock. cudaStreamWaitEvent carries no cross-process
+ *   dependency; ncclSend/ncclRecv log peer_device -1 for a peer in another process.
  *   Fork the processes before any of them creates a communicator (a child must not
  *   inherit an attached clique).
  * Every function here is thread-safe (one mutex).

@@ -82,16 +82,20 @@ struct fake_xp_clique {
         bool in, joining;
         long long deadline;
         uint64_t seq, sent[FAKE_XP_MAX_RANKS], recvd[FAKE_XP_MAX_RANKS];
+        /* The next sequence number to publish (collectives, sends per peer). */
+        uint64_t pub_seq, pub_sent[FAKE_XP_MAX_RANKS];
         ncclResult_t err; /* sticky, as NCCL's asynchronous error */
     } r[FAKE_XP_MAX_RANKS];
     struct fake_xp_clique *next;
 };
 
-/* A launched call whose output (or whose peer's consumption, for a send) is not there yet. */
+/* A launched call whose input is not published yet (its slot still held an older call),
+ * or whose output (for a send: the receiver's copy) is not there yet. */
 typedef struct xp_pend {
     fake_xp_op op;
     uint64_t seq, ticket;
     long long deadline;
+    bool published; /* its input is in the segment (a recv has none to publish) */
     struct xp_pend *next;
 } xp_pend;
 
@@ -636,15 +640,72 @@ static bool recv_progress(fake_xp_clique *q, xp_pend *p)
     return true;
 }
 
-/* Finish every launched call whose peers have done their part; drop failed ones (their
- * rank holds the error). */
+/*
+ * Publish a call's input into its slot: 1 done, 0 the slot still holds an older call (for
+ * a collective, one some rank has not finished; for a send, one not consumed yet), -1
+ * failed. Never waiting here is what lets a group hold more calls than there are slots, in
+ * any order (NCCL's groups do): the older calls finish by progress, then this one goes.
+ * Each rank publishes in its sequence order, and only this process publishes rank
+ * o->rank's calls, so nobody takes the slot between the look and the publication.
+ */
+static int publish(fake_xp_clique *q, xp_pend *p)
+{
+    const fake_xp_op *o = &p->op;
+    bool coll = o->kind != FAKE_XP_SEND, busy;
+    xp_desc d = make_desc(o, q->nranks);
+    xp_slot *sl = &q->h->slots[p->seq % XP_SLOTS];
+    xp_pslot *ps = &q->h->pairs[o->rank][o->peer < 0 ? 0 : o->peer][p->seq % XP_PSLOTS];
+    uint64_t *next = coll ? &q->r[o->rank].pub_seq : &q->r[o->rank].pub_sent[o->peer];
+    char name[128];
+
+    /* In order: a later call of the rank may find the slot free while an earlier one, for
+     * the same slot a round before, waits for it; it would take the earlier one's place. */
+    if (p->seq != *next)
+        return 0;
+    shm_lock(q->h);
+    busy = coll ? sl->tag != 0 && sl->tag != p->seq + 1 : ps->tag != 0;
+    shm_unlock(q->h);
+    if (busy)
+        return 0;
+    ++*next;
+    data_name(name, sizeof name, q, coll, p->seq, o->rank, o->peer);
+    if (d.bytes > 0 && !write_data(name, o->src, d.bytes)) {
+        rank_fail(q, o->rank, ncclSystemError, "its input could not be published");
+        return -1;
+    }
+    shm_lock(q->h);
+    if (coll) {
+        sl->tag = p->seq + 1;
+        sl->d[o->rank] = d;
+        sl->published |= 1u << o->rank;
+    } else {
+        ps->tag = p->seq + 1;
+        ps->d = d;
+        ps->state = PS_PUBLISHED;
+    }
+    shm_unlock(q->h);
+    shm_wake(q->h);
+    p->published = true;
+    return 1;
+}
+
+/* Publish what can be, finish every launched call whose peers have done their part; drop
+ * failed ones (their rank holds the error). */
 static void progress(void)
 {
     for (xp_pend **pp = &X.pend; *pp != NULL;) {
         xp_pend *p = *pp;
         fake_xp_clique *q = p->op.q;
         bool finished = q->h == NULL;
-        if (!finished) {
+        int pub = finished || p->published || p->op.kind == FAKE_XP_RECV ? 1 : publish(q, p);
+        if (pub < 0) {
+            finished = true;
+        } else if (pub == 0) {
+            finished = now_ns() >= p->deadline;
+            if (finished)
+                rank_fail(q, p->op.rank, ncclSystemError,
+                          "no free slot: peers did not finish older calls within the timeout");
+        } else if (!finished) {
             switch (p->op.kind) {
             case FAKE_XP_SEND:
                 finished = send_progress(q, p);
@@ -795,33 +856,10 @@ static bool wait_while(xp_shm *h, bool (*busy)(const void *), const void *arg, l
     }
 }
 
-/* Whether the slot a call publishes into still holds an older call some rank reads. */
-typedef struct slot_ask {
-    const fake_xp_op *o;
-    uint64_t seq;
-} slot_ask;
-
-static bool slot_busy(const void *arg)
-{
-    const slot_ask *a = arg;
-    const fake_xp_op *o = a->o;
-    xp_shm *h = o->q->h;
-    bool busy;
-    shm_lock(h);
-    if (o->kind == FAKE_XP_SEND)
-        busy = h->pairs[o->rank][o->peer][a->seq % XP_PSLOTS].tag != 0;
-    else
-        busy =
-            h->slots[a->seq % XP_SLOTS].tag != 0 && h->slots[a->seq % XP_SLOTS].tag != a->seq + 1;
-    shm_unlock(h);
-    return busy;
-}
-
 ncclResult_t fake_xp_launch(const fake_xp_op *ops, size_t n, const void *const *streams,
                             size_t nstreams)
 {
     long long deadline = now_ns() + timeout_ns();
-    char name[128];
 
     /* Stream order: a call reads what the calls before it on its stream wrote. */
     for (size_t i = 0; i < nstreams; i++) {
@@ -839,52 +877,25 @@ ncclResult_t fake_xp_launch(const fake_xp_op *ops, size_t n, const void *const *
     for (size_t i = 0; i < n; i++) {
         const fake_xp_op *o = &ops[i];
         fake_xp_clique *q = o->q;
-        int nr = q->nranks;
         xp_pend *p = calloc(1, sizeof *p);
-        xp_desc d = make_desc(o, nr);
         if (p == NULL)
             abort();
         p->op = *o;
         p->ticket = ++X.tickets;
         p->deadline = deadline;
-        if (o->kind == FAKE_XP_RECV) {
+        if (o->kind == FAKE_XP_RECV)
             p->seq = q->r[o->rank].recvd[o->peer]++;
-        } else {
-            bool coll = o->kind != FAKE_XP_SEND;
-            p->seq = coll ? q->r[o->rank].seq++ : q->r[o->rank].sent[o->peer]++;
-            if (!wait_while(q->h, slot_busy, &(slot_ask){o, p->seq}, deadline)) {
-                rank_fail(q, o->rank, ncclSystemError,
-                          "no free slot: peers did not read older calls within the timeout");
-                free(p);
-                return ncclSystemError;
-            }
-            data_name(name, sizeof name, q, coll, p->seq, o->rank, o->peer);
-            if (d.bytes > 0 && !write_data(name, o->src, d.bytes)) {
-                free(p);
-                return ncclSystemError;
-            }
-            shm_lock(q->h);
-            if (coll) {
-                xp_slot *sl = &q->h->slots[p->seq % XP_SLOTS];
-                sl->tag = p->seq + 1;
-                sl->d[o->rank] = d;
-                sl->published |= 1u << o->rank;
-            } else {
-                xp_pslot *ps = &q->h->pairs[o->rank][o->peer][p->seq % XP_PSLOTS];
-                ps->tag = p->seq + 1;
-                ps->d = d;
-                ps->state = PS_PUBLISHED;
-            }
-            shm_unlock(q->h);
-            shm_wake(q->h);
-        }
+        else if (o->kind == FAKE_XP_SEND)
+            p->seq = q->r[o->rank].sent[o->peer]++;
+        else
+            p->seq = q->r[o->rank].seq++;
         /* Appended, so progress visits the calls in launch order. */
         xp_pend **pp = &X.pend;
         while (*pp != NULL)
             pp = &(*pp)->next;
         *pp = p;
     }
-    progress();
+    progress(); /* publishes the inputs */
     return ncclSuccess;
 }
 

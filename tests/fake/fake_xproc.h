@@ -67,9 +67,10 @@ ncclResult_t fake_xp_poll(fake_xp_clique *q, int rank);
 /* Whether a local rank is still joining (a data call on it is a misuse). */
 bool fake_xp_joining(const fake_xp_clique *q, int rank);
 /* Launch a group's cross-process calls: first wait until the streams of every call of the
- * group (streams[0..nstreams)) have no cross-process work left (stream order), then publish
- * each call's input with its sequence number; the outputs are written by later progress.
- * ncclSuccess, or ncclSystemError/ncclRemoteError when that wait times out. */
+ * group (streams[0..nstreams)) have no cross-process work left (stream order), then give
+ * each call its sequence number and publish its input (now, or by later progress once its
+ * slot is free); the outputs are written by later progress. ncclSuccess, or
+ * ncclSystemError when the wait for the streams times out. */
 ncclResult_t fake_xp_launch(const fake_xp_op *ops, size_t n, const void *const *streams,
                             size_t nstreams);
 /* An event recorded on stream completes only after the cross-process work before it. */
