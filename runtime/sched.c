@@ -1195,6 +1195,9 @@ static void issue(ccq_runtime *rt, ccq_batch *b)
     for (uint32_t k = 0; k < b->be.nops; k++) {
         ccq_inst *i = b->insts[k];
         i->state = CCQ_INST_ISSUED;
+        /* Set here, not at match time: an operation can match while its communicator still
+         * forms (meeting the other processes), before the backend has created it. */
+        i->op.comm = i->chan->comm->be;
         i->op.status = CCQ_OK;
         i->op.comm_aborted = 0;
         i->op.stage_src = i->stage && rt->be_ops->stages_sends;

@@ -1,0 +1,292 @@
+/* The NCCL backend across processes, against the fake CUDA/NCCL whose communicators meet in
+ * shared memory (tests/fake/fake_xproc.c): worlds of 2 and 3 processes forked by the test
+ * meet through the file bootstrap; the lowest member process's ncclUniqueId reaches the
+ * others through it; every process initialises its local ranks with their global ranks; an
+ * all_reduce over the world, one over a subset spanning two processes, send/recv between
+ * processes and comm_init from one thread per device in each process at once all move real
+ * data, checked in every process; a process that never calls ccq_comm_init makes the others'
+ * fail after timeout_ms naming it. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ccq.h"
+#include "fake/fake_cuda_nccl.h"
+#include "procs.h"
+#include "test_util.h"
+
+enum { N = 1031, MAXD = 4 };
+
+typedef struct nw_case {
+    char dir[64];
+    unsigned devices[4]; /* local devices of each process */
+    uint64_t timeout_ms;
+    int skip_rank; /* a process that never calls ccq_comm_init of the world (-1: none) */
+} nw_case;
+
+#define FAIL(code, ...)                                                                            \
+    do {                                                                                           \
+        fprintf(stderr, "rank %u: ", rank);                                                        \
+        fprintf(stderr, __VA_ARGS__);                                                              \
+        fprintf(stderr, " (%s)\n", ccq_last_error_detail());                                       \
+        rc = (code);                                                                               \
+        goto out;                                                                                  \
+    } while (0)
+
+static ccq_runtime *nw_runtime(const nw_case *nc, unsigned rank, unsigned nprocs)
+{
+    ccq_config cfg;
+    ccq_runtime *rt = NULL;
+    char boot[96];
+
+    fake_reset();
+    fake_set_devices((int)nc->devices[rank], 9);
+    /* ccq's own deadline must speak first: the fake's wait for a peer is longer. */
+    fake_set_xproc_timeout_ms((long)nc->timeout_ms * 4 + 5000);
+    ccq_config_init(&cfg);
+    cfg.backend = "nccl";
+    cfg.timeout_ms = nc->timeout_ms;
+    cfg.world_rank = rank;
+    cfg.world_size = nprocs;
+    snprintf(boot, sizeof boot, "file:%s", nc->dir);
+    cfg.bootstrap = boot;
+    if (ccq_runtime_create(&cfg, &rt) != CCQ_OK)
+        fprintf(stderr, "rank %u: ccq_runtime_create: %s\n", rank, ccq_last_error_detail());
+    return rt;
+}
+
+/* Device d's input: a function of (d, k), so every process computes every expected sum. */
+static float input(ccq_device_id d, int k)
+{
+    return (float)((d + 1) * 100 + k % 17);
+}
+
+/* An all_reduce over `set` (global ids) from this process's devices in it, checked. */
+static int world_all_reduce(ccq_runtime *rt, const ccq_device_id *set, uint32_t n,
+                            ccq_stream_id stream)
+{
+    ccq_device_id first;
+    uint32_t count;
+    float *in[MAXD] = {NULL}, *out[MAXD] = {NULL};
+    ccq_device_id mine[MAXD];
+    uint32_t nmine = 0;
+    int bad = 0;
+
+    ccq_local_devices(rt, &first, &count);
+    for (uint32_t i = 0; i < n; i++)
+        if (set[i] >= first && set[i] < first + count)
+            mine[nmine++] = set[i];
+    for (uint32_t i = 0; i < nmine; i++) {
+        in[i] = xmalloc(N * sizeof(float));
+        out[i] = xmalloc(N * sizeof(float));
+        for (int k = 0; k < N; k++)
+            in[i][k] = input(mine[i], k);
+        if (ccq_all_reduce(rt, mine[i], stream, in[i], out[i], N, CCQ_FLOAT32, CCQ_SUM, set, n) !=
+            CCQ_OK)
+            bad = 1;
+    }
+    for (uint32_t i = 0; i < nmine && !bad; i++)
+        if (ccq_sync_collective(rt, mine[i], stream) != CCQ_OK)
+            bad = 2;
+    for (uint32_t i = 0; i < nmine && !bad; i++)
+        for (int k = 0; k < N; k++) {
+            float want = 0;
+            for (uint32_t j = 0; j < n; j++)
+                want += input(set[j], k);
+            if (out[i][k] != want) {
+                fprintf(stderr, "device %u [%d]: %g, want %g\n", mine[i], k, (double)out[i][k],
+                        (double)want);
+                bad = 3;
+                break;
+            }
+        }
+    for (uint32_t i = 0; i < nmine; i++) {
+        free(in[i]);
+        free(out[i]);
+    }
+    return bad;
+}
+
+typedef struct init_job {
+    ccq_runtime *rt;
+    const ccq_device_id *set;
+    uint32_t n;
+    ccq_status st;
+} init_job;
+
+static void *init_thread(void *arg)
+{
+    init_job *j = arg;
+    j->st = ccq_comm_init(j->rt, j->set, j->n);
+    return NULL;
+}
+
+static int nw_child(unsigned rank, unsigned nprocs, void *arg)
+{
+    const nw_case *nc = arg;
+    ccq_runtime *rt = nw_runtime(nc, rank, nprocs);
+    ccq_device_id first = 0, all[16];
+    uint32_t count = 0, total;
+    int rc = 0;
+
+    if (rt == NULL)
+        return 10;
+    ccq_local_devices(rt, &first, &count);
+    total = ccq_device_count(rt);
+    for (uint32_t d = 0; d < total; d++)
+        all[d] = d;
+
+    if (nc->skip_rank >= 0) {
+        /* Everyone but skip_rank forms the world's communicator; they time out naming it. */
+        if ((int)rank == nc->skip_rank) {
+            sleep_ms((unsigned)(nc->timeout_ms * 2));
+            goto out;
+        }
+        char want[64];
+        snprintf(want, sizeof want, "process %d never joined", nc->skip_rank);
+        ccq_status st = ccq_comm_init(rt, all, total);
+        if (st != CCQ_ERR_TIMEOUT || strstr(ccq_last_error_detail(), want) == NULL)
+            FAIL(11, "comm_init without process %d: %s", nc->skip_rank, ccq_status_name(st));
+        goto out;
+    }
+
+    /* comm_init of the world from one thread per local device, in every process at once. */
+    pthread_t th[MAXD];
+    init_job jobs[MAXD];
+    for (uint32_t i = 0; i < count; i++) {
+        jobs[i] = (init_job){rt, all, total, CCQ_OK};
+        pthread_create(&th[i], NULL, init_thread, &jobs[i]);
+    }
+    for (uint32_t i = 0; i < count; i++) {
+        pthread_join(th[i], NULL);
+        if (jobs[i].st != CCQ_OK)
+            FAIL(12, "comm_init of the world from thread %u: %s", i, ccq_status_name(jobs[i].st));
+    }
+    if (getenv("CCQ_TEST_VERBOSE"))
+        fprintf(stderr, "rank %u: world communicator ready\n", rank);
+    if (world_all_reduce(rt, all, total, 0) != 0)
+        FAIL(13, "all_reduce over the world");
+    /* Twice more on another stream: sequence numbers keep every process in step. */
+    if (world_all_reduce(rt, all, total, 1) != 0 || world_all_reduce(rt, all, total, 1) != 0)
+        FAIL(14, "repeated all_reduce over the world");
+
+    if (getenv("CCQ_TEST_VERBOSE"))
+        fprintf(stderr, "rank %u: world all_reduces done\n", rank);
+    /* A subset spanning processes 0 and 1: their last and first devices. Processes not in
+     * it do not call ccq_comm_init. */
+    ccq_device_id sub[2] = {nc->devices[0] - 1, nc->devices[0]};
+    if (rank <= 1) {
+        if (ccq_comm_init(rt, sub, 2) != CCQ_OK)
+            FAIL(15, "comm_init of {%u,%u}", sub[0], sub[1]);
+        if (world_all_reduce(rt, sub, 2, 2) != 0)
+            FAIL(16, "all_reduce over {%u,%u}", sub[0], sub[1]);
+    }
+
+    if (getenv("CCQ_TEST_VERBOSE"))
+        fprintf(stderr, "rank %u: subset done\n", rank);
+    /* send/recv between processes: device `first` of each process sends to the first
+     * device of the next process (a ring over processes), with global ids. */
+    {
+        unsigned next = (rank + 1) % nprocs, prev = (rank + nprocs - 1) % nprocs;
+        ccq_device_id to = 0, from = 0;
+        for (unsigned p = 0; p < next; p++)
+            to += nc->devices[p];
+        for (unsigned p = 0; p < prev; p++)
+            from += nc->devices[p];
+        float *sbuf = xmalloc(N * sizeof(float)), *rbuf = xmalloc(N * sizeof(float));
+        for (int k = 0; k < N; k++) {
+            sbuf[k] = input(first, k) * 2;
+            rbuf[k] = -1;
+        }
+        if (ccq_send(rt, first, 3, sbuf, N, CCQ_FLOAT32, to) != CCQ_OK ||
+            ccq_recv(rt, first, 4, rbuf, N, CCQ_FLOAT32, from) != CCQ_OK ||
+            ccq_sync_collective(rt, first, 3) != CCQ_OK ||
+            ccq_sync_collective(rt, first, 4) != CCQ_OK) {
+            free(sbuf);
+            free(rbuf);
+            FAIL(17, "send to device %u / recv from device %u", to, from);
+        }
+        for (int k = 0; k < N; k++)
+            if (rbuf[k] != input(from, k) * 2) {
+                if (getenv("CCQ_TEST_VERBOSE"))
+                    fake_log_dump();
+                free(sbuf);
+                free(rbuf);
+                FAIL(18, "recv from device %u: [%d] = %g", from, k, (double)rbuf[k]);
+            }
+        free(sbuf);
+        free(rbuf);
+    }
+    /* A last collective before leaving: a process must not exit while a peer still reads
+     * what it sent (as with NCCL, whose send may complete before the peer has the data). */
+    if (world_all_reduce(rt, all, total, 5) != 0)
+        FAIL(20, "the closing all_reduce over the world");
+out:
+    ccq_runtime_destroy(rt);
+    if (rc == 0) {
+        char msg[256];
+        if (fake_errors(msg, sizeof msg) != 0) {
+            fprintf(stderr, "rank %u: fake errors: %s\n", rank, msg);
+            rc = 19;
+        }
+    }
+    return rc;
+}
+
+static void run(nw_case *nc, unsigned nprocs)
+{
+    int status[4];
+    char env[96];
+    fake_xproc_cleanup(); /* segments a crashed earlier run may have left */
+    procs_tmpdir(nc->dir, sizeof nc->dir);
+    /* Each forked process must not see another test's bootstrap records. */
+    snprintf(env, sizeof env, "%s", nc->dir + 5);
+    setenv("CCQ_JOB_ID", env, 1);
+    int bad = procs_run(nprocs, nw_child, nc, 90, status);
+    procs_rmdir(nc->dir);
+    fake_xproc_cleanup();
+    for (unsigned r = 0; r < nprocs; r++)
+        if (status[r] != 0)
+            fail_msg("process %u of %u exited with %d", r, nprocs, status[r]);
+    assert_int_equal(bad, 0);
+}
+
+static void test_two_processes(void **state)
+{
+    (void)state;
+    nw_case nc = {.devices = {2, 1}, .timeout_ms = 20000, .skip_rank = -1};
+    run(&nc, 2);
+}
+
+static void test_three_processes_uneven(void **state)
+{
+    (void)state;
+    nw_case nc = {.devices = {1, 3, 2}, .timeout_ms = 20000, .skip_rank = -1};
+    run(&nc, 3);
+}
+
+static void test_member_never_joins(void **state)
+{
+    (void)state;
+    nw_case nc = {.devices = {1, 1, 1}, .timeout_ms = 500, .skip_rank = 2};
+    run(&nc, 3);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_two_processes),
+        cmocka_unit_test(test_three_processes_uneven),
+        cmocka_unit_test(test_member_never_joins),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
