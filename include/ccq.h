@@ -187,6 +187,11 @@ typedef struct ccq_config {
                                         until ccq_runtime_destroy returns. */
     int64_t mpi_comm; /**< For "mpi": MPI_Comm_c2f() of the embedder's communicator; -1 (the
                            default) = MPI_COMM_WORLD. */
+    /** 1 = ccq installs a SIGUSR1 handler that makes every runtime of the process dump its
+     * trace file (trace_file); 0 (default) = no handler. The handler only wakes a thread of
+     * ccq's that writes the dumps, and chains to the handler installed before it; it stays
+     * installed for the life of the process. Env: CCQ_TRACE_SIGNAL=1. */
+    uint32_t trace_signal;
 } ccq_config;
 
 /**

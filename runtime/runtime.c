@@ -110,6 +110,8 @@ static void config_defaults(ccq_config *cfg)
     if (env_u64("CCQ_SPIN_US", 0, 1000000, &v, &err,
                 "CCQ_SPIN_US: expected microseconds in [0, 1000000]"))
         cfg->spin_us = (uint32_t)v;
+    if (env_u64("CCQ_TRACE_SIGNAL", 0, 1, &v, &err, "CCQ_TRACE_SIGNAL: expected 0 or 1"))
+        cfg->trace_signal = (uint32_t)v;
     if (env_u64("CCQ_NONBLOCKING_SUBMIT", 0, 1, &v, &err,
                 "CCQ_NONBLOCKING_SUBMIT: expected 0 or 1"))
         cfg->flags = v ? (cfg->flags | CCQ_FLAG_NONBLOCKING_SUBMIT)
@@ -199,6 +201,9 @@ static ccq_status config_validate(const ccq_config *c, ccq_fault_plan *fault)
                         "ccq_config.host_workers is %" PRIu32
                         "; expected 0..1024 (0 = one per core)",
                         c->host_workers);
+    if (c->trace_signal > 1)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "ccq_config.trace_signal is %" PRIu32 "; expected 0 or 1", c->trace_signal);
     if (c->trace_capacity > (1u << 26))
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
                         "ccq_config.trace_capacity is %" PRIu32 "; expected at most 67108864",
@@ -377,6 +382,13 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
         return ccq_fail(CCQ_ERR_NO_MEMORY, "cannot start the scheduler thread");
     }
     rt->thread_started = true;
+    st = ccq_trace_attach(rt, cfg.trace_signal != 0); /* SIGUSR1 dumps (runtime/trace_signal.c) */
+    if (st != CCQ_OK) {
+        char why[CCQ_DETAIL_LEN];
+        snprintf(why, sizeof why, "%s", ccq_last_error_detail());
+        ccq_runtime_destroy(rt);
+        return ccq_fail(st, "%s", why);
+    }
     *out = rt;
     return CCQ_OK;
 }

@@ -6,10 +6,13 @@
 #include "runtime/trace.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "runtime/internal.h"
@@ -105,6 +108,7 @@ int ccq_trace_init(ccq_trace *t, uint32_t capacity, const char *file)
 
 void ccq_trace_fini(ccq_trace *t)
 {
+    ccq_trace_detach(t); /* no SIGUSR1 dump of it from now on (waits for one in progress) */
     ccq_trace_cb *cb = atomic_load_explicit(&t->cb, memory_order_relaxed);
     while (cb != NULL) {
         ccq_trace_cb *prev = cb->prev;
@@ -407,30 +411,85 @@ CCQ_API ccq_status ccq_trace_snapshot(ccq_runtime *rt, ccq_event *out, size_t ca
     return CCQ_OK;
 }
 
+/* This process's place in the world, for dump headers and file names: world rank, world
+ * size, and the global id of its first device. */
+static void world_of(const ccq_runtime *rt, uint32_t *rank, uint32_t *size, uint32_t *first)
+{
+    *rank = rt->world.rank, *size = rt->world.size, *first = rt->dev_first;
+}
+
+/* CLOCK_REALTIME - CLOCK_MONOTONIC now: the monotonic read nearest to a realtime read, over
+ * a few tries (the tightest pair wins), so dumps of several processes can be put on one
+ * wall clock. Accurate to the clocks' own agreement between hosts (NTP: about a millisecond
+ * across machines; exact within one). */
+static int64_t realtime_offset_ns(void)
+{
+    int64_t best_gap = INT64_MAX, off = 0;
+    for (int i = 0; i < 5; i++) {
+        struct timespec m0, r, m1;
+        clock_gettime(CLOCK_MONOTONIC, &m0);
+        clock_gettime(CLOCK_REALTIME, &r);
+        clock_gettime(CLOCK_MONOTONIC, &m1);
+        int64_t a = (int64_t)m0.tv_sec * 1000000000 + m0.tv_nsec;
+        int64_t b = (int64_t)m1.tv_sec * 1000000000 + m1.tv_nsec;
+        if (b - a < best_gap) {
+            best_gap = b - a;
+            off = (int64_t)r.tv_sec * 1000000000 + r.tv_nsec - (a + (b - a) / 2);
+        }
+    }
+    return off;
+}
+
 /* Copy what a dump shows out of the runtime: the events (through the scheduler), then the
- * communicators and notes under their locks. The writer then works on the copy alone. */
-static int take_view(ccq_runtime *rt, ccq_trace_view *v)
+ * communicators and notes under their locks. The writer then works on the copy alone.
+ * `host` (64 bytes) holds the host name the header points to. */
+static int take_view(ccq_runtime *rt, ccq_trace_view *v, char *host, const char *reason)
 {
     ccq_trace *t = &rt->trace;
-    size_t cap = (size_t)t->cap + t->fcap;
+    size_t cap = (size_t)t->cap + t->fcap, nids = 0;
 
     memset(v, 0, sizeof *v);
     v->hdr.backend = rt->be_ops->name;
     v->hdr.ndev = rt->ndev;
     v->hdr.max_streams = rt->max_streams;
+    world_of(rt, &v->hdr.world_rank, &v->hdr.world_size, &v->hdr.dev_first);
+    v->hdr.pid = (int64_t)getpid();
+    if (gethostname(host, 64) != 0)
+        host[0] = '\0';
+    host[63] = '\0';
+    v->hdr.host = host;
+    v->hdr.reason = reason;
     v->ev = malloc((cap ? cap : 1) * sizeof *v->ev);
     v->notes = malloc(CCQ_TRACE_NOTES * sizeof *v->notes);
     if (v->ev == NULL || v->notes == NULL)
         return -1;
     v->nev = snapshot(rt, v->ev, cap, &v->hdr.dropped);
     v->hdr.t0_ns = v->nev ? v->ev[0].time_ns : 0;
+    v->hdr.dump_ns = ccq_now_ns();
+    v->hdr.realtime_offset_ns = realtime_offset_ns();
 
     pthread_mutex_lock(&rt->comm_lock); /* comms can be created meanwhile */
     v->ncomms = atomic_load_explicit(&rt->ncomms, memory_order_acquire);
+    for (uint32_t k = 0; k < v->ncomms; k++)
+        nids += rt->comms[k]->n;
     v->comms = calloc(v->ncomms ? v->ncomms : 1, sizeof *v->comms);
-    for (uint32_t k = 0; v->comms != NULL && k < v->ncomms; k++)
-        ccq_describe_comm(v->comms[k].devices, sizeof v->comms[k].devices, rt->comms[k]);
+    /* The full device sets, in one array (the first comm's pointer owns it). */
+    ccq_device_id *ids = malloc((nids ? nids : 1) * sizeof *ids);
+    for (uint32_t k = 0; v->comms != NULL && ids != NULL && k < v->ncomms; k++) {
+        const ccq_comm *c = rt->comms[k];
+        ccq_describe_comm(v->comms[k].devices, sizeof v->comms[k].devices, c);
+        memcpy(ids, c->devices, c->n * sizeof *ids);
+        v->comms[k].ids = ids;
+        v->comms[k].n = c->n;
+        ids += c->n;
+    }
+    if (v->comms != NULL && v->ncomms == 0)
+        v->comms[0].ids = ids; /* owned there all the same, freed with the view */
+    else if (v->comms == NULL)
+        free(ids);
     pthread_mutex_unlock(&rt->comm_lock);
+    if (ids == NULL)
+        return -1;
 
     pthread_mutex_lock(&t->note_lock); /* the newest CCQ_TRACE_NOTES, oldest first */
     uint64_t first = t->nhead > CCQ_TRACE_NOTES ? t->nhead - CCQ_TRACE_NOTES : 0;
@@ -440,32 +499,120 @@ static int take_view(ccq_runtime *rt, ccq_trace_view *v)
     return v->comms != NULL ? 0 : -1;
 }
 
-/* Write the recorder to `path`; shared by ccq_trace_dump and the automatic dumps. */
-ccq_status ccq_trace_write_file(ccq_runtime *rt, const char *path)
+static void free_view(ccq_trace_view *v)
+{
+    free(v->ev);
+    free(v->notes);
+    if (v->comms != NULL)
+        free((void *)v->comms[0].ids);
+    free(v->comms);
+}
+
+/* Write the recorder to `path` through a temporary file renamed over it, so a reader (and
+ * ccq-trace) never sees half a dump, and two dumps at once (the scheduler's on an error, a
+ * SIGUSR1 one) leave one whole file. */
+static ccq_status write_file(ccq_runtime *rt, const char *path, const char *reason)
 {
     ccq_trace_view v;
     ccq_status st = CCQ_OK;
+    char host[64], tmp[4096];
     FILE *f;
     int rc;
 
-    if (take_view(rt, &v) != 0) {
+    if (take_view(rt, &v, host, reason) != 0) {
         st = ccq_fail(CCQ_ERR_NO_MEMORY, "ccq_trace_dump: out of memory");
-        goto free_view;
+        goto out;
     }
-    f = fopen(path, "w");
+    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%u", path, (long)getpid(), ccq_thread_id()) >=
+        sizeof tmp) {
+        st = ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_trace_dump: path \"%.64s...\" too long", path);
+        goto out;
+    }
+    f = fopen(tmp, "w");
     if (f == NULL) {
-        st = ccq_fail(CCQ_ERR_BACKEND, "ccq_trace_dump: cannot open \"%s\": %s", path,
+        st = ccq_fail(CCQ_ERR_BACKEND, "ccq_trace_dump: cannot open \"%s\": %s", tmp,
                       strerror(errno));
-        goto free_view;
+        goto out;
     }
     rc = ccq_trace_write_json(f, &v);
-    if ((rc | fclose(f)) != 0)
-        st = ccq_fail(CCQ_ERR_BACKEND, "ccq_trace_dump: writing \"%s\" failed", path);
-free_view:
-    free(v.ev);
-    free(v.notes);
-    free(v.comms);
+    if ((rc | fclose(f)) != 0) {
+        st = ccq_fail(CCQ_ERR_BACKEND, "ccq_trace_dump: writing \"%s\" failed", tmp);
+        unlink(tmp);
+    } else if (rename(tmp, path) != 0) {
+        st = ccq_fail(CCQ_ERR_BACKEND, "ccq_trace_dump: cannot rename \"%s\" to \"%s\": %s", tmp,
+                      path, strerror(errno));
+        unlink(tmp);
+    }
+out:
+    free_view(&v);
     return st;
+}
+
+ccq_status ccq_trace_write_file(ccq_runtime *rt, const char *path)
+{
+    return write_file(rt, path, "api");
+}
+
+size_t ccq_trace_expand_path(char *out, size_t len, const char *tmpl, uint32_t rank, uint32_t size,
+                             long pid)
+{
+    size_t w = 0;
+    bool has_rank = false;
+    char num[24];
+#define PUT(ch) (w + 1 < len ? (void)(out[w] = (ch)) : (void)0, w++)
+    for (const char *p = tmpl; *p != '\0'; p++) {
+        if (p[0] != '%' || (p[1] != 'r' && p[1] != 'p' && p[1] != '%')) {
+            PUT(*p);
+            continue;
+        }
+        p++;
+        if (*p == '%') {
+            PUT('%');
+            continue;
+        }
+        has_rank |= *p == 'r';
+        snprintf(num, sizeof num, "%ld", *p == 'r' ? (long)rank : pid);
+        for (const char *q = num; *q != '\0'; q++)
+            PUT(*q);
+    }
+    if (!has_rank && size > 1) {
+        /* Before the extension of the file name (".json"), if it has one. */
+        size_t end = w < len ? w : len - 1, base = 0, dot = SIZE_MAX;
+        for (size_t i = 0; i < end; i++)
+            if (out[i] == '/')
+                base = i + 1, dot = SIZE_MAX;
+            else if (out[i] == '.' && i > base)
+                dot = i;
+        size_t at = dot != SIZE_MAX ? dot : end,
+               n = (size_t)snprintf(num, sizeof num, ".rank%u", rank);
+        if (end + n + 1 <= len) {
+            memmove(out + at + n, out + at, end - at);
+            memcpy(out + at, num, n);
+        }
+        w += n;
+    }
+#undef PUT
+    if (len > 0)
+        out[w < len ? w : len - 1] = '\0';
+    return w;
+}
+
+/* trace_file with %r, %p (and the rank appended) replaced, for this process now. */
+static ccq_status dump_path(ccq_runtime *rt, char *out, size_t len)
+{
+    uint32_t rank, size, first;
+    world_of(rt, &rank, &size, &first);
+    if (ccq_trace_expand_path(out, len, rt->trace.file, rank, size, (long)getpid()) >= len)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "trace_file \"%.64s...\" is too long",
+                        rt->trace.file);
+    return CCQ_OK;
+}
+
+void ccq_trace_dump_to_file(ccq_runtime *rt, const char *reason)
+{
+    char path[4096];
+    if (dump_path(rt, path, sizeof path) != CCQ_OK || write_file(rt, path, reason) != CCQ_OK)
+        fprintf(stderr, "ccq: %s\n", ccq_last_error_detail());
 }
 
 CCQ_API ccq_status ccq_trace_dump(ccq_runtime *rt, const char *path)
@@ -489,8 +636,7 @@ void ccq_trace_autodump(ccq_runtime *rt, bool force)
     if (t->file == NULL || t->cap == 0 || (!force && now - t->last_auto_ns < 1000000000ull))
         return;
     t->last_auto_ns = now;
-    if (ccq_trace_write_file(rt, t->file) != CCQ_OK)
-        fprintf(stderr, "ccq: %s\n", ccq_last_error_detail());
+    ccq_trace_dump_to_file(rt, force ? "destroy" : "error");
 }
 
 CCQ_API ccq_status ccq_get_metrics(ccq_runtime *rt, ccq_metrics *out)

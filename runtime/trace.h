@@ -136,6 +136,29 @@ uint64_t ccq_trace_next_tick(ccq_trace *t, uint64_t ended);
 /* Scheduler side: update the commands/s rate once a second. */
 void ccq_trace_tick(ccq_trace *t, uint64_t now, uint64_t ended);
 
+/* ---- dumps to trace_file (runtime/trace.c) and on SIGUSR1 (runtime/trace_signal.c) ---- */
+
+/* trace_file as a path for this process: "%r" becomes the world rank, "%p" the pid, "%%" a
+ * "%"; without "%r", a world of several processes gets ".rank<R>" before the file name's
+ * extension ("/tmp/t.json" -> "/tmp/t.rank3.json"), so processes never write one file.
+ * Writes at most len bytes with the NUL; returns the length the whole path needs (>= len:
+ * truncated). */
+size_t ccq_trace_expand_path(char *out, size_t len, const char *tmpl, uint32_t rank, uint32_t size,
+                             long pid);
+
+/* Write trace_file (expanded) now, with `reason` in its header ("destroy", "error",
+ * "signal"); failures go to stderr. Any thread (the scheduler's too: ccq_trace_autodump). */
+void ccq_trace_dump_to_file(struct ccq_runtime *rt, const char *reason);
+
+/* Once the scheduler runs (ccq_runtime_create): register the runtime for SIGUSR1 dumps if it
+ * has a trace_file, and, if wants_signal (ccq_config.trace_signal), make sure the handler
+ * is installed and the dump thread runs. CCQ_OK, or an error with its detail (no pipe, no
+ * thread, sigaction refused). Undone by ccq_trace_fini (ccq_trace_detach). */
+ccq_status ccq_trace_attach(struct ccq_runtime *rt, bool wants_signal);
+void ccq_trace_detach(ccq_trace *t);
+/* How many SIGUSR1 requests the dump thread has served in this process (tests). */
+unsigned long ccq_trace_signal_dumps(void);
+
 /* The calling thread's id (Linux tid), cached per thread. */
 uint32_t ccq_thread_id(void);
 

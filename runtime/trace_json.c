@@ -25,9 +25,16 @@
     0.2 /* widest submission marker slice (narrower if the next one is                             \
            closer: slices of one track must nest, never partly overlap) */
 
+/* A command's state at the dump, the newest event of it the view holds ("state" in every
+ * event about it: what tools/ccq-trace judges). */
+enum { ST_NONE, ST_QUEUED, ST_ISSUED, ST_COMPLETED, ST_FAILED };
+static const char *const state_names[] = {"?", "queued", "issued", "completed", "failed"};
+
 typedef struct cmd_info {
     uint64_t submit, issue, batch;
+    size_t submit_k, issue_k; /* the SUBMITTED and ISSUED events' indexes in the view */
     bool have_submit, have_issue;
+    uint8_t state; /* ST_* */
 } cmd_info;
 
 /* The writer's state: the view, and what it learns from the events as it goes. */
@@ -35,7 +42,7 @@ typedef struct jw {
     FILE *f;
     const ccq_trace_view *v;
     uint64_t t0;
-    uint32_t sched_pid; /* the "ccq scheduler" process, after the devices */
+    uint32_t sched_pid; /* the "ccq scheduler" process, after the devices (pid = global id) */
     bool first;         /* nothing written to traceEvents yet (no separator) */
     cmd_info *ci;       /* per command id in [idmin, idmax] */
     uint64_t idmin, idmax;
@@ -85,23 +92,40 @@ static const char *op_name(jw *w, const ccq_event *e)
     return w->name;
 }
 
+/* Whether the event is about one of this process's streams (device ids are global: this
+ * process owns dev_first .. dev_first + ndev - 1). */
 static bool on_stream(const jw *w, const ccq_event *e)
 {
-    return e->device < w->v->hdr.ndev && e->stream < w->v->hdr.max_streams;
+    return e->device - w->v->hdr.dev_first < w->v->hdr.ndev && e->stream < w->v->hdr.max_streams;
+}
+
+/* The track index of a stream of this process. */
+static size_t track_of(const jw *w, const ccq_event *e)
+{
+    return (size_t)(e->device - w->v->hdr.dev_first) * w->v->hdr.max_streams + e->stream;
 }
 
 static void op_args(jw *w, const ccq_event *e, const cmd_info *ci)
 {
     FILE *f = w->f;
     const char *set = e->comm < w->v->ncomms ? w->v->comms[e->comm].devices : "?";
+    bool known = e->kind < CCQ_KIND_COUNT_;
+    /* What a cross-process analysis keys on (tools/ccq-trace): the communicator (its device
+     * set, the same text in every process; comm_id indexes the "ccq" header's comms), the
+     * sequence number, the signature, and the command's state at the dump. */
     fprintf(f,
-            "{\"id\":%" PRIu64 ",\"comm\":\"%s\",\"seq\":%" PRIu64 ",\"dtype\":\"%s\","
-            "\"count\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"thread\":%u",
-            e->id, set, e->seq, ccq_dtype_name((ccq_dtype)e->dtype), e->count, e->bytes, e->thread);
-    if (e->kind < CCQ_KIND_COUNT_ && ccq_kinds[e->kind].reduces)
+            "{\"id\":%" PRIu64 ",\"comm\":\"%s\",\"comm_id\":%u,\"rank\":%u,\"seq\":%" PRIu64
+            ",\"kind\":\"%s\",\"state\":\"%s\",\"dtype\":\"%s\",\"count\":%" PRIu64
+            ",\"bytes\":%" PRIu64 ",\"thread\":%u",
+            e->id, set, e->comm, w->v->hdr.world_rank, e->seq, known ? ccq_kind_name(e->kind) : "?",
+            state_names[ci != NULL ? ci->state : ST_NONE], ccq_dtype_name((ccq_dtype)e->dtype),
+            e->count, e->bytes, e->thread);
+    if (known && ccq_kinds[e->kind].reduces)
         fprintf(f, ",\"op\":\"%s\"", ccq_reduce_op_name((ccq_reduce_op)e->op));
-    if (e->peer_valid && e->kind < CCQ_KIND_COUNT_ && ccq_kinds[e->kind].rooted)
+    if (e->peer_valid && known && ccq_kinds[e->kind].rooted)
         fprintf(f, ",\"root\":%u", e->peer);
+    if (e->peer_valid && known && !ccq_kinds[e->kind].collective)
+        fprintf(f, ",\"peer\":%u", e->peer);
     if (ci != NULL && ci->have_issue) {
         fprintf(f, ",\"batch\":%" PRIu64, ci->batch);
         if (ci->have_submit)
@@ -132,25 +156,60 @@ static int scan(jw *w)
         w->next_sub[k] = UINT64_MAX;
         if (e->type != CCQ_EV_SUBMITTED || !on_stream(w, e))
             continue;
-        size_t tr = (size_t)e->device * v->hdr.max_streams + e->stream;
+        size_t tr = track_of(w, e);
         w->next_sub[k] = last[tr];
         last[tr] = e->time_ns;
     }
     bool ok = last != NULL && w->next_sub != NULL;
     if (ok && w->idmin <= w->idmax)
         ok = (w->ci = calloc(w->idmax - w->idmin + 1, sizeof *w->ci)) != NULL;
+    for (size_t k = 0; ok && w->ci != NULL && k < v->nev; k++) { /* each command's last state */
+        const ccq_event *e = &v->ev[k];
+        static const uint8_t st[] = {[CCQ_EV_SUBMITTED] = ST_QUEUED,
+                                     [CCQ_EV_ISSUED] = ST_ISSUED,
+                                     [CCQ_EV_COMPLETED] = ST_COMPLETED,
+                                     [CCQ_EV_FAILED] = ST_FAILED};
+        if (e->type > CCQ_EV_FAILED || e->type == CCQ_EV_MATCHED)
+            continue;
+        cmd_info *c = &w->ci[e->id - w->idmin];
+        if (st[e->type] > c->state)
+            c->state = st[e->type];
+    }
     free(last);
     return ok ? 0 : -1;
 }
 
+/* otherData (for viewers), then the "ccq" section (for tools/ccq-trace): who wrote the dump,
+ * its place in the world, its clock, and the communicators' device sets in full. */
 static void emit_header(jw *w)
 {
     const ccq_trace_header *h = &w->v->hdr;
     fprintf(w->f,
             "{\"displayTimeUnit\":\"ns\",\"otherData\":{\"producer\":\"ccq %s\","
             "\"backend\":\"%s\",\"devices\":%u,\"events\":%zu,\"dropped_events\":%" PRIu64
-            ",\"clock\":\"CLOCK_MONOTONIC\",\"t0_ns\":%" PRIu64 "},\n\"traceEvents\":[\n",
+            ",\"clock\":\"CLOCK_MONOTONIC\",\"t0_ns\":%" PRIu64 "},\n",
             CCQ_VERSION_STRING, h->backend, h->ndev, w->v->nev, h->dropped, h->t0_ns);
+    fprintf(w->f,
+            "\"ccq\":{\"format\":%d,\"version\":\"%s\",\"world_rank\":%u,\"world_size\":%u,"
+            "\"local_devices\":[%u,%u],\"max_streams\":%u,\"pid\":%" PRId64 ",\"hostname\":",
+            CCQ_TRACE_FORMAT, CCQ_VERSION_STRING, h->world_rank, h->world_size, h->dev_first,
+            h->ndev, h->max_streams, h->pid);
+    json_str(w->f, h->host != NULL ? h->host : "");
+    fprintf(w->f, ",\"backend\":\"%s\",\"reason\":", h->backend);
+    json_str(w->f, h->reason != NULL ? h->reason : "");
+    fprintf(w->f,
+            ",\"events\":%zu,\"dropped_events\":%" PRIu64 ",\"clock\":{\"domain\":"
+            "\"CLOCK_MONOTONIC\",\"t0_ns\":%" PRIu64 ",\"dump_ns\":%" PRIu64
+            ",\"realtime_offset_ns\":%" PRId64 "},\"comms\":[",
+            w->v->nev, h->dropped, h->t0_ns, h->dump_ns, h->realtime_offset_ns);
+    for (uint32_t k = 0; k < w->v->ncomms; k++) {
+        const ccq_trace_comm *c = &w->v->comms[k];
+        fprintf(w->f, "%s{\"id\":%u,\"set\":\"%s\",\"devices\":[", k ? "," : "", k, c->devices);
+        for (uint32_t i = 0; c->ids != NULL && i < c->n; i++)
+            fprintf(w->f, i ? ",%u" : "%u", c->ids[i]);
+        fputs("]}", w->f);
+    }
+    fputs("]},\n\"traceEvents\":[\n", w->f);
 }
 
 /* Process and thread names: every device, the scheduler, and each stream that has events. */
@@ -160,7 +219,7 @@ static int emit_names(jw *w)
     bool *stream_seen = calloc((size_t)v->hdr.ndev * v->hdr.max_streams, sizeof *stream_seen);
     if (stream_seen == NULL)
         return -1;
-    for (uint32_t d = 0; d < v->hdr.ndev; d++)
+    for (uint32_t d = v->hdr.dev_first; d - v->hdr.dev_first < v->hdr.ndev; d++)
         fprintf(w->f,
                 "%s{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%u,\"args\":{\"name\":"
                 "\"device %u\"}},\n{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":%u,"
@@ -176,7 +235,7 @@ static int emit_names(jw *w)
         const ccq_event *e = &v->ev[k];
         if (!on_stream(w, e))
             continue;
-        bool *seen = &stream_seen[(size_t)e->device * v->hdr.max_streams + e->stream];
+        bool *seen = &stream_seen[track_of(w, e)];
         if (*seen)
             continue;
         *seen = true;
@@ -200,6 +259,7 @@ static void emit_submit(jw *w, size_t k, const ccq_event *e, cmd_info *c)
     double dur = SUBMIT_SLICE_US;
     if (c != NULL) {
         c->submit = e->time_ns;
+        c->submit_k = k;
         c->have_submit = true;
     }
     if (w->next_sub[k] != UINT64_MAX && (double)(w->next_sub[k] - e->time_ns) / 2e3 < dur)
@@ -208,7 +268,7 @@ static void emit_submit(jw *w, size_t k, const ccq_event *e, cmd_info *c)
             "%s{\"ph\":\"X\",\"cat\":\"submit\",\"name\":\"%s\",\"pid\":%u,\"tid\":%u,"
             "\"ts\":%.3f,\"dur\":%.3f,\"args\":",
             sep(w), name, e->device, e->stream * 3, us(e->time_ns, w->t0), dur);
-    op_args(w, e, NULL);
+    op_args(w, e, c);
     fprintf(w->f,
             "},\n{\"ph\":\"b\",\"cat\":\"queued\",\"name\":\"%s\",\"id\":\"q%" PRIu64
             "\",\"pid\":%u,\"tid\":%u,\"ts\":%.3f}",
@@ -224,6 +284,7 @@ static void emit_issue(jw *w, const ccq_event *e, cmd_info *c)
         return;
     c->issue = e->time_ns;
     c->batch = e->batch;
+    c->issue_k = (size_t)(e - w->v->ev);
     c->have_issue = true;
     if (!c->have_submit)
         return;
@@ -372,9 +433,45 @@ static void emit_notes(jw *w)
     }
 }
 
+/* Commands that had not ended when the copy was taken (a hang: what the dump is for): a queued
+ * one's queued slice and an issued one's in-flight slice end at the dump, so viewers draw
+ * them to the end instead of dropping them, and their args say "queued" or "issued". */
+static void emit_unfinished(jw *w)
+{
+    const ccq_trace_view *v = w->v;
+    uint64_t end = v->hdr.dump_ns;
+    if (w->ci == NULL)
+        return;
+    if (v->nev > 0 && v->ev[v->nev - 1].time_ns > end)
+        end = v->ev[v->nev - 1].time_ns;
+    for (uint64_t id = w->idmin; id <= w->idmax; id++) {
+        cmd_info *c = &w->ci[id - w->idmin];
+        if (c->state == ST_ISSUED && c->have_issue) {
+            const ccq_event *e = &v->ev[c->issue_k];
+            fprintf(w->f,
+                    "%s{\"ph\":\"X\",\"cat\":\"op,unfinished\",\"name\":\"%s (in flight at "
+                    "dump)\",\"pid\":%u,\"tid\":%u,\"ts\":%.3f,\"dur\":%.3f,\"args\":",
+                    sep(w), op_name(w, e), e->device, e->stream * 3 + 1, us(c->issue, w->t0),
+                    (double)(end - c->issue) / 1e3);
+            op_args(w, e, c);
+            fputc('}', w->f);
+        } else if (c->state == ST_QUEUED && c->have_submit) {
+            const ccq_event *e = &v->ev[c->submit_k];
+            fprintf(w->f,
+                    "%s{\"ph\":\"e\",\"cat\":\"queued\",\"name\":\"%s\",\"id\":\"q%" PRIu64
+                    "\",\"pid\":%u,\"tid\":%u,\"ts\":%.3f,\"args\":{\"state\":\"queued\"}}",
+                    sep(w), op_name(w, e), id, e->device, e->stream * 3, us(end, w->t0));
+        }
+    }
+}
+
 int ccq_trace_write_json(FILE *f, const ccq_trace_view *v)
 {
-    jw w = {.f = f, .v = v, .t0 = v->hdr.t0_ns, .sched_pid = v->hdr.ndev, .first = true};
+    jw w = {.f = f,
+            .v = v,
+            .t0 = v->hdr.t0_ns,
+            .sched_pid = v->hdr.dev_first + v->hdr.ndev,
+            .first = true};
     int rc = -1;
 
     if (scan(&w) != 0)
@@ -384,6 +481,7 @@ int ccq_trace_write_json(FILE *f, const ccq_trace_view *v)
         goto out;
     for (size_t k = 0; k < v->nev; k++) /* in time order */
         emit_event(&w, k);
+    emit_unfinished(&w);
     emit_notes(&w);
     fprintf(f, "\n]}\n");
     rc = ferror(f) ? -1 : 0;

@@ -21,18 +21,33 @@ typedef struct ccq_note {
 
 /* A communicator as events name it (ccq_event.comm indexes the view's array). */
 typedef struct ccq_trace_comm {
-    char devices[64]; /* its device set, "{0,1,2,3}" (long sets elided) */
+    char devices[64];         /* its device set, "{0,1,2,3}" (long sets elided) */
+    const ccq_device_id *ids; /* the whole set, sorted global ids (NULL: only the text) */
+    uint32_t n;
 } ccq_trace_comm;
 
-/* Who wrote the dump and on which clock: the header ("otherData") of the JSON. A dump of
- * one process of a larger job would add its identity (world rank and size, job id) and its
- * wall-clock offset here, so a merge tool can place dumps side by side. */
+/* The version of the dump's "ccq" header section and of the per-command fields that
+ * tools/ccq-trace reads. Bumped when either changes incompatibly; ccq-trace refuses dumps
+ * of a format it does not know, and mixes of formats. */
+#define CCQ_TRACE_FORMAT 1
+
+/* Who wrote the dump and on which clock: "otherData" and the "ccq" section of the JSON.
+ * The identity (world rank and size, the global device ids this process owns, pid, host)
+ * and the clock offset let tools/ccq-trace line dumps of several processes up. */
 typedef struct ccq_trace_header {
     const char *backend; /* the backend's name */
-    uint32_t ndev;       /* devices: events' device < ndev */
+    uint32_t ndev;       /* this process's devices: events' device - dev_first < ndev */
     uint32_t max_streams;
     uint64_t t0_ns;   /* CLOCK_MONOTONIC time shown as ts 0 (the first event's) */
     uint64_t dropped; /* events lost to overwriting before this copy */
+    /* ---- the process in its world (format 1) ---- */
+    uint32_t world_rank, world_size;
+    uint32_t dev_first;         /* global id of this process's first device */
+    int64_t pid;                /* 0: not written (a hand-built view) */
+    const char *host;           /* NULL: not written */
+    uint64_t dump_ns;           /* CLOCK_MONOTONIC when the copy was taken; 0 = unknown */
+    int64_t realtime_offset_ns; /* CLOCK_REALTIME - CLOCK_MONOTONIC, measured at the dump */
+    const char *reason;         /* why it was written ("destroy", "error", "signal", "api"); NULL */
 } ccq_trace_header;
 
 typedef struct ccq_trace_view {

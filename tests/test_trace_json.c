@@ -60,9 +60,10 @@ static ccq_event send0(uint32_t type, uint64_t dt)
 }
 
 typedef struct story {
-    ccq_event ev[16];
+    ccq_event ev[20];
     ccq_note notes[1];
     ccq_trace_comm comms[1];
+    ccq_device_id ids[2];
     ccq_trace_view v;
 } story;
 
@@ -94,12 +95,44 @@ static void build_story(story *s)
     s->ev[n++].status = CCQ_ERR_TIMEOUT;
     s->ev[n] = send0(CCQ_EV_FAILED, 5000);
     s->ev[n++].status = CCQ_ERR_MISMATCH;
+    /* Unfinished at the dump (T0 + 6000): a broadcast from device 0, issued on device 1
+     * stream 1 and never completed; an all_reduce still queued on device 0. */
+    ccq_event bc = part(CCQ_EV_SUBMITTED, 5200, 4, 1);
+    bc.stream = 1;
+    bc.kind = CCQ_KIND_BROADCAST;
+    bc.seq = 1;
+    bc.peer_valid = 1;
+    bc.peer = 0;
+    s->ev[n++] = bc;
+    bc.type = CCQ_EV_ISSUED;
+    bc.time_ns += 200;
+    bc.batch = 8;
+    s->ev[n++] = bc;
+    s->ev[n] = ev_of(CCQ_EV_BATCH, 5400, 8, 0, 0);
+    s->ev[n].count = 1;
+    s->ev[n++].bytes = 100;
+    s->ev[n] = part(CCQ_EV_SUBMITTED, 5500, 5, 0);
+    s->ev[n++].seq = 2;
     s->notes[0].time_ns = T0 + 5000;
     s->notes[0].type = CCQ_EV_FAILED;
     snprintf(s->notes[0].text, sizeof s->notes[0].text, "send #0 to 1: \"unmatched\"\n\tno recv");
     snprintf(s->comms[0].devices, sizeof s->comms[0].devices, "{0,1}");
+    s->ids[0] = 0;
+    s->ids[1] = 1;
+    s->comms[0].ids = s->ids;
+    s->comms[0].n = 2;
     s->v = (ccq_trace_view){
-        .hdr = {.backend = "host", .ndev = 2, .max_streams = 2, .t0_ns = T0, .dropped = 3},
+        .hdr = {.backend = "host",
+                .ndev = 2,
+                .max_streams = 2,
+                .t0_ns = T0,
+                .dropped = 3,
+                .world_size = 1,
+                .pid = 4242,
+                .host = "node7",
+                .dump_ns = T0 + 6000,
+                .realtime_offset_ns = 1764547200000000000,
+                .reason = "error"},
         .ev = s->ev,
         .nev = n,
         .notes = s->notes,
@@ -121,16 +154,24 @@ static char *write_view(const ccq_trace_view *v)
     return buf;
 }
 
+/* text with its first `from` replaced by `to` (frees text). */
+static char *replace1(char *text, const char *from, const char *to)
+{
+    char *at = strstr(text, from), *out = malloc(strlen(text) + strlen(to) + 1);
+    assert_non_null(at);
+    assert_non_null(out);
+    sprintf(out, "%.*s%s%s", (int)(at - text), text, to, at + strlen(from));
+    free(text);
+    return out;
+}
+
 /* The same with the library version replaced by @VERSION@, as the golden file has it. */
 static char *unversioned(const ccq_trace_view *v)
 {
-    static const char pro[] = "\"producer\":\"ccq " CCQ_VERSION_STRING "\"";
-    char *text = write_view(v), *at = strstr(text, pro), *out = malloc(strlen(text) + 16);
-    assert_non_null(at);
-    assert_non_null(out);
-    sprintf(out, "%.*s\"producer\":\"ccq @VERSION@\"%s", (int)(at - text), text, at + strlen(pro));
-    free(text);
-    return out;
+    char *text = write_view(v);
+    text = replace1(text, "\"producer\":\"ccq " CCQ_VERSION_STRING "\"",
+                    "\"producer\":\"ccq @VERSION@\"");
+    return replace1(text, "\"version\":\"" CCQ_VERSION_STRING "\"", "\"version\":\"@VERSION@\"");
 }
 
 static char *slurp(const char *path)
@@ -169,7 +210,25 @@ static void synthetic_story(void **state)
         fail_msg("differs from %s at line %zu:\n got: %.120s\nwant: %.120s", CCQ_TRACE_GOLDEN, line,
                  got + i, want + i);
     /* The story, piece by piece (the golden file could be regenerated wrong). */
-    has(got, "\"backend\":\"host\",\"devices\":2,\"events\":13,\"dropped_events\":3");
+    has(got, "\"backend\":\"host\",\"devices\":2,\"events\":17,\"dropped_events\":3");
+    has(got, "\"ccq\":{\"format\":1,\"version\":\"@VERSION@\",\"world_rank\":0,\"world_size\":1,"
+             "\"local_devices\":[0,2],\"max_streams\":2,\"pid\":4242,\"hostname\":\"node7\","
+             "\"backend\":\"host\",\"reason\":\"error\",\"events\":17,\"dropped_events\":3,"
+             "\"clock\":{\"domain\":\"CLOCK_MONOTONIC\",\"t0_ns\":1000000,\"dump_ns\":1006000,"
+             "\"realtime_offset_ns\":1764547200000000000},\"comms\":[{\"id\":0,\"set\":\"{0,1}\","
+             "\"devices\":[0,1]}]},\n\"traceEvents\":[");
+    /* What ccq-trace reads per command, and the unfinished ones drawn up to the dump. */
+    has(got, "\"args\":{\"id\":2,\"comm\":\"{0,1}\",\"comm_id\":0,\"rank\":0,\"seq\":0,"
+             "\"kind\":\"all_reduce\",\"state\":\"failed\",\"dtype\":\"float32\",\"count\":4");
+    has(got, "{\"ph\":\"X\",\"cat\":\"op,unfinished\",\"name\":\"broadcast #1 (in flight at "
+             "dump)\",\"pid\":1,\"tid\":4,\"ts\":5.400,\"dur\":0.600,\"args\":{\"id\":4,");
+    has(got, "\"kind\":\"broadcast\",\"state\":\"issued\"");
+    has(got, "\"root\":0,\"batch\":8,\"queued_us\":0.200}");
+    has(got, "{\"ph\":\"e\",\"cat\":\"queued\",\"name\":\"all_reduce #2\",\"id\":\"q5\","
+             "\"pid\":0,\"tid\":0,\"ts\":6.000,\"args\":{\"state\":\"queued\"}}");
+    has(got, "\"name\":\"send #0 to 1\",\"pid\":0,\"tid\":3,\"ts\":3.000,\"dur\":0.200,"
+             "\"args\":{\"id\":3,\"comm\":\"{0,1}\",\"comm_id\":0,\"rank\":0,\"seq\":0,"
+             "\"kind\":\"send\",\"state\":\"failed\"");
     has(got, "\"name\":\"batch 7 (2 ops)\",\"pid\":2,\"tid\":0,\"ts\":0.500,\"dur\":2.000,"
              "\"args\":{\"batch\":7,\"ops\":2,\"status\":\"CCQ_ERR_BACKEND\"}");
     has(got, "{\"ph\":\"X\",\"cat\":\"op,failed\",\"name\":\"all_reduce #0\",\"pid\":1,\"tid\":1,"
@@ -195,8 +254,48 @@ static void empty_view(void **state)
     ccq_trace_view v = {.hdr = {.backend = "host", .ndev = 1, .max_streams = 1}};
     char *got = write_view(&v);
     has(got, "\"devices\":1,\"events\":0,\"dropped_events\":0,\"clock\":\"CLOCK_MONOTONIC\","
-             "\"t0_ns\":0},\n\"traceEvents\":[\n{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":0");
+             "\"t0_ns\":0},\n\"ccq\":{\"format\":1,");
+    has(got, "\"hostname\":\"\",\"backend\":\"host\",\"reason\":\"\",");
+    has(got,
+        "\"comms\":[]},\n\"traceEvents\":[\n{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":0");
     has(got, "{\"name\":\"matching\"}}\n]}\n");
+    free(got);
+}
+
+/* Rank 2 of a world of 3 owning global devices 4 and 5: process names, pids and the
+ * scheduler's pid follow the global ids, the header has the rank and the range. */
+static void global_ids(void **state)
+{
+    (void)state;
+    ccq_event ev[2];
+    ccq_device_id ids[] = {1, 3, 5};
+    ccq_trace_comm comm = {.devices = "{1,3,5}", .ids = ids, .n = 3};
+    ev[0] = part(CCQ_EV_SUBMITTED, 0, 1, 5);
+    ev[1] = part(CCQ_EV_COMPLETED, 100, 1, 5);
+    ccq_trace_view v = {
+        .hdr = {.backend = "nccl",
+                .ndev = 2,
+                .max_streams = 1,
+                .t0_ns = T0,
+                .world_rank = 2,
+                .world_size = 3,
+                .dev_first = 4,
+                .dump_ns = T0 + 200},
+        .ev = ev,
+        .nev = 2,
+        .comms = &comm,
+        .ncomms = 1,
+    };
+    char *got = write_view(&v);
+    has(got, "\"world_rank\":2,\"world_size\":3,\"local_devices\":[4,2]");
+    has(got, "\"comms\":[{\"id\":0,\"set\":\"{1,3,5}\",\"devices\":[1,3,5]}]");
+    has(got, "\"pid\":4,\"args\":{\"name\":\"device 4\"}");
+    has(got, "\"pid\":5,\"args\":{\"name\":\"device 5\"}");
+    has(got, "\"pid\":6,\"args\":{\"name\":\"ccq scheduler\"}");
+    has(got, "\"name\":\"thread_name\",\"pid\":5,\"tid\":0,\"args\":{\"name\":\"stream 0: "
+             "submitted\"}");
+    has(got, "\"cat\":\"submit\",\"name\":\"all_reduce #0\",\"pid\":5,\"tid\":0");
+    has(got, "\"rank\":2,\"seq\":0,\"kind\":\"all_reduce\",\"state\":\"completed\"");
     free(got);
 }
 
@@ -228,6 +327,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(synthetic_story),
         cmocka_unit_test(empty_view),
+        cmocka_unit_test(global_ids),
         cmocka_unit_test(write_error),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -10,6 +10,7 @@
 
 #include "backends/host/reduce.h"
 #include "fake/fake_cuda_nccl.h"
+#include "fake/fake_xproc.h"
 
 #define FAKE_MAX_DEV     16
 #define FAKE_MAX_RANKS   16
@@ -45,6 +46,7 @@ typedef struct fake_clique {
     ncclUniqueId id;
     int nranks;
     ncclComm_t ranks[FAKE_MAX_RANKS];
+    fake_xp_clique *xp; /* ranks in other processes: fake_xproc.c's view; NULL: none */
     struct fake_clique *next;
 } fake_clique;
 
@@ -56,6 +58,7 @@ struct ncclComm {
     bool hung;      /* launched its part of a collective whose other parts never came */
     bool launching; /* in a group whose ncclGroupEnd returned ncclInProgress, until
                        ncclCommGetAsyncError reports the launch finished */
+    bool blocking;  /* config->blocking (fake_xproc.c's joins wait when set) */
     struct ncclComm *next;
 };
 
@@ -114,6 +117,7 @@ typedef struct fake_op {
     bool matched, lead;
     bool ran; /* a one-rank collective, already run at its call (NCCL does not defer it) */
     size_t unit[FAKE_MAX_RANKS]; /* collectives: op index per rank; send: [0] = its recv */
+    cudaStream_t stream;
 } fake_op;
 
 /* NCCL keeps group state per thread; so does the fake. */
@@ -169,6 +173,7 @@ static void memops_abort_locked(int device, bool keep);
 static void free_all_locked(void)
 {
     memops_reset_locked();
+    fake_xp_reset();
     for (struct CUstream_st *s = F.streams, *n; s != NULL; s = n) {
         n = s->next;
         free(s);
@@ -213,8 +218,7 @@ static void unlock(void)
 }
 
 /* A misuse the real libraries would punish: counted, kept, printed. Lock held. */
-static void fake_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void fake_error(const char *fmt, ...)
+void fake_error(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -507,6 +511,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
         event->recorded = true;
         event->stuck = device_stuck(event->device);
         event->complete = !F.manual && !event->stuck;
+        fake_xp_event_record(event, stream);
     }
     return (cudaError_t)leave(c, r);
 }
@@ -523,6 +528,8 @@ cudaError_t cudaEventQuery(cudaEvent_t event)
         /* As in CUDA, an event never recorded counts as complete. */
         if (event->recorded && !event->complete)
             r = cudaErrorNotReady;
+        else if (event->recorded && fake_xp_event_pending(event))
+            r = cudaErrorNotReady; /* cross-process work before it is not done */
     }
     return (cudaError_t)leave(c, r);
 }
@@ -607,10 +614,8 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId *id)
 {
     int r;
     fake_call *c = enter("ncclGetUniqueId", &r);
-    if (r == ncclSuccess) {
-        memset(id, 0, sizeof *id);
-        snprintf(id->internal, sizeof id->internal, "fake-id-%llu", ++F.next_id);
-    }
+    if (r == ncclSuccess)
+        fake_xp_unique_id(id, ++F.next_id); /* unique across processes too */
     return (ncclResult_t)leave(c, r);
 }
 
@@ -639,6 +644,8 @@ const char *ncclGetLastError(ncclComm_t comm)
     leave(c, 0);
     return F.last_error; /* written only by the test while the backend is idle */
 }
+
+static int xp_join(ncclComm_t cm, bool wait);
 
 /* Append a call to this thread's group. Lock held. */
 static void grp_add(const fake_op *op)
@@ -697,12 +704,15 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId i
     cm->device = cur_dev;
     cm->pending = F.pending;
     cm->async = take_async(rank);
+    cm->blocking = config == NULL || config->blocking != 0;
     cm->next = F.comms;
     F.comms = cm;
     q->ranks[rank] = cm;
     *comm = c->comm = cm;
     if (grp.depth > 0)
         grp_add(&(fake_op){.kind = OP_INIT, .comm = cm});
+    else if ((r = xp_join(cm, false)) == ncclSuccess || r == ncclInProgress)
+        r = cm->blocking ? xp_join(cm, true) : r;
 out:
     if (r != ncclSuccess && grp.depth > 0 && grp.err == ncclSuccess)
         grp.err = (ncclResult_t)r;
@@ -736,6 +746,9 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async_error)
             comm->pending--;
             st = ncclInProgress;
         }
+        if (st == ncclSuccess && comm->clique->xp != NULL &&
+            (st = fake_xp_poll(comm->clique->xp, comm->rank)) != ncclInProgress)
+            comm->async = st;
         if (st != ncclInProgress)
             comm->launching = false;
         *async_error = st;
@@ -766,6 +779,8 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm)
     }
     if (r == ncclSuccess)
         comm->destroyed = true;
+    if (r == ncclSuccess && comm->clique->xp != NULL)
+        fake_xp_leave(comm->clique->xp, comm->rank);
     return (ncclResult_t)leave(c, r);
 }
 
@@ -796,6 +811,8 @@ ncclResult_t ncclCommAbort(ncclComm_t comm)
                        "(destroy all ranks or abort all)",
                        comm->rank, k);
     }
+    if (r == ncclSuccess && comm->clique->xp != NULL)
+        fake_xp_leave(comm->clique->xp, comm->rank); /* its cross-process work is dropped */
     if (r == ncclSuccess) {
         comm->aborted = true;
         memops_abort_locked(comm->device, F.abort_keeps);
@@ -839,8 +856,8 @@ static bool grp_match(void)
     for (size_t i = 0; i < grp.n; i++) {
         fake_op *o = &grp.ops[i];
         fake_clique *q = o->comm->clique;
-        if (o->kind == OP_INIT || o->matched)
-            continue;
+        if (o->kind == OP_INIT || o->matched || q->xp != NULL)
+            continue; /* cross-process cliques match in fake_xproc.c */
         if (is_coll(o->kind)) {
             /* The collectives of a communicator form one sequence, as in NCCL: earlier calls
              * are all matched, so each rank's first unmatched collective is the same
@@ -1016,6 +1033,102 @@ static void grp_check_devices(void)
     }
 }
 
+/* ---- Cross-process cliques: the hooks into fake_xproc.c ---- */
+
+/* A new communicator joins its clique's other processes, unless every rank of the clique
+ * was created in this process by the end of the group (or the call) creating it; then
+ * (wait), a blocking one waits for them. */
+static int xp_join(ncclComm_t cm, bool wait)
+{
+    fake_clique *q = cm->clique;
+    int local = 0;
+    for (int k = 0; k < q->nranks; k++)
+        local += q->ranks[k] != NULL && !q->ranks[k]->destroyed && !q->ranks[k]->aborted;
+    if (q->xp == NULL && local == q->nranks)
+        return ncclSuccess;
+    if (q->xp == NULL && (q->xp = fake_xp_attach(&q->id, q->nranks)) == NULL)
+        return ncclSystemError;
+    if (!wait)
+        return fake_xp_join(q->xp, cm->rank, cm->device);
+    return cm->blocking ? fake_xp_join_wait(q->xp, cm->rank) : ncclSuccess;
+}
+
+/* A send/recv peer in another process. */
+static bool xp_remote_peer(ncclComm_t comm, int peer)
+{
+    return comm->clique->xp != NULL && peer >= 0 && peer < comm->clique->nranks;
+}
+
+/* At ncclGroupEnd, before the local calls run: join the group's new communicators, then
+ * hand the calls on cross-process cliques to fake_xproc.c (with every stream of the group,
+ * for stream order). */
+static int xp_group(void)
+{
+    static const int kinds[OP_KINDS_] = {
+        [OP_SEND] = FAKE_XP_SEND,
+        [OP_RECV] = FAKE_XP_RECV,
+        [OP_ALLREDUCE] = FAKE_XP_ALLREDUCE,
+        [OP_BROADCAST] = FAKE_XP_BROADCAST,
+        [OP_REDUCE] = FAKE_XP_REDUCE,
+        [OP_ALLGATHER] = FAKE_XP_ALLGATHER,
+        [OP_REDUCESCATTER] = FAKE_XP_REDUCESCATTER,
+        [OP_ALLTOALL] = FAKE_XP_ALLTOALL,
+        [OP_GATHER] = FAKE_XP_GATHER,
+        [OP_SCATTER] = FAKE_XP_SCATTER,
+    };
+    fake_xp_op *xo;
+    const void **streams;
+    size_t nx = 0, ns = 0;
+    int r = ncclSuccess;
+
+    if (grp.n == 0)
+        return ncclSuccess;
+    xo = calloc(grp.n, sizeof *xo);
+    streams = calloc(grp.n, sizeof *streams);
+    if (xo == NULL || streams == NULL)
+        abort();
+    for (size_t i = 0; i < grp.n && r == ncclSuccess; i++) {
+        const fake_op *o = &grp.ops[i];
+        fake_clique *q = o->comm->clique;
+        size_t k = 0;
+        if (o->kind == OP_INIT) {
+            int j = xp_join(o->comm, false);
+            if (j != ncclSuccess && j != ncclInProgress)
+                r = j;
+            continue;
+        }
+        while (k < ns && streams[k] != o->stream)
+            k++;
+        if (k == ns)
+            streams[ns++] = o->stream;
+        if (q->xp == NULL)
+            continue;
+        xo[nx++] = (fake_xp_op){
+            .kind = kinds[o->kind],
+            .q = q->xp,
+            .rank = o->comm->rank,
+            .stream = o->stream,
+            .src = o->src,
+            .dst = o->dst,
+            .count = o->count,
+            .nccl_dtype = (int)o->dtype,
+            .nccl_op = (int)o->redop,
+            .dtype = to_ccq_dtype[o->dtype],
+            .op = is_coll(o->kind) && coll_info[o->kind].reduces ? to_ccq_op[o->redop] : CCQ_SUM,
+            .root = o->root,
+            .peer = o->peer};
+    }
+    /* Every local rank has registered: now a blocking init may wait for the others. */
+    for (size_t i = 0; i < grp.n && r == ncclSuccess; i++)
+        if (grp.ops[i].kind == OP_INIT)
+            r = xp_join(grp.ops[i].comm, true);
+    if (r == ncclSuccess)
+        r = fake_xp_launch(xo, nx, streams, ns);
+    free(xo);
+    free(streams);
+    return r;
+}
+
 ncclResult_t ncclGroupStart(void)
 {
     int r;
@@ -1028,7 +1141,7 @@ ncclResult_t ncclGroupStart(void)
 /* End the outermost group: check, run, then apply asynchronous state. Lock held. */
 static int grp_end(int scripted)
 {
-    int r = scripted;
+    int r = scripted, xr;
     bool init_pending = false;
 
     if (grp.err != ncclSuccess) {
@@ -1045,6 +1158,8 @@ static int grp_end(int scripted)
         ; /* scripted failure: nothing runs */
     else if (!grp_match())
         r = ncclInvalidUsage;
+    else if ((xr = xp_group()) != ncclSuccess)
+        r = xr;
     else {
         grp_check_devices();
         grp_execute();
@@ -1059,6 +1174,8 @@ static int grp_end(int scripted)
             if (scripted == ncclInProgress)
                 cm->pending = F.pending;
             init_pending |= grp.ops[i].kind == OP_INIT && cm->pending > 0;
+            init_pending |= grp.ops[i].kind == OP_INIT && cm->clique->xp != NULL &&
+                            fake_xp_joining(cm->clique->xp, cm->rank);
         }
         if (init_pending)
             r = ncclInProgress; /* as a non-blocking init does */
@@ -1227,7 +1344,7 @@ static int add_op(fake_call *c, int r, const fake_op *op, cudaStream_t stream)
     if (r == ncclSuccess &&
         ((unsigned)op->dtype >= ncclNumTypes ||
          (coll && coll_info[op->kind].reduces && (unsigned)op->redop >= ncclNumOps) ||
-         (!coll && c->peer_device < 0)))
+         (!coll && c->peer_device < 0 && !xp_remote_peer(comm, op->peer))))
         r = ncclInvalidArgument;
     if (r == ncclSuccess && stream != NULL && stream->device != comm->device) {
         fake_error("%s: stream of device %d for a communicator of device %d", c->fn, stream->device,
@@ -1240,6 +1357,12 @@ static int add_op(fake_call *c, int r, const fake_op *op, cudaStream_t stream)
      * ncclSuccess". */
     if (r == ncclSuccess && comm->pending > 0) {
         fake_error("%s: communicator of device %d used while still ncclInProgress", c->fn,
+                   comm->device);
+        r = ncclInvalidArgument;
+    }
+    if (r == ncclSuccess && comm->clique->xp != NULL &&
+        fake_xp_joining(comm->clique->xp, comm->rank)) {
+        fake_error("%s: communicator of device %d used while its peers are still joining", c->fn,
                    comm->device);
         r = ncclInvalidArgument;
     }
@@ -1262,6 +1385,7 @@ static int add_op(fake_call *c, int r, const fake_op *op, cudaStream_t stream)
         return r;
     }
     grp_add(op);
+    grp.ops[grp.n - 1].stream = stream;
     /* A one-rank collective is queued at the call, inside a group too (taskAppend ->
      * ncclLaunchOneRank, enqueue.cc): its buffers are written even if the group fails. */
     if (coll && comm->clique->nranks == 1) {

@@ -1,5 +1,6 @@
 /* A test-only fake of the CUDA runtime and NCCL calls backends/nccl/nccl.c makes: it records
- * every call, lets a test script results, and runs the collectives on host memory. */
+ * every call, lets a test script results, and runs the collectives on host memory, within a
+ * process or across processes (fake_xproc.c). */
 #ifndef CCQ_TESTS_FAKE_CUDA_NCCL_H
 #define CCQ_TESTS_FAKE_CUDA_NCCL_H
 
@@ -65,6 +66,40 @@ ncclResult_t ncclGroupEnd(void);
  *   work that never finishes).
  * - ncclCommAbort can be made to block (fake_hold_abort), as NCCL's reclaim of a
  *   multi-rank communicator can.
+ * - Across processes (fake_xproc.c): a clique that does not have all its ranks in this
+ *   process when the group (or ungrouped call) creating its communicators here ends meets
+ *   its other processes in POSIX shared memory, any split of ranks across processes, any
+ *   number of cliques at once. ncclGetUniqueId's ids are unique across processes (counter,
+ *   pid, random bytes). The segment is /dev/shm/ccqfake-<hash of the id>-<uid>, created by
+ *   the first process (O_CREAT|O_EXCL; the others wait until it is initialised), with a
+ *   robust process-shared mutex and a futex word for waits; each published input is a
+ *   file beside it (<segment>-c<seq>-<rank>, <segment>-p<from>-<to>-<seq>), unlinked once
+ *   read. Init: ncclInProgress (non-blocking) until every rank of the clique registered
+ *   (a data call before is a fake error); a blocking init waits in ncclGroupEnd.
+ *   At ncclGroupEnd each local rank's call on such a clique takes the next number of its
+ *   communicator's sequence (send/recv: of its ordered pair) and publishes a copy of its
+ *   input (then, or once the call's slot is free: as with NCCL, the input must not change
+ *   until the call completes); ncclGroupEnd returns without waiting for the peers, as
+ *   NCCL's launch does. The output is written once every rank's input is there, by the
+ *   progress that ncclCommGetAsyncError, cudaEventQuery and later launches make; an event
+ *   recorded after the call on its stream completes only then. Each rank computes its own
+ *   output from all inputs with the same kernels and semantics as in-process.
+ *   The same sequence number with another kind, count, dtype, op (reductions) or root
+ *   (rooted kinds) in another rank, or a recv whose count or dtype differs from its send,
+ *   is a fake error, and the call's rank gets ncclInvalidUsage as its asynchronous error.
+ *   A peer whose process is gone gives ncclRemoteError at once; a peer that has not
+ *   joined, or done its part, within the fake's timeout (fake_set_xproc_timeout_ms) gives
+ *   ncclSystemError; neither is a fake error (nobody here misused anything); the failed
+ *   call is dropped, so its events complete. A launch on a stream with unfinished
+ *   cross-process work waits for it first (stream order: its input may be that output).
+ *   The last process whose communicators are destroyed or aborted unlinks the segment and
+ *   its files; a process that dies leaves them to fake_xproc_cleanup(). A clique has 256
+ *   slots for collectives and 32 per ordered pair for sends: later calls wait, unpublished
+ *   (a launch never blocks on them), for older ones to finish. The waits (blocking init,
+ *   stream order) hold the fake's lock. cudaStreamWaitEvent carries no cross-process
+ *   dependency; ncclSend/ncclRecv log peer_device -1 for a peer in another process.
+ *   Fork the processes before any of them creates a communicator (a child must not
+ *   inherit an attached clique).
  * Every function here is thread-safe (one mutex).
  */
 
@@ -133,9 +168,22 @@ void fake_script_async_error(int rank, ncclResult_t err);
 
 /* A test hook (not NCCL behaviour): while held, ncclCommInitRankConfig of a clique's last
  * rank blocks its caller (ccq's scheduler, forming a communicator) after creating it, until
- * released; fake_inits_blocked() counts the calls waiting. Lets a test queue work while the scheduler is held in one place. */
+ * released; fake_inits_blocked() counts the calls waiting. Lets a test queue work while the
+ * scheduler is held in one place. */
 void fake_hold_init(bool hold);
 int fake_inits_blocked(void);
+/* ---- Across processes (fake_xproc.c) ---- */
+
+/* How long a cross-process clique waits for a peer (to join, or to do its part of a call)
+ * before failing with ncclSystemError; ms < 0: CCQ_FAKE_XPROC_TIMEOUT_MS, else 30000. Per
+ * process; fake_reset() restores the default. */
+void fake_set_xproc_timeout_ms(long ms);
+/* Unlink this user's segments (and their data files) that no live process is in: every
+ * process registered in them exited (crashed, or killed by a test). Returns the number of
+ * files removed. A test that forks calls it after reaping its children. */
+int fake_xproc_cleanup(void);
+/* Files in /dev/shm of the clique of id: 0 once its last process left. */
+size_t fake_xproc_files(const ncclUniqueId *id);
 
 /* ---- Inspection ---- */
 

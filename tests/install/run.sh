@@ -24,6 +24,8 @@ pcdir=$(dirname "$pc")
 libdir=$(dirname "$pcdir")
 export PKG_CONFIG_PATH="$pcdir${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
 [ "$(pkg-config --modversion ccq)" = "$(sed -n 's/^Version: //p' "$pc")" ]
+step "ccq-trace --help (installed, executable)"
+"$prefix/bin/ccq-trace" --help >/dev/null
 
 step "pkg-config --cflags --libs ccq (shared)"
 # shellcheck disable=SC2046 # pkg-config's output is a list of words

@@ -52,6 +52,7 @@ for f in ccqConfig ccqConfigVersion ccqTargets ccqStaticTargets; do
     has dev "$lib/cmake/ccq/$f\.cmake\$"
 done
 has dev '^/usr/bin/ccq-perf$'
+has dev '^/usr/bin/ccq-trace$'
 grep -E '^[^ ]*libccq\.so\.' "$work/dev.files" && fail "dev package: holds the runtime library"
 
 # Control fields.
@@ -61,6 +62,7 @@ field() { dpkg-deb -f "$1" "$2"; }
 field "$rt" Depends | grep -q 'libc6' || fail "libccq$major Depends: $(field "$rt" Depends)"
 field "$dev" Depends | grep -qF "libccq$major (= $version)" || fail "libccq-dev Depends: $(field "$dev" Depends)"
 field "$dev" Depends | grep -q 'libck-dev' || fail "libccq-dev Depends: $(field "$dev" Depends)"
+field "$dev" Depends | grep -q 'python3' || fail "libccq-dev Depends (ccq-trace): $(field "$dev" Depends)"
 
 # The unpacked packages: no build or source paths in their text files, and they work.
 root=$work/root
@@ -75,4 +77,5 @@ PKG_CONFIG_PATH=$(dirname "$pc") && export PKG_CONFIG_PATH
 # shellcheck disable=SC2046 # pkg-config's output is a list of words
 "$cc" $flags -o "$work/app" "$src/tests/install/app.c" $(pkg-config --cflags --libs ccq)
 LD_LIBRARY_PATH=$libdir "$work/app" deb-shared
+"$root/usr/bin/ccq-trace" --help >/dev/null || fail "the packaged ccq-trace does not run"
 echo "OK: $(basename "$rt"), $(basename "$dev")"

@@ -28,6 +28,8 @@ pub struct ccq_config {
     pub bootstrap: *const c_char,
     pub store: *const ccq_store,
     pub mpi_comm: i64,
+    /// 1: a SIGUSR1 handler makes every runtime of the process dump its trace file.
+    pub trace_signal: u32,
 }
 
 extern "C" {
