@@ -155,6 +155,14 @@ impl Config {
         self.trace_file = path.map(Into::into);
         self
     }
+    /// `true`: ccq installs a SIGUSR1 handler that makes every runtime of the process dump
+    /// its trace file ([`Config::trace_file`]); it only wakes a ccq thread that writes the
+    /// dumps, chains to the handler installed before it, and stays installed for the life of
+    /// the process. Default off. Env: `CCQ_TRACE_SIGNAL=1`.
+    pub fn trace_signal(mut self, on: bool) -> Self {
+        self.raw.trace_signal = on.into();
+        self
+    }
     /// Host backend: operations moving at least this many bytes use streaming stores
     /// (0 = default, 64 MiB; `u64::MAX` = never). Env: `CCQ_HOST_STREAM_BYTES`.
     pub fn host_stream_bytes(mut self, bytes: u64) -> Self {
@@ -230,6 +238,10 @@ impl Config {
     /// Automatic trace file.
     pub fn get_trace_file(&self) -> Option<&Path> {
         self.trace_file.as_deref()
+    }
+    /// Whether the SIGUSR1 dump handler is asked for.
+    pub fn get_trace_signal(&self) -> bool {
+        self.raw.trace_signal != 0
     }
     /// Streaming-store threshold.
     pub fn get_host_stream_bytes(&self) -> u64 {
