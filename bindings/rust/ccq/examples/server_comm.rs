@@ -11,14 +11,22 @@
 //! `sync_collective` and checks every element.
 //!
 //! The server owns its memory, so it uses ccq's raw (`unsafe`) calls and keeps ccq's borrow
-//! rule itself: a handle given to a collective is "in flight" on that stream until the
-//! stream's `sync_collective`, and reading, writing or freeing it first syncs those streams.
+//! rule itself: a handle given to a collective is "in flight" on that stream until a host
+//! fence of the stream, and reading, writing or freeing it first fences those streams.
+//!
+//! `sync_collective` maps two ways. On GPUs it is `Runtime::nccl_stream_wait`: the
+//! server's compute stream waits for the collectives on the GPU and the call returns at
+//! once, as cubecl's own `sync_collective` does (cubecl's kernels, reads and frees are
+//! ordered on that stream after the wait); the handles stay in flight for the host until a
+//! host fence (`read`/`free` settle them). On the host backend there is no GPU stream to
+//! order, so it is the blocking fence, `Runtime::sync`, which also hands the handles back.
 //!
 //! Run: `cargo run --example server_comm [devices] [iterations]` (host backend). The same
 //! code runs as a test under `cargo test`.
 
 use ccq::{DType, DeviceBuffer, ReduceOp, Runtime};
 use std::collections::HashMap;
+use std::ptr::NonNull;
 
 // ---- cubecl's shapes ---------------------------------------------------------------------
 
@@ -187,6 +195,9 @@ pub struct CcqServer<'rt> {
     /// The handles each ccq stream still uses: ccq borrows them until that stream's fence.
     in_flight: HashMap<ccq::StreamId, Vec<u64>>,
     max_streams: u32,
+    /// On GPUs: the CUDA compute stream of each ccq stream (a GPU runtime fills it when it
+    /// creates its streams, and binds it with `nccl_bind_stream`). Empty on the host backend.
+    compute_streams: HashMap<ccq::StreamId, NonNull<ccq::sys::CUstream_st>>,
 }
 
 fn ccq_err(e: ccq::Error) -> ServerError {
@@ -232,6 +243,7 @@ impl<'rt> CcqServer<'rt> {
             streams: HashMap::new(),
             in_flight: HashMap::new(),
             max_streams,
+            compute_streams: HashMap::new(),
         }
     }
 
@@ -311,9 +323,16 @@ impl ServerCommunication for CcqServer<'_> {
     const SERVER_COMM_ENABLED: bool = true;
 
     fn sync_collective(&mut self, stream_id: StreamId) -> Result<(), ServerError> {
-        match self.streams.get(&stream_id) {
-            Some(&s) => self.fence(s),
-            None => Ok(()), // nothing was ever submitted on it
+        let Some(&s) = self.streams.get(&stream_id) else {
+            return Ok(()); // nothing was ever submitted on it
+        };
+        match self.compute_streams.get(&s) {
+            // GPUs: non-blocking, as cubecl's own sync_collective: the compute stream waits
+            // on the GPU. The handles stay in flight until a host fence (settle).
+            // SAFETY: a live CUDA stream of this device, created by the server.
+            Some(&cuda) => unsafe { self.rt.nccl_stream_wait(self.device, s, cuda) }.map_err(ccq_err),
+            // The host backend: the blocking fence, which also hands the handles back.
+            None => self.fence(s),
         }
     }
 

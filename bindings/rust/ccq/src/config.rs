@@ -1,6 +1,7 @@
 //! [`Config`]: a builder over every field of `ccq_config`.
 
 use crate::error::{Error, Result, Status};
+use crate::world::Bootstrap;
 use ccq_sys as sys;
 use std::ffi::{c_char, CStr, CString};
 use std::path::{Path, PathBuf};
@@ -21,11 +22,13 @@ pub struct Config {
     backend: String,
     fault: Option<String>,
     trace_file: Option<PathBuf>,
+    bootstrap: Option<Bootstrap>,
     env_error: Option<String>,
 }
 
-// SAFETY: the raw pointers in `raw` are only set (from the owned strings) for the duration of
-// Runtime::new; `env_error` points to a static string of libccq.
+// SAFETY: the raw pointers in `raw` are only set (from the owned strings and the store) for
+// the duration of Runtime::new; `env_error` points to a static string of libccq; the store
+// is `Send + Sync`.
 unsafe impl Send for Config {}
 // SAFETY: as above; nothing is mutated through &Config.
 unsafe impl Sync for Config {}
@@ -67,6 +70,7 @@ impl Config {
                 backend: owned(raw.backend).unwrap_or_else(|| "host".into()),
                 fault: owned(raw.fault),
                 trace_file: owned(raw.trace_file).map(PathBuf::from),
+                bootstrap: owned(raw.bootstrap).map(|s| Bootstrap::from_spec(&s)),
                 env_error: owned(raw.env_error),
                 raw,
             }
@@ -151,10 +155,39 @@ impl Config {
         self.trace_file = path.map(Into::into);
         self
     }
+    /// `true`: ccq installs a SIGUSR1 handler that makes every runtime of the process dump
+    /// its trace file ([`Config::trace_file`]); it only wakes a ccq thread that writes the
+    /// dumps, chains to the handler installed before it, and stays installed for the life of
+    /// the process. Default off. Env: `CCQ_TRACE_SIGNAL=1`.
+    pub fn trace_signal(mut self, on: bool) -> Self {
+        self.raw.trace_signal = on.into();
+        self
+    }
     /// Host backend: operations moving at least this many bytes use streaming stores
     /// (0 = default, 64 MiB; `u64::MAX` = never). Env: `CCQ_HOST_STREAM_BYTES`.
     pub fn host_stream_bytes(mut self, bytes: u64) -> Self {
         self.raw.host_stream_bytes = bytes;
+        self
+    }
+    /// A world of `size` processes, this one of rank `rank` (default: 0 of 1, alone).
+    /// Every process of the world is given the same size and its own rank, and a
+    /// [`Config::bootstrap`] to meet through. Env: `CCQ_WORLD_RANK` and `CCQ_WORLD_SIZE`,
+    /// else the launcher's (`OMPI_COMM_WORLD_RANK`/`_SIZE`, `PMI_RANK`/`PMI_SIZE`).
+    pub fn world(mut self, rank: u32, size: u32) -> Self {
+        self.raw.world_rank = rank;
+        self.raw.world_size = size;
+        self
+    }
+    /// How the processes of the world meet ([`Bootstrap`]); `None`: no bootstrap (a world
+    /// of one needs none). Env: `CCQ_BOOTSTRAP` (`mpi`, `file:DIR`).
+    pub fn bootstrap(mut self, b: impl Into<Option<Bootstrap>>) -> Self {
+        self.bootstrap = b.into();
+        self
+    }
+    /// For [`Bootstrap::Mpi`]: `MPI_Comm_c2f()` of the embedder's communicator (its rank and
+    /// size must be the world's); -1 (the default) = `MPI_COMM_WORLD`.
+    pub fn mpi_comm(mut self, fortran_handle: i64) -> Self {
+        self.raw.mpi_comm = fortran_handle;
         self
     }
 
@@ -206,9 +239,29 @@ impl Config {
     pub fn get_trace_file(&self) -> Option<&Path> {
         self.trace_file.as_deref()
     }
+    /// Whether the SIGUSR1 dump handler is asked for.
+    pub fn get_trace_signal(&self) -> bool {
+        self.raw.trace_signal != 0
+    }
     /// Streaming-store threshold.
     pub fn get_host_stream_bytes(&self) -> u64 {
         self.raw.host_stream_bytes
+    }
+    /// This process's world rank.
+    pub fn get_world_rank(&self) -> u32 {
+        self.raw.world_rank
+    }
+    /// Processes in the world.
+    pub fn get_world_size(&self) -> u32 {
+        self.raw.world_size
+    }
+    /// The bootstrap.
+    pub fn get_bootstrap(&self) -> Option<&Bootstrap> {
+        self.bootstrap.as_ref()
+    }
+    /// The MPI communicator's Fortran handle (-1: `MPI_COMM_WORLD`).
+    pub fn get_mpi_comm(&self) -> i64 {
+        self.raw.mpi_comm
     }
     /// The text of a malformed `CCQ_*` variable; creating a runtime from this config fails
     /// with it (as in C).
@@ -217,15 +270,26 @@ impl Config {
     }
 
     /// Runs `f` with the raw config, its string fields pointing at C copies of this config's
-    /// strings that live until `f` returns.
-    pub(crate) fn with_raw<R>(&self, f: impl FnOnce(&sys::ccq_config) -> R) -> Result<R> {
+    /// strings that live until `f` returns, and `store` as its store when the bootstrap is
+    /// [`Bootstrap::Store`] (the caller keeps what it points to alive for the runtime's life).
+    pub(crate) fn with_raw<R>(
+        &self,
+        store: Option<&sys::ccq_store>,
+        f: impl FnOnce(&sys::ccq_config) -> R,
+    ) -> Result<R> {
         fn c(s: &str, what: &str) -> Result<CString> {
             CString::new(s).map_err(|_| Error::new(Status::InvalidArgument, format!("{what} contains a NUL byte")))
         }
         let backend = c(&self.backend, "Config::backend")?;
         let fault = self.fault.as_deref().map(|s| c(s, "Config::fault")).transpose()?;
         let trace = self.trace_file.as_deref().map(|p| c(&p.to_string_lossy(), "Config::trace_file")).transpose()?;
+        let boot = self.bootstrap.as_ref().and_then(Bootstrap::spec).map(|s| c(&s, "Config::bootstrap")).transpose()?;
         let mut raw = self.raw;
+        raw.bootstrap = boot.as_ref().map_or(std::ptr::null(), |s| s.as_ptr());
+        raw.store = match (&self.bootstrap, store) {
+            (Some(Bootstrap::Store(_)), Some(st)) => st,
+            _ => std::ptr::null(),
+        };
         raw.backend = backend.as_ptr();
         raw.fault = fault.as_ref().map_or(std::ptr::null(), |s| s.as_ptr());
         raw.trace_file = trace.as_ref().map_or(std::ptr::null(), |s| s.as_ptr());

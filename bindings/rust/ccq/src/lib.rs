@@ -37,6 +37,14 @@
 //! - Submitting calls queue one device's part of a collective and return; it runs when
 //!   every rank's part is queued. The per-stream fence ([`Runtime::sync`],
 //!   `ccq_sync_collective`) waits for it and reports its errors.
+//! - Fence values ([`Fence`]: [`Runtime::fence_begin`], [`Runtime::fence_test`],
+//!   [`Runtime::fence_wait`]) tell without blocking whether what a stream had so far has
+//!   ended; [`Scope::poll`] tests a scope's streams. They never end a borrow (see
+//!   [`Scope::poll`] for why). On NCCL, [`Runtime::nccl_stream_wait`] makes a CUDA stream
+//!   wait on the GPU instead.
+//! - A world of processes ([`Config::world`], [`Config::bootstrap`]: MPI, a shared
+//!   directory or the embedder's [`Store`]): every process has its runtime; device ids are
+//!   global, [`Runtime::local_devices`] this process's.
 //!
 //! # Borrowing: scopes and raw calls
 //! ccq borrows every buffer from the submitting call until the fence that covers it.
@@ -62,29 +70,35 @@
 //! # cubecl
 //! cubecl-runtime's `ServerCommunication` maps call for call: `comm_init` to
 //! [`Runtime::comm_init`], `all_reduce`/`send`/`recv` to the submitting calls (`Mean` is
-//! [`ReduceOp::Avg`]), `sync_collective` to [`Runtime::sync`]. `examples/server_comm.rs` is a
+//! [`ReduceOp::Avg`]), `sync_collective` to [`Runtime::nccl_stream_wait`] on GPUs (the
+//! compute stream waits, the host does not) and to the blocking [`Runtime::sync`] on the
+//! host backend. `examples/server_comm.rs` is a
 //! per-device server implementing that trait on ccq; `bindings/rust/README.md` has the table.
 
 #![warn(missing_docs)]
 
 mod config;
 mod error;
+mod fence;
 mod memory;
 mod runtime;
 mod scope;
 mod stats;
 mod trace;
 mod types;
+mod world;
 
 pub use ccq_sys as sys;
 pub use config::Config;
 pub use error::{Error, Result, Status};
+pub use fence::Fence;
 pub use memory::{Buffer, BufferMut, DeviceBuffer, Location};
 pub use runtime::Runtime;
 pub use scope::Scope;
 pub use stats::{Metrics, Stats};
 pub use trace::{Event, EventType, Kind};
 pub use types::{DType, DeviceId, Element, ReduceOp, StreamId, BF16, F16, F8E4M3, F8E5M2};
+pub use world::{Bootstrap, Store};
 
 /// The version of the libccq headers the bindings were written against (`CCQ_VERSION_STRING`).
 pub const VERSION: &str = sys::CCQ_VERSION_STRING;

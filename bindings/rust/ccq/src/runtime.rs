@@ -6,6 +6,7 @@ use crate::memory::DeviceBuffer;
 use crate::stats::{Metrics, Stats};
 use crate::trace::{in_callback, trampoline, Callback, Event};
 use crate::types::{raw_devices, DType, DeviceId, Element, ReduceOp, StreamId};
+use crate::world::{with_store_error, Bootstrap, StoreCtx};
 use ccq_sys as sys;
 use std::ffi::{c_void, CStr, CString};
 use std::path::Path;
@@ -42,6 +43,8 @@ pub struct Runtime {
     /// (fat) box, which must not move when the Vec grows.
     #[allow(clippy::vec_box)]
     callbacks: Mutex<Vec<Box<Callback>>>,
+    /// The store ccq calls (`ctx` points into the box) until destroy returns.
+    store: Option<Box<StoreCtx>>,
 }
 
 // SAFETY: every ccq call except ccq_runtime_destroy is thread-safe; destroy needs &mut self.
@@ -63,13 +66,20 @@ impl Runtime {
     /// Creates a runtime and starts its scheduler thread.
     pub fn new(cfg: &Config) -> Result<Runtime> {
         let mut rt: *mut sys::ccq_runtime = std::ptr::null_mut();
-        // SAFETY: the raw config and its strings are valid for the call (ccq copies them).
-        let st = cfg.with_raw(|raw| unsafe { sys::ccq_runtime_create(raw, &mut rt) })?;
-        check(st)?;
+        let store = match cfg.get_bootstrap() {
+            Some(Bootstrap::Store(s)) => Some(StoreCtx::new(s.clone())),
+            _ => None,
+        };
+        let raw_store = store.as_ref().map(|s| s.raw());
+        // SAFETY: the raw config and its strings are valid for the call (ccq copies them);
+        // the store's ctx is kept by the runtime until destroy (below), or dropped when
+        // create fails (ccq then keeps nothing).
+        let st = cfg.with_raw(raw_store.as_ref(), |raw| unsafe { sys::ccq_runtime_create(raw, &mut rt) })?;
+        check(st).map_err(|e| with_store_error(e, store.as_deref()))?;
         let raw = NonNull::new(rt).ok_or_else(|| Error::new(Status::NoMemory, "ccq_runtime_create gave NULL"))?;
         // SAFETY: a live runtime; the name is static.
         let host = unsafe { static_str(sys::ccq_backend_name(raw.as_ptr())) } == "host";
-        Ok(Runtime { raw, host, callbacks: Mutex::new(Vec::new()) })
+        Ok(Runtime { raw, host, callbacks: Mutex::new(Vec::new()), store })
     }
 
     /// A host-backend runtime of `devices` virtual devices (other fields from the
@@ -83,13 +93,14 @@ impl Runtime {
         self.raw.as_ptr()
     }
 
-    /// Number of devices.
+    /// Number of devices: the world's (every process's; see [`Runtime::local_devices`]).
     pub fn device_count(&self) -> u32 {
         // SAFETY: live runtime.
         unsafe { sys::ccq_device_count(self.as_ptr()) }
     }
 
-    /// Every device, `DeviceId(0)..`.
+    /// Every device of the world, `DeviceId(0)..`; in a world of several processes only
+    /// [`Runtime::local_devices`] can be used here.
     pub fn devices(&self) -> Vec<DeviceId> {
         (0..self.device_count()).map(DeviceId).collect()
     }
@@ -200,7 +211,8 @@ impl Runtime {
     /// - It must not fence, `comm_init`, shut down or destroy the runtime (they wait for the
     ///   scheduler, which waits for the callback). It gets no `&Runtime`; a runtime it
     ///   reaches anyway (say through an `Arc`) refuses [`Runtime::sync`],
-    ///   [`Runtime::comm_init`], [`Runtime::shutdown`] and [`Runtime::scope`] with
+    ///   [`Runtime::fence_wait`], [`Runtime::comm_init`], [`Runtime::shutdown`] and
+    ///   [`Runtime::scope`] with
     ///   [`Status::InvalidArgument`] on a callback thread, and a runtime dropped there is
     ///   leaked instead of destroyed. Submitting calls may block on a full stream: avoid them.
     /// - The event is a copy; a panic in the callback is caught and reported on stderr.
@@ -251,7 +263,10 @@ impl Runtime {
 /// backend, device memory of `device` on NCCL), valid for the elements the call reads or
 /// writes, and neither freed nor touched (written, for sources; read or written, for
 /// destinations) until a fence on (`device`, `stream`) issued after this call has returned,
-/// whatever its result. Buffers a rank does not use may be null.
+/// whatever its result: [`Runtime::sync`], or [`Runtime::fence_test`]/[`Runtime::fence_wait`]
+/// of a value taken after this call answering anything but `Ok(false)`
+/// ([`Runtime::nccl_stream_wait`] hands nothing back). Buffers a rank does not use may be
+/// null.
 impl Runtime {
     /// `ccq_all_reduce`.
     ///
@@ -481,16 +496,71 @@ impl Runtime {
     }
 }
 
+impl Runtime {
+    /// `ccq_nccl_stream_wait`: makes `cuda_stream` wait, on the GPU, for every command
+    /// submitted on (device, stream) before the call, and returns at once (also when they
+    /// are not issued yet): the non-blocking counterpart of [`Runtime::sync`] for GPU work,
+    /// what cubecl's `sync_collective` and PyTorch's `work.wait()` do.
+    ///
+    /// It hands no buffer back: the commands' buffers stay borrowed until a host fence
+    /// covering them ([`Runtime::sync`], [`Runtime::fence_test`]/[`Runtime::fence_wait`])
+    /// returns, which is also where the errors of failed commands come (a failed command
+    /// still releases the waiting GPU stream, so check before trusting the results).
+    ///
+    /// Errors: [`Status::Unsupported`] on a backend other than `"nccl"` (the host backend),
+    /// or when the driver lacks 64-bit stream memory operations (the detail says which):
+    /// fence on the host instead; [`Status::InvalidArgument`] for a bad or another
+    /// process's device or stream; [`Status::Backend`] if CUDA refused.
+    ///
+    /// ```
+    /// let rt = ccq::Runtime::host(1)?;
+    /// let not_a_stream = std::ptr::NonNull::dangling(); // never touched on the host backend
+    /// // SAFETY: the host backend refuses before it looks at the stream.
+    /// let e = unsafe { rt.nccl_stream_wait(ccq::DeviceId(0), ccq::StreamId(0), not_a_stream) }.unwrap_err();
+    /// assert_eq!(e.status(), ccq::Status::Unsupported);
+    /// assert!(e.detail().contains("Runtime::fence_wait"), "{e}");
+    /// # Ok::<(), ccq::Error>(())
+    /// ```
+    ///
+    /// # Safety
+    /// `cuda_stream` is a live `cudaStream_t` of CUDA device `device` (this process's local
+    /// index of it) created by the caller (not the legacy default stream). CUDA lets it be
+    /// destroyed with the wait still queued.
+    pub unsafe fn nccl_stream_wait(
+        &self,
+        device: DeviceId,
+        stream: StreamId,
+        cuda_stream: NonNull<sys::CUstream_st>,
+    ) -> Result<()> {
+        // SAFETY: the caller's contract.
+        let st = unsafe { sys::ccq_nccl_stream_wait(self.as_ptr(), device.0, stream.0, cuda_stream.as_ptr()) };
+        check(st).map_err(|e| {
+            if e.status() != Status::Unsupported {
+                return e;
+            }
+            Error::new(
+                Status::Unsupported,
+                format!(
+                    "{} (no GPU-side wait here: fence on the host with Runtime::fence_wait or Runtime::sync)",
+                    e.detail()
+                ),
+            )
+        })
+    }
+}
+
 impl Drop for Runtime {
     fn drop(&mut self) {
         if in_callback() {
             // Destroying would wait for the scheduler, which is running this callback.
             eprintln!("ccq: a Runtime dropped inside its event callback is leaked, not destroyed");
             std::mem::forget(std::mem::take(self.callbacks.get_mut().unwrap_or_else(|e| e.into_inner())));
+            std::mem::forget(self.store.take());
             return;
         }
         // SAFETY: &mut self: no other call on it can run; after destroy ccq touches no user
-        // buffer and calls no callback, so the boxes can go.
+        // buffer and calls no callback or store, so the boxes (dropped after this body) can
+        // go.
         unsafe { sys::ccq_runtime_destroy(self.as_ptr()) };
     }
 }

@@ -2,6 +2,7 @@
 //! it submitted on, as `std::thread::scope` keeps its borrows until it has joined.
 
 use crate::error::{Error, Result, Status};
+use crate::fence::Fence;
 use crate::memory::{Buffer, BufferMut, Location};
 use crate::types::{DeviceId, Element, ReduceOp, StreamId};
 use crate::Runtime;
@@ -87,7 +88,9 @@ use std::sync::Mutex;
 /// ```
 pub struct Scope<'scope, 'env: 'scope> {
     rt: &'env Runtime,
-    streams: Mutex<Vec<(DeviceId, StreamId)>>,
+    /// Every (device, stream) submitted on, with a fence value covering the scope's last
+    /// command there.
+    streams: Mutex<Vec<(DeviceId, StreamId, Option<Fence>)>>,
     _scope: PhantomData<&'scope mut &'scope ()>,
     _env: PhantomData<&'env mut &'env ()>,
 }
@@ -105,6 +108,12 @@ impl Runtime {
     /// Runs `f` with a [`Scope`] to submit on, then fences every (device, stream) the scope
     /// submitted on and returns: `f`'s error if it failed, else the first fence error, else
     /// `f`'s value. The fences also run when `f` panics. Refused inside the event callback.
+    ///
+    /// The end fences with [`Runtime::sync`], not with fence values, even when
+    /// [`Scope::poll`] already said "done" (then the syncs return at once): a value never
+    /// clears an error, so a failed command would fail every later value of its stream
+    /// (which covers it too) until a `sync` reported it. The borrows end only after those
+    /// fences returned, whatever they returned (ccq's rule: the buffers are free then).
     pub fn scope<'env, F, T>(&'env self, f: F) -> Result<T>
     where
         F: for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> Result<T>,
@@ -133,7 +142,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
     fn fence_all(&self) -> Option<Error> {
         let streams = std::mem::take(&mut *self.streams.lock().unwrap_or_else(|e| e.into_inner()));
         let mut first = None;
-        for (d, s) in streams {
+        for (d, s, _) in streams {
             // ccq's contract: the buffers are released when the fence returns, whatever it
             // returns.
             if let Err(e) = self.rt.sync(d, s) {
@@ -168,15 +177,88 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         Err(invalid(format!("{what}: {name} has {got} elements, expected {want}")))
     }
 
-    /// Records (device, stream) to fence, after a submission succeeded.
+    /// Records (device, stream) to fence, and a value covering the command, after a
+    /// submission succeeded.
     fn submitted(&self, device: DeviceId, stream: StreamId, r: Result<()>) -> Result<()> {
-        if r.is_ok() {
-            let mut s = self.streams.lock().unwrap_or_else(|e| e.into_inner());
-            if !s.contains(&(device, stream)) {
-                s.push((device, stream));
-            }
+        r?;
+        // The stream is recorded whatever begin says: the scope's end must fence it.
+        let f = self.rt.fence_begin(device, stream).ok();
+        let mut s = self.streams.lock().unwrap_or_else(|e| e.into_inner());
+        match s.iter_mut().find(|(d, st, _)| (*d, *st) == (device, stream)) {
+            Some(e) => e.2 = f,
+            None => s.push((device, stream, f)),
         }
-        r
+        Ok(())
+    }
+
+    /// A fence value of (device, stream) ([`Runtime::fence_begin`]): it covers what this
+    /// scope (and anyone else) submitted there so far. Test or wait on it with the
+    /// runtime's calls, from any thread; the scope's buffers stay borrowed until the scope
+    /// ends all the same (see [`Scope::poll`]).
+    pub fn fence(&self, device: DeviceId, stream: StreamId) -> Result<Fence> {
+        self.rt.fence_begin(device, stream)
+    }
+
+    /// Never blocks: whether every command this scope submitted so far has ended
+    /// (`ccq_fence_test` of a value per stream). `Ok(true)`: they all completed, and the
+    /// scope's end will not wait for them; `Ok(false)`: some are in progress; `Err`: one
+    /// failed (every command of that stream's value ended); the scope's end reports it too,
+    /// through its `sync`, which also clears it.
+    ///
+    /// For event loops that must not block while collectives run:
+    ///
+    /// ```
+    /// # use ccq::{DeviceId, ReduceOp, StreamId};
+    /// let rt = ccq::Runtime::host(2)?;
+    /// let devs = [DeviceId(0), DeviceId(1)];
+    /// rt.comm_init(&devs)?;
+    /// let src = [vec![1.0f32; 64], vec![2.0; 64]];
+    /// let mut dst = [vec![0.0f32; 64], vec![0.0; 64]];
+    /// rt.scope(|s| {
+    ///     for (d, (src, dst)) in src.iter().zip(dst.iter_mut()).enumerate() {
+    ///         s.all_reduce(DeviceId(d as u32), StreamId(0), src, dst, ReduceOp::Sum, &devs)?;
+    ///     }
+    ///     while !s.poll()? {
+    ///         std::thread::yield_now(); // other work of the event loop
+    ///     }
+    ///     Ok(())
+    /// })?; // its syncs return at once now
+    /// assert_eq!(dst[1][0], 3.0);
+    /// # Ok::<(), ccq::Error>(())
+    /// ```
+    ///
+    /// Borrows still end with the scope, not with a fence value that says "done": a
+    /// buffer cannot be read inside the scope even after the poll says so. A guard
+    /// returned out of the closure could not enforce that (safe code may `mem::forget`
+    /// it), which is why scopes are closures, as `std::thread::scope`:
+    ///
+    /// ```compile_fail,E0502
+    /// # use ccq::{DeviceId, ReduceOp, StreamId};
+    /// let rt = ccq::Runtime::host(1)?;
+    /// let devs = [DeviceId(0)];
+    /// rt.comm_init(&devs)?;
+    /// let src = vec![1.0f32; 4];
+    /// let mut dst = vec![0.0f32; 4];
+    /// rt.scope(|s| {
+    ///     s.all_reduce(devs[0], StreamId(0), &src, &mut dst, ReduceOp::Sum, &devs)?;
+    ///     let f = s.fence(devs[0], StreamId(0))?;
+    ///     while !s.runtime().fence_wait(&f, None)? {}
+    ///     println!("{}", dst[0]); // still borrowed by the scope
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), ccq::Error>(())
+    /// ```
+    pub fn poll(&self) -> Result<bool> {
+        let values: Vec<_> = self.streams.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut done = true;
+        for (d, s, f) in values {
+            let f = match f {
+                Some(f) => f,
+                None => self.rt.fence_begin(d, s)?,
+            };
+            done &= self.rt.fence_test(&f)?;
+        }
+        Ok(done)
     }
 
     /// This device's part of an all_reduce of `src` into `dst` (same length) over the

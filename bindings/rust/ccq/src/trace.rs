@@ -165,6 +165,16 @@ pub(crate) fn in_callback() -> bool {
     IN_CALLBACK.with(Cell::get)
 }
 
+/// Runs `f` as a callback: the calls that wait for the scheduler refuse, and dropping a
+/// runtime leaks it (also for the store's callbacks, which must not call ccq either).
+/// `f` must not unwind (callers catch panics inside it).
+pub(crate) fn as_callback<R>(f: impl FnOnce() -> R) -> R {
+    let was = IN_CALLBACK.with(|c| c.replace(true));
+    let r = f();
+    IN_CALLBACK.with(|c| c.set(was));
+    r
+}
+
 /// The C callback: `user` is a `*const Callback` the runtime keeps alive until destroy.
 pub(crate) unsafe extern "C" fn trampoline(ev: *const sys::ccq_event, user: *mut c_void) {
     // SAFETY: ccq passes a valid event for the call's duration and our `user`.

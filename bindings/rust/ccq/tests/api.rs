@@ -75,6 +75,7 @@ fn config_builder_sets_every_field() {
         .fault(Some("delay:us=1,op=1000000"))
         .trace_capacity(1024)
         .trace_file(Some(std::path::Path::new("/dev/null")))
+        .trace_signal(false)
         .host_stream_bytes(u64::MAX);
     assert_eq!(c.get_backend(), "host");
     assert_eq!(c.get_host_devices(), 3);
@@ -88,6 +89,7 @@ fn config_builder_sets_every_field() {
     assert_eq!(c.get_fault(), Some("delay:us=1,op=1000000"));
     assert_eq!(c.get_trace_capacity(), 1024);
     assert_eq!(c.get_host_stream_bytes(), u64::MAX);
+    assert!(!c.get_trace_signal() && Config::new().trace_signal(true).get_trace_signal());
     let rt = Runtime::new(&c.clone().trace_file(None)).unwrap();
     assert_eq!(rt.device_count(), 3);
     assert_eq!(rt.backend_name(), "host");

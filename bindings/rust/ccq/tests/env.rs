@@ -1,7 +1,7 @@
 //! `Config::new` applies the CCQ_* environment as ccq_config_init does (its own test
 //! binary: it changes the process environment).
 
-use ccq::{Config, Runtime, Status};
+use ccq::{Bootstrap, Config, Runtime, Status};
 
 #[test]
 fn the_environment_is_applied_and_checked() {
@@ -21,4 +21,19 @@ fn the_environment_is_applied_and_checked() {
     assert_eq!(e.status(), Status::InvalidArgument);
     assert!(e.detail().contains("CCQ_MAX_STREAMS"), "{e}");
     std::env::remove_var("CCQ_MAX_STREAMS");
+
+    // The world's variables, and the bootstrap's spec parsed into its variant.
+    std::env::set_var("CCQ_WORLD_RANK", "1");
+    std::env::set_var("CCQ_WORLD_SIZE", "3");
+    std::env::set_var("CCQ_BOOTSTRAP", "file:/tmp/ccq-job");
+    let c = Config::new();
+    assert_eq!((c.get_world_rank(), c.get_world_size()), (1, 3));
+    assert!(matches!(c.get_bootstrap(), Some(Bootstrap::File(d)) if d == std::path::Path::new("/tmp/ccq-job")));
+    assert!(Config::new().bootstrap(None).get_bootstrap().is_none());
+    std::env::set_var("CCQ_BOOTSTRAP", "mpi");
+    assert!(matches!(Config::new().get_bootstrap(), Some(Bootstrap::Mpi)));
+    for v in ["CCQ_WORLD_RANK", "CCQ_WORLD_SIZE", "CCQ_BOOTSTRAP"] {
+        std::env::remove_var(v);
+    }
+    assert!(Config::new().get_bootstrap().is_none());
 }
