@@ -177,12 +177,12 @@ typedef struct ccq_config {
      * 0 = the default (64 MiB); UINT64_MAX = never. Env: CCQ_HOST_STREAM_BYTES. */
     uint64_t host_stream_bytes;
     /* ---- appended in 0.2: a world of processes (docs/multiprocess.md) ---- */
-    uint32_t world_rank;  /**< This process (default 0). Env: CCQ_WORLD_RANK, else the
-                               launcher's OMPI_COMM_WORLD_RANK or PMI_RANK. */
-    uint32_t world_size;  /**< Processes in the job (default 1: this one alone). Env:
-                               CCQ_WORLD_SIZE, else OMPI_COMM_WORLD_SIZE or PMI_SIZE. */
-    const char *bootstrap; /**< How processes meet: "mpi", "file:DIR" (a directory every
-                                process sees), or NULL to use `store`. Env: CCQ_BOOTSTRAP. */
+    uint32_t world_rank;           /**< This process (default 0). Env: CCQ_WORLD_RANK, else the
+                                        launcher's OMPI_COMM_WORLD_RANK or PMI_RANK. */
+    uint32_t world_size;           /**< Processes in the job (default 1: this one alone). Env:
+                                        CCQ_WORLD_SIZE, else OMPI_COMM_WORLD_SIZE or PMI_SIZE. */
+    const char *bootstrap;         /**< How processes meet: "mpi", "file:DIR" (a directory every
+                                        process sees), or NULL to use `store`. Env: CCQ_BOOTSTRAP. */
     const struct ccq_store *store; /**< The embedder's key-value store (bootstrap NULL). Borrowed
                                         until ccq_runtime_destroy returns. */
     int64_t mpi_comm; /**< For "mpi": MPI_Comm_c2f() of the embedder's communicator; -1 (the
@@ -192,6 +192,13 @@ typedef struct ccq_config {
      * ccq's that writes the dumps, and chains to the handler installed before it; it stays
      * installed for the life of the process. Env: CCQ_TRACE_SIGNAL=1. */
     uint32_t trace_signal;
+    /** 1 = before an operation whose communicator spans processes runs, its member
+     * processes compare what they submitted for that sequence number (kind, count, dtype,
+     * op, root; count and dtype for send/recv) through the bootstrap, so a mismatch between
+     * processes fails every part with CCQ_ERR_MISMATCH naming the processes and fields
+     * instead of hanging or corrupting data. Costs a bootstrap round trip per operation
+     * (docs/tracing.md); 0 (default) = off. Env: CCQ_CHECK_SIGNATURES=1. */
+    uint32_t check_signatures;
 } ccq_config;
 
 /**

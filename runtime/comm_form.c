@@ -74,7 +74,7 @@ static ccq_status form_backend(ccq_runtime *rt, ccq_comm *c, const void *blob, s
     return CCQ_OK;
 }
 
-static void form_tag(const ccq_comm *c, char *tag, size_t len)
+void ccq_comm_tag(const ccq_comm *c, char *tag, size_t len)
 {
     /* Every member computes the same tag from the set; the devices at both ends and the
      * size make a collision of the hash harmless in practice. */
@@ -112,7 +112,7 @@ ccq_status ccq_comm_form_start(ccq_runtime *rt, ccq_comm *c, uint64_t now)
             return form_fail(c, st, "%s", err.msg);
         mine.blob_len = (uint32_t)len;
     }
-    form_tag(c, tag, sizeof tag);
+    ccq_comm_tag(c, tag, sizeof tag);
     ccq_errbuf err = {{0}};
     st = ccq_boot_xchg_post(rt->world.boot, tag, c->procs, c->nprocs, &mine, sizeof mine, &c->xchg,
                             &err);

@@ -147,7 +147,15 @@ typedef struct ccq_comm {
 enum { CCQ_FORM_IDLE, CCQ_FORM_MEET, CCQ_FORM_BACKEND, CCQ_FORM_DONE };
 
 /* Matching state of one operation instance (a collective, or a send/recv pair). */
-enum ccq_inst_state { CCQ_INST_WAITING, CCQ_INST_READY, CCQ_INST_FAILED, CCQ_INST_ISSUED };
+/* CHECKING: every local part is there and they agree; the member processes are comparing
+ * their signatures (ccq_config.check_signatures, runtime/sigcheck.c) before it may run. */
+enum ccq_inst_state {
+    CCQ_INST_WAITING,
+    CCQ_INST_READY,
+    CCQ_INST_FAILED,
+    CCQ_INST_ISSUED,
+    CCQ_INST_CHECKING
+};
 
 typedef struct ccq_inst {
     ccq_be_op op; /* the backend's view; op.parts = bparts */
@@ -163,9 +171,11 @@ typedef struct ccq_inst {
     uint64_t refuse_pass;   /* batch pass that first found it cannot be staged (0: none) */
     ccq_status fail_status; /* when FAILED: what late parts get */
     char *fail_detail;
-    struct ccq_inst *wnext; /* worklist / free list */
-    ccq_cmd **cmds;         /* [nparts] */
-    ccq_be_part *bparts;    /* [nparts] */
+    struct ccq_boot_xchg *sig_xchg; /* CHECKING: the signature exchange */
+    struct ccq_inst *check_next;    /* CHECKING: the scheduler's list of them */
+    struct ccq_inst *wnext;         /* worklist / free list */
+    ccq_cmd **cmds;                 /* [nparts] */
+    ccq_be_part *bparts;            /* [nparts] */
 } ccq_inst;
 
 /* A batch in the scheduler. */
@@ -251,12 +261,25 @@ ccq_status ccq_comm_get_or_create(ccq_runtime *rt, const ccq_device_id *sorted, 
 void ccq_comm_request_init(ccq_runtime *rt, ccq_comm *comm);
 void ccq_comm_free_all(ccq_runtime *rt);
 
+/* ---- runtime/sigcheck.c (scheduler thread) ---- */
+/* Start comparing an instance's signature with the communicator's other member processes
+ * (CCQ_OK: posted; an error: the check could not start, detail in *why). */
+ccq_status ccq_sig_post(ccq_runtime *rt, struct ccq_inst *i, char *why, size_t len);
+/* CCQ_IN_PROGRESS; CCQ_OK (every process agrees); CCQ_ERR_MISMATCH or another error with
+ * the detail in why. Frees the exchange when it returns anything but CCQ_IN_PROGRESS. */
+ccq_status ccq_sig_test(ccq_runtime *rt, struct ccq_inst *i, char *why, size_t len);
+void ccq_sig_cancel(struct ccq_inst *i);
+/* The member processes not heard from yet, as "processes 1,3", into buf. */
+void ccq_sig_missing(struct ccq_inst *i, char *buf, size_t len);
+
 /* ---- runtime/comm_form.c (scheduler thread) ---- */
 /* Start forming a communicator: CCQ_OK when ready, CCQ_IN_PROGRESS when
  * ccq_comm_form_test must be polled until it is not, or an error (init_status and
  * init_detail say why). */
 ccq_status ccq_comm_form_start(ccq_runtime *rt, ccq_comm *c, uint64_t now);
 ccq_status ccq_comm_form_test(ccq_runtime *rt, ccq_comm *c, uint64_t now);
+/* The name every member process gives the communicator in bootstrap exchanges. */
+void ccq_comm_tag(const ccq_comm *c, char *tag, size_t len);
 /* Stop forming it (shutdown): it ends failed with CCQ_ERR_SHUTDOWN. */
 void ccq_comm_form_cancel(ccq_runtime *rt, ccq_comm *c, const char *why);
 

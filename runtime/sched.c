@@ -15,8 +15,9 @@ typedef struct ccq_sched {
     uint32_t nlive, caplive;
     ccq_stream **active; /* streams with commands received and not ended */
     uint32_t nactive, capactive;
-    ccq_chan *chans;   /* channels that may have a ready head (list_next links) */
-    ccq_comm *forming; /* communicators forming (forming_next links) */
+    ccq_chan *chans;    /* channels that may have a ready head (list_next links) */
+    ccq_comm *forming;  /* communicators forming (forming_next links) */
+    ccq_inst *checking; /* instances in the cross-process signature check (check_next) */
     ccq_inst *inst_free;
     size_t inst_size;
     uint32_t inst_parts;  /* parts every instance can hold: max(2, ndev) */
@@ -319,6 +320,14 @@ static void fail_inst(ccq_sched *S, ccq_inst *i, ccq_status st, const char *reas
 {
     if (i->state == CCQ_INST_FAILED || i->state == CCQ_INST_ISSUED)
         return;
+    if (i->state == CCQ_INST_CHECKING) { /* leave the check: the instance may be freed soon */
+        ccq_sig_cancel(i);
+        for (ccq_inst **pp = &S->checking; *pp != NULL; pp = &(*pp)->check_next)
+            if (*pp == i) {
+                *pp = i->check_next;
+                break;
+            }
+    }
     /* The parts end on their own from now on (their slots get reused), so the instance
      * forgets them. */
     for (uint32_t p = 0; p < i->chan->nparts; p++) {
@@ -370,6 +379,8 @@ static size_t field_str(char *buf, size_t len, const ccq_cmd *c, int f)
         return ccq_format(buf, len, "device %u", c->comm->devices[c->root]);
     }
 }
+
+static void inst_ready(ccq_runtime *rt, ccq_inst *i);
 
 /* All parts are present: check that they agree, then build the backend's view. */
 static void inst_complete(ccq_runtime *rt, ccq_sched *S, ccq_inst *i)
@@ -449,12 +460,65 @@ static void inst_complete(ccq_runtime *rt, ccq_sched *S, ccq_inst *i)
         i->bparts[p].src = c->rd.lo < c->rd.hi ? c->src : NULL;
         i->bparts[p].dst = c->wr.lo < c->wr.hi ? c->dst : NULL;
     }
+    if (rt->cfg.check_signatures && ch->comm->nprocs > 1) {
+        /* Opt-in: the member processes compare signatures before it may run. */
+        char why[CCQ_DETAIL_LEN];
+        ccq_status st = ccq_sig_post(rt, i, why, sizeof why);
+        if (st != CCQ_OK) {
+            fail_inst(S, i, st, why, false);
+            return;
+        }
+        i->state = CCQ_INST_CHECKING;
+        i->check_next = S->checking;
+        S->checking = i;
+        return;
+    }
+    inst_ready(rt, i);
+}
+
+/* An instance may run: every part is there and agrees (and, with check_signatures, every
+ * member process agrees too). */
+static void inst_ready(ccq_runtime *rt, ccq_inst *i)
+{
+    ccq_chan *ch = i->chan;
+    ccq_cmd *c0 = i->cmds[0];
     i->state = CCQ_INST_READY;
     if (ccq_trace_on(&rt->trace))
         ev_misc(rt, ccq_now_ns(), CCQ_EV_MATCHED, c0->trace_id, ch->comm->id, i->seq, c0->count,
                 c0->count * ccq_dtype_size((ccq_dtype)c0->dtype), CCQ_OK);
     if (i->seq == ch->head)
-        chan_list(S, ch);
+        chan_list(rt->sched, ch);
+}
+
+/* Advance the cross-process signature checks; true if one ended. */
+static bool checks_progress(ccq_runtime *rt)
+{
+    ccq_sched *S = rt->sched;
+    bool any = false;
+    for (ccq_inst **pp = &S->checking; *pp != NULL;) {
+        ccq_inst *i = *pp;
+        char why[CCQ_DETAIL_LEN];
+        ccq_status st = ccq_sig_test(rt, i, why, sizeof why);
+        if (st == CCQ_IN_PROGRESS) {
+            pp = &i->check_next;
+            continue;
+        }
+        *pp = i->check_next;
+        any = true;
+        if (st == CCQ_OK) {
+            inst_ready(rt, i);
+            continue;
+        }
+        char note[CCQ_DETAIL_LEN];
+        size_t nw = ccq_format(note, sizeof note, "mismatch in #%" PRIu64 " on comm ", i->seq);
+        nw += ccq_describe_comm(note + nw, sizeof note - nw, i->chan->comm);
+        ccq_format(note + nw, sizeof note - nw, ": %s", why);
+        ccq_trace_note(&rt->trace, CCQ_EV_FAILED, note);
+        i->state = CCQ_INST_READY; /* off the list already: fail it as a matched one */
+        fail_inst(S, i, st, why, false);
+        S->error_seen = true;
+    }
+    return any;
 }
 
 /* A communicator's formation ended: publish it (ccq_comm_init waiters, submitters) and
@@ -1044,7 +1108,7 @@ static int try_add(ccq_runtime *rt, ccq_batch *b, ccq_inst *root)
         chan_touch(S, ch);
         for (uint64_t q = ch->build_seq; q < x->seq; q++) {
             ccq_inst *y = win_get(ch, q);
-            if (y == NULL || y->state == CCQ_INST_WAITING)
+            if (y == NULL || y->state == CCQ_INST_WAITING || y->state == CCQ_INST_CHECKING)
                 goto blocked;
             if (y->state == CCQ_INST_READY && !inst_taken(S, y))
                 tent_push(S, y);
@@ -1430,6 +1494,14 @@ static void describe_wait(ccq_inst *i, ccq_cmd *c, uint64_t now, char *buf, size
     ccq_comm *comm = ch->comm;
     size_t w = ccq_format(buf, len, "not issued within timeout_ms (%.0f ms in queue)",
                           (double)(now - c->submit_ns) / 1e6);
+    if (i->state == CCQ_INST_CHECKING) {
+        char who[128];
+        ccq_sig_missing(i, who, sizeof who);
+        ccq_format(buf + w, len - w,
+                   "; matched here, waiting for the cross-process signature check of comm's %s",
+                   who);
+        return;
+    }
     if (atomic_load_explicit(&comm->state, memory_order_relaxed) == CCQ_COMM_PENDING) {
         ccq_format(buf + w, len - w,
                    "; its communicator is still forming (member processes of world ranks %u..%u "
@@ -1620,7 +1692,8 @@ static void cancel_all(ccq_runtime *rt, bool incomplete_only, const char *why)
             for (uint64_t q = ch->head, end = ch->head + ch->cap; ch->win != NULL && q < end; q++) {
                 ccq_inst *i = win_get(ch, q);
                 if (i == NULL || (i->state != CCQ_INST_WAITING &&
-                                  (incomplete_only || i->state != CCQ_INST_READY)))
+                                  (incomplete_only ||
+                                   (i->state != CCQ_INST_READY && i->state != CCQ_INST_CHECKING))))
                     continue;
                 ccq_format(detail, sizeof detail, "cancelled by shutdown: %s", why);
                 fail_inst(S, i, CCQ_ERR_SHUTDOWN, detail, true);
@@ -1710,6 +1783,8 @@ void *ccq_sched_main(void *arg)
         progress |= drain(rt);
         if (S->forming != NULL)
             progress |= comms_progress(rt, ccq_now_ns());
+        if (S->checking != NULL)
+            progress |= checks_progress(rt);
         progress |= reap(rt);
         progress |= end_failed_heads(rt);
         progress |= build_and_issue(rt);
@@ -1742,7 +1817,7 @@ void *ccq_sched_main(void *arg)
             S->wd_next, ccq_trace_next_tick(&rt->trace, S->completed + S->failed + S->cancelled));
         if (S->ninflight > 0 && rt->be_ops->poll_interval_ns > 0)
             deadline = min_u64(deadline, ccq_add_sat(now, rt->be_ops->poll_interval_ns));
-        if (S->forming != NULL) /* neither the bootstrap nor NCCL's init can wake us */
+        if (S->forming != NULL || S->checking != NULL) /* the bootstrap cannot wake us */
             deadline = min_u64(deadline, ccq_add_sat(now, CCQ_FORM_POLL_NS));
         uint32_t seq = ccq_wake_prepare(&rt->wake);
         if (work_visible(rt)) {

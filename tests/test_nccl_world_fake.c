@@ -31,6 +31,8 @@ typedef struct nw_case {
     unsigned devices[4]; /* local devices of each process */
     uint64_t timeout_ms;
     int skip_rank; /* a process that never calls ccq_comm_init of the world (-1: none) */
+    uint32_t check_signatures;
+    int (*child)(unsigned rank, unsigned nprocs, void *arg); /* NULL: nw_child */
 } nw_case;
 
 #define FAIL(code, ...)                                                                            \
@@ -41,6 +43,87 @@ typedef struct nw_case {
         rc = (code);                                                                               \
         goto out;                                                                                  \
     } while (0)
+
+/* Device d's input: a function of (d, k), so every process computes every expected sum. */
+static float input(ccq_device_id d, int k)
+{
+    return (float)((d + 1) * 100 + k % 17);
+}
+
+static ccq_runtime *nw_runtime(const nw_case *nc, unsigned rank, unsigned nprocs);
+
+/* check_signatures: process 1 submits another count for the world's all_reduce #1 (and
+ * process 2 another dtype for #2): every part on every process fails at once with
+ * CCQ_ERR_MISMATCH naming the processes and the field, long before timeout_ms; the
+ * collectives around them run. */
+static int sig_child(unsigned rank, unsigned nprocs, void *arg)
+{
+    const nw_case *nc = arg;
+    ccq_runtime *rt = nw_runtime(nc, rank, nprocs);
+    ccq_device_id first = 0, all[16];
+    uint32_t count = 0, total;
+    float in[N], out[N];
+    int rc = 0;
+
+    if (rt == NULL)
+        return 10;
+    ccq_local_devices(rt, &first, &count);
+    total = ccq_device_count(rt);
+    for (uint32_t d = 0; d < total; d++)
+        all[d] = d;
+    for (int k = 0; k < N; k++)
+        in[k] = input(first, k);
+    if (ccq_comm_init(rt, all, total) != CCQ_OK)
+        FAIL(11, "comm_init");
+    uint64_t t0 = now_ns();
+    for (int op = 0; op < 4; op++) {
+        /* Without the check the mismatched ones are not submitted (they would hang NCCL). */
+        bool odd = op == 1 || op == 2;
+        if (odd && !nc->check_signatures)
+            continue;
+        size_t n = op == 1 && rank == 1 ? N - 1 : N;
+        ccq_dtype dt = op == 2 && rank == 2 ? CCQ_INT32 : CCQ_FLOAT32;
+        if (ccq_all_reduce(rt, first, 0, in, out, n, dt, CCQ_SUM, all, total) != CCQ_OK)
+            FAIL(12, "all_reduce %d", op);
+        ccq_status st = ccq_sync_collective(rt, first, 0);
+        ccq_status want = nc->check_signatures && (op == 1 || op == 2) ? CCQ_ERR_MISMATCH : CCQ_OK;
+        const char *field = op == 1 ? "count:" : op == 2 ? "dtype:" : NULL;
+        if (st != want || (field && (strstr(ccq_last_error_detail(), field) == NULL ||
+                                     strstr(ccq_last_error_detail(), "across processes") == NULL)))
+            FAIL(13, "all_reduce %d: %s, want %s", op, ccq_status_name(st), ccq_status_name(want));
+        if (getenv("CCQ_TEST_VERBOSE") && field && rank == 0)
+            fprintf(stderr, "rank 0, all_reduce %d: %s\n", op, ccq_last_error_detail());
+        if (st == CCQ_OK)
+            for (int k = 0; k < N; k++) {
+                float want_v = 0;
+                for (uint32_t j = 0; j < total; j++)
+                    want_v += input(j, k);
+                if (out[k] != want_v)
+                    FAIL(14, "all_reduce %d [%d]", op, k);
+            }
+    }
+    if (now_ns() - t0 > nc->timeout_ms * 1000000ull / 2)
+        FAIL(15, "the mismatches took %llu ms (want far below timeout_ms)",
+             (unsigned long long)((now_ns() - t0) / 1000000u));
+    /* The check's cost, shown with CCQ_TEST_VERBOSE (docs/tracing.md quotes it): fenced
+     * all_reduces one after another, with the check and (a second runtime) without. */
+    if (getenv("CCQ_TEST_VERBOSE")) {
+        enum { M = 50 };
+        uint64_t t1 = now_ns();
+        for (int op = 0; op < M; op++)
+            if (ccq_all_reduce(rt, first, 0, in, out, 8, CCQ_FLOAT32, CCQ_SUM, all, total) !=
+                    CCQ_OK ||
+                ccq_sync_collective(rt, first, 0) != CCQ_OK)
+                FAIL(16, "timed all_reduce %d", op);
+        if (rank == 0)
+            fprintf(stderr, "rank 0: fenced 8-element all_reduce over 3 processes, %s: %.1f us\n",
+                    nc->check_signatures ? "signature check on" : "signature check off",
+                    (double)(now_ns() - t1) / M / 1e3);
+    }
+out:
+    ccq_runtime_destroy(rt);
+    return rc;
+}
 
 static ccq_runtime *nw_runtime(const nw_case *nc, unsigned rank, unsigned nprocs)
 {
@@ -57,17 +140,12 @@ static ccq_runtime *nw_runtime(const nw_case *nc, unsigned rank, unsigned nprocs
     cfg.timeout_ms = nc->timeout_ms;
     cfg.world_rank = rank;
     cfg.world_size = nprocs;
+    cfg.check_signatures = nc->check_signatures;
     snprintf(boot, sizeof boot, "file:%s", nc->dir);
     cfg.bootstrap = boot;
     if (ccq_runtime_create(&cfg, &rt) != CCQ_OK)
         fprintf(stderr, "rank %u: ccq_runtime_create: %s\n", rank, ccq_last_error_detail());
     return rt;
-}
-
-/* Device d's input: a function of (d, k), so every process computes every expected sum. */
-static float input(ccq_device_id d, int k)
-{
-    return (float)((d + 1) * 100 + k % 17);
 }
 
 /* An all_reduce over `set` (global ids) from this process's devices in it, checked. */
@@ -251,7 +329,7 @@ static void run(nw_case *nc, unsigned nprocs)
     /* Each forked process must not see another test's bootstrap records. */
     snprintf(env, sizeof env, "%s", nc->dir + 5);
     setenv("CCQ_JOB_ID", env, 1);
-    int bad = procs_run(nprocs, nw_child, nc, 90, status);
+    int bad = procs_run(nprocs, nc->child ? nc->child : nw_child, nc, 90, status);
     procs_rmdir(nc->dir);
     fake_xproc_cleanup();
     for (unsigned r = 0; r < nprocs; r++)
@@ -281,11 +359,30 @@ static void test_member_never_joins(void **state)
     run(&nc, 3);
 }
 
+static void test_signature_check(void **state)
+{
+    (void)state;
+    nw_case nc = {.devices = {1, 1, 1},
+                  .timeout_ms = 20000,
+                  .skip_rank = -1,
+                  .check_signatures = 1,
+                  .child = sig_child};
+    run(&nc, 3);
+}
+
+/* The same job without the check (its cost, next to test_signature_check's). */
+static void test_signature_check_off(void **state)
+{
+    (void)state;
+    nw_case nc = {.devices = {1, 1, 1}, .timeout_ms = 20000, .skip_rank = -1, .child = sig_child};
+    run(&nc, 3);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_two_processes),
-        cmocka_unit_test(test_three_processes_uneven),
+        cmocka_unit_test(test_signature_check),    cmocka_unit_test(test_signature_check_off),
+        cmocka_unit_test(test_two_processes),      cmocka_unit_test(test_three_processes_uneven),
         cmocka_unit_test(test_member_never_joins),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -30,6 +30,7 @@ pub struct ccq_config {
     pub mpi_comm: i64,
     /// 1: a SIGUSR1 handler makes every runtime of the process dump its trace file.
     pub trace_signal: u32,
+    pub check_signatures: u32,
 }
 
 extern "C" {

@@ -163,6 +163,15 @@ impl Config {
         self.raw.trace_signal = on.into();
         self
     }
+    /// `true`: before an operation whose communicator spans processes runs, its member
+    /// processes compare kind, count, dtype, op and root through the bootstrap, so a
+    /// mismatch between processes fails every part with [`crate::Status::Mismatch`] instead
+    /// of hanging; costs a bootstrap round trip per operation. Default off. Env:
+    /// `CCQ_CHECK_SIGNATURES=1`.
+    pub fn check_signatures(mut self, on: bool) -> Self {
+        self.raw.check_signatures = on.into();
+        self
+    }
     /// Host backend: operations moving at least this many bytes use streaming stores
     /// (0 = default, 64 MiB; `u64::MAX` = never). Env: `CCQ_HOST_STREAM_BYTES`.
     pub fn host_stream_bytes(mut self, bytes: u64) -> Self {
@@ -242,6 +251,10 @@ impl Config {
     /// Whether the SIGUSR1 dump handler is asked for.
     pub fn get_trace_signal(&self) -> bool {
         self.raw.trace_signal != 0
+    }
+    /// Whether the cross-process signature check is asked for.
+    pub fn get_check_signatures(&self) -> bool {
+        self.raw.check_signatures != 0
     }
     /// Streaming-store threshold.
     pub fn get_host_stream_bytes(&self) -> u64 {
