@@ -1,5 +1,5 @@
 /* all_reduce through the public API on the host backend: every dtype x op, 1..8 devices,
- * small to pool-sized counts, out of place and in place, bit-exact against tests/ref.c. */
+ * small to pool-sized counts, out of place and in place, bit-exact against tools/ref/ref.c. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>

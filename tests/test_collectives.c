@@ -1,6 +1,6 @@
 /* The seven collectives besides all_reduce and send/recv, through the public API on the host
  * backend: every kind x dtype x op x 1..8 devices x odd counts x roots x in-place variants,
- * bit-exact against tests/ref.c with guard bytes and poisoned outputs; NULL buffers on
+ * bit-exact against tools/ref/ref.c with guard bytes and poisoned outputs; NULL buffers on
  * non-roots; mismatches; argument validation; stream order of chained collectives. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -992,7 +992,7 @@ static void test_validation(void **state)
 /*
  * Two collectives chained on one stream per rank, queued together before one fence: the
  * second reads what the first wrote, so it must see the first's result (the scheduler may
- * not batch them so that they overlap). Expected values chain tests/ref.c the same way.
+ * not batch them so that they overlap). Expected values chain tools/ref/ref.c the same way.
  *  - reduce_scatter in place, then all_gather in place on the same buffer = all_reduce;
  *  - scatter from one root, then gather to another = the first root's buffer;
  *  - broadcast from one root, then reduce to another = n times the first root's data;

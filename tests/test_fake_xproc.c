@@ -1,6 +1,6 @@
 /* The fake NCCL across processes (tests/fake/fake_xproc.c): cliques whose ranks live in 2
  * and 3 forked processes, driven through the NCCL API directly, move and reduce every
- * process's data (checked against tests/ref.h); a peer that never comes or exits fails the
+ * process's data (checked against tools/ref/ref.h); a peer that never comes or exits fails the
  * call instead of hanging; calls that differ across processes are fake errors. */
 #include <setjmp.h>
 #include <stdarg.h>

@@ -51,7 +51,7 @@ static void ok(ccq_status st, const char *what)
 
 /*
  * issue() records each batch (its ops in order, with kind, count, comm and parts) and then
- * either completes it at once (executing the data movement with tests/ref.c, pushing it on
+ * either completes it at once (executing the data movement with tools/ref/ref.c, pushing it on
  * the done list and calling notify) or, in hold mode, keeps it until the test releases it.
  * With the gate closed, issue() blocks the scheduler thread until the test opens it: while
  * it is blocked, the test queues commands that the scheduler will then find all at once.
@@ -644,7 +644,7 @@ static const ccq_device_id DEV_C[2] = {2, 3};
  * on a stream that depends on (k, d): an all_reduce over A = {0,1,2,3}, an all_reduce over
  * its pair (B = {0,1} or C = {2,3}), a send to its pair partner and a recv from it. Every
  * rank submits a comm's collectives in the same order, so everything matches; dtypes, ops,
- * counts and in-place vary with k. All results are checked against tests/ref.c.
+ * counts and in-place vary with k. All results are checked against tools/ref/ref.c.
  */
 typedef struct inter_op {
     ccq_dtype dt;

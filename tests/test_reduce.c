@@ -1,4 +1,4 @@
-/* Tests of the host reduction kernel and the narrow-float conversions against tests/ref.c. */
+/* Tests of the host reduction kernel and the narrow-float conversions against tools/ref/ref.c. */
 #include <math.h>
 #include <stdarg.h>
 #include <stddef.h>

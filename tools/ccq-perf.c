@@ -449,7 +449,7 @@ static void fill_inputs(bench *b, bool poison)
     }
 }
 
-/* Run one operation and count wrong elements against the reference (tests/ref.c). */
+/* Run one operation and count wrong elements against the reference (tools/ref/ref.c). */
 static size_t check_once(bench *b)
 {
     const opts *o = b->o;

@@ -1,4 +1,5 @@
-/* The test reference: element-by-element reductions and search-based narrow-float codecs. */
+/* The reference collectives (tests and ccq-perf check results against them): element-by-element
+ * reductions and search-based narrow-float codecs. */
 #include "ref.h"
 
 #include <inttypes.h>
