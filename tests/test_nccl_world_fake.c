@@ -295,11 +295,12 @@ static int nw_child(unsigned rank, unsigned nprocs, void *arg)
         }
         for (int k = 0; k < N; k++)
             if (rbuf[k] != input(from, k) * 2) {
+                double got = rbuf[k];
                 if (getenv("CCQ_TEST_VERBOSE"))
                     fake_log_dump();
                 free(sbuf);
                 free(rbuf);
-                FAIL(18, "recv from device %u: [%d] = %g", from, k, (double)rbuf[k]);
+                FAIL(18, "recv from device %u: [%d] = %g", from, k, got);
             }
         free(sbuf);
         free(rbuf);
