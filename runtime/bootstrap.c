@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/env.h"
 #include "runtime/boot_impl.h"
 
 /* Boot handles this process opened so far per (job, world rank): see ccq_boot.gen. Keyed
@@ -109,22 +110,12 @@ size_t ccq_boot_format_ranks(char *buf, size_t len, const uint32_t *ranks, size_
 /* A decimal integer in [0, 2^31]; false if absent; *bad when present but malformed. */
 static bool env_u31(const char *name, uint32_t *out, bool *bad)
 {
-    const char *v = getenv(name);
-    char *end;
-    unsigned long long x;
-
-    *bad = false;
-    if (v == NULL || *v == '\0')
-        return false;
-    errno = 0;
-    x = strtoull(v, &end, 10);
-    if (errno != 0 || *end != '\0' || v[0] == '-' || v[0] == '+' || v[0] == ' ' ||
-        x > (1ull << 31)) {
-        *bad = true;
-        return false;
-    }
-    *out = (uint32_t)x;
-    return true;
+    uint64_t x;
+    int r = ccq_env_u64(name, 0, 1ull << 31, &x);
+    *bad = r < 0;
+    if (r > 0)
+        *out = (uint32_t)x;
+    return r > 0;
 }
 
 ccq_status ccq_boot_world_from_env(uint32_t *rank, uint32_t *size, const char **err)

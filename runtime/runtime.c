@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "ccq/ccq_nccl.h"
+#include "common/env.h"
 #include "runtime/bootstrap.h"
 #include "runtime/fault.h"
 #include "runtime/internal.h"
@@ -17,26 +18,15 @@
 /* Configuration                                                                         */
 /* ------------------------------------------------------------------------------------ */
 
-/* Parse an unsigned decimal environment value in [min, max]; false (and *err set) if
- * malformed or out of range, so the message names the variable (not the config field). */
+/* An unsigned decimal environment value in [min, max]; false (and *err set) if malformed or
+ * out of range, so the message names the variable (not the config field). */
 static bool env_u64(const char *name, uint64_t min, uint64_t max, uint64_t *out, const char **err,
                     const char *msg)
 {
-    const char *v = getenv(name);
-    char *end;
-    unsigned long long x;
-
-    if (v == NULL || *v == '\0')
-        return false;
-    errno = 0;
-    x = strtoull(v, &end, 10);
-    if (errno != 0 || *end != '\0' || v[0] == '-' || x < min || x > max) {
-        if (*err == NULL)
-            *err = msg;
-        return false;
-    }
-    *out = x;
-    return true;
+    int r = ccq_env_u64(name, min, max, out);
+    if (r < 0 && *err == NULL)
+        *err = msg;
+    return r > 0;
 }
 
 /* 0.1.0's ccq_config: every field up to and including host_stream_bytes (96 bytes on
