@@ -255,6 +255,23 @@ impl Runtime {
     }
 }
 
+/// Writes the raw collective calls: each takes (device, stream) then its own arguments, and
+/// hands them to its C call after the runtime, device and stream, as written after `=>`.
+/// They differ only in those arguments, so each is one entry here.
+macro_rules! raw_collectives {
+    ($($name:ident($($arg:ident: $ty:ty),* $(,)?) => $c:ident($($c_arg:expr),* $(,)?);)*) => {$(
+        #[doc = concat!("`", stringify!($c), "`.")]
+        ///
+        /// # Safety
+        /// See the [`Runtime`] raw calls section.
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe fn $name(&self, device: DeviceId, stream: StreamId, $($arg: $ty),*) -> Result<()> {
+            // SAFETY: the caller's contract.
+            check(unsafe { sys::$c(self.as_ptr(), device.0, stream.0, $($c_arg),*) })
+        }
+    )*};
+}
+
 /// The raw submitting calls, one per C call, for memory the caller manages itself (device
 /// pointers of an embedding runtime). Arguments as in `ccq.h`; counts are elements.
 ///
@@ -268,215 +285,33 @@ impl Runtime {
 /// ([`Runtime::nccl_stream_wait`] hands nothing back). Buffers a rank does not use may be
 /// null.
 impl Runtime {
-    /// `ccq_all_reduce`.
-    ///
-    /// # Safety
-    /// See the [`Runtime`] raw calls section.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn all_reduce_raw(
-        &self,
-        device: DeviceId,
-        stream: StreamId,
-        src: *const c_void,
-        dst: *mut c_void,
-        count: usize,
-        dtype: DType,
-        op: ReduceOp,
-        devices: &[DeviceId],
-    ) -> Result<()> {
-        let (p, n) = (raw_devices(devices), devices.len());
-        // SAFETY: the caller's contract.
-        check(unsafe {
-            sys::ccq_all_reduce(self.as_ptr(), device.0, stream.0, src, dst, count, dtype.raw(), op.raw(), p, n)
-        })
-    }
-
-    /// `ccq_send`.
-    ///
-    /// # Safety
-    /// See the [`Runtime`] raw calls section.
-    pub unsafe fn send_raw(
-        &self,
-        device: DeviceId,
-        stream: StreamId,
-        src: *const c_void,
-        count: usize,
-        dtype: DType,
-        peer: DeviceId,
-    ) -> Result<()> {
-        // SAFETY: the caller's contract.
-        check(unsafe { sys::ccq_send(self.as_ptr(), device.0, stream.0, src, count, dtype.raw(), peer.0) })
-    }
-
-    /// `ccq_recv`.
-    ///
-    /// # Safety
-    /// See the [`Runtime`] raw calls section.
-    pub unsafe fn recv_raw(
-        &self,
-        device: DeviceId,
-        stream: StreamId,
-        dst: *mut c_void,
-        count: usize,
-        dtype: DType,
-        peer: DeviceId,
-    ) -> Result<()> {
-        // SAFETY: the caller's contract.
-        check(unsafe { sys::ccq_recv(self.as_ptr(), device.0, stream.0, dst, count, dtype.raw(), peer.0) })
-    }
-
-    /// `ccq_broadcast`.
-    ///
-    /// # Safety
-    /// See the [`Runtime`] raw calls section.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn broadcast_raw(
-        &self,
-        device: DeviceId,
-        stream: StreamId,
-        src: *const c_void,
-        dst: *mut c_void,
-        count: usize,
-        dtype: DType,
-        root: DeviceId,
-        devices: &[DeviceId],
-    ) -> Result<()> {
-        let (p, n) = (raw_devices(devices), devices.len());
-        // SAFETY: the caller's contract.
-        check(unsafe {
-            sys::ccq_broadcast(self.as_ptr(), device.0, stream.0, src, dst, count, dtype.raw(), root.0, p, n)
-        })
-    }
-
-    /// `ccq_reduce`.
-    ///
-    /// # Safety
-    /// See the [`Runtime`] raw calls section.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn reduce_raw(
-        &self,
-        device: DeviceId,
-        stream: StreamId,
-        src: *const c_void,
-        dst: *mut c_void,
-        count: usize,
-        dtype: DType,
-        op: ReduceOp,
-        root: DeviceId,
-        devices: &[DeviceId],
-    ) -> Result<()> {
-        let (p, n) = (raw_devices(devices), devices.len());
-        // SAFETY: the caller's contract.
-        check(unsafe {
-            sys::ccq_reduce(self.as_ptr(), device.0, stream.0, src, dst, count, dtype.raw(), op.raw(), root.0, p, n)
-        })
-    }
-
-    /// `ccq_all_gather`.
-    ///
-    /// # Safety
-    /// See the [`Runtime`] raw calls section.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn all_gather_raw(
-        &self,
-        device: DeviceId,
-        stream: StreamId,
-        src: *const c_void,
-        dst: *mut c_void,
-        count: usize,
-        dtype: DType,
-        devices: &[DeviceId],
-    ) -> Result<()> {
-        let (p, n) = (raw_devices(devices), devices.len());
-        // SAFETY: the caller's contract.
-        check(unsafe { sys::ccq_all_gather(self.as_ptr(), device.0, stream.0, src, dst, count, dtype.raw(), p, n) })
-    }
-
-    /// `ccq_reduce_scatter`.
-    ///
-    /// # Safety
-    /// See the [`Runtime`] raw calls section.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn reduce_scatter_raw(
-        &self,
-        device: DeviceId,
-        stream: StreamId,
-        src: *const c_void,
-        dst: *mut c_void,
-        count: usize,
-        dtype: DType,
-        op: ReduceOp,
-        devices: &[DeviceId],
-    ) -> Result<()> {
-        let (p, n) = (raw_devices(devices), devices.len());
-        // SAFETY: the caller's contract.
-        check(unsafe {
-            sys::ccq_reduce_scatter(self.as_ptr(), device.0, stream.0, src, dst, count, dtype.raw(), op.raw(), p, n)
-        })
-    }
-
-    /// `ccq_all_to_all`.
-    ///
-    /// # Safety
-    /// See the [`Runtime`] raw calls section.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn all_to_all_raw(
-        &self,
-        device: DeviceId,
-        stream: StreamId,
-        src: *const c_void,
-        dst: *mut c_void,
-        count: usize,
-        dtype: DType,
-        devices: &[DeviceId],
-    ) -> Result<()> {
-        let (p, n) = (raw_devices(devices), devices.len());
-        // SAFETY: the caller's contract.
-        check(unsafe { sys::ccq_all_to_all(self.as_ptr(), device.0, stream.0, src, dst, count, dtype.raw(), p, n) })
-    }
-
-    /// `ccq_gather`.
-    ///
-    /// # Safety
-    /// See the [`Runtime`] raw calls section.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn gather_raw(
-        &self,
-        device: DeviceId,
-        stream: StreamId,
-        src: *const c_void,
-        dst: *mut c_void,
-        count: usize,
-        dtype: DType,
-        root: DeviceId,
-        devices: &[DeviceId],
-    ) -> Result<()> {
-        let (p, n) = (raw_devices(devices), devices.len());
-        // SAFETY: the caller's contract.
-        check(unsafe { sys::ccq_gather(self.as_ptr(), device.0, stream.0, src, dst, count, dtype.raw(), root.0, p, n) })
-    }
-
-    /// `ccq_scatter`.
-    ///
-    /// # Safety
-    /// See the [`Runtime`] raw calls section.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn scatter_raw(
-        &self,
-        device: DeviceId,
-        stream: StreamId,
-        src: *const c_void,
-        dst: *mut c_void,
-        count: usize,
-        dtype: DType,
-        root: DeviceId,
-        devices: &[DeviceId],
-    ) -> Result<()> {
-        let (p, n) = (raw_devices(devices), devices.len());
-        // SAFETY: the caller's contract.
-        check(unsafe {
-            sys::ccq_scatter(self.as_ptr(), device.0, stream.0, src, dst, count, dtype.raw(), root.0, p, n)
-        })
+    raw_collectives! {
+        all_reduce_raw(src: *const c_void, dst: *mut c_void, count: usize, dtype: DType, op: ReduceOp,
+                       devices: &[DeviceId])
+            => ccq_all_reduce(src, dst, count, dtype.raw(), op.raw(), raw_devices(devices), devices.len());
+        send_raw(src: *const c_void, count: usize, dtype: DType, peer: DeviceId)
+            => ccq_send(src, count, dtype.raw(), peer.0);
+        recv_raw(dst: *mut c_void, count: usize, dtype: DType, peer: DeviceId)
+            => ccq_recv(dst, count, dtype.raw(), peer.0);
+        broadcast_raw(src: *const c_void, dst: *mut c_void, count: usize, dtype: DType, root: DeviceId,
+                      devices: &[DeviceId])
+            => ccq_broadcast(src, dst, count, dtype.raw(), root.0, raw_devices(devices), devices.len());
+        reduce_raw(src: *const c_void, dst: *mut c_void, count: usize, dtype: DType, op: ReduceOp, root: DeviceId,
+                   devices: &[DeviceId])
+            => ccq_reduce(src, dst, count, dtype.raw(), op.raw(), root.0, raw_devices(devices), devices.len());
+        all_gather_raw(src: *const c_void, dst: *mut c_void, count: usize, dtype: DType, devices: &[DeviceId])
+            => ccq_all_gather(src, dst, count, dtype.raw(), raw_devices(devices), devices.len());
+        reduce_scatter_raw(src: *const c_void, dst: *mut c_void, count: usize, dtype: DType, op: ReduceOp,
+                           devices: &[DeviceId])
+            => ccq_reduce_scatter(src, dst, count, dtype.raw(), op.raw(), raw_devices(devices), devices.len());
+        all_to_all_raw(src: *const c_void, dst: *mut c_void, count: usize, dtype: DType, devices: &[DeviceId])
+            => ccq_all_to_all(src, dst, count, dtype.raw(), raw_devices(devices), devices.len());
+        gather_raw(src: *const c_void, dst: *mut c_void, count: usize, dtype: DType, root: DeviceId,
+                   devices: &[DeviceId])
+            => ccq_gather(src, dst, count, dtype.raw(), root.0, raw_devices(devices), devices.len());
+        scatter_raw(src: *const c_void, dst: *mut c_void, count: usize, dtype: DType, root: DeviceId,
+                    devices: &[DeviceId])
+            => ccq_scatter(src, dst, count, dtype.raw(), root.0, raw_devices(devices), devices.len());
     }
 
     /// `ccq_nccl_bind_stream`: orders the ccq stream after the embedding runtime's CUDA

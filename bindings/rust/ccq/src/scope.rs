@@ -137,6 +137,24 @@ fn invalid(msg: String) -> Error {
     Error::new(Status::InvalidArgument, msg)
 }
 
+/// Writes the safe collectives of a source `S` and a destination `D` of `T` elements
+/// (either side an `Option` where only the root has it): each entry is the method's docs,
+/// its arguments after (device, stream), and its body; the generics and bounds, the same
+/// for all of them, are written here once. Each entry names `self`, `device` and `stream`
+/// itself: macro hygiene would hide names the macro made up from the entry's body.
+macro_rules! collectives {
+    ($($(#[$attr:meta])* fn $name:ident(&$self:ident, $device:ident, $stream:ident, $($arg:ident: $ty:ty),* $(,)?)
+        $body:block)*) => {$(
+        $(#[$attr])*
+        pub fn $name<T, S, D>(&$self, $device: DeviceId, $stream: StreamId, $($arg: $ty),*) -> Result<()>
+        where
+            T: Element,
+            S: Buffer<Elem = T> + ?Sized,
+            D: BufferMut<Elem = T> + ?Sized,
+        $body
+    )*};
+}
+
 impl<'scope, 'env> Scope<'scope, 'env> {
     /// Fences every stream submitted on so far; the first error.
     fn fence_all(&self) -> Option<Error> {
@@ -261,40 +279,17 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         Ok(done)
     }
 
-    /// This device's part of an all_reduce of `src` into `dst` (same length) over the
-    /// communicator of `devices`.
-    pub fn all_reduce<T, S, D>(
-        &self,
-        device: DeviceId,
-        stream: StreamId,
-        src: &'scope S,
-        dst: &'scope mut D,
-        op: ReduceOp,
-        devices: &[DeviceId],
-    ) -> Result<()>
-    where
-        T: Element,
-        S: Buffer<Elem = T> + ?Sized,
-        D: BufferMut<Elem = T> + ?Sized,
-    {
-        self.check("all_reduce", device, src)?;
-        self.check("all_reduce", device, dst)?;
-        Self::len_is("all_reduce", "dst", dst.len(), src.len())?;
-        // SAFETY: both buffers are checked, of the right length, and borrowed until the
-        // scope's fence on (device, stream).
-        let r = unsafe {
-            self.rt.all_reduce_raw(
-                device,
-                stream,
-                src.as_ptr().cast(),
-                dst.as_mut_ptr().cast(),
-                src.len(),
-                T::DTYPE,
-                op,
-                devices,
-            )
-        };
-        self.submitted(device, stream, r)
+    collectives! {
+        /// This device's part of an all_reduce of `src` into `dst` (same length) over the
+        /// communicator of `devices`.
+        fn all_reduce(&self, device, stream, src: &'scope S, dst: &'scope mut D, op: ReduceOp, devices: &[DeviceId]) {
+            let (sp, dp) = self.src_dst("all_reduce", device, src, dst)?;
+            Self::len_is("all_reduce", "dst", dst.len(), src.len())?;
+            // SAFETY: both buffers are checked, of the right length, and borrowed until the
+            // scope's fence on (device, stream).
+            let r = unsafe { self.rt.all_reduce_raw(device, stream, sp, dp, src.len(), T::DTYPE, op, devices) };
+            self.submitted(device, stream, r)
+        }
     }
 
     /// An all_reduce in place: `buf` is both source and destination.
@@ -341,209 +336,102 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         self.submitted(device, stream, r)
     }
 
-    /// Broadcast of `root`'s `src` into every rank's `dst`; `src` is `Some` on the root only
-    /// (same length as `dst`).
-    pub fn broadcast<T, S, D>(
-        &self,
-        device: DeviceId,
-        stream: StreamId,
-        src: Option<&'scope S>,
-        dst: &'scope mut D,
-        root: DeviceId,
-        devices: &[DeviceId],
-    ) -> Result<()>
-    where
-        T: Element,
-        S: Buffer<Elem = T> + ?Sized,
-        D: BufferMut<Elem = T> + ?Sized,
-    {
-        self.check("broadcast", device, dst)?;
-        let sp = self.root_src("broadcast", device, root, src, dst.len())?;
-        // SAFETY: as in all_reduce.
-        let r = unsafe {
-            self.rt.broadcast_raw(device, stream, sp, dst.as_mut_ptr().cast(), dst.len(), T::DTYPE, root, devices)
-        };
-        self.submitted(device, stream, r)
-    }
-
-    /// Reduce of every rank's `src` into `root`'s `dst` (`Some` on the root only).
-    #[allow(clippy::too_many_arguments)]
-    pub fn reduce<T, S, D>(
-        &self,
-        device: DeviceId,
-        stream: StreamId,
-        src: &'scope S,
-        dst: Option<&'scope mut D>,
-        op: ReduceOp,
-        root: DeviceId,
-        devices: &[DeviceId],
-    ) -> Result<()>
-    where
-        T: Element,
-        S: Buffer<Elem = T> + ?Sized,
-        D: BufferMut<Elem = T> + ?Sized,
-    {
-        self.check("reduce", device, src)?;
-        let dp = self.root_dst("reduce", device, root, dst, src.len())?;
-        // SAFETY: as in all_reduce.
-        let r = unsafe {
-            self.rt.reduce_raw(device, stream, src.as_ptr().cast(), dp, src.len(), T::DTYPE, op, root, devices)
-        };
-        self.submitted(device, stream, r)
-    }
-
-    /// All-gather: every rank's `src` into block `rank` of every rank's `dst`
-    /// (`src.len() * devices.len()` elements).
-    pub fn all_gather<T, S, D>(
-        &self,
-        device: DeviceId,
-        stream: StreamId,
-        src: &'scope S,
-        dst: &'scope mut D,
-        devices: &[DeviceId],
-    ) -> Result<()>
-    where
-        T: Element,
-        S: Buffer<Elem = T> + ?Sized,
-        D: BufferMut<Elem = T> + ?Sized,
-    {
-        self.check("all_gather", device, src)?;
-        self.check("all_gather", device, dst)?;
-        Self::len_is("all_gather", "dst", dst.len(), src.len() * devices.len())?;
-        // SAFETY: as in all_reduce.
-        let r = unsafe {
-            self.rt.all_gather_raw(
-                device,
-                stream,
-                src.as_ptr().cast(),
-                dst.as_mut_ptr().cast(),
-                src.len(),
-                T::DTYPE,
-                devices,
-            )
-        };
-        self.submitted(device, stream, r)
-    }
-
-    /// Reduce-scatter: block r of every rank's `src` (`dst.len() * devices.len()` elements)
-    /// reduced into rank r's `dst`.
-    pub fn reduce_scatter<T, S, D>(
-        &self,
-        device: DeviceId,
-        stream: StreamId,
-        src: &'scope S,
-        dst: &'scope mut D,
-        op: ReduceOp,
-        devices: &[DeviceId],
-    ) -> Result<()>
-    where
-        T: Element,
-        S: Buffer<Elem = T> + ?Sized,
-        D: BufferMut<Elem = T> + ?Sized,
-    {
-        self.check("reduce_scatter", device, src)?;
-        self.check("reduce_scatter", device, dst)?;
-        Self::len_is("reduce_scatter", "src", src.len(), dst.len() * devices.len())?;
-        // SAFETY: as in all_reduce.
-        let r = unsafe {
-            self.rt.reduce_scatter_raw(
-                device,
-                stream,
-                src.as_ptr().cast(),
-                dst.as_mut_ptr().cast(),
-                dst.len(),
-                T::DTYPE,
-                op,
-                devices,
-            )
-        };
-        self.submitted(device, stream, r)
-    }
-
-    /// All-to-all: block j of rank i's `src` goes to block i of rank j's `dst` (both of
-    /// `count * devices.len()` elements).
-    pub fn all_to_all<T, S, D>(
-        &self,
-        device: DeviceId,
-        stream: StreamId,
-        src: &'scope S,
-        dst: &'scope mut D,
-        devices: &[DeviceId],
-    ) -> Result<()>
-    where
-        T: Element,
-        S: Buffer<Elem = T> + ?Sized,
-        D: BufferMut<Elem = T> + ?Sized,
-    {
-        self.check("all_to_all", device, src)?;
-        self.check("all_to_all", device, dst)?;
-        Self::len_is("all_to_all", "dst", dst.len(), src.len())?;
-        let n = devices.len().max(1);
-        if src.len() % n != 0 {
-            return Err(invalid(format!("all_to_all: {} elements do not split into {n} blocks", src.len())));
+    collectives! {
+        /// Broadcast of `root`'s `src` into every rank's `dst`; `src` is `Some` on the root only
+        /// (same length as `dst`).
+        fn broadcast(&self, device, stream, src: Option<&'scope S>, dst: &'scope mut D, root: DeviceId,
+                     devices: &[DeviceId]) {
+            self.check("broadcast", device, dst)?;
+            let sp = self.root_src("broadcast", device, root, src, dst.len())?;
+            let dp = dst.as_mut_ptr().cast();
+            // SAFETY: as in all_reduce.
+            let r = unsafe { self.rt.broadcast_raw(device, stream, sp, dp, dst.len(), T::DTYPE, root, devices) };
+            self.submitted(device, stream, r)
         }
-        // SAFETY: as in all_reduce.
-        let r = unsafe {
-            self.rt.all_to_all_raw(
-                device,
-                stream,
-                src.as_ptr().cast(),
-                dst.as_mut_ptr().cast(),
-                src.len() / n,
-                T::DTYPE,
-                devices,
-            )
-        };
-        self.submitted(device, stream, r)
+
+        /// Reduce of every rank's `src` into `root`'s `dst` (`Some` on the root only).
+        #[allow(clippy::too_many_arguments)]
+        fn reduce(&self, device, stream, src: &'scope S, dst: Option<&'scope mut D>, op: ReduceOp, root: DeviceId,
+                  devices: &[DeviceId]) {
+            self.check("reduce", device, src)?;
+            let dp = self.root_dst("reduce", device, root, dst, src.len())?;
+            let sp = src.as_ptr().cast();
+            // SAFETY: as in all_reduce.
+            let r = unsafe { self.rt.reduce_raw(device, stream, sp, dp, src.len(), T::DTYPE, op, root, devices) };
+            self.submitted(device, stream, r)
+        }
+
+        /// All-gather: every rank's `src` into block `rank` of every rank's `dst`
+        /// (`src.len() * devices.len()` elements).
+        fn all_gather(&self, device, stream, src: &'scope S, dst: &'scope mut D, devices: &[DeviceId]) {
+            let (sp, dp) = self.src_dst("all_gather", device, src, dst)?;
+            Self::len_is("all_gather", "dst", dst.len(), src.len() * devices.len())?;
+            // SAFETY: as in all_reduce.
+            let r = unsafe { self.rt.all_gather_raw(device, stream, sp, dp, src.len(), T::DTYPE, devices) };
+            self.submitted(device, stream, r)
+        }
+
+        /// Reduce-scatter: block r of every rank's `src` (`dst.len() * devices.len()` elements)
+        /// reduced into rank r's `dst`.
+        fn reduce_scatter(&self, device, stream, src: &'scope S, dst: &'scope mut D, op: ReduceOp,
+                          devices: &[DeviceId]) {
+            let (sp, dp) = self.src_dst("reduce_scatter", device, src, dst)?;
+            Self::len_is("reduce_scatter", "src", src.len(), dst.len() * devices.len())?;
+            // SAFETY: as in all_reduce.
+            let r = unsafe { self.rt.reduce_scatter_raw(device, stream, sp, dp, dst.len(), T::DTYPE, op, devices) };
+            self.submitted(device, stream, r)
+        }
+
+        /// All-to-all: block j of rank i's `src` goes to block i of rank j's `dst` (both of
+        /// `count * devices.len()` elements).
+        fn all_to_all(&self, device, stream, src: &'scope S, dst: &'scope mut D, devices: &[DeviceId]) {
+            let (sp, dp) = self.src_dst("all_to_all", device, src, dst)?;
+            Self::len_is("all_to_all", "dst", dst.len(), src.len())?;
+            let n = devices.len().max(1);
+            if src.len() % n != 0 {
+                return Err(invalid(format!("all_to_all: {} elements do not split into {n} blocks", src.len())));
+            }
+            // SAFETY: as in all_reduce.
+            let r = unsafe { self.rt.all_to_all_raw(device, stream, sp, dp, src.len() / n, T::DTYPE, devices) };
+            self.submitted(device, stream, r)
+        }
+
+        /// Gather: every rank's `src` into block `rank` of `root`'s `dst` (`Some` on the root
+        /// only, `src.len() * devices.len()` elements).
+        fn gather(&self, device, stream, src: &'scope S, dst: Option<&'scope mut D>, root: DeviceId,
+                  devices: &[DeviceId]) {
+            self.check("gather", device, src)?;
+            let dp = self.root_dst("gather", device, root, dst, src.len() * devices.len())?;
+            let sp = src.as_ptr().cast();
+            // SAFETY: as in all_reduce.
+            let r = unsafe { self.rt.gather_raw(device, stream, sp, dp, src.len(), T::DTYPE, root, devices) };
+            self.submitted(device, stream, r)
+        }
+
+        /// Scatter: block r of `root`'s `src` (`Some` on the root only, `dst.len() *
+        /// devices.len()` elements) into rank r's `dst`.
+        fn scatter(&self, device, stream, src: Option<&'scope S>, dst: &'scope mut D, root: DeviceId,
+                   devices: &[DeviceId]) {
+            self.check("scatter", device, dst)?;
+            let sp = self.root_src("scatter", device, root, src, dst.len() * devices.len())?;
+            let dp = dst.as_mut_ptr().cast();
+            // SAFETY: as in all_reduce.
+            let r = unsafe { self.rt.scatter_raw(device, stream, sp, dp, dst.len(), T::DTYPE, root, devices) };
+            self.submitted(device, stream, r)
+        }
     }
 
-    /// Gather: every rank's `src` into block `rank` of `root`'s `dst` (`Some` on the root
-    /// only, `src.len() * devices.len()` elements).
-    pub fn gather<T, S, D>(
+    /// Checks `src` and `dst` for `what` on `device`; their pointers.
+    fn src_dst<S: Buffer + ?Sized, D: BufferMut + ?Sized>(
         &self,
+        what: &str,
         device: DeviceId,
-        stream: StreamId,
-        src: &'scope S,
-        dst: Option<&'scope mut D>,
-        root: DeviceId,
-        devices: &[DeviceId],
-    ) -> Result<()>
-    where
-        T: Element,
-        S: Buffer<Elem = T> + ?Sized,
-        D: BufferMut<Elem = T> + ?Sized,
-    {
-        self.check("gather", device, src)?;
-        let dp = self.root_dst("gather", device, root, dst, src.len() * devices.len())?;
-        // SAFETY: as in all_reduce.
-        let r =
-            unsafe { self.rt.gather_raw(device, stream, src.as_ptr().cast(), dp, src.len(), T::DTYPE, root, devices) };
-        self.submitted(device, stream, r)
-    }
-
-    /// Scatter: block r of `root`'s `src` (`Some` on the root only, `dst.len() *
-    /// devices.len()` elements) into rank r's `dst`.
-    pub fn scatter<T, S, D>(
-        &self,
-        device: DeviceId,
-        stream: StreamId,
-        src: Option<&'scope S>,
-        dst: &'scope mut D,
-        root: DeviceId,
-        devices: &[DeviceId],
-    ) -> Result<()>
-    where
-        T: Element,
-        S: Buffer<Elem = T> + ?Sized,
-        D: BufferMut<Elem = T> + ?Sized,
-    {
-        self.check("scatter", device, dst)?;
-        let sp = self.root_src("scatter", device, root, src, dst.len() * devices.len())?;
-        // SAFETY: as in all_reduce.
-        let r = unsafe {
-            self.rt.scatter_raw(device, stream, sp, dst.as_mut_ptr().cast(), dst.len(), T::DTYPE, root, devices)
-        };
-        self.submitted(device, stream, r)
+        src: &S,
+        dst: &mut D,
+    ) -> Result<(*const c_void, *mut c_void)> {
+        self.check(what, device, src)?;
+        self.check(what, device, dst)?;
+        Ok((src.as_ptr().cast(), dst.as_mut_ptr().cast()))
     }
 
     /// The root's source (required there, of `len` elements; ignored elsewhere).
