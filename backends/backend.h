@@ -76,6 +76,9 @@ typedef struct ccq_be_op {
     uint8_t comm_aborted; /* set by the backend when it aborted `comm` itself (after an
                              asynchronous error): the runtime then fails everything queued
                              on that communicator and refuses new work on it */
+    uint64_t seq; /* the op's position in its channel (the communicator's collectives, or one
+                     direction of a pair): the same in every process, so an engine that
+                     matches across processes (MPI tags of send/recv halves) can use it */
 } ccq_be_op;
 
 /* A batch: what the runtime found ready in one pass, issued as one backend group. */
@@ -121,8 +124,8 @@ typedef struct ccq_backend_ops {
     /* Communicators spanning processes (desc->nprocs > 1): on the lowest member process
      * only, the bytes every member passes to comm_create (NCCL: a new ncclUniqueId), at most
      * CCQ_BE_ROOT_BLOB_MAX. NULL for a backend that cannot span processes. */
-    ccq_status (*comm_root_blob)(ccq_backend *be, const struct ccq_be_comm_desc *desc,
-                                 void *blob, size_t *len, ccq_errbuf *err);
+    ccq_status (*comm_root_blob)(ccq_backend *be, const struct ccq_be_comm_desc *desc, void *blob,
+                                 size_t *len, ccq_errbuf *err);
     /* Start creating a communicator: CCQ_OK when it is ready, CCQ_IN_PROGRESS when comm_test
      * must be polled until it is (*out is set either way), or an error. Must not block. */
     ccq_status (*comm_create)(ccq_backend *be, const struct ccq_be_comm_desc *desc,
@@ -144,6 +147,10 @@ typedef struct ccq_backend_ops {
     /* If nonzero, the scheduler polls at this interval while batches are in flight
      * (for backends that cannot notify); 0 when notify() is always called. */
     uint64_t poll_interval_ns;
+    /* Optional (NULL: poll_interval_ns). The interval to poll at now, while batches are in
+     * flight: for a backend whose work only progresses when polled some of the time (the
+     * host backend's MPI requests), 0 when notify() covers everything in flight. */
+    uint64_t (*poll_interval)(const ccq_backend *be);
 
     /* ---- Optional hooks called on user threads (NULL when unused). They must be
      * thread-safe and must not call into anything that is not (no NCCL calls): they exist

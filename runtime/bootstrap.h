@@ -13,4 +13,7 @@ ccq_status ccq_boot_xchg_test(ccq_boot_xchg *x, void *out);
 ccq_status ccq_boot_xchg_wait(ccq_boot_xchg *x, void *out, uint64_t deadline_ns);
 size_t ccq_boot_xchg_missing(ccq_boot_xchg *x, uint32_t *ranks, size_t cap);
 void ccq_boot_xchg_free(ccq_boot_xchg *x);
+/* ccq's process-wide MPI lock (as on branch i13boot). */
+void ccq_boot_mpi_lock(void);
+void ccq_boot_mpi_unlock(void);
 #endif

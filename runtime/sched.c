@@ -15,7 +15,7 @@ typedef struct ccq_sched {
     uint32_t nlive, caplive;
     ccq_stream **active; /* streams with commands received and not ended */
     uint32_t nactive, capactive;
-    ccq_chan *chans; /* channels that may have a ready head (list_next links) */
+    ccq_chan *chans;   /* channels that may have a ready head (list_next links) */
     ccq_comm *forming; /* communicators forming (forming_next links) */
     ccq_inst *inst_free;
     size_t inst_size;
@@ -432,6 +432,7 @@ static void inst_complete(ccq_runtime *rt, ccq_sched *S, ccq_inst *i)
     /* A half whose peer is another process's: the peer's rank (a pair's ranks are 0, 1). */
     i->op.peer = ch->id != CCQ_CHAN_COLL && ch->comm->n == 2 ? 1 - c0->rank : 0;
     i->op.count = c0->count;
+    i->op.seq = i->seq;
     i->op.comm = ch->comm->be;
     i->op.comm_size = ch->comm->n;
     i->op.nparts = ch->nparts;
@@ -473,8 +474,7 @@ static void comm_settle(ccq_runtime *rt, ccq_comm *c, ccq_status st)
             continue;
         }
         char detail[CCQ_DETAIL_LEN];
-        ccq_format(detail, sizeof detail, "communicator could not be created: %s",
-                   c->init_detail);
+        ccq_format(detail, sizeof detail, "communicator could not be created: %s", c->init_detail);
         for (uint64_t q = ch->head, end = ch->head + ch->cap; ch->win != NULL && q < end; q++) {
             ccq_inst *i = win_get(ch, q);
             if (i != NULL && i->state != CCQ_INST_ISSUED && i->state != CCQ_INST_FAILED)
@@ -1585,8 +1585,12 @@ void *ccq_sched_main(void *arg)
 
         deadline = min_u64(
             S->wd_next, ccq_trace_next_tick(&rt->trace, S->completed + S->failed + S->cancelled));
-        if (S->ninflight > 0 && rt->be_ops->poll_interval_ns > 0)
-            deadline = min_u64(deadline, add_sat(now, rt->be_ops->poll_interval_ns));
+        if (S->ninflight > 0) {
+            uint64_t iv = rt->be_ops->poll_interval != NULL ? rt->be_ops->poll_interval(rt->be)
+                                                            : rt->be_ops->poll_interval_ns;
+            if (iv > 0)
+                deadline = min_u64(deadline, add_sat(now, iv));
+        }
         if (S->forming != NULL) /* neither the bootstrap nor NCCL's init can wake us */
             deadline = min_u64(deadline, add_sat(now, CCQ_FORM_POLL_NS));
         uint32_t seq = ccq_wake_prepare(&rt->wake);

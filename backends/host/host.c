@@ -12,6 +12,9 @@
 
 #include "backends/backend.h"
 #include "backends/host/reduce.h"
+#ifdef CCQ_HAVE_MPI
+#include "backends/host/host_mpi.h"
+#endif
 #include "queue/mpsc.h"
 #include "queue/wake.h"
 
@@ -30,7 +33,24 @@
 typedef struct host_comm {
     uint32_t n;
     _Atomic uint32_t aborted;
+#ifdef CCQ_HAVE_MPI
+    ccq_hmpi_comm *mpi; /* communicators spanning processes: their MPI side */
+#endif
 } host_comm;
+
+#ifdef CCQ_HAVE_MPI
+/* How often the scheduler polls while MPI requests are in flight: MPI progresses only
+ * inside MPI calls (docs/multiprocess-host.md has the measurements behind the default). */
+#define HOST_MPI_POLL_NS 20000u
+/* A batch holding operations across processes: MPI requests the scheduler tests in poll(). */
+typedef struct host_mbatch {
+    ccq_be_batch *b;
+    struct host_mbatch *next;
+    uint64_t deadline; /* the engine's own: a little before the runtime's watchdog */
+    uint32_t pending;
+    ccq_hmpi_op *h[]; /* [nops]: NULL once done (or for a local op) */
+} host_mbatch;
+#endif
 
 typedef struct host_job {
     ccq_mpsc_node done_node;
@@ -60,6 +80,14 @@ typedef struct host_be {
     uint64_t spin_ns;
     uint64_t stream_bytes; /* ops moving at least this many bytes use streaming stores */
     ccq_mpsc done;         /* finished jobs; the scheduler pops them in poll() */
+#ifdef CCQ_HAVE_MPI
+    /* Scheduler thread only. */
+    int64_t mpi_comm;      /* cfg->mpi_comm: the world's MPI communicator (-1: MPI_COMM_WORLD) */
+    uint64_t timeout_ns;   /* cfg->timeout_ms (UINT64_MAX: none) */
+    uint64_t mpi_poll_ns;  /* poll interval while MPI requests are in flight */
+    host_mbatch *mbatches; /* batches with MPI requests in flight */
+    uint32_t abandoned;    /* MPI requests given up on (timeout, abort) and not yet complete */
+#endif
 } host_be;
 
 static host_be *to_host(ccq_backend *be)
@@ -313,6 +341,16 @@ static ccq_status host_create(const ccq_config *cfg, const ccq_be_hooks *hooks, 
     h->nworkers = cfg->host_workers ? cfg->host_workers : (cores > 0 ? (uint32_t)cores : 1);
     h->spin_ns = (uint64_t)cfg->spin_us * 1000u;
     h->stream_bytes = cfg->host_stream_bytes ? cfg->host_stream_bytes : HOST_NT_BYTES;
+#ifdef CCQ_HAVE_MPI
+    h->mpi_comm = cfg->mpi_comm;
+    h->timeout_ns = cfg->timeout_ms ? cfg->timeout_ms * 1000000ull : UINT64_MAX;
+    h->mpi_poll_ns = HOST_MPI_POLL_NS;
+    {
+        const char *e = getenv("CCQ_HOST_MPI_POLL_US");
+        if (e != NULL && *e != '\0')
+            h->mpi_poll_ns = strtoull(e, NULL, 10) * 1000u;
+    }
+#endif
     atomic_init(&h->pending, 0);
     ccq_mpsc_init(&h->done);
     pthread_mutex_init(&h->mu, NULL);
@@ -344,19 +382,33 @@ static ccq_status host_comm_create(ccq_backend *be, const ccq_be_comm_desc *d, c
                                    ccq_errbuf *err)
 {
     host_comm *c;
+#ifndef CCQ_HAVE_MPI
     (void)be;
     if (d->nprocs > 1) {
         snprintf(err->msg, sizeof err->msg,
-                 "the host backend runs communicators of one process only (this one spans %u "
-                 "processes); use backend \"nccl\" across processes",
+                 "the host backend moves data between processes with MPI, and this ccq was "
+                 "built without it (this communicator spans %u processes): rebuild with MPI "
+                 "(CCQ_WITH_MPI, Debian: libopenmpi-dev) and launch under mpirun with "
+                 "bootstrap \"mpi\"",
                  d->nprocs);
         return CCQ_ERR_UNSUPPORTED;
     }
+#endif
     c = calloc(1, sizeof *c);
     if (c == NULL) {
         snprintf(err->msg, sizeof err->msg, "out of memory");
         return CCQ_ERR_NO_MEMORY;
     }
+#ifdef CCQ_HAVE_MPI
+    if (d->nprocs > 1) {
+        ccq_status st = ccq_hmpi_comm_create(d, to_host(be)->mpi_comm, d->root_blob,
+                                             d->root_blob_len, &c->mpi, err);
+        if (st != CCQ_OK) {
+            free(c);
+            return st;
+        }
+    }
+#endif
     c->n = d->nranks;
     atomic_init(&c->aborted, 0);
     *out = (ccq_be_comm *)c;
@@ -366,8 +418,144 @@ static ccq_status host_comm_create(ccq_backend *be, const ccq_be_comm_desc *d, c
 static void host_comm_destroy(ccq_backend *be, ccq_be_comm *comm)
 {
     (void)be;
+#ifdef CCQ_HAVE_MPI
+    ccq_hmpi_comm_destroy(((host_comm *)comm)->mpi);
+#endif
     free(comm);
 }
+
+#ifdef CCQ_HAVE_MPI
+static ccq_status host_comm_root_blob(ccq_backend *be, const ccq_be_comm_desc *d, void *blob,
+                                      size_t *len, ccq_errbuf *err)
+{
+    (void)be;
+    (void)err;
+    ccq_hmpi_root_blob(d->world_rank, blob);
+    *len = CCQ_HMPI_BLOB_LEN;
+    return CCQ_OK;
+}
+
+static ccq_hmpi_comm *op_mpi(const ccq_be_op *op)
+{
+    const host_comm *c = (const host_comm *)op->comm;
+    return c != NULL ? c->mpi : NULL;
+}
+
+static void batch_fail_detail(ccq_be_batch *b, const ccq_errbuf *err)
+{
+    if (b->detail.msg[0] == '\0')
+        snprintf(b->detail.msg, sizeof b->detail.msg, "%s", err->msg);
+}
+
+/* A batch with operations across processes: local ones run now, on this thread; each of
+ * the others combines its local parts and posts its MPI operation, in batch order (the
+ * runtime's sequence order, the same in every process: MPI matches collectives by it). */
+static ccq_status mpi_issue(host_be *h, ccq_be_batch *b, ccq_errbuf *err)
+{
+    host_mbatch *m = calloc(1, sizeof *m + b->nops * sizeof m->h[0]);
+    uint64_t now = ccq_now_ns();
+
+    if (m == NULL) {
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        return CCQ_ERR_NO_MEMORY;
+    }
+    m->b = b;
+    /* The engine's deadline comes a little before the watchdog's (issue time + timeout_ms),
+     * so a stuck MPI operation fails alone (CCQ_ERR_TIMEOUT naming the MPI call) and only its
+     * communicator is aborted, not every communicator of the batch. */
+    if (h->timeout_ns == UINT64_MAX) {
+        m->deadline = UINT64_MAX;
+    } else {
+        uint64_t grace = h->timeout_ns / 64;
+        grace = grace < 2000000u ? 2000000u : grace > 50000000u ? 50000000u : grace;
+        m->deadline = now + (h->timeout_ns > grace ? h->timeout_ns - grace : h->timeout_ns / 2);
+    }
+    for (uint32_t k = 0; k < b->nops; k++) {
+        ccq_be_op *op = b->ops[k];
+        ccq_hmpi_comm *mc = op_mpi(op);
+        ccq_errbuf e = {{0}};
+        ccq_status st;
+        op->status = CCQ_OK;
+        if (op_aborted(op)) {
+            op->status = CCQ_ERR_ABORTED;
+            continue;
+        }
+        if (mc == NULL) {
+            run_range(op, 0, op->count, h->stream_bytes);
+            continue;
+        }
+        st = ccq_hmpi_start(mc, op, now, &m->h[k], &e);
+        if (st != CCQ_OK) {
+            op->status = st;
+            batch_fail_detail(b, &e);
+            continue;
+        }
+        m->pending++;
+    }
+    m->next = h->mbatches;
+    h->mbatches = m;
+    return CCQ_OK;
+}
+
+/* Test the batches' MPI requests; return those that completed (or failed) on `list`. */
+static ccq_be_batch *mpi_poll(host_be *h, ccq_be_batch *list)
+{
+    uint64_t now = ccq_now_ns();
+
+    if (h->abandoned > 0)
+        h->abandoned = ccq_hmpi_reap();
+    for (host_mbatch **pp = &h->mbatches; *pp != NULL;) {
+        host_mbatch *m = *pp;
+        ccq_be_batch *b = m->b;
+        for (uint32_t k = 0; k < b->nops && m->pending > 0; k++) {
+            ccq_be_op *op = b->ops[k];
+            ccq_errbuf e = {{0}};
+            ccq_status st;
+            if (m->h[k] == NULL)
+                continue;
+            if (op_aborted(op)) {
+                /* MPI cannot cancel a collective: give the request up (the engine keeps its
+                 * scratch until MPI completes it); the runtime's reason is on the comm. */
+                ccq_hmpi_abandon(m->h[k]);
+                h->abandoned++;
+                op->status = CCQ_ERR_ABORTED;
+            } else if ((st = ccq_hmpi_test(m->h[k], &e)) == CCQ_IN_PROGRESS) {
+                if (now < m->deadline)
+                    continue;
+                ccq_hmpi_describe(m->h[k], now, &e);
+                ccq_hmpi_abandon(m->h[k]);
+                h->abandoned++;
+                op->status = CCQ_ERR_TIMEOUT;
+                op->comm_aborted = 1; /* later work on it would queue behind the stuck call */
+                batch_fail_detail(b, &e);
+            } else if (st != CCQ_OK) {
+                op->status = st;
+                op->comm_aborted = 1;
+                batch_fail_detail(b, &e);
+                h->abandoned++;
+            }
+            m->h[k] = NULL;
+            m->pending--;
+        }
+        if (m->pending > 0) {
+            pp = &m->next;
+            continue;
+        }
+        *pp = m->next;
+        free(m);
+        b->be_priv = NULL;
+        b->next_done = list;
+        list = b;
+    }
+    return list;
+}
+
+static uint64_t host_poll_interval(const ccq_backend *be)
+{
+    const host_be *h = ccq_container_of(be, const host_be, base);
+    return h->mbatches != NULL ? h->mpi_poll_ns : 0;
+}
+#endif
 
 static ccq_status host_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
 {
@@ -375,6 +563,11 @@ static ccq_status host_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
     size_t total = 0, nchunks = 0;
     host_job *j;
 
+#ifdef CCQ_HAVE_MPI
+    for (uint32_t k = 0; k < b->nops; k++)
+        if (op_mpi(b->ops[k]) != NULL)
+            return mpi_issue(h, b, err);
+#endif
     for (uint32_t k = 0; k < b->nops; k++) {
         if (b->ops[k]->nparts > CCQ_MAX_DEVICES) {
             snprintf(err->msg, sizeof err->msg, "op with %u parts exceeds %u", b->ops[k]->nparts,
@@ -460,6 +653,10 @@ static ccq_be_batch *host_poll(ccq_backend *be)
         list = b;
         n = next;
     }
+#ifdef CCQ_HAVE_MPI
+    if (h->mbatches != NULL || h->abandoned > 0)
+        list = mpi_poll(h, list);
+#endif
     return list;
 }
 
@@ -509,6 +706,10 @@ const ccq_backend_ops ccq_host_backend_ops = {
     .create = host_create,
     .destroy = host_destroy,
     .device_count = host_device_count,
+#ifdef CCQ_HAVE_MPI
+    .comm_root_blob = host_comm_root_blob,
+    .poll_interval = host_poll_interval,
+#endif
     .comm_create = host_comm_create,
     .comm_destroy = host_comm_destroy,
     .issue = host_issue,
