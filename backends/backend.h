@@ -79,6 +79,10 @@ typedef struct ccq_be_op {
     uint64_t seq; /* the op's position in its channel (the communicator's collectives, or one
                      direction of a pair): the same in every process, so an engine that
                      matches across processes (MPI tags of send/recv halves) can use it */
+    uint8_t stage_src;    /* SENDRECV, only for backends with stages_sends: a later command of
+                             the sender's stream in this batch writes the send's src (an
+                             in-place exchange or ring shift: stream order says the send reads
+                             the old data). Read src before any op of the batch writes. */
 } ccq_be_op;
 
 /* A batch: what the runtime found ready in one pass, issued as one backend group. */
@@ -104,6 +108,13 @@ typedef struct ccq_be_submit {
     uint8_t kind; /* ccq_kind of the command (CCQ_KIND_SEND or CCQ_KIND_RECV for a pair) */
     uint8_t dtype;
     uint8_t redop;
+    /* This process's devices of the communicator (a send/recv: of its two devices, or one),
+     * as the runtime's global ids, sorted, valid during the hook; minus device_first they are
+     * the backend's devices. For a check that depends on every device of the communicator
+     * (another process checks its own). */
+    const ccq_device_id *devices;
+    uint32_t ndevices;
+    ccq_device_id device_first;
 } ccq_be_submit;
 
 /* Completion notification: a backend calls notify(notify_arg) from any thread when it has
@@ -151,6 +162,9 @@ typedef struct ccq_backend_ops {
      * flight: for a backend whose work only progresses when polled some of the time (the
      * host backend's MPI requests), 0 when notify() covers everything in flight. */
     uint64_t (*poll_interval)(const ccq_backend *be);
+    /* True if the backend honours ccq_be_op.stage_src. Without it, a send whose src a later
+     * command of its stream in the same group overwrites is refused (CCQ_ERR_UNSUPPORTED). */
+    bool stages_sends;
 
     /* ---- Optional hooks called on user threads (NULL when unused). They must be
      * thread-safe and must not call into anything that is not (no NCCL calls): they exist

@@ -6,4 +6,17 @@
 
 uint64_t ccq_now_ns(void);
 
+/* a + b, or UINT64_MAX where that wraps: every deadline is computed with it, since
+ * timeout_ms may be as large as UINT64_MAX / 10^6 (and UINT64_MAX means "none"). */
+static inline uint64_t ccq_add_sat(uint64_t a, uint64_t b)
+{
+    return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+/* The deadline timeout_ns from now (UINT64_MAX, "none", when that does not fit). */
+static inline uint64_t ccq_deadline_in(uint64_t timeout_ns)
+{
+    return ccq_add_sat(ccq_now_ns(), timeout_ns);
+}
+
 #endif /* CCQ_COMMON_CLOCK_H */

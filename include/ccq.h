@@ -52,7 +52,9 @@ extern "C" {
     X(CCQ_ERR_SHUTDOWN, -9, "runtime is shutting down")                                            \
     X(CCQ_ERR_UNSUPPORTED, -10, "unsupported")
 
-/** Status codes. Negative values are errors. */
+/** Status codes. Negative values are errors; CCQ_IN_PROGRESS (positive) is not an error but
+ * "not done yet": a non-blocking call (such as a ccq_store's get) has nothing to report yet
+ * and is asked again later. */
 typedef enum ccq_status {
 #define CCQ_STATUS_ENUM_(name, value, text) name = value,
     CCQ_STATUS_MAP(CCQ_STATUS_ENUM_)
@@ -93,19 +95,35 @@ typedef uint32_t ccq_stream_id;
 typedef struct ccq_runtime ccq_runtime;
 
 /**
- * The embedder's key-value store, one way processes meet (ccq_config.store): a runtime with
- * its own rendezvous (a TCP store, a Redis or etcd client, torch's Store) plugs it in. Every
- * process of the world must see the same store. ccq calls it from the thread calling
- * ccq_runtime_create and from its scheduler thread, never from two threads at once for one
- * runtime; keys are NUL-terminated strings ccq namespaces per job.
+ * The embedder's key-value store, for a world of processes that meet through the
+ * embedder's own rendezvous (a TCP store, a Redis or etcd client, torch's Store...)
+ * instead of MPI or a shared directory (see docs/multiprocess.md, "Bootstrap").
+ *
+ * Keys are NUL-terminated strings that ccq builds as "ccq/<job>/<generation>/<tag>/<rank>"
+ * (docs/multiprocess.md); every process of the world must see the values the others set.
+ * Values are small binary records (tens to hundreds of bytes) and are written once: ccq
+ * never sets a key twice and never deletes one (the store's owner drops them with the job).
+ *
+ * Ownership: ccq copies this struct; @p ctx and the functions must stay valid until
+ * ccq_runtime_destroy() of every runtime using the store has returned.
+ *
+ * Threads: ccq calls set and get from the thread calling ccq_runtime_create and from the
+ * runtime's scheduler thread, but never two calls at once for one runtime (a lock of the
+ * runtime serialises them). Several runtimes sharing one store, in one process, can call it
+ * concurrently: such a store must be thread-safe. The callbacks must not call ccq, and get
+ * must not wait for the key: ccq polls it, sleeping in between (about once a millisecond),
+ * until it appears or timeout_ms ends.
  */
 typedef struct ccq_store {
-    void *ctx; /**< Passed back to set and get. */
-    /** Publish @p len bytes under @p key for every process of the world. */
+    void *ctx; /**< Passed back to set and get as their first argument. */
+    /** Publish @p len bytes of @p value under @p key for every process of the world.
+     * @return CCQ_OK, or an error (the exchange that needed the key fails; the runtime's
+     *         detail names the key and the status). */
     ccq_status (*set)(void *ctx, const char *key, const void *value, size_t len);
-    /** Never blocks: CCQ_OK with the value copied (*len in: room, out: its size),
-     * CCQ_IN_PROGRESS while the key is not there yet, or an error (ccq then fails what it
-     * was doing, naming the key). */
+    /** Never blocks. @p len in: the room at @p value; out: the value's size.
+     * @return CCQ_OK with min(size, room) bytes copied (when size > room ccq calls again with
+     *         room >= size); CCQ_IN_PROGRESS while the key is not there yet; or an error
+     *         (the exchange fails, the detail names the key). */
     ccq_status (*get)(void *ctx, const char *key, void *value, size_t *len);
 } ccq_store;
 
@@ -114,7 +132,10 @@ typedef struct ccq_store {
 
 /**
  * Runtime configuration. Fill it with ccq_config_init(), then change fields.
- * Fields are only ever appended; struct_size lets an older caller keep working.
+ * Fields are only ever appended. ccq_config_init() passes the size of the ccq_config the
+ * caller was compiled with, so the library never writes past it, and records it in
+ * struct_size, from which ccq_runtime_create knows which fields the caller has (the others
+ * keep their defaults): a binary built against an older ccq keeps working with a newer one.
  */
 typedef struct ccq_config {
     uint32_t struct_size;  /**< sizeof(ccq_config); set by ccq_config_init. */
@@ -128,8 +149,8 @@ typedef struct ccq_config {
     uint64_t timeout_ms;    /**< Watchdog and fence deadline; 0 = none (default 600000).
                                  Env: CCQ_TIMEOUT_MS. */
     /* ---- appended after the seed API ---- */
-    uint32_t host_workers;   /**< Host backend worker threads; 0 = number of cores.
-                                  Env: CCQ_HOST_WORKERS. */
+    uint32_t host_workers;   /**< Host backend worker threads; 0 = number of cores; at most
+                                  1024. Env: CCQ_HOST_WORKERS. */
     uint32_t flags;          /**< CCQ_FLAG_* bits. Env: CCQ_NONBLOCKING_SUBMIT=1. */
     const char *env_error;   /**< Set by ccq_config_init when a CCQ_* variable is malformed;
                                   ccq_runtime_create then fails with its text. */
@@ -142,8 +163,9 @@ typedef struct ccq_config {
                                   default): e.g. "fail:op=17;delay:us=5000,op=3;drop:rank=2".
                                   Grammar in docs/reliability.md. Env: CCQ_FAULT. */
     uint32_t trace_capacity; /**< Events the flight recorder keeps (the newest; older ones
-                                  are overwritten and counted), rounded up to a power of two.
-                                Default 65536; 0 disables it. Env: CCQ_TRACE_CAPACITY. */
+                                  are overwritten and counted), rounded up to a power of two;
+                                  at most 2^26 (67108864). Default 65536; 0 disables it.
+                                  Env: CCQ_TRACE_CAPACITY. */
     const char *trace_file;  /**< If set, the recorder is written there as Chrome/Perfetto
                                   JSON at destroy and when the watchdog or an error fires
                                   (at most once a second). Env: CCQ_TRACE_FILE. */
@@ -183,11 +205,25 @@ typedef struct ccq_stats {
 } ccq_stats;
 
 /**
- * Fill @p cfg with defaults, then apply CCQ_* environment variables.
- * @param[out] cfg  Configuration to fill; must not be NULL.
- * Thread-safe (reads the environment only).
+ * Fill the first @p size bytes of @p cfg with defaults, then apply CCQ_* environment
+ * variables, and set cfg->struct_size to the number of bytes written (the smaller of
+ * @p size and this library's sizeof(ccq_config)). Never writes beyond @p size. Call it
+ * through the ccq_config_init() macro, which passes sizeof(ccq_config).
+ * @param[out] cfg   Configuration to fill; NULL is a no-op.
+ * @param      size  sizeof the caller's ccq_config; below offsetof(ccq_config, host_workers)
+ *                   (the oldest layout) nothing is written.
+ * Thread-safe (reads the environment only). Since 0.2.0.
  */
-CCQ_API void ccq_config_init(ccq_config *cfg);
+CCQ_API void ccq_config_init_sized(ccq_config *cfg, size_t size);
+
+/**
+ * 0.1.0's entry point, kept for binaries built against 0.1.0: fills exactly 0.1.0's
+ * ccq_config (every field up to host_stream_bytes). Source code gets the macro below.
+ */
+CCQ_API void(ccq_config_init)(ccq_config *cfg);
+
+/** Fill @p cfg (a ccq_config *) with defaults and the CCQ_* environment variables. */
+#define ccq_config_init(cfg) ccq_config_init_sized((cfg), sizeof(ccq_config))
 
 /**
  * Create a runtime and start its scheduler thread.
@@ -236,6 +272,23 @@ CCQ_API ccq_status ccq_local_devices(const ccq_runtime *rt, ccq_device_id *first
 /** Name of the runtime's backend ("host", "nccl"); "" for NULL. Thread-safe. */
 CCQ_API const char *ccq_backend_name(const ccq_runtime *rt);
 
+/**
+ * Version of the library that is running, as "MAJOR.MINOR.PATCH" (CCQ_VERSION_STRING of the
+ * build of libccq that was loaded). Compare it, or ccq_version_number(), with the
+ * CCQ_VERSION_* macros of the header the program was built with: a different major
+ * version is not ABI compatible; an older minor version lacks the calls added since.
+ * Static storage; thread-safe.
+ */
+CCQ_API const char *ccq_version(void);
+
+/**
+ * The running library's version as CCQ_VERSION_HEX encodes it ((MAJOR << 16) |
+ * (MINOR << 8) | PATCH, as libuv's uv_version()), so that
+ * `ccq_version_number() >= CCQ_VERSION_HEX` says the library is at least as new as the
+ * header. Thread-safe.
+ */
+CCQ_API unsigned ccq_version_number(void);
+
 /** Static text of a status ("invalid argument"); "unknown status" for other values. */
 CCQ_API const char *ccq_status_string(ccq_status s);
 
@@ -244,7 +297,8 @@ CCQ_API const char *ccq_status_name(ccq_status s);
 
 /**
  * Detail of the last error a ccq call returned on the calling thread (thread-local, like
- * dlerror); "" if none. Valid until the next ccq call on this thread.
+ * dlerror); "" if none. Valid until the next ccq call on this thread. At most 511
+ * characters: a longer one ends with "... [truncated]" (ccq_stream_last_error has it whole).
  */
 CCQ_API const char *ccq_last_error_detail(void);
 
@@ -282,11 +336,18 @@ CCQ_API ccq_status ccq_all_reduce(ccq_runtime *rt, ccq_device_id device, ccq_str
  * Queue a send of @p count elements from @p device to @p peer. Matches the recv on
  * @p peer from @p device in per-pair order. Uses the communicator of {device, peer},
  * created on first use. peer == device sends to self. Errors as ccq_all_reduce.
+ * Stream order: a later command of the stream that overwrites @p src (an in-place exchange
+ * or ring shift: recv into the same buffer) does not change what is sent; the host backend
+ * stages the data, the NCCL backend fails such a set with CCQ_ERR_UNSUPPORTED.
+ * After one side of a pair fails (e.g. a recv times out), the other side's next operation
+ * of that pair takes the failed one's place and fails at once with its status; after that
+ * the pair is back in step (docs/semantics.md, "Matching").
  */
 CCQ_API ccq_status ccq_send(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream,
                             const void *src, size_t count, ccq_dtype dtype, ccq_device_id peer);
 
-/** Queue a receive into @p dst on @p device from @p peer. See ccq_send. */
+/** Queue a receive into @p dst on @p device from @p peer. See ccq_send (per-pair order, also
+ * after a timed-out recv: the peer's next send to this device pairs with it and fails). */
 CCQ_API ccq_status ccq_recv(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream, void *dst,
                             size_t count, ccq_dtype dtype, ccq_device_id peer);
 
@@ -359,6 +420,9 @@ CCQ_API ccq_status ccq_sync_collective(ccq_runtime *rt, ccq_device_id device, cc
 
 /**
  * The last error a fence returned on (device, stream), with its detail, from any thread.
+ * The detail is kept whole (a desync report of a big communicator can run to kilobytes,
+ * while ccq_last_error_detail() keeps at most 511 characters); a detail cut to fit @p len
+ * ends with "... [truncated]".
  * @param[out] buf  Receives the NUL-terminated detail ("" if none); may be NULL if len == 0.
  * @return That error's status, CCQ_OK if the stream never returned one, or
  *         CCQ_ERR_INVALID_ARGUMENT.
@@ -413,17 +477,25 @@ typedef enum ccq_kind {
 /** Name of a command kind ("all_gather"), or "?". */
 CCQ_API const char *ccq_kind_name(uint32_t kind);
 
-/** One event. Fields that do not apply to a type are 0 (or ~0 for device/stream). */
+/**
+ * One event. Fields that do not apply to a type are 0 (or ~0 for device/stream).
+ * Fields are only ever appended: struct_size says which of them an event holds, so an
+ * array of events (ccq_trace_snapshot) and the callback keep working when it grows.
+ */
 typedef struct ccq_event {
-    uint64_t time_ns; /**< CLOCK_MONOTONIC, the one clock of all events. */
-    uint64_t id;      /**< Command id (unique per runtime), or batch id for batch events. */
-    uint64_t batch;   /**< Batch that issued the command. */
-    uint64_t seq;     /**< Sequence number of the operation in its communicator (per
-                           direction for send/recv). */
-    uint64_t count;   /**< Elements of the command; operations for batch events. */
-    uint64_t bytes;   /**< Bytes of the command (count x dtype size). */
-    uint32_t type;    /**< ccq_event_type */
-    uint32_t thread;  /**< Thread that submitted the command, or that fenced (Linux tid). */
+    uint32_t struct_size; /**< Bytes of this event the library filled: sizeof(ccq_event) of
+                               the running library in callbacks, the caller's element size
+                               in ccq_trace_snapshot's array (which the caller sets in
+                               out[0] before the call). */
+    uint32_t type;        /**< ccq_event_type */
+    uint64_t time_ns;     /**< CLOCK_MONOTONIC, the one clock of all events. */
+    uint64_t id;          /**< Command id (unique per runtime), or batch id for batch events. */
+    uint64_t batch;       /**< Batch that issued the command. */
+    uint64_t seq;         /**< Sequence number of the operation in its communicator (per
+                               direction for send/recv). */
+    uint64_t count;       /**< Elements of the command; operations for batch events. */
+    uint64_t bytes;       /**< Bytes of the command (count x dtype size). */
+    uint32_t thread;      /**< Thread that submitted the command, or that fenced (Linux tid). */
     uint32_t device, stream;
     uint32_t comm; /**< Communicator id (creation order, starting at 0). */
     uint8_t kind;  /**< ccq_kind */
@@ -433,14 +505,16 @@ typedef struct ccq_event {
     int32_t status; /**< ccq_status, where it applies. */
     uint32_t peer;  /**< send/recv: the other device; rooted collectives: the root device
                          (peer_valid is 1 in both cases). */
+    /* ---- fields appended after 0.2.0 go here ---- */
 } ccq_event;
 
 /**
  * Event callback. Called on the scheduler thread for every event except fence events,
  * which are delivered on the thread calling ccq_sync_collective. It must be fast (it
- * delays scheduling), thread-safe, and must not call ccq_sync_collective,
- * ccq_comm_init, ccq_runtime_shutdown or ccq_runtime_destroy on the same runtime (they
- * wait for the scheduler); submitting calls may block on a full stream and are best avoided.
+ * delays scheduling) and thread-safe. It must not call ccq_sync_collective, ccq_comm_init,
+ * ccq_runtime_shutdown or ccq_runtime_destroy (they wait for a scheduler): from inside a
+ * callback they fail at once with CCQ_ERR_INVALID_ARGUMENT and do nothing. Submitting calls
+ * from a callback never wait for room: a full stream gives CCQ_ERR_QUEUE_FULL at once.
  */
 typedef void (*ccq_event_fn)(const ccq_event *ev, void *user);
 
@@ -458,8 +532,16 @@ CCQ_API ccq_status ccq_trace_dump(ccq_runtime *rt, const char *path);
 
 /**
  * Copy the recorder's events, oldest first, into @p out (at most @p cap). Thread-safe.
+ * @param[in,out] out   An array of @p cap events of the caller's ccq_event: set
+ *                      out[0].struct_size = sizeof(ccq_event) before the call (the library
+ *                      strides the array by it and writes that many bytes of each event,
+ *                      with struct_size set, so a program built against an older ccq.h
+ *                      keeps working). May be NULL when @p cap is 0.
  * @param[out] n        Events copied.
  * @param[out] dropped  Events lost to overwriting since the runtime started (may be NULL).
+ * @return CCQ_OK; CCQ_ERR_INVALID_ARGUMENT (NULL; out[0].struct_size is not the size of a
+ *         released ccq_event layout, 0.2.0's or a later one up to this library's);
+ *         CCQ_ERR_NO_MEMORY (an older layout needs a temporary copy).
  */
 CCQ_API ccq_status ccq_trace_snapshot(ccq_runtime *rt, ccq_event *out, size_t cap, size_t *n,
                                       uint64_t *dropped);

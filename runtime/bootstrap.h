@@ -1,19 +1,130 @@
-/* TEMPORARY stand-in for the bootstrap interface (replaced by the real module). */
+/* The bootstrap: how the processes of a world meet. One internal interface (open, then
+ * non-blocking exchanges of small records among any sorted set of member processes) over
+ * three mechanisms: MPI ("mpi"), a directory every process sees ("file:DIR"), and the
+ * embedder's ccq_store. docs/multiprocess.md describes it for users. */
 #ifndef CCQ_RUNTIME_BOOTSTRAP_H
 #define CCQ_RUNTIME_BOOTSTRAP_H
+
 #include <stddef.h>
 #include <stdint.h>
+
+#include "backends/backend.h" /* ccq_errbuf */
 #include "ccq.h"
+
+/* A bootstrap handle: this process's end of the world's meeting place. Thread-safe: every
+ * call below on one handle (and on its exchanges) is serialised by the handle's lock, so
+ * the store callbacks and MPI are never called twice at once through one handle. */
 typedef struct ccq_boot ccq_boot;
+/* One exchange in progress. */
 typedef struct ccq_boot_xchg ccq_boot_xchg;
-ccq_status ccq_boot_open(const char *spec, const ccq_store *store, int64_t mpi_comm, uint32_t world_rank, uint32_t world_size, ccq_boot **out, char *err, size_t errlen);
-void ccq_boot_close(ccq_boot *b);
-ccq_status ccq_boot_xchg_post(ccq_boot *b, const char *tag, const uint32_t *members, uint32_t n, const void *mine, size_t len, ccq_boot_xchg **out);
-ccq_status ccq_boot_xchg_test(ccq_boot_xchg *x, void *out);
-ccq_status ccq_boot_xchg_wait(ccq_boot_xchg *x, void *out, uint64_t deadline_ns);
+
+/* Longest tag (bytes, without the NUL). */
+#define CCQ_BOOT_TAG_MAX 256u
+/* Most processes in a world (each handle keeps 8 bytes per process). */
+#define CCQ_BOOT_WORLD_MAX (1u << 20)
+/* Largest record one process contributes to an exchange. */
+#define CCQ_BOOT_VALUE_MAX (1u << 20)
+
+/*
+ * Open this process's end. spec: "mpi", "file:DIR", or NULL (or "store") for @p store.
+ * mpi_comm: the MPI_Fint (MPI_Comm_c2f) of the embedder's communicator, -1 = MPI_COMM_WORLD
+ * (only for "mpi"; its rank and size must be world_rank and world_size). Never blocks on
+ * other processes (MPI: the communicator's MPI_Comm_idup completes inside later exchanges).
+ * Errors (err filled, *out NULL): CCQ_ERR_INVALID_ARGUMENT for a bad spec, world_size 0 or
+ * above CCQ_BOOT_WORLD_MAX, world_rank >= world_size, a missing or unusable directory, a
+ * NULL or incomplete store, an MPI rank/size that disagrees; CCQ_ERR_UNSUPPORTED for "mpi" in
+ * a build without MPI or an MPI initialised below MPI_THREAD_SERIALIZED (or already
+ * finalized); CCQ_ERR_NO_MEMORY.
+ */
+ccq_status ccq_boot_open(const char *spec, const ccq_store *store, int64_t mpi_comm,
+                         uint32_t world_rank, uint32_t world_size, ccq_boot **out, ccq_errbuf *err);
+
+/* Close this end; exchanges not freed yet are freed (so must not be used after). Must not
+ * race with other calls on the handle. file: removes this job's keys once the last process
+ * of the world has closed (see boot_file.c). NULL is a no-op. */
+void ccq_boot_close(ccq_boot *boot);
+
+/* "mpi", "file:DIR" or "store", for details. */
+const char *ccq_boot_name(const ccq_boot *boot);
+/* The job id keys are namespaced with (CCQ_JOB_ID, else a launcher's id, else "default"). */
+const char *ccq_boot_job(const ccq_boot *boot);
+/* file and store: how many bootstraps this process opened for this job and world rank
+ * before this one, part of every key, so the k-th runtime of a rank meets the k-th of the
+ * others (records of processes at another generation are refused with a detail). MPI: 0
+ * (each handle has its own communicator). */
+uint32_t ccq_boot_generation(const ccq_boot *boot);
+uint32_t ccq_boot_world_rank(const ccq_boot *boot);
+uint32_t ccq_boot_world_size(const ccq_boot *boot);
+/* How often a caller polling with ccq_boot_xchg_test should call it (the scheduler's poll
+ * interval while an exchange is pending); ccq_boot_xchg_wait backs off up to it. */
+uint64_t ccq_boot_poll_interval_ns(const ccq_boot *boot);
+
+/*
+ * Start an exchange: each of the n member processes (world ranks, sorted ascending, no
+ * duplicates, must include this one) contributes len bytes; every member ends up with all n
+ * records in member order. Never blocks. Only the members take part: processes outside the
+ * set are never waited for.
+ *
+ * tag names the exchange: every member must compute the same tag, and a tag is used at most
+ * once per boot handle (a second post with it is refused) — e.g. "world",
+ * "comm/<id>/uid". The members and len are part of what is checked: a member that posted the
+ * tag with another member set, another len or another world_size fails the exchange with a
+ * detail (CCQ_ERR_MISMATCH; CCQ_ERR_INVALID_ARGUMENT for world_size).
+ * mine is copied. *out is NULL on error.
+ */
+ccq_status ccq_boot_xchg_post(ccq_boot *boot, const char *tag, const uint32_t *members, uint32_t n,
+                              const void *mine, size_t len, ccq_boot_xchg **out, ccq_errbuf *err);
+
+/*
+ * Make progress without blocking: CCQ_OK once every member's record arrived (out, n * len
+ * bytes, receives them in member order; it may be NULL before that), CCQ_IN_PROGRESS while
+ * some have not (out untouched), or an error (err filled; the exchange stays failed and
+ * later calls return the same error). Calling it again after CCQ_OK copies out again.
+ * It asks the mechanism (opens files, calls the store's get, calls MPI) at most once per
+ * ccq_boot_poll_interval_ns; calls in between return CCQ_IN_PROGRESS at once.
+ */
+ccq_status ccq_boot_xchg_test(ccq_boot_xchg *x, void *out, ccq_errbuf *err);
+
+/* The members not heard from yet, ascending: writes up to cap of them to ranks (NULL with
+ * cap 0 just counts) and returns how many there are. */
 size_t ccq_boot_xchg_missing(ccq_boot_xchg *x, uint32_t *ranks, size_t cap);
+
+/* Test until done or until deadline_ns (CLOCK_MONOTONIC, see ccq_boot_now_ns; 0 = no
+ * deadline), sleeping between tests (backing off from 20 us to the poll interval). On
+ * timeout: CCQ_ERR_TIMEOUT with a detail naming the exchange and the processes that never
+ * arrived ("process 2 (of 3) never arrived" ...). */
+ccq_status ccq_boot_xchg_wait(ccq_boot_xchg *x, void *out, uint64_t deadline_ns, ccq_errbuf *err);
+
+/* Free an exchange, finished or not (a record this process published stays published). */
 void ccq_boot_xchg_free(ccq_boot_xchg *x);
-/* ccq's process-wide MPI lock (as on branch i13boot). */
+
+/* post + wait + free. */
+ccq_status ccq_boot_exchange(ccq_boot *boot, const char *tag, const uint32_t *members, uint32_t n,
+                             const void *mine, size_t len, void *out, uint64_t deadline_ns,
+                             ccq_errbuf *err);
+
+/* CLOCK_MONOTONIC in nanoseconds (the clock of deadline_ns). */
+uint64_t ccq_boot_now_ns(void);
+
+/* "2, 5 and 7" into buf (at most 16 ranks, then "and N more"); returns what it wrote. */
+size_t ccq_boot_format_ranks(char *buf, size_t len, const uint32_t *ranks, size_t n);
+
+/* ccq's process-wide MPI lock: every MPI call ccq makes is made holding it, so ccq's own
+ * threads never call MPI at once and MPI_THREAD_SERIALIZED suffices (see boot_mpi.c). Any
+ * later MPI user inside ccq (the host backend across processes) must take it too. No-ops
+ * apart from the lock in a build without MPI. */
 void ccq_boot_mpi_lock(void);
 void ccq_boot_mpi_unlock(void);
-#endif
+
+/*
+ * This process's place in the world from the environment: CCQ_WORLD_RANK and CCQ_WORLD_SIZE;
+ * else the launcher's OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE (Open MPI's mpirun); else
+ * PMI_RANK / PMI_SIZE (MPICH's hydra, Intel MPI). The first family with either variable set is
+ * used, and must have both. Writes *rank and *size only when a family is found (so callers
+ * keep their defaults, 0 and 1, otherwise). Returns CCQ_OK, or CCQ_ERR_INVALID_ARGUMENT with
+ * *err set (if it was NULL) to a static message naming the variable: a value that is not a
+ * decimal integer, a size of 0 or above 2^31, a rank >= size, half of a family.
+ */
+ccq_status ccq_boot_world_from_env(uint32_t *rank, uint32_t *size, const char **err);
+
+#endif /* CCQ_RUNTIME_BOOTSTRAP_H */

@@ -88,7 +88,7 @@ ccq_status ccq_comm_form_start(ccq_runtime *rt, ccq_comm *c, uint64_t now)
     char tag[96];
     ccq_status st;
 
-    c->form_deadline = rt->timeout_ns == UINT64_MAX ? UINT64_MAX : now + rt->timeout_ns;
+    c->form_deadline = ccq_add_sat(now, rt->timeout_ns);
     if (c->nprocs <= 1)
         return form_backend(rt, c, NULL, 0);
     if (rt->be_ops->comm_root_blob == NULL)
@@ -113,9 +113,11 @@ ccq_status ccq_comm_form_start(ccq_runtime *rt, ccq_comm *c, uint64_t now)
         mine.blob_len = (uint32_t)len;
     }
     form_tag(c, tag, sizeof tag);
-    st = ccq_boot_xchg_post(rt->world.boot, tag, c->procs, c->nprocs, &mine, sizeof mine, &c->xchg);
+    ccq_errbuf err = {{0}};
+    st = ccq_boot_xchg_post(rt->world.boot, tag, c->procs, c->nprocs, &mine, sizeof mine, &c->xchg,
+                            &err);
     if (st != CCQ_OK)
-        return form_fail(c, st, "bootstrap: %s", ccq_last_error_detail());
+        return form_fail(c, st, "bootstrap: %s", err.msg);
     c->form_step = CCQ_FORM_MEET;
     return CCQ_IN_PROGRESS;
 }
@@ -126,7 +128,7 @@ static void form_missing(ccq_comm *c, char *buf, size_t len)
     uint32_t miss[256];
     size_t n = ccq_boot_xchg_missing(c->xchg, miss, sizeof miss / sizeof miss[0]);
     size_t w = ccq_format(buf, len, "%s ", n == 1 ? "process" : "processes");
-    ccq_format_ranks(buf + w, len - w, miss, (uint32_t)n);
+    ccq_boot_format_ranks(buf + w, len - w, miss, n);
 }
 
 static ccq_status form_meet_test(ccq_runtime *rt, ccq_comm *c, uint64_t now)
@@ -137,7 +139,8 @@ static ccq_status form_meet_test(ccq_runtime *rt, ccq_comm *c, uint64_t now)
 
     if (all == NULL)
         return CCQ_IN_PROGRESS; /* try again next pass */
-    st = ccq_boot_xchg_test(c->xchg, all);
+    ccq_errbuf err = {{0}};
+    st = ccq_boot_xchg_test(c->xchg, all, &err);
     if (st == CCQ_IN_PROGRESS) {
         free(all);
         if (now < c->form_deadline)
@@ -152,7 +155,7 @@ static ccq_status form_meet_test(ccq_runtime *rt, ccq_comm *c, uint64_t now)
     }
     if (st != CCQ_OK) {
         free(all);
-        return form_fail(c, st, "bootstrap: %s", ccq_last_error_detail());
+        return form_fail(c, st, "bootstrap: %s", err.msg);
     }
     for (uint32_t p = 0; p < c->nprocs; p++) {
         const form_hello *h = &all[p];

@@ -314,6 +314,7 @@ ccq_status ccq_fault_wrap(const ccq_fault_plan *plan, const ccq_backend_ops **op
         .issue = fault_issue,
         .poll = fault_poll,
         .abort = fault_abort,
+        .stages_sends = in->stages_sends, /* ops reach the inner backend as they are */
         .poll_interval_ns = in->poll_interval_ns && in->poll_interval_ns < FAULT_POLL_INTERVAL_NS
                                 ? in->poll_interval_ns
                                 : FAULT_POLL_INTERVAL_NS,

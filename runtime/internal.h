@@ -120,7 +120,7 @@ typedef struct ccq_comm {
     ccq_device_id *devices; /* sorted global ids: rank r is devices[r] */
     uint32_t first_local;   /* this process's ranks: first_local .. first_local + nlocal - 1 */
     uint32_t nlocal;
-    uint32_t nprocs;        /* member processes, and their world ranks (ascending) */
+    uint32_t nprocs; /* member processes, and their world ranks (ascending) */
     uint32_t *procs;
     _Atomic uint32_t state; /* ccq_comm_state */
     _Atomic uint32_t aborted;
@@ -159,6 +159,8 @@ typedef struct ccq_inst {
     uint64_t bmark;         /* batch attempt that tentatively included it */
     uint64_t bpass;         /* batch pass whose batch holds it */
     uint64_t blocked;       /* batch pass in which it was found blocked */
+    bool stage;             /* send/recv: the send's src is overwritten later in its batch */
+    uint64_t refuse_pass;   /* batch pass that first found it cannot be staged (0: none) */
     ccq_status fail_status; /* when FAILED: what late parts get */
     char *fail_detail;
     struct ccq_inst *wnext; /* worklist / free list */
@@ -190,9 +192,9 @@ struct ccq_runtime {
     ccq_config cfg;
     const ccq_backend_ops *be_ops;
     ccq_backend *be;
-    uint32_t ndev;        /* this process's devices: global ids dev_first .. + ndev - 1 */
+    uint32_t ndev; /* this process's devices: global ids dev_first .. + ndev - 1 */
     uint32_t dev_first;
-    uint32_t ndev_world;  /* devices of every process (ccq_device_count) */
+    uint32_t ndev_world; /* devices of every process (ccq_device_count) */
     ccq_world world;
     uint32_t max_streams;
     uint32_t ring_size;   /* slots per stream (power of two >= queue_depth) */
@@ -234,6 +236,9 @@ void *ccq_alloc_lines(size_t size);
 void ccq_set_detail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 ccq_status ccq_fail(ccq_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void ccq_clear_detail(void);
+/* End a text cut to fit buf[len] with CCQ_TRUNCATED, so the cut is visible. */
+#define CCQ_TRUNCATED "... [truncated]"
+void ccq_mark_truncated(char *buf, size_t len);
 size_t ccq_format(char *buf, size_t len, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 size_t ccq_describe_cmd(char *buf, size_t len, const ccq_cmd *c);
@@ -263,6 +268,15 @@ void *ccq_sched_main(void *arg);
 /* ---- runtime/trace.c ---- */
 ccq_status ccq_trace_write_file(ccq_runtime *rt, const char *path);
 void ccq_trace_autodump(ccq_runtime *rt, bool force);
+
+/* Set while the calling thread is ccq's scheduler (of any runtime) or runs an event
+ * callback (scheduler or fencing thread). A call that would wait for a scheduler there
+ * (the callback contract forbids them) fails at once instead of hanging: one thread-local
+ * load, on other threads too. */
+enum { CCQ_INSIDE_SCHED = 1u, CCQ_INSIDE_CALLBACK = 2u };
+extern _Thread_local uint32_t ccq_tls_inside;
+/* CCQ_OK outside; else CCQ_ERR_INVALID_ARGUMENT with a detail naming fn and why. */
+ccq_status ccq_refuse_inside(const char *fn);
 
 static inline bool ccq_in_scheduler(const ccq_runtime *rt)
 {

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "ccq/ccq_nccl.h"
+#include "runtime/bootstrap.h"
 #include "runtime/fault.h"
 #include "runtime/internal.h"
 
@@ -16,8 +17,9 @@
 /* Configuration                                                                         */
 /* ------------------------------------------------------------------------------------ */
 
-/* Parse an unsigned decimal environment value; false (and *err set) if malformed. */
-static bool env_u64(const char *name, uint64_t max, uint64_t *out, const char **err,
+/* Parse an unsigned decimal environment value in [min, max]; false (and *err set) if
+ * malformed or out of range, so the message names the variable (not the config field). */
+static bool env_u64(const char *name, uint64_t min, uint64_t max, uint64_t *out, const char **err,
                     const char *msg)
 {
     const char *v = getenv(name);
@@ -28,7 +30,7 @@ static bool env_u64(const char *name, uint64_t max, uint64_t *out, const char **
         return false;
     errno = 0;
     x = strtoull(v, &end, 10);
-    if (errno != 0 || *end != '\0' || v[0] == '-' || x > max) {
+    if (errno != 0 || *end != '\0' || v[0] == '-' || x < min || x > max) {
         if (*err == NULL)
             *err = msg;
         return false;
@@ -37,14 +39,20 @@ static bool env_u64(const char *name, uint64_t max, uint64_t *out, const char **
     return true;
 }
 
-CCQ_API void ccq_config_init(ccq_config *cfg)
+/* 0.1.0's ccq_config: every field up to and including host_stream_bytes (96 bytes on
+ * LP64). Frozen: the old ccq_config_init symbol writes exactly this much, whatever is
+ * appended later. */
+#define CCQ_CONFIG_SIZE_V0 (offsetof(ccq_config, host_stream_bytes) + sizeof(uint64_t))
+_Static_assert(sizeof(void *) != 8 || CCQ_CONFIG_SIZE_V0 == 96, "0.1.0's ccq_config layout moved");
+/* The seed API's layout (before host_workers): the smallest struct_size accepted. */
+#define CCQ_CONFIG_SIZE_MIN offsetof(ccq_config, host_workers)
+
+static void config_defaults(ccq_config *cfg)
 {
     const char *err = NULL;
     const char *b;
     uint64_t v;
 
-    if (cfg == NULL)
-        return;
     memset(cfg, 0, sizeof *cfg);
     cfg->struct_size = sizeof *cfg;
     cfg->backend = "host";
@@ -72,78 +80,86 @@ CCQ_API void ccq_config_init(ccq_config *cfg)
     b = getenv("CCQ_TRACE_FILE");
     if (b != NULL && *b != '\0')
         cfg->trace_file = b;
-    if (env_u64("CCQ_TRACE_CAPACITY", 1u << 26, &v, &err,
+    if (env_u64("CCQ_TRACE_CAPACITY", 0, 1u << 26, &v, &err,
                 "CCQ_TRACE_CAPACITY: expected events in [0, 67108864] (0 = off)"))
         cfg->trace_capacity = (uint32_t)v;
     b = getenv("CCQ_FAULT");
     if (b != NULL && *b != '\0')
         cfg->fault = b; /* parsed by ccq_runtime_create */
-    if (env_u64("CCQ_HOST_DEVICES", CCQ_MAX_DEVICES, &v, &err,
+    if (env_u64("CCQ_HOST_DEVICES", 1, CCQ_MAX_DEVICES, &v, &err,
                 "CCQ_HOST_DEVICES: expected an integer in [1, 1024]"))
         cfg->host_devices = (uint32_t)v;
-    if (env_u64("CCQ_MAX_STREAMS", CCQ_MAX_STREAMS_MAX, &v, &err,
+    if (env_u64("CCQ_MAX_STREAMS", 1, CCQ_MAX_STREAMS_MAX, &v, &err,
                 "CCQ_MAX_STREAMS: expected an integer in [1, 65536]"))
         cfg->max_streams = (uint32_t)v;
-    if (env_u64("CCQ_QUEUE_DEPTH", CCQ_QUEUE_DEPTH_MAX, &v, &err,
+    if (env_u64("CCQ_QUEUE_DEPTH", 1, CCQ_QUEUE_DEPTH_MAX, &v, &err,
                 "CCQ_QUEUE_DEPTH: expected an integer in [1, 1048576]"))
         cfg->queue_depth = (uint32_t)v;
-    if (env_u64("CCQ_MAX_BATCH_OPS", CCQ_MAX_BATCH_MAX, &v, &err,
+    if (env_u64("CCQ_MAX_BATCH_OPS", 1, CCQ_MAX_BATCH_MAX, &v, &err,
                 "CCQ_MAX_BATCH_OPS: expected an integer in [1, 65536]"))
         cfg->max_batch_ops = (uint32_t)v;
-    if (env_u64("CCQ_TIMEOUT_MS", UINT64_MAX / 1000000u, &v, &err,
+    if (env_u64("CCQ_TIMEOUT_MS", 0, UINT64_MAX / 1000000u, &v, &err,
                 "CCQ_TIMEOUT_MS: expected a number of milliseconds (0 = none)"))
         cfg->timeout_ms = v;
-    if (env_u64("CCQ_HOST_WORKERS", 1024, &v, &err,
+    if (env_u64("CCQ_HOST_WORKERS", 0, 1024, &v, &err,
                 "CCQ_HOST_WORKERS: expected an integer in [0, 1024] (0 = one per core)"))
         cfg->host_workers = (uint32_t)v;
-    if (env_u64("CCQ_HOST_STREAM_BYTES", UINT64_MAX, &v, &err,
+    if (env_u64("CCQ_HOST_STREAM_BYTES", 0, UINT64_MAX, &v, &err,
                 "CCQ_HOST_STREAM_BYTES: expected a number of bytes (0 = the default, 64 MiB)"))
         cfg->host_stream_bytes = v;
-    if (env_u64("CCQ_SPIN_US", 1000000, &v, &err,
+    if (env_u64("CCQ_SPIN_US", 0, 1000000, &v, &err,
                 "CCQ_SPIN_US: expected microseconds in [0, 1000000]"))
         cfg->spin_us = (uint32_t)v;
-    if (env_u64("CCQ_NONBLOCKING_SUBMIT", 1, &v, &err, "CCQ_NONBLOCKING_SUBMIT: expected 0 or 1"))
+    if (env_u64("CCQ_NONBLOCKING_SUBMIT", 0, 1, &v, &err,
+                "CCQ_NONBLOCKING_SUBMIT: expected 0 or 1"))
         cfg->flags = v ? (cfg->flags | CCQ_FLAG_NONBLOCKING_SUBMIT)
                        : (cfg->flags & ~CCQ_FLAG_NONBLOCKING_SUBMIT);
-    /* The world: ccq's own variables first, then what the launcher (Open MPI, or a PMI one:
-     * MPICH, Slurm) sets for every process it starts. */
-    static const char *const rank_vars[] = {"CCQ_WORLD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"};
-    static const char *const size_vars[] = {"CCQ_WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"};
-    for (int k = 0; k < 3; k++)
-        if (env_u64(rank_vars[k], UINT32_MAX - 1, &v, &err,
-                    k == 0   ? "CCQ_WORLD_RANK: expected a process rank"
-                    : k == 1 ? "OMPI_COMM_WORLD_RANK: expected a process rank"
-                             : "PMI_RANK: expected a process rank")) {
-            cfg->world_rank = (uint32_t)v;
-            break;
-        }
-    for (int k = 0; k < 3; k++)
-        if (env_u64(size_vars[k], UINT32_MAX, &v, &err,
-                    k == 0   ? "CCQ_WORLD_SIZE: expected a number of processes"
-                    : k == 1 ? "OMPI_COMM_WORLD_SIZE: expected a number of processes"
-                             : "PMI_SIZE: expected a number of processes")) {
-            cfg->world_size = (uint32_t)v;
-            break;
-        }
+    /* The world: ccq's own variables, else what the launcher (Open MPI, or a PMI one: MPICH,
+     * Intel MPI) sets for every process it starts. */
+    ccq_boot_world_from_env(&cfg->world_rank, &cfg->world_size, &err);
     b = getenv("CCQ_BOOTSTRAP");
     if (b != NULL && *b != '\0')
         cfg->bootstrap = b; /* checked by ccq_runtime_create */
     cfg->env_error = err;
 }
 
+#undef ccq_config_init
+
+CCQ_API void ccq_config_init_sized(ccq_config *cfg, size_t size)
+{
+    ccq_config full;
+
+    if (cfg == NULL || size < CCQ_CONFIG_SIZE_MIN)
+        return;
+    if (size > sizeof full)
+        size = sizeof full; /* a newer caller's fields beyond ours are left alone */
+    config_defaults(&full);
+    full.struct_size = (uint32_t)size;
+    memcpy(cfg, &full, size);
+}
+
+/* The 0.1.0 symbol (CCQ_0.1 in ccq.map): its callers' struct is 0.1.0's. */
+CCQ_API void ccq_config_init(ccq_config *cfg)
+{
+    ccq_config_init_sized(cfg, CCQ_CONFIG_SIZE_V0);
+}
+
 /* Copy a caller's config of any known size; fields it lacks keep their defaults. */
 static ccq_status config_import(const ccq_config *in, ccq_config *out)
 {
-    ccq_config_init(out);
+    config_defaults(out);
+    out->struct_size = sizeof *out;
     if (in == NULL)
         return CCQ_OK;
-    if (in->struct_size < offsetof(ccq_config, host_workers) || in->struct_size > sizeof *in)
+    /* Only the caller's struct_size bytes are read: an older caller's struct is shorter. */
+    if (in->struct_size < CCQ_CONFIG_SIZE_MIN || in->struct_size > sizeof *in)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
                         "ccq_config.struct_size is %" PRIu32 "; set it with ccq_config_init()",
                         in->struct_size);
     memcpy(out, in, in->struct_size);
     out->struct_size = sizeof *out;
-    if (in->struct_size < sizeof *in)
+    /* A caller without env_error never saw the environment's verdict on its fields. */
+    if (in->struct_size < offsetof(ccq_config, env_error) + sizeof in->env_error)
         out->env_error = NULL;
     return CCQ_OK;
 }
@@ -383,6 +399,8 @@ CCQ_API ccq_status ccq_runtime_shutdown(ccq_runtime *rt)
     if (rt == NULL)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_runtime_shutdown: rt is NULL");
     ccq_clear_detail();
+    if (ccq_tls_inside != 0)
+        return ccq_refuse_inside("ccq_runtime_shutdown");
     pthread_mutex_lock(&rt->shutdown_lock);
     if (!atomic_load_explicit(&rt->closing, memory_order_relaxed)) {
         /* Close every stream first: a submitter either got its ticket before this (and
@@ -402,6 +420,9 @@ CCQ_API ccq_status ccq_runtime_destroy(ccq_runtime *rt)
 {
     if (rt == NULL)
         return CCQ_OK;
+    ccq_clear_detail();
+    if (ccq_tls_inside != 0)
+        return ccq_refuse_inside("ccq_runtime_destroy");
     ccq_runtime_shutdown(rt);
     if (rt->thread_started)
         pthread_join(rt->thread, NULL);
@@ -430,7 +451,9 @@ CCQ_API ccq_status ccq_local_devices(const ccq_runtime *rt, ccq_device_id *first
     ccq_clear_detail();
     if (rt == NULL || first == NULL || count == NULL)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_local_devices: %s is NULL",
-                        rt == NULL ? "rt" : first == NULL ? "first" : "count");
+                        rt == NULL      ? "rt"
+                        : first == NULL ? "first"
+                                        : "count");
     *first = rt->dev_first;
     *count = rt->ndev;
     return CCQ_OK;
@@ -526,6 +549,8 @@ CCQ_API ccq_status ccq_comm_init(ccq_runtime *rt, const ccq_device_id *devices, 
     ccq_clear_detail();
     if (rt == NULL)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_comm_init: rt is NULL");
+    if (ccq_tls_inside != 0)
+        return ccq_refuse_inside("ccq_comm_init");
     st = normalize_set(rt, "ccq_comm_init", devices, n, sorted);
     if (st != CCQ_OK)
         return st;
@@ -542,9 +567,7 @@ CCQ_API ccq_status ccq_comm_init(ccq_runtime *rt, const ccq_device_id *devices, 
     ccq_comm_request_init(rt, c);
     /* The scheduler fails a communicator that did not form within timeout_ms, naming the
      * processes that never joined; the grace lets that verdict arrive first. */
-    deadline = rt->timeout_ns == UINT64_MAX
-                   ? UINT64_MAX
-                   : ccq_now_ns() + rt->timeout_ns + rt->timeout_ns / 4 + 100000000ull;
+    deadline = ccq_deadline_in(ccq_add_sat(rt->timeout_ns, rt->timeout_ns / 4 + 100000000ull));
     comm_wait w = {rt, c};
     if (!ccq_signal_wait_spin(&c->ev, comm_settled, &w, deadline, rt->spin_ns))
         return ccq_fail(CCQ_ERR_TIMEOUT, "ccq_comm_init: the backend did not create the "
@@ -733,6 +756,9 @@ static ccq_status submit(ccq_runtime *rt, const char *fn, const submit_args *a,
     be_sub.kind = a->kind;
     be_sub.dtype = (uint8_t)a->dtype;
     be_sub.redop = (uint8_t)a->op;
+    be_sub.devices = sorted + comm->first_local;
+    be_sub.ndevices = comm->nlocal;
+    be_sub.device_first = rt->dev_first;
     if (rt->be_ops->check != NULL) {
         ccq_errbuf err = {{0}};
         st = rt->be_ops->check(rt->be, &be_sub, &err);
@@ -993,6 +1019,7 @@ CCQ_API ccq_status ccq_mem_copy(ccq_runtime *rt, ccq_device_id device, void *dst
                         dst == NULL ? "dst" : "src");
     if (bytes == 0)
         return CCQ_OK;
-    st = rt->be_ops->mem_copy(rt->be, ccq_backend_device(rt, device), dst, src, bytes, kind == CCQ_COPY_TO_DEVICE, &err);
+    st = rt->be_ops->mem_copy(rt->be, ccq_backend_device(rt, device), dst, src, bytes,
+                              kind == CCQ_COPY_TO_DEVICE, &err);
     return st == CCQ_OK ? CCQ_OK : ccq_fail(st, "ccq_mem_copy: %s", err.msg);
 }

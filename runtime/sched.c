@@ -36,6 +36,8 @@ typedef struct ccq_sched {
     ccq_stream *undo_streams;
     ccq_chan *undo_chans;
     ccq_stream *pass_streams; /* streams with commands in the batch being built */
+    const ccq_cmd *refuse;    /* the attempt met a send the backend cannot stage */
+    bool refuse_retry;        /* a refusal was deferred or made: loop again without sleeping */
     uint64_t wd_next;         /* earliest watchdog deadline (UINT64_MAX: none) */
     /* Shutdown. */
     bool closing, cancelled_incomplete, shutdown_aborted;
@@ -50,11 +52,6 @@ typedef struct ccq_sched {
 static inline uint64_t min_u64(uint64_t a, uint64_t b)
 {
     return a < b ? a : b;
-}
-
-static inline uint64_t add_sat(uint64_t a, uint64_t b)
-{
-    return a > UINT64_MAX - b ? UINT64_MAX : a + b;
 }
 
 /* Grow a pointer array to hold at least `need` entries. */
@@ -294,11 +291,16 @@ static void ev_misc(ccq_runtime *rt, uint64_t t, uint32_t type, uint64_t id, uin
 /* A command's error detail: what it is (its own device and stream), then why it failed. */
 static void set_detail(ccq_cmd *c, const char *reason)
 {
-    char detail[CCQ_DETAIL_LEN];
-    size_t w = ccq_describe_cmd(detail, sizeof detail, c);
-    ccq_format(detail + w, sizeof detail - w, ": %s", reason);
+    char what[CCQ_DETAIL_LEN];
+    size_t w = ccq_describe_cmd(what, sizeof what, c), n = strlen(reason);
+    char *d = malloc(w + 2 + n + 1); /* whole: a desync report may be long */
+    if (d == NULL)
+        xgrow_fail();
+    memcpy(d, what, w);
+    memcpy(d + w, ": ", 2);
+    memcpy(d + w + 2, reason, n + 1);
     free(c->detail);
-    c->detail = xstrdup(detail);
+    c->detail = d;
 }
 
 static void fail_cmd(ccq_cmd *c, ccq_status st, const char *reason, bool cancel)
@@ -575,7 +577,7 @@ static void arrive(ccq_runtime *rt, ccq_cmd *c)
     if (s->cursor == NULL)
         s->cursor = c;
     active_add(S, s);
-    S->wd_next = min_u64(S->wd_next, add_sat(c->submit_ns, rt->timeout_ns));
+    S->wd_next = min_u64(S->wd_next, ccq_add_sat(c->submit_ns, rt->timeout_ns));
 
     bool dropped = false;
     if (rt->fault.drop_rank == (int64_t)c->device) {
@@ -825,8 +827,8 @@ static void batch_done(ccq_runtime *rt, ccq_batch *b)
                            b->be.detail.msg[0] ? ": " : "", b->be.detail.msg);
                 set_detail(c, reason);
             }
-            if (i->chan->id == CCQ_CHAN_COLL && c->seq + 1 > i->chan->comm->coll_done[p])
-                i->chan->comm->coll_done[p] = c->seq + 1;
+            if (i->chan->id == CCQ_CHAN_COLL && c->seq + 1 > i->chan->comm->coll_done[c->rank])
+                i->chan->comm->coll_done[c->rank] = c->seq + 1;
         }
         inst_release(S, i);
     }
@@ -984,6 +986,32 @@ static void attempt_undo(ccq_sched *S)
 
 enum { ADD_OK, ADD_BLOCKED, ADD_FULL };
 
+/* The backend cannot stage a send whose src a later command of its stream overwrites in
+ * the same group, and the attempt's whole set (what can only run together) was found: fail
+ * all of it now, so no part of an exchange or ring runs without the others and nothing
+ * waits for the watchdog. */
+static void refuse_group(ccq_runtime *rt, const ccq_cmd *send)
+{
+    ccq_sched *S = rt->sched;
+    char detail[CCQ_DETAIL_LEN];
+    size_t w = ccq_format(detail, sizeof detail,
+                          "refused: the send on device %u stream %u to "
+                          "device %u (#%" PRIu64 ") reads a buffer that a "
+                          "later command of its stream overwrites, and "
+                          "they can only run in one group (an in-place "
+                          "exchange or ring shift); backend \"%s\" cannot "
+                          "stage the outgoing data",
+                          send->device, send->stream->id, send->peer, send->seq, rt->be_ops->name);
+    ccq_format(detail + w, sizeof detail - w,
+               " (NCCL leaves overlapping buffers in one group undefined): use separate send and "
+               "recv buffers");
+    attempt_undo(S);
+    for (uint32_t k = 0; k < S->ntent; k++)
+        fail_inst(S, S->tent[k], CCQ_ERR_UNSUPPORTED, detail, false);
+    S->error_seen = true;
+    S->refuse_retry = true; /* progress: the loop runs again and ends the failed heads now */
+}
+
 /*
  * Add `root` to the batch together with everything it needs: the earlier sequence numbers
  * of its channel (every rank must cut at the same place) and, for each part, the commands
@@ -1037,9 +1065,20 @@ static int try_add(ccq_runtime *rt, ccq_batch *b, ccq_inst *root)
                     /* Exact scan only when the boxes overlap: O(1) for the common case
                      * of independent buffers, O(commands in the batch) otherwise. */
                     if (may_conflict(s, q))
-                        for (ccq_cmd *e = s->bfirst; e != q; e = e->fifo_next)
-                            if (e->status == CCQ_OK && hazard(e, q))
+                        for (ccq_cmd *e = s->bfirst; e != q; e = e->fifo_next) {
+                            if (e->status != CCQ_OK || !hazard(e, q))
+                                continue;
+                            /* A send only reads, so q overwrites what it sends: stream order
+                             * says the send reads the old data. The pair may only be able to
+                             * run together with q (an in-place exchange or ring shift: its
+                             * partner is behind q), so the send's data is staged instead of
+                             * q waiting for it, which could be forever. */
+                            if (e->kind != CCQ_KIND_SEND)
                                 goto blocked;
+                            e->inst->stage = true;
+                            if (!rt->be_ops->stages_sends && S->refuse == NULL)
+                                S->refuse = e;
+                        }
                     ccq_span_add(&s->brd, q->rd);
                     ccq_span_add(&s->bwr, q->wr);
                     if (!inst_taken(S, y))
@@ -1053,6 +1092,22 @@ static int try_add(ccq_runtime *rt, ccq_batch *b, ccq_inst *root)
                     break;
             }
         }
+    }
+    if (S->refuse != NULL) {
+        /* Refused only when seen again in a later pass: meanwhile the ready commands before
+         * the exchange that can run without it (pulled in here as its stream predecessors)
+         * go in a batch of their own, and only what must run with it fails. */
+        ccq_inst *e = S->refuse->inst;
+        if (e->refuse_pass != 0 && e->refuse_pass < S->pass) {
+            refuse_group(rt, S->refuse);
+        } else {
+            e->refuse_pass = S->pass;
+            S->refuse_retry = true;
+            attempt_undo(S);
+            root->blocked = S->pass;
+        }
+        S->refuse = NULL;
+        return ADD_BLOCKED;
     }
     if (b->be.nops > 0 && b->be.nops + S->ntent > limit) {
         attempt_undo(S);
@@ -1075,6 +1130,7 @@ static int try_add(ccq_runtime *rt, ccq_batch *b, ccq_inst *root)
     return ADD_OK;
 
 blocked:
+    S->refuse = NULL;
     attempt_undo(S);
     root->blocked = S->pass;
     return ADD_BLOCKED;
@@ -1138,6 +1194,7 @@ static void issue(ccq_runtime *rt, ccq_batch *b)
         i->state = CCQ_INST_ISSUED;
         i->op.status = CCQ_OK;
         i->op.comm_aborted = 0;
+        i->op.stage_src = i->stage && rt->be_ops->stages_sends;
         b->ops[k] = &i->op;
     }
     b->be.ops = b->ops;
@@ -1171,7 +1228,7 @@ static void issue(ccq_runtime *rt, ccq_batch *b)
     b->next = S->inflight;
     S->inflight = b;
     S->ninflight++;
-    S->wd_next = min_u64(S->wd_next, add_sat(b->issue_ns, rt->timeout_ns));
+    S->wd_next = min_u64(S->wd_next, ccq_add_sat(b->issue_ns, rt->timeout_ns));
     stats_batch(rt, b->be.nops);
 
     st = rt->be_ops->issue(rt->be, &b->be, &err);
@@ -1240,12 +1297,116 @@ static bool build_and_issue(ccq_runtime *rt)
         if (!full)
             break;
     }
+    any |= S->refuse_retry;
+    S->refuse_retry = false;
     return any;
 }
 
 /* ------------------------------------------------------------------------------------ */
 /* Watchdog                                                                              */
 /* ------------------------------------------------------------------------------------ */
+
+/* The longest watchdog report (a desync report of a 1024-rank communicator fits easily;
+ * beyond it the report ends with CCQ_TRUNCATED). Scheduler stack. */
+#define CCQ_REPORT_LEN 16384
+
+/* A sorted list of numbers as ranges: "3-17,19". */
+static size_t fmt_ranges(char *buf, size_t len, const uint32_t *v, uint32_t n)
+{
+    size_t w = 0;
+    for (uint32_t k = 0; k < n;) {
+        uint32_t j = k;
+        while (j + 1 < n && v[j + 1] == v[j] + 1)
+            j++;
+        w += ccq_format(buf + w, len - w, j > k ? "%s%u-%u" : "%s%u", k ? "," : "", v[k], v[j]);
+        k = j + 1;
+    }
+    return w;
+}
+
+/* A collective's signature: "all_reduce #5 (float32 x 8, sum)". */
+static size_t fmt_sig(char *buf, size_t len, const ccq_cmd *c, const ccq_comm *comm)
+{
+    size_t w = ccq_format(buf, len, "%s #%" PRIu64 " (%s x %zu", ccq_kind_name(c->kind), c->seq,
+                          ccq_dtype_name((ccq_dtype)c->dtype), c->count);
+    if (ccq_kinds[c->kind].reduces)
+        w += ccq_format(buf + w, len - w, ", %s", ccq_reduce_op_name((ccq_reduce_op)c->redop));
+    if (ccq_kinds[c->kind].rooted)
+        w += ccq_format(buf + w, len - w, ", root device %u", comm->devices[c->root]);
+    return w + ccq_format(buf + w, len - w, ")");
+}
+
+/* The desync report of a collective that misses parts, most useful facts first: who is
+ * missing, what they owe (or that the parts that came disagree), then how far every rank
+ * got, ranks with equal progress grouped ("0-2,18:6/5 3-17,19:5/5"). */
+static size_t describe_missing(ccq_inst *i, const ccq_cmd *c, char *buf, size_t len)
+{
+    ccq_chan *ch = i->chan;
+    ccq_comm *comm = ch->comm;
+    uint32_t ranks[CCQ_MAX_DEVICES], devs[CCQ_MAX_DEVICES], missing = 0;
+    const ccq_cmd *first = NULL, *odd = NULL;
+    size_t w = 0;
+
+    for (uint32_t r = 0; r < ch->nparts; r++) {
+        const ccq_cmd *p = i->cmds[r];
+        if (p == NULL) { /* part r is rank first_local + r (matching is per process) */
+            ranks[missing] = comm->first_local + r;
+            devs[missing++] = comm->devices[comm->first_local + r];
+            continue;
+        }
+        if (first == NULL)
+            first = p;
+        for (int f = 0; f < 5 && odd == NULL; f++)
+            if (field_differs(first, p, f))
+                odd = p;
+    }
+    if (first == NULL)
+        first = c;
+    w += ccq_format(buf + w, len - w, "; missing rank%s ", missing > 1 ? "s" : "");
+    w += fmt_ranges(buf + w, len - w, ranks, missing);
+    w += ccq_format(buf + w, len - w, " (device%s ", missing > 1 ? "s" : "");
+    w += fmt_ranges(buf + w, len - w, devs, missing);
+    if (odd == NULL) {
+        /* The signature they owe: what the parts that did come agree on. */
+        w += ccq_format(buf + w, len - w, "), which %s not submitted ",
+                        missing > 1 ? "have" : "has");
+        w += fmt_sig(buf + w, len - w, first, comm);
+    } else {
+        w += ccq_format(buf + w, len - w,
+                        "); the parts that did arrive disagree (rank %u: ", first->rank);
+        w += fmt_sig(buf + w, len - w, first, comm);
+        w += ccq_format(buf + w, len - w, ", rank %u: ", odd->rank);
+        w += fmt_sig(buf + w, len - w, odd, comm);
+        w += ccq_format(buf + w, len - w,
+                        "), so what the missing ranks owe is unknown (the parts fail as a "
+                        "mismatch once all arrive)");
+    }
+    /* Desync report: how far each rank of the communicator got. */
+    w += ccq_format(buf + w, len - w, "; comm ");
+    w += ccq_describe_comm(buf + w, len - w, comm);
+    w += ccq_format(buf + w, len - w, " collectives submitted/completed per rank:");
+    bool done[CCQ_MAX_DEVICES] = {false};
+    for (uint32_t r = 0; r < ch->nparts && w < len - 1; r++) {
+        uint32_t g = comm->first_local + r; /* this process's ranks only: the others' are theirs */
+        if (done[r])
+            continue;
+        uint64_t sub = atomic_load_explicit(&comm->coll_seq[g].v, memory_order_relaxed);
+        uint64_t end = comm->coll_done[g];
+        uint32_t n = 0;
+        for (uint32_t q = r; q < ch->nparts; q++)
+            if (!done[q] &&
+                atomic_load_explicit(&comm->coll_seq[comm->first_local + q].v,
+                                     memory_order_relaxed) == sub &&
+                comm->coll_done[comm->first_local + q] == end) {
+                done[q] = true;
+                ranks[n++] = comm->first_local + q;
+            }
+        w += ccq_format(buf + w, len - w, " ");
+        w += fmt_ranges(buf + w, len - w, ranks, n);
+        w += ccq_format(buf + w, len - w, ":%" PRIu64 "/%" PRIu64, sub, end);
+    }
+    return w;
+}
 
 /* Why an instance waits: its missing parts, or what its parts wait behind. */
 static void describe_wait(ccq_inst *i, ccq_cmd *c, uint64_t now, char *buf, size_t len)
@@ -1263,32 +1424,9 @@ static void describe_wait(ccq_inst *i, ccq_cmd *c, uint64_t now, char *buf, size
     }
     if (i->state == CCQ_INST_WAITING) {
         if (ch->id == CCQ_CHAN_COLL) {
-            uint32_t missing = 0;
-            for (uint32_t r = 0; r < ch->nparts; r++)
-                missing += i->cmds[r] == NULL;
-            w += ccq_format(buf + w, len - w, "; missing rank%s", missing > 1 ? "s" : "");
-            for (uint32_t r = 0, k = 0; r < ch->nparts; r++)
-                if (i->cmds[r] == NULL)
-                    w += ccq_format(buf + w, len - w, "%s %u (device %u)", k++ ? "," : "", r,
-                                    comm->devices[r]);
-            /* The signature they owe: what the parts that did come agree on. */
-            w += ccq_format(buf + w, len - w, ", which %s not submitted %s #%" PRIu64 " (%s x %zu",
-                            missing > 1 ? "have" : "has", ccq_kind_name(c->kind), i->seq,
-                            ccq_dtype_name((ccq_dtype)c->dtype), c->count);
-            if (ccq_kinds[c->kind].reduces)
-                w += ccq_format(buf + w, len - w, ", %s",
-                                ccq_reduce_op_name((ccq_reduce_op)c->redop));
-            if (ccq_kinds[c->kind].rooted)
-                w += ccq_format(buf + w, len - w, ", root device %u", comm->devices[c->root]);
-            w += ccq_format(buf + w, len - w, ")");
-            /* Desync report: how far each rank of the communicator got. */
-            w += ccq_format(buf + w, len - w, "; comm ");
-            w += ccq_describe_comm(buf + w, len - w, comm);
-            w += ccq_format(buf + w, len - w, " collectives submitted/completed per rank:");
-            for (uint32_t r = 0; r < ch->nparts; r++)
-                w += ccq_format(buf + w, len - w, " %u:%" PRIu64 "/%" PRIu64, r,
-                                atomic_load_explicit(&comm->coll_seq[r].v, memory_order_relaxed),
-                                comm->coll_done[r]);
+            w += describe_missing(i, c, buf + w, len - w);
+            if (w >= len - 1)
+                ccq_mark_truncated(buf, len);
         } else {
             ccq_cmd *have = i->cmds[0] ? i->cmds[0] : i->cmds[1];
             if (have->kind == CCQ_KIND_SEND)
@@ -1386,7 +1524,7 @@ static void abort_batch(ccq_runtime *rt, ccq_batch *b, const char *why)
 static bool watchdog(ccq_runtime *rt, uint64_t now)
 {
     ccq_sched *S = rt->sched;
-    char detail[CCQ_DETAIL_LEN];
+    char detail[CCQ_REPORT_LEN];
     uint64_t next = UINT64_MAX;
     bool any = false;
 
@@ -1398,7 +1536,7 @@ static bool watchdog(ccq_runtime *rt, uint64_t now)
             uint64_t dl;
             if (q->state != CCQ_CMD_QUEUED)
                 continue;
-            dl = add_sat(q->submit_ns, rt->timeout_ns);
+            dl = ccq_add_sat(q->submit_ns, rt->timeout_ns);
             if (dl > now) {
                 next = min_u64(next, dl);
                 break;
@@ -1414,7 +1552,7 @@ static bool watchdog(ccq_runtime *rt, uint64_t now)
         }
     }
     for (ccq_batch *b = S->inflight; b != NULL; b = b->next) {
-        uint64_t dl = add_sat(b->issue_ns, rt->timeout_ns);
+        uint64_t dl = ccq_add_sat(b->issue_ns, rt->timeout_ns);
         if (b->aborting)
             continue;
         if (dl > now) {
@@ -1429,7 +1567,7 @@ static bool watchdog(ccq_runtime *rt, uint64_t now)
         any = true;
     }
     if (S->closing && !S->shutdown_aborted)
-        next = min_u64(next, add_sat(S->close_ns, rt->timeout_ns));
+        next = min_u64(next, ccq_add_sat(S->close_ns, rt->timeout_ns));
     S->wd_next = next;
     return any;
 }
@@ -1487,7 +1625,7 @@ static bool shutdown_step(ccq_runtime *rt, uint64_t now, bool *progress)
     if (!S->closing) {
         S->closing = true;
         S->close_ns = now;
-        S->wd_next = min_u64(S->wd_next, add_sat(now, rt->timeout_ns));
+        S->wd_next = min_u64(S->wd_next, ccq_add_sat(now, rt->timeout_ns));
     }
     if (!S->cancelled_incomplete && all_received(rt)) {
         /* No more parts can come: whatever is incomplete never can run. */
@@ -1495,7 +1633,7 @@ static bool shutdown_step(ccq_runtime *rt, uint64_t now, bool *progress)
         S->cancelled_incomplete = true;
         *progress = true;
     }
-    if (!S->shutdown_aborted && now >= add_sat(S->close_ns, rt->timeout_ns)) {
+    if (!S->shutdown_aborted && now >= ccq_add_sat(S->close_ns, rt->timeout_ns)) {
         char detail[CCQ_DETAIL_LEN];
         snprintf(detail, sizeof detail, "shutdown waited timeout_ms for issued work");
         for (ccq_batch *b = S->inflight; b != NULL; b = b->next)
@@ -1547,6 +1685,8 @@ void *ccq_sched_main(void *arg)
     uint64_t spin_ns = rt->spin_ns, busy_ns = ccq_now_ns();
     unsigned spin_step = 0;
 
+    ccq_tls_inside |= CCQ_INSIDE_SCHED;
+
     for (;;) {
         bool progress = false;
         uint64_t now, deadline;
@@ -1589,10 +1729,10 @@ void *ccq_sched_main(void *arg)
             uint64_t iv = rt->be_ops->poll_interval != NULL ? rt->be_ops->poll_interval(rt->be)
                                                             : rt->be_ops->poll_interval_ns;
             if (iv > 0)
-                deadline = min_u64(deadline, add_sat(now, iv));
+                deadline = min_u64(deadline, ccq_add_sat(now, iv));
         }
         if (S->forming != NULL) /* neither the bootstrap nor NCCL's init can wake us */
-            deadline = min_u64(deadline, add_sat(now, CCQ_FORM_POLL_NS));
+            deadline = min_u64(deadline, ccq_add_sat(now, CCQ_FORM_POLL_NS));
         uint32_t seq = ccq_wake_prepare(&rt->wake);
         if (work_visible(rt)) {
             ccq_wake_cancel(&rt->wake);

@@ -26,6 +26,8 @@ void ccq_stream_init(ccq_stream *s, ccq_device_id device, ccq_stream_id id, uint
 void ccq_stream_fini(ccq_stream *s)
 {
     free(atomic_load_explicit(&s->ring, memory_order_relaxed));
+    free(s->err_detail);
+    free(s->last_detail);
     pthread_mutex_destroy(&s->err_lock);
 }
 
@@ -117,12 +119,18 @@ ccq_status ccq_stream_reserve(ccq_runtime *rt, ccq_stream *s, const char *fn, ui
             }
             continue;
         }
+        if (ccq_tls_inside != 0) /* waiting for room would stall the scheduler that makes it */
+            return ccq_fail(CCQ_ERR_QUEUE_FULL,
+                            "%s: device %u stream %u has queue_depth = %u commands outstanding, "
+                            "and a submission from inside an event callback never waits for "
+                            "room",
+                            fn, s->device, s->id, rt->cfg.queue_depth);
         if (rt->cfg.flags & CCQ_FLAG_NONBLOCKING_SUBMIT)
             return ccq_fail(CCQ_ERR_QUEUE_FULL,
                             "%s: device %u stream %u has queue_depth = %u commands outstanding", fn,
                             s->device, s->id, rt->cfg.queue_depth);
         if (deadline == 0)
-            deadline = rt->timeout_ns == UINT64_MAX ? UINT64_MAX : ccq_now_ns() + rt->timeout_ns;
+            deadline = ccq_deadline_in(rt->timeout_ns);
         room_wait w = {s, rt->cfg.queue_depth};
         if (!ccq_signal_wait_spin(&s->ev, has_room_or_closed, &w, deadline, rt->spin_ns))
             return ccq_fail(CCQ_ERR_QUEUE_FULL,
@@ -151,7 +159,9 @@ void ccq_stream_record_error(ccq_stream *s, ccq_status st, const char *detail)
 {
     pthread_mutex_lock(&s->err_lock);
     if (atomic_load_explicit(&s->err_status, memory_order_relaxed) == 0) {
-        snprintf(s->err_detail, sizeof s->err_detail, "%s", detail ? detail : "");
+        char *d = strdup(detail ? detail : "");
+        free(s->err_detail);
+        s->err_detail = d; /* NULL on no memory: reported as "" */
         atomic_store_explicit(&s->err_status, (int)st, memory_order_release);
     }
     pthread_mutex_unlock(&s->err_lock);
@@ -198,8 +208,12 @@ static void fence_event(ccq_runtime *rt, uint32_t type, ccq_device_id device, cc
 CCQ_API ccq_status ccq_sync_collective(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream)
 {
     ccq_status st;
-    bool traced =
-        rt != NULL && ccq_is_local(rt, device) && stream < rt->max_streams && ccq_trace_on(&rt->trace);
+    if (ccq_tls_inside != 0) { /* before the fence events: a fence callback would recurse */
+        ccq_clear_detail();
+        return ccq_refuse_inside("ccq_sync_collective");
+    }
+    bool traced = rt != NULL && ccq_is_local(rt, device) && stream < rt->max_streams &&
+                  ccq_trace_on(&rt->trace);
     if (traced)
         fence_event(rt, CCQ_EV_FENCE_BEGIN, device, stream, CCQ_OK);
     st = sync_collective(rt, device, stream);
@@ -232,15 +246,14 @@ static ccq_status sync_collective(ccq_runtime *rt, ccq_device_id device, ccq_str
          * the oldest queued command, report why instead of a bare timeout. */
         uint64_t grace =
             rt->timeout_ns / 4 < 250000000ull ? rt->timeout_ns / 4 + 50000000ull : 300000000ull;
-        if (rt->timeout_ns != UINT64_MAX)
-            deadline = ccq_now_ns() + rt->timeout_ns + grace;
+        deadline = ccq_deadline_in(ccq_add_sat(rt->timeout_ns, grace));
         bool ok = ccq_signal_wait_spin(&s->ev, fence_done, &w, deadline, rt->spin_ns);
         /* Issued work is aborted timeout_ms after it was issued, which can be later than
          * this fence's deadline: wait for that verdict rather than report a bare timeout. */
         uint64_t issued = atomic_load_explicit(&s->issued_ns, memory_order_acquire);
-        if (!ok && issued != 0 && deadline != UINT64_MAX &&
-            issued + rt->timeout_ns + grace > deadline)
-            ok = ccq_signal_wait_spin(&s->ev, fence_done, &w, issued + rt->timeout_ns + grace, 0);
+        uint64_t verdict = ccq_add_sat(issued, ccq_add_sat(rt->timeout_ns, grace));
+        if (!ok && issued != 0 && deadline != UINT64_MAX && verdict > deadline)
+            ok = ccq_signal_wait_spin(&s->ev, fence_done, &w, verdict, 0);
         if (!ok) {
             uint64_t e = atomic_load_explicit(&s->ended, memory_order_acquire);
             if (atomic_load_explicit(&s->err_status, memory_order_acquire) == 0)
@@ -260,9 +273,11 @@ static ccq_status sync_collective(ccq_runtime *rt, ccq_device_id device, ccq_str
     pthread_mutex_lock(&s->err_lock);
     err = atomic_load_explicit(&s->err_status, memory_order_relaxed);
     if (err != 0) {
-        ccq_set_detail("%s", s->err_detail);
+        ccq_set_detail("%s", s->err_detail ? s->err_detail : "");
         s->last_status = (ccq_status)err;
-        memcpy(s->last_detail, s->err_detail, sizeof s->last_detail);
+        free(s->last_detail);
+        s->last_detail = s->err_detail;
+        s->err_detail = NULL;
         atomic_store_explicit(&s->err_status, 0, memory_order_relaxed);
     }
     pthread_mutex_unlock(&s->err_lock);
@@ -285,8 +300,11 @@ CCQ_API ccq_status ccq_stream_last_error(ccq_runtime *rt, ccq_device_id device,
     s = ccq_stream_at(rt, device, stream);
     pthread_mutex_lock(&s->err_lock);
     st = s->last_status;
-    if (len > 0)
-        snprintf(buf, len, "%s", s->last_detail);
+    if (len > 0) {
+        const char *d = s->last_detail ? s->last_detail : "";
+        if ((size_t)snprintf(buf, len, "%s", d) >= len)
+            ccq_mark_truncated(buf, len);
+    }
     pthread_mutex_unlock(&s->err_lock);
     return st;
 }

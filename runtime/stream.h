@@ -63,9 +63,9 @@ typedef struct ccq_stream {
     ccq_stream_id id;
     uint32_t index;
     pthread_mutex_t err_lock; /* guards the strings below */
-    char err_detail[CCQ_DETAIL_LEN];
+    char *err_detail;         /* malloc'd, whole (a desync report can exceed CCQ_DETAIL_LEN) */
     ccq_status last_status;
-    char last_detail[CCQ_DETAIL_LEN];
+    char *last_detail; /* malloc'd or NULL */
 } ccq_stream;
 
 /* Set up a stream that has not been used yet, and free what it holds. */

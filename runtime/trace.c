@@ -125,18 +125,43 @@ void ccq_trace_note(ccq_trace *t, uint32_t type, const char *text)
     if (t->cap == 0)
         return;
     pthread_mutex_lock(&t->note_lock);
-    struct ccq_trace_note_s *n = &t->notes[t->nhead++ % CCQ_TRACE_NOTES];
+    ccq_note *n = &t->notes[t->nhead++ % CCQ_TRACE_NOTES];
     n->time_ns = ccq_now_ns();
     n->type = type;
-    snprintf(n->text, sizeof n->text, "%s", text);
+    if ((size_t)snprintf(n->text, sizeof n->text, "%s", text) >= sizeof n->text)
+        ccq_mark_truncated(n->text, sizeof n->text); /* a long desync report: show the cut */
     pthread_mutex_unlock(&t->note_lock);
+}
+
+_Thread_local uint32_t ccq_tls_inside;
+
+ccq_status ccq_refuse_inside(const char *fn)
+{
+    if (ccq_tls_inside == 0)
+        return CCQ_OK;
+    return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                    "%s: called from inside a ccq event callback%s; the callback contract forbids "
+                    "it there (it waits for ccq's scheduler or fences, which would hang): call "
+                    "it from another thread",
+                    fn,
+                    (ccq_tls_inside & CCQ_INSIDE_CALLBACK) ? "" : " (on ccq's scheduler thread)");
 }
 
 static void deliver(ccq_trace *t, const ccq_event *ev)
 {
     ccq_trace_cb *cb = atomic_load_explicit(&t->cb, memory_order_acquire);
-    if (cb != NULL && cb->fn != NULL)
+    if (cb == NULL)
+        return;
+    uint32_t saved = ccq_tls_inside;
+    ccq_tls_inside = saved | CCQ_INSIDE_CALLBACK;
+    if (cb->fn != NULL) {
         cb->fn(ev, cb->user);
+    } else if (cb->fn_v0_1 != NULL) {
+        ccq_event_v0_1 old;
+        ccq_event_to_v0_1(&old, ev);
+        cb->fn_v0_1(&old, cb->user);
+    }
+    ccq_tls_inside = saved;
 }
 
 void ccq_trace_fence_writes(void)
@@ -146,14 +171,14 @@ void ccq_trace_fence_writes(void)
 
 void ccq_trace_rec(ccq_trace *t, const ccq_event *ev)
 {
-    ccq_event *slot = ccq_trace_slot(t, NULL);
-    if (slot != NULL)
-        *slot = *ev;
-    ccq_trace_commit(t, slot != NULL ? slot : ev);
+    ccq_event tmp, *slot = ccq_trace_slot(t, &tmp);
+    *slot = *ev;
+    ccq_trace_commit(t, slot);
 }
 
-void ccq_trace_commit(ccq_trace *t, const ccq_event *ev)
+void ccq_trace_commit(ccq_trace *t, ccq_event *ev)
 {
+    ev->struct_size = sizeof *ev;
     if (t->cap != 0) {
         t->head++;
         atomic_store_explicit(&t->head_pub, t->head, memory_order_relaxed);
@@ -163,13 +188,15 @@ void ccq_trace_commit(ccq_trace *t, const ccq_event *ev)
 
 void ccq_trace_rec_fence(ccq_trace *t, const ccq_event *ev)
 {
+    ccq_event e = *ev;
+    e.struct_size = sizeof e;
     if (t->cap != 0) {
         pthread_mutex_lock(&t->fence_lock);
-        t->fring[t->fhead & (t->fcap - 1)] = *ev;
+        t->fring[t->fhead & (t->fcap - 1)] = e;
         t->fhead++;
         pthread_mutex_unlock(&t->fence_lock);
     }
-    deliver(t, ev);
+    deliver(t, &e);
 }
 
 /* The newest min(cap, kept) events of the scheduler's ring, oldest first. Only the
@@ -264,27 +291,34 @@ CCQ_API const char *ccq_event_type_name(uint32_t type)
     return type < CCQ_EV_TYPE_COUNT_ ? ev_names[type] : "?";
 }
 
-CCQ_API ccq_status ccq_set_event_callback(ccq_runtime *rt, ccq_event_fn fn, void *user)
+ccq_status ccq_trace_set_callback(ccq_trace *t, ccq_event_fn fn, ccq_event_fn_v0_1 fn_v0_1,
+                                  void *user)
 {
-    ccq_trace_cb *cb = NULL;
+    ccq_trace_cb *cb;
 
-    ccq_clear_detail();
-    if (rt == NULL)
-        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_set_event_callback: rt is NULL");
-    pthread_mutex_lock(&rt->trace.cb_lock);
+    pthread_mutex_lock(&t->cb_lock);
     /* Callbacks are never freed while the runtime lives: the scheduler may be inside the
      * previous one. They are kept on a list and freed at destroy. */
     cb = malloc(sizeof *cb);
     if (cb == NULL) {
-        pthread_mutex_unlock(&rt->trace.cb_lock);
+        pthread_mutex_unlock(&t->cb_lock);
         return ccq_fail(CCQ_ERR_NO_MEMORY, "ccq_set_event_callback: out of memory");
     }
     cb->fn = fn;
+    cb->fn_v0_1 = fn_v0_1;
     cb->user = user;
-    cb->prev = atomic_load_explicit(&rt->trace.cb, memory_order_relaxed);
-    atomic_store_explicit(&rt->trace.cb, cb, memory_order_release);
-    pthread_mutex_unlock(&rt->trace.cb_lock);
+    cb->prev = atomic_load_explicit(&t->cb, memory_order_relaxed);
+    atomic_store_explicit(&t->cb, cb, memory_order_release);
+    pthread_mutex_unlock(&t->cb_lock);
     return CCQ_OK;
+}
+
+CCQ_API ccq_status ccq_set_event_callback(ccq_runtime *rt, ccq_event_fn fn, void *user)
+{
+    ccq_clear_detail();
+    if (rt == NULL)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_set_event_callback: rt is NULL");
+    return ccq_trace_set_callback(&rt->trace, fn, NULL, user);
 }
 
 static bool snapshot_answered(void *arg)
@@ -321,45 +355,117 @@ static size_t snapshot(ccq_runtime *rt, ccq_event *out, size_t cap, uint64_t *dr
     return n;
 }
 
+/* 0.2.0's layout is ABI: a field may only be appended after `peer`. */
+_Static_assert(sizeof(ccq_event) >= CCQ_EVENT_SIZE_0_2 &&
+                   offsetof(ccq_event, peer) + sizeof(uint32_t) <= CCQ_EVENT_SIZE_0_2 &&
+                   offsetof(ccq_event, time_ns) == 8 && offsetof(ccq_event, peer) == 80,
+               "ccq_event: fields may only be appended");
+
+void ccq_events_copy_out(void *out, size_t elem_size, const ccq_event *ev, size_t n)
+{
+    uint32_t size = (uint32_t)elem_size;
+    for (size_t k = 0; k < n; k++) {
+        unsigned char *el = (unsigned char *)out + k * elem_size;
+        memcpy(el, &ev[k], elem_size);
+        memcpy(el + offsetof(ccq_event, struct_size), &size, sizeof size);
+    }
+}
+
 CCQ_API ccq_status ccq_trace_snapshot(ccq_runtime *rt, ccq_event *out, size_t cap, size_t *n,
                                       uint64_t *dropped)
 {
+    uint32_t elem_size = sizeof(ccq_event);
+    ccq_event *tmp;
+
     ccq_clear_detail();
     if (rt == NULL || n == NULL || (out == NULL && cap > 0))
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_trace_snapshot: %s is NULL",
                         rt == NULL  ? "rt"
                         : n == NULL ? "n"
                                     : "out");
-    *n = snapshot(rt, out, cap, dropped);
+    /* The caller's element size is in out[0] (read before anything is written). A program
+     * built against an older ccq.h has a smaller ccq_event: its array is strided by that. */
+    if (cap > 0) {
+        elem_size = out[0].struct_size;
+        if (elem_size < CCQ_EVENT_SIZE_0_2 || elem_size > sizeof(ccq_event) ||
+            elem_size % _Alignof(ccq_event) != 0)
+            return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                            "ccq_trace_snapshot: out[0].struct_size is %" PRIu32
+                            "; set it to sizeof(ccq_event) (%zu in this library; %u or more)",
+                            elem_size, sizeof(ccq_event), CCQ_EVENT_SIZE_0_2);
+    }
+    if (elem_size == sizeof(ccq_event)) {
+        *n = snapshot(rt, out, cap, dropped);
+        return CCQ_OK;
+    }
+    tmp = malloc(cap * sizeof *tmp);
+    if (tmp == NULL)
+        return ccq_fail(CCQ_ERR_NO_MEMORY, "ccq_trace_snapshot: out of memory (%zu events)", cap);
+    *n = snapshot(rt, tmp, cap, dropped);
+    ccq_events_copy_out(out, elem_size, tmp, *n);
+    free(tmp);
     return CCQ_OK;
+}
+
+/* Copy what a dump shows out of the runtime: the events (through the scheduler), then the
+ * communicators and notes under their locks. The writer then works on the copy alone. */
+static int take_view(ccq_runtime *rt, ccq_trace_view *v)
+{
+    ccq_trace *t = &rt->trace;
+    size_t cap = (size_t)t->cap + t->fcap;
+
+    memset(v, 0, sizeof *v);
+    v->hdr.backend = rt->be_ops->name;
+    v->hdr.ndev = rt->ndev;
+    v->hdr.max_streams = rt->max_streams;
+    v->ev = malloc((cap ? cap : 1) * sizeof *v->ev);
+    v->notes = malloc(CCQ_TRACE_NOTES * sizeof *v->notes);
+    if (v->ev == NULL || v->notes == NULL)
+        return -1;
+    v->nev = snapshot(rt, v->ev, cap, &v->hdr.dropped);
+    v->hdr.t0_ns = v->nev ? v->ev[0].time_ns : 0;
+
+    pthread_mutex_lock(&rt->comm_lock); /* comms can be created meanwhile */
+    v->ncomms = atomic_load_explicit(&rt->ncomms, memory_order_acquire);
+    v->comms = calloc(v->ncomms ? v->ncomms : 1, sizeof *v->comms);
+    for (uint32_t k = 0; v->comms != NULL && k < v->ncomms; k++)
+        ccq_describe_comm(v->comms[k].devices, sizeof v->comms[k].devices, rt->comms[k]);
+    pthread_mutex_unlock(&rt->comm_lock);
+
+    pthread_mutex_lock(&t->note_lock); /* the newest CCQ_TRACE_NOTES, oldest first */
+    uint64_t first = t->nhead > CCQ_TRACE_NOTES ? t->nhead - CCQ_TRACE_NOTES : 0;
+    for (uint64_t k = first; k < t->nhead; k++)
+        v->notes[v->nnotes++] = t->notes[k % CCQ_TRACE_NOTES];
+    pthread_mutex_unlock(&t->note_lock);
+    return v->comms != NULL ? 0 : -1;
 }
 
 /* Write the recorder to `path`; shared by ccq_trace_dump and the automatic dumps. */
 ccq_status ccq_trace_write_file(ccq_runtime *rt, const char *path)
 {
-    ccq_trace *t = &rt->trace;
-    size_t cap = (size_t)t->cap + t->fcap, n;
-    uint64_t dropped = 0;
-    ccq_event *ev = malloc((cap ? cap : 1) * sizeof *ev);
+    ccq_trace_view v;
+    ccq_status st = CCQ_OK;
     FILE *f;
     int rc;
 
-    if (ev == NULL)
-        return ccq_fail(CCQ_ERR_NO_MEMORY, "ccq_trace_dump: out of memory");
-    n = snapshot(rt, ev, cap, &dropped);
+    if (take_view(rt, &v) != 0) {
+        st = ccq_fail(CCQ_ERR_NO_MEMORY, "ccq_trace_dump: out of memory");
+        goto free_view;
+    }
     f = fopen(path, "w");
     if (f == NULL) {
-        int e = errno;
-        free(ev);
-        return ccq_fail(CCQ_ERR_BACKEND, "ccq_trace_dump: cannot open \"%s\": %s", path,
-                        strerror(e));
+        st = ccq_fail(CCQ_ERR_BACKEND, "ccq_trace_dump: cannot open \"%s\": %s", path,
+                      strerror(errno));
+        goto free_view;
     }
-    rc = ccq_trace_write_json(f, rt, ev, n, dropped);
-    rc |= fclose(f);
-    free(ev);
-    if (rc != 0)
-        return ccq_fail(CCQ_ERR_BACKEND, "ccq_trace_dump: writing \"%s\" failed", path);
-    return CCQ_OK;
+    rc = ccq_trace_write_json(f, &v);
+    if ((rc | fclose(f)) != 0)
+        st = ccq_fail(CCQ_ERR_BACKEND, "ccq_trace_dump: writing \"%s\" failed", path);
+free_view:
+    free(v.ev);
+    free(v.notes);
+    free(v.comms);
+    return st;
 }
 
 CCQ_API ccq_status ccq_trace_dump(ccq_runtime *rt, const char *path)

@@ -10,6 +10,8 @@
 
 #include "ccq.h"
 #include "queue/wake.h"
+#include "runtime/trace_compat.h"
+#include "runtime/trace_view.h"
 
 /* Log2 histogram with 4 sub-buckets per power of two (values in ns): percentiles within a
  * factor of 2^(1/4). One writer (the scheduler), any number of readers. */
@@ -21,11 +23,11 @@ typedef struct ccq_hist {
 void ccq_hist_add(ccq_hist *h, uint64_t ns);
 double ccq_hist_percentile_us(const ccq_hist *h, double p);
 
-#define CCQ_TRACE_NOTES    64
-#define CCQ_TRACE_NOTE_LEN 512
+#define CCQ_TRACE_NOTES 64
 
 typedef struct ccq_trace_cb {
     ccq_event_fn fn;
+    ccq_event_fn_v0_1 fn_v0_1; /* set instead of fn by 0.1.0's entry point (trace_compat.c) */
     void *user;
     struct ccq_trace_cb *prev; /* replaced callbacks, freed at destroy (a reader may hold one) */
 } ccq_trace_cb;
@@ -58,11 +60,7 @@ typedef struct ccq_trace {
     /* Notes: the text of recent errors (watchdog desync reports, aborts, mismatches, backend
      * failures), exported with the trace. Rare, so a mutex guards them. */
     pthread_mutex_t note_lock;
-    struct ccq_trace_note_s {
-        uint64_t time_ns;
-        uint32_t type;
-        char text[CCQ_TRACE_NOTE_LEN];
-    } notes[CCQ_TRACE_NOTES];
+    ccq_note notes[CCQ_TRACE_NOTES];
     uint64_t nhead;
 
     /* Automatic dumps (trace_file): at destroy, and on watchdog/errors at most 1/s. */
@@ -81,6 +79,9 @@ struct ccq_runtime;
 int ccq_trace_init(ccq_trace *t, uint32_t capacity, const char *file);
 void ccq_trace_fini(ccq_trace *t);
 
+/* Every event the library records or hands to a callback goes through rec, commit or
+ * rec_fence, which set its struct_size to sizeof(ccq_event). */
+
 /* Record an event (scheduler thread only) and hand it to the callback. */
 void ccq_trace_rec(ccq_trace *t, const ccq_event *ev);
 
@@ -91,7 +92,7 @@ static inline ccq_event *ccq_trace_slot(ccq_trace *t, ccq_event *tmp)
 {
     return t->cap != 0 ? &t->ring[t->head & (t->cap - 1)] : tmp;
 }
-void ccq_trace_commit(ccq_trace *t, const ccq_event *ev);
+void ccq_trace_commit(ccq_trace *t, ccq_event *ev);
 /* Make the scheduler's ring writes (streaming stores) visible to other threads. */
 void ccq_trace_fence_writes(void);
 /* Record a fence event (any thread). */
@@ -103,6 +104,11 @@ static inline bool ccq_trace_on(ccq_trace *t)
     return t->cap != 0 || atomic_load_explicit(&t->cb, memory_order_relaxed) != NULL;
 }
 
+/* Install a callback (fn, or 0.1.0's fn_v0_1; both NULL clears it). Any thread. CCQ_OK or
+ * CCQ_ERR_NO_MEMORY (with its detail). */
+ccq_status ccq_trace_set_callback(ccq_trace *t, ccq_event_fn fn, ccq_event_fn_v0_1 fn_v0_1,
+                                  void *user);
+
 /* Keep the text of an error for the trace (any thread; cheap enough for rare events). */
 void ccq_trace_note(ccq_trace *t, uint32_t type, const char *text);
 
@@ -112,18 +118,23 @@ static inline bool ccq_trace_requested(ccq_trace *t)
 {
     return atomic_load_explicit(&t->req_state, memory_order_acquire) == 1;
 }
-/* Copy both rings, oldest first (sorted by time). `direct` = the caller is the scheduler,
- * or the scheduler has exited. */
+/* Copy both rings, oldest first (sorted by time). Only the scheduler may call it while it
+ * runs (other threads ask it through ccq_trace_snapshot); anyone may once it has exited. */
 size_t ccq_trace_copy(ccq_trace *t, ccq_event *out, size_t cap, uint64_t *dropped);
+
+/* The size of ccq_event in 0.2.0, the first layout with struct_size: the smallest element
+ * size ccq_trace_snapshot accepts. Fixed forever; later layouts only append. */
+#define CCQ_EVENT_SIZE_0_2 88u
+
+/* Copy n events into an array of elements of `elem_size` bytes (CCQ_EVENT_SIZE_0_2 ..
+ * sizeof(ccq_event), a multiple of ccq_event's alignment): the first elem_size bytes of
+ * each, with struct_size = elem_size. */
+void ccq_events_copy_out(void *out, size_t elem_size, const ccq_event *ev, size_t n);
 
 /* Scheduler side: when the next rate tick is due (UINT64_MAX: none needed). */
 uint64_t ccq_trace_next_tick(ccq_trace *t, uint64_t ended);
 /* Scheduler side: update the commands/s rate once a second. */
 void ccq_trace_tick(ccq_trace *t, uint64_t now, uint64_t ended);
-
-/* Write events as Chrome Trace Event Format JSON (runtime/trace_json.c). */
-int ccq_trace_write_json(FILE *f, struct ccq_runtime *rt, const ccq_event *ev, size_t n,
-                         uint64_t dropped);
 
 /* The calling thread's id (Linux tid), cached per thread. */
 uint32_t ccq_thread_id(void);

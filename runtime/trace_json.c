@@ -9,12 +9,17 @@
  * which viewers stack as needed. One more process, "ccq scheduler", has a "batches" track
  * (one slice per batch, from the start of issuing to its end) and a "matching" track
  * (instants when an operation has all its parts); flow arrows go from each submission to the
- * batch that issued it. Watchdog timeouts and aborts are global instants. */
+ * batch that issued it. Watchdog timeouts and aborts are global instants.
+ *
+ * The writer reads only a ccq_trace_view (runtime/trace_view.h): plain data, no runtime, no
+ * locks. Each section has its emitter; events are written in the view's (time) order. */
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/internal.h"
+#include "common/kinds.h"
+#include "runtime/trace_view.h"
 
 #define SUBMIT_SLICE_US                                                                            \
     0.2 /* widest submission marker slice (narrower if the next one is                             \
@@ -24,6 +29,24 @@ typedef struct cmd_info {
     uint64_t submit, issue, batch;
     bool have_submit, have_issue;
 } cmd_info;
+
+/* The writer's state: the view, and what it learns from the events as it goes. */
+typedef struct jw {
+    FILE *f;
+    const ccq_trace_view *v;
+    uint64_t t0;
+    uint32_t sched_pid; /* the "ccq scheduler" process, after the devices */
+    bool first;         /* nothing written to traceEvents yet (no separator) */
+    cmd_info *ci;       /* per command id in [idmin, idmax] */
+    uint64_t idmin, idmax;
+    uint64_t *next_sub; /* per submission event: the next one's time on its stream */
+    char name[96];
+} jw;
+
+static const char *sep(jw *w)
+{
+    return w->first ? (w->first = false, "") : ",\n";
+}
 
 /* A JSON string literal (escapes quotes, backslashes and control characters). */
 static void json_str(FILE *f, const char *s)
@@ -46,30 +69,31 @@ static double us(uint64_t t, uint64_t t0)
     return t >= t0 ? (double)(t - t0) / 1e3 : -(double)(t0 - t) / 1e3;
 }
 
-static void op_name(char *buf, size_t len, const ccq_event *e)
+static const char *op_name(jw *w, const ccq_event *e)
 {
     switch (e->kind) {
     case CCQ_KIND_SEND:
-        snprintf(buf, len, "send #%" PRIu64 " to %u", e->seq, e->peer);
+        snprintf(w->name, sizeof w->name, "send #%" PRIu64 " to %u", e->seq, e->peer);
         break;
     case CCQ_KIND_RECV:
-        snprintf(buf, len, "recv #%" PRIu64 " from %u", e->seq, e->peer);
+        snprintf(w->name, sizeof w->name, "recv #%" PRIu64 " from %u", e->seq, e->peer);
         break;
     default:
-        snprintf(buf, len, "%s #%" PRIu64, ccq_kind_name(e->kind), e->seq);
+        snprintf(w->name, sizeof w->name, "%s #%" PRIu64, ccq_kind_name(e->kind), e->seq);
         break;
     }
+    return w->name;
 }
 
-/* Communicator names, copied under the registry lock (comms can be created meanwhile). */
-typedef struct comm_names {
-    uint32_t n;
-    char (*name)[64];
-} comm_names;
-
-static void op_args(FILE *f, const comm_names *cn, const ccq_event *e, const cmd_info *ci)
+static bool on_stream(const jw *w, const ccq_event *e)
 {
-    const char *set = e->comm < cn->n ? cn->name[e->comm] : "?";
+    return e->device < w->v->hdr.ndev && e->stream < w->v->hdr.max_streams;
+}
+
+static void op_args(jw *w, const ccq_event *e, const cmd_info *ci)
+{
+    FILE *f = w->f;
+    const char *set = e->comm < w->v->ncomms ? w->v->comms[e->comm].devices : "?";
     fprintf(f,
             "{\"id\":%" PRIu64 ",\"comm\":\"%s\",\"seq\":%" PRIu64 ",\"dtype\":\"%s\","
             "\"count\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"thread\":%u",
@@ -88,244 +112,283 @@ static void op_args(FILE *f, const comm_names *cn, const ccq_event *e, const cmd
     fputc('}', f);
 }
 
-int ccq_trace_write_json(FILE *f, ccq_runtime *rt, const ccq_event *ev, size_t n, uint64_t dropped)
+/* Before writing: one cmd_info per command id (ids are dense: a range), and for each
+ * submission when the next one on the same stream happens (a backward pass). */
+static int scan(jw *w)
 {
-    comm_names cn = {0, NULL};
-    uint64_t t0 = n ? ev[0].time_ns : 0, idmin = UINT64_MAX, idmax = 0;
-    uint32_t sched_pid = rt->ndev;
-    bool *stream_seen = calloc((size_t)rt->ndev * rt->max_streams, sizeof *stream_seen);
-    cmd_info *ci = NULL;
-    char name[96];
-    bool first = true;
-
-    if (stream_seen == NULL)
-        return -1;
-    pthread_mutex_lock(&rt->comm_lock);
-    cn.n = atomic_load_explicit(&rt->ncomms, memory_order_acquire);
-    cn.name = calloc(cn.n ? cn.n : 1, sizeof *cn.name);
-    for (uint32_t k = 0; cn.name != NULL && k < cn.n; k++)
-        ccq_describe_comm(cn.name[k], sizeof cn.name[k], rt->comms[k]);
-    pthread_mutex_unlock(&rt->comm_lock);
-    if (cn.name == NULL) {
-        free(stream_seen);
-        return -1;
-    }
-    for (size_t k = 0; k < n; k++) {
-        const ccq_event *e = &ev[k];
+    const ccq_trace_view *v = w->v;
+    size_t ntracks = (size_t)v->hdr.ndev * v->hdr.max_streams;
+    uint64_t *last = malloc((ntracks + 1) * sizeof *last);
+    w->idmin = UINT64_MAX;
+    w->next_sub = malloc((v->nev ? v->nev : 1) * sizeof *w->next_sub);
+    for (size_t k = 0; k < ntracks && last != NULL; k++)
+        last[k] = UINT64_MAX;
+    for (size_t k = v->nev; k-- > 0 && last != NULL && w->next_sub != NULL;) {
+        const ccq_event *e = &v->ev[k];
         if (e->type <= CCQ_EV_FAILED && e->type != CCQ_EV_MATCHED) {
-            idmin = e->id < idmin ? e->id : idmin;
-            idmax = e->id > idmax ? e->id : idmax;
+            w->idmin = e->id < w->idmin ? e->id : w->idmin;
+            w->idmax = e->id > w->idmax ? e->id : w->idmax;
         }
+        w->next_sub[k] = UINT64_MAX;
+        if (e->type != CCQ_EV_SUBMITTED || !on_stream(w, e))
+            continue;
+        size_t tr = (size_t)e->device * v->hdr.max_streams + e->stream;
+        w->next_sub[k] = last[tr];
+        last[tr] = e->time_ns;
     }
-    if (idmin <= idmax && (ci = calloc(idmax - idmin + 1, sizeof *ci)) == NULL) {
-        free(stream_seen);
-        free(cn.name);
-        return -1;
-    }
-#define SEP() (first ? (first = false, "") : ",\n")
-    fprintf(f,
+    bool ok = last != NULL && w->next_sub != NULL;
+    if (ok && w->idmin <= w->idmax)
+        ok = (w->ci = calloc(w->idmax - w->idmin + 1, sizeof *w->ci)) != NULL;
+    free(last);
+    return ok ? 0 : -1;
+}
+
+static void emit_header(jw *w)
+{
+    const ccq_trace_header *h = &w->v->hdr;
+    fprintf(w->f,
             "{\"displayTimeUnit\":\"ns\",\"otherData\":{\"producer\":\"ccq %s\","
             "\"backend\":\"%s\",\"devices\":%u,\"events\":%zu,\"dropped_events\":%" PRIu64
             ",\"clock\":\"CLOCK_MONOTONIC\",\"t0_ns\":%" PRIu64 "},\n\"traceEvents\":[\n",
-            CCQ_VERSION_STRING, rt->be_ops->name, rt->ndev, n, dropped, t0);
+            CCQ_VERSION_STRING, h->backend, h->ndev, w->v->nev, h->dropped, h->t0_ns);
+}
 
-    /* For each submission, when the next one on the same stream happens (backward pass). */
-    uint64_t *next_sub = malloc((n ? n : 1) * sizeof *next_sub);
-    uint64_t *last = malloc(((size_t)rt->ndev * rt->max_streams + 1) * sizeof *last);
-    if (next_sub == NULL || last == NULL) {
-        free(next_sub);
-        free(last);
-        free(ci);
-        free(stream_seen);
-        free(cn.name);
+/* Process and thread names: every device, the scheduler, and each stream that has events. */
+static int emit_names(jw *w)
+{
+    const ccq_trace_view *v = w->v;
+    bool *stream_seen = calloc((size_t)v->hdr.ndev * v->hdr.max_streams, sizeof *stream_seen);
+    if (stream_seen == NULL)
         return -1;
-    }
-    for (size_t k = 0; k < (size_t)rt->ndev * rt->max_streams; k++)
-        last[k] = UINT64_MAX;
-    for (size_t k = n; k-- > 0;) {
-        const ccq_event *e = &ev[k];
-        next_sub[k] = UINT64_MAX;
-        if (e->type != CCQ_EV_SUBMITTED || e->device >= rt->ndev || e->stream >= rt->max_streams)
-            continue;
-        size_t tr = (size_t)e->device * rt->max_streams + e->stream;
-        next_sub[k] = last[tr];
-        last[tr] = e->time_ns;
-    }
-    free(last);
-
-    /* Process and thread names. */
-    for (uint32_t d = 0; d < rt->ndev; d++)
-        fprintf(f,
+    for (uint32_t d = 0; d < v->hdr.ndev; d++)
+        fprintf(w->f,
                 "%s{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%u,\"args\":{\"name\":"
                 "\"device %u\"}},\n{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":%u,"
                 "\"args\":{\"sort_index\":%u}}",
-                SEP(), d, d, d, d);
-    fprintf(f,
+                sep(w), d, d, d, d);
+    fprintf(w->f,
             "%s{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%u,\"args\":{\"name\":\"ccq "
             "scheduler\"}},\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%u,\"tid\":0,"
             "\"args\":{\"name\":\"batches\"}},\n{\"ph\":\"M\",\"name\":\"thread_name\","
             "\"pid\":%u,\"tid\":1,\"args\":{\"name\":\"matching\"}}",
-            SEP(), sched_pid, sched_pid, sched_pid);
-    for (size_t k = 0; k < n; k++) {
-        const ccq_event *e = &ev[k];
-        if (e->device >= rt->ndev || e->stream >= rt->max_streams)
+            sep(w), w->sched_pid, w->sched_pid, w->sched_pid);
+    for (size_t k = 0; k < v->nev; k++) {
+        const ccq_event *e = &v->ev[k];
+        if (!on_stream(w, e))
             continue;
-        bool *seen = &stream_seen[(size_t)e->device * rt->max_streams + e->stream];
+        bool *seen = &stream_seen[(size_t)e->device * v->hdr.max_streams + e->stream];
         if (*seen)
             continue;
         *seen = true;
         static const char *const track[3] = {"submitted", "in flight", "fences"};
         for (uint32_t t = 0; t < 3; t++)
-            fprintf(f,
+            fprintf(w->f,
                     "%s{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%u,\"tid\":%u,"
                     "\"args\":{\"name\":\"stream %u: %s\"}},\n{\"ph\":\"M\",\"name\":"
                     "\"thread_sort_index\",\"pid\":%u,\"tid\":%u,\"args\":{\"sort_index\":%u}}",
-                    SEP(), e->device, e->stream * 3 + t, e->stream, track[t], e->device,
+                    sep(w), e->device, e->stream * 3 + t, e->stream, track[t], e->device,
                     e->stream * 3 + t, e->stream * 3 + t);
     }
+    free(stream_seen);
+    return 0;
+}
 
-    /* Events, in time order. */
-    for (size_t k = 0; k < n; k++) {
-        const ccq_event *e = &ev[k];
-        cmd_info *c = ci && e->id >= idmin && e->id <= idmax ? &ci[e->id - idmin] : NULL;
-        uint32_t pid = e->device, tid = e->stream * 3;
-        switch (e->type) {
-        case CCQ_EV_SUBMITTED:
-            if (c != NULL) {
-                c->submit = e->time_ns;
-                c->have_submit = true;
-            }
-            op_name(name, sizeof name, e);
-            double dur = SUBMIT_SLICE_US;
-            if (next_sub[k] != UINT64_MAX && (double)(next_sub[k] - e->time_ns) / 2e3 < dur)
-                dur = (double)((next_sub[k] - e->time_ns) / 2) / 1e3; /* whole ns: no overlap */
-            fprintf(f,
-                    "%s{\"ph\":\"X\",\"cat\":\"submit\",\"name\":\"%s\",\"pid\":%u,\"tid\":%u,"
-                    "\"ts\":%.3f,\"dur\":%.3f,\"args\":",
-                    SEP(), name, pid, tid, us(e->time_ns, t0), dur);
-            op_args(f, &cn, e, NULL);
-            fprintf(f,
-                    "},\n{\"ph\":\"b\",\"cat\":\"queued\",\"name\":\"%s\",\"id\":\"q%" PRIu64
-                    "\",\"pid\":%u,\"tid\":%u,\"ts\":%.3f}",
-                    name, e->id, pid, tid, us(e->time_ns, t0));
-            break;
-        case CCQ_EV_ISSUED:
-            op_name(name, sizeof name, e);
-            if (c != NULL) {
-                c->issue = e->time_ns;
-                c->batch = e->batch;
-                c->have_issue = true;
-            }
-            if (c != NULL && c->have_submit) {
-                fprintf(f,
-                        "%s{\"ph\":\"e\",\"cat\":\"queued\",\"name\":\"%s\",\"id\":\"q%" PRIu64
-                        "\",\"pid\":%u,\"tid\":%u,\"ts\":%.3f}",
-                        SEP(), name, e->id, pid, tid, us(e->time_ns, t0));
-                /* Arrow: from the submission slice to the batch that issued it. */
-                fprintf(f,
-                        ",\n{\"ph\":\"s\",\"cat\":\"flow\",\"name\":\"issued in batch\","
-                        "\"id\":%" PRIu64 ",\"pid\":%u,\"tid\":%u,\"ts\":%.3f}",
-                        e->id, pid, tid, us(c->submit, t0));
-                fprintf(f,
-                        ",\n{\"ph\":\"f\",\"bp\":\"e\",\"cat\":\"flow\",\"name\":\"issued in "
-                        "batch\",\"id\":%" PRIu64 ",\"pid\":%u,\"tid\":0,\"ts\":%.3f}",
-                        e->id, sched_pid, us(e->time_ns, t0));
-            }
-            break;
-        case CCQ_EV_COMPLETED:
-        case CCQ_EV_FAILED:
-            op_name(name, sizeof name, e);
-            if (c != NULL && c->have_issue) {
-                fprintf(f,
-                        "%s{\"ph\":\"X\",\"cat\":\"%s\",\"name\":\"%s\",\"pid\":%u,\"tid\":%u,"
-                        "\"ts\":%.3f,\"dur\":%.3f,\"args\":",
-                        SEP(), e->type == CCQ_EV_COMPLETED ? "op" : "op,failed", name, pid, tid + 1,
-                        us(c->issue, t0), (double)(e->time_ns - c->issue) / 1e3);
-                op_args(f, &cn, e, c);
-                fputc('}', f);
-            } else {
-                /* Never issued (mismatch, timeout, cancellation), or its issue fell out of
-                 * the recorder: end its queued slice and mark the end where it happened. */
-                bool failed = e->type == CCQ_EV_FAILED;
-                if (c != NULL && c->have_submit)
-                    fprintf(f,
-                            "%s{\"ph\":\"e\",\"cat\":\"queued\",\"name\":\"%s\",\"id\":\"q%" PRIu64
-                            "\",\"pid\":%u,\"tid\":%u,\"ts\":%.3f}",
-                            SEP(), name, e->id, pid, tid, us(e->time_ns, t0));
-                fprintf(f,
-                        "%s{\"ph\":\"i\",\"s\":\"t\",\"cat\":\"%s\",\"name\":\"%s %s\","
-                        "\"pid\":%u,\"tid\":%u,\"ts\":%.3f,\"args\":",
-                        SEP(), failed ? "op,failed" : "op", name, failed ? "failed" : "completed",
-                        pid, tid + 1, us(e->time_ns, t0));
-                op_args(f, &cn, e, c);
-                fputc('}', f);
-            }
-            break;
-        case CCQ_EV_BATCH:
-            fprintf(f,
-                    "%s{\"ph\":\"X\",\"cat\":\"batch\",\"name\":\"batch %" PRIu64 " (%" PRIu64
-                    " ops)\",\"pid\":%u,\"tid\":0,\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"batch\":"
-                    "%" PRIu64 ",\"ops\":%" PRIu64 ",\"status\":\"%s\"}}",
-                    SEP(), e->id, e->count, sched_pid, us(e->time_ns - e->bytes, t0),
-                    (double)e->bytes / 1e3, e->id, e->count,
-                    ccq_status_name((ccq_status)e->status));
-            break;
-        case CCQ_EV_MATCHED:
-            fprintf(f,
-                    "%s{\"ph\":\"i\",\"s\":\"t\",\"cat\":\"match\",\"name\":\"matched #%" PRIu64
-                    "\",\"pid\":%u,\"tid\":1,\"ts\":%.3f,\"args\":{\"comm\":%u,\"seq\":%" PRIu64
-                    "}}",
-                    SEP(), e->seq, sched_pid, us(e->time_ns, t0), e->comm, e->seq);
-            break;
-        case CCQ_EV_FENCE_BEGIN:
-            /* Paired with the next FENCE_END of the same thread and stream. */
-            for (size_t j = k + 1; j < n; j++) {
-                const ccq_event *x = &ev[j];
-                if (x->type == CCQ_EV_FENCE_END && x->thread == e->thread &&
-                    x->device == e->device && x->stream == e->stream) {
-                    fprintf(f,
-                            "%s{\"ph\":\"X\",\"cat\":\"fence\",\"name\":\"fence\",\"pid\":%u,"
-                            "\"tid\":%u,\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"thread\":%u,"
-                            "\"status\":\"%s\"}}",
-                            SEP(), pid, tid + 2, us(e->time_ns, t0),
-                            (double)(x->time_ns - e->time_ns) / 1e3, e->thread,
-                            ccq_status_name((ccq_status)x->status));
-                    break;
-                }
-            }
-            break;
-        case CCQ_EV_WATCHDOG:
-        case CCQ_EV_ABORT:
-            fprintf(f,
-                    "%s{\"ph\":\"i\",\"s\":\"g\",\"cat\":\"error\",\"name\":\"%s comm %u%s\","
-                    "\"pid\":%u,\"tid\":1,\"ts\":%.3f,\"args\":{\"comm\":%u,\"seq\":%" PRIu64
-                    ",\"status\":\"%s\"}}",
-                    SEP(), e->type == CCQ_EV_WATCHDOG ? "watchdog timeout on" : "abort of", e->comm,
-                    e->type == CCQ_EV_WATCHDOG ? " (an op missed its deadline)" : "", sched_pid,
-                    us(e->time_ns, t0), e->comm, e->seq, ccq_status_name((ccq_status)e->status));
-            break;
-        default: /* BATCH_DONE, FENCE_END: shown through the slices above */
-            break;
+/* A submission: a short slice on its stream's "submitted" track, and its queued slice begins. */
+static void emit_submit(jw *w, size_t k, const ccq_event *e, cmd_info *c)
+{
+    const char *name = op_name(w, e);
+    double dur = SUBMIT_SLICE_US;
+    if (c != NULL) {
+        c->submit = e->time_ns;
+        c->have_submit = true;
+    }
+    if (w->next_sub[k] != UINT64_MAX && (double)(w->next_sub[k] - e->time_ns) / 2e3 < dur)
+        dur = (double)((w->next_sub[k] - e->time_ns) / 2) / 1e3; /* whole ns: no overlap */
+    fprintf(w->f,
+            "%s{\"ph\":\"X\",\"cat\":\"submit\",\"name\":\"%s\",\"pid\":%u,\"tid\":%u,"
+            "\"ts\":%.3f,\"dur\":%.3f,\"args\":",
+            sep(w), name, e->device, e->stream * 3, us(e->time_ns, w->t0), dur);
+    op_args(w, e, NULL);
+    fprintf(w->f,
+            "},\n{\"ph\":\"b\",\"cat\":\"queued\",\"name\":\"%s\",\"id\":\"q%" PRIu64
+            "\",\"pid\":%u,\"tid\":%u,\"ts\":%.3f}",
+            name, e->id, e->device, e->stream * 3, us(e->time_ns, w->t0));
+}
+
+/* An issue: its queued slice ends, and a flow arrow goes from the submission to the batch. */
+static void emit_issue(jw *w, const ccq_event *e, cmd_info *c)
+{
+    const char *name = op_name(w, e);
+    uint32_t pid = e->device, tid = e->stream * 3;
+    if (c == NULL)
+        return;
+    c->issue = e->time_ns;
+    c->batch = e->batch;
+    c->have_issue = true;
+    if (!c->have_submit)
+        return;
+    fprintf(w->f,
+            "%s{\"ph\":\"e\",\"cat\":\"queued\",\"name\":\"%s\",\"id\":\"q%" PRIu64
+            "\",\"pid\":%u,\"tid\":%u,\"ts\":%.3f}",
+            sep(w), name, e->id, pid, tid, us(e->time_ns, w->t0));
+    fprintf(w->f,
+            ",\n{\"ph\":\"s\",\"cat\":\"flow\",\"name\":\"issued in batch\","
+            "\"id\":%" PRIu64 ",\"pid\":%u,\"tid\":%u,\"ts\":%.3f}",
+            e->id, pid, tid, us(c->submit, w->t0));
+    fprintf(w->f,
+            ",\n{\"ph\":\"f\",\"bp\":\"e\",\"cat\":\"flow\",\"name\":\"issued in "
+            "batch\",\"id\":%" PRIu64 ",\"pid\":%u,\"tid\":0,\"ts\":%.3f}",
+            e->id, w->sched_pid, us(e->time_ns, w->t0));
+}
+
+/* A completion or failure: the command's slice on the "in flight" track, issue -> end. */
+static void emit_end(jw *w, const ccq_event *e, const cmd_info *c)
+{
+    const char *name = op_name(w, e);
+    uint32_t pid = e->device, tid = e->stream * 3 + 1;
+    bool failed = e->type == CCQ_EV_FAILED;
+    if (c != NULL && c->have_issue) {
+        fprintf(w->f,
+                "%s{\"ph\":\"X\",\"cat\":\"%s\",\"name\":\"%s\",\"pid\":%u,\"tid\":%u,"
+                "\"ts\":%.3f,\"dur\":%.3f,\"args\":",
+                sep(w), failed ? "op,failed" : "op", name, pid, tid, us(c->issue, w->t0),
+                (double)(e->time_ns - c->issue) / 1e3);
+        op_args(w, e, c);
+        fputc('}', w->f);
+        return;
+    }
+    /* Never issued (mismatch, timeout, cancellation), or its issue fell out of the recorder:
+     * end its queued slice and mark the end where it happened. */
+    if (c != NULL && c->have_submit)
+        fprintf(w->f,
+                "%s{\"ph\":\"e\",\"cat\":\"queued\",\"name\":\"%s\",\"id\":\"q%" PRIu64
+                "\",\"pid\":%u,\"tid\":%u,\"ts\":%.3f}",
+                sep(w), name, e->id, pid, tid - 1, us(e->time_ns, w->t0));
+    fprintf(w->f,
+            "%s{\"ph\":\"i\",\"s\":\"t\",\"cat\":\"%s\",\"name\":\"%s %s\","
+            "\"pid\":%u,\"tid\":%u,\"ts\":%.3f,\"args\":",
+            sep(w), failed ? "op,failed" : "op", name, failed ? "failed" : "completed", pid, tid,
+            us(e->time_ns, w->t0));
+    op_args(w, e, c);
+    fputc('}', w->f);
+}
+
+/* A batch: one slice on the scheduler's "batches" track (bytes holds its duration). */
+static void emit_batch(jw *w, const ccq_event *e)
+{
+    fprintf(w->f,
+            "%s{\"ph\":\"X\",\"cat\":\"batch\",\"name\":\"batch %" PRIu64 " (%" PRIu64
+            " ops)\",\"pid\":%u,\"tid\":0,\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"batch\":"
+            "%" PRIu64 ",\"ops\":%" PRIu64 ",\"status\":\"%s\"}}",
+            sep(w), e->id, e->count, w->sched_pid, us(e->time_ns - e->bytes, w->t0),
+            (double)e->bytes / 1e3, e->id, e->count, ccq_status_name((ccq_status)e->status));
+}
+
+static void emit_match(jw *w, const ccq_event *e)
+{
+    fprintf(w->f,
+            "%s{\"ph\":\"i\",\"s\":\"t\",\"cat\":\"match\",\"name\":\"matched #%" PRIu64
+            "\",\"pid\":%u,\"tid\":1,\"ts\":%.3f,\"args\":{\"comm\":%u,\"seq\":%" PRIu64 "}}",
+            sep(w), e->seq, w->sched_pid, us(e->time_ns, w->t0), e->comm, e->seq);
+}
+
+/* A fence: a slice on the stream's "fences" track, up to the next FENCE_END of the same
+ * thread and stream (O(n) search; fences are few). */
+static void emit_fence(jw *w, size_t k, const ccq_event *e)
+{
+    for (size_t j = k + 1; j < w->v->nev; j++) {
+        const ccq_event *x = &w->v->ev[j];
+        if (x->type == CCQ_EV_FENCE_END && x->thread == e->thread && x->device == e->device &&
+            x->stream == e->stream) {
+            fprintf(w->f,
+                    "%s{\"ph\":\"X\",\"cat\":\"fence\",\"name\":\"fence\",\"pid\":%u,"
+                    "\"tid\":%u,\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"thread\":%u,"
+                    "\"status\":\"%s\"}}",
+                    sep(w), e->device, e->stream * 3 + 2, us(e->time_ns, w->t0),
+                    (double)(x->time_ns - e->time_ns) / 1e3, e->thread,
+                    ccq_status_name((ccq_status)x->status));
+            return;
         }
     }
-    /* Notes: the text of recent errors, as global instants (they explain the red marks). */
-    pthread_mutex_lock(&rt->trace.note_lock);
-    uint64_t nh = rt->trace.nhead, nfirst = nh > CCQ_TRACE_NOTES ? nh - CCQ_TRACE_NOTES : 0;
-    for (uint64_t k = nfirst; k < nh; k++) {
-        const struct ccq_trace_note_s *nt = &rt->trace.notes[k % CCQ_TRACE_NOTES];
-        fprintf(f,
+}
+
+/* Watchdog timeouts and aborts: global instants. */
+static void emit_error(jw *w, const ccq_event *e)
+{
+    bool wd = e->type == CCQ_EV_WATCHDOG;
+    fprintf(w->f,
+            "%s{\"ph\":\"i\",\"s\":\"g\",\"cat\":\"error\",\"name\":\"%s comm %u%s\","
+            "\"pid\":%u,\"tid\":1,\"ts\":%.3f,\"args\":{\"comm\":%u,\"seq\":%" PRIu64
+            ",\"status\":\"%s\"}}",
+            sep(w), wd ? "watchdog timeout on" : "abort of", e->comm,
+            wd ? " (an op missed its deadline)" : "", w->sched_pid, us(e->time_ns, w->t0), e->comm,
+            e->seq, ccq_status_name((ccq_status)e->status));
+}
+
+static void emit_event(jw *w, size_t k)
+{
+    const ccq_event *e = &w->v->ev[k];
+    cmd_info *c = w->ci && e->id >= w->idmin && e->id <= w->idmax ? &w->ci[e->id - w->idmin] : NULL;
+    switch (e->type) {
+    case CCQ_EV_SUBMITTED:
+        emit_submit(w, k, e, c);
+        break;
+    case CCQ_EV_ISSUED:
+        emit_issue(w, e, c);
+        break;
+    case CCQ_EV_COMPLETED:
+    case CCQ_EV_FAILED:
+        emit_end(w, e, c);
+        break;
+    case CCQ_EV_BATCH:
+        emit_batch(w, e);
+        break;
+    case CCQ_EV_MATCHED:
+        emit_match(w, e);
+        break;
+    case CCQ_EV_FENCE_BEGIN:
+        emit_fence(w, k, e);
+        break;
+    case CCQ_EV_WATCHDOG:
+    case CCQ_EV_ABORT:
+        emit_error(w, e);
+        break;
+    default: /* BATCH_DONE, FENCE_END: shown through the slices above */
+        break;
+    }
+}
+
+/* Notes: the text of recent errors, as global instants (they explain the red marks). */
+static void emit_notes(jw *w)
+{
+    for (size_t k = 0; k < w->v->nnotes; k++) {
+        const ccq_note *nt = &w->v->notes[k];
+        fprintf(w->f,
                 "%s{\"ph\":\"i\",\"s\":\"g\",\"cat\":\"error\",\"name\":\"%s\",\"pid\":%u,"
                 "\"tid\":1,\"ts\":%.3f,\"args\":{\"detail\":",
-                SEP(), ccq_event_type_name(nt->type), sched_pid, us(nt->time_ns, t0));
-        json_str(f, nt->text);
-        fprintf(f, "}}");
+                sep(w), ccq_event_type_name(nt->type), w->sched_pid, us(nt->time_ns, w->t0));
+        json_str(w->f, nt->text);
+        fprintf(w->f, "}}");
     }
-    pthread_mutex_unlock(&rt->trace.note_lock);
-#undef SEP
+}
+
+int ccq_trace_write_json(FILE *f, const ccq_trace_view *v)
+{
+    jw w = {.f = f, .v = v, .t0 = v->hdr.t0_ns, .sched_pid = v->hdr.ndev, .first = true};
+    int rc = -1;
+
+    if (scan(&w) != 0)
+        goto out;
+    emit_header(&w);
+    if (emit_names(&w) != 0)
+        goto out;
+    for (size_t k = 0; k < v->nev; k++) /* in time order */
+        emit_event(&w, k);
+    emit_notes(&w);
     fprintf(f, "\n]}\n");
-    free(next_sub);
-    free(ci);
-    free(stream_seen);
-    free(cn.name);
-    return ferror(f) ? -1 : 0;
+    rc = ferror(f) ? -1 : 0;
+out:
+    free(w.next_sub);
+    free(w.ci);
+    return rc;
 }

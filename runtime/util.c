@@ -83,20 +83,31 @@ void ccq_clear_detail(void)
     tls_detail[0] = '\0';
 }
 
+void ccq_mark_truncated(char *buf, size_t len)
+{
+    static const char mark[] = CCQ_TRUNCATED;
+    if (len >= 2 * sizeof mark)
+        memcpy(buf + len - sizeof mark, mark, sizeof mark);
+}
+
 void ccq_set_detail(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(tls_detail, sizeof tls_detail, fmt, ap);
+    int n = vsnprintf(tls_detail, sizeof tls_detail, fmt, ap);
     va_end(ap);
+    if (n >= (int)sizeof tls_detail) /* the whole text: ccq_stream_last_error */
+        ccq_mark_truncated(tls_detail, sizeof tls_detail);
 }
 
 ccq_status ccq_fail(ccq_status st, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(tls_detail, sizeof tls_detail, fmt, ap);
+    int n = vsnprintf(tls_detail, sizeof tls_detail, fmt, ap);
     va_end(ap);
+    if (n >= (int)sizeof tls_detail)
+        ccq_mark_truncated(tls_detail, sizeof tls_detail);
     return st;
 }
 

@@ -20,25 +20,6 @@ typedef struct world_hello {
     char backend[16];
 } world_hello;
 
-size_t ccq_format_ranks(char *buf, size_t len, const uint32_t *ranks, uint32_t n)
-{
-    size_t w = 0;
-    for (uint32_t i = 0; i < n && w + 1 < len;) {
-        uint32_t j = i;
-        while (j + 1 < n && ranks[j + 1] == ranks[j] + 1)
-            j++;
-        if (j == i)
-            w += ccq_format(buf + w, len - w, "%s%" PRIu32, i ? "," : "", ranks[i]);
-        else
-            w += ccq_format(buf + w, len - w, "%s%" PRIu32 "-%" PRIu32, i ? "," : "", ranks[i],
-                            ranks[j]);
-        i = j + 1;
-    }
-    if (n == 0)
-        w += ccq_format(buf + w, len - w, "none");
-    return w;
-}
-
 uint32_t ccq_world_owner(const ccq_world *w, ccq_device_id d)
 {
     uint32_t lo = 0, hi = w->size; /* first[lo] <= d < first[hi] */
@@ -71,7 +52,7 @@ ccq_status ccq_world_setup(ccq_world *w, const ccq_config *cfg, const char *back
     world_hello mine, *all = NULL;
     uint32_t *members = NULL;
     ccq_boot_xchg *x = NULL;
-    char err[CCQ_DETAIL_LEN] = "";
+    ccq_errbuf err = {{0}};
     ccq_status st;
     uint64_t total = 0;
 
@@ -85,10 +66,9 @@ ccq_status ccq_world_setup(ccq_world *w, const ccq_config *cfg, const char *back
                         cfg->world_rank, cfg->world_size);
     w->rank = cfg->world_rank;
     w->size = cfg->world_size;
-    st = ccq_boot_open(cfg->bootstrap, cfg->store, cfg->mpi_comm, w->rank, w->size, &w->boot, err,
-                       sizeof err);
+    st = ccq_boot_open(cfg->bootstrap, cfg->store, cfg->mpi_comm, w->rank, w->size, &w->boot, &err);
     if (st != CCQ_OK)
-        return ccq_fail(st, "bootstrap: %s", err);
+        return ccq_fail(st, "bootstrap: %s", err.msg);
 
     memset(&mine, 0, sizeof mine);
     mine.magic = WORLD_MAGIC;
@@ -106,18 +86,17 @@ ccq_status ccq_world_setup(ccq_world *w, const ccq_config *cfg, const char *back
     }
     for (uint32_t p = 0; p < w->size; p++)
         members[p] = p;
-    st = ccq_boot_xchg_post(w->boot, "world", members, w->size, &mine, sizeof mine, &x);
+    st = ccq_boot_xchg_post(w->boot, "world", members, w->size, &mine, sizeof mine, &x, &err);
     if (st != CCQ_OK) {
-        st = ccq_fail(st, "bootstrap: the world exchange could not start: %s",
-                      ccq_last_error_detail());
+        st = ccq_fail(st, "bootstrap: the world exchange could not start: %s", err.msg);
         goto fail;
     }
-    st = ccq_boot_xchg_wait(x, all, timeout_ns == UINT64_MAX ? UINT64_MAX
-                                                             : ccq_now_ns() + timeout_ns);
+    st = ccq_boot_xchg_wait(x, all, timeout_ns == UINT64_MAX ? 0 : ccq_deadline_in(timeout_ns),
+                            &err);
     if (st == CCQ_IN_PROGRESS || st == CCQ_ERR_TIMEOUT) {
         uint32_t nmiss = (uint32_t)ccq_boot_xchg_missing(x, members, w->size);
         char who[256];
-        ccq_format_ranks(who, sizeof who, members, nmiss);
+        ccq_boot_format_ranks(who, sizeof who, members, nmiss);
         st = ccq_fail(CCQ_ERR_TIMEOUT,
                       "ccq_runtime_create: process %" PRIu32 " of a world of %" PRIu32
                       ": %s %s never joined within timeout_ms",
@@ -125,7 +104,7 @@ ccq_status ccq_world_setup(ccq_world *w, const ccq_config *cfg, const char *back
         goto fail;
     }
     if (st != CCQ_OK) {
-        st = ccq_fail(st, "bootstrap: the world exchange failed: %s", ccq_last_error_detail());
+        st = ccq_fail(st, "bootstrap: the world exchange failed: %s", err.msg);
         goto fail;
     }
     for (uint32_t p = 0; p < w->size; p++) {

@@ -26,7 +26,4 @@ void ccq_world_fini(ccq_world *w);
 /* The process that owns global device d (d < first[size]). O(log size). */
 uint32_t ccq_world_owner(const ccq_world *w, ccq_device_id d);
 
-/* "processes 0-3,7" into buf: rank lists compressed into ranges. */
-size_t ccq_format_ranks(char *buf, size_t len, const uint32_t *ranks, uint32_t n);
-
 #endif /* CCQ_RUNTIME_WORLD_H */

@@ -3,7 +3,7 @@
 # Usage: . scripts/common.sh; ccq_build <build-dir> [extra cmake args...]
 
 CCQ_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-CCQ_DEBS="build-essential cmake pkg-config libck-dev libcmocka-dev python3"
+CCQ_DEBS="build-essential cmake pkg-config libck-dev libcmocka-dev python3 openmpi-bin libopenmpi-dev"
 
 ccq_need_pkg() {
     dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"

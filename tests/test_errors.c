@@ -507,6 +507,11 @@ static void test_env_malformed(void **state)
     check_env_malformed("CCQ_NONBLOCKING_SUBMIT", "yes");
     check_env_malformed("CCQ_HOST_WORKERS", "many");
     check_env_malformed("CCQ_HOST_STREAM_BYTES", "64M");
+    /* A count that must be at least 1, set to 0, names the variable too (issue 11). */
+    check_env_malformed("CCQ_HOST_DEVICES", "0");
+    check_env_malformed("CCQ_MAX_STREAMS", "0");
+    check_env_malformed("CCQ_QUEUE_DEPTH", "0");
+    check_env_malformed("CCQ_MAX_BATCH_OPS", "0");
 
     /* An unknown backend named in the environment fails like one set in the config. */
     ccq_runtime *rt = NULL;
@@ -528,6 +533,7 @@ static void test_status_strings(void **state)
         const char *text;
     } table[] = {
         {CCQ_OK, 0, "CCQ_OK", "success"},
+        {CCQ_IN_PROGRESS, 1, "CCQ_IN_PROGRESS", "in progress"},
         {CCQ_ERR_INVALID_ARGUMENT, -1, "CCQ_ERR_INVALID_ARGUMENT", "invalid argument"},
         {CCQ_ERR_NO_MEMORY, -2, "CCQ_ERR_NO_MEMORY", "out of memory"},
         {CCQ_ERR_QUEUE_FULL, -3, "CCQ_ERR_QUEUE_FULL", "stream queue full"},
@@ -550,7 +556,7 @@ static void test_status_strings(void **state)
             assert_string_not_equal(ccq_status_name(table[i].s), ccq_status_name(table[j].s));
         }
     }
-    const int unknown[] = {1, -11, 42, -1000, INT32_MIN};
+    const int unknown[] = {2, -11, 42, -1000, INT32_MIN};
     for (size_t k = 0; k < sizeof unknown / sizeof unknown[0]; k++) {
         ccq_status s = (ccq_status)unknown[k];
         assert_string_equal(ccq_status_string(s), "unknown status");

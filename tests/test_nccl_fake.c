@@ -459,10 +459,15 @@ static void test_fake_collectives(void **state)
         assert_true(g[0][i] == want && g[1][i] == want);
     }
     assert_true(y[0] == 10.0f && y[3] == 40.0f);
+    /* NCCL_CHECK_POINTERS=1 checks a non-root's scatter sendbuff and gather recvbuff too
+     * (misc/argcheck.cc): NULL is refused, any valid pointer goes (it is not used). */
+    assert_int_equal(ncclGather(x[0], NULL, 2, ncclFloat32, 1, comm[0], NULL), ncclInvalidArgument);
+    assert_int_equal(fake_errors(msg, sizeof msg), ++errors);
+    assert_non_null(strstr(msg, "NCCL_CHECK_POINTERS"));
     assert_int_equal(ncclGroupStart(), ncclSuccess);
-    assert_int_equal(ncclScatter(NULL, y, 4, ncclFloat32, 1, comm[0], NULL), ncclSuccess);
+    assert_int_equal(ncclScatter(y, y, 4, ncclFloat32, 1, comm[0], NULL), ncclSuccess);
     assert_int_equal(ncclScatter(g[0], g[0] + 4, 4, ncclFloat32, 1, comm[1], NULL), ncclSuccess);
-    assert_int_equal(ncclGather(x[0], NULL, 2, ncclFloat32, 1, comm[0], NULL), ncclSuccess);
+    assert_int_equal(ncclGather(x[0], x[0], 2, ncclFloat32, 1, comm[0], NULL), ncclSuccess);
     assert_int_equal(ncclGather(g[1] + 2, g[1], 2, ncclFloat32, 1, comm[1], NULL), ncclSuccess);
     assert_int_equal(ncclGroupEnd(), ncclSuccess);
     assert_true(y[0] == 0.0f && y[3] == 3.0f);       /* block 0 of root 1's g[0] */
@@ -843,6 +848,83 @@ static void test_self_sendrecv(void **state)
     }
 }
 
+/* Issue 11: the largest timeout_ms does not wrap the backend's deadlines: a communicator
+ * whose creation reports ncclInProgress a few times is still waited for. */
+static void test_max_timeout(void **state)
+{
+    (void)state;
+    static float buf[NDEV][8];
+    const uint64_t max = UINT64_MAX / 1000000u;
+    for (uint64_t t = max - 1; t <= max; t++) {
+        ccq_runtime *rt = make_rt(t);
+        fake_set_pending(3);
+        assert_int_equal(ccq_comm_init(rt, ALL, NDEV), CCQ_OK);
+        for (ccq_device_id d = 0; d < NDEV; d++)
+            assert_int_equal(
+                ccq_all_reduce(rt, d, 0, buf[d], buf[d], 8, CCQ_FLOAT32, CCQ_SUM, ALL, NDEV),
+                CCQ_OK);
+        for (ccq_device_id d = 0; d < NDEV; d++)
+            assert_int_equal(ccq_sync_collective(rt, d, 0), CCQ_OK);
+        assert_int_equal(ccq_runtime_destroy(rt), CCQ_OK);
+        g_rt = NULL;
+        fake_set_pending(0);
+    }
+}
+
+/* Issue 11: an in-place exchange, ring shift or self send/recv (a send whose src a later
+ * recv of its stream overwrites, in one group) cannot be staged by the NCCL backend: every
+ * part fails at once with CCQ_ERR_UNSUPPORTED (never the watchdog, never part of a ring),
+ * no NCCL call is made for them, and later work on the same streams runs. */
+static void test_inplace_sendrecv_refused(void **state)
+{
+    (void)state;
+    enum { N = 64 };
+    static float buf[NDEV][N], other[NDEV][N];
+    group_info g[2];
+    setenv("CCQ_SPIN_US", "0", 1); /* the scheduler sleeps as soon as it has nothing to do */
+    ccq_runtime *rt = make_rt(10000);
+    unsetenv("CCQ_SPIN_US");
+    uint64_t t0 = now_ns();
+
+    for (int shape = 0; shape < 3; shape++) {
+        uint32_t nd = shape == 0 ? 2 : shape == 1 ? NDEV : 1;
+        for (ccq_device_id d = 0; d < nd; d++) {
+            ccq_device_id next = (d + 1) % nd, prev = (d + nd - 1) % nd;
+            assert_int_equal(ccq_send(rt, d, 0, buf[d], N, CCQ_FLOAT32, next), CCQ_OK);
+            assert_int_equal(ccq_recv(rt, d, 0, buf[d], N, CCQ_FLOAT32, prev), CCQ_OK);
+        }
+        for (ccq_device_id d = 0; d < nd; d++) {
+            assert_int_equal(ccq_sync_collective(rt, d, 0), CCQ_ERR_UNSUPPORTED);
+            assert_non_null(strstr(ccq_last_error_detail(), "cannot stage"));
+        }
+    }
+    assert_true(now_ns() - t0 < 5000000000ull);
+    assert_int_equal(data_groups(g, 2), 0);
+    /* An all_reduce before the exchange on the same streams does not need it: it runs, and
+     * only the exchange fails. */
+    static float ar[2][N];
+    ccq_device_id pair[2] = {0, 1};
+    uint64_t completed = stats_of(rt).completed;
+    for (ccq_device_id d = 0; d < 2; d++) {
+        ar[d][0] = (float)(d + 1);
+        assert_int_equal(ccq_all_reduce(rt, d, 0, ar[d], ar[d], N, CCQ_FLOAT32, CCQ_SUM, pair, 2),
+                         CCQ_OK);
+        assert_int_equal(ccq_send(rt, d, 0, buf[d], N, CCQ_FLOAT32, 1 - d), CCQ_OK);
+        assert_int_equal(ccq_recv(rt, d, 0, buf[d], N, CCQ_FLOAT32, 1 - d), CCQ_OK);
+    }
+    for (ccq_device_id d = 0; d < 2; d++)
+        assert_int_equal(ccq_sync_collective(rt, d, 0), CCQ_ERR_UNSUPPORTED);
+    assert_int_equal(stats_of(rt).completed, completed + 2);
+    assert_true(ar[0][0] == 3.0f && ar[1][0] == 3.0f);
+    /* Separate buffers on the same streams still work. */
+    for (ccq_device_id d = 0; d < 2; d++) {
+        assert_int_equal(ccq_send(rt, d, 0, buf[d], N, CCQ_FLOAT32, 1 - d), CCQ_OK);
+        assert_int_equal(ccq_recv(rt, d, 0, other[d], N, CCQ_FLOAT32, 1 - d), CCQ_OK);
+    }
+    for (ccq_device_id d = 0; d < 2; d++)
+        assert_int_equal(ccq_sync_collective(rt, d, 0), CCQ_OK);
+}
+
 /* NCCL runs a one-rank communicator's operation at the call, on the calling thread's current
  * device (the fake refuses it otherwise): the scheduler makes each part's device current
  * before it calls NCCL, also after work on other devices left another one current. */
@@ -1186,8 +1268,8 @@ static void test_busy_comm_waits(void **state)
 /* ---- Errors ---- */
 
 /* NCCL and CUDA failures become ccq statuses per nccl_status(), with NCCL's own message
- * (ncclGetErrorString and ncclGetLastError) in the detail; the group is always closed and
- * the communicator stays usable. */
+ * (ncclGetErrorString and ncclGetLastError) in the detail; the group is always closed. A
+ * failure inside the group aborts its communicators; one before it leaves them usable. */
 static void test_error_mapping(void **state)
 {
     (void)state;
@@ -1205,12 +1287,15 @@ static void test_error_mapping(void **state)
         {"ncclGroupEnd", ncclRemoteError, CCQ_ERR_BACKEND, "remote process exited"},
         {"ncclGroupStart", ncclInternalError, CCQ_ERR_BACKEND, "internal error"},
     };
-    ccq_runtime *rt = make_rt(10000);
+    ccq_runtime *rt;
     char last[64];
 
-    assert_int_equal(ccq_comm_init(rt, ALL, NDEV), CCQ_OK);
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         char text[128];
+        bool started = strcmp(cases[k].fn, "ncclGroupStart") != 0;
+        fake_reset();
+        rt = make_rt(10000);
+        assert_int_equal(ccq_comm_init(rt, ALL, NDEV), CCQ_OK);
         snprintf(last, sizeof last, "fake last error %zu", k);
         snprintf(text, sizeof text, "NCCL error '%s", cases[k].text);
         fake_set_last_error(last);
@@ -1220,9 +1305,20 @@ static void test_error_mapping(void **state)
         /* Every group opened was closed (a failed ncclGroupStart opened none). */
         assert_int_equal(count_result("ncclGroupStart", ncclSuccess),
                          fake_log_count("ncclGroupEnd"));
+        /* A failure after ncclGroupStart is not "nothing started": every communicator of
+         * the group is aborted (NCCL may leave the error on them). Before it, the
+         * communicator stays usable. */
+        assert_int_equal(fake_log_count("ncclCommAbort"), started ? NDEV : 0);
+        fake_set_last_error("");
+        if (!started)
+            allreduce_all(rt, 0, 21);
+        assert_int_equal(ccq_runtime_destroy(rt), CCQ_OK);
+        g_rt = NULL;
+        check_clean();
     }
-    fake_set_last_error("");
-    assert_int_equal(fake_log_count("ncclCommAbort"), 0);
+    fake_reset();
+    rt = make_rt(10000);
+    assert_int_equal(ccq_comm_init(rt, ALL, NDEV), CCQ_OK);
     allreduce_all(rt, 0, 21);
 
     /* A CUDA failure while setting up a stream's NCCL stream. */
@@ -1569,6 +1665,287 @@ static void test_watchdog_aborts_stuck_batch(void **state)
     assert_int_equal(ccq_all_reduce(rt, 0, 0, in[0], out[0], N, CCQ_FLOAT32, CCQ_SUM, ALL, NDEV),
                      CCQ_ERR_ABORTED);
     assert_detail_has(ccq_last_error_detail(), "watchdog");
+}
+
+/* ---- Issue 19: what real NCCL 2.28 does that the fake used to accept ---- */
+
+/* A float32 sum over {0,1} on stream 0, fenced. */
+static void allreduce_pair_ok(ccq_runtime *rt)
+{
+    enum { N = 16 };
+    static float in[2][N], out[2][N];
+    for (ccq_device_id d = 0; d < 2; d++)
+        assert_int_equal(ccq_all_reduce(rt, d, 0, in[d], out[d], N, CCQ_FLOAT32, CCQ_SUM, P01, 2),
+                         CCQ_OK);
+    for (ccq_device_id d = 0; d < 2; d++)
+        assert_int_equal(ccq_sync_collective(rt, d, 0), CCQ_OK);
+}
+
+/* A one-rank avg is the identity and runs as ncclSum: NCCL refuses fp8 ncclAvg on a
+ * one-rank communicator (its one-rank kernel lacks fp8), for all_reduce, reduce and
+ * reduce_scatter alike. */
+static void test_one_rank_avg(void **state)
+{
+    (void)state;
+    enum { N = 32 };
+    static const ccq_device_id d0[1] = {0};
+    static uint8_t in[N], out[N];
+    ccq_runtime *rt = make_rt(10000);
+
+    assert_int_equal(ccq_comm_init(rt, d0, 1), CCQ_OK);
+    for (int t = CCQ_FLOAT8E4M3; t <= CCQ_FLOAT8E5M2; t++) {
+        for (int k = 0; k < 3; k++) {
+            ccq_status st;
+            ref_fill((ccq_dtype)t, in, N, (uint32_t)(t * 3 + k));
+            memset(out, 0, sizeof out);
+            fake_log_reset();
+            if (k == 0)
+                st = ccq_all_reduce(rt, 0, 0, in, out, N, (ccq_dtype)t, CCQ_AVG, d0, 1);
+            else if (k == 1)
+                st = ccq_reduce(rt, 0, 0, in, out, N, (ccq_dtype)t, CCQ_AVG, 0, d0, 1);
+            else
+                st = ccq_reduce_scatter(rt, 0, 0, in, out, N, (ccq_dtype)t, CCQ_AVG, d0, 1);
+            assert_int_equal(st, CCQ_OK);
+            st = ccq_sync_collective(rt, 0, 0);
+            if (st != CCQ_OK)
+                fail_msg("%s avg kind %d on one rank: %s (%s)", ccq_dtype_name((ccq_dtype)t), k,
+                         ccq_status_name(st), ccq_last_error_detail());
+            assert_memory_equal(out, in, N);
+            assert_int_equal(fake_log_count("ncclCommAbort"), 0);
+        }
+    }
+}
+
+/* A CUDA error inside the group (here cudaSetDevice for rank 2's part) leaves NCCL's group
+ * error unset, so ncclGroupEnd would launch the partial group: the backend makes NCCL
+ * refuse the group, aborts its communicators, and hands the batch back only through the
+ * drain path, once the GPU is done with its buffers. */
+static void test_cuda_error_in_group_drains(void **state)
+{
+    (void)state;
+    enum { N = 16 };
+    static float in[NDEV][N], out[NDEV][N];
+    ccq_runtime *rt = make_rt(10000);
+
+    assert_int_equal(ccq_comm_init(rt, ALL, NDEV), CCQ_OK);
+    allreduce_all(rt, 0, 3); /* warm up stream 0 of every device */
+    fake_set_manual_events(true);
+    fake_set_abort_keeps_events(true);
+    fake_log_reset();
+    fake_script("cudaSetDevice", cudaSuccess);
+    fake_script("cudaSetDevice", cudaSuccess);
+    fake_script("cudaSetDevice", cudaErrorInvalidDevice);
+    for (ccq_device_id d = 0; d < NDEV; d++)
+        assert_int_equal(
+            ccq_all_reduce(rt, d, 0, in[d], out[d], N, CCQ_FLOAT32, CCQ_SUM, ALL, NDEV), CCQ_OK);
+    wait_calls("ncclCommAbort", NDEV);
+    sleep_ms(50);
+    for (ccq_device_id d = 0; d < NDEV; d++) {
+        uint64_t depth = 0;
+        assert_int_equal(ccq_stream_queue_depth(rt, d, 0, &depth), CCQ_OK);
+        assert_int_equal(depth, 1); /* not handed back while the GPU may still run it */
+    }
+    assert_int_equal(fake_errors(NULL, 0), 0); /* no partial group launched */
+    fake_complete_events();
+    for (ccq_device_id d = 0; d < NDEV; d++) {
+        assert_int_equal(ccq_sync_collective(rt, d, 0), CCQ_ERR_BACKEND);
+        assert_detail_has(ccq_last_error_detail(), "cudaErrorInvalidDevice");
+    }
+}
+
+typedef struct fence_thread {
+    pthread_t thread;
+    ccq_runtime *rt;
+    ccq_device_id dev;
+    ccq_stream_id s;
+    ccq_status st;
+    atomic_int done;
+} fence_thread;
+
+static void *fence_main(void *arg)
+{
+    fence_thread *f = arg;
+    f->st = ccq_sync_collective(f->rt, f->dev, f->s);
+    atomic_store(&f->done, 1);
+    return NULL;
+}
+
+/* ncclCommAbort of a multi-rank communicator can block (its reclaim synchronizes a stream):
+ * while one is held, another communicator's batch still completes. */
+static void test_abort_does_not_block_scheduler(void **state)
+{
+    (void)state;
+    enum { N = 16 };
+    static float in[NDEV][N], out[NDEV][N];
+    static const ccq_device_id p23[2] = {2, 3};
+    fence_thread f[2];
+    ccq_runtime *rt = make_rt(10000);
+
+    assert_int_equal(ccq_comm_init(rt, P01, 2), CCQ_OK);
+    assert_int_equal(ccq_comm_init(rt, p23, 2), CCQ_OK);
+    fake_hold_abort(true);
+    fake_script_async_error(0, ncclUnhandledCudaError); /* {0,1}'s next group */
+    for (ccq_device_id d = 0; d < 2; d++)
+        assert_int_equal(ccq_all_reduce(rt, d, 0, in[d], out[d], N, CCQ_FLOAT32, CCQ_SUM, P01, 2),
+                         CCQ_OK);
+    for (int i = 0; i < 5000 && fake_aborts_blocked() == 0; i++)
+        sleep_ms(1);
+    assert_true(fake_aborts_blocked() > 0);
+    for (ccq_device_id d = 2; d < NDEV; d++)
+        assert_int_equal(ccq_all_reduce(rt, d, 0, in[d], out[d], N, CCQ_FLOAT32, CCQ_SUM, p23, 2),
+                         CCQ_OK);
+    for (int k = 0; k < 2; k++) {
+        f[k] = (fence_thread){.rt = rt, .dev = (ccq_device_id)(2 + k), .s = 0};
+        atomic_init(&f[k].done, 0);
+        assert_int_equal(pthread_create(&f[k].thread, NULL, fence_main, &f[k]), 0);
+    }
+    for (int i = 0; i < 3000 && !(atomic_load(&f[0].done) && atomic_load(&f[1].done)); i++)
+        sleep_ms(1);
+    bool completed = atomic_load(&f[0].done) && atomic_load(&f[1].done);
+    fake_hold_abort(false);
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(pthread_join(f[k].thread, NULL), 0);
+        assert_int_equal(f[k].st, CCQ_OK);
+    }
+    if (!completed)
+        fail_msg("communicator {2,3}'s batch did not complete while {0,1}'s abort was held");
+    for (ccq_device_id d = 0; d < 2; d++)
+        assert_int_equal(ccq_sync_collective(rt, d, 0), CCQ_ERR_BACKEND);
+    assert_int_equal(fake_log_count("ncclCommAbort"), 2);
+}
+
+/* Launches are serialized per device: while a group on {0,1} still launches (ncclGroupEnd
+ * returned ncclInProgress), a batch on {1,2}, another communicator sharing device 1, waits
+ * before its group instead of launching concurrently. */
+static void test_launch_serialized_per_device(void **state)
+{
+    (void)state;
+    enum { N = 32 };
+    static const ccq_device_id p12[2] = {1, 2};
+    static float in[2][NDEV][N], out[2][NDEV][N];
+    ccq_runtime *rt = make_rt(10000);
+
+    assert_int_equal(ccq_comm_init(rt, P01, 2), CCQ_OK);
+    assert_int_equal(ccq_comm_init(rt, p12, 2), CCQ_OK);
+    fake_set_pending(1);
+    fake_script("ncclGroupEnd", ncclInProgress);
+    fake_hold_async(true); /* {0,1}'s launch does not finish */
+    fake_log_reset();
+    for (ccq_device_id d = 0; d < 2; d++)
+        assert_int_equal(
+            ccq_all_reduce(rt, d, 0, in[0][d], out[0][d], N, CCQ_FLOAT32, CCQ_SUM, P01, 2), CCQ_OK);
+    wait_calls("ncclCommGetAsyncError", 1);
+    for (ccq_device_id d = 1; d < 3; d++)
+        assert_int_equal(
+            ccq_all_reduce(rt, d, 1, in[1][d], out[1][d], N, CCQ_FLOAT32, CCQ_SUM, p12, 2), CCQ_OK);
+    size_t polls = fake_log_count("ncclCommGetAsyncError");
+    wait_calls("ncclCommGetAsyncError", polls + 8);
+    sleep_ms(20);
+    assert_int_equal(fake_log_count("ncclAllReduce"), 2); /* {1,2} not launched yet */
+    fake_hold_async(false);
+    for (ccq_device_id d = 0; d < 2; d++)
+        assert_int_equal(ccq_sync_collective(rt, d, 0), CCQ_OK);
+    for (ccq_device_id d = 1; d < 3; d++)
+        assert_int_equal(ccq_sync_collective(rt, d, 1), CCQ_OK);
+    assert_int_equal(fake_log_count("ncclAllReduce"), 4);
+}
+
+/* At destroy, a communicator with one rank in error is aborted on every rank, never
+ * destroyed on some and aborted on others. */
+static void test_destroy_aborts_every_rank(void **state)
+{
+    (void)state;
+    ccq_runtime *rt = make_rt(10000);
+
+    assert_int_equal(ccq_comm_init(rt, P01, 2), CCQ_OK);
+    allreduce_pair_ok(rt);
+    fake_log_reset();
+    fake_script("ncclCommGetAsyncError", ncclSuccess);
+    fake_script("ncclCommGetAsyncError", ncclRemoteError); /* rank 1 */
+    assert_int_equal(ccq_runtime_destroy(rt), CCQ_OK);
+    g_rt = NULL;
+    assert_int_equal(fake_log_count("ncclCommDestroy"), 0);
+    assert_int_equal(fake_log_count("ncclCommAbort"), 2);
+    check_clean();
+}
+
+/* Shutdown touches only devices whose streams were used: cudaSetDevice on another device
+ * would create its primary context. */
+static void test_destroy_skips_unused_devices(void **state)
+{
+    (void)state;
+    ccq_runtime *rt = make_rt(10000);
+
+    assert_int_equal(ccq_comm_init(rt, P01, 2), CCQ_OK);
+    allreduce_pair_ok(rt);
+    fake_log_reset();
+    assert_int_equal(ccq_runtime_destroy(rt), CCQ_OK);
+    g_rt = NULL;
+    for (long i = fake_log_find("cudaSetDevice", 0); i >= 0;
+         i = fake_log_find("cudaSetDevice", (size_t)i + 1))
+        if (entry((size_t)i).device > 1)
+            fail_msg("log entry %ld: cudaSetDevice(%d) at shutdown; only devices 0 and 1 were "
+                     "used",
+                     i, entry((size_t)i).device);
+    check_clean();
+}
+
+/* NCCL refuses an fp8 reduction by the lowest compute capability in the communicator: a
+ * submission from the sm90 device of a {sm90, sm80} set is refused at the call too. */
+static void test_fp8_lowest_capability(void **state)
+{
+    (void)state;
+    enum { N = 16 };
+    static uint8_t in[N], out[N];
+    ccq_runtime *rt;
+
+    fake_set_device_cc(1, 8);
+    rt = make_rt(10000);
+    assert_int_equal(ccq_comm_init(rt, P01, 2), CCQ_OK);
+    assert_int_equal(ccq_all_reduce(rt, 0, 0, in, out, N, CCQ_FLOAT8E4M3, CCQ_SUM, P01, 2),
+                     CCQ_ERR_UNSUPPORTED);
+    assert_detail_has(ccq_last_error_detail(), "device 1 is 8.x");
+    assert_int_equal(stats_of(rt).submitted, 0);
+}
+
+/* A batch whose work completed is not failed by an error that a later batch on the same
+ * communicator hits before the earlier one is polled: completion is checked first. */
+static void test_completed_batch_survives_later_error(void **state)
+{
+    (void)state;
+    enum { N = 16 };
+    static float in[2][NDEV][N], out[2][NDEV][N];
+    ccq_runtime *rt = make_rt(10000);
+
+    assert_int_equal(ccq_comm_init(rt, P01, 2), CCQ_OK);
+    for (ccq_stream_id s = 0; s < 2; s++) { /* warm up streams 0 and 1 */
+        for (ccq_device_id d = 0; d < 2; d++)
+            assert_int_equal(
+                ccq_all_reduce(rt, d, s, in[s][d], out[s][d], N, CCQ_FLOAT32, CCQ_SUM, P01, 2),
+                CCQ_OK);
+        for (ccq_device_id d = 0; d < 2; d++)
+            assert_int_equal(ccq_sync_collective(rt, d, s), CCQ_OK);
+    }
+    fake_set_manual_events(true);
+    fake_log_reset();
+    for (ccq_device_id d = 0; d < 2; d++)
+        assert_int_equal(
+            ccq_all_reduce(rt, d, 0, in[0][d], out[0][d], N, CCQ_FLOAT32, CCQ_SUM, P01, 2), CCQ_OK);
+    wait_calls("cudaEventQuery", 2); /* batch 1 issued and polled, not complete */
+    /* The GPU finishes batch 1 while batch 2 launches; batch 2 then fails. */
+    fake_complete_events_at_next_group();
+    fake_script_async_error(0, ncclUnhandledCudaError);
+    for (ccq_device_id d = 0; d < 2; d++)
+        assert_int_equal(
+            ccq_all_reduce(rt, d, 1, in[1][d], out[1][d], N, CCQ_FLOAT32, CCQ_SUM, P01, 2), CCQ_OK);
+    for (ccq_device_id d = 0; d < 2; d++) {
+        ccq_status st = ccq_sync_collective(rt, d, 0);
+        if (st != CCQ_OK)
+            fail_msg("device %u: the completed batch failed with %s: %s", d, ccq_status_name(st),
+                     ccq_last_error_detail());
+    }
+    for (ccq_device_id d = 0; d < 2; d++)
+        assert_int_equal(ccq_sync_collective(rt, d, 1), CCQ_ERR_BACKEND);
 }
 
 /* ---- Types ---- */
@@ -1961,9 +2338,29 @@ static void coll_verify(const coll *c)
     }
 }
 
+/* The buffers the backend passes NCCL for a part: as submitted, except that a non-root's
+ * unused gather dst and scatter src are its other buffer (NCCL_CHECK_POINTERS=1 refuses
+ * NULL there). */
+static const void *nccl_src_of(int k, const void *src, const void *dst)
+{
+    return k == K_SCATTER && src == NULL ? dst : src;
+}
+
+static const void *nccl_dst_of(int k, const void *src, const void *dst)
+{
+    return k == K_GATHER && dst == NULL ? src : dst;
+}
+
+/* The op NCCL gets: a one-rank reduction is run as ncclSum (NCCL refuses fp8 ncclAvg on one
+ * rank; any one-rank reduction is the identity). */
+static int nccl_op_for(uint32_t n, int op)
+{
+    return n == 1 ? (int)ncclSum : (int)nccl_op_of[op];
+}
+
 /* Calls first .. first + n - 1 of the log are the n NCCL calls of c: the kind's function,
  * ranks 0..n-1 in order on their devices, NCCL's root rank, count, dtype and op, and the
- * buffers as passed (NULL for a buffer a non-root does not use). */
+ * buffers as passed (nccl_src_of, nccl_dst_of). */
 static void coll_check_calls(const coll *c, size_t first)
 {
     const struct tkind *t = &tkinds[c->k];
@@ -1988,9 +2385,9 @@ static void coll_check_calls(const coll *c, size_t first)
             fail_msg("%s of rank %u: count %zu; expected %zu (NCCL's per-rank count)", t->fn, j,
                      e.count, c->count);
         assert_int_equal(e.dtype, nccl_dtype_of[c->dt]);
-        assert_int_equal(e.op, t->reduces ? (int)nccl_op_of[c->op] : -1);
-        assert_ptr_equal(e.src, c->src[j]);
-        assert_ptr_equal(e.dst, c->dst[j]);
+        assert_int_equal(e.op, t->reduces ? nccl_op_for(c->n, c->op) : -1);
+        assert_ptr_equal(e.src, nccl_src_of(c->k, c->src[j], c->dst[j]));
+        assert_ptr_equal(e.dst, nccl_dst_of(c->k, c->src[j], c->dst[j]));
     }
 }
 
@@ -2123,8 +2520,8 @@ static void test_coll_dtype_op_mapping(void **state)
                 assert_int_equal(e.dtype, nccl_dtype_of[dt]);
                 assert_int_equal(e.op, t->reduces ? (int)nccl_op_of[o] : -1);
                 assert_int_equal(e.root, t->rooted ? 1 : -1);
-                assert_ptr_equal(e.src, cs[o].src[e.rank]);
-                assert_ptr_equal(e.dst, cs[o].dst[e.rank]);
+                assert_ptr_equal(e.src, nccl_src_of(cs[o].k, cs[o].src[e.rank], cs[o].dst[e.rank]));
+                assert_ptr_equal(e.dst, nccl_dst_of(cs[o].k, cs[o].src[e.rank], cs[o].dst[e.rank]));
                 seen[o]++;
             }
             for (int o = 0; o < nops; o++) {
@@ -2547,6 +2944,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_batch_is_one_group, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sendrecv_ring, setup, teardown),
         cmocka_unit_test_setup_teardown(test_self_sendrecv, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_inplace_sendrecv_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_max_timeout, setup, teardown),
         cmocka_unit_test_setup_teardown(test_busy_comm_waits, setup, teardown),
         cmocka_unit_test_setup_teardown(test_one_rank_current_device, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bound_stream_waits_for_submission, setup, teardown),
@@ -2581,6 +2980,14 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_destroy_restores_device, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bind_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_device_memory, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_one_rank_avg, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cuda_error_in_group_drains, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_abort_does_not_block_scheduler, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_launch_serialized_per_device, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_destroy_aborts_every_rank, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_destroy_skips_unused_devices, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fp8_lowest_capability, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_completed_batch_survives_later_error, setup, teardown),
     };
     return cmocka_run_group_tests_name("nccl_fake", tests, NULL, NULL);
 }

@@ -45,8 +45,26 @@ static void test_allreduce_sum(void **state)
     assert_int_equal(ccq_runtime_destroy(rt), CCQ_OK);
 }
 
+/* The library says the version of the header it was built with, in both encodings. */
+static void test_version(void **state)
+{
+    (void)state;
+    char want[32];
+    snprintf(want, sizeof want, "%d.%d.%d", CCQ_VERSION_MAJOR, CCQ_VERSION_MINOR,
+             CCQ_VERSION_PATCH);
+    assert_string_equal(ccq_version(), want);
+    assert_string_equal(ccq_version(), CCQ_VERSION_STRING);
+    assert_int_equal(ccq_version_number(), CCQ_VERSION_HEX);
+    assert_int_equal(ccq_version_number() >> 16, CCQ_VERSION_MAJOR);
+    assert_int_equal((ccq_version_number() >> 8) & 0xff, CCQ_VERSION_MINOR);
+    assert_int_equal(ccq_version_number() & 0xff, CCQ_VERSION_PATCH);
+    /* The minor version grew with ccq_version itself (and struct_size on ccq_event). */
+    assert_true(ccq_version_number() >= 0x000200u);
+}
+
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_allreduce_sum)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_allreduce_sum),
+                                       cmocka_unit_test(test_version)};
     return cmocka_run_group_tests_name("smoke", tests, NULL, NULL);
 }

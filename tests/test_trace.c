@@ -25,6 +25,8 @@
 #include <unistd.h>
 
 #include "ccq.h"
+#include "runtime/trace.h" /* ccq_events_copy_out, CCQ_EVENT_SIZE_0_2 */
+#include "runtime/trace_compat.h"
 
 #define NDEV         4
 #define COUNT        8     /* elements per command of the known workloads */
@@ -208,6 +210,7 @@ static ccq_event *snap(ccq_runtime *rt, size_t *n, uint64_t *dropped)
 {
     ccq_event *ev = calloc(SNAP_MAX, sizeof *ev);
     assert_non_null(ev);
+    ev[0].struct_size = sizeof *ev;
     ok(ccq_trace_snapshot(rt, ev, SNAP_MAX, n, dropped), "ccq_trace_snapshot");
     assert_true(*n < SNAP_MAX);
     for (size_t k = 1; k < *n; k++)
@@ -854,6 +857,7 @@ static void test_known_workload(void **state)
         ccq_event small[8];
         size_t m;
         uint64_t d2;
+        small[0].struct_size = sizeof small[0];
         ok(ccq_trace_snapshot(rt, small, 8, &m, &d2), "small snapshot");
         assert_int_equal(m, 8);
         assert_int_equal(d2, 0);
@@ -1069,6 +1073,7 @@ static void test_disabled(void **state)
     assert_int_equal(ccq_trace_dump(rt, path), CCQ_ERR_INVALID_ARGUMENT);
     assert_non_null(strstr(ccq_last_error_detail(), "trace_capacity = 0"));
     assert_null(slurp(path));
+    buf[0].struct_size = sizeof buf[0];
     ok(ccq_trace_snapshot(rt, buf, 16, &n, &dropped), "snapshot");
     assert_int_equal(n, 0);
     assert_int_equal(dropped, 0);
@@ -1661,6 +1666,7 @@ static void *cc_reader_main(void *p)
     ccq_event *buf = calloc(cap, sizeof *buf);
     uint64_t dropped;
 
+    buf[0].struct_size = sizeof *buf; /* each snapshot writes it back */
     pthread_barrier_wait(&sh->bar);
     while (!atomic_load(&sh->stop) || atomic_load(&sh->dumps) == 0) {
         ccq_metrics m;
@@ -1767,6 +1773,213 @@ static void test_concurrency(void **state)
     free(sh);
 }
 
+/* Every event the library hands out says its size (callbacks with the recorder on and off,
+ * scheduler and fence events, snapshot elements); a snapshot refuses an element size that is
+ * no ccq_event layout, before it writes anything; and an older, smaller layout's array is
+ * strided by its size. */
+static void test_event_struct_size(void **state)
+{
+    (void)state;
+    static const uint32_t bad[] = {0, 1, 8, 80, 84, 87, 89, 96, 1u << 20, UINT32_MAX};
+    unsigned char guard[sizeof(ccq_event)];
+
+    memset(guard, 0xab, sizeof guard);
+    for (int on = 0; on < 2; on++) {
+        ccq_runtime *rt = make_rt(on ? 65536 : 0, LONG_TIMEOUT, NULL, NULL);
+        fence_log fl = {.n = 0, .tid = my_tid()};
+        ccq_event buf[4];
+        size_t n = 0;
+        evlog log;
+
+        evlog_init(&log);
+        ok(ccq_set_event_callback(rt, evlog_cb, &log), "set callback");
+        workload(rt, &fl);
+        if (on) { /* also the elements of a snapshot */
+            ccq_event *ev = snap(rt, &n, NULL);
+            assert_true(n > 0);
+            for (size_t k = 0; k < n; k++)
+                if (ev[k].struct_size != sizeof(ccq_event))
+                    fail_msg("snapshot event %zu (%s): struct_size %u", k,
+                             ccq_event_type_name(ev[k].type), ev[k].struct_size);
+            free(ev);
+        }
+        ok(ccq_runtime_shutdown(rt), "shutdown");
+        assert_true(log.n > 0);
+        for (size_t k = 0; k < log.n; k++)
+            if (log.ev[k].struct_size != sizeof(ccq_event))
+                fail_msg("recorder %s: callback event %zu (%s): struct_size %u", on ? "on" : "off",
+                         k, ccq_event_type_name(log.ev[k].type), log.ev[k].struct_size);
+        for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+            memset(buf, 0xab, sizeof buf);
+            buf[0].struct_size = bad[b];
+            n = 99;
+            assert_int_equal(ccq_trace_snapshot(rt, buf, 4, &n, NULL), CCQ_ERR_INVALID_ARGUMENT);
+            assert_non_null(strstr(ccq_last_error_detail(), "out[0].struct_size"));
+            assert_int_equal(n, 99);
+            assert_memory_equal((unsigned char *)&buf[0] + sizeof(uint32_t),
+                                guard + sizeof(uint32_t), sizeof buf[0] - sizeof(uint32_t));
+            assert_memory_equal(&buf[1], guard, sizeof buf[1]);
+        }
+        /* cap 0 reads no element. */
+        buf[0].struct_size = 0;
+        ok(ccq_trace_snapshot(rt, buf, 0, &n, NULL), "snapshot of 0 events");
+        assert_int_equal(n, 0);
+        evlog_free(&log);
+        assert_int_equal(ccq_runtime_destroy(rt), CCQ_OK);
+    }
+    assert_true(sizeof(ccq_event) >= CCQ_EVENT_SIZE_0_2);
+
+    /* The stride copy, with a pretend older layout of 64 bytes: each element gets its first
+     * 64 bytes and struct_size 64, and nothing past the last element is written. */
+    {
+        enum { N = 3, ES = 64 };
+        ccq_event src[N];
+        unsigned char out[N * ES + 16];
+        memset(src, 0, sizeof src);
+        for (int k = 0; k < N; k++) {
+            src[k].struct_size = sizeof(ccq_event);
+            src[k].type = CCQ_EV_COMPLETED;
+            src[k].time_ns = 1000 + (uint64_t)k;
+            src[k].id = 7 + (uint64_t)k;
+            src[k].bytes = 4096u * (uint64_t)(k + 1);
+        }
+        memset(out, 0xcd, sizeof out);
+        ccq_events_copy_out(out, ES, src, N);
+        for (int k = 0; k < N; k++) {
+            ccq_event e;
+            memcpy(&e, out + k * ES, ES);
+            assert_int_equal(e.struct_size, ES);
+            assert_int_equal(e.type, CCQ_EV_COMPLETED);
+            assert_int_equal(e.time_ns, 1000 + (uint64_t)k);
+            assert_int_equal(e.id, 7 + (uint64_t)k);
+            assert_int_equal(e.bytes, 4096u * (uint64_t)(k + 1));
+        }
+        for (size_t k = N * ES; k < sizeof out; k++)
+            assert_int_equal(out[k], 0xcd);
+    }
+}
+
+/* A 0.1.0 callback's events, in 0.1.0's layout. */
+typedef struct v01_log {
+    pthread_mutex_t mu;
+    ccq_event_v0_1 ev[4096];
+    size_t n;
+} v01_log;
+
+static void v01_cb(const ccq_event_v0_1 *ev, void *user)
+{
+    v01_log *l = user;
+    pthread_mutex_lock(&l->mu);
+    if (l->n < sizeof l->ev / sizeof l->ev[0])
+        l->ev[l->n++] = *ev;
+    pthread_mutex_unlock(&l->mu);
+}
+
+static void same_v01(const char *what, size_t k, const ccq_event_v0_1 *o, const ccq_event *e)
+{
+    if (o->time_ns != e->time_ns || o->id != e->id || o->batch != e->batch || o->seq != e->seq ||
+        o->count != e->count || o->bytes != e->bytes || o->type != e->type ||
+        o->thread != e->thread || o->device != e->device || o->stream != e->stream ||
+        o->comm != e->comm || o->kind != e->kind || o->dtype != e->dtype || o->op != e->op ||
+        o->peer_valid != e->peer_valid || o->status != e->status || o->peer != e->peer)
+        fail_msg("%s %zu: the 0.1.0 event (%s, id %llu, %llu ns) differs from the event (%s, id "
+                 "%llu, %llu ns)",
+                 what, k, ccq_event_type_name(o->type), (unsigned long long)o->id,
+                 (unsigned long long)o->time_ns, ccq_event_type_name(e->type),
+                 (unsigned long long)e->id, (unsigned long long)e->time_ns);
+}
+
+/* 0.1.0's entry points (ready to be ccq_trace_snapshot@CCQ_0.1 and
+ * ccq_set_event_callback@CCQ_0.1): the same events as the current ones, field by field, in
+ * 0.1.0's 80-byte layout, and nothing written past the caller's array. */
+static void test_v0_1_compat(void **state)
+{
+    (void)state;
+    ccq_runtime *rt = make_rt(65536, LONG_TIMEOUT, NULL, NULL);
+    fence_log fl = {.n = 0, .tid = my_tid()};
+    static v01_log old;
+    ccq_event_v0_1 *ov;
+    ccq_event *ev;
+    evlog log;
+    size_t n, on = 0;
+
+    assert_int_equal(sizeof(ccq_event_v0_1), 80);
+    memset(&old, 0, sizeof old);
+    pthread_mutex_init(&old.mu, NULL);
+    evlog_init(&log);
+    ok(ccq_set_event_callback_v0_1(rt, v01_cb, &old), "0.1.0 callback");
+    workload(rt, &fl);
+    ok(ccq_set_event_callback(rt, evlog_cb, &log), "callback");
+    workload(rt, &fl);
+    ok(ccq_set_event_callback_v0_1(rt, NULL, NULL), "clear");
+    assert_int_equal(ccq_set_event_callback_v0_1(NULL, v01_cb, &old), CCQ_ERR_INVALID_ARGUMENT);
+    ok(ccq_runtime_shutdown(rt), "shutdown");
+
+    /* The first workload went to the 0.1.0 callback, the second to the current one: as many
+     * events of each type in both (batches depend on timing), and in 0.1.0's layout the
+     * fields are where 0.1.0 had them (command events name a stream of a device). */
+    assert_true(old.n > 0 && old.n < sizeof old.ev / sizeof old.ev[0]);
+    {
+        uint64_t co[CCQ_EV_TYPE_COUNT_] = {0}, cn[CCQ_EV_TYPE_COUNT_] = {0};
+        for (size_t k = 0; k < old.n; k++) {
+            assert_true(old.ev[k].type < CCQ_EV_TYPE_COUNT_);
+            co[old.ev[k].type]++;
+            if (is_cmd(old.ev[k].type))
+                assert_true(old.ev[k].device < NDEV && old.ev[k].stream < 6 &&
+                            old.ev[k].count == COUNT && old.ev[k].time_ns != 0);
+        }
+        count_types(log.ev, log.n, cn);
+        for (uint32_t t = 0; t < CCQ_EV_TYPE_COUNT_; t++)
+            if (t != CCQ_EV_BATCH && t != CCQ_EV_BATCH_DONE && co[t] != cn[t])
+                fail_msg("%s: %llu events through the 0.1.0 callback, %llu through the current",
+                         ccq_event_type_name(t), (unsigned long long)co[t],
+                         (unsigned long long)cn[t]);
+    }
+
+    ev = snap(rt, &n, NULL);
+    ov = malloc((n + 1) * sizeof *ov);
+    assert_non_null(ov);
+    memset(&ov[n], 0xab, sizeof ov[n]);
+    ok(ccq_trace_snapshot_v0_1(rt, ov, n, &on, NULL), "0.1.0 snapshot");
+    assert_int_equal(on, n);
+    for (size_t k = 0; k < n; k++)
+        same_v01("snapshot event", k, &ov[k], &ev[k]);
+    for (size_t b = 0; b < sizeof ov[n]; b++)
+        assert_int_equal(((unsigned char *)&ov[n])[b], 0xab);
+    ok(ccq_trace_snapshot_v0_1(rt, NULL, 0, &on, NULL), "0.1.0 snapshot of 0 events");
+    assert_int_equal(on, 0);
+    assert_int_equal(ccq_trace_snapshot_v0_1(rt, NULL, 4, &on, NULL), CCQ_ERR_INVALID_ARGUMENT);
+    /* The converter on its own: every field. */
+    {
+        ccq_event e = {.struct_size = sizeof e,
+                       .type = CCQ_EV_FAILED,
+                       .time_ns = 11,
+                       .id = 12,
+                       .batch = 13,
+                       .seq = 14,
+                       .count = 15,
+                       .bytes = 16,
+                       .thread = 17,
+                       .device = 18,
+                       .stream = 19,
+                       .comm = 20,
+                       .kind = 21,
+                       .dtype = 22,
+                       .op = 23,
+                       .peer_valid = 1,
+                       .status = CCQ_ERR_TIMEOUT,
+                       .peer = 24};
+        ccq_event_v0_1 o;
+        ccq_event_to_v0_1(&o, &e);
+        same_v01("converted event", 0, &o, &e);
+    }
+    free(ov);
+    free(ev);
+    evlog_free(&log);
+    pthread_mutex_destroy(&old.mu);
+    assert_int_equal(ccq_runtime_destroy(rt), CCQ_OK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1783,6 +1996,8 @@ int main(void)
         cmocka_unit_test(test_metrics_recorder_off),
         cmocka_unit_test(test_metrics_rate),
         cmocka_unit_test(test_concurrency),
+        cmocka_unit_test(test_event_struct_size),
+        cmocka_unit_test(test_v0_1_compat),
     };
     return cmocka_run_group_tests_name("trace", tests, NULL, NULL);
 }

@@ -60,6 +60,7 @@ typedef struct host_job {
     size_t *first_chunk;   /* [nops + 1]: chunk index where each op starts */
     size_t *chunk_elems;   /* [nops]: elements per chunk of each op */
     uint64_t stream_bytes; /* the backend's streaming-store threshold */
+    void **staged;         /* [nops] or NULL: copies of stage_src sends' data (freed in poll) */
 } host_job;
 
 typedef struct host_be {
@@ -557,6 +558,37 @@ static uint64_t host_poll_interval(const ccq_backend *be)
 }
 #endif
 
+static void free_staged(host_job *j)
+{
+    for (uint32_t k = 0; j->staged != NULL && k < j->b->nops; k++)
+        free(j->staged[k]);
+    free(j->staged);
+    j->staged = NULL;
+}
+
+/* Sends whose src a later command of their stream overwrites in this batch (stage_src)
+ * send a copy taken now, before any op of the batch runs: what stream order promises. */
+static ccq_status stage_sends(ccq_be_batch *b, host_job *j, ccq_errbuf *err)
+{
+    for (uint32_t k = 0; k < b->nops; k++) {
+        ccq_be_op *op = b->ops[k];
+        size_t bytes = op->count * ccq_dtype_size((ccq_dtype)op->dtype);
+        if (!op->stage_src || op->kind != CCQ_KIND_SEND || bytes == 0)
+            continue;
+        if (j->staged == NULL && (j->staged = calloc(b->nops, sizeof *j->staged)) == NULL)
+            goto oom;
+        if ((j->staged[k] = malloc(bytes)) == NULL)
+            goto oom;
+        memcpy(j->staged[k], op->parts[0].src, bytes);
+        op->parts[0].src = j->staged[k];
+    }
+    return CCQ_OK;
+oom:
+    free_staged(j);
+    snprintf(err->msg, sizeof err->msg, "out of memory staging a send's data");
+    return CCQ_ERR_NO_MEMORY;
+}
+
 static ccq_status host_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
 {
     host_be *h = to_host(be);
@@ -586,6 +618,11 @@ static ccq_status host_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
     j->first_chunk = (size_t *)(j + 1);
     j->chunk_elems = j->first_chunk + b->nops + 1;
     j->stream_bytes = h->stream_bytes;
+    j->staged = NULL;
+    if (stage_sends(b, j, err) != CCQ_OK) {
+        free(j);
+        return CCQ_ERR_NO_MEMORY;
+    }
     b->be_priv = j;
 
     if (total <= HOST_INLINE_BYTES || h->nworkers == 0)
@@ -647,6 +684,7 @@ static ccq_be_batch *host_poll(ccq_backend *be)
         ccq_mpsc_node *next = n->next;
         host_job *j = ccq_container_of(n, host_job, done_node);
         ccq_be_batch *b = j->b;
+        free_staged(j);
         free(j);
         b->be_priv = NULL;
         b->next_done = list;
@@ -713,6 +751,7 @@ const ccq_backend_ops ccq_host_backend_ops = {
     .comm_create = host_comm_create,
     .comm_destroy = host_comm_destroy,
     .issue = host_issue,
+    .stages_sends = true,
     .poll = host_poll,
     .abort = host_abort,
     .poll_interval_ns = 0,

@@ -685,8 +685,16 @@ static int post(ccq_hmpi_op *h, const ccq_be_op *op)
             tag_ub = *attr;
         tag = (int)(op->seq % (uint64_t)tag_ub);
         if (op->kind == CCQ_KIND_SEND) {
+            const void *s = pt[0].src;
+            if (op->stage_src) { /* a later op of its stream in the batch writes src */
+                void *cp = scratch(h, H_BUF_SCRATCH, blk);
+                if (cp == NULL)
+                    return -1;
+                copy(cp, s, blk);
+                s = cp;
+            }
             h->what = "MPI_Isend";
-            return MPI_Isend(pt[0].src, n, t, peer, tag, c->mc, &h->req);
+            return MPI_Isend(s, n, t, peer, tag, c->mc, &h->req);
         }
         h->what = "MPI_Irecv";
         return MPI_Irecv(pt[0].dst, n, t, peer, tag, c->mc, &h->req);

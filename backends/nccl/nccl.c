@@ -4,6 +4,7 @@
  * includes CUDA or NCCL headers. */
 #define _GNU_SOURCE
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,7 +33,8 @@
 #define NCCL_HAS_FP8 0
 #endif
 
-/* How long a failed batch waits for the GPU to drain its work when timeout_ms is 0. */
+/* How long a failed batch waits for the GPU to drain its work (and for its communicators'
+ * aborts to finish) when timeout_ms is 0; otherwise timeout_ms. */
 #define NCCL_DRAIN_MAX_NS (60ull * 1000000000u)
 /* The scheduler polls completions at this interval while batches are in flight. */
 #define NCCL_POLL_INTERVAL_NS 20000u
@@ -62,15 +64,16 @@
     } while (0)
 
 typedef struct nccl_comm {
-    uint32_t n;              /* local ranks: first .. first + n - 1 of nranks */
+    uint32_t n; /* local ranks: first .. first + n - 1 of nranks */
     uint32_t first, nranks;
-    int *devs;               /* CUDA device of each local rank */
-    ncclComm_t *comms;       /* one per local rank */
-    bool aborted;            /* scheduler only */
-    uint64_t init_deadline;  /* ncclCommInitRankConfig must have finished by then */
+    int *devs;                    /* CUDA device of each local rank */
+    ncclComm_t *comms;            /* one per local rank */
+    bool aborted;                 /* scheduler only: set when the abort is queued; from then on the
+                                     scheduler makes no NCCL call on this communicator */
+    _Atomic bool abort_done;      /* the abort thread finished ncclCommAbort of every rank */
+    struct nccl_comm *abort_next; /* the abort thread's queue (under abort_lock) */
+    uint64_t init_deadline;       /* ncclCommInitRankConfig must have finished by then */
 } nccl_comm;
-
-static void abort_comm(nccl_comm *c);
 
 /* Per ccq stream. `user` and `slot_events` are written by bind (a user thread, while the
  * stream is idle) and read by submit hooks and the scheduler; the rest is scheduler-only,
@@ -105,10 +108,18 @@ typedef struct nccl_be {
     int *cc_major;
     int version; /* ncclGetVersion(): all_to_all, gather and scatter need 2.28 */
     uint32_t max_streams, ring_size;
-    uint64_t timeout_ns;
+    uint64_t timeout_ns;  /* communicator creation and launch waits */
+    uint64_t drain_ns;    /* how long a failed batch waits for the GPU (see batch_drained) */
     nccl_stream *streams; /* [ndev * max_streams] */
     nccl_batch *inflight; /* scheduler only */
     uint64_t batch_mark;
+    /* The abort thread (see abort_main): aborts queued by the scheduler. */
+    pthread_t abort_thread;
+    bool abort_thread_started;
+    pthread_mutex_t abort_lock;
+    pthread_cond_t abort_cond;
+    nccl_comm *abort_head, *abort_tail; /* under abort_lock */
+    bool abort_stop;                    /* under abort_lock */
 } nccl_be;
 
 static nccl_be *to_nccl(ccq_backend *be)
@@ -167,6 +178,73 @@ static void sleep_ns(long ns)
 }
 
 /* ------------------------------------------------------------------------------------ */
+/* Aborts, off the scheduler thread                                                      */
+/* ------------------------------------------------------------------------------------ */
+
+static void comm_free(nccl_comm *c)
+{
+    free(c->devs);
+    free(c->comms);
+    free(c);
+}
+
+/*
+ * ncclCommAbort does not return at once: the abort of a multi-rank communicator's last
+ * rank reclaims it (init.cc: commReclaim -> commDestroySync), which synchronizes NCCL's
+ * internal stream and so waits for kernels that may themselves wait behind a bound user
+ * stream. On the scheduler thread that would stop every other communicator. So the
+ * scheduler only marks a communicator aborted (and from then on makes no NCCL call on it:
+ * NCCL allows ncclCommAbort from another thread as long as nothing else runs on that
+ * communicator) and queues it here; this thread aborts every rank, sets abort_done and
+ * wakes the scheduler, which returns the communicator's failed batches once that is done
+ * and their streams drained (batch_drained).
+ */
+static void *abort_main(void *arg)
+{
+    nccl_be *h = arg;
+    pthread_mutex_lock(&h->abort_lock);
+    for (;;) {
+        nccl_comm *c = h->abort_head;
+        if (c == NULL) {
+            if (h->abort_stop)
+                break;
+            pthread_cond_wait(&h->abort_cond, &h->abort_lock);
+            continue;
+        }
+        h->abort_head = c->abort_next;
+        if (h->abort_head == NULL)
+            h->abort_tail = NULL;
+        pthread_mutex_unlock(&h->abort_lock);
+        for (uint32_t i = 0; i < c->n; i++)
+            if (c->comms[i] != NULL)
+                ncclCommAbort(c->comms[i]);
+        atomic_store_explicit(&c->abort_done, true, memory_order_release);
+        if (h->hooks.notify != NULL)
+            h->hooks.notify(h->hooks.notify_arg);
+        pthread_mutex_lock(&h->abort_lock);
+    }
+    pthread_mutex_unlock(&h->abort_lock);
+    return NULL;
+}
+
+/* Scheduler thread: mark c aborted and hand it to the abort thread. */
+static void abort_comm(nccl_be *h, nccl_comm *c)
+{
+    if (c->aborted)
+        return;
+    c->aborted = true;
+    c->abort_next = NULL;
+    pthread_mutex_lock(&h->abort_lock);
+    if (h->abort_tail != NULL)
+        h->abort_tail->abort_next = c;
+    else
+        h->abort_head = c;
+    h->abort_tail = c;
+    pthread_cond_signal(&h->abort_cond);
+    pthread_mutex_unlock(&h->abort_lock);
+}
+
+/* ------------------------------------------------------------------------------------ */
 /* Lifetime                                                                              */
 /* ------------------------------------------------------------------------------------ */
 
@@ -189,11 +267,26 @@ static void nccl_destroy(ccq_backend *be)
     uint32_t nstreams = (uint32_t)h->ndev * h->max_streams;
     int prev = -1;
 
+    if (h->abort_thread_started) {
+        /* Every comm_destroy waited for its abort: the queue is empty. */
+        pthread_mutex_lock(&h->abort_lock);
+        h->abort_stop = true;
+        pthread_cond_signal(&h->abort_cond);
+        pthread_mutex_unlock(&h->abort_lock);
+        pthread_join(h->abort_thread, NULL);
+    }
+    pthread_cond_destroy(&h->abort_cond);
+    pthread_mutex_destroy(&h->abort_lock);
     (void)cudaGetDevice(&prev);
 
     for (uint32_t i = 0; h->streams != NULL && i < nstreams; i++) {
         nccl_stream *s = &h->streams[i];
         int dev = (int)(i / h->max_streams);
+        /* A stream never used or bound holds nothing: making its device current would
+         * create that device's primary context (memory, time; an error on an
+         * exclusive-process GPU in use). */
+        if (s->slot_events == NULL && s->done == NULL && s->comm == NULL)
+            continue;
         free_stream_events(h, s, dev);
         cudaSetDevice(dev);
         if (s->done != NULL)
@@ -238,6 +331,9 @@ static ccq_status nccl_create(const ccq_config *cfg, const ccq_be_hooks *hooks, 
     h->max_streams = cfg->max_streams;
     h->ring_size = ccq_ring_size(cfg->queue_depth);
     h->timeout_ns = cfg->timeout_ms ? cfg->timeout_ms * 1000000ull : NCCL_INIT_TIMEOUT_NS;
+    h->drain_ns = cfg->timeout_ms ? cfg->timeout_ms * 1000000ull : NCCL_DRAIN_MAX_NS;
+    pthread_mutex_init(&h->abort_lock, NULL);
+    pthread_cond_init(&h->abort_cond, NULL);
     h->cc_major = calloc((size_t)ndev, sizeof *h->cc_major);
     h->streams = calloc((size_t)ndev * h->max_streams, sizeof *h->streams);
     if (h->cc_major == NULL || h->streams == NULL) {
@@ -245,6 +341,12 @@ static ccq_status nccl_create(const ccq_config *cfg, const ccq_be_hooks *hooks, 
         snprintf(err->msg, sizeof err->msg, "out of memory");
         return CCQ_ERR_NO_MEMORY;
     }
+    if (pthread_create(&h->abort_thread, NULL, abort_main, h) != 0) {
+        nccl_destroy(&h->base);
+        snprintf(err->msg, sizeof err->msg, "cannot start the NCCL abort thread");
+        return CCQ_ERR_NO_MEMORY;
+    }
+    h->abort_thread_started = true;
     for (int d = 0; d < ndev; d++) {
         if (cudaDeviceGetAttribute(&h->cc_major[d], cudaDevAttrComputeCapabilityMajor, d) !=
             cudaSuccess)
@@ -265,18 +367,11 @@ static uint32_t nccl_device_count(const ccq_backend *be)
 /* Communicators                                                                         */
 /* ------------------------------------------------------------------------------------ */
 
-static void comm_free(nccl_comm *c)
-{
-    free(c->devs);
-    free(c->comms);
-    free(c);
-}
-
 /* Wait (polling) until no communicator of the set is ncclInProgress; the first error wins. */
 static ncclResult_t wait_comms(ncclComm_t *comms, uint32_t n, uint64_t timeout_ns,
                                ncclComm_t *failed)
 {
-    uint64_t deadline = ccq_now_ns() + timeout_ns;
+    uint64_t deadline = ccq_deadline_in(timeout_ns);
     for (;;) {
         bool pending = false;
         for (uint32_t i = 0; i < n; i++) {
@@ -371,13 +466,15 @@ static ccq_status nccl_comm_create(ccq_backend *be, const ccq_be_comm_desc *d, c
     }
     group_open = false;
     NCCL_CHECK_GOTO(ncclGroupEnd(), err, st, fail);
-    c->init_deadline = ccq_now_ns() + h->timeout_ns;
+    c->init_deadline = ccq_deadline_in(h->timeout_ns);
     *out = (ccq_be_comm *)c;
     return CCQ_IN_PROGRESS;
 
 fail:
     if (group_open)
         ncclGroupEnd();
+    /* Here, not on the abort thread: no work was ever queued on these communicators, so
+     * their reclaim has no kernel to wait for. */
     for (uint32_t i = 0; i < n; i++)
         if (c->comms[i] != NULL)
             ncclCommAbort(c->comms[i]);
@@ -391,42 +488,66 @@ static ccq_status nccl_comm_test(ccq_backend *be, ccq_be_comm *comm, ccq_errbuf 
 {
     nccl_comm *c = (nccl_comm *)comm;
     ccq_status st;
+    bool pending = false;
     (void)be;
+    /* Ask every rank each round (a rank still initialising does not hide another's error). */
     for (uint32_t i = 0; i < c->n; i++) {
         ncclResult_t state = ncclInProgress, r = ncclCommGetAsyncError(c->comms[i], &state);
         if (r != ncclSuccess)
             state = r;
         if (state == ncclInProgress) {
-            if (ccq_now_ns() < c->init_deadline)
-                return CCQ_IN_PROGRESS;
-            snprintf(err->msg, sizeof err->msg,
-                     "ncclCommInitRankConfig did not finish within timeout_ms");
-            st = CCQ_ERR_TIMEOUT;
-            goto fail;
-        }
-        if (state != ncclSuccess) {
+            pending = true;
+        } else if (state != ncclSuccess) {
             st = nccl_status(state);
             nccl_msg(err, "ncclCommInitRankConfig", state, c->comms[i]);
             goto fail;
         }
     }
-    return CCQ_OK;
+    if (!pending)
+        return CCQ_OK;
+    if (ccq_now_ns() < c->init_deadline)
+        return CCQ_IN_PROGRESS;
+    snprintf(err->msg, sizeof err->msg, "ncclCommInitRankConfig did not finish within timeout_ms");
+    st = CCQ_ERR_TIMEOUT;
 fail:
-    abort_comm(c);
+    /* Here, not on the abort thread: no work was ever queued on these communicators. The
+     * runtime then destroys it (nccl_comm_destroy frees an aborted one). */
+    for (uint32_t i = 0; i < c->n; i++)
+        if (c->comms[i] != NULL)
+            ncclCommAbort(c->comms[i]);
+    c->aborted = true;
+    atomic_store_explicit(&c->abort_done, true, memory_order_release);
     return st == CCQ_OK ? CCQ_ERR_BACKEND : st;
 }
 
-/* At ccq_runtime_destroy, on its thread, after the scheduler stopped. A communicator in
- * error refuses ncclCommDestroy (and would leak): abort those instead. */
+/*
+ * At ccq_runtime_destroy, on its thread, after the scheduler stopped. An aborted
+ * communicator is freed once the abort thread is done with it. Otherwise, if any rank is in
+ * error or still ncclInProgress, every rank is aborted: ncclCommDestroy of a healthy rank
+ * waits for its work, which may wait forever for a peer in error (and ncclCommDestroy of a
+ * rank in error is refused and leaks).
+ */
 static void nccl_comm_destroy(ccq_backend *be, ccq_be_comm *comm)
 {
     nccl_comm *c = (nccl_comm *)comm;
+    bool abort_all = false;
     (void)be;
-    for (uint32_t i = 0; !c->aborted && i < c->n; i++) {
+    if (c->aborted) {
+        while (!atomic_load_explicit(&c->abort_done, memory_order_acquire))
+            sleep_ns(100000);
+        comm_free(c);
+        return;
+    }
+    for (uint32_t i = 0; i < c->n && !abort_all; i++) {
         ncclResult_t st = ncclSuccess;
+        if (c->comms[i] != NULL &&
+            (ncclCommGetAsyncError(c->comms[i], &st) != ncclSuccess || st != ncclSuccess))
+            abort_all = true;
+    }
+    for (uint32_t i = 0; i < c->n; i++) {
         if (c->comms[i] == NULL)
             continue;
-        if (ncclCommGetAsyncError(c->comms[i], &st) != ncclSuccess || st != ncclSuccess)
+        if (abort_all)
             ncclCommAbort(c->comms[i]);
         else
             ncclCommDestroy(c->comms[i]);
@@ -434,22 +555,9 @@ static void nccl_comm_destroy(ccq_backend *be, ccq_be_comm *comm)
     comm_free(c);
 }
 
-static void abort_comm(nccl_comm *c)
-{
-    if (c->aborted)
-        return;
-    c->aborted = true;
-    /* ncclCommAbort stops the communicator's kernels and frees it; it is the documented
-     * way out of a hang (ncclCommDestroy would wait for the work). */
-    for (uint32_t i = 0; i < c->n; i++)
-        if (c->comms[i] != NULL)
-            ncclCommAbort(c->comms[i]);
-}
-
 static void nccl_abort(ccq_backend *be, ccq_be_comm *comm)
 {
-    (void)be;
-    abort_comm((nccl_comm *)comm);
+    abort_comm(to_nccl(be), (nccl_comm *)comm);
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -478,12 +586,23 @@ static ccq_status nccl_check(ccq_backend *be, const ccq_be_submit *s, ccq_errbuf
                  h->version / 10000, h->version / 100 % 100, h->version % 100);
         return CCQ_ERR_UNSUPPORTED;
     }
-    if (fp8 && reduces && h->cc_major[s->device] < 9) {
-        snprintf(err->msg, sizeof err->msg,
-                 "NCCL reduces fp8 only on compute capability 9.0 (sm90) or newer; device %u is "
-                 "%d.x (moving fp8 data without reducing it works everywhere)",
-                 s->device, h->cc_major[s->device]);
-        return CCQ_ERR_UNSUPPORTED;
+    if (fp8 && reduces) {
+        /* NCCL refuses an fp8 reduction unless every rank's device is sm90 or newer (it
+         * checks the communicator's lowest compute capability), so check the whole set. */
+        ccq_device_id low = s->device;
+        for (uint32_t i = 0; i < s->ndevices; i++) {
+            ccq_device_id d = s->devices[i] - s->device_first;
+            if (d < (ccq_device_id)h->ndev && h->cc_major[d] < h->cc_major[low])
+                low = d;
+        }
+        if (h->cc_major[low] < 9) {
+            snprintf(err->msg, sizeof err->msg,
+                     "NCCL reduces fp8 only on compute capability 9.0 (sm90) or newer on every "
+                     "device of the communicator; device %u is %d.x (moving fp8 data without "
+                     "reducing it works everywhere)",
+                     low, h->cc_major[low]);
+            return CCQ_ERR_UNSUPPORTED;
+        }
     }
     return CCQ_OK;
 }
@@ -618,31 +737,49 @@ static cudaError_t set_device(int *cur, int dev)
     return e;
 }
 
+/* Whether two communicators have a device in common. */
+static bool comms_share_device(const nccl_comm *a, const nccl_comm *b)
+{
+    for (uint32_t i = 0; i < a->n; i++)
+        for (uint32_t j = 0; j < b->n; j++)
+            if (a->devs[i] == b->devs[j])
+                return true;
+    return false;
+}
+
 /*
  * Non-blocking communicators: while a group's launch is still in progress (ncclGroupEnd
  * returned ncclInProgress: an in-flight batch in NB_ENQUEUING, on other ccq streams, since a
  * stream has one batch in flight), NCCL refuses any other call on its communicators with
- * ncclInvalidArgument. Before nb uses such a communicator, wait until it leaves
- * ncclInProgress (a launch takes microseconds to milliseconds), at most timeout_ms.
+ * ncclInvalidArgument. And each non-blocking group is launched by its own NCCL thread
+ * (group.cc, groupLaunchNonBlocking), so two groups launching at once on communicators that
+ * share a device could enqueue their kernels in a different order on each GPU and deadlock
+ * ("using multiple NCCL communicators concurrently" in NCCL's docs). So before nb is
+ * launched, every in-flight batch still launching that shares a communicator or a device
+ * with it must leave ncclInProgress (a launch takes microseconds to milliseconds), at most
+ * timeout_ms: launches are serialized per device, not only per communicator.
  */
 static ccq_status settle_comms(nccl_be *h, const nccl_batch *nb, ccq_errbuf *err)
 {
     for (const nccl_batch *a = h->inflight; a != NULL; a = a->next) {
-        if (a->state != NB_ENQUEUING)
+        bool overlaps = false;
+        if (a->state != NB_ENQUEUING || a->failed)
+            continue;
+        for (uint32_t j = 0; j < a->ncomms && !overlaps; j++)
+            for (uint32_t k = 0; k < nb->ncomms && !overlaps; k++)
+                overlaps = comms_share_device(a->comms[j], nb->comms[k]);
+        if (!overlaps)
             continue;
         for (uint32_t j = 0; j < a->ncomms; j++) {
             nccl_comm *c = a->comms[j];
-            bool shared = false;
-            for (uint32_t k = 0; k < nb->ncomms && !shared; k++)
-                shared = nb->comms[k] == c;
-            if (!shared || c->aborted)
+            if (c->aborted)
                 continue;
             ncclComm_t failed = NULL;
             ncclResult_t r = wait_comms(c->comms, c->n, h->timeout_ns, &failed);
             if (r == ncclInProgress) {
                 snprintf(err->msg, sizeof err->msg,
-                         "a communicator of this batch was still launching batch %" PRIu64
-                         " (ncclInProgress) after timeout_ms",
+                         "batch %" PRIu64 " on a communicator sharing a device with this batch "
+                         "was still launching (ncclInProgress) after timeout_ms",
                          a->b->id);
                 return CCQ_ERR_TIMEOUT;
             }
@@ -656,14 +793,174 @@ static ccq_status settle_comms(nccl_be *h, const nccl_batch *nb, ccq_errbuf *err
     return CCQ_OK;
 }
 
+/* The kinds this build can hand to NCCL (ncclAlltoAll, ncclGather, ncclScatter: 2.28). */
+static bool kind_supported(unsigned kind)
+{
+    switch (kind) {
+    case CCQ_KIND_ALL_REDUCE:
+    case CCQ_KIND_SEND:
+    case CCQ_KIND_RECV: /* a half whose peer is another process's */
+    case CCQ_KIND_BROADCAST:
+    case CCQ_KIND_REDUCE:
+    case CCQ_KIND_ALL_GATHER:
+    case CCQ_KIND_REDUCE_SCATTER:
+        return true;
+    case CCQ_KIND_ALL_TO_ALL:
+    case CCQ_KIND_GATHER:
+    case CCQ_KIND_SCATTER:
+        return NCCL_HAS_228_COLLECTIVES;
+    default:
+        return false;
+    }
+}
+
+/* What issue() can refuse before ncclGroupStart: a kind, dtype or op it cannot map. */
+static ccq_status op_validate(const ccq_be_op *op, ccq_errbuf *err)
+{
+    bool fp8 = op->dtype == CCQ_FLOAT8E4M3 || op->dtype == CCQ_FLOAT8E5M2;
+    if (!kind_supported(op->kind)) {
+        snprintf(err->msg, sizeof err->msg, "operation kind %u is not supported%s", op->kind,
+                 NCCL_HAS_228_COLLECTIVES ? "" : " (built against NCCL < 2.28)");
+        return CCQ_ERR_UNSUPPORTED;
+    }
+    if (op->dtype >= CCQ_DTYPE_COUNT_ || (fp8 && !NCCL_HAS_FP8)) {
+        snprintf(err->msg, sizeof err->msg, "dtype %u has no NCCL type", op->dtype);
+        return CCQ_ERR_UNSUPPORTED;
+    }
+    if (op->kind < CCQ_KIND_COUNT_ && ccq_kinds[op->kind].reduces &&
+        op->redop >= CCQ_REDUCE_OP_COUNT_) {
+        snprintf(err->msg, sizeof err->msg, "reduce op %u has no NCCL op", op->redop);
+        return CCQ_ERR_UNSUPPORTED;
+    }
+    return CCQ_OK;
+}
+
+/*
+ * After a CUDA error (or anything that is not a failed NCCL call) inside the open group,
+ * NCCL's group error is not set, and ncclGroupEnd would launch the partial group: one
+ * rank's half of a collective without the others', which hangs the GPU. A call NCCL's
+ * argument check refuses (an invalid datatype, ArgsCheck in misc/argcheck.cc, before the
+ * call touches a buffer or a stream) sets the group error (ncclGroupErrCheck in
+ * ncclEnqueueCheck), so ncclGroupEnd then launches nothing.
+ */
+static void poison_group(nccl_comm *c)
+{
+    (void)ncclAllReduce(NULL, NULL, 1, (ncclDataType_t)ncclNumTypes, ncclSum, c->comms[0], NULL);
+}
+
+static void batch_fail(nccl_be *h, nccl_batch *nb, ccq_status st, const char *msg);
+
+/* The NCCL calls of one op inside the open group; on failure, *cuda_err says whether it was a
+ * CUDA call (which leaves NCCL's group error unset) rather than an NCCL one. */
+static ccq_status op_enqueue(nccl_be *h, ccq_be_op *op, int *cur, bool *cuda_err, ccq_errbuf *err)
+{
+    nccl_comm *c = (nccl_comm *)op->comm;
+    ncclDataType_t dt = dtype_map[op->dtype];
+    ccq_status status = CCQ_OK;
+
+    *cuda_err = false;
+    if ((op->kind == CCQ_KIND_SEND || op->kind == CCQ_KIND_RECV) && op->nparts == 1) {
+        /* A half whose peer is another process's device: that process calls the other. */
+        const ccq_be_part *me = &op->parts[0];
+        ncclComm_t mine = c->comms[me->rank - c->first];
+        cudaStream_t cs = h->streams[me->stream_index].comm;
+        CUDA_CHECK_GOTO(set_device(cur, (int)me->device), err, status, cuda_fail);
+        if (op->kind == CCQ_KIND_SEND)
+            NCCL_CHECK_GOTO(ncclSend(me->src, op->count, dt, (int)op->peer, mine, cs), err, status,
+                            fail);
+        else
+            NCCL_CHECK_GOTO(ncclRecv(me->dst, op->count, dt, (int)op->peer, mine, cs), err, status,
+                            fail);
+        return CCQ_OK;
+    }
+    if (op->kind == CCQ_KIND_SEND) {
+        /* part 0 sends to part 1's rank, part 1 receives from part 0's */
+        const ccq_be_part *snd = &op->parts[0], *rcv = &op->parts[1];
+        CUDA_CHECK_GOTO(set_device(cur, (int)snd->device), err, status, cuda_fail);
+        NCCL_CHECK_GOTO(ncclSend(snd->src, op->count, dt, (int)rcv->rank,
+                                 c->comms[snd->rank - c->first],
+                                 h->streams[snd->stream_index].comm),
+                        err, status, fail);
+        CUDA_CHECK_GOTO(set_device(cur, (int)rcv->device), err, status, cuda_fail);
+        NCCL_CHECK_GOTO(ncclRecv(rcv->dst, op->count, dt, (int)snd->rank,
+                                 c->comms[rcv->rank - c->first],
+                                 h->streams[rcv->stream_index].comm),
+                        err, status, fail);
+        return CCQ_OK;
+    }
+    /* A collective: every local rank's part, in rank order, inside this one group. */
+    for (uint32_t p = 0; p < op->nparts; p++) {
+        const ccq_be_part *part = &op->parts[p];
+        ncclComm_t comm = c->comms[part->rank - c->first];
+        cudaStream_t cs = h->streams[part->stream_index].comm;
+        /* A one-rank reduction is the identity: NCCL's ncclAvg on one rank becomes a
+         * pre-multiplied sum run by its one-rank kernel, which lacks fp8 in host code
+         * (onerank.cu) and refuses it; ncclSum there is a plain copy, for every type. */
+        ncclRedOp_t ro = c->nranks == 1 ? ncclSum : op_map[op->redop];
+        int root = (int)op->root;
+        const void *src = part->src;
+        void *dst = part->dst;
+        CUDA_CHECK_GOTO(set_device(cur, (int)part->device), err, status, cuda_fail);
+        switch (op->kind) {
+        case CCQ_KIND_ALL_REDUCE:
+            NCCL_CHECK_GOTO(ncclAllReduce(src, dst, op->count, dt, ro, comm, cs), err, status,
+                            fail);
+            break;
+        case CCQ_KIND_BROADCAST:
+            NCCL_CHECK_GOTO(ncclBroadcast(src, dst, op->count, dt, root, comm, cs), err, status,
+                            fail);
+            break;
+        case CCQ_KIND_REDUCE:
+            NCCL_CHECK_GOTO(ncclReduce(src, dst, op->count, dt, ro, root, comm, cs), err, status,
+                            fail);
+            break;
+        case CCQ_KIND_ALL_GATHER:
+            NCCL_CHECK_GOTO(ncclAllGather(src, dst, op->count, dt, comm, cs), err, status, fail);
+            break;
+        case CCQ_KIND_REDUCE_SCATTER:
+            NCCL_CHECK_GOTO(ncclReduceScatter(src, dst, op->count, dt, ro, comm, cs), err, status,
+                            fail);
+            break;
+#if NCCL_HAS_228_COLLECTIVES
+        case CCQ_KIND_ALL_TO_ALL:
+            NCCL_CHECK_GOTO(ncclAlltoAll(src, dst, op->count, dt, comm, cs), err, status, fail);
+            break;
+        /* With NCCL_CHECK_POINTERS=1, NCCL checks a gather's recvbuff and a scatter's
+         * sendbuff on every rank (ArgsCheck, misc/argcheck.cc), though only the root uses
+         * them: a non-root passes its other buffer instead of NULL (never read or written). */
+        case CCQ_KIND_GATHER:
+            NCCL_CHECK_GOTO(
+                ncclGather(src, dst != NULL ? dst : (void *)src, op->count, dt, root, comm, cs),
+                err, status, fail);
+            break;
+        case CCQ_KIND_SCATTER:
+            NCCL_CHECK_GOTO(
+                ncclScatter(src != NULL ? src : dst, dst, op->count, dt, root, comm, cs), err,
+                status, fail);
+            break;
+#endif
+        default:
+            /* op_validate() refused it before the group */
+            status = CCQ_ERR_UNSUPPORTED;
+            snprintf(err->msg, sizeof err->msg, "operation kind %u", op->kind);
+            goto cuda_fail;
+        }
+    }
+    return CCQ_OK;
+cuda_fail:
+    *cuda_err = true;
+fail:
+    return status == CCQ_OK ? CCQ_ERR_BACKEND : status;
+}
+
 static ccq_status nccl_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
 {
     nccl_be *h = to_nccl(be);
     nccl_batch *nb = calloc(1, sizeof *nb);
     ccq_status status = CCQ_OK;
     uint32_t nparts = 0;
-    bool group_open = false;
     int cur = -1; /* the device made current last (-1: not known) */
+    bool cuda_err = false;
     ncclResult_t r;
 
     for (uint32_t k = 0; k < b->nops; k++)
@@ -678,8 +975,10 @@ static ccq_status nccl_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
     nb->b = b;
     h->batch_mark++;
 
-    /* Streams and communicators the batch uses; each stream's NCCL stream first waits for
-     * the events its commands recorded on the caller's stream at submission. */
+    /* Before the group, everything that can be checked or prepared: after ncclGroupStart a
+     * failure is no longer "nothing started" (see below). Streams and communicators the
+     * batch uses; each stream's NCCL stream first waits for the events its commands
+     * recorded on the caller's stream at submission. */
     for (uint32_t k = 0; k < b->nops; k++) {
         ccq_be_op *op = b->ops[k];
         nccl_comm *c = (nccl_comm *)op->comm;
@@ -690,6 +989,9 @@ static ccq_status nccl_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
             op->comm_aborted = 1;
             continue;
         }
+        status = op_validate(op, err);
+        if (status != CCQ_OK)
+            goto fail;
         for (uint32_t j = 0; j < nb->ncomms && !seen; j++)
             seen = nb->comms[j] == c;
         if (!seen)
@@ -718,131 +1020,43 @@ static ccq_status nccl_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
     /* The whole batch is one group: every local rank's part of each collective and both
      * halves of each send/recv, so NCCL launches them together and rings cannot deadlock. */
     NCCL_CHECK_GOTO(ncclGroupStart(), err, status, fail);
-    group_open = true;
-    for (uint32_t k = 0; k < b->nops; k++) {
-        ccq_be_op *op = b->ops[k];
-        nccl_comm *c = (nccl_comm *)op->comm;
-        ncclDataType_t dt = dtype_map[op->dtype];
-        if (op->status != CCQ_OK)
-            continue; /* refused above */
-        if ((op->kind == CCQ_KIND_SEND || op->kind == CCQ_KIND_RECV) && op->nparts == 1) {
-            /* A half whose peer is in another process: that process calls the other half. */
-            const ccq_be_part *me = &op->parts[0];
-            ncclComm_t mine = c->comms[me->rank - c->first];
-            cudaStream_t cs = h->streams[me->stream_index].comm;
-            CUDA_CHECK_GOTO(set_device(&cur, (int)me->device), err, status, fail);
-            if (op->kind == CCQ_KIND_SEND)
-                NCCL_CHECK_GOTO(ncclSend(me->src, op->count, dt, (int)op->peer, mine, cs), err,
-                                status, fail);
-            else
-                NCCL_CHECK_GOTO(ncclRecv(me->dst, op->count, dt, (int)op->peer, mine, cs), err,
-                                status, fail);
-            continue;
-        }
-        if (op->kind == CCQ_KIND_SEND) {
-            /* part 0 sends to part 1's rank, part 1 receives from part 0's */
-            const ccq_be_part *snd = &op->parts[0], *rcv = &op->parts[1];
-            CUDA_CHECK_GOTO(set_device(&cur, (int)snd->device), err, status, fail);
-            NCCL_CHECK_GOTO(ncclSend(snd->src, op->count, dt, (int)rcv->rank, c->comms[snd->rank - c->first],
-                                     h->streams[snd->stream_index].comm),
-                            err, status, fail);
-            CUDA_CHECK_GOTO(set_device(&cur, (int)rcv->device), err, status, fail);
-            NCCL_CHECK_GOTO(ncclRecv(rcv->dst, op->count, dt, (int)snd->rank, c->comms[rcv->rank - c->first],
-                                     h->streams[rcv->stream_index].comm),
-                            err, status, fail);
-            continue;
-        }
-        /* A collective: every local rank's part, in rank order, inside this one group. */
-        for (uint32_t p = 0; p < op->nparts; p++) {
-            const ccq_be_part *part = &op->parts[p];
-            ncclComm_t comm = c->comms[part->rank - c->first];
-            cudaStream_t cs = h->streams[part->stream_index].comm;
-            ncclRedOp_t ro = op_map[op->redop];
-            int root = (int)op->root;
-            CUDA_CHECK_GOTO(set_device(&cur, (int)part->device), err, status, fail);
-            switch (op->kind) {
-            case CCQ_KIND_ALL_REDUCE:
-                NCCL_CHECK_GOTO(ncclAllReduce(part->src, part->dst, op->count, dt, ro, comm, cs),
-                                err, status, fail);
-                break;
-            case CCQ_KIND_BROADCAST:
-                NCCL_CHECK_GOTO(ncclBroadcast(part->src, part->dst, op->count, dt, root, comm, cs),
-                                err, status, fail);
-                break;
-            case CCQ_KIND_REDUCE:
-                NCCL_CHECK_GOTO(ncclReduce(part->src, part->dst, op->count, dt, ro, root, comm, cs),
-                                err, status, fail);
-                break;
-            case CCQ_KIND_ALL_GATHER:
-                NCCL_CHECK_GOTO(ncclAllGather(part->src, part->dst, op->count, dt, comm, cs), err,
-                                status, fail);
-                break;
-            case CCQ_KIND_REDUCE_SCATTER:
-                NCCL_CHECK_GOTO(
-                    ncclReduceScatter(part->src, part->dst, op->count, dt, ro, comm, cs), err,
-                    status, fail);
-                break;
-#if NCCL_HAS_228_COLLECTIVES
-            case CCQ_KIND_ALL_TO_ALL:
-                NCCL_CHECK_GOTO(ncclAlltoAll(part->src, part->dst, op->count, dt, comm, cs), err,
-                                status, fail);
-                break;
-            case CCQ_KIND_GATHER:
-                NCCL_CHECK_GOTO(ncclGather(part->src, part->dst, op->count, dt, root, comm, cs),
-                                err, status, fail);
-                break;
-            case CCQ_KIND_SCATTER:
-                NCCL_CHECK_GOTO(ncclScatter(part->src, part->dst, op->count, dt, root, comm, cs),
-                                err, status, fail);
-                break;
-#endif
-            default:
-                status = CCQ_ERR_UNSUPPORTED;
-                snprintf(err->msg, sizeof err->msg, "operation kind %u", op->kind);
-                goto fail;
-            }
-        }
-    }
-    group_open = false;
+    for (uint32_t k = 0; k < b->nops && status == CCQ_OK; k++)
+        if (b->ops[k]->status == CCQ_OK) /* not refused above */
+            status = op_enqueue(h, b->ops[k], &cur, &cuda_err, err);
+    if (status != CCQ_OK && cuda_err && nb->ncomms > 0)
+        poison_group(nb->comms[0]);
     r = ncclGroupEnd();
-    if (r == ncclInProgress) {
+    if (status != CCQ_OK) {
+        /* Started: one-rank ops earlier in the group already queued their work at the call,
+         * and NCCL may leave the group's error on its communicators. */
+        nb->state = NB_ENQUEUING;
+        batch_fail(h, nb, status, err->msg);
+    } else if (r == ncclInProgress) {
         /* Non-blocking communicators: the launch completes in the background; poll()
          * records the completion events once every communicator left ncclInProgress. */
         nb->state = NB_ENQUEUING;
     } else if (r != ncclSuccess) {
-        status = nccl_status(r);
+        ccq_status st = nccl_status(r);
         nccl_msg(err, "ncclGroupEnd", r, NULL);
-        goto fail;
+        nb->state = NB_ENQUEUING;
+        batch_fail(h, nb, st == CCQ_OK ? CCQ_ERR_BACKEND : st, err->msg);
     } else {
+        nb->state = NB_ENQUEUING;
         status = record_done(h, nb, err);
         if (status != CCQ_OK)
-            goto fail;
-        nb->state = NB_RUNNING;
+            batch_fail(h, nb, status, err->msg);
+        else
+            nb->state = NB_RUNNING;
     }
+    /* From ncclGroupStart on, the batch comes back only through poll(): a failed one once
+     * its communicators are aborted and its streams drained (batch_drained). */
     b->be_priv = nb;
     nb->next = h->inflight;
     h->inflight = nb;
     return CCQ_OK;
 
 fail:
-    if (group_open) {
-        ncclGroupEnd();
-        /* NCCL's group cleanup may leave the error of a call that failed inside the group
-         * as the asynchronous error of the group's communicators, which then refuse every
-         * further call: abort those, so their later work fails fast with CCQ_ERR_ABORTED. */
-        for (uint32_t k = 0; k < nb->ncomms; k++) {
-            nccl_comm *c = nb->comms[k];
-            for (uint32_t i = 0; i < c->n && !c->aborted; i++) {
-                ncclResult_t st = ncclSuccess;
-                if (ncclCommGetAsyncError(c->comms[i], &st) != ncclSuccess ||
-                    (st != ncclSuccess && st != ncclInProgress))
-                    abort_comm(c);
-            }
-        }
-        for (uint32_t k = 0; k < b->nops; k++)
-            if (((nccl_comm *)b->ops[k]->comm)->aborted)
-                b->ops[k]->comm_aborted = 1;
-    }
+    /* Before ncclGroupStart (or it failed): nothing was started. */
     nb_free(nb);
     return status == CCQ_OK ? CCQ_ERR_BACKEND : status;
 }
@@ -855,7 +1069,7 @@ static void batch_fail(nccl_be *h, nccl_batch *nb, ccq_status st, const char *ms
 {
     ccq_be_batch *b = nb->b;
     for (uint32_t k = 0; k < nb->ncomms; k++)
-        abort_comm(nb->comms[k]);
+        abort_comm(h, nb->comms[k]);
     b->status = st;
     snprintf(b->detail.msg, sizeof b->detail.msg, "%s", msg);
     for (uint32_t k = 0; k < b->nops; k++) {
@@ -863,7 +1077,7 @@ static void batch_fail(nccl_be *h, nccl_batch *nb, ccq_status st, const char *ms
         b->ops[k]->comm_aborted = 1;
     }
     nb->failed = true;
-    nb->drain_deadline = ccq_now_ns() + (h->timeout_ns ? h->timeout_ns : NCCL_DRAIN_MAX_NS);
+    nb->drain_deadline = ccq_deadline_in(h->drain_ns);
     if (nb->state == NB_ENQUEUING) {
         ccq_errbuf e;
         if (record_done(h, nb, &e) == CCQ_OK)
@@ -872,28 +1086,40 @@ static void batch_fail(nccl_be *h, nccl_batch *nb, ccq_status st, const char *ms
 }
 
 /*
- * A failed batch is returned once its streams' completion events have completed: an abort
- * makes NCCL's kernels exit, but work queued for the batch (for instance behind a bound
- * user stream) may still run and write its buffers. If that has not happened by the drain
- * deadline (timeout_ms after the failure), it is returned anyway, saying so in the detail.
- * A stream whose event cannot be queried does not hold the batch.
+ * A failed batch is returned once its communicators' aborts finished (on the abort thread)
+ * and its streams' completion events have completed: an abort makes NCCL's kernels exit,
+ * but work queued for the batch (for instance behind a bound user stream) may still run and
+ * write its buffers. If that has not happened by the drain deadline (timeout_ms after the
+ * failure, 60 s when timeout_ms is 0), it is returned anyway, saying so in the detail. A
+ * stream whose event cannot be queried does not hold the batch.
  */
 static bool batch_drained(nccl_batch *nb, nccl_be *h)
 {
     ccq_be_batch *b = nb->b;
-    if (nb->state != NB_RUNNING)
-        return true; /* no completion event was recorded: nothing to wait for */
-    for (uint32_t k = 0; k < nb->nstreams; k++) {
-        if (cudaEventQuery(h->streams[nb->streams[k]].done) != cudaErrorNotReady)
-            continue;
-        if (ccq_now_ns() < nb->drain_deadline)
-            return false;
-        size_t len = strlen(b->detail.msg);
-        snprintf(b->detail.msg + len, sizeof b->detail.msg - len,
-                 "; the GPU had not finished this batch's queued work timeout_ms after the "
-                 "failure: its buffers may still change");
+    bool pending = false;
+    for (uint32_t k = 0; k < nb->ncomms && !pending; k++)
+        pending = !atomic_load_explicit(&nb->comms[k]->abort_done, memory_order_acquire);
+    for (uint32_t k = 0; nb->state == NB_RUNNING && k < nb->nstreams && !pending; k++)
+        pending = cudaEventQuery(h->streams[nb->streams[k]].done) == cudaErrorNotReady;
+    if (!pending)
         return true;
-    }
+    if (ccq_now_ns() < nb->drain_deadline)
+        return false;
+    size_t len = strlen(b->detail.msg);
+    snprintf(b->detail.msg + len, sizeof b->detail.msg - len,
+             "; the GPU had not finished this batch's queued work (or NCCL its abort) timeout_ms "
+             "after the failure: its buffers may still change");
+    return true;
+}
+
+/* Whether every completion event of a running batch has completed. */
+static bool events_complete(nccl_be *h, const nccl_batch *nb)
+{
+    if (nb->state != NB_RUNNING)
+        return false;
+    for (uint32_t k = 0; k < nb->nstreams; k++)
+        if (cudaEventQuery(h->streams[nb->streams[k]].done) != cudaSuccess)
+            return false;
     return true;
 }
 
@@ -905,6 +1131,10 @@ static bool batch_poll(nccl_be *h, nccl_batch *nb)
 
     if (nb->failed)
         return batch_drained(nb, h);
+    /* Completion first: an asynchronous error (or abort) of a communicator seen now may
+     * come from a later batch, and must not fail this one once its work is done. */
+    if (events_complete(h, nb))
+        return true; /* ops keep the status issue() gave them: CCQ_OK unless refused */
 
     for (uint32_t k = 0; k < nb->ncomms; k++) {
         nccl_comm *c = nb->comms[k];

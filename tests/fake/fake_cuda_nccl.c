@@ -24,6 +24,7 @@ struct CUstream_st {
 struct CUevent_st {
     int device;
     bool recorded, complete, destroyed;
+    bool stuck; /* recorded behind work of a failed collective: completes only on abort */
     struct CUevent_st *next;
 };
 
@@ -48,6 +49,9 @@ struct ncclComm {
     int rank, device, pending;
     ncclResult_t async; /* sticky, reported once pending reaches 0 */
     bool destroyed, aborted;
+    bool hung;      /* launched its part of a collective whose other parts never came */
+    bool launching; /* in a group whose ncclGroupEnd returned ncclInProgress, until
+                       ncclCommGetAsyncError reports the launch finished */
     struct ncclComm *next;
 };
 
@@ -104,6 +108,7 @@ typedef struct fake_op {
     ncclRedOp_t redop;
     int peer, root;
     bool matched, lead;
+    bool ran; /* a one-rank collective, already run at its call (NCCL does not defer it) */
     size_t unit[FAKE_MAX_RANKS]; /* collectives: op index per rank; send: [0] = its recv */
 } fake_op;
 
@@ -118,8 +123,12 @@ static _Thread_local int cur_dev;
 
 /* Everything else is guarded by fake_lock, held for the whole of every call. */
 static pthread_mutex_t fake_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t fake_abort_cond = PTHREAD_COND_INITIALIZER; /* abort_hold changed */
 typedef struct fake_state {
     bool inited, hold, manual, abort_keeps;
+    bool abort_hold;        /* ncclCommAbort blocks while set (fake_hold_abort) */
+    bool complete_at_group; /* fake_complete_events_at_next_group() */
+    int aborts_blocked;     /* ncclCommAbort calls waiting on abort_hold */
     int ndev, cc[FAKE_MAX_DEV], version, pending;
     char last_error[256];
     struct {
@@ -445,6 +454,30 @@ cudaError_t cudaEventDestroy(cudaEvent_t event)
     return (cudaError_t)leave(c, r);
 }
 
+/* Whether work queued on `device` now never finishes by itself: a rank there belongs to a
+ * clique with a rank in asynchronous error and not aborted (NCCL's kernels of a failed
+ * collective hang or fail; ncclCommAbort makes them exit, see ncclCommAbort). Lock held. */
+static bool device_stuck(int device)
+{
+    for (struct ncclComm *x = F.comms; x != NULL; x = x->next) {
+        if (x->async == ncclSuccess || x->async == ncclInProgress || x->aborted || x->destroyed)
+            continue;
+        for (int k = 0; k < x->clique->nranks; k++) {
+            ncclComm_t p = x->clique->ranks[k];
+            if (p != NULL && p->device == device && !p->aborted && !p->destroyed)
+                return true;
+        }
+    }
+    return false;
+}
+
+/* What the GPU finishes by itself: every recorded event that is not stuck. Lock held. */
+static void complete_events_locked(void)
+{
+    for (struct CUevent_st *e = F.events; e != NULL; e = e->next)
+        e->complete = e->recorded && (e->complete || !e->stuck);
+}
+
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
 {
     int r;
@@ -460,7 +493,8 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
     }
     if (r == cudaSuccess) {
         event->recorded = true;
-        event->complete = !F.manual;
+        event->stuck = device_stuck(event->device);
+        event->complete = !F.manual && !event->stuck;
     }
     return (cudaError_t)leave(c, r);
 }
@@ -676,6 +710,8 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async_error)
             comm->pending--;
             st = ncclInProgress;
         }
+        if (st != ncclInProgress)
+            comm->launching = false;
         *async_error = st;
         c->value = st;
     }
@@ -689,6 +725,19 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm)
     set_comm(c, comm);
     if (r == ncclSuccess && !comm_ok(comm, c->fn))
         r = ncclInvalidArgument;
+    /* ncclCommDestroy waits for the communicator's work (commDestroySync): with a rank of
+     * the clique in error, aborted or still launching, that work may never finish. */
+    for (int k = 0; r == ncclSuccess && k < comm->clique->nranks; k++) {
+        ncclComm_t p = comm->clique->ranks[k];
+        if (p != NULL && (p->aborted || p->async != ncclSuccess || p->pending > 0 || p->hung))
+            fake_error("ncclCommDestroy: rank %d of a clique whose rank %d is %s (the destroy "
+                       "would wait for work that never finishes)",
+                       comm->rank, k,
+                       p->aborted                ? "aborted"
+                       : p->async != ncclSuccess ? "in error"
+                       : p->hung                 ? "running a partial group"
+                                                 : "ncclInProgress");
+    }
     if (r == ncclSuccess)
         comm->destroyed = true;
     return (ncclResult_t)leave(c, r);
@@ -697,18 +746,40 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm)
 ncclResult_t ncclCommAbort(ncclComm_t comm)
 {
     int r;
-    fake_call *c = enter("ncclCommAbort", &r);
+    fake_call *c;
+    /* NCCL's abort of a multi-rank communicator can block: the last rank's abort reclaims
+     * the communicator (commReclaim -> commDestroySync) with a stream synchronize that waits
+     * for kernels queued behind other work. fake_hold_abort() models that wait; the lock is
+     * released meanwhile, so other threads' calls go on. */
+    lock();
+    F.aborts_blocked++;
+    while (F.abort_hold)
+        pthread_cond_wait(&fake_abort_cond, &fake_lock);
+    F.aborts_blocked--;
+    unlock();
+    c = enter("ncclCommAbort", &r);
     set_comm(c, comm);
     if (r == ncclSuccess && !comm_ok(comm, c->fn))
         r = ncclInvalidArgument;
+    /* Destroying some ranks and aborting others: the destroyed ranks' destroy waited for
+     * work that the aborted ranks' kernels no longer serve (commDestroySync in init.cc). */
+    for (int k = 0; r == ncclSuccess && k < comm->clique->nranks; k++) {
+        ncclComm_t p = comm->clique->ranks[k];
+        if (p != NULL && p->destroyed)
+            fake_error("ncclCommAbort: rank %d of a clique whose rank %d got ncclCommDestroy "
+                       "(destroy all ranks or abort all)",
+                       comm->rank, k);
+    }
     if (r == ncclSuccess) {
         comm->aborted = true;
         /* The aborted kernels exit, so the device's streams drain: its recorded events
          * complete, unless the test keeps them (work stuck elsewhere, e.g. behind a user
          * stream). */
-        for (struct CUevent_st *e = F.events; e != NULL && !F.abort_keeps; e = e->next)
-            if (e->device == comm->device && e->recorded)
-                e->complete = true;
+        for (struct CUevent_st *e = F.events; e != NULL; e = e->next)
+            if (e->device == comm->device && e->recorded) {
+                e->complete |= !F.abort_keeps;
+                e->stuck = false;
+            }
     }
     return (ncclResult_t)leave(c, r);
 }
@@ -874,7 +945,7 @@ static void grp_execute(void)
 {
     for (size_t i = 0; i < grp.n; i++) {
         fake_op *o = &grp.ops[i];
-        if (!o->lead)
+        if (!o->lead || o->ran)
             continue;
         if (is_coll(o->kind)) {
             int n = o->comm->clique->nranks;
@@ -889,6 +960,32 @@ static void grp_execute(void)
             if (bytes > 0)
                 memmove(rcv->dst, snd->src, bytes);
         }
+    }
+}
+
+/*
+ * Every non-blocking group gets its own launch thread (group.cc, ncclGroupEndInternal ->
+ * groupLaunchNonBlocking), so two groups still launching on different communicators that
+ * share a device may enqueue their kernels in a different order on each GPU: NCCL's "using
+ * multiple NCCL communicators concurrently" deadlock. A group that touches a device on which
+ * another communicator's group is still launching is a fake error. Lock held.
+ */
+static void grp_check_devices(void)
+{
+    for (struct ncclComm *x = F.comms; x != NULL; x = x->next) {
+        bool mine = false, shares = false;
+        if (!x->launching || x->destroyed || x->aborted)
+            continue;
+        for (size_t i = 0; i < grp.n; i++) {
+            if (grp.ops[i].kind == OP_INIT)
+                continue;
+            mine |= grp.ops[i].comm == x;
+            shares |= grp.ops[i].comm->device == x->device;
+        }
+        if (shares && !mine)
+            fake_error("ncclGroupEnd: launches on device %d while a group of another "
+                       "communicator (rank %d of %s) still launches there",
+                       x->device, x->rank, x->clique->id.internal);
     }
 }
 
@@ -922,9 +1019,12 @@ static int grp_end(int scripted)
     else if (!grp_match())
         r = ncclInvalidUsage;
     else {
+        grp_check_devices();
         grp_execute();
         for (size_t i = 0; i < grp.n; i++) {
             ncclComm_t cm = grp.ops[i].comm;
+            if (scripted == ncclInProgress && grp.ops[i].kind != OP_INIT)
+                cm->launching = true;
             /* A new communicator took its armed error at creation. */
             ncclResult_t e = grp.ops[i].kind == OP_INIT ? ncclSuccess : take_async(cm->rank);
             if (e != ncclSuccess)
@@ -954,6 +1054,10 @@ ncclResult_t ncclGroupEnd(void)
         fake_error("ncclGroupEnd without ncclGroupStart");
         r = ncclInvalidUsage;
     } else if (--grp.depth == 0) {
+        if (F.complete_at_group) {
+            F.complete_at_group = false;
+            complete_events_locked();
+        }
         r = grp_end(r);
     }
     return (ncclResult_t)leave(c, r);
@@ -986,14 +1090,43 @@ static int coll_check(fake_call *c, const fake_op *op)
         fake_error("%s: root %d out of range for %d ranks", c->fn, op->root, n);
         return ncclInvalidArgument;
     }
-    if (ki->reduces && (op->dtype == ncclFloat8e4m3 || op->dtype == ncclFloat8e5m2) &&
-        F.cc[op->comm->device] < 9) {
-        fake_error("%s: fp8 reduction on device %d of compute capability %d (NCCL needs sm90)",
-                   c->fn, op->comm->device, F.cc[op->comm->device]);
+    /* NCCL checks the communicator's lowest compute capability (comm->minCompCap, in
+     * taskAppend, enqueue.cc), not the calling rank's device. */
+    if (ki->reduces && (op->dtype == ncclFloat8e4m3 || op->dtype == ncclFloat8e5m2)) {
+        int low = op->comm->device;
+        for (int k = 0; k < n; k++) {
+            ncclComm_t p = op->comm->clique->ranks[k];
+            if (p != NULL && F.cc[p->device] < F.cc[low])
+                low = p->device;
+        }
+        if (F.cc[low] < 9) {
+            fake_error("%s: fp8 reduction on a communicator with device %d of compute capability "
+                       "%d (NCCL needs sm90 on every rank)",
+                       c->fn, low, F.cc[low]);
+            return ncclInvalidArgument;
+        }
+    }
+    /* NCCL turns fp8 ncclAvg into a pre-multiplied sum (enqueue.cc, hostToDevRedOp) and
+     * runs a one-rank communicator's collective through ncclLaunchOneRank (onerank.cu),
+     * whose fp8 cases are compiled out of the host code: ncclInvalidArgument. */
+    if (n == 1 && ki->reduces && op->redop == ncclAvg &&
+        (op->dtype == ncclFloat8e4m3 || op->dtype == ncclFloat8e5m2)) {
+        fake_error("%s: fp8 ncclAvg on a one-rank communicator (NCCL's one-rank kernel has no "
+                   "fp8 pre-multiplied sum)",
+                   c->fn);
         return ncclInvalidArgument;
     }
     sb = coll_bytes(op, true, n);
     db = coll_bytes(op, false, n);
+    /* With NCCL_CHECK_POINTERS=1, ArgsCheck (misc/argcheck.cc) checks sendbuff on every
+     * rank except a broadcast's non-roots and recvbuff on every rank except a reduce's
+     * non-roots, whether the rank uses the buffer or not: the fake always checks so. */
+    if (op->count > 0 && ((op->src == NULL && !(op->kind == OP_BROADCAST && rank != op->root)) ||
+                          (op->dst == NULL && !(op->kind == OP_REDUCE && rank != op->root)))) {
+        fake_error("%s: rank %d of %d (root %d): NULL %s, which NCCL_CHECK_POINTERS=1 refuses",
+                   c->fn, rank, n, op->root, op->src == NULL ? "sendbuff" : "recvbuff");
+        return ncclInvalidArgument;
+    }
     if ((sb > 0 && op->src == NULL) || (db > 0 && op->dst == NULL)) {
         fake_error("%s: rank %d of %d (root %d) passed a NULL %s for %zu elements", c->fn, rank, n,
                    op->root, sb > 0 && op->src == NULL ? "sendbuff" : "recvbuff", op->count);
@@ -1093,12 +1226,22 @@ static int add_op(fake_call *c, int r, const fake_op *op, cudaStream_t stream)
     }
     if (r == ncclSuccess && coll)
         r = coll_check(c, op);
+    /* Only a failed NCCL call sets the group's error (ncclGroupErrCheck in ncclEnqueueCheck,
+     * enqueue.cc): a CUDA error or anything else the caller hits between two calls does
+     * not, and ncclGroupEnd then launches what the group holds. */
     if (r != ncclSuccess) {
         if (grp.depth > 0 && grp.err == ncclSuccess)
             grp.err = (ncclResult_t)r;
         return r;
     }
     grp_add(op);
+    /* A one-rank collective is queued at the call, inside a group too (taskAppend ->
+     * ncclLaunchOneRank, enqueue.cc): its buffers are written even if the group fails. */
+    if (coll && comm->clique->nranks == 1) {
+        const fake_op *self = &grp.ops[grp.n - 1];
+        coll_execute(self, &self, 1);
+        grp.ops[grp.n - 1].ran = true;
+    }
     return grp.depth > 0 ? ncclSuccess : grp_end(ncclSuccess);
 }
 
@@ -1269,6 +1412,31 @@ void fake_set_manual_events(bool manual)
     unlock();
 }
 
+void fake_hold_abort(bool hold)
+{
+    lock();
+    F.abort_hold = hold;
+    pthread_cond_broadcast(&fake_abort_cond);
+    unlock();
+}
+
+int fake_aborts_blocked(void)
+{
+    int n;
+    lock();
+    n = F.abort_hold ? F.aborts_blocked : 0;
+    unlock();
+    return n;
+}
+
+void fake_set_device_cc(int device, int cc_major)
+{
+    lock();
+    if (device >= 0 && device < FAKE_MAX_DEV)
+        F.cc[device] = cc_major;
+    unlock();
+}
+
 void fake_set_abort_keeps_events(bool keep)
 {
     lock();
@@ -1279,8 +1447,14 @@ void fake_set_abort_keeps_events(bool keep)
 void fake_complete_events(void)
 {
     lock();
-    for (struct CUevent_st *e = F.events; e != NULL; e = e->next)
-        e->complete = e->recorded;
+    complete_events_locked();
+    unlock();
+}
+
+void fake_complete_events_at_next_group(void)
+{
+    lock();
+    F.complete_at_group = true;
     unlock();
 }
 

@@ -33,9 +33,17 @@ ncclResult_t ncclGroupEnd(void);
  *   the first unmatched ncclRecv of its (clique, src rank, dst rank) as a memcpy. A group
  *   with a part missing, or whose k-th collectives differ across ranks (kind, count, dtype,
  *   op of reductions, root of rooted ones), returns ncclInvalidUsage, runs nothing and
- *   counts as a fake error.
+ *   counts as a fake error (real NCCL launches it and the GPU hangs). As in NCCL, only a
+ *   failed NCCL call sets the group's error (then ncclGroupEnd returns it and runs
+ *   nothing); a CUDA error between two calls does not. A one-rank communicator's
+ *   collective runs at the call, inside a group too. A group that touches a device on which
+ *   another communicator's group is still launching (its ncclGroupEnd returned
+ *   ncclInProgress and ncclCommGetAsyncError has not yet reported the end) is a fake error:
+ *   NCCL launches each non-blocking group on its own thread, in any order per GPU.
  * - Collective arguments: a root out of range, an fp8 reduction on a device of compute
- *   capability < 9, a NULL buffer the rank uses (count > 0), a buffer inside a cudaMalloc
+ *   capability < 9, fp8 ncclAvg on a one-rank communicator, a NULL buffer the rank uses
+ *   (count > 0) or that NCCL_CHECK_POINTERS=1 checks (sendbuff except a broadcast's
+ *   non-roots, recvbuff except a reduce's non-roots), a buffer inside a cudaMalloc
  *   allocation that does not hold what the call uses, or sendbuff and recvbuff overlapping
  *   other than at the kind's in-place position return ncclInvalidArgument at the call and
  *   count as fake errors. ncclAlltoAll, ncclGather and ncclScatter called while the emulated
@@ -44,12 +52,19 @@ ncclResult_t ncclGroupEnd(void);
  * - Memory: cudaMalloc returns host memory (so the collectives run on it), remembered with
  *   its device; cudaMemcpy is a memmove whose device side must lie in a live allocation.
  * - Events: recorded events complete at once, or, in manual mode, when the test calls
- *   fake_complete_events(). Stream waits are only logged: work runs at ncclGroupEnd.
+ *   fake_complete_events(); an event recorded on a device whose communicator clique has a
+ *   rank in asynchronous error completes only when that device's rank is aborted (the
+ *   failed collective's kernels hang until ncclCommAbort makes them exit). Stream waits are only
+ * logged: work runs at ncclGroupEnd.
  * - Misuse the real libraries would punish (a destroyed or aborted handle used again, an
  *   event recorded on another device's stream, a collective on a stream of another device
  *   than its communicator's, a call on a one-rank communicator while another device is
  *   current: NCCL runs those at the call; a data call on a communicator still ncclInProgress)
- *   is logged as a fake error; see fake_errors().
+ *   is logged as a fake error; see fake_errors(). So is ncclCommDestroy of a rank whose
+ *   clique has a rank aborted, in error or still ncclInProgress (the destroy would wait for
+ *   work that never finishes).
+ * - ncclCommAbort can be made to block (fake_hold_abort), as NCCL's reclaim of a
+ *   multi-rank communicator can.
  * Every function here is thread-safe (one mutex).
  */
 
@@ -95,9 +110,18 @@ void fake_hold_async(bool hold);
 /* Manual events stay cudaErrorNotReady once recorded, until fake_complete_events(). */
 void fake_set_manual_events(bool manual);
 void fake_complete_events(void);
+/* At the next outermost ncclGroupEnd (any thread), before its work: fake_complete_events()
+ * (the GPU finished earlier work while the host launches the next group). */
+void fake_complete_events_at_next_group(void);
 /* ncclCommAbort completes the recorded events of its device (the aborted kernels exit and
  * the streams drain); with keep, they stay as they are. */
 void fake_set_abort_keeps_events(bool keep);
+/* While held, ncclCommAbort blocks (other calls go on) until released. */
+void fake_hold_abort(bool hold);
+/* ncclCommAbort calls blocked by fake_hold_abort now (0 when not held). */
+int fake_aborts_blocked(void);
+/* Compute capability major of one device (after fake_set_devices). */
+void fake_set_device_cc(int device, int cc_major);
 /* What ncclGetLastError returns (default ""). */
 void fake_set_last_error(const char *msg);
 /* Queue the result of the next call of fn not yet scripted (FIFO per function); a call

@@ -1137,8 +1137,9 @@ static void fz_on_event(const ccq_event *ev, void *user)
     fz_events *e = user;
 
     atomic_fetch_add_explicit(&e->seen, 1, memory_order_relaxed);
-    if (ev->type >= CCQ_EV_TYPE_COUNT_ || ev->kind >= CCQ_KIND_COUNT_ ||
-        ev->dtype >= CCQ_DTYPE_COUNT_ || ev->status > 0 || ev->status < (int)CCQ_ERR_UNSUPPORTED) {
+    if (ev->struct_size != sizeof *ev || ev->type >= CCQ_EV_TYPE_COUNT_ ||
+        ev->kind >= CCQ_KIND_COUNT_ || ev->dtype >= CCQ_DTYPE_COUNT_ || ev->status > 0 ||
+        ev->status < (int)CCQ_ERR_UNSUPPORTED) {
         atomic_store_explicit(&e->bad_type, ev->type, memory_order_relaxed);
         atomic_fetch_add_explicit(&e->bad, 1, memory_order_relaxed);
     }
@@ -1168,6 +1169,8 @@ static void fz_check_events(fz *f, const ccq_event *ev, size_t n)
         const char *tn = ccq_event_type_name(e->type);
         FZ_CHECK(f, e->type < CCQ_EV_TYPE_COUNT_ && tn[0] != '\0' && strcmp(tn, "?") != 0,
                  "event %zu of %zu: type %u (\"%s\")", i, n, e->type, tn);
+        FZ_CHECK(f, e->struct_size == sizeof *e, "event %zu (%s): struct_size %u, not %zu", i, tn,
+                 e->struct_size, sizeof *e);
         FZ_CHECK(f, e->status <= 0 && e->status >= (int)CCQ_ERR_UNSUPPORTED,
                  "event %zu (%s): status %d is not a ccq_status", i, tn, (int)e->status);
         FZ_CHECK(f, i == 0 || ev[i - 1].time_ns <= e->time_ns,
@@ -1193,28 +1196,34 @@ static void fz_check_events(fz *f, const ccq_event *ev, size_t n)
     }
 }
 
-/* ccq_trace_snapshot. v & 7: cap; 8: out NULL; 16: n NULL; 32: dropped NULL. The buffer
- * holds exactly cap events, so a write past it is a heap overflow. */
+/* ccq_trace_snapshot. v & 7: cap; 8: out NULL; 16: n NULL; 32: dropped NULL; 64: out[0]'s
+ * struct_size is no ccq_event layout (sizeof + 8). The buffer holds exactly cap events, so a
+ * write past it is a heap overflow. */
 static void fz_snapshot(fz *f, uint8_t v)
 {
     static const size_t caps[8] = {0, 1, 2, 5, 16, 64, FZ_TRACE_ALL, FZ_TRACE_ALL};
     size_t cap = caps[v & 7], n = SIZE_MAX;
     int null_out = (v & 8) != 0, null_n = (v & 16) != 0, null_dropped = (v & 32) != 0;
+    int bad_size = (v & 64) != 0;
     ccq_event *ev = malloc(cap * sizeof *ev);
     uint64_t dropped = UINT64_MAX;
     ccq_status st;
 
     if (cap > 0 && ev == NULL)
         return;
+    if (cap > 0)
+        ev[0].struct_size = (uint32_t)sizeof *ev + (bad_size ? 8 : 0);
     st = ccq_trace_snapshot(f->rt, null_out ? NULL : ev, cap, null_n ? NULL : &n,
                             null_dropped ? NULL : &dropped);
-    fz_note(f, "ccq_trace_snapshot(cap=%zu%s%s%s) -> %s, n=%zu, dropped=%llu", cap,
+    fz_note(f, "ccq_trace_snapshot(cap=%zu%s%s%s%s) -> %s, n=%zu, dropped=%llu", cap,
             null_out ? ", out=NULL" : "", null_n ? ", n=NULL" : "",
-            null_dropped ? ", dropped=NULL" : "", ccq_status_name(st), n,
-            (unsigned long long)dropped);
+            null_dropped ? ", dropped=NULL" : "", bad_size ? ", bad struct_size" : "",
+            ccq_status_name(st), n, (unsigned long long)dropped);
     fz_status(f, st, "ccq_trace_snapshot");
     if (null_n || (null_out && cap > 0)) {
         fz_expect(f, st, CCQ_ERR_INVALID_ARGUMENT, "ccq_trace_snapshot (NULL pointer)");
+    } else if (bad_size && cap > 0) {
+        fz_expect(f, st, CCQ_ERR_INVALID_ARGUMENT, "ccq_trace_snapshot (bad struct_size)");
     } else {
         fz_expect(f, st, CCQ_OK, "ccq_trace_snapshot");
         FZ_CHECK(f, n <= cap, "ccq_trace_snapshot: n = %zu > cap = %zu", n, cap);
@@ -1423,6 +1432,7 @@ static void fz_null_runtime(fz *f)
     size_t n = 0;
     uint64_t depth = 0;
 
+    ev.struct_size = sizeof ev;
     fz_note(f, "NULL-runtime calls (collectives, event log)");
     for (int k = CCQ_KIND_BROADCAST; k < CCQ_KIND_COUNT_; k++) {
         fz_call c = {(ccq_kind)k, 0, 0, b, b + 64, 1, CCQ_INT8, CCQ_SUM, 0, &set};
@@ -1458,6 +1468,7 @@ static void fz_census(fz *f)
         free(seen);
         return;
     }
+    ev[0].struct_size = sizeof *ev;
     fz_expect(f, ccq_trace_snapshot(f->rt, ev, FZ_TRACE_ALL, &n, &dropped), CCQ_OK,
               "ccq_trace_snapshot");
     memset(&s, 0, sizeof s);

@@ -1,0 +1,111 @@
+/* The bootstrap's private parts: the handle, an exchange, the record every mechanism
+ * carries, and the interface each mechanism (boot_file.c, boot_store.c, boot_mpi.c)
+ * implements. Only runtime/boot*.c include this. */
+#ifndef CCQ_RUNTIME_BOOT_IMPL_H
+#define CCQ_RUNTIME_BOOT_IMPL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "runtime/bootstrap.h"
+
+/*
+ * What a process publishes for one exchange: this header, the tag (tag_len bytes, no NUL),
+ * then len bytes of payload. The header lets every receiver check what all members must
+ * agree on (world size, generation, member set, len, the tag itself when a key or name is a
+ * hash of it) and who wrote it (rank, nonce), so a wrong or stale record is refused with a
+ * detail instead of being taken as data. Native byte order: a world is one architecture
+ * (a byte-swapped magic is reported as such).
+ */
+#define CCQ_BOOT_MAGIC   0x42514343u /* "CCQB" */
+#define CCQ_BOOT_VERSION 1u
+typedef struct ccq_boot_hdr {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t hdr_size;
+    uint32_t world_size;
+    uint32_t rank; /* the writer's world rank */
+    uint32_t gen;  /* the writer's boot generation (see ccq_boot.gen) */
+    uint32_t nmembers;
+    uint64_t nonce;        /* the writer's boot nonce: random per ccq_boot_open */
+    uint64_t members_hash; /* FNV-1a of the member list */
+    uint32_t tag_len;
+    uint32_t reserved;
+    uint64_t len; /* payload bytes */
+} ccq_boot_hdr;
+
+struct ccq_boot_mech;
+
+struct ccq_boot {
+    const struct ccq_boot_mech *mech;
+    void *impl; /* the mechanism's state */
+    /* Serialises every call on the handle and its exchanges (see bootstrap.h). */
+    pthread_mutex_t lock;
+    char name[1024]; /* "mpi", "file:DIR", "store" */
+    char job[256];
+    uint32_t rank, size;
+    /* How many ccq_boot_open calls for this job and world rank this process made before
+     * this one: the k-th runtime of each rank meets the k-th of the others, so a second
+     * runtime in the same process never reads the first one's records (the store cannot
+     * delete them). 0 for mechanisms with a private channel per handle (MPI). */
+    uint32_t gen;
+    uint64_t nonce;
+    uint64_t *nonces;            /* per world rank: the nonce first seen from it, 0 = none */
+    struct ccq_boot_xchg *xchgs; /* live exchanges (freed at close) */
+    char **tags;                 /* tags posted so far (a tag is used once) */
+    char note[256]; /* set by a mechanism: what it still waits for (added to timeouts) */
+    size_t ntags, tags_cap;
+};
+
+struct ccq_boot_xchg {
+    ccq_boot *boot;
+    struct ccq_boot_xchg *next, *prev;
+    char *tag;
+    uint32_t *members;
+    uint32_t n, self; /* self: this process's index in members */
+    uint64_t members_hash;
+    size_t len;
+    unsigned char *data; /* n * len: the records' payloads in member order */
+    bool *got;
+    uint32_t ngot;
+    unsigned char *rec; /* this process's encoded record (header, tag, payload) */
+    size_t rec_len;
+    ccq_status status;     /* CCQ_IN_PROGRESS, CCQ_OK or the sticky error */
+    uint64_t next_poll_ns; /* no mechanism round before this (see xchg_test_locked) */
+    ccq_errbuf detail;
+    void *mech_priv;
+};
+
+/* A mechanism. Called with the boot's lock held. */
+typedef struct ccq_boot_mech {
+    const char *name;
+    uint64_t poll_ns; /* suggested interval between tests */
+    /* Each handle talks on a channel of its own (MPI: its own communicator), so records of
+     * another handle can never be read and the generation is not needed (always 0). */
+    bool private_channel;
+    /* Publish x->rec to the other members (or store it to send later). */
+    ccq_status (*publish)(ccq_boot *b, ccq_boot_xchg *x, ccq_errbuf *err);
+    /* Optional, once per test before fetching: progress (MPI: sends, incoming). CCQ_OK,
+     * CCQ_IN_PROGRESS when nothing can arrive yet, or an error. */
+    ccq_status (*progress)(ccq_boot *b, ccq_boot_xchg *x, ccq_errbuf *err);
+    /* Member `rank`'s record for x: CCQ_OK with *rec (malloc'd; the caller frees it) and
+     * *len, CCQ_IN_PROGRESS while absent, or an error. */
+    ccq_status (*fetch)(ccq_boot *b, ccq_boot_xchg *x, uint32_t rank, void **rec, size_t *len,
+                        ccq_errbuf *err);
+    /* Optional: x is being freed. */
+    void (*xchg_free)(ccq_boot *b, ccq_boot_xchg *x);
+    void (*close)(ccq_boot *b);
+} ccq_boot_mech;
+
+/* Mechanism constructors: fill b->mech and b->impl, or fail with err. */
+ccq_status ccq_boot_file_open(ccq_boot *b, const char *dir, ccq_errbuf *err);
+ccq_status ccq_boot_store_open(ccq_boot *b, const ccq_store *store, ccq_errbuf *err);
+ccq_status ccq_boot_mpi_open(ccq_boot *b, int64_t mpi_comm, ccq_errbuf *err);
+
+/* Shared helpers (bootstrap.c). */
+void ccq_boot_err(ccq_errbuf *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+uint64_t ccq_boot_fnv1a(const void *p, size_t n, uint64_t h);
+#define CCQ_FNV_OFFSET 0xcbf29ce484222325ull
+
+#endif /* CCQ_RUNTIME_BOOT_IMPL_H */

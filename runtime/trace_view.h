@@ -1,0 +1,52 @@
+/* A trace dump as plain data: what runtime/trace.c copies out of a runtime (under its locks)
+ * and runtime/trace_json.c writes, so the writer needs no runtime, no locks, and can be fed
+ * a hand-built view (tests/test_trace_json.c) or, later, views read back from files. */
+#ifndef CCQ_RUNTIME_TRACE_VIEW_H
+#define CCQ_RUNTIME_TRACE_VIEW_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "ccq.h"
+
+#define CCQ_TRACE_NOTE_LEN 512
+
+/* The text of an error (watchdog desync report, abort, mismatch, backend failure). */
+typedef struct ccq_note {
+    uint64_t time_ns; /* CLOCK_MONOTONIC, like the events */
+    uint32_t type;    /* ccq_event_type of the event it explains */
+    char text[CCQ_TRACE_NOTE_LEN];
+} ccq_note;
+
+/* A communicator as events name it (ccq_event.comm indexes the view's array). */
+typedef struct ccq_trace_comm {
+    char devices[64]; /* its device set, "{0,1,2,3}" (long sets elided) */
+} ccq_trace_comm;
+
+/* Who wrote the dump and on which clock: the header ("otherData") of the JSON. A dump of
+ * one process of a larger job would add its identity (world rank and size, job id) and its
+ * wall-clock offset here, so a merge tool can place dumps side by side. */
+typedef struct ccq_trace_header {
+    const char *backend; /* the backend's name */
+    uint32_t ndev;       /* devices: events' device < ndev */
+    uint32_t max_streams;
+    uint64_t t0_ns;   /* CLOCK_MONOTONIC time shown as ts 0 (the first event's) */
+    uint64_t dropped; /* events lost to overwriting before this copy */
+} ccq_trace_header;
+
+typedef struct ccq_trace_view {
+    ccq_trace_header hdr;
+    ccq_event *ev; /* sorted by time (then type, id), as ccq_trace_snapshot returns them */
+    size_t nev;
+    ccq_note *notes; /* oldest first */
+    size_t nnotes;
+    ccq_trace_comm *comms; /* by communicator id */
+    uint32_t ncomms;
+} ccq_trace_view;
+
+/* Write a view as Chrome Trace Event Format JSON (runtime/trace_json.c). Reads only `v`; any
+ * thread. Returns 0, or -1 if memory or a write to `f` failed. */
+int ccq_trace_write_json(FILE *f, const ccq_trace_view *v);
+
+#endif /* CCQ_RUNTIME_TRACE_VIEW_H */
