@@ -141,6 +141,11 @@ typedef struct ccq_backend_ops {
      * must be polled until it is (*out is set either way), or an error. Must not block. */
     ccq_status (*comm_create)(ccq_backend *be, const struct ccq_be_comm_desc *desc,
                               ccq_be_comm **out, ccq_errbuf *err);
+    /* Optional: called once in every process of a world of several, right after the
+     * processes met (ccq_runtime_create), before any comm_create. Every process calls it at
+     * the same point, so a backend can start an operation collective over the whole world
+     * there (the host backend's MPI_Comm_idup for send/recv between processes). */
+    void (*world_ready)(ccq_backend *be, uint32_t world_rank, uint32_t world_size);
     /* Poll a communicator comm_create left in progress: CCQ_OK, CCQ_IN_PROGRESS, or an
      * error (the runtime then destroys it). NULL when comm_create never returns
      * CCQ_IN_PROGRESS. */

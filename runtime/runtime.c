@@ -348,6 +348,8 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
         return ccq_fail(st, "%s", why);
     }
     rt->dev_first = rt->world.first[rt->world.rank];
+    if (rt->world.size > 1 && rt->be_ops->world_ready != NULL)
+        rt->be_ops->world_ready(rt->be, rt->world.rank, rt->world.size);
     rt->ndev_world = rt->world.first[rt->world.size];
     if (rt->fault.drop_rank >= (int64_t)rt->ndev_world) {
         ccq_status bad = ccq_fail(CCQ_ERR_INVALID_ARGUMENT,

@@ -1037,6 +1037,10 @@ static int try_add(ccq_runtime *rt, ccq_batch *b, ccq_inst *root)
 
         if (x->blocked == S->pass)
             goto blocked;
+        /* Pulled in as a stream predecessor, it may sit on a communicator still forming
+         * (a pair's first send/recv across processes): it cannot go yet. */
+        if (atomic_load_explicit(&ch->comm->state, memory_order_relaxed) != CCQ_COMM_READY)
+            goto blocked;
         /* Channel order: every earlier sequence number is in (or resolved). */
         chan_touch(S, ch);
         for (uint64_t q = ch->bnext; q < x->seq; q++) {
@@ -1192,6 +1196,9 @@ static void issue(ccq_runtime *rt, ccq_batch *b)
     for (uint32_t k = 0; k < b->be.nops; k++) {
         ccq_inst *i = b->insts[k];
         i->state = CCQ_INST_ISSUED;
+        /* The backend's communicator now: an instance may have matched while its
+         * communicator was still forming (a pair's first send/recv across processes). */
+        i->op.comm = i->chan->comm->be;
         i->op.status = CCQ_OK;
         i->op.comm_aborted = 0;
         i->op.stage_src = i->stage && rt->be_ops->stages_sends;

@@ -35,6 +35,11 @@ typedef struct host_comm {
     _Atomic uint32_t aborted;
 #ifdef CCQ_HAVE_MPI
     ccq_hmpi_comm *mpi; /* communicators spanning processes: their MPI side */
+    /* A pair across processes waiting for the world's MPI duplicate (comm_test). */
+    bool pair_pending;
+    ccq_be_comm_desc pair_desc;
+    uint32_t pair_procs[2];
+    uint8_t pair_blob[CCQ_HMPI_BLOB_LEN];
 #endif
 } host_comm;
 
@@ -87,6 +92,8 @@ typedef struct host_be {
     uint64_t timeout_ns;   /* cfg->timeout_ms (UINT64_MAX: none) */
     uint64_t mpi_poll_ns;  /* poll interval while MPI requests are in flight */
     host_mbatch *mbatches; /* batches with MPI requests in flight */
+    ccq_hmpi_world *world; /* the world's MPI duplicate for pairs (world_ready) */
+    ccq_errbuf world_err;  /* why there is none */
     uint32_t abandoned;    /* MPI requests given up on (timeout, abort) and not yet complete */
 #endif
 } host_be;
@@ -316,6 +323,9 @@ static void host_destroy(ccq_backend *be)
         pthread_join(h->threads[k], NULL);
     pthread_cond_destroy(&h->cv);
     pthread_mutex_destroy(&h->mu);
+#ifdef CCQ_HAVE_MPI
+    ccq_hmpi_world_free(h->world);
+#endif
     free(h->threads);
     free(h);
 }
@@ -379,6 +389,38 @@ static uint32_t host_device_count(const ccq_backend *be)
     return ccq_container_of(be, const host_be, base)->ndev;
 }
 
+#ifdef CCQ_HAVE_MPI
+/* A pair across processes forms once the world's MPI duplicate exists (every process posted
+ * it in world_ready, so this never waits for a particular peer). */
+static ccq_status host_comm_test(ccq_backend *be, ccq_be_comm *comm, ccq_errbuf *err)
+{
+    host_be *h = to_host(be);
+    host_comm *c = (host_comm *)comm;
+    ccq_status st;
+
+    if (!c->pair_pending)
+        return CCQ_OK;
+    st = ccq_hmpi_world_test(h->world, err);
+    if (st != CCQ_OK)
+        return st;
+    st = ccq_hmpi_pair_create(&c->pair_desc, h->world, c->pair_blob, sizeof c->pair_blob, &c->mpi,
+                              err);
+    if (st == CCQ_OK)
+        c->pair_pending = false;
+    return st;
+}
+
+/* Every process of the world calls this at the same point: post the world's duplicate. */
+static void host_world_ready(ccq_backend *be, uint32_t world_rank, uint32_t world_size)
+{
+    host_be *h = to_host(be);
+    (void)world_rank;
+    (void)world_size;
+    if (ccq_hmpi_world_post(h->mpi_comm, &h->world, &h->world_err) != CCQ_OK)
+        h->world = NULL;
+}
+#endif
+
 static ccq_status host_comm_create(ccq_backend *be, const ccq_be_comm_desc *d, ccq_be_comm **out,
                                    ccq_errbuf *err)
 {
@@ -401,6 +443,27 @@ static ccq_status host_comm_create(ccq_backend *be, const ccq_be_comm_desc *d, c
         return CCQ_ERR_NO_MEMORY;
     }
 #ifdef CCQ_HAVE_MPI
+    if (d->nprocs == 2 && d->nranks == 2) { /* a send/recv pair across processes */
+        host_be *h = to_host(be);
+        if (h->world == NULL) {
+            snprintf(err->msg, sizeof err->msg, "%s", h->world_err.msg);
+            free(c);
+            return CCQ_ERR_UNSUPPORTED;
+        }
+        c->n = d->nranks;
+        atomic_init(&c->aborted, 0);
+        c->pair_desc = *d;
+        c->pair_procs[0] = d->procs[0];
+        c->pair_procs[1] = d->procs[1];
+        c->pair_desc.procs = c->pair_procs;
+        c->pair_desc.local_devices = NULL;
+        memset(c->pair_blob, 0, sizeof c->pair_blob);
+        if (d->root_blob_len == CCQ_HMPI_BLOB_LEN)
+            memcpy(c->pair_blob, d->root_blob, CCQ_HMPI_BLOB_LEN);
+        c->pair_pending = true;
+        *out = (ccq_be_comm *)c;
+        return host_comm_test(be, *out, err);
+    }
     if (d->nprocs > 1) {
         ccq_status st = ccq_hmpi_comm_create(d, to_host(be)->mpi_comm, d->root_blob,
                                              d->root_blob_len, &c->mpi, err);
@@ -747,6 +810,8 @@ const ccq_backend_ops ccq_host_backend_ops = {
 #ifdef CCQ_HAVE_MPI
     .comm_root_blob = host_comm_root_blob,
     .poll_interval = host_poll_interval,
+    .world_ready = host_world_ready,
+    .comm_test = host_comm_test,
 #endif
     .comm_create = host_comm_create,
     .comm_destroy = host_comm_destroy,

@@ -31,10 +31,25 @@
 #include "backends/host/reduce.h"
 #include "runtime/bootstrap.h" /* ccq_boot_mpi_lock: ccq's one MPI lock */
 
+struct ccq_hmpi_world {
+    int64_t mpi_comm;
+    MPI_Comm dup;
+    MPI_Request req;
+    bool done;
+};
+
 struct ccq_hmpi_comm {
     MPI_Comm mc;
-    int nprocs, me;  /* members; this process's MPI rank in mc */
-    uint32_t nranks; /* ranks of the communicator, in every process */
+    /* A pair of devices in two processes: send/recv go on the world's duplicate (p2p, not
+     * ours; MPI ranks are world ranks) under the pair's tags; a collective on it (a
+     * communicator of two devices can have both) makes mc at its first use. */
+    bool pair;
+    MPI_Comm p2p;
+    int pair_tag;     /* the tag of messages from rank 0; rank 1's is pair_tag + 1 */
+    int64_t mpi_comm; /* the world communicator (an MPI_Fint, -1 = MPI_COMM_WORLD) */
+    uint32_t blob[2]; /* the lowest member's blob, for mc's MPI_Comm_create_group tag */
+    int nprocs, me;   /* members; this process's MPI rank in mc */
+    uint32_t nranks;  /* ranks of the communicator, in every process */
     uint32_t first_rank, nlocal;
     int *nl, *fr;    /* [nprocs]: local ranks and first rank of each member process */
     uint32_t *procs; /* [nprocs]: their world ranks */
@@ -347,6 +362,127 @@ void ccq_hmpi_root_blob(uint32_t world_rank, void *blob)
     memcpy(blob, v, sizeof v);
 }
 
+static void comm_unref(ccq_hmpi_comm *c);
+
+static int tag_ub_of(MPI_Comm comm)
+{
+    int flag = 0, *attr = NULL;
+    MPI_Comm_get_attr(comm, MPI_TAG_UB, &attr, &flag);
+    return flag && attr != NULL && *attr > 0 ? *attr : 32767;
+}
+
+ccq_status ccq_hmpi_world_post(int64_t mpi_comm, ccq_hmpi_world **out, ccq_errbuf *err)
+{
+    ccq_hmpi_world *w;
+    ccq_status st;
+    int rc;
+
+    *out = NULL;
+    if ((st = ccq_hmpi_ready(err)) != CCQ_OK)
+        return st;
+    w = calloc(1, sizeof *w);
+    if (w == NULL) {
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        return CCQ_ERR_NO_MEMORY;
+    }
+    w->mpi_comm = mpi_comm;
+    ccq_boot_mpi_lock();
+    rc = MPI_Comm_idup(mpi_comm >= 0 ? MPI_Comm_f2c((MPI_Fint)mpi_comm) : MPI_COMM_WORLD, &w->dup,
+                       &w->req);
+    ccq_boot_mpi_unlock();
+    if (rc != MPI_SUCCESS) {
+        free(w);
+        return mpi_err(err, rc, "MPI_Comm_idup of the world communicator");
+    }
+    *out = w;
+    return CCQ_OK;
+}
+
+ccq_status ccq_hmpi_world_test(ccq_hmpi_world *w, ccq_errbuf *err)
+{
+    int flag = 0, rc;
+    if (w->done)
+        return CCQ_OK;
+    ccq_boot_mpi_lock();
+    rc = MPI_Test(&w->req, &flag, MPI_STATUS_IGNORE);
+    if (rc == MPI_SUCCESS && flag) {
+        MPI_Comm_set_errhandler(w->dup, MPI_ERRORS_RETURN);
+        w->done = true;
+    }
+    ccq_boot_mpi_unlock();
+    if (rc != MPI_SUCCESS)
+        return mpi_err(err, rc, "MPI_Comm_idup of the world communicator");
+    return w->done ? CCQ_OK : CCQ_IN_PROGRESS;
+}
+
+void ccq_hmpi_world_free(ccq_hmpi_world *w)
+{
+    if (w == NULL)
+        return;
+    ccq_boot_mpi_lock();
+    if (w->done) /* pairs still holding abandoned operations borrow it: keep it then */
+        MPI_Comm_free(&w->dup);
+    ccq_boot_mpi_unlock();
+    free(w);
+}
+
+ccq_status ccq_hmpi_pair_create(const ccq_be_comm_desc *d, ccq_hmpi_world *w, const void *blob,
+                                size_t blob_len, ccq_hmpi_comm **out, ccq_errbuf *err)
+{
+    ccq_hmpi_comm *c = calloc(1, sizeof *c);
+    uint32_t v[2] = {0, 0};
+    int ub;
+
+    *out = NULL;
+    if (c != NULL) {
+        c->nl = malloc(4 * sizeof *c->nl);
+        c->procs = malloc(2 * sizeof *c->procs);
+    }
+    if (c == NULL || c->nl == NULL || c->procs == NULL) {
+        if (c != NULL) {
+            free(c->nl);
+            free(c->procs);
+        }
+        free(c);
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        return CCQ_ERR_NO_MEMORY;
+    }
+    if (blob_len == CCQ_HMPI_BLOB_LEN)
+        memcpy(v, blob, sizeof v);
+    c->refs = 1;
+    c->pair = true;
+    c->p2p = w->dup;
+    c->mc = MPI_COMM_NULL;
+    c->mpi_comm = w->mpi_comm;
+    memcpy(c->blob, v, sizeof v);
+    c->nprocs = 2;
+    c->fr = c->nl + 2;
+    c->nl[0] = c->nl[1] = 1;
+    c->fr[0] = 0;
+    c->fr[1] = 1;
+    c->nranks = 2;
+    c->first_rank = d->first_rank;
+    c->nlocal = 1;
+    c->procs[0] = d->procs[0];
+    c->procs[1] = d->procs[1];
+    c->me = d->world_rank == d->procs[0] ? 0 : 1;
+    ccq_boot_mpi_lock();
+    ub = tag_ub_of(w->dup);
+    if (make_types() != MPI_SUCCESS) {
+        ccq_boot_mpi_unlock();
+        comm_unref(c);
+        snprintf(err->msg, sizeof err->msg, "MPI_Type_contiguous / MPI_Op_create failed");
+        return CCQ_ERR_BACKEND;
+    }
+    ccq_boot_mpi_unlock();
+    /* The pair's identity, from what the lower process chose (its world rank, how many
+     * communicators it made): unique among the pairs of these two processes while the
+     * count stays below 2^15; ranks 0 and 1 send under two consecutive tags. */
+    c->pair_tag = (int)((((uint64_t)v[0] << 16 | (v[1] & 0x7fffu) << 1)) % (uint64_t)(ub & ~1));
+    *out = c;
+    return CCQ_OK;
+}
+
 static void comm_unref(ccq_hmpi_comm *c)
 {
     if (--c->refs > 0)
@@ -358,13 +494,37 @@ static void comm_unref(ccq_hmpi_comm *c)
     free(c);
 }
 
+/* An MPI communicator over world ranks[0..n-1] only, its MPI_Comm_create_group tag from the
+ * lowest member's blob v (two communicators forming at once differ in it). Collective over
+ * the members only (MPI_Comm_split would need every process) and blocking until all of
+ * them call it. Lock held. */
+static ccq_status group_comm(MPI_Comm world, const int *ranks, int n, const uint32_t *v,
+                             MPI_Comm *out, ccq_errbuf *err)
+{
+    MPI_Group wg = MPI_GROUP_NULL, g = MPI_GROUP_NULL;
+    int tag = (int)(((uint64_t)v[0] * 65536u + (v[1] & 0xffffu)) % (uint64_t)tag_ub_of(world));
+    int rc = MPI_Comm_group(world, &wg);
+
+    if (rc == MPI_SUCCESS)
+        rc = MPI_Group_incl(wg, n, ranks, &g);
+    if (rc == MPI_SUCCESS)
+        rc = MPI_Comm_create_group(world, g, tag, out);
+    if (g != MPI_GROUP_NULL)
+        MPI_Group_free(&g);
+    if (wg != MPI_GROUP_NULL)
+        MPI_Group_free(&wg);
+    if (rc != MPI_SUCCESS)
+        return mpi_err(err, rc, "MPI_Comm_create_group");
+    MPI_Comm_set_errhandler(*out, MPI_ERRORS_RETURN);
+    return CCQ_OK;
+}
+
 ccq_status ccq_hmpi_comm_create(const ccq_be_comm_desc *d, int64_t mpi_comm, const void *blob,
                                 size_t blob_len, ccq_hmpi_comm **out, ccq_errbuf *err)
 {
     ccq_hmpi_comm *c;
     MPI_Comm world = MPI_COMM_WORLD;
-    MPI_Group wg = MPI_GROUP_NULL, g = MPI_GROUP_NULL;
-    int *ranks = NULL, rc, tag_ub = 32767, flag = 0, *attr = NULL, tag;
+    int *ranks = NULL, rc;
     uint32_t v[2] = {0, 0};
     ccq_status st = CCQ_OK;
 
@@ -412,24 +572,8 @@ ccq_status ccq_hmpi_comm_create(const ccq_be_comm_desc *d, int64_t mpi_comm, con
         st = mpi_err(err, rc, "MPI_Type_contiguous / MPI_Op_create");
         goto out;
     }
-    MPI_Comm_get_attr(world, MPI_TAG_UB, &attr, &flag);
-    if (flag && attr != NULL && *attr > 0)
-        tag_ub = *attr;
-    tag = (int)(((uint64_t)v[0] * 65536u + (v[1] & 0xffffu)) % (uint64_t)tag_ub);
-    rc = MPI_Comm_group(world, &wg);
-    if (rc == MPI_SUCCESS)
-        rc = MPI_Group_incl(wg, c->nprocs, ranks, &g);
-    if (rc != MPI_SUCCESS) {
-        st = mpi_err(err, rc, "MPI_Group_incl");
+    if ((st = group_comm(world, ranks, c->nprocs, v, &c->mc, err)) != CCQ_OK)
         goto out;
-    }
-    /* Collective over the members only (MPI_Comm_split would need every process). */
-    rc = MPI_Comm_create_group(world, g, tag, &c->mc);
-    if (rc != MPI_SUCCESS) {
-        st = mpi_err(err, rc, "MPI_Comm_create_group");
-        goto out;
-    }
-    MPI_Comm_set_errhandler(c->mc, MPI_ERRORS_RETURN);
     {
         int mine = (int)d->nlocal;
         rc = MPI_Allgather(&mine, 1, MPI_INT, c->nl, 1, MPI_INT, c->mc);
@@ -453,10 +597,6 @@ ccq_status ccq_hmpi_comm_create(const ccq_be_comm_desc *d, int64_t mpi_comm, con
         }
     }
 out:
-    if (g != MPI_GROUP_NULL)
-        MPI_Group_free(&g);
-    if (wg != MPI_GROUP_NULL)
-        MPI_Group_free(&wg);
     if (st != CCQ_OK)
         comm_unref(c);
     ccq_boot_mpi_unlock();
@@ -679,11 +819,15 @@ static int post(ccq_hmpi_op *h, const ccq_be_op *op)
          * communicator is its own, and MPI does not overtake messages of one sender on one
          * communicator and tag, so halves pair in the runtime's per-pair sequence; the tag
          * carries that sequence too (a check, and a reader's help in MPI traces). */
-        int peer = owner(c, op->peer), tag_ub = 32767, flag = 0, *attr = NULL, tag;
-        MPI_Comm_get_attr(c->mc, MPI_TAG_UB, &attr, &flag);
-        if (flag && attr != NULL && *attr > 0)
-            tag_ub = *attr;
-        tag = (int)(op->seq % (uint64_t)tag_ub);
+        int peer = owner(c, op->peer), tag;
+        if (c->pair) {
+            /* On the world's duplicate: the peer's world rank, the pair's tag of the sender */
+            tag = c->pair_tag + (op->kind == CCQ_KIND_SEND ? c->me : 1 - c->me);
+            peer = (int)c->procs[peer];
+        } else {
+            tag = (int)(op->seq % (uint64_t)tag_ub_of(c->mc));
+        }
+        MPI_Comm pc = c->pair ? c->p2p : c->mc;
         if (op->kind == CCQ_KIND_SEND) {
             const void *s = pt[0].src;
             if (op->stage_src) { /* a later op of its stream in the batch writes src */
@@ -694,10 +838,10 @@ static int post(ccq_hmpi_op *h, const ccq_be_op *op)
                 s = cp;
             }
             h->what = "MPI_Isend";
-            return MPI_Isend(s, n, t, peer, tag, c->mc, &h->req);
+            return MPI_Isend(s, n, t, peer, tag, pc, &h->req);
         }
         h->what = "MPI_Irecv";
-        return MPI_Irecv(pt[0].dst, n, t, peer, tag, c->mc, &h->req);
+        return MPI_Irecv(pt[0].dst, n, t, peer, tag, pc, &h->req);
     }
     default:
         h->what = "?";
@@ -789,6 +933,17 @@ ccq_status ccq_hmpi_start(ccq_hmpi_comm *c, const ccq_be_op *op, uint64_t now_ns
     h->req = MPI_REQUEST_NULL;
     h->start_ns = now_ns;
     ccq_boot_mpi_lock();
+    if (c->pair && c->mc == MPI_COMM_NULL && ccq_kinds[op->kind].collective) {
+        /* A collective on a pair's communicator: its own MPI communicator, at first use. */
+        int ranks[2] = {(int)c->procs[0], (int)c->procs[1]};
+        MPI_Comm world = c->mpi_comm >= 0 ? MPI_Comm_f2c((MPI_Fint)c->mpi_comm) : MPI_COMM_WORLD;
+        ccq_status st = group_comm(world, ranks, 2, c->blob, &c->mc, err);
+        if (st != CCQ_OK) {
+            ccq_boot_mpi_unlock();
+            free(h);
+            return st;
+        }
+    }
     c->refs++;
     rc = post(h, op);
     if (rc != MPI_SUCCESS) {

@@ -24,6 +24,19 @@ typedef struct ccq_hmpi_comm ccq_hmpi_comm;
 /* One operation in flight (or abandoned: see ccq_hmpi_abandon). */
 typedef struct ccq_hmpi_op ccq_hmpi_op;
 
+/* The world's MPI communicator for send/recv between processes: an MPI_Comm_idup of the
+ * world communicator (mpi_comm: an MPI_Fint, -1 = MPI_COMM_WORLD), posted by every process
+ * at the same point (the backend's world_ready) and completed by later tests. A pair of
+ * devices in two processes needs no communicator of its own: its halves are tagged with
+ * the pair's identity on this one, so forming a pair never blocks (MPI_Comm_create_group
+ * would: two processes forming pairs in different orders would wait for each other). */
+typedef struct ccq_hmpi_world ccq_hmpi_world;
+ccq_status ccq_hmpi_world_post(int64_t mpi_comm, ccq_hmpi_world **out, ccq_errbuf *err);
+/* CCQ_OK once the duplicate exists, CCQ_IN_PROGRESS, or an error. */
+ccq_status ccq_hmpi_world_test(ccq_hmpi_world *w, ccq_errbuf *err);
+/* Free it (a duplicate still being made is left to MPI_Finalize). */
+void ccq_hmpi_world_free(ccq_hmpi_world *w);
+
 /* CCQ_OK when MPI is initialised (by ccq's "mpi" bootstrap or by the embedder), not
  * finalized, and at MPI_THREAD_SERIALIZED or above; else CCQ_ERR_UNSUPPORTED with err saying
  * what to do. */
@@ -43,6 +56,10 @@ void ccq_hmpi_root_blob(uint32_t world_rank, void *blob);
  * blob: CCQ_HMPI_BLOB_LEN bytes of the lowest member's ccq_hmpi_root_blob.
  */
 ccq_status ccq_hmpi_comm_create(const ccq_be_comm_desc *d, int64_t mpi_comm, const void *blob,
+                                size_t blob_len, ccq_hmpi_comm **out, ccq_errbuf *err);
+/* The same for a pair of devices in two processes (d->nranks == 2, d->nprocs == 2), on
+ * the world's duplicate w (ready: ccq_hmpi_world_test returned CCQ_OK). Never blocks. */
+ccq_status ccq_hmpi_pair_create(const ccq_be_comm_desc *d, ccq_hmpi_world *w, const void *blob,
                                 size_t blob_len, ccq_hmpi_comm **out, ccq_errbuf *err);
 /* Free it. Operations still pending on it (abandoned) keep it alive until they end. */
 void ccq_hmpi_comm_destroy(ccq_hmpi_comm *c);
