@@ -264,7 +264,7 @@ int main(void)
     CHECK(wsize >= 2 && wsize <= 16, "run me under mpiexec -n 2..16 (world_size %u)", wsize);
     cfg.bootstrap = "mpi";
     cfg.host_devices = ndev_of(wrank);
-    cfg.timeout_ms = 60000;
+    cfg.timeout_ms = 30000; /* a hang reports its detail well inside ctest's TIMEOUT */
     CHECK(ccq_runtime_create(&cfg, &rt) == CCQ_OK, "ccq_runtime_create");
     CHECK(ccq_local_devices(rt, &first, &cnt) == CCQ_OK && first == first_of(wrank), "local");
     total = ccq_device_count(rt);

@@ -429,7 +429,8 @@ static ccq_status host_comm_create(ccq_backend *be, const ccq_be_comm_desc *d, c
     (void)be;
     if (d->nprocs > 1) {
         snprintf(err->msg, sizeof err->msg,
-                 "the host backend moves data between processes with MPI, and this ccq was "
+                 "the host backend cannot span processes: it moves data between them with MPI, "
+                 "and this ccq was "
                  "built without it (this communicator spans %u processes): rebuild with MPI "
                  "(CCQ_WITH_MPI, Debian: libopenmpi-dev) and launch under mpirun with "
                  "bootstrap \"mpi\"",
@@ -554,6 +555,12 @@ static ccq_status mpi_issue(host_be *h, ccq_be_batch *b, ccq_errbuf *err)
             batch_fail_detail(b, &e);
             continue;
         }
+        if (op->kind == CCQ_KIND_SEND) { /* it sends a copy: done here (see ccq_hmpi_detach) */
+            ccq_hmpi_detach(m->h[k]);
+            m->h[k] = NULL;
+            h->abandoned++;
+            continue;
+        }
         m->pending++;
     }
     m->next = h->mbatches;
@@ -567,7 +574,7 @@ static ccq_be_batch *mpi_poll(host_be *h, ccq_be_batch *list)
     uint64_t now = ccq_now_ns();
 
     if (h->abandoned > 0)
-        h->abandoned = ccq_hmpi_reap();
+        h->abandoned = ccq_hmpi_reap(now, h->timeout_ns);
     for (host_mbatch **pp = &h->mbatches; *pp != NULL;) {
         host_mbatch *m = *pp;
         ccq_be_batch *b = m->b;
@@ -617,7 +624,10 @@ static ccq_be_batch *mpi_poll(host_be *h, ccq_be_batch *list)
 static uint64_t host_poll_interval(const ccq_backend *be)
 {
     const host_be *h = ccq_container_of(be, const host_be, base);
-    return h->mbatches != NULL ? h->mpi_poll_ns : 0;
+    /* Detached sends need MPI calls to finish; requests given up on (a dead peer) do not
+     * keep the scheduler polling. */
+    return h->mbatches != NULL || (h->abandoned > 0 && ccq_hmpi_detached() > 0) ? h->mpi_poll_ns
+                                                                                : 0;
 }
 #endif
 

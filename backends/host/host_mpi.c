@@ -69,6 +69,7 @@ struct ccq_hmpi_op {
     void *out;                /* where the MPI result lands (post-processing reads it) */
     int *v;                   /* counts / displacements of the v collectives: 4 * nprocs */
     struct ccq_hmpi_op *next; /* abandoned list */
+    bool detached;            /* a send completed early (ccq_hmpi_detach): still moving */
 };
 
 /* Bytes per element (ccq_dtype_size, without the runtime: the engine's test links only the
@@ -82,7 +83,7 @@ static size_t esize(ccq_dtype dt)
 /* ---- process-wide state (under the MPI lock) ------------------------------------------ */
 
 static ccq_hmpi_op *abandoned;
-static uint32_t nabandoned;
+static uint32_t nabandoned, ndetached;
 /* A few freed scratch buffers for reuse: first-touching 64 MiB costs as much as moving it. */
 #define POOL_MAX 8
 static struct {
@@ -332,7 +333,8 @@ ccq_status ccq_hmpi_ready(ccq_errbuf *err)
     ccq_boot_mpi_unlock();
     if (!init || fin) {
         snprintf(err->msg, sizeof err->msg,
-                 "the host backend moves data between processes with MPI, which is %s in this "
+                 "the host backend cannot span processes here: it moves data between them with "
+                 "MPI, which is %s in this "
                  "process: launch the job under mpirun (or mpiexec) with bootstrap \"mpi\" "
                  "(CCQ_BOOTSTRAP=mpi), or initialise MPI before ccq_runtime_create",
                  fin ? "already finalized" : "not initialised");
@@ -830,7 +832,10 @@ static int post(ccq_hmpi_op *h, const ccq_be_op *op)
         MPI_Comm pc = c->pair ? c->p2p : c->mc;
         if (op->kind == CCQ_KIND_SEND) {
             const void *s = pt[0].src;
-            if (op->stage_src) { /* a later op of its stream in the batch writes src */
+            /* Always from a copy: the send completes at once (ccq_hmpi_detach), so a send
+             * then a recv on one stream (a ring) cannot wait for the peer's send behind its
+             * own; also covers stage_src (a later op of its stream in the batch writes src). */
+            {
                 void *cp = scratch(h, H_BUF_SCRATCH, blk);
                 if (cp == NULL)
                     return -1;
@@ -1018,6 +1023,27 @@ void ccq_hmpi_describe(const ccq_hmpi_op *h, uint64_t now_ns, ccq_errbuf *err)
                  c->nranks, c->procs[c->me], (double)(now_ns - h->start_ns) / 1e6);
 }
 
+void ccq_hmpi_detach(ccq_hmpi_op *h)
+{
+    ccq_boot_mpi_lock();
+    h->op = NULL;
+    h->detached = true;
+    h->next = abandoned;
+    abandoned = h;
+    nabandoned++;
+    ndetached++;
+    ccq_boot_mpi_unlock();
+}
+
+uint32_t ccq_hmpi_detached(void)
+{
+    uint32_t n;
+    ccq_boot_mpi_lock();
+    n = ndetached;
+    ccq_boot_mpi_unlock();
+    return n;
+}
+
 void ccq_hmpi_abandon(ccq_hmpi_op *h)
 {
     ccq_boot_mpi_lock();
@@ -1028,7 +1054,7 @@ void ccq_hmpi_abandon(ccq_hmpi_op *h)
     ccq_boot_mpi_unlock();
 }
 
-uint32_t ccq_hmpi_reap(void)
+uint32_t ccq_hmpi_reap(uint64_t now_ns, uint64_t timeout_ns)
 {
     uint32_t left;
     ccq_boot_mpi_lock();
@@ -1037,11 +1063,17 @@ uint32_t ccq_hmpi_reap(void)
         int flag = 0;
         if (h->req == MPI_REQUEST_NULL ||
             MPI_Test(&h->req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || !flag) {
+            if (h->detached && now_ns - h->start_ns > timeout_ns) {
+                /* Nobody received it within timeout_ms: stop polling for it. */
+                h->detached = false;
+                ndetached--;
+            }
             pp = &h->next;
             continue;
         }
         *pp = h->next;
         nabandoned--;
+        ndetached -= h->detached;
         op_free(h);
     }
     left = nabandoned;

@@ -86,8 +86,14 @@ void ccq_hmpi_describe(const ccq_hmpi_op *h, uint64_t now_ns, ccq_errbuf *err);
  * later ccq_hmpi_reap calls) or never. The user's buffers may still be written by MPI. */
 void ccq_hmpi_abandon(ccq_hmpi_op *h);
 
+/* A send whose data the engine copied (every send does): report it complete now and let
+ * MPI finish it in the background (tested by ccq_hmpi_reap), as a buffered send. */
+void ccq_hmpi_detach(ccq_hmpi_op *h);
+/* Detached sends MPI has not completed yet (they need polling to progress). */
+uint32_t ccq_hmpi_detached(void);
+
 /* Test abandoned operations and free those MPI completed; returns how many are left. */
-uint32_t ccq_hmpi_reap(void);
+uint32_t ccq_hmpi_reap(uint64_t now_ns, uint64_t timeout_ns);
 
 #ifdef __cplusplus
 }
