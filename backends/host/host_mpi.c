@@ -16,6 +16,9 @@
  *  - So do int8 and uint8: Open MPI 4.1.4's built-in SUM of 8- and 16-bit integers
  *    saturates (its AVX op component: 100 + 100 as MPI_INT8_T gives 127, 0xF000 + 0xF000 as
  *    MPI_UINT16_T gives 0xffff), where ccq's integers wrap. 32- and 64-bit ones wrap.
+ *  - And MAX/MIN of every integer type: MPICH 4.0.2 compares MPI_UINT32_T as signed
+ *    (max(5, 3636685248) gave 5). Built-in ops stay for 32/64-bit SUM/PROD and float32/64
+ *    SUM/PROD, the hot ones.
  *  - AVG is a SUM, then a division by the communicator's rank count after MPI (integers
  *    truncate, as the local path does). */
 #include "backends/host/host_mpi.h"
@@ -154,6 +157,14 @@ USER_OPS(CCQ_FLOAT16)
 USER_OPS(CCQ_BFLOAT16)
 USER_OPS(CCQ_FLOAT8E4M3)
 USER_OPS(CCQ_FLOAT8E5M2)
+USER_OP(CCQ_INT32, CCQ_MAX)
+USER_OP(CCQ_INT32, CCQ_MIN)
+USER_OP(CCQ_UINT32, CCQ_MAX)
+USER_OP(CCQ_UINT32, CCQ_MIN)
+USER_OP(CCQ_INT64, CCQ_MAX)
+USER_OP(CCQ_INT64, CCQ_MIN)
+USER_OP(CCQ_UINT64, CCQ_MAX)
+USER_OP(CCQ_UINT64, CCQ_MIN)
 USER_OP(CCQ_FLOAT32, CCQ_MAX)
 USER_OP(CCQ_FLOAT32, CCQ_MIN)
 USER_OP(CCQ_FLOAT64, CCQ_MAX)
@@ -183,6 +194,14 @@ static int make_types(void)
     MKS(CCQ_BFLOAT16)
     MKS(CCQ_FLOAT8E4M3)
     MKS(CCQ_FLOAT8E5M2)
+    MK(CCQ_INT32, CCQ_MAX)
+    MK(CCQ_INT32, CCQ_MIN)
+    MK(CCQ_UINT32, CCQ_MAX)
+    MK(CCQ_UINT32, CCQ_MIN)
+    MK(CCQ_INT64, CCQ_MAX)
+    MK(CCQ_INT64, CCQ_MIN)
+    MK(CCQ_UINT64, CCQ_MAX)
+    MK(CCQ_UINT64, CCQ_MIN)
     MK(CCQ_FLOAT32, CCQ_MAX)
     MK(CCQ_FLOAT32, CCQ_MIN)
     MK(CCQ_FLOAT64, CCQ_MAX)
@@ -317,7 +336,8 @@ static ccq_status mpi_err(ccq_errbuf *err, int rc, const char *what)
     int n = 0;
     if (MPI_Error_string(rc, s, &n) != MPI_SUCCESS)
         snprintf(s, sizeof s, "MPI error %d", rc);
-    snprintf(err->msg, sizeof err->msg, "%s failed: %s", what, s);
+    /* bounded: MPICH's MPI_MAX_ERROR_STRING is the size of the whole detail */
+    snprintf(err->msg, sizeof err->msg, "%.64s failed: %.400s", what, s);
     return CCQ_ERR_BACKEND;
 }
 
