@@ -76,9 +76,9 @@ typedef struct ccq_be_op {
     uint8_t comm_aborted; /* set by the backend when it aborted `comm` itself (after an
                              asynchronous error): the runtime then fails everything queued
                              on that communicator and refuses new work on it */
-    uint64_t seq; /* the op's position in its channel (the communicator's collectives, or one
-                     direction of a pair): the same in every process, so an engine that
-                     matches across processes (MPI tags of send/recv halves) can use it */
+    uint64_t seq;         /* its position in its channel (collectives, or one direction of a
+                             pair), the same in every process: engines matching across
+                             processes can use it (MPI tags) */
     uint8_t stage_src;    /* SENDRECV, only for backends with stages_sends: a later command of
                              the sender's stream in this batch writes the send's src (an
                              in-place exchange or ring shift: stream order says the send reads
@@ -163,9 +163,10 @@ typedef struct ccq_backend_ops {
     /* If nonzero, the scheduler polls at this interval while batches are in flight
      * (for backends that cannot notify); 0 when notify() is always called. */
     uint64_t poll_interval_ns;
-    /* Optional (NULL: poll_interval_ns). The interval to poll at now, while batches are in
-     * flight: for a backend whose work only progresses when polled some of the time (the
-     * host backend's MPI requests), 0 when notify() covers everything in flight. */
+    /* Optional (NULL: poll_interval_ns). The interval to poll at now: for a backend whose
+     * work only progresses when polled (the host backend's MPI requests), 0 when notify()
+     * covers everything. Nonzero also makes the scheduler poll with no batch in flight
+     * (background work, e.g. sends the backend completed early that MPI still moves). */
     uint64_t (*poll_interval)(const ccq_backend *be);
     /* True if the backend honours ccq_be_op.stage_src. Without it, a send whose src a later
      * command of its stream in the same group overwrites is refused (CCQ_ERR_UNSUPPORTED). */

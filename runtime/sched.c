@@ -877,7 +877,10 @@ static bool reap(ccq_runtime *rt)
     bool any = false;
 
     S->done = NULL;
-    if (S->ninflight > 0) {
+    /* Also with nothing in flight while the backend still has background work that only
+     * its poll() moves (the host backend's sends across processes, completed early). */
+    if (S->ninflight > 0 ||
+        (rt->be_ops->poll_interval != NULL && rt->be_ops->poll_interval(rt->be) > 0)) {
         ccq_be_batch *more = rt->be_ops->poll(rt->be);
         /* Append: completions are independent, order does not matter. */
         while (more != NULL) {
@@ -1732,7 +1735,7 @@ void *ccq_sched_main(void *arg)
 
         deadline = min_u64(
             S->wd_next, ccq_trace_next_tick(&rt->trace, S->completed + S->failed + S->cancelled));
-        if (S->ninflight > 0) {
+        if (S->ninflight > 0 || rt->be_ops->poll_interval != NULL) {
             uint64_t iv = rt->be_ops->poll_interval != NULL ? rt->be_ops->poll_interval(rt->be)
                                                             : rt->be_ops->poll_interval_ns;
             if (iv > 0)
