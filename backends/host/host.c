@@ -531,8 +531,8 @@ static ccq_status mpi_issue(host_be *h, ccq_be_batch *b, ccq_errbuf *err)
     if (h->timeout_ns == UINT64_MAX) {
         m->deadline = UINT64_MAX;
     } else {
-        uint64_t grace = h->timeout_ns / 64;
-        grace = grace < 2000000u ? 2000000u : grace > 50000000u ? 50000000u : grace;
+        uint64_t grace = h->timeout_ns / 16;
+        grace = grace < 10000000u ? 10000000u : grace > 200000000u ? 200000000u : grace;
         m->deadline = now + (h->timeout_ns > grace ? h->timeout_ns - grace : h->timeout_ns / 2);
     }
     for (uint32_t k = 0; k < b->nops; k++) {
