@@ -35,11 +35,13 @@ typedef struct host_comm {
     _Atomic uint32_t aborted;
 #ifdef CCQ_HAVE_MPI
     ccq_hmpi_comm *mpi; /* communicators spanning processes: their MPI side */
-    /* A pair across processes waiting for the world's MPI duplicate (comm_test). */
-    bool pair_pending;
-    ccq_be_comm_desc pair_desc;
-    uint32_t pair_procs[2];
-    uint8_t pair_blob[CCQ_HMPI_BLOB_LEN];
+    /* A communicator across processes waiting for the world's MPI duplicate (comm_test):
+     * none is made while that MPI_Comm_idup of the world may still be pending here, so no
+     * MPI_Comm_create_group on the world overlaps it. */
+    bool pending;
+    ccq_be_comm_desc desc;
+    uint32_t *procs; /* [desc.nprocs], the desc's copy */
+    uint8_t blob[CCQ_HMPI_BLOB_LEN];
 #endif
 } host_comm;
 
@@ -398,15 +400,20 @@ static ccq_status host_comm_test(ccq_backend *be, ccq_be_comm *comm, ccq_errbuf 
     host_comm *c = (host_comm *)comm;
     ccq_status st;
 
-    if (!c->pair_pending)
+    if (!c->pending)
         return CCQ_OK;
     st = ccq_hmpi_world_test(h->world, err);
     if (st != CCQ_OK)
         return st;
-    st = ccq_hmpi_pair_create(&c->pair_desc, h->world, c->pair_blob, sizeof c->pair_blob, &c->mpi,
-                              err);
-    if (st == CCQ_OK)
-        c->pair_pending = false;
+    if (c->desc.nprocs == 2 && c->desc.nranks == 2) /* a pair: on the world's duplicate */
+        st = ccq_hmpi_pair_create(&c->desc, h->world, c->blob, sizeof c->blob, &c->mpi, err);
+    else
+        st = ccq_hmpi_comm_create(&c->desc, h->mpi_comm, c->blob, sizeof c->blob, &c->mpi, err);
+    if (st == CCQ_OK) {
+        c->pending = false;
+        free(c->procs);
+        c->procs = NULL;
+    }
     return st;
 }
 
@@ -444,34 +451,40 @@ static ccq_status host_comm_create(ccq_backend *be, const ccq_be_comm_desc *d, c
         return CCQ_ERR_NO_MEMORY;
     }
 #ifdef CCQ_HAVE_MPI
-    if (d->nprocs == 2 && d->nranks == 2) { /* a send/recv pair across processes */
+    if (d->nprocs > 1) {
         host_be *h = to_host(be);
+        ccq_status st;
         if (h->world == NULL) {
-            snprintf(err->msg, sizeof err->msg, "%s", h->world_err.msg);
+            snprintf(err->msg, sizeof err->msg, "%s",
+                     h->world_err.msg[0] ? h->world_err.msg : "MPI is not set up");
             free(c);
             return CCQ_ERR_UNSUPPORTED;
         }
         c->n = d->nranks;
         atomic_init(&c->aborted, 0);
-        c->pair_desc = *d;
-        c->pair_procs[0] = d->procs[0];
-        c->pair_procs[1] = d->procs[1];
-        c->pair_desc.procs = c->pair_procs;
-        c->pair_desc.local_devices = NULL;
-        memset(c->pair_blob, 0, sizeof c->pair_blob);
-        if (d->root_blob_len == CCQ_HMPI_BLOB_LEN)
-            memcpy(c->pair_blob, d->root_blob, CCQ_HMPI_BLOB_LEN);
-        c->pair_pending = true;
-        *out = (ccq_be_comm *)c;
-        return host_comm_test(be, *out, err);
-    }
-    if (d->nprocs > 1) {
-        ccq_status st = ccq_hmpi_comm_create(d, to_host(be)->mpi_comm, d->root_blob,
-                                             d->root_blob_len, &c->mpi, err);
-        if (st != CCQ_OK) {
+        c->desc = *d;
+        c->procs = malloc(d->nprocs * sizeof *c->procs);
+        if (c->procs == NULL) {
             free(c);
-            return st;
+            snprintf(err->msg, sizeof err->msg, "out of memory");
+            return CCQ_ERR_NO_MEMORY;
         }
+        memcpy(c->procs, d->procs, d->nprocs * sizeof *c->procs);
+        c->desc.procs = c->procs;
+        c->desc.local_devices = NULL;
+        c->desc.root_blob = NULL;
+        memset(c->blob, 0, sizeof c->blob);
+        if (d->root_blob_len == CCQ_HMPI_BLOB_LEN)
+            memcpy(c->blob, d->root_blob, CCQ_HMPI_BLOB_LEN);
+        c->pending = true;
+        *out = (ccq_be_comm *)c;
+        st = host_comm_test(be, *out, err);
+        if (st != CCQ_OK && st != CCQ_IN_PROGRESS) {
+            free(c->procs);
+            free(c);
+            *out = NULL;
+        }
+        return st;
     }
 #endif
     c->n = d->nranks;
@@ -485,6 +498,7 @@ static void host_comm_destroy(ccq_backend *be, ccq_be_comm *comm)
     (void)be;
 #ifdef CCQ_HAVE_MPI
     ccq_hmpi_comm_destroy(((host_comm *)comm)->mpi);
+    free(((host_comm *)comm)->procs);
 #endif
     free(comm);
 }
