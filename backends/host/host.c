@@ -559,6 +559,17 @@ static ccq_status mpi_issue(host_be *h, ccq_be_batch *b, ccq_errbuf *err)
             op->status = CCQ_ERR_ABORTED;
             continue;
         }
+        if (mc == NULL && op->nparts < 2 && !ccq_kinds[op->kind].collective) {
+            /* A half of a pair across processes without its MPI side: never run it as a
+             * local copy (it would read a second part that does not exist). */
+            op->status = CCQ_ERR_BACKEND;
+            snprintf(err->msg, sizeof err->msg,
+                     "internal: a %s half across processes reached the host backend before "
+                     "its communicator's MPI side existed",
+                     ccq_kinds[op->kind].name);
+            batch_fail_detail(b, err);
+            continue;
+        }
         if (mc == NULL) {
             run_range(op, 0, op->count, h->stream_bytes);
             continue;
@@ -684,7 +695,8 @@ static ccq_status host_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
 
 #ifdef CCQ_HAVE_MPI
     for (uint32_t k = 0; k < b->nops; k++)
-        if (op_mpi(b->ops[k]) != NULL)
+        if (op_mpi(b->ops[k]) != NULL ||
+            (b->ops[k]->nparts < 2 && !ccq_kinds[b->ops[k]->kind].collective))
             return mpi_issue(h, b, err);
 #endif
     for (uint32_t k = 0; k < b->nops; k++) {
