@@ -81,6 +81,9 @@ typedef struct ccq_be_op {
     uint8_t comm_aborted; /* set by the backend when it aborted `comm` itself (after an
                              asynchronous error): the runtime then fails everything queued
                              on that communicator and refuses new work on it */
+    uint64_t seq;         /* its position in its channel (collectives, or one direction of a
+                             pair), the same in every process: engines matching across
+                             processes can use it (MPI tags) */
     uint8_t stage_src;    /* SENDRECV, only for backends with stages_sends: a later command of
                              the sender's stream in this batch writes the send's src (an
                              in-place exchange or ring shift: stream order says the send reads
@@ -143,6 +146,14 @@ typedef struct ccq_backend_ops {
      * must be polled until it is (*out is set either way), or an error. Must not block. */
     ccq_status (*comm_create)(ccq_backend *be, const struct ccq_be_comm_desc *desc,
                               ccq_be_comm **out, ccq_errbuf *err);
+    /* Optional: called once in every process of a world of several, right after the
+     * processes met (ccq_runtime_create), before any comm_create. Every process calls it at
+     * the same point, so a backend can start an operation collective over the whole world
+     * there (the host backend's MPI_Comm_idup for send/recv between processes). An error
+     * (with err) says this backend cannot span these processes: the runtime then refuses
+     * every communicator spanning processes at once, with that detail, instead of meeting. */
+    ccq_status (*world_ready)(ccq_backend *be, uint32_t world_rank, uint32_t world_size,
+                              ccq_errbuf *err);
     /* Poll a communicator comm_create left in progress: CCQ_OK, CCQ_IN_PROGRESS, or an
      * error (the runtime then destroys it). NULL when comm_create never returns
      * CCQ_IN_PROGRESS. */
@@ -160,6 +171,11 @@ typedef struct ccq_backend_ops {
     /* If nonzero, the scheduler polls at this interval while batches are in flight
      * (for backends that cannot notify); 0 when notify() is always called. */
     uint64_t poll_interval_ns;
+    /* Optional (NULL: poll_interval_ns). The interval to poll at now: for a backend whose
+     * work only progresses when polled (the host backend's MPI requests), 0 when notify()
+     * covers everything. Nonzero also makes the scheduler poll with no batch in flight
+     * (background work, e.g. sends the backend completed early that MPI still moves). */
+    uint64_t (*poll_interval)(const ccq_backend *be);
     /* True if the backend honours ccq_be_op.stage_src. Without it, a send whose src a later
      * command of its stream in the same group overwrites is refused (CCQ_ERR_UNSUPPORTED). */
     bool stages_sends;

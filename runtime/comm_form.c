@@ -91,6 +91,8 @@ ccq_status ccq_comm_form_start(ccq_runtime *rt, ccq_comm *c, uint64_t now)
     c->form_deadline = ccq_add_sat(now, rt->timeout_ns);
     if (c->nprocs <= 1)
         return form_backend(rt, c, NULL, 0);
+    if (rt->span_status != CCQ_OK) /* the backend said so at world_ready: no meeting */
+        return form_fail(c, rt->span_status, "%s", rt->span_detail);
     if (rt->be_ops->comm_root_blob == NULL)
         return form_fail(c, CCQ_ERR_UNSUPPORTED,
                          "backend \"%s\" cannot span processes (this communicator spans %" PRIu32

@@ -206,6 +206,8 @@ struct ccq_runtime {
     uint32_t dev_first;
     uint32_t ndev_world; /* devices of every process (ccq_device_count) */
     ccq_world world;
+    ccq_status span_status; /* the backend's world_ready: can it span these processes? */
+    char span_detail[CCQ_DETAIL_LEN];
     uint32_t max_streams;
     uint32_t ring_size;   /* slots per stream (power of two >= queue_depth) */
     uint64_t timeout_ns;  /* UINT64_MAX for none */

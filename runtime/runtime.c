@@ -349,6 +349,11 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
         return ccq_fail(st, "%s", why);
     }
     rt->dev_first = rt->world.first[rt->world.rank];
+    if (rt->world.size > 1 && rt->be_ops->world_ready != NULL) {
+        ccq_errbuf werr = {{0}};
+        rt->span_status = rt->be_ops->world_ready(rt->be, rt->world.rank, rt->world.size, &werr);
+        snprintf(rt->span_detail, sizeof rt->span_detail, "%s", werr.msg);
+    }
     rt->ndev_world = rt->world.first[rt->world.size];
     if (rt->fault.drop_rank >= (int64_t)rt->ndev_world) {
         ccq_status bad = ccq_fail(CCQ_ERR_INVALID_ARGUMENT,

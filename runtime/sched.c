@@ -445,6 +445,7 @@ static void inst_complete(ccq_runtime *rt, ccq_sched *S, ccq_inst *i)
     /* A half whose peer is another process's: the peer's rank (a pair's ranks are 0, 1). */
     i->op.peer = ch->id != CCQ_CHAN_COLL && ch->comm->n == 2 ? 1 - c0->rank : 0;
     i->op.count = c0->count;
+    i->op.seq = i->seq;
     i->op.comm = ch->comm->be;
     i->op.comm_size = ch->comm->n;
     i->op.nparts = ch->nparts;
@@ -944,7 +945,10 @@ static bool reap(ccq_runtime *rt)
     bool any = false;
 
     S->done = NULL;
-    if (S->ninflight > 0) {
+    /* Also with nothing in flight while the backend still has background work that only
+     * its poll() moves (the host backend's sends across processes, completed early). */
+    if (S->ninflight > 0 ||
+        (rt->be_ops->poll_interval != NULL && rt->be_ops->poll_interval(rt->be) > 0)) {
         ccq_be_batch *more = rt->be_ops->poll(rt->be);
         /* Append: completions are independent, order does not matter. */
         while (more != NULL) {
@@ -1103,6 +1107,10 @@ static int try_add(ccq_runtime *rt, ccq_batch *b, ccq_inst *root)
         ccq_chan *ch = x->chan;
 
         if (x->blocked_pass == S->pass)
+            goto blocked;
+        /* Pulled in as a stream predecessor, it may sit on a communicator still forming
+         * (a pair's first send/recv across processes): it cannot go yet. */
+        if (atomic_load_explicit(&ch->comm->state, memory_order_relaxed) != CCQ_COMM_READY)
             goto blocked;
         /* Channel order: every earlier sequence number is in (or resolved). */
         chan_touch(S, ch);
@@ -1815,8 +1823,12 @@ void *ccq_sched_main(void *arg)
 
         deadline = min_u64(
             S->wd_next, ccq_trace_next_tick(&rt->trace, S->completed + S->failed + S->cancelled));
-        if (S->ninflight > 0 && rt->be_ops->poll_interval_ns > 0)
-            deadline = min_u64(deadline, ccq_add_sat(now, rt->be_ops->poll_interval_ns));
+        if (S->ninflight > 0 || rt->be_ops->poll_interval != NULL) {
+            uint64_t iv = rt->be_ops->poll_interval != NULL ? rt->be_ops->poll_interval(rt->be)
+                                                            : rt->be_ops->poll_interval_ns;
+            if (iv > 0)
+                deadline = min_u64(deadline, ccq_add_sat(now, iv));
+        }
         if (S->forming != NULL || S->checking != NULL) /* the bootstrap cannot wake us */
             deadline = min_u64(deadline, ccq_add_sat(now, CCQ_FORM_POLL_NS));
         uint32_t seq = ccq_wake_prepare(&rt->wake);

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "ccq.h"
 #include "ref.h"
@@ -92,6 +93,12 @@ typedef struct bench {
     const opts *o;
     ccq_runtime *rt;
     ccq_device_id *devs;
+    /* A world of several processes (mpirun -np P ccq-perf -g G): o->ndev counts every
+     * process's devices; this one runs the workers of devices first .. first + nlocal - 1
+     * and meets the others with small ccq collectives on stream `ctl` (barrier, the
+     * slowest time, the sum of #wrong). */
+    uint32_t wrank, wsize, first, nlocal;
+    ccq_stream_id ctl;
     worker *w; /* [ndev * threads] */
     pthread_barrier_t bar;
     /* Set by the main thread before each phase. */
@@ -394,26 +401,81 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
+static double world_reduce(bench *b, double v, ccq_reduce_op op);
+
+/* Inputs: tests/ref.c's. Across processes MPI adds the per-process partials in an order of
+ * its own, so float inputs are then small integers (-1, 0, 1), whose sums are exact in every
+ * type and so the same in any order; integers wrap, in any order alike. */
+static void fill_values(const bench *b, void *buf, size_t n, uint32_t seed)
+{
+    ccq_dtype dt = b->o->dtype;
+    size_t es = ccq_dtype_size(dt);
+    bool is_float = dt == CCQ_FLOAT16 || dt == CCQ_FLOAT32 || dt == CCQ_FLOAT64 ||
+                    dt == CCQ_BFLOAT16 || dt == CCQ_FLOAT8E4M3 || dt == CCQ_FLOAT8E5M2;
+    if (b->wsize <= 1 || !is_float) {
+        ref_fill(dt, buf, n, seed);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        float v = (float)((int)((seed * 7u + i * 3u + (i >> 3)) % 3u) - 1);
+        uint64_t code = 0;
+        if (dt == CCQ_FLOAT32)
+            memcpy(&code, &v, 4);
+        else if (dt == CCQ_FLOAT64) {
+            double x = v;
+            memcpy(&code, &x, 8);
+        } else
+            code = ref_encode(dt, v);
+        memcpy((char *)buf + i * es, &code, es); /* little endian */
+    }
+}
+
+/* One timed phase; across processes they start together (a world all_reduce as the
+ * barrier) and the slowest process's time counts, as nccl-tests reports. */
 static double run_phase(bench *b, int iters, int agg)
 {
     double t0, t1;
     b->iters = iters;
     b->agg = agg;
+    world_reduce(b, 0, CCQ_SUM);
     pthread_barrier_wait(&b->bar); /* start */
     t0 = now_s();
     pthread_barrier_wait(&b->bar); /* every worker fenced */
     t1 = now_s();
-    return t1 - t0;
+    return world_reduce(b, t1 - t0, CCQ_MAX);
 }
 
-/* Elements this worker's src and dst hold in the current phase (0 where the rank does not
- * use them: non-root ranks of broadcast and scatter, of reduce and gather). */
-static size_t src_elems(const bench *b, const worker *w)
+/* Elements device dev's src holds in the current phase (0 where the rank does not use it:
+ * non-root ranks of broadcast and scatter). */
+static size_t src_elems_of(const bench *b, ccq_device_id dev)
 {
     const opts *o = b->o;
     if (o->coll == COLL_SENDRECV)
         return b->count;
-    return ref_src_count(colls[o->coll].kind, o->ndev, o->root, w->dev, b->count);
+    return ref_src_count(colls[o->coll].kind, o->ndev, o->root, dev, b->count);
+}
+
+/* And this worker's src and dst (dst: 0 for non-root ranks of reduce and gather). */
+static size_t src_elems(const bench *b, const worker *w)
+{
+    return src_elems_of(b, w->dev);
+}
+
+/* Across processes: a ccq all_reduce of one value per local device over every device of
+ * the world (each local device passes the same value), on the control stream. */
+static double world_reduce(bench *b, double v, ccq_reduce_op op)
+{
+    double in[64], out[64];
+    if (b->wsize <= 1)
+        return v;
+    for (uint32_t k = 0; k < b->nlocal; k++) {
+        in[k] = op == CCQ_SUM && k > 0 ? 0 : v;
+        ccq_all_reduce(b->rt, b->first + k, b->ctl, &in[k], &out[k], 1, CCQ_FLOAT64, op, b->devs,
+                       b->o->ndev);
+    }
+    for (uint32_t k = 0; k < b->nlocal; k++)
+        ccq_sync_collective(b->rt, b->first + k, b->ctl);
+    return out[0];
 }
 
 static size_t dst_elems(const bench *b, const worker *w)
@@ -434,7 +496,7 @@ static void fill_inputs(bench *b, bool poison)
 {
     const opts *o = b->o;
     size_t es = ccq_dtype_size(o->dtype);
-    for (uint32_t k = 0; k < o->ndev * o->threads; k++) {
+    for (uint32_t k = 0; k < b->nlocal * o->threads; k++) {
         worker *w = &b->w[k];
         void *src, *dst;
         size_t sn = src_elems(b, w), dn = dst_elems(b, w);
@@ -443,7 +505,7 @@ static void fill_inputs(bench *b, bool poison)
             memset(w->hdst, 0x5a, dn * es);
             ccq_mem_copy(b->rt, w->dev, dst, w->hdst, dn * es, CCQ_COPY_TO_DEVICE);
         }
-        ref_fill(o->dtype, w->hsrc, sn, 1000 + w->dev);
+        fill_values(b, w->hsrc, sn, 1000 + w->dev);
         if (sn > 0)
             ccq_mem_copy(b->rt, w->dev, src, w->hsrc, sn * es, CCQ_COPY_TO_DEVICE);
     }
@@ -458,19 +520,30 @@ static size_t check_once(bench *b)
     char msg[256];
     void *want = malloc(cap * es + 1);
     const void **ins = calloc(o->ndev, sizeof *ins);
+    void **remote = calloc(o->ndev, sizeof *remote);
 
     fill_inputs(b, true);
+    world_reduce(b, 0, CCQ_SUM); /* every process filled before any starts */
     run_phase(b, 1, 1);
-    for (uint32_t d = 0; d < o->ndev; d++)
-        ins[d] = b->w[d * o->threads].hsrc;
-    for (uint32_t k = 0; k < o->ndev * o->threads; k++) {
+    for (uint32_t d = 0; d < o->ndev; d++) {
+        if (d >= b->first && d < b->first + b->nlocal) {
+            ins[d] = b->w[(d - b->first) * o->threads].hsrc;
+            continue;
+        }
+        /* Another process's device: its inputs depend only on its id (fill_inputs). */
+        size_t sn = src_elems_of(b, d);
+        remote[d] = malloc(sn * es + 1);
+        fill_values(b, remote[d], sn, 1000 + d);
+        ins[d] = remote[d];
+    }
+    for (uint32_t k = 0; k < b->nlocal * o->threads; k++) {
         worker *w = &b->w[k];
         void *src, *dst;
         size_t dn = dst_elems(b, w);
         part_buffers(w, &src, &dst);
         size_t wn = dn;
         if (o->coll == COLL_SENDRECV)
-            memcpy(want, b->w[((w->dev + o->ndev - 1) % o->ndev) * o->threads].hsrc, dn * es);
+            memcpy(want, ins[(w->dev + o->ndev - 1) % o->ndev], dn * es);
         else
             wn = ref_collective(colls[o->coll].kind, o->dtype, o->op, o->ndev, o->root, ins, w->dev,
                                 want, b->count);
@@ -485,6 +558,9 @@ static size_t check_once(bench *b)
     }
     free(want);
     free(ins);
+    for (uint32_t d = 0; d < o->ndev; d++)
+        free(remote[d]);
+    free(remote);
     return wrong;
 }
 
@@ -558,8 +634,8 @@ static result measure(bench *b, size_t bytes)
         r.skipped = true;
         return r;
     }
-    if (o->check)
-        r.wrong = check_once(b);
+    if (o->check) /* every process checks its devices; the table shows the world's sum */
+        r.wrong = (size_t)world_reduce(b, (double)check_once(b), CCQ_SUM);
     else
         fill_inputs(b, false);
     if (o->warmup > 0)
@@ -601,7 +677,7 @@ static void json_result(const char *name, const result *r)
 
 static int first_error(bench *b)
 {
-    for (uint32_t k = 0; k < b->o->ndev * b->o->threads; k++)
+    for (uint32_t k = 0; k < b->nlocal * b->o->threads; k++)
         if (b->w[k].err != CCQ_OK) {
             fprintf(stderr, "ccq-perf: device %u stream %u: %s: %s\n", b->w[k].dev, b->w[k].stream,
                     ccq_status_name(b->w[k].err), b->w[k].detail);
@@ -630,8 +706,12 @@ int main(int argc, char **argv)
         cfg.host_devices = o.ndev ? o.ndev : 4;
     if (o.max_batch_ops)
         cfg.max_batch_ops = o.max_batch_ops;
-    if (o.threads > cfg.max_streams)
-        cfg.max_streams = o.threads;
+    if (o.threads + 1 > cfg.max_streams) /* + the control stream */
+        cfg.max_streams = o.threads + 1;
+    /* Under mpirun (the launcher's world in the environment, read by ccq_config_init), as
+     * nccl-tests: -g is the devices of each process, the processes meet through MPI. */
+    if (cfg.world_size > 1 && cfg.bootstrap == NULL)
+        cfg.bootstrap = "mpi";
     memset(&b, 0, sizeof b);
     b.o = &o;
     st = ccq_runtime_create(&cfg, &b.rt);
@@ -640,8 +720,14 @@ int main(int argc, char **argv)
                 ccq_last_error_detail());
         return st == CCQ_ERR_UNSUPPORTED ? 77 : 1;
     }
-    if (o.ndev == 0 || o.ndev > ccq_device_count(b.rt))
-        o.ndev = ccq_device_count(b.rt);
+    b.wrank = ccq_world_rank(b.rt);
+    b.wsize = ccq_world_size(b.rt);
+    ccq_local_devices(b.rt, &b.first, &b.nlocal);
+    b.ctl = o.threads;
+    if (b.wsize > 1 || o.ndev == 0 || o.ndev > ccq_device_count(b.rt))
+        o.ndev = ccq_device_count(b.rt); /* a world: every process's devices */
+    if (b.wsize == 1)
+        b.nlocal = o.ndev;
     if (o.floor && strcmp(ccq_backend_name(b.rt), "host") != 0) {
         fprintf(stderr, "ccq-perf: --floor times host memory copies; it needs --backend host\n");
         ccq_runtime_destroy(b.rt);
@@ -656,19 +742,20 @@ int main(int argc, char **argv)
     b.devs = calloc(o.ndev, sizeof *b.devs);
     for (uint32_t d = 0; d < o.ndev; d++)
         b.devs[d] = d;
-    if (o.coll != COLL_SENDRECV && (st = ccq_comm_init(b.rt, b.devs, o.ndev)) != CCQ_OK) {
+    if ((o.coll != COLL_SENDRECV || b.wsize > 1) &&
+        (st = ccq_comm_init(b.rt, b.devs, o.ndev)) != CCQ_OK) {
         fprintf(stderr, "ccq-perf: ccq_comm_init: %s: %s\n", ccq_status_name(st),
                 ccq_last_error_detail());
         ccq_runtime_destroy(b.rt);
         return 1;
     }
-    nw = o.ndev * o.threads;
+    nw = b.nlocal * o.threads;
     b.w = calloc(nw, sizeof *b.w);
     th = calloc(nw, sizeof *th);
     for (uint32_t k = 0; k < nw; k++) {
         worker *w = &b.w[k];
         w->b = &b;
-        w->dev = k / o.threads;
+        w->dev = b.first + k / o.threads;
         w->stream = k % o.threads;
         w->hsrc = malloc(o.maxbytes + esize);
         w->hdst = malloc(o.maxbytes + esize);
@@ -688,9 +775,49 @@ int main(int argc, char **argv)
     for (uint32_t k = 0; k < nw; k++)
         pthread_create(&th[k], NULL, worker_main, &b.w[k]);
 
-    if (!o.json) {
-        printf("# ccq-perf %s: %s, backend %s\n", CCQ_VERSION_STRING, colls[o.coll].name,
-               ccq_backend_name(b.rt));
+    /* nccl-tests prints one line per rank of the world: gather (pid, host) of every device
+     * with a ccq all_gather, and only world rank 0 prints (the table too). */
+    bool quiet = b.wrank != 0;
+    if (!o.json && b.wsize > 1) {
+        typedef struct {
+            int32_t pid, proc;
+            char host[56];
+        } who;
+        who mine[64], *all = calloc(o.ndev, sizeof *all);
+        char host[56] = "?";
+        gethostname(host, sizeof host - 1);
+        for (uint32_t k = 0; k < b.nlocal; k++) {
+            mine[k].pid = (int32_t)getpid();
+            mine[k].proc = (int32_t)b.wrank;
+            snprintf(mine[k].host, sizeof mine[k].host, "%s", host);
+        }
+        who *gathered[64];
+        for (uint32_t k = 0; k < b.nlocal; k++) {
+            gathered[k] = calloc(o.ndev, sizeof *all);
+            ccq_all_gather(b.rt, b.first + k, b.ctl, &mine[k], gathered[k], sizeof(who), CCQ_UINT8,
+                           b.devs, o.ndev);
+        }
+        for (uint32_t k = 0; k < b.nlocal; k++)
+            ccq_sync_collective(b.rt, b.first + k, b.ctl);
+        memcpy(all, gathered[0], o.ndev * sizeof *all);
+        for (uint32_t k = 0; k < b.nlocal; k++)
+            free(gathered[k]);
+        if (!quiet) {
+            printf("# ccq-perf %s: %s, backend %s, %u processes\n", CCQ_VERSION_STRING,
+                   colls[o.coll].name, ccq_backend_name(b.rt), b.wsize);
+            printf("#\n# Using devices\n");
+            for (uint32_t d = 0; d < o.ndev; d++)
+                printf("#  Rank %2u Group  0 Pid %6d on %10s device %2u [host] ccq %s process %d\n",
+                       d, all[d].pid, all[d].host, d, ccq_backend_name(b.rt), all[d].proc);
+        }
+        free(all);
+    }
+    if (quiet) {
+        /* the table is world rank 0's; this process still runs and checks its devices */
+    } else if (!o.json) {
+        if (b.wsize == 1)
+            printf("# ccq-perf %s: %s, backend %s\n", CCQ_VERSION_STRING, colls[o.coll].name,
+                   ccq_backend_name(b.rt));
         printf("# nThread %u nGpus %u minBytes %zu maxBytes %zu step: %g(%s) warmup iters: %d "
                "iters: %d agg iters: %d validation: %d\n",
                o.threads, o.ndev, o.minbytes, o.maxbytes, o.factor ? o.factor : (double)o.incbytes,
@@ -707,6 +834,9 @@ int main(int argc, char **argv)
     } else {
         printf("[\n");
     }
+    if (quiet) /* only world rank 0 prints */
+        if (freopen("/dev/null", "w", stdout) == NULL)
+            quiet = true;
     bool first = true;
     for (size_t size = o.minbytes; size <= o.maxbytes;) {
         result oop, ip;

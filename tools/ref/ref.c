@@ -596,6 +596,7 @@ size_t ref_dst_count(ccq_kind kind, uint32_t n, uint32_t root, uint32_t rank, si
     }
 }
 
+#ifndef CCQ_REF_NO_RUNTIME /* programs that link only the backend (test_host_mpi) */
 ccq_status ref_submit(ccq_runtime *rt, ccq_kind kind, ccq_device_id dev, ccq_stream_id s,
                       const void *src, void *dst, size_t count, ccq_dtype dt, ccq_reduce_op op,
                       ccq_device_id root, const ccq_device_id *devs, size_t n)
@@ -621,3 +622,4 @@ ccq_status ref_submit(ccq_runtime *rt, ccq_kind kind, ccq_device_id dev, ccq_str
         return CCQ_ERR_INVALID_ARGUMENT;
     }
 }
+#endif
