@@ -671,7 +671,7 @@ ccq_status ccq_boot_xchg_wait(ccq_boot_xchg *x, void *out, uint64_t deadline_ns,
 
     /* Timed out: name the processes that never arrived. */
     {
-        uint32_t miss[17];
+        uint32_t miss[17] = {0}; /* (only the first min(nmiss, 17) are read) */
         size_t nmiss = ccq_boot_xchg_missing(x, miss, 17);
         char who[256], all[256];
 
