@@ -20,20 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/mpi_lock.h"
 #include "runtime/boot_impl.h"
-
-/* ccq's MPI lock (also for any later MPI user inside ccq: see bootstrap.h). */
-static pthread_mutex_t mpi_lock = PTHREAD_MUTEX_INITIALIZER;
-
-void ccq_boot_mpi_lock(void)
-{
-    pthread_mutex_lock(&mpi_lock);
-}
-
-void ccq_boot_mpi_unlock(void)
-{
-    pthread_mutex_unlock(&mpi_lock);
-}
 
 #ifndef CCQ_HAVE_MPI
 
@@ -102,10 +90,10 @@ static void finalize_at_exit(void)
 {
     int fin = 0;
 
-    pthread_mutex_lock(&mpi_lock);
+    ccq_mpi_lock();
     if (ccq_initialised_mpi && MPI_Finalized(&fin) == MPI_SUCCESS && !fin)
         MPI_Finalize();
-    pthread_mutex_unlock(&mpi_lock);
+    ccq_mpi_unlock();
 }
 
 /* Test a set of sends; true when all completed (their requests are then null). */
@@ -221,7 +209,7 @@ static ccq_status mpi_progress(ccq_boot *b, ccq_boot_xchg *x, ccq_errbuf *err)
     ccq_status st = CCQ_OK;
     int rc;
 
-    pthread_mutex_lock(&mpi_lock);
+    ccq_mpi_lock();
     if (!m->dup_done) {
         int flag = 0;
         rc = MPI_Test(&m->dup_req, &flag, MPI_STATUS_IGNORE);
@@ -258,7 +246,7 @@ static ccq_status mpi_progress(ccq_boot *b, ccq_boot_xchg *x, ccq_errbuf *err)
     st = drain(m, err);
     progress_orphans(m);
 unlock:
-    pthread_mutex_unlock(&mpi_lock);
+    ccq_mpi_unlock();
     return st;
 }
 
@@ -292,7 +280,7 @@ static void mpi_xchg_free(ccq_boot *b, ccq_boot_xchg *x)
 
     if (s == NULL)
         return;
-    pthread_mutex_lock(&mpi_lock);
+    ccq_mpi_lock();
     if (sends_done(s)) {
         free(s->reqs);
         free(s);
@@ -303,7 +291,7 @@ static void mpi_xchg_free(ccq_boot *b, ccq_boot_xchg *x)
         s->next = m->orphans;
         m->orphans = s;
     }
-    pthread_mutex_unlock(&mpi_lock);
+    ccq_mpi_unlock();
     x->mech_priv = NULL;
 }
 
@@ -311,7 +299,7 @@ static void mpi_close(ccq_boot *b)
 {
     mpi_boot *m = b->impl;
 
-    pthread_mutex_lock(&mpi_lock);
+    ccq_mpi_lock();
     progress_orphans(m);
     /* Sends nobody received (a peer that left): MPI_Request_free lets MPI finish or drop
      * them on its own; their small buffers are leaked on purpose, since MPI may still read
@@ -333,7 +321,7 @@ static void mpi_close(ccq_boot *b)
      * non-blocking collective): it stays pending, as the process that never came. */
     if (m->dup_done)
         MPI_Comm_free(&m->dup);
-    pthread_mutex_unlock(&mpi_lock);
+    ccq_mpi_unlock();
     free(m);
 }
 
@@ -374,7 +362,7 @@ ccq_status ccq_boot_mpi_open(ccq_boot *b, int64_t mpi_comm, ccq_errbuf *err)
                      (long long)mpi_comm);
         return CCQ_ERR_INVALID_ARGUMENT;
     }
-    pthread_mutex_lock(&mpi_lock);
+    ccq_mpi_lock();
     MPI_Initialized(&init);
     MPI_Finalized(&fin);
     if (fin) {
@@ -440,7 +428,7 @@ ccq_status ccq_boot_mpi_open(ccq_boot *b, int64_t mpi_comm, ccq_errbuf *err)
     b->impl = m;
     st = CCQ_OK;
 unlock:
-    pthread_mutex_unlock(&mpi_lock);
+    ccq_mpi_unlock();
     return st;
 }
 

@@ -109,12 +109,7 @@ uint64_t ccq_boot_now_ns(void);
 /* "2, 5 and 7" into buf (at most 16 ranks, then "and N more"); returns what it wrote. */
 size_t ccq_boot_format_ranks(char *buf, size_t len, const uint32_t *ranks, size_t n);
 
-/* ccq's process-wide MPI lock: every MPI call ccq makes is made holding it, so ccq's own
- * threads never call MPI at once and MPI_THREAD_SERIALIZED suffices (see boot_mpi.c). Any
- * later MPI user inside ccq (the host backend across processes) must take it too. No-ops
- * apart from the lock in a build without MPI. */
-void ccq_boot_mpi_lock(void);
-void ccq_boot_mpi_unlock(void);
+/* Every MPI call here is made holding ccq's one MPI lock (common/mpi_lock.h). */
 
 /*
  * This process's place in the world from the environment: CCQ_WORLD_RANK and CCQ_WORLD_SIZE;

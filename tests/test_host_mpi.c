@@ -23,21 +23,6 @@
 #include "common/kinds.h"
 #include "ref.h"
 
-/* The engine takes ccq's MPI lock (runtime/bootstrap.h); this program links only the
- * backend's files, so it provides the lock. */
-#include <pthread.h>
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-void ccq_boot_mpi_lock(void);
-void ccq_boot_mpi_unlock(void);
-void ccq_boot_mpi_lock(void)
-{
-    pthread_mutex_lock(&lock);
-}
-void ccq_boot_mpi_unlock(void)
-{
-    pthread_mutex_unlock(&lock);
-}
-
 static int wrank, wsize;
 
 static uint64_t now_ns(void)

@@ -32,7 +32,7 @@
 
 #include "backends/host/convert.h"
 #include "backends/host/reduce.h"
-#include "runtime/bootstrap.h" /* ccq_boot_mpi_lock: ccq's one MPI lock */
+#include "common/mpi_lock.h"
 
 struct ccq_hmpi_world {
     int64_t mpi_comm;
@@ -345,12 +345,12 @@ ccq_status ccq_hmpi_ready(ccq_errbuf *err)
 {
     int init = 0, fin = 0, level = MPI_THREAD_SINGLE;
 
-    ccq_boot_mpi_lock();
+    ccq_mpi_lock();
     MPI_Initialized(&init);
     MPI_Finalized(&fin);
     if (init && !fin)
         MPI_Query_thread(&level);
-    ccq_boot_mpi_unlock();
+    ccq_mpi_unlock();
     if (!init || fin) {
         snprintf(err->msg, sizeof err->msg,
                  "the host backend cannot span processes here: it moves data between them with "
@@ -377,10 +377,10 @@ void ccq_hmpi_root_blob(uint32_t world_rank, void *blob)
      * forming at once differ in one or the other. */
     static uint32_t made; /* scheduler threads of several runtimes: under the lock */
     uint32_t v[2];
-    ccq_boot_mpi_lock();
+    ccq_mpi_lock();
     v[0] = world_rank;
     v[1] = made++;
-    ccq_boot_mpi_unlock();
+    ccq_mpi_unlock();
     memcpy(blob, v, sizeof v);
 }
 
@@ -408,10 +408,10 @@ ccq_status ccq_hmpi_world_post(int64_t mpi_comm, ccq_hmpi_world **out, ccq_errbu
         return CCQ_ERR_NO_MEMORY;
     }
     w->mpi_comm = mpi_comm;
-    ccq_boot_mpi_lock();
+    ccq_mpi_lock();
     rc = MPI_Comm_idup(mpi_comm >= 0 ? MPI_Comm_f2c((MPI_Fint)mpi_comm) : MPI_COMM_WORLD, &w->dup,
                        &w->req);
-    ccq_boot_mpi_unlock();
+    ccq_mpi_unlock();
     if (rc != MPI_SUCCESS) {
         free(w);
         return mpi_err(err, rc, "MPI_Comm_idup of the world communicator");
@@ -425,13 +425,13 @@ ccq_status ccq_hmpi_world_test(ccq_hmpi_world *w, ccq_errbuf *err)
     int flag = 0, rc;
     if (w->done)
         return CCQ_OK;
-    ccq_boot_mpi_lock();
+    ccq_mpi_lock();
     rc = MPI_Test(&w->req, &flag, MPI_STATUS_IGNORE);
     if (rc == MPI_SUCCESS && flag) {
         MPI_Comm_set_errhandler(w->dup, MPI_ERRORS_RETURN);
         w->done = true;
     }
-    ccq_boot_mpi_unlock();
+    ccq_mpi_unlock();
     if (rc != MPI_SUCCESS)
         return mpi_err(err, rc, "MPI_Comm_idup of the world communicator");
     return w->done ? CCQ_OK : CCQ_IN_PROGRESS;
@@ -441,10 +441,10 @@ void ccq_hmpi_world_free(ccq_hmpi_world *w)
 {
     if (w == NULL)
         return;
-    ccq_boot_mpi_lock();
+    ccq_mpi_lock();
     if (w->done) /* pairs still holding abandoned operations borrow it: keep it then */
         MPI_Comm_free(&w->dup);
-    ccq_boot_mpi_unlock();
+    ccq_mpi_unlock();
     free(w);
 }
 
@@ -488,15 +488,15 @@ ccq_status ccq_hmpi_pair_create(const ccq_be_comm_desc *d, ccq_hmpi_world *w, co
     c->procs[0] = d->procs[0];
     c->procs[1] = d->procs[1];
     c->me = d->world_rank == d->procs[0] ? 0 : 1;
-    ccq_boot_mpi_lock();
+    ccq_mpi_lock();
     ub = tag_ub_of(w->dup);
     if (make_types() != MPI_SUCCESS) {
-        ccq_boot_mpi_unlock();
+        ccq_mpi_unlock();
         comm_unref(c);
         snprintf(err->msg, sizeof err->msg, "MPI_Type_contiguous / MPI_Op_create failed");
         return CCQ_ERR_BACKEND;
     }
-    ccq_boot_mpi_unlock();
+    ccq_mpi_unlock();
     /* The pair's identity, from what the lower process chose (its world rank, how many
      * communicators it made): unique among the pairs of these two processes while the
      * count stays below 2^15; ranks 0 and 1 send under two consecutive tags. */
@@ -586,7 +586,7 @@ ccq_status ccq_hmpi_comm_create(const ccq_be_comm_desc *d, int64_t mpi_comm, con
             c->me = (int)p;
     }
 
-    ccq_boot_mpi_lock();
+    ccq_mpi_lock();
     if (mpi_comm >= 0)
         world = MPI_Comm_f2c((MPI_Fint)mpi_comm);
     rc = make_types();
@@ -621,7 +621,7 @@ ccq_status ccq_hmpi_comm_create(const ccq_be_comm_desc *d, int64_t mpi_comm, con
 out:
     if (st != CCQ_OK)
         comm_unref(c);
-    ccq_boot_mpi_unlock();
+    ccq_mpi_unlock();
     free(ranks);
     if (st == CCQ_OK)
         *out = c;
@@ -632,9 +632,9 @@ void ccq_hmpi_comm_destroy(ccq_hmpi_comm *c)
 {
     if (c == NULL)
         return;
-    ccq_boot_mpi_lock();
+    ccq_mpi_lock();
     comm_unref(c);
-    ccq_boot_mpi_unlock();
+    ccq_mpi_unlock();
 }
 
 /* ---- operations ----------------------------------------------------------------------- */
@@ -957,14 +957,14 @@ ccq_status ccq_hmpi_start(ccq_hmpi_comm *c, const ccq_be_op *op, uint64_t now_ns
     h->op = op;
     h->req = MPI_REQUEST_NULL;
     h->start_ns = now_ns;
-    ccq_boot_mpi_lock();
+    ccq_mpi_lock();
     if (c->pair && c->mc == MPI_COMM_NULL && ccq_kinds[op->kind].collective) {
         /* A collective on a pair's communicator: its own MPI communicator, at first use. */
         int ranks[2] = {(int)c->procs[0], (int)c->procs[1]};
         MPI_Comm world = c->mpi_comm >= 0 ? MPI_Comm_f2c((MPI_Fint)c->mpi_comm) : MPI_COMM_WORLD;
         ccq_status st = group_comm(world, ranks, 2, c->blob, &c->mc, err);
         if (st != CCQ_OK) {
-            ccq_boot_mpi_unlock();
+            ccq_mpi_unlock();
             free(h);
             return st;
         }
@@ -980,10 +980,10 @@ ccq_status ccq_hmpi_start(ccq_hmpi_comm *c, const ccq_be_op *op, uint64_t now_ns
             st = mpi_err(err, rc, h->what);
         }
         op_free(h);
-        ccq_boot_mpi_unlock();
+        ccq_mpi_unlock();
         return st;
     }
-    ccq_boot_mpi_unlock();
+    ccq_mpi_unlock();
     *out = h;
     return CCQ_OK;
 }
@@ -992,7 +992,7 @@ ccq_status ccq_hmpi_test(ccq_hmpi_op *h, ccq_errbuf *err)
 {
     int flag = 0, rc;
 
-    ccq_boot_mpi_lock();
+    ccq_mpi_lock();
     rc = MPI_Test(&h->req, &flag, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS) {
         ccq_status st = mpi_err(err, rc, h->what);
@@ -1001,18 +1001,18 @@ ccq_status ccq_hmpi_test(ccq_hmpi_op *h, ccq_errbuf *err)
         h->next = abandoned;
         abandoned = h;
         nabandoned++;
-        ccq_boot_mpi_unlock();
+        ccq_mpi_unlock();
         return st;
     }
     if (!flag) {
-        ccq_boot_mpi_unlock();
+        ccq_mpi_unlock();
         return CCQ_IN_PROGRESS;
     }
-    ccq_boot_mpi_unlock();
+    ccq_mpi_unlock();
     finish(h, h->op);
-    ccq_boot_mpi_lock();
+    ccq_mpi_lock();
     op_free(h);
-    ccq_boot_mpi_unlock();
+    ccq_mpi_unlock();
     return CCQ_OK;
 }
 
@@ -1045,39 +1045,39 @@ void ccq_hmpi_describe(const ccq_hmpi_op *h, uint64_t now_ns, ccq_errbuf *err)
 
 void ccq_hmpi_detach(ccq_hmpi_op *h)
 {
-    ccq_boot_mpi_lock();
+    ccq_mpi_lock();
     h->op = NULL;
     h->detached = true;
     h->next = abandoned;
     abandoned = h;
     nabandoned++;
     ndetached++;
-    ccq_boot_mpi_unlock();
+    ccq_mpi_unlock();
 }
 
 uint32_t ccq_hmpi_detached(void)
 {
     uint32_t n;
-    ccq_boot_mpi_lock();
+    ccq_mpi_lock();
     n = ndetached;
-    ccq_boot_mpi_unlock();
+    ccq_mpi_unlock();
     return n;
 }
 
 void ccq_hmpi_abandon(ccq_hmpi_op *h)
 {
-    ccq_boot_mpi_lock();
+    ccq_mpi_lock();
     h->op = NULL;
     h->next = abandoned;
     abandoned = h;
     nabandoned++;
-    ccq_boot_mpi_unlock();
+    ccq_mpi_unlock();
 }
 
 uint32_t ccq_hmpi_reap(uint64_t now_ns, uint64_t timeout_ns)
 {
     uint32_t left;
-    ccq_boot_mpi_lock();
+    ccq_mpi_lock();
     for (ccq_hmpi_op **pp = &abandoned; *pp != NULL;) {
         ccq_hmpi_op *h = *pp;
         int flag = 0;
@@ -1097,6 +1097,6 @@ uint32_t ccq_hmpi_reap(uint64_t now_ns, uint64_t timeout_ns)
         op_free(h);
     }
     left = nabandoned;
-    ccq_boot_mpi_unlock();
+    ccq_mpi_unlock();
     return left;
 }
