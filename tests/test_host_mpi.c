@@ -92,29 +92,6 @@ static void run_op(tcomm *t, ccq_be_op *op)
         fail_msg("test: %s", err.msg);
 }
 
-static void fill(ccq_dtype dt, void *buf, size_t count, uint32_t seed)
-{
-    bool is_float = dt == CCQ_FLOAT16 || dt == CCQ_FLOAT32 || dt == CCQ_FLOAT64 ||
-                    dt == CCQ_BFLOAT16 || dt == CCQ_FLOAT8E4M3 || dt == CCQ_FLOAT8E5M2;
-    size_t es = ref_dtype_size(dt);
-    if (!is_float) {
-        ref_fill(dt, buf, count, seed);
-        return;
-    }
-    for (size_t i = 0; i < count; i++) {
-        float v = (float)((int)((seed * 7u + i * 3u + (i >> 3)) % 3u) - 1);
-        if (dt == CCQ_FLOAT32) {
-            memcpy((char *)buf + i * 4, &v, 4);
-        } else if (dt == CCQ_FLOAT64) {
-            double x = v;
-            memcpy((char *)buf + i * 8, &x, 8);
-        } else {
-            uint32_t code = ref_encode(dt, v);
-            memcpy((char *)buf + i * es, &code, es); /* little endian: the low bytes */
-        }
-    }
-}
-
 /* One collective: every rank's input from its seed, the op on the local ranks, each local
  * output against ref_collective over all ranks. */
 static void check_one(tcomm *t, ccq_kind kind, ccq_dtype dt, ccq_reduce_op ro, uint32_t root,
@@ -132,7 +109,7 @@ static void check_one(tcomm *t, ccq_kind kind, ccq_dtype dt, ccq_reduce_op ro, u
     assert_true(n <= 64);
     for (uint32_t r = 0; r < n; r++) {
         inputs[r] = malloc(sb);
-        fill(dt, inputs[r], sb / es, seed + r);
+        ref_fill_exact(dt, inputs[r], sb / es, seed + r);
     }
     memset(&op, 0, sizeof op);
     op.kind = (uint8_t)kind;

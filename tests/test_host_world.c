@@ -45,33 +45,6 @@ static uint32_t first_of(uint32_t p)
     return f;
 }
 
-static bool is_float(ccq_dtype dt)
-{
-    return dt == CCQ_FLOAT16 || dt == CCQ_FLOAT32 || dt == CCQ_FLOAT64 || dt == CCQ_BFLOAT16 ||
-           dt == CCQ_FLOAT8E4M3 || dt == CCQ_FLOAT8E5M2;
-}
-
-static void fill(ccq_dtype dt, void *buf, size_t count, uint32_t seed)
-{
-    size_t es = ref_dtype_size(dt);
-    if (!is_float(dt)) {
-        ref_fill(dt, buf, count, seed);
-        return;
-    }
-    for (size_t i = 0; i < count; i++) {
-        float v = (float)((int)((seed * 7u + i * 3u + (i >> 3)) % 3u) - 1);
-        if (dt == CCQ_FLOAT32) {
-            memcpy((char *)buf + i * 4, &v, 4);
-        } else if (dt == CCQ_FLOAT64) {
-            double x = v;
-            memcpy((char *)buf + i * 8, &x, 8);
-        } else {
-            uint32_t code = ref_encode(dt, v);
-            memcpy((char *)buf + i * es, &code, es);
-        }
-    }
-}
-
 /* One collective on the communicator of devs[0..n-1] (global ids, ascending): this
  * process's devices among them submit on `stream`, then each output is checked. */
 static void check_coll(ccq_runtime *rt, const ccq_device_id *devs, uint32_t n, ccq_kind kind,
@@ -90,7 +63,7 @@ static void check_coll(ccq_runtime *rt, const ccq_device_id *devs, uint32_t n, c
     ccq_local_devices(rt, &first, &cnt);
     for (uint32_t r = 0; r < n; r++) {
         inputs[r] = malloc(sb);
-        fill(dt, inputs[r], sb / es, seed + r);
+        ref_fill_exact(dt, inputs[r], sb / es, seed + r);
         if (devs[r] >= first && devs[r] < first + cnt)
             mine[nmine++] = r;
     }

@@ -30,6 +30,11 @@ void ref_allreduce(ccq_dtype dtype, ccq_reduce_op op, uint32_t n, const void *co
  * ones mixed in), floats in about [-4, 4] with some zeros, never NaN. */
 void ref_fill(ccq_dtype dtype, void *buf, size_t count, uint32_t seed);
 
+/* Like ref_fill, but float types get values in {-1, 0, 1}: every sum and product of a few
+ * ranks is exact in every float type, so results compare bit for bit whatever order an engine
+ * (MPI, NCCL) reduces in. Integer types as ref_fill. */
+void ref_fill_exact(ccq_dtype dtype, void *buf, size_t count, uint32_t seed);
+
 /*
  * Number of elements whose bits differ (two NaNs of the type count as equal). When there
  * is a mismatch and msglen > 0, msg receives the first one: index, got, want.
