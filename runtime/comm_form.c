@@ -21,6 +21,7 @@ typedef struct form_hello {
     uint64_t hash;
     uint32_t first_device, last_device;
     uint32_t blob_len;
+    uint64_t fusion_bytes; /* its ccq_config.fusion_bytes: the communicator uses the smallest */
     uint8_t blob[CCQ_BE_ROOT_BLOB_MAX];
 } form_hello;
 
@@ -61,6 +62,7 @@ static ccq_status form_backend(ccq_runtime *rt, ccq_comm *c, const void *blob, s
     d.world_rank = rt->world.rank;
     d.root_blob = blob;
     d.root_blob_len = blob_len;
+    d.fusion_bytes = c->fusion_bytes;
     st = rt->be_ops->comm_create(rt->be, &d, &c->be, &err);
     if (st == CCQ_IN_PROGRESS) {
         c->form_step = CCQ_FORM_BACKEND;
@@ -89,6 +91,7 @@ ccq_status ccq_comm_form_start(ccq_runtime *rt, ccq_comm *c, uint64_t now)
     ccq_status st;
 
     c->form_deadline = ccq_add_sat(now, rt->timeout_ns);
+    c->fusion_bytes = rt->cfg.fusion_bytes;
     if (c->nprocs <= 1)
         return form_backend(rt, c, NULL, 0);
     if (rt->span_status != CCQ_OK) /* the backend said so at world_ready: no meeting */
@@ -104,6 +107,7 @@ ccq_status ccq_comm_form_start(ccq_runtime *rt, ccq_comm *c, uint64_t now)
     mine.hash = c->hash;
     mine.first_device = c->devices[0];
     mine.last_device = c->devices[c->n - 1];
+    mine.fusion_bytes = rt->cfg.fusion_bytes;
     if (rt->world.rank == c->procs[0]) {
         ccq_be_comm_desc d = {c->n,     c->first_local, c->nlocal, NULL, c->nprocs,
                               c->procs, rt->world.rank, NULL,      0};
@@ -168,6 +172,10 @@ static ccq_status form_meet_test(ccq_runtime *rt, ccq_comm *c, uint64_t now)
                              "process %" PRIu32 " formed another communicator under the same tag",
                              c->procs[p]);
         }
+        /* Fusion must cut the same way in every member (backends/fuse.h): they all take the
+         * smallest threshold, so a process with fusion off turns it off for the others. */
+        if (h->fusion_bytes < c->fusion_bytes)
+            c->fusion_bytes = h->fusion_bytes;
     }
     ccq_boot_xchg_free(c->xchg);
     c->xchg = NULL;

@@ -63,6 +63,7 @@ static void config_defaults(ccq_config *cfg)
     cfg->bootstrap = NULL;
     cfg->store = NULL;
     cfg->mpi_comm = -1;
+    cfg->fusion_bytes = CCQ_FUSION_BYTES_DEFAULT;
 
     b = getenv("CCQ_BACKEND");
     if (b != NULL && *b != '\0')
@@ -104,6 +105,9 @@ static void config_defaults(ccq_config *cfg)
         cfg->trace_signal = (uint32_t)v;
     if (env_u64("CCQ_CHECK_SIGNATURES", 0, 1, &v, &err, "CCQ_CHECK_SIGNATURES: expected 0 or 1"))
         cfg->check_signatures = (uint32_t)v;
+    if (env_u64("CCQ_FUSION_BYTES", 0, CCQ_FUSION_BYTES_MAX, &v, &err,
+                "CCQ_FUSION_BYTES: expected a number of bytes in [0, 2^40] (0 = off)"))
+        cfg->fusion_bytes = v;
     if (env_u64("CCQ_NONBLOCKING_SUBMIT", 0, 1, &v, &err,
                 "CCQ_NONBLOCKING_SUBMIT: expected 0 or 1"))
         cfg->flags = v ? (cfg->flags | CCQ_FLAG_NONBLOCKING_SUBMIT)
@@ -200,6 +204,11 @@ static ccq_status config_validate(const ccq_config *c, ccq_fault_plan *fault)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
                         "ccq_config.check_signatures is %" PRIu32 "; expected 0 or 1",
                         c->check_signatures);
+    if (c->fusion_bytes > CCQ_FUSION_BYTES_MAX)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "ccq_config.fusion_bytes is %" PRIu64 "; expected at most %" PRIu64
+                        " (0 = off)",
+                        c->fusion_bytes, (uint64_t)CCQ_FUSION_BYTES_MAX);
     if (c->trace_capacity > (1u << 26))
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
                         "ccq_config.trace_capacity is %" PRIu32 "; expected at most 67108864",

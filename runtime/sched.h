@@ -17,6 +17,7 @@ typedef struct ccq_sched {
     uint32_t inst_parts;  /* parts every instance can hold: max(2, ndev) */
     uint64_t *drop_seen;  /* fault injection: commands seen per device (drop:rank=R) */
     uint64_t next_cmd_id; /* event-log ids */
+    uint64_t next_fused;  /* event-log ids of fused engine operations (CCQ_EV_FUSED) */
     bool error_seen;      /* a command failed this pass (automatic trace dumps) */
     ccq_batch *batch_free;
     ccq_batch *inflight; /* batches issued and not returned (next links) */

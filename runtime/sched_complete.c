@@ -96,6 +96,54 @@ void sched_batch_release(ccq_sched *S, ccq_batch *b)
     S->batch_free = b;
 }
 
+/* The fused engine operations the backend ran for this batch (ccq_be_op.fused on the first
+ * op of each): one CCQ_EV_FUSED event each, and every part of its ops names it, so the trace
+ * shows which operations ran as which engine operation. Before the parts end. */
+static void record_fused(ccq_runtime *rt, ccq_batch *b)
+{
+    ccq_sched *S = rt->sched;
+    for (uint32_t k = 0; k < b->be.nops; k++) {
+        ccq_be_op *head = &b->insts[k]->op;
+        uint32_t n = head->fused;
+        uint64_t bytes = 0, id;
+        ccq_status st = CCQ_OK;
+        if (n < 2)
+            continue;
+        if (n > b->be.nops - k) /* a backend bug: never trust it past the batch */
+            n = b->be.nops - k;
+        id = ++S->next_fused;
+        for (uint32_t j = k; j < k + n; j++) {
+            ccq_inst *i = b->insts[j];
+            bytes += i->op.count * ccq_dtype_size((ccq_dtype)i->op.dtype);
+            if (st == CCQ_OK)
+                st = i->op.status != CCQ_OK ? i->op.status : b->be.status;
+            for (uint32_t p = 0; p < i->chan->nparts; p++)
+                if (i->cmds[p] != NULL)
+                    i->cmds[p]->fused = id;
+        }
+        if (ccq_trace_on(&rt->trace)) {
+            ccq_event e;
+            memset(&e, 0, sizeof e);
+            e.type = CCQ_EV_FUSED;
+            e.time_ns = head->fused_t0;
+            e.dur_ns = head->fused_t1 > head->fused_t0 ? head->fused_t1 - head->fused_t0 : 0;
+            e.id = id;
+            e.batch = b->be.id;
+            e.comm = b->insts[k]->chan->comm->id;
+            e.seq = head->seq;
+            e.count = n;
+            e.bytes = bytes;
+            e.kind = head->kind;
+            e.dtype = head->dtype;
+            e.op = head->redop;
+            e.status = st;
+            e.device = e.stream = UINT32_MAX;
+            ccq_trace_rec(&rt->trace, &e);
+        }
+        k += n - 1;
+    }
+}
+
 /* A batch came back from the backend: set each part's status, end the batch's commands
  * (every command before each stream's cursor) in stream order. */
 void sched_batch_done(ccq_runtime *rt, ccq_batch *b)
@@ -116,6 +164,7 @@ void sched_batch_done(ccq_runtime *rt, ccq_batch *b)
             sched_abort_comm(rt, i->chan->comm, why);
         }
     }
+    record_fused(rt, b);
     for (uint32_t k = 0; k < b->be.nops; k++) {
         ccq_inst *i = b->insts[k];
         ccq_comm *comm = i->chan->comm;

@@ -69,6 +69,24 @@ typedef struct ccq_host_engine_ops {
     /* How often the host backend must poll now: while operations are in flight (busy),
      * or with background work that only polling moves; 0 = no need. */
     uint64_t (*poll_interval)(ccq_host_engine *e, bool busy);
+
+    /* ---- Fusion (docs/fusion.md). An engine without it leaves these 0 / NULL: the host
+     * backend then never fuses its communicators' operations. ---- */
+    /* The kinds start_fused takes (CCQ_FUSE_KIND bits, backends/fuse.h). */
+    uint32_t fuse_kinds;
+    /* Start one operation over ops[0..n-1] (n >= 2, a group of ccq_fuse_group: one
+     * communicator's consecutive operations, alike and small), every member process starting
+     * the same group at the same point of the communicator's order: their concatenation as
+     * one transport operation, results bit-identical to the n run alone. The ops and the
+     * array stay valid as start()'s op does; test() writes every op's outputs. */
+    ccq_status (*start_fused)(ccq_host_engine *e, ccq_heng_comm *c, const ccq_be_op *const *ops,
+                              uint32_t n, uint64_t now_ns, ccq_heng_op **out, ccq_errbuf *err);
+    /* The agreement's transport: an element-wise minimum of vec[0..n-1] over the member
+     * processes, started where the next operation of the communicator would start (every
+     * member starts it at the same point of the order, with the same n). vec stays valid
+     * until test() returns other than CCQ_IN_PROGRESS (then it holds the minimum) or abandon(). */
+    ccq_status (*start_min)(ccq_host_engine *e, ccq_heng_comm *c, int64_t *vec, uint32_t n,
+                            uint64_t now_ns, ccq_heng_op **out, ccq_errbuf *err);
 } ccq_host_engine_ops;
 
 /* The base every engine struct embeds first. */

@@ -63,7 +63,12 @@ enum { H_BUF_SCRATCH, H_BUF_RECV, H_NBUF };
 
 struct ccq_hmpi_op {
     ccq_hmpi_comm *c;
-    const ccq_be_op *op; /* NULL once abandoned */
+    const ccq_be_op *op;         /* NULL once abandoned (a fused operation: ops[0]) */
+    const ccq_be_op *const *ops; /* a fused operation: its ops (NULL once abandoned) */
+    uint32_t nops;
+    size_t total;    /* a fused operation: elements of its ops' blocks in all */
+    int64_t *minvec; /* an agreement: the caller's vector (NULL once abandoned) */
+    uint32_t nmin;
     MPI_Request req;
     const char *what; /* the MPI call, for details */
     uint64_t start_ns;
@@ -639,6 +644,11 @@ void ccq_hmpi_comm_destroy(ccq_hmpi_comm *c)
 
 /* ---- operations ----------------------------------------------------------------------- */
 
+static ccq_status launch(ccq_hmpi_op *h, bool collective, ccq_hmpi_op **out, ccq_errbuf *err);
+static int post_fused(ccq_hmpi_op *h);
+static int post_min(ccq_hmpi_op *h);
+static void finish_fused(ccq_hmpi_op *h);
+
 static void op_free(ccq_hmpi_op *h)
 {
     for (int k = 0; k < H_NBUF; k++)
@@ -933,7 +943,6 @@ ccq_status ccq_hmpi_start(ccq_hmpi_comm *c, const ccq_be_op *op, uint64_t now_ns
     ccq_hmpi_op *h;
     const ccq_kind_info *ki = &ccq_kinds[op->kind < CCQ_KIND_COUNT_ ? op->kind : 0];
     size_t total = op->count;
-    int rc;
 
     *out = NULL;
     if (ki->src_n || ki->dst_n) /* the v collectives count every rank's block */
@@ -957,8 +966,18 @@ ccq_status ccq_hmpi_start(ccq_hmpi_comm *c, const ccq_be_op *op, uint64_t now_ns
     h->op = op;
     h->req = MPI_REQUEST_NULL;
     h->start_ns = now_ns;
+    return launch(h, ccq_kinds[op->kind].collective, out, err);
+}
+
+/* Post the MPI operation h describes (one op, a fused group or an agreement) and hand it
+ * out, or free it and say why. */
+static ccq_status launch(ccq_hmpi_op *h, bool collective, ccq_hmpi_op **out, ccq_errbuf *err)
+{
+    ccq_hmpi_comm *c = h->c;
+    int rc;
+
     ccq_mpi_lock();
-    if (c->pair && c->mc == MPI_COMM_NULL && ccq_kinds[op->kind].collective) {
+    if (c->pair && c->mc == MPI_COMM_NULL && collective) {
         /* A collective on a pair's communicator: its own MPI communicator, at first use. */
         int ranks[2] = {(int)c->procs[0], (int)c->procs[1]};
         MPI_Comm world = c->mpi_comm >= 0 ? MPI_Comm_f2c((MPI_Fint)c->mpi_comm) : MPI_COMM_WORLD;
@@ -970,7 +989,7 @@ ccq_status ccq_hmpi_start(ccq_hmpi_comm *c, const ccq_be_op *op, uint64_t now_ns
         }
     }
     c->refs++;
-    rc = post(h, op);
+    rc = h->minvec != NULL ? post_min(h) : h->ops != NULL ? post_fused(h) : post(h, h->op);
     if (rc != MPI_SUCCESS) {
         ccq_status st;
         if (rc == -1) {
@@ -988,6 +1007,227 @@ ccq_status ccq_hmpi_start(ccq_hmpi_comm *c, const ccq_be_op *op, uint64_t now_ns
     return CCQ_OK;
 }
 
+/* ---- fusion (docs/fusion.md) ---------------------------------------------------------- */
+
+/*
+ * Post one MPI operation over a fused group's ops (h->ops, h->nops; h->total elements of
+ * their blocks), their blocks laid out so one call moves all of them (off_i: the elements of
+ * the ops before op i; T = h->total):
+ *  - all_reduce: [op 0 | op 1 | ...], each the local combine of the op's parts;
+ *  - broadcast: the root process packs its parts' src the same way;
+ *  - all_gather: each process sends [op i: its nl ranks' blocks] (nl * T elements), received
+ *    per process p at fr[p] * T: [op i: p's nl[p] blocks at nl[p] * off_i];
+ *  - reduce_scatter: the combined input ordered per destination process p (at fr[p] * T):
+ *    [op i: blocks fr[p] .. fr[p] + nl[p] - 1 of its combined input], so MPI's counts are
+ *    nl[p] * T; this process gets [op i: its nl blocks at nl * off_i].
+ * Each element meets the same local kernel and the same MPI datatype and op as unfused.
+ * Lock held.
+ */
+static int post_fused(ccq_hmpi_op *h)
+{
+    ccq_hmpi_comm *c = h->c;
+    const ccq_be_op *op0 = h->ops[0];
+    ccq_dtype dt = (ccq_dtype)op0->dtype;
+    size_t es = esize(dt), T = h->total, off;
+    uint32_t nl = op0->nparts, nr = c->nranks;
+    int P = c->nprocs, me = c->me;
+    int *cnts = h->v, *disp = h->v + P;
+    MPI_Datatype t = mpi_type(dt), rt;
+    MPI_Op mop;
+
+    switch (op0->kind) {
+    case CCQ_KIND_ALL_REDUCE: {
+        char *in = scratch(h, H_BUF_SCRATCH, T * es), *o = scratch(h, H_BUF_RECV, T * es);
+        if (in == NULL || o == NULL)
+            return -1;
+        off = 0;
+        for (uint32_t i = 0; i < h->nops; i++) {
+            const ccq_be_op *op = h->ops[i];
+            if (nl > 1)
+                combine(op, 0, op->count, in + off * es);
+            else
+                copy(in + off * es, op->parts[0].src, op->count * es);
+            off += op->count;
+        }
+        h->out = o;
+        mpi_reduction(dt, (ccq_reduce_op)op0->redop, &rt, &mop);
+        h->what = "MPI_Iallreduce";
+        return MPI_Iallreduce(in, o, (int)T, rt, mop, c->mc, &h->req);
+    }
+    case CCQ_KIND_BROADCAST: {
+        int rp = owner(c, op0->root);
+        char *b = scratch(h, H_BUF_SCRATCH, T * es);
+        if (b == NULL)
+            return -1;
+        off = 0;
+        for (uint32_t i = 0; rp == me && i < h->nops; i++) {
+            const ccq_be_op *op = h->ops[i];
+            copy(b + off * es, op->parts[op->root - c->first_rank].src, op->count * es);
+            off += op->count;
+        }
+        h->out = b;
+        h->what = "MPI_Ibcast";
+        return MPI_Ibcast(b, (int)T, t, rp, c->mc, &h->req);
+    }
+    case CCQ_KIND_ALL_GATHER: {
+        char *sb = scratch(h, H_BUF_SCRATCH, nl * T * es),
+             *rb = scratch(h, H_BUF_RECV, nr * T * es);
+        if (sb == NULL || rb == NULL)
+            return -1;
+        off = 0;
+        for (uint32_t i = 0; i < h->nops; i++) {
+            const ccq_be_op *op = h->ops[i];
+            for (uint32_t k = 0; k < nl; k++)
+                copy(sb + (nl * off + k * op->count) * es, op->parts[k].src, op->count * es);
+            off += op->count;
+        }
+        for (int p = 0; p < P; p++) {
+            cnts[p] = c->nl[p] * (int)T;
+            disp[p] = c->fr[p] * (int)T;
+        }
+        h->out = rb;
+        h->what = "MPI_Iallgatherv";
+        return MPI_Iallgatherv(sb, (int)(nl * T), t, rb, cnts, disp, t, c->mc, &h->req);
+    }
+    case CCQ_KIND_REDUCE_SCATTER: {
+        char *in = scratch(h, H_BUF_SCRATCH, nr * T * es), *r = scratch(h, H_BUF_RECV, nl * T * es);
+        if (in == NULL || r == NULL)
+            return -1;
+        off = 0;
+        for (uint32_t i = 0; i < h->nops; i++) {
+            const ccq_be_op *op = h->ops[i];
+            size_t cnt = op->count;
+            for (int p = 0; p < P; p++) {
+                char *d = in + ((size_t)c->fr[p] * T + (size_t)c->nl[p] * off) * es;
+                size_t first = (size_t)c->fr[p] * cnt, n = (size_t)c->nl[p] * cnt;
+                if (nl > 1)
+                    combine(op, first * es, n, d);
+                else
+                    copy(d, (const char *)op->parts[0].src + first * es, n * es);
+            }
+            off += cnt;
+        }
+        for (int p = 0; p < P; p++)
+            cnts[p] = c->nl[p] * (int)T;
+        h->out = r;
+        mpi_reduction(dt, (ccq_reduce_op)op0->redop, &rt, &mop);
+        h->what = "MPI_Ireduce_scatter";
+        return MPI_Ireduce_scatter(in, r, cnts, rt, mop, c->mc, &h->req);
+    }
+    default:
+        h->what = "?";
+        return MPI_ERR_OP;
+    }
+}
+
+/* After MPI completed a fused operation: every op's local outputs, from h->out. */
+static void finish_fused(ccq_hmpi_op *h)
+{
+    ccq_hmpi_comm *c = h->c;
+    const ccq_be_op *op0 = h->ops[0];
+    ccq_dtype dt = (ccq_dtype)op0->dtype;
+    size_t es = esize(dt), T = h->total, off = 0;
+    uint32_t nl = op0->nparts;
+    bool avg = op0->redop == CCQ_AVG;
+    const char *o = h->out;
+
+    if (avg && op0->kind == CCQ_KIND_ALL_REDUCE)
+        divide(dt, h->out, T, c->nranks);
+    if (avg && op0->kind == CCQ_KIND_REDUCE_SCATTER)
+        divide(dt, h->out, nl * T, c->nranks);
+    for (uint32_t i = 0; i < h->nops; i++) {
+        const ccq_be_op *op = h->ops[i];
+        size_t cnt = op->count, blk = cnt * es;
+        for (uint32_t k = 0; k < nl; k++) {
+            char *d = op->parts[k].dst;
+            switch (op0->kind) {
+            case CCQ_KIND_ALL_REDUCE:
+            case CCQ_KIND_BROADCAST:
+                copy(d, o + off * es, blk);
+                break;
+            case CCQ_KIND_ALL_GATHER:
+                for (int p = 0; p < c->nprocs; p++)
+                    for (int j = 0; j < c->nl[p]; j++)
+                        copy(d + (size_t)(c->fr[p] + j) * blk,
+                             o + ((size_t)c->fr[p] * T + (size_t)c->nl[p] * off + j * cnt) * es,
+                             blk);
+                break;
+            default: /* reduce_scatter */
+                copy(d, o + (nl * off + k * cnt) * es, blk);
+                break;
+            }
+        }
+        off += cnt;
+    }
+}
+
+ccq_status ccq_hmpi_start_fused(ccq_hmpi_comm *c, const ccq_be_op *const *ops, uint32_t n,
+                                uint64_t now_ns, ccq_hmpi_op **out, ccq_errbuf *err)
+{
+    ccq_hmpi_op *h;
+    double total = 0, all;
+    uint8_t kind = ops[0]->kind;
+
+    *out = NULL;
+    for (uint32_t i = 0; i < n; i++)
+        total += (double)ops[i]->count;
+    /* The largest count MPI sees: every rank's blocks for all_gather and reduce_scatter. */
+    all =
+        kind == CCQ_KIND_ALL_GATHER || kind == CCQ_KIND_REDUCE_SCATTER ? total * c->nranks : total;
+    if (all > (double)INT_MAX) {
+        snprintf(err->msg, sizeof err->msg,
+                 "%u fused %s of %.0f elements on %u ranks across processes: MPI's int counts "
+                 "hold at most %d elements per call",
+                 n, kind_name(kind), total, c->nranks, INT_MAX);
+        return CCQ_ERR_UNSUPPORTED;
+    }
+    h = calloc(1, sizeof *h + 4 * (size_t)c->nprocs * sizeof(int));
+    if (h == NULL) {
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        return CCQ_ERR_NO_MEMORY;
+    }
+    h->v = (int *)(h + 1);
+    h->c = c;
+    h->op = ops[0];
+    h->ops = ops;
+    h->nops = n;
+    h->total = (size_t)total;
+    h->req = MPI_REQUEST_NULL;
+    h->start_ns = now_ns;
+    return launch(h, true, out, err);
+}
+
+/* Post an agreement: MIN of h->minvec (copied to engine scratch, so one given up never writes
+ * the caller's vector). Lock held. */
+static int post_min(ccq_hmpi_op *h)
+{
+    int64_t *buf = scratch(h, H_BUF_SCRATCH, h->nmin * sizeof *buf);
+    if (buf == NULL)
+        return -1;
+    memcpy(buf, h->minvec, h->nmin * sizeof *buf);
+    h->what = "MPI_Iallreduce";
+    return MPI_Iallreduce(MPI_IN_PLACE, buf, (int)h->nmin, MPI_INT64_T, MPI_MIN, h->c->mc, &h->req);
+}
+
+ccq_status ccq_hmpi_start_min(ccq_hmpi_comm *c, int64_t *vec, uint32_t n, uint64_t now_ns,
+                              ccq_hmpi_op **out, ccq_errbuf *err)
+{
+    ccq_hmpi_op *h = calloc(1, sizeof *h);
+
+    *out = NULL;
+    if (h == NULL) {
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        return CCQ_ERR_NO_MEMORY;
+    }
+    h->c = c;
+    h->minvec = vec;
+    h->nmin = n;
+    h->req = MPI_REQUEST_NULL;
+    h->start_ns = now_ns;
+    h->what = "MPI_Iallreduce";
+    return launch(h, true, out, err);
+}
+
 ccq_status ccq_hmpi_test(ccq_hmpi_op *h, ccq_errbuf *err)
 {
     int flag = 0, rc;
@@ -998,6 +1238,8 @@ ccq_status ccq_hmpi_test(ccq_hmpi_op *h, ccq_errbuf *err)
         ccq_status st = mpi_err(err, rc, h->what);
         /* The request is freed by a failed MPI_Test only if it completed; keep it. */
         h->op = NULL;
+        h->ops = NULL;
+        h->minvec = NULL;
         h->next = abandoned;
         abandoned = h;
         nabandoned++;
@@ -1009,7 +1251,12 @@ ccq_status ccq_hmpi_test(ccq_hmpi_op *h, ccq_errbuf *err)
         return CCQ_IN_PROGRESS;
     }
     ccq_mpi_unlock();
-    finish(h, h->op);
+    if (h->minvec != NULL)
+        memcpy(h->minvec, h->buf[H_BUF_SCRATCH], h->nmin * sizeof *h->minvec);
+    else if (h->ops != NULL)
+        finish_fused(h);
+    else
+        finish(h, h->op);
     ccq_mpi_lock();
     op_free(h);
     ccq_mpi_unlock();
@@ -1021,10 +1268,21 @@ void ccq_hmpi_describe(const ccq_hmpi_op *h, uint64_t now_ns, ccq_errbuf *err)
     const ccq_hmpi_comm *c = h->c;
     const ccq_be_op *op = h->op;
     size_t w;
-    w = (size_t)snprintf(err->msg, sizeof err->msg,
-                         "%s (%s, %zu x %s, sequence %" PRIu64 ") among processes ", h->what,
-                         op ? kind_name(op->kind) : "?", op ? op->count : 0,
-                         op ? dtype_name(op->dtype) : "?", op ? op->seq : 0);
+    if (h->nmin > 0)
+        w = (size_t)snprintf(err->msg, sizeof err->msg,
+                             "%s (fusion agreement, %u x int64) among processes ", h->what,
+                             h->nmin);
+    else if (h->nops > 1)
+        w = (size_t)snprintf(
+            err->msg, sizeof err->msg,
+            "%s (%u fused %s, %zu x %s in all, sequences %" PRIu64 "-%" PRIu64 ") among processes ",
+            h->what, h->nops, op ? kind_name(op->kind) : "?", h->total,
+            op ? dtype_name(op->dtype) : "?", op ? op->seq : 0, op ? op->seq + h->nops - 1 : 0);
+    else
+        w = (size_t)snprintf(err->msg, sizeof err->msg,
+                             "%s (%s, %zu x %s, sequence %" PRIu64 ") among processes ", h->what,
+                             op ? kind_name(op->kind) : "?", op ? op->count : 0,
+                             op ? dtype_name(op->dtype) : "?", op ? op->seq : 0);
     for (int p = 0; p < c->nprocs && w < sizeof err->msg; p++) {
         if (p == 16) {
             w +=
@@ -1068,6 +1326,8 @@ void ccq_hmpi_abandon(ccq_hmpi_op *h)
 {
     ccq_mpi_lock();
     h->op = NULL;
+    h->ops = NULL;
+    h->minvec = NULL;
     h->next = abandoned;
     abandoned = h;
     nabandoned++;

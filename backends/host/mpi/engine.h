@@ -73,6 +73,17 @@ void ccq_hmpi_comm_destroy(ccq_hmpi_comm *c);
 ccq_status ccq_hmpi_start(ccq_hmpi_comm *c, const ccq_be_op *op, uint64_t now_ns, ccq_hmpi_op **out,
                           ccq_errbuf *err);
 
+/* Fusion (docs/fusion.md): one MPI operation over ops[0..n-1], a group of ccq_fuse_group
+ * (all_reduce, broadcast, all_gather or reduce_scatter), every member process posting the
+ * same group at the same point; the local outputs of every op are written by the test that
+ * completes it. ops (the array too) must stay valid as ccq_hmpi_start's op. */
+ccq_status ccq_hmpi_start_fused(ccq_hmpi_comm *c, const ccq_be_op *const *ops, uint32_t n,
+                                uint64_t now_ns, ccq_hmpi_op **out, ccq_errbuf *err);
+/* The fusion agreement's transport: MPI_Iallreduce(MIN) of vec[0..n-1] (int64) among the
+ * member processes, on engine scratch; the test that completes it copies the minimum into vec. */
+ccq_status ccq_hmpi_start_min(ccq_hmpi_comm *c, int64_t *vec, uint32_t n, uint64_t now_ns,
+                              ccq_hmpi_op **out, ccq_errbuf *err);
+
 /* Test it (MPI progresses only inside MPI calls: this is where it moves). CCQ_OK: done,
  * every local output written, h freed; CCQ_IN_PROGRESS; or an error (h freed, err set). */
 ccq_status ccq_hmpi_test(ccq_hmpi_op *h, ccq_errbuf *err);

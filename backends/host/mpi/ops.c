@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/fuse.h"
 #include "backends/host/engine.h"
 #include "backends/host/mpi/engine.h"
 
@@ -177,6 +178,20 @@ static ccq_status mpi_start(ccq_host_engine *e, ccq_heng_comm *c, const ccq_be_o
     return ccq_hmpi_start(c->mpi, op, now_ns, (ccq_hmpi_op **)out, err);
 }
 
+static ccq_status mpi_start_fused(ccq_host_engine *e, ccq_heng_comm *c, const ccq_be_op *const *ops,
+                                  uint32_t n, uint64_t now_ns, ccq_heng_op **out, ccq_errbuf *err)
+{
+    (void)e;
+    return ccq_hmpi_start_fused(c->mpi, ops, n, now_ns, (ccq_hmpi_op **)out, err);
+}
+
+static ccq_status mpi_start_min(ccq_host_engine *e, ccq_heng_comm *c, int64_t *vec, uint32_t n,
+                                uint64_t now_ns, ccq_heng_op **out, ccq_errbuf *err)
+{
+    (void)e;
+    return ccq_hmpi_start_min(c->mpi, vec, n, now_ns, (ccq_hmpi_op **)out, err);
+}
+
 static ccq_status mpi_test(ccq_host_engine *e, ccq_heng_op *h, ccq_errbuf *err)
 {
     ccq_status st = ccq_hmpi_test((ccq_hmpi_op *)h, err);
@@ -236,6 +251,9 @@ static const ccq_host_engine_ops mpi_engine_ops = {
     .detach = mpi_detach,
     .reap = mpi_reap,
     .poll_interval = mpi_poll_interval,
+    .fuse_kinds = CCQ_FUSE_KINDS_ALL,
+    .start_fused = mpi_start_fused,
+    .start_min = mpi_start_min,
 };
 
 const ccq_host_engine_ops *ccq_host_engine_mpi(void)

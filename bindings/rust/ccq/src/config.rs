@@ -172,6 +172,14 @@ impl Config {
         self.raw.check_signatures = on.into();
         self
     }
+    /// Fusion of small collectives (docs/fusion.md): operations of one batch on one
+    /// communicator with the same kind, dtype and op, each below `bytes`, run as one engine
+    /// operation over their concatenation, up to `bytes` per fused operation; every command
+    /// keeps its own completion and error. 0 = off; default 1 MiB. Env: `CCQ_FUSION_BYTES`.
+    pub fn fusion_bytes(mut self, bytes: u64) -> Self {
+        self.raw.fusion_bytes = bytes;
+        self
+    }
     /// Host backend: operations moving at least this many bytes use streaming stores
     /// (0 = default, 64 MiB; `u64::MAX` = never). Env: `CCQ_HOST_STREAM_BYTES`.
     pub fn host_stream_bytes(mut self, bytes: u64) -> Self {
@@ -255,6 +263,10 @@ impl Config {
     /// Whether the cross-process signature check is asked for.
     pub fn get_check_signatures(&self) -> bool {
         self.raw.check_signatures != 0
+    }
+    /// Fusion threshold (0 = off).
+    pub fn get_fusion_bytes(&self) -> u64 {
+        self.raw.fusion_bytes
     }
     /// Streaming-store threshold.
     pub fn get_host_stream_bytes(&self) -> u64 {
