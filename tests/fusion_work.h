@@ -25,25 +25,33 @@ static const uint32_t fw_sixteenths[] = {0, 4, 15, 16, 8, 8, 12, 0, 32, 3, 5, 9,
 #define FW_NSIZES (sizeof fw_sixteenths / sizeof fw_sixteenths[0])
 
 /* The plan: runs of all_reduce, broadcast (two roots), all_gather and reduce_scatter (or
- * all_reduce only), each run of FW_NSIZES ops with the sizes above. Returns the op count. */
-static inline size_t fw_plan(fw_op *ops, size_t cap, ccq_dtype dt, uint64_t F, uint32_t nranks,
-                             bool all_kinds)
+ * all_reduce only), each run of FW_NSIZES ops with the sizes above, the kinds cycling, until
+ * nops ops (at most cap) or, with nops == 0, one cycle (6 runs; 2 of all_reduce only).
+ * Returns the op count. */
+static inline size_t fw_plan_n(fw_op *ops, size_t cap, size_t nops, ccq_dtype dt, uint64_t F,
+                               uint32_t nranks, bool all_kinds)
 {
     static const ccq_kind run_kinds[] = {CCQ_KIND_ALL_REDUCE,     CCQ_KIND_BROADCAST,
                                          CCQ_KIND_BROADCAST,      CCQ_KIND_ALL_GATHER,
                                          CCQ_KIND_REDUCE_SCATTER, CCQ_KIND_ALL_REDUCE};
-    size_t es = ref_dtype_size(dt), n = 0;
-    size_t nruns = all_kinds ? sizeof run_kinds / sizeof run_kinds[0] : 2;
-    for (size_t r = 0; r < nruns; r++) {
-        for (size_t i = 0; i < FW_NSIZES && n < cap; i++) {
+    size_t es = ref_dtype_size(dt), n = 0, nk = sizeof run_kinds / sizeof run_kinds[0];
+    size_t want = nops ? nops : (all_kinds ? nk : 2) * FW_NSIZES;
+    for (size_t r = 0; n < want && n < cap; r++) {
+        for (size_t i = 0; i < FW_NSIZES && n < want && n < cap; i++) {
             size_t bytes = (size_t)(F * fw_sixteenths[i] / 16);
             fw_op *o = &ops[n++];
-            o->kind = all_kinds ? run_kinds[r] : CCQ_KIND_ALL_REDUCE;
+            o->kind = all_kinds ? run_kinds[r % nk] : CCQ_KIND_ALL_REDUCE;
             o->count = bytes / es > 0 ? bytes / es : 1;
-            o->root = r == 2 ? nranks - 1 : 0;
+            o->root = r % nk == 2 ? nranks - 1 : 0;
         }
     }
     return n;
+}
+
+static inline size_t fw_plan(fw_op *ops, size_t cap, ccq_dtype dt, uint64_t F, uint32_t nranks,
+                             bool all_kinds)
+{
+    return fw_plan_n(ops, cap, 0, dt, F, nranks, all_kinds);
 }
 
 /* Whether op may fuse at all, and whether b may follow a in a fused op (docs/fusion.md). */
