@@ -8,16 +8,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define DDP_MAX_PARAMS 100000
+#define DDP_MAX_PARAMS  100000
 #define DDP_MAX_CLASSES 8
 
 /* The default step (issue 27): 500 x 1 KiB, 90 x 64 KiB, 10 x 1 MiB, about 15.6 MiB. */
 #define DDP_DEFAULT_SPEC "500x1K,90x64K,10x1M"
 
 typedef struct ddp_params {
-    size_t n;       /* parameters */
-    size_t *count;  /* [n]: float32 elements of each, in submission order */
-    size_t total;   /* elements in all */
+    size_t n;      /* parameters */
+    size_t *count; /* [n]: float32 elements of each, in submission order */
+    size_t total;  /* elements in all */
     size_t maxcount;
 } ddp_params;
 

@@ -262,17 +262,17 @@ int main(int argc, char **argv)
                    "%llu: median %.3f ms (min %.3f, p90 %.3f) over %zu steps, %llu engine ops "
                    "per step\n",
                    x->world_size, b.g, b.p.n, (double)b.p.total * 4 / 1048576.0,
-                   b.order ? b.order : "interleaved", (unsigned long long)b.fusion[v], med, lo,
-                   p90, n, (unsigned long long)x->engine_ops);
+                   b.order ? b.order : "interleaved", (unsigned long long)b.fusion[v], med, lo, p90,
+                   n, (unsigned long long)x->engine_ops);
             bench_json_record(&js,
-                           "\"mode\": \"ccq\", \"procs\": %u, \"devices\": %u, \"params\": %zu, "
-                           "\"bytes\": %zu, \"order\": \"%s\", \"fusion_bytes\": %llu, "
-                           "\"default\": %s, \"median_ms\": %.4f, \"min_ms\": %.4f, \"p90_ms\": "
-                           "%.4f, \"steps\": %zu, \"engine_ops\": %llu",
-                           x->world_size, b.g, b.p.n, b.p.total * 4,
-                           b.order ? b.order : "interleaved", (unsigned long long)b.fusion[v],
-                           b.dflt[v] ? "true" : "false", med, lo, p90, n,
-                           (unsigned long long)x->engine_ops);
+                              "\"mode\": \"ccq\", \"procs\": %u, \"devices\": %u, \"params\": %zu, "
+                              "\"bytes\": %zu, \"order\": \"%s\", \"fusion_bytes\": %llu, "
+                              "\"default\": %s, \"median_ms\": %.4f, \"min_ms\": %.4f, \"p90_ms\": "
+                              "%.4f, \"steps\": %zu, \"engine_ops\": %llu",
+                              x->world_size, b.g, b.p.n, b.p.total * 4,
+                              b.order ? b.order : "interleaved", (unsigned long long)b.fusion[v],
+                              b.dflt[v] ? "true" : "false", med, lo, p90, n,
+                              (unsigned long long)x->engine_ops);
         }
         free(mx);
     }
