@@ -109,7 +109,8 @@ static ccq_runtime *make_rt(bool fuse)
 }
 
 /* Submit the run in one batch (behind the blocker); script is called just before release. */
-static void run_batch(ccq_runtime *rt, run *r, ccq_dtype dt, ccq_reduce_op op, void (*script)(void))
+static void run_batch(ccq_runtime *rt, run *r, ccq_dtype dt, ccq_reduce_op op, void (*script)(void),
+                      long mismatch)
 {
     blocker b = {.rt = rt};
     float one[NDEV], out[NDEV];
@@ -140,7 +141,7 @@ static void run_batch(ccq_runtime *rt, run *r, ccq_dtype dt, ccq_reduce_op op, v
     for (size_t i = 0; i < r->n; i++)
         for (uint32_t k = 0; k < NDEV; k++)
             ok(ccq_all_reduce(rt, k, (ccq_stream_id)((i + k) % NS), r->buf[i][k], r->buf[i][k],
-                              r->ops[i].count, dt, op, ALL, NDEV),
+                              r->ops[i].count - (k == 1 && (long)i == mismatch), dt, op, ALL, NDEV),
                "submit");
     fake_log_reset();
     if (script != NULL)
@@ -169,10 +170,12 @@ static void run_free(ccq_runtime *rt, run *r)
 }
 
 /* Every result is the reference (the fake reduces with the host kernels, in rank order). */
-static void check_results(const run *r)
+static void check_results(const run *r, long skip)
 {
     for (size_t i = 0; i < r->n; i++) {
         size_t c = r->ops[i].count;
+        if ((long)i == skip)
+            continue;
         void *want = xmalloc(c * ref_dtype_size(r->dt));
         char msg[256];
         const void *in[NDEV] = {r->in[i][0], r->in[i][1], r->in[i][2], r->in[i][3]};
@@ -198,7 +201,7 @@ static fake_call entry(size_t i)
  * stream a cudaMemcpyBatchAsync of the group's copies before ncclGroupStart and one after
  * ncclGroupEnd, before that stream's completion event. Returns the fused groups.
  */
-static size_t check_calls(const run *r)
+static size_t check_calls(const run *r, long failed)
 {
     size_t ngroups = 0, nlog = fake_log_size();
     /* The batch's group (the blocker's ncclGroupEnd, released last, may come before it). */
@@ -206,7 +209,9 @@ static size_t check_calls(const run *r)
     long ge = gs >= 0 ? fake_log_find("ncclGroupEnd", (size_t)gs) : -1;
     assert_true(gs >= 0 && ge > gs);
     for (size_t i = 0; i < r->n;) {
-        size_t g = fw_group(r->ops, i, r->n, r->dt, F), total = 0;
+        /* a failed op is never in the batch: the groups are cut around it */
+        size_t end = failed >= (long)i ? (size_t)failed : r->n;
+        size_t g = (long)i == failed ? 1 : fw_group(r->ops, i, end, r->dt, F), total = 0;
         if (g < 2) {
             i++;
             continue;
@@ -262,10 +267,10 @@ static void test_fused_identical(void **state)
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         run *a = xmalloc(sizeof *a), *b = xmalloc(sizeof *b);
         ccq_runtime *rt = make_rt(false);
-        run_batch(rt, a, cases[c].dt, cases[c].op, NULL);
+        run_batch(rt, a, cases[c].dt, cases[c].op, NULL, -1);
         ok(a->st, "unfused");
         assert_int_equal(fake_log_count("cudaMemcpyBatchAsync"), 0); /* not opted in */
-        check_results(a);
+        check_results(a, -1);
         for (size_t i = 0; i < a->n; i++) /* keep the results on the host, free the buffers */
             for (uint32_t k = 0; k < NDEV; k++) {
                 size_t bytes = a->ops[i].count * ref_dtype_size(a->dt);
@@ -277,10 +282,10 @@ static void test_fused_identical(void **state)
         ok(ccq_runtime_destroy(rt), "destroy");
         g_rt = NULL;
         rt = make_rt(true);
-        run_batch(rt, b, cases[c].dt, cases[c].op, NULL);
+        run_batch(rt, b, cases[c].dt, cases[c].op, NULL, -1);
         ok(b->st, "fused");
-        check_results(b);
-        assert_true(check_calls(b) > 0);
+        check_results(b, -1);
+        assert_true(check_calls(b, -1) > 0);
         for (size_t i = 0; i < a->n; i++)
             for (uint32_t k = 0; k < NDEV; k++)
                 assert_memory_equal(a->buf[i][k], b->buf[i][k],
@@ -312,11 +317,11 @@ static void test_nonblocking_launch(void **state)
     (void)state;
     run *r = xmalloc(sizeof *r);
     ccq_runtime *rt = make_rt(true);
-    run_batch(rt, r, CCQ_FLOAT32, CCQ_SUM, script_in_progress);
+    run_batch(rt, r, CCQ_FLOAT32, CCQ_SUM, script_in_progress, -1);
     ok(r->st, "fused, launched in the background");
     assert_true(fake_log_count("ncclCommGetAsyncError") > 0);
-    check_results(r);
-    assert_true(check_calls(r) > 0);
+    check_results(r, -1);
+    assert_true(check_calls(r, -1) > 0);
     run_free(rt, r);
     free(r);
 }
@@ -332,11 +337,26 @@ static void test_copy_fails(void **state)
     (void)state;
     run *r = xmalloc(sizeof *r);
     ccq_runtime *rt = make_rt(true);
-    run_batch(rt, r, CCQ_FLOAT32, CCQ_SUM, script_copy_fails);
+    run_batch(rt, r, CCQ_FLOAT32, CCQ_SUM, script_copy_fails, -1);
     assert_int_equal(r->st, CCQ_ERR_BACKEND);
     if (strstr(r->detail, "cudaMemcpyBatchAsync") == NULL)
         fail_msg("detail: %s", r->detail);
     assert_int_equal(fake_log_count("ncclGroupStart"), 0);
+    run_free(rt, r);
+    free(r);
+}
+
+/* A mismatch inside what would be a fused group (ops 4 and 5 fuse; op 5 mismatches): op 5
+ * fails alone, the groups are cut around it, every other op fused or not is right. */
+static void test_mismatch_inside_group(void **state)
+{
+    (void)state;
+    run *r = xmalloc(sizeof *r);
+    ccq_runtime *rt = make_rt(true);
+    run_batch(rt, r, CCQ_FLOAT32, CCQ_SUM, NULL, 5);
+    assert_int_equal(r->st, CCQ_ERR_MISMATCH);
+    check_results(r, 5);
+    assert_true(check_calls(r, 5) > 0);
     run_free(rt, r);
     free(r);
 }
@@ -347,6 +367,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_fused_identical, setup, teardown),
         cmocka_unit_test_setup_teardown(test_nonblocking_launch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_copy_fails, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_mismatch_inside_group, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
