@@ -31,3 +31,24 @@ ccq_build() {
     cmake -S "$CCQ_ROOT" -B "$dir" "$@" >/dev/null &&
         cmake --build "$dir" -j"$(nproc)"
 }
+
+# Build only <targets> (space-separated) in <dir>, configuring it with the remaining cmake
+# args only if it has never been configured (an existing build keeps its options), with all
+# output in <dir>/<log>; on failure print the log's tail. Prints one status line.
+# Usage: ccq_build_targets <dir> <log name> "<targets>" [cmake args...]
+ccq_build_targets() {
+    local dir=$1 log=$2 targets=$3 start=$SECONDS
+    shift 3
+    mkdir -p "$dir"
+    log=$dir/$log
+    : >"$log"
+    # shellcheck disable=SC2086 # targets are words
+    if { [ -f "$dir/CMakeCache.txt" ] || cmake -S "$CCQ_ROOT" -B "$dir" "$@" >>"$log" 2>&1; } &&
+        cmake --build "$dir" -j"$(nproc)" --target $targets >>"$log" 2>&1; then
+        echo "== built $targets in $dir ($((SECONDS - start)) s; log: $log)"
+    else
+        tail -n 40 "$log" >&2
+        echo "== building $targets in $dir failed (log: $log)" >&2
+        return 1
+    fi
+}
