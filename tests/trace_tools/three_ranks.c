@@ -100,9 +100,9 @@ int main(int argc, char **argv)
         return 1;
     }
     const char *want = strcmp(j.mode, "skip") == 0 ? "not all ranks joined all_reduce #7: "
-                                                     "missing ranks {1}"
+                                                     "missing rank 1 (device 1, process 1)"
                                                    : "not all ranks joined all_reduce #5: "
-                                                     "missing ranks {1}";
+                                                     "missing rank 1 (device 1, process 1)";
     snprintf(cmd, sizeof cmd,
              "python3 '%s' analyze %s/trace.0.json %s/trace.1.json %s/trace.2.json > %s/out.txt; "
              "rc=$?; cat %s/out.txt; test $rc = 1 && grep -qF '%s' %s/out.txt",
