@@ -255,8 +255,8 @@ static void test_world_size_mismatch(void **state)
         fail_msg("processes exited with %d, %d", status[0], status[1]);
 }
 
-/* A communicator over the whole world on the host backend: every process meets the others,
- * then the host backend refuses it (it runs one process's communicators only). */
+/* A communicator over the whole world on the host backend with the file bootstrap: MPI is
+ * not initialised, so the host backend, which spans processes only over MPI, refuses it. */
 static void test_world_comm_span_host(void **state)
 {
     (void)state;

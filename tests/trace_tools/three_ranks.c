@@ -7,9 +7,9 @@
  * sequence named is the last one, #7 (what a job that skipped a call really shows without
  * the signature check).
  *
- * Needs the world of issue 13 (on main) and the fake NCCL across processes
- * (tests/fake/fake_xproc.c, branch i13fake): not built before that is on main; see
- * tests/CMakeLists.txt, CCQ_TEST_THREE_RANKS.
+ * Built with the NCCL backend (against the fake NCCL across processes, tests/fake/fake_xproc.c);
+ * ctest trace_three_ranks_stop and _skip. examples/hung_rank.c is the same story on the host
+ * backend over MPI (docs/tracing.md).
  *
  * usage: three_ranks CCQ_TRACE [stop|skip]   (exit 0 when analyze said what it must) */
 #include <stdio.h>
