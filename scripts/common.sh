@@ -4,6 +4,9 @@
 
 CCQ_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CCQ_DEBS="build-essential cmake pkg-config libck-dev libcmocka-dev python3 openmpi-bin libopenmpi-dev"
+# What the test suite needs beyond the build: Doxygen, for the API reference's check (ctest
+# api_docs; the `docs` target). scripts/test.sh installs these too.
+CCQ_TEST_DEBS="doxygen"
 
 ccq_need_pkg() {
     dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"

@@ -3,7 +3,7 @@
 # Usage: ./scripts/test.sh [build-dir]      (CCQ_SANITIZE=address|thread|... for a sanitizer build)
 set -euo pipefail
 . "$(dirname "$0")/common.sh"
-ccq_install_deps
+ccq_install_deps $CCQ_TEST_DEBS
 dir=${1:-$CCQ_ROOT/build}
 args=(-DCCQ_WERROR=ON)
 [ -n "${CCQ_SANITIZE:-}" ] && args+=(-DCCQ_SANITIZE="$CCQ_SANITIZE" -DCMAKE_BUILD_TYPE=Debug)
