@@ -208,7 +208,8 @@ typedef struct ccq_config {
     uint32_t world_size;           /**< Processes in the job (default 1: this one alone). Env:
                                         CCQ_WORLD_SIZE, else OMPI_COMM_WORLD_SIZE or PMI_SIZE. */
     const char *bootstrap;         /**< How processes meet: "mpi", "file:DIR" (a directory every
-                                        process sees), or NULL to use `store`. Env: CCQ_BOOTSTRAP. */
+                                        process sees; created, mode 0700, if missing), or NULL
+                                        to use `store`. Env: CCQ_BOOTSTRAP. */
     const struct ccq_store *store; /**< The embedder's key-value store (bootstrap NULL). Borrowed
                                         until ccq_runtime_destroy returns. */
     int64_t mpi_comm; /**< For "mpi": MPI_Comm_c2f() of the embedder's communicator; -1 (the
