@@ -639,6 +639,19 @@ ccq_be_batch *host_xp_poll(host_xp *x, ccq_be_batch *list)
             pp = &m->next;
             continue;
         }
+        /* Every op ended; what the engine may still hold for them (an op failed before its
+         * engine operation or its check finished) is given up before the batch goes back. */
+        for (uint32_t k = 0; k < b->nops; k++) {
+            if (m->x[k].h != NULL) {
+                eng->ops->abandon(eng, m->x[k].h);
+                x->background++;
+            }
+            if (m->x[k].chk != NULL) {
+                eng->ops->abandon(eng, m->x[k].chk);
+                x->background++;
+            }
+            free(m->x[k].chk_vec);
+        }
         *pp = m->next;
         free(m);
         b->be_priv = NULL;
