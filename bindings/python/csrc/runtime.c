@@ -491,21 +491,20 @@ static PyObject *rt_nccl_stream_wait(ccqpy_runtime *self, PyObject *args)
 
 /* ---- the C baseline of bindings/python/bench/bench_overhead.py ------------------------------ */
 
-/* _c_loop(device, src, dst, count_ops, devices, fence_every): count_ops all_reduce calls of
- * ccq's C API on (device, stream 0) with the buffers' pointers, a ccq_sync_collective after
- * every fence_every of them (0: once at the end); returns the nanoseconds the loop took. The
- * same work as the Python loop it is compared with, minus Python. */
+/* _c_loop(device, src, dst, ops, devices, fence_every, stream): ops all_reduce calls of ccq's
+ * C API on (device, stream) with the buffers' pointers, a ccq_sync_collective after every
+ * fence_every of them (0: once at the end; -1: none); returns the nanoseconds the loop took.
+ * The same work as the Python loop it is compared with, minus Python. */
 static PyObject *rt_c_loop(ccqpy_runtime *self, PyObject *args)
 {
-    unsigned device;
+    unsigned device, stream = 0;
     PyObject *src_o, *dst_o, *devs_o;
     Py_ssize_t ops, every;
-    if (!PyArg_ParseTuple(args, "IOOnOn:_c_loop", &device, &src_o, &dst_o, &ops, &devs_o,
-                          &every))
+    if (!PyArg_ParseTuple(args, "IOOnOn|I:_c_loop", &device, &src_o, &dst_o, &ops, &devs_o,
+                          &every, &stream))
         return NULL;
     ccqpy_buf src, dst;
-    if (check_open(self) ||
-        ccqpy_buf_get(src_o, CCQPY_MEM_HOST, 0, "src", &src) != 0)
+    if (check_open(self) || ccqpy_buf_get(src_o, CCQPY_MEM_HOST, 0, "src", &src) != 0)
         return NULL;
     if (ccqpy_buf_get(dst_o, CCQPY_MEM_HOST, 1, "dst", &dst) != 0) {
         ccqpy_buf_release(&src);
@@ -519,20 +518,20 @@ static PyObject *rt_c_loop(ccqpy_runtime *self, PyObject *args)
     Py_XDECREF(seq);
     ccq_status st = CCQ_OK;
     uint64_t ns = 0;
-    if (!PyErr_Occurred() && ccqpy_enter(self, 1) == 0) {
+    if (!PyErr_Occurred() && src.dtype >= 0 && ccqpy_enter(self, 1) == 0) {
         size_t count = src.nbytes / ccq_dtype_size((ccq_dtype)src.dtype);
         ccq_runtime *rt = self->rt;
         Py_BEGIN_ALLOW_THREADS
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         for (Py_ssize_t i = 0; i < ops && st == CCQ_OK; i++) {
-            st = ccq_all_reduce(rt, device, 0, src.ptr, dst.ptr, count, (ccq_dtype)src.dtype,
-                                CCQ_SUM, ids, (size_t)n);
+            st = ccq_all_reduce(rt, device, stream, src.ptr, dst.ptr, count,
+                                (ccq_dtype)src.dtype, CCQ_SUM, ids, (size_t)n);
             if (st == CCQ_OK && every > 0 && (i + 1) % every == 0)
-                st = ccq_sync_collective(rt, device, 0);
+                st = ccq_sync_collective(rt, device, stream);
         }
         if (st == CCQ_OK && every == 0)
-            st = ccq_sync_collective(rt, device, 0);
+            st = ccq_sync_collective(rt, device, stream);
         clock_gettime(CLOCK_MONOTONIC, &t1);
         ns = (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000000ull + (uint64_t)t1.tv_nsec -
              (uint64_t)t0.tv_nsec;

@@ -231,6 +231,7 @@ static PyObject *submit_coll(ccqpy_runtime *self, const coll *c, PyObject *const
     int op = CCQ_SUM, dtype = -1;
     ccqpy_buf bufs[2] = {{0}, {0}};
     ccqpy_buf *src = &bufs[0], *dst = &bufs[1];
+    int in_place = 0;
     PyObject *result = NULL;
 
     if (nargs < 2 || nargs > 3) {
@@ -277,13 +278,21 @@ static PyObject *submit_coll(ccqpy_runtime *self, const coll *c, PyObject *const
     if (use_dst && dst_o == Py_None)
         return ccqpy_raisef(CCQ_ERR_INVALID_ARGUMENT, "%s: dst is None%s", c->name,
                             c->dst_root_only ? " on the root" : "");
-    if (use_src && src_o != Py_None && ccqpy_buf_get(src_o, mem, 0, "src", src) != 0)
-        return NULL;
-    if (use_dst && dst_o != Py_None && ccqpy_buf_get(dst_o, mem, 1, "dst", dst) != 0)
-        goto out;
-    static const char *const names[2] = {"src", "dst"};
+    if (use_src && use_dst && src_o == dst_o) {
+        /* In place: one export, writable, serves both (and is held once). */
+        if (ccqpy_buf_get(dst_o, mem, 1, "src (in place)", dst) != 0)
+            return NULL;
+        in_place = 1;
+    } else {
+        if (use_src && ccqpy_buf_get(src_o, mem, 0, "src", src) != 0)
+            return NULL;
+        if (use_dst && ccqpy_buf_get(dst_o, mem, 1, "dst", dst) != 0)
+            goto out;
+    }
+    static const char *const names[2] = {"src", "dst"}, *const names_in_place[2] = {
+                                                            "src", "src (in place)"};
     ccqpy_buf *pb[2] = {src, dst};
-    if ((dtype = resolve_dtype(c->name, dtype, pb, names, 2)) < 0)
+    if ((dtype = resolve_dtype(c->name, dtype, pb, in_place ? names_in_place : names, 2)) < 0)
         goto out;
     if (devices_arg(self, kw[KW_DEVICES], stack, 64, &ids, &n) != 0)
         goto out;
@@ -300,7 +309,7 @@ static PyObject *submit_coll(ccqpy_runtime *self, const coll *c, PyObject *const
         goto out;
     }
     ccq_runtime *rt = self->rt;
-    const void *s = src->kind ? src->ptr : NULL;
+    const void *s = in_place ? dst->ptr : src->kind ? src->ptr : NULL;
     void *d = dst->kind ? dst->ptr : NULL;
     size_t cnt = (size_t)count;
     ccq_dtype dt = (ccq_dtype)dtype;

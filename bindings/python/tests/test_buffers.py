@@ -66,7 +66,7 @@ def test_refused_read_only_destination(rt):
     ro.flags.writeable = False
     refused(lambda: rt.all_reduce(0, np.zeros(8, np.float32), ro, devices=DEVS),
             "dst", "read-only")
-    refused(lambda: rt.all_reduce(0, ro, devices=DEVS), "dst", "read-only")  # in place
+    refused(lambda: rt.all_reduce(0, ro, devices=DEVS), "src (in place)", "read-only")
     refused(lambda: rt.recv(0, b"\0" * 8, peer=1), "buf", "read-only")
     # Through DLPack too: NumPy's versioned capsule carries the read-only flag.
     from test_collectives import DLPackOnly
