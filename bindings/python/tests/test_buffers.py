@@ -30,7 +30,7 @@ def test_refused_wrong_dtype(rt):
     refused(lambda: rt.all_reduce(0, a, devices=DEVS, dtype=ccq.INT32),
             "dtype=int32, but src", "holds float32")
     refused(lambda: rt.all_reduce(0, np.zeros(8, np.int16), devices=DEVS),
-            "src holds int16, which is no ccq dtype")
+            "holds int16, which is no ccq dtype")
     refused(lambda: rt.all_reduce(0, np.zeros(8, np.uint16), devices=DEVS),
             "uint16", "dtype=ccq.BFLOAT16")
     refused(lambda: rt.all_reduce(0, np.zeros(8, bool), devices=DEVS), "bool")
