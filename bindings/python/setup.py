@@ -61,7 +61,15 @@ class BuildExt(build_ext):
         ext.include_dirs = [include]
         ext.library_dirs = [lib_dir]
         ext.libraries = ["ccq"]
+        # setuptools rebuilds only when a source is newer than the extension: a build against
+        # another libccq (another CCQ_LIB_DIR, or the bundled one) must relink (its rpath).
+        stamp = os.path.join(self.build_temp, "ccq-linked-against")
+        os.makedirs(self.build_temp, exist_ok=True)
+        if not os.path.exists(stamp) or open(stamp).read() != lib_dir:
+            self.force = True
         super().build_extension(ext)
+        with open(stamp, "w") as f:
+            f.write(lib_dir)
 
     def build_libccq(self):
         """Configure, build and stage this repository's libccq; copy its shared objects next

@@ -345,7 +345,8 @@ static int from_cai(PyObject *obj, PyObject *cai, int writable, const char *name
         !PyTuple_Check(shape) || !typestr || !PyUnicode_Check(typestr))
         return refuse(name, "%s", "__cuda_array_interface__ lacks data, shape or typestr");
     if (mask && mask != Py_None)
-        return refuse(name, "%s", "masked arrays (__cuda_array_interface__ mask) are not supported");
+        return refuse(name, "%s",
+                      "masked arrays (__cuda_array_interface__ mask) are not supported");
     const char *ts = PyUnicode_AsUTF8(typestr);
     if (ts == NULL)
         return -1;

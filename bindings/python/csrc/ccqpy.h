@@ -31,10 +31,10 @@ typedef enum ccqpy_buf_kind {
 /* One user buffer as ccq sees it. Movable with memcpy (the holds keep them in arrays). */
 typedef struct ccqpy_buf {
     ccqpy_buf_kind kind;
-    void *ptr;      /* first byte */
-    size_t nbytes;  /* contiguous bytes */
-    int dtype;      /* ccq_dtype it holds, or -1 when it has none (uint16: a raw view) */
-    int raw_bits;   /* for unsigned integer buffers: the width in bits (8, 16, ...), else 0 */
+    void *ptr;        /* first byte */
+    size_t nbytes;    /* contiguous bytes */
+    int dtype;        /* ccq_dtype it holds, or -1 when it has none (uint16: a raw view) */
+    int raw_bits;     /* for unsigned integer buffers: the width in bits (8, 16, ...), else 0 */
     const char *what; /* what the data was described as, for messages ("float32", "int16") */
     union {
         Py_buffer view;
@@ -59,8 +59,8 @@ int ccqpy_dtype_arg(PyObject *v);
 /* ---- holds (holds.c): buffers kept until a fence covering their command answers ---------- */
 
 typedef struct ccqpy_hold {
-    uint64_t seq;     /* position in its stream's list, from 1 */
-    int n;            /* buffers held */
+    uint64_t seq; /* position in its stream's list, from 1 */
+    int n;        /* buffers held */
     ccqpy_buf buf[2];
 } ccqpy_hold;
 
@@ -88,19 +88,18 @@ void ccqpy_holds_clear(ccqpy_holds *h);
 typedef struct ccqpy_store ccqpy_store;
 
 typedef struct ccqpy_runtime {
-    PyObject_HEAD
-    ccq_runtime *rt;      /* NULL before __init__ succeeded and after close() */
-    int closing;          /* close() has begun: submitting calls are refused */
-    Py_ssize_t active;    /* threads inside a C call on rt (changed with the GIL held) */
-    ccq_device_id first;  /* this process's devices: [first, first + nlocal) */
+    PyObject_HEAD ccq_runtime *rt; /* NULL before __init__ succeeded and after close() */
+    int closing;                   /* close() has begun: submitting calls are refused */
+    Py_ssize_t active;             /* threads inside a C call on rt (changed with the GIL held) */
+    ccq_device_id first;           /* this process's devices: [first, first + nlocal) */
     uint32_t nlocal;
-    uint32_t ndev;        /* devices of the world */
+    uint32_t ndev; /* devices of the world */
     uint32_t max_streams;
-    ccqpy_holds *holds;   /* nlocal * max_streams lists */
-    ccq_device_id *all;   /* 0 .. ndev - 1: devices=None */
-    int cuda;             /* the backend takes CUDA memory (nccl) */
-    PyObject *keep;       /* what the C config points into, kept for the runtime's life */
-    ccqpy_store *store;   /* the bridge to a Python store, or NULL */
+    ccqpy_holds *holds; /* nlocal * max_streams lists */
+    ccq_device_id *all; /* 0 .. ndev - 1: devices=None */
+    int cuda;           /* the backend takes CUDA memory (nccl) */
+    PyObject *keep;     /* what the C config points into, kept for the runtime's life */
+    ccqpy_store *store; /* the bridge to a Python store, or NULL */
     PyObject *weakrefs;
 } ccqpy_runtime;
 

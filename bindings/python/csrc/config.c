@@ -108,8 +108,7 @@ static int set_field(const struct field *f, PyObject *v, ccq_config *cfg, PyObje
         return 0;
     }
     unsigned long long u = PyLong_AsUnsignedLongLong(v);
-    if ((u == (unsigned long long)-1 && PyErr_Occurred()) ||
-        (f->type == T_U32 && u > UINT32_MAX))
+    if ((u == (unsigned long long)-1 && PyErr_Occurred()) || (f->type == T_U32 && u > UINT32_MAX))
         goto range;
     (void)s;
     if (f->type == T_U32) {
@@ -129,8 +128,7 @@ range:
     return -1;
 }
 
-int ccqpy_config_from_kwargs(PyObject *kwargs, ccq_config *cfg, PyObject *keep,
-                             ccqpy_store **store)
+int ccqpy_config_from_kwargs(PyObject *kwargs, ccq_config *cfg, PyObject *keep, ccqpy_store **store)
 {
     PyObject *key, *value;
     Py_ssize_t pos = 0;

@@ -14,12 +14,11 @@
 #include <time.h>
 
 typedef struct ccqpy_fence_obj {
-    PyObject_HEAD
-    ccqpy_runtime *rt;
+    PyObject_HEAD ccqpy_runtime *rt;
     uint32_t device, stream;
     ccq_fence value;
-    uint64_t upto;    /* holds of the stream appended before the value was taken */
-    int answered;     /* test/wait said the commands ended */
+    uint64_t upto;     /* holds of the stream appended before the value was taken */
+    int answered;      /* test/wait said the commands ended */
     ccq_status status; /* ... with this */
     PyObject *detail;  /* ... and this detail (str) */
 } ccqpy_fence_obj;
@@ -95,10 +94,8 @@ PyObject *ccqpy_sync(ccqpy_runtime *self, PyObject *const *args, Py_ssize_t narg
     ccqpy_holds *h = ccqpy_holds_of(self, device, stream);
     uint64_t upto = h ? h->appended : 0; /* read before the fence is taken */
     ccq_runtime *rt = self->rt;
-    Py_BEGIN_ALLOW_THREADS
-    st = ccq_sync_collective(rt, device, stream);
-    Py_END_ALLOW_THREADS
-    PyObject *detail = st != CCQ_OK ? detail_of(self, device, stream) : NULL;
+    Py_BEGIN_ALLOW_THREADS st = ccq_sync_collective(rt, device, stream);
+    Py_END_ALLOW_THREADS PyObject *detail = st != CCQ_OK ? detail_of(self, device, stream) : NULL;
     if (h && st != CCQ_ERR_TIMEOUT && st != CCQ_ERR_INVALID_ARGUMENT)
         ccqpy_holds_release(h, upto);
     ccqpy_leave(self);
@@ -237,8 +234,7 @@ static PyObject *fence_wait(ccqpy_fence_obj *f, PyObject *const *args, Py_ssize_
         if (slice == 0) {
             st = ccq_fence_test(rt, f->device, f->stream, f->value);
         } else {
-            Py_BEGIN_ALLOW_THREADS
-            st = ccq_fence_wait(rt, f->device, f->stream, f->value, slice);
+            Py_BEGIN_ALLOW_THREADS st = ccq_fence_wait(rt, f->device, f->stream, f->value, slice);
             Py_END_ALLOW_THREADS
         }
         int final = settle(f, st);

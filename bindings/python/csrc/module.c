@@ -172,8 +172,11 @@ static PyMethodDef module_methods[] = {
 };
 
 static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "ccq._ccq",
-    "The C extension of ccq's Python package: use the package `ccq`.", -1, module_methods,
+    PyModuleDef_HEAD_INIT,
+    "ccq._ccq",
+    "The C extension of ccq's Python package: use the package `ccq`.",
+    -1,
+    module_methods,
 };
 
 static int add(PyObject *m, const char *name, PyObject *v)

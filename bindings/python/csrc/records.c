@@ -13,12 +13,30 @@ typedef struct rfield {
     const char *doc;
 } rfield;
 
-#define U64(s, f, d)  {#f, R_U64, offsetof(s, f), d}
-#define U32(s, f, d)  {#f, R_U32, offsetof(s, f), d}
-#define I32(s, f, d)  {#f, R_I32, offsetof(s, f), d}
-#define U8(s, f, d)   {#f, R_U8, offsetof(s, f), d}
-#define F64(s, f, d)  {#f, R_F64, offsetof(s, f), d}
-#define HIST(s, f, d) {#f, R_HIST8, offsetof(s, f), d}
+#define U64(s, f, d)                                                                               \
+    {                                                                                              \
+#f, R_U64, offsetof(s, f), d                                                               \
+    }
+#define U32(s, f, d)                                                                               \
+    {                                                                                              \
+#f, R_U32, offsetof(s, f), d                                                               \
+    }
+#define I32(s, f, d)                                                                               \
+    {                                                                                              \
+#f, R_I32, offsetof(s, f), d                                                               \
+    }
+#define U8(s, f, d)                                                                                \
+    {                                                                                              \
+#f, R_U8, offsetof(s, f), d                                                                \
+    }
+#define F64(s, f, d)                                                                               \
+    {                                                                                              \
+#f, R_F64, offsetof(s, f), d                                                               \
+    }
+#define HIST(s, f, d)                                                                              \
+    {                                                                                              \
+#f, R_HIST8, offsetof(s, f), d                                                             \
+    }
 
 static const rfield stats_fields[] = {
     U64(ccq_stats, submitted, "commands accepted by submitting calls"),
@@ -139,12 +157,12 @@ PyObject *ccqpy_event_record(const ccq_event *e)
 
 int ccqpy_records_init(PyObject *mod)
 {
-    stats_type = make_type("ccq.Stats", "ccq_stats: counters of a runtime", stats_fields,
-                           NF(stats_fields));
+    stats_type =
+        make_type("ccq.Stats", "ccq_stats: counters of a runtime", stats_fields, NF(stats_fields));
     metrics_type = make_type("ccq.Metrics", "ccq_metrics: live metrics of a runtime",
                              metrics_fields, NF(metrics_fields));
-    event_type = make_type("ccq.Event", "ccq_event: one event of the flight recorder",
-                           event_fields, NF(event_fields));
+    event_type = make_type("ccq.Event", "ccq_event: one event of the flight recorder", event_fields,
+                           NF(event_fields));
     if (!stats_type || !metrics_type || !event_type)
         return -1;
     if (PyModule_AddObjectRef(mod, "Stats", (PyObject *)stats_type) < 0 ||

@@ -28,8 +28,7 @@ int ccqpy_enter(ccqpy_runtime *self, int submitting)
 
 ccqpy_holds *ccqpy_holds_of(ccqpy_runtime *self, ccq_device_id device, ccq_stream_id stream)
 {
-    if (device < self->first || device - self->first >= self->nlocal ||
-        stream >= self->max_streams)
+    if (device < self->first || device - self->first >= self->nlocal || stream >= self->max_streams)
         return NULL;
     return &self->holds[(size_t)(device - self->first) * self->max_streams + stream];
 }
@@ -48,9 +47,8 @@ static int rt_init(ccqpy_runtime *self, PyObject *args, PyObject *kw)
     ccqpy_store *store = NULL;
     ccq_status st;
     if (PyTuple_GET_SIZE(args) != 0) {
-        PyErr_SetString(PyExc_TypeError,
-                        "Runtime() takes ccq_config fields as keywords only, e.g. "
-                        "Runtime(backend=\"host\", host_devices=4)");
+        PyErr_SetString(PyExc_TypeError, "Runtime() takes ccq_config fields as keywords only, e.g. "
+                                         "Runtime(backend=\"host\", host_devices=4)");
         return -1;
     }
     if (self->rt != NULL || self->closing) {
@@ -64,10 +62,9 @@ static int rt_init(ccqpy_runtime *self, PyObject *args, PyObject *kw)
         goto fail;
     /* Creating a world can wait for the other processes (up to timeout_ms), and a Python
      * store is called from here: the GIL must be free. */
-    Py_BEGIN_ALLOW_THREADS
-    st = ccq_runtime_create(&cfg, &rt);
-    Py_END_ALLOW_THREADS
-    if (st != CCQ_OK) {
+    Py_BEGIN_ALLOW_THREADS st = ccq_runtime_create(&cfg, &rt);
+    Py_END_ALLOW_THREADS if (st != CCQ_OK)
+    {
         ccqpy_raise(st, NULL);
         goto fail;
     }
@@ -91,10 +88,8 @@ static int rt_init(ccqpy_runtime *self, PyObject *args, PyObject *kw)
     self->store = store;
     return 0;
 fail_rt:
-    Py_BEGIN_ALLOW_THREADS
-    ccq_runtime_destroy(rt);
-    Py_END_ALLOW_THREADS
-    PyMem_Free(self->holds);
+    Py_BEGIN_ALLOW_THREADS ccq_runtime_destroy(rt);
+    Py_END_ALLOW_THREADS PyMem_Free(self->holds);
     PyMem_Free(self->all);
     self->holds = NULL;
     self->all = NULL;
@@ -111,10 +106,9 @@ static void destroy(ccqpy_runtime *self)
     if (rt == NULL)
         return;
     self->rt = NULL;
-    Py_BEGIN_ALLOW_THREADS
-    ccq_runtime_destroy(rt);
-    Py_END_ALLOW_THREADS
-    for (size_t i = 0; self->holds && i < (size_t)self->nlocal * self->max_streams; i++)
+    Py_BEGIN_ALLOW_THREADS ccq_runtime_destroy(rt);
+    Py_END_ALLOW_THREADS for (size_t i = 0;
+                              self->holds && i < (size_t)self->nlocal * self->max_streams; i++)
         ccqpy_holds_clear(&self->holds[i]);
     PyMem_Free(self->holds);
     PyMem_Free(self->all);
@@ -131,8 +125,7 @@ static PyObject *rt_close(ccqpy_runtime *self, PyObject *unused)
     if (self->rt == NULL || self->closing) {
         /* Already closed, or another thread is closing it: wait for that to finish. */
         while (self->rt != NULL) {
-            Py_BEGIN_ALLOW_THREADS
-            struct timespec ts = {0, 1000000};
+            Py_BEGIN_ALLOW_THREADS struct timespec ts = {0, 1000000};
             nanosleep(&ts, NULL);
             Py_END_ALLOW_THREADS
         }
@@ -140,14 +133,13 @@ static PyObject *rt_close(ccqpy_runtime *self, PyObject *unused)
     }
     self->closing = 1;
     ccq_runtime *rt = self->rt;
-    Py_BEGIN_ALLOW_THREADS
-    ccq_runtime_shutdown(rt);
+    Py_BEGIN_ALLOW_THREADS ccq_runtime_shutdown(rt);
     Py_END_ALLOW_THREADS
-    /* Calls still inside ccq end soon: shutdown made waiting submitters return, and fences
-     * answer once the remaining commands finish or are cancelled (bounded by timeout_ms). */
-    while (self->active > 0) {
-        Py_BEGIN_ALLOW_THREADS
-        struct timespec ts = {0, 1000000};
+        /* Calls still inside ccq end soon: shutdown made waiting submitters return, and fences
+         * answer once the remaining commands finish or are cancelled (bounded by timeout_ms). */
+        while (self->active > 0)
+    {
+        Py_BEGIN_ALLOW_THREADS struct timespec ts = {0, 1000000};
         nanosleep(&ts, NULL);
         Py_END_ALLOW_THREADS
     }
@@ -160,10 +152,8 @@ static PyObject *rt_shutdown(ccqpy_runtime *self, PyObject *unused)
     (void)unused;
     if (ccqpy_enter(self, 0) != 0)
         return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    ccq_runtime_shutdown(self->rt);
-    Py_END_ALLOW_THREADS
-    ccqpy_leave(self);
+    Py_BEGIN_ALLOW_THREADS ccq_runtime_shutdown(self->rt);
+    Py_END_ALLOW_THREADS ccqpy_leave(self);
     Py_RETURN_NONE;
 }
 
@@ -283,10 +273,8 @@ static PyObject *rt_comm_init(ccqpy_runtime *self, PyObject *devices)
     }
     ccq_status st;
     /* Forming a communicator across processes waits for them (up to timeout_ms). */
-    Py_BEGIN_ALLOW_THREADS
-    st = ccq_comm_init(self->rt, ids, (size_t)n);
-    Py_END_ALLOW_THREADS
-    ccqpy_leave(self);
+    Py_BEGIN_ALLOW_THREADS st = ccq_comm_init(self->rt, ids, (size_t)n);
+    Py_END_ALLOW_THREADS ccqpy_leave(self);
     PyMem_Free(ids);
     if (st != CCQ_OK)
         return ccqpy_raise(st, NULL);
@@ -326,10 +314,8 @@ static PyObject *rt_trace_dump(ccqpy_runtime *self, PyObject *path)
         return NULL;
     }
     /* Writing a large recorder to a file takes time. */
-    Py_BEGIN_ALLOW_THREADS
-    st = ccq_trace_dump(self->rt, PyBytes_AS_STRING(bytes));
-    Py_END_ALLOW_THREADS
-    ccqpy_leave(self);
+    Py_BEGIN_ALLOW_THREADS st = ccq_trace_dump(self->rt, PyBytes_AS_STRING(bytes));
+    Py_END_ALLOW_THREADS ccqpy_leave(self);
     Py_DECREF(bytes);
     if (st != CCQ_OK)
         return ccqpy_raise(st, NULL);
@@ -352,10 +338,8 @@ static PyObject *rt_trace_events(ccqpy_runtime *self, PyObject *args, PyObject *
     uint64_t dropped = 0;
     ccq_status st = CCQ_ERR_SHUTDOWN;
     if (ccqpy_enter(self, 0) == 0) {
-        Py_BEGIN_ALLOW_THREADS
-        st = ccq_trace_snapshot(self->rt, ev, (size_t)cap, &n, &dropped);
-        Py_END_ALLOW_THREADS
-        ccqpy_leave(self);
+        Py_BEGIN_ALLOW_THREADS st = ccq_trace_snapshot(self->rt, ev, (size_t)cap, &n, &dropped);
+        Py_END_ALLOW_THREADS ccqpy_leave(self);
     } else {
         PyMem_Free(ev);
         return NULL;
@@ -470,10 +454,8 @@ static PyObject *nccl_call(ccqpy_runtime *self, PyObject *args, const char *fn,
     if (!PyArg_UnpackTuple(args, fn, 3, 3, &d, &s, &cs) || ccqpy_u32(d, "device", &device) ||
         ccqpy_u32(s, "stream", &stream) || cuda_stream_arg(cs, &cuda) || ccqpy_enter(self, 0))
         return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    st = call(self->rt, device, stream, cuda);
-    Py_END_ALLOW_THREADS
-    ccqpy_leave(self);
+    Py_BEGIN_ALLOW_THREADS st = call(self->rt, device, stream, cuda);
+    Py_END_ALLOW_THREADS ccqpy_leave(self);
     if (st != CCQ_OK)
         return ccqpy_raise(st, NULL);
     Py_RETURN_NONE;
@@ -500,8 +482,8 @@ static PyObject *rt_c_loop(ccqpy_runtime *self, PyObject *args)
     unsigned device, stream = 0;
     PyObject *src_o, *dst_o, *devs_o;
     Py_ssize_t ops, every;
-    if (!PyArg_ParseTuple(args, "IOOnOn|I:_c_loop", &device, &src_o, &dst_o, &ops, &devs_o,
-                          &every, &stream))
+    if (!PyArg_ParseTuple(args, "IOOnOn|I:_c_loop", &device, &src_o, &dst_o, &ops, &devs_o, &every,
+                          &stream))
         return NULL;
     ccqpy_buf src, dst;
     if (check_open(self) || ccqpy_buf_get(src_o, CCQPY_MEM_HOST, 0, "src", &src) != 0)
@@ -521,12 +503,11 @@ static PyObject *rt_c_loop(ccqpy_runtime *self, PyObject *args)
     if (!PyErr_Occurred() && src.dtype >= 0 && ccqpy_enter(self, 1) == 0) {
         size_t count = src.nbytes / ccq_dtype_size((ccq_dtype)src.dtype);
         ccq_runtime *rt = self->rt;
-        Py_BEGIN_ALLOW_THREADS
-        struct timespec t0, t1;
+        Py_BEGIN_ALLOW_THREADS struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         for (Py_ssize_t i = 0; i < ops && st == CCQ_OK; i++) {
-            st = ccq_all_reduce(rt, device, stream, src.ptr, dst.ptr, count,
-                                (ccq_dtype)src.dtype, CCQ_SUM, ids, (size_t)n);
+            st = ccq_all_reduce(rt, device, stream, src.ptr, dst.ptr, count, (ccq_dtype)src.dtype,
+                                CCQ_SUM, ids, (size_t)n);
             if (st == CCQ_OK && every > 0 && (i + 1) % every == 0)
                 st = ccq_sync_collective(rt, device, stream);
         }
@@ -535,8 +516,7 @@ static PyObject *rt_c_loop(ccqpy_runtime *self, PyObject *args)
         clock_gettime(CLOCK_MONOTONIC, &t1);
         ns = (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000000ull + (uint64_t)t1.tv_nsec -
              (uint64_t)t0.tv_nsec;
-        Py_END_ALLOW_THREADS
-        ccqpy_leave(self);
+        Py_END_ALLOW_THREADS ccqpy_leave(self);
     }
     ccqpy_buf_release(&src);
     ccqpy_buf_release(&dst);
@@ -585,8 +565,7 @@ static PyGetSetDef rt_getset[] = {
     {"world_rank", (getter)get_world_rank, NULL, "this process's rank in the world", NULL},
     {"world_size", (getter)get_world_size, NULL, "processes in the world", NULL},
     {"device_count", (getter)get_device_count, NULL, "devices of the world (global ids)", NULL},
-    {"local_devices", (getter)get_local_devices, NULL, "this process's device ids (a range)",
-     NULL},
+    {"local_devices", (getter)get_local_devices, NULL, "this process's device ids (a range)", NULL},
     {"backend", (getter)get_backend, NULL, "the backend's name", NULL},
     {"max_streams", (getter)get_max_streams, NULL, "streams per device", NULL},
     {"closed", (getter)get_closed, NULL, "True once close() destroyed the runtime", NULL},

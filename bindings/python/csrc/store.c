@@ -45,8 +45,8 @@ static ccq_status store_set(void *ctx, const char *key, const void *value, size_
         return CCQ_ERR_SHUTDOWN;
     PyGILState_STATE g = PyGILState_Ensure();
     ccq_status st = CCQ_OK;
-    PyObject *r = PyObject_CallMethod(s->obj, "set", "sy#", key, (const char *)value,
-                                      (Py_ssize_t)len);
+    PyObject *r =
+        PyObject_CallMethod(s->obj, "set", "sy#", key, (const char *)value, (Py_ssize_t)len);
     if (r == NULL)
         st = failed(s, "set");
     Py_XDECREF(r);

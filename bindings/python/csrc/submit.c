@@ -39,8 +39,7 @@ int ccqpy_kwargs(const char *fn, PyObject *const *kwvalues, PyObject *kwnames,
             for (j = 0; j < nn && PyUnicode_Compare(names[j], key) != 0; j++)
                 ;
         if (j == nn) {
-            PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'", fn,
-                         key);
+            PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'", fn, key);
             return -1;
         }
         out[j] = kwvalues[k];
@@ -90,8 +89,8 @@ static int resolve_dtype(const char *fn, int dtype, ccqpy_buf *const *bufs,
             continue;
         if (given) {
             if (b->dtype != dtype && !raw_ok(b, dtype)) {
-                int raw = dtype == CCQ_BFLOAT16 || dtype == CCQ_FLOAT8E4M3 ||
-                          dtype == CCQ_FLOAT8E5M2;
+                int raw =
+                    dtype == CCQ_BFLOAT16 || dtype == CCQ_FLOAT8E4M3 || dtype == CCQ_FLOAT8E5M2;
                 ccqpy_raisef(CCQ_ERR_INVALID_ARGUMENT, "%s: dtype=%s, but %s holds %s%s", fn,
                              ccq_dtype_name((ccq_dtype)dtype), names[i], b->what,
                              raw ? " (its raw bits come in an unsigned integer array of the same "
@@ -127,8 +126,8 @@ static int64_t elements(const char *fn, const char *name, const ccqpy_buf *b, in
 {
     size_t es = ccq_dtype_size((ccq_dtype)dtype);
     if (b->nbytes % es != 0) {
-        ccqpy_raisef(CCQ_ERR_INVALID_ARGUMENT, "%s: %s has %zu bytes, not a whole number of %s",
-                     fn, name, b->nbytes, ccq_dtype_name((ccq_dtype)dtype));
+        ccqpy_raisef(CCQ_ERR_INVALID_ARGUMENT, "%s: %s has %zu bytes, not a whole number of %s", fn,
+                     name, b->nbytes, ccq_dtype_name((ccq_dtype)dtype));
         return -1;
     }
     return (int64_t)(b->nbytes / es);
@@ -235,15 +234,19 @@ static PyObject *submit_coll(ccqpy_runtime *self, const coll *c, PyObject *const
     PyObject *result = NULL;
 
     if (nargs < 2 || nargs > 3) {
-        PyErr_Format(PyExc_TypeError, "%s(device, src, dst=None, *, ...) takes 2 or 3 "
-                     "positional arguments (%zd given)", c->name, nargs);
+        PyErr_Format(PyExc_TypeError,
+                     "%s(device, src, dst=None, *, ...) takes 2 or 3 "
+                     "positional arguments (%zd given)",
+                     c->name, nargs);
         return NULL;
     }
     if (ccqpy_kwargs(c->name, args + nargs, kwnames, kw_names, kw) != 0)
         return NULL;
     if (kw[KW_PEER] || (!c->has_op && kw[KW_OP]) || (!c->has_root && kw[KW_ROOT])) {
         PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%s'", c->name,
-                     kw[KW_PEER] ? "peer" : kw[KW_OP] ? "op" : "root");
+                     kw[KW_PEER] ? "peer"
+                     : kw[KW_OP] ? "op"
+                                 : "root");
         return NULL;
     }
     if (c->has_root && kw[KW_ROOT] == NULL) {
@@ -315,8 +318,8 @@ static PyObject *submit_coll(ccqpy_runtime *self, const coll *c, PyObject *const
     ccq_dtype dt = (ccq_dtype)dtype;
     ccq_reduce_op o = (ccq_reduce_op)op;
     ccq_status st;
-    Py_BEGIN_ALLOW_THREADS
-    switch (c->kind) {
+    Py_BEGIN_ALLOW_THREADS switch (c->kind)
+    {
     case CCQ_KIND_ALL_REDUCE:
         st = ccq_all_reduce(rt, device, stream, s, d, cnt, dt, o, ids, n);
         break;
@@ -344,11 +347,13 @@ static PyObject *submit_coll(ccqpy_runtime *self, const coll *c, PyObject *const
     default:
         st = CCQ_ERR_UNSUPPORTED;
     }
-    Py_END_ALLOW_THREADS
-    if (st == CCQ_OK) {
+    Py_END_ALLOW_THREADS if (st == CCQ_OK)
+    {
         hold(h, bufs, 2);
         result = Py_NewRef(Py_None);
-    } else {
+    }
+    else
+    {
         ccqpy_raise(st, NULL);
     }
     ccqpy_leave(self);
@@ -371,23 +376,26 @@ static PyObject *submit_p2p(ccqpy_runtime *self, int is_send, PyObject *const *a
     ccqpy_buf buf = {0};
     PyObject *result = NULL;
     if (nargs != 2) {
-        PyErr_Format(PyExc_TypeError, "%s(device, buf, *, peer, stream=0, dtype=None) takes 2 "
-                     "positional arguments (%zd given)", fn, nargs);
+        PyErr_Format(PyExc_TypeError,
+                     "%s(device, buf, *, peer, stream=0, dtype=None) takes 2 "
+                     "positional arguments (%zd given)",
+                     fn, nargs);
         return NULL;
     }
     if (ccqpy_kwargs(fn, args + nargs, kwnames, kw_names, kw) != 0)
         return NULL;
     if (kw[KW_DEVICES] || kw[KW_OP] || kw[KW_ROOT]) {
         PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%s'", fn,
-                     kw[KW_DEVICES] ? "devices" : kw[KW_OP] ? "op" : "root");
+                     kw[KW_DEVICES] ? "devices"
+                     : kw[KW_OP]    ? "op"
+                                    : "root");
         return NULL;
     }
     if (kw[KW_PEER] == NULL) {
         PyErr_Format(PyExc_TypeError, "%s() needs peer= (a device id)", fn);
         return NULL;
     }
-    if (ccqpy_u32(args[0], "device", &device) != 0 ||
-        ccqpy_u32(kw[KW_PEER], "peer", &peer) != 0 ||
+    if (ccqpy_u32(args[0], "device", &device) != 0 || ccqpy_u32(kw[KW_PEER], "peer", &peer) != 0 ||
         (kw[KW_STREAM] && ccqpy_u32(kw[KW_STREAM], "stream", &stream) != 0))
         return NULL;
     if (kw[KW_DTYPE] && kw[KW_DTYPE] != Py_None && (dtype = ccqpy_dtype_arg(kw[KW_DTYPE])) < 0)
@@ -413,14 +421,16 @@ static PyObject *submit_p2p(ccqpy_runtime *self, int is_send, PyObject *const *a
     }
     ccq_runtime *rt = self->rt;
     ccq_status st;
-    Py_BEGIN_ALLOW_THREADS
-    st = is_send ? ccq_send(rt, device, stream, buf.ptr, (size_t)count, (ccq_dtype)dtype, peer)
-                 : ccq_recv(rt, device, stream, buf.ptr, (size_t)count, (ccq_dtype)dtype, peer);
-    Py_END_ALLOW_THREADS
-    if (st == CCQ_OK) {
+    Py_BEGIN_ALLOW_THREADS st =
+        is_send ? ccq_send(rt, device, stream, buf.ptr, (size_t)count, (ccq_dtype)dtype, peer)
+                : ccq_recv(rt, device, stream, buf.ptr, (size_t)count, (ccq_dtype)dtype, peer);
+    Py_END_ALLOW_THREADS if (st == CCQ_OK)
+    {
         hold(h, &buf, 1);
         result = Py_NewRef(Py_None);
-    } else {
+    }
+    else
+    {
         ccqpy_raise(st, NULL);
     }
     ccqpy_leave(self);
@@ -430,7 +440,7 @@ out:
 }
 
 #define CCQPY_COLL_METHOD_(i, fname)                                                               \
-    static PyObject *m_##fname(PyObject *self, PyObject *const *args, Py_ssize_t nargs,           \
+    static PyObject *m_##fname(PyObject *self, PyObject *const *args, Py_ssize_t nargs,            \
                                PyObject *kwnames)                                                  \
     {                                                                                              \
         return submit_coll((ccqpy_runtime *)self, &colls[i], args, nargs, kwnames);                \
@@ -445,20 +455,20 @@ CCQPY_COLL_METHOD_(6, gather)
 CCQPY_COLL_METHOD_(7, scatter)
 #undef CCQPY_COLL_METHOD_
 
-static PyObject *m_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
-                        PyObject *kwnames)
+static PyObject *m_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     return submit_p2p((ccqpy_runtime *)self, 1, args, nargs, kwnames);
 }
 
-static PyObject *m_recv(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
-                        PyObject *kwnames)
+static PyObject *m_recv(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     return submit_p2p((ccqpy_runtime *)self, 0, args, nargs, kwnames);
 }
 
 #define CCQPY_M_(name, doc)                                                                        \
-    {#name, (PyCFunction)(void (*)(void))m_##name, METH_FASTCALL | METH_KEYWORDS, doc}
+    {                                                                                              \
+#name, (PyCFunction)(void (*)(void))m_##name, METH_FASTCALL | METH_KEYWORDS, doc           \
+    }
 
 PyMethodDef ccqpy_submit_methods[] = {
     CCQPY_M_(all_reduce, "all_reduce(device, src, dst=None, *, devices=None, op=SUM, stream=0, "
