@@ -9,6 +9,15 @@
 
 #include <ccq.h>
 
+/* Run a statement with the GIL released: every call into ccq that can wait or take time (a
+ * statement form of Py_BEGIN/END_ALLOW_THREADS, which clang-format cannot lay out). */
+#define CCQPY_NOGIL(stmt)                                                                          \
+    do {                                                                                           \
+        PyThreadState *ccqpy_ts_ = PyEval_SaveThread();                                            \
+        stmt;                                                                                      \
+        PyEval_RestoreThread(ccqpy_ts_);                                                           \
+    } while (0)
+
 /* ---- errors (module.c) ------------------------------------------------------------------ */
 
 /* Raise the ccq.Error subclass of @p st with @p detail (ccq_last_error_detail() when NULL).

@@ -94,8 +94,8 @@ PyObject *ccqpy_sync(ccqpy_runtime *self, PyObject *const *args, Py_ssize_t narg
     ccqpy_holds *h = ccqpy_holds_of(self, device, stream);
     uint64_t upto = h ? h->appended : 0; /* read before the fence is taken */
     ccq_runtime *rt = self->rt;
-    Py_BEGIN_ALLOW_THREADS st = ccq_sync_collective(rt, device, stream);
-    Py_END_ALLOW_THREADS PyObject *detail = st != CCQ_OK ? detail_of(self, device, stream) : NULL;
+    CCQPY_NOGIL(st = ccq_sync_collective(rt, device, stream));
+    PyObject *detail = st != CCQ_OK ? detail_of(self, device, stream) : NULL;
     if (h && st != CCQ_ERR_TIMEOUT && st != CCQ_ERR_INVALID_ARGUMENT)
         ccqpy_holds_release(h, upto);
     ccqpy_leave(self);
@@ -234,8 +234,7 @@ static PyObject *fence_wait(ccqpy_fence_obj *f, PyObject *const *args, Py_ssize_
         if (slice == 0) {
             st = ccq_fence_test(rt, f->device, f->stream, f->value);
         } else {
-            Py_BEGIN_ALLOW_THREADS st = ccq_fence_wait(rt, f->device, f->stream, f->value, slice);
-            Py_END_ALLOW_THREADS
+            CCQPY_NOGIL(st = ccq_fence_wait(rt, f->device, f->stream, f->value, slice));
         }
         int final = settle(f, st);
         ccqpy_leave(f->rt);

@@ -62,9 +62,8 @@ static int rt_init(ccqpy_runtime *self, PyObject *args, PyObject *kw)
         goto fail;
     /* Creating a world can wait for the other processes (up to timeout_ms), and a Python
      * store is called from here: the GIL must be free. */
-    Py_BEGIN_ALLOW_THREADS st = ccq_runtime_create(&cfg, &rt);
-    Py_END_ALLOW_THREADS if (st != CCQ_OK)
-    {
+    CCQPY_NOGIL(st = ccq_runtime_create(&cfg, &rt));
+    if (st != CCQ_OK) {
         ccqpy_raise(st, NULL);
         goto fail;
     }
@@ -88,8 +87,8 @@ static int rt_init(ccqpy_runtime *self, PyObject *args, PyObject *kw)
     self->store = store;
     return 0;
 fail_rt:
-    Py_BEGIN_ALLOW_THREADS ccq_runtime_destroy(rt);
-    Py_END_ALLOW_THREADS PyMem_Free(self->holds);
+    CCQPY_NOGIL(ccq_runtime_destroy(rt));
+    PyMem_Free(self->holds);
     PyMem_Free(self->all);
     self->holds = NULL;
     self->all = NULL;
@@ -106,9 +105,8 @@ static void destroy(ccqpy_runtime *self)
     if (rt == NULL)
         return;
     self->rt = NULL;
-    Py_BEGIN_ALLOW_THREADS ccq_runtime_destroy(rt);
-    Py_END_ALLOW_THREADS for (size_t i = 0;
-                              self->holds && i < (size_t)self->nlocal * self->max_streams; i++)
+    CCQPY_NOGIL(ccq_runtime_destroy(rt));
+    for (size_t i = 0; self->holds && i < (size_t)self->nlocal * self->max_streams; i++)
         ccqpy_holds_clear(&self->holds[i]);
     PyMem_Free(self->holds);
     PyMem_Free(self->all);
@@ -119,30 +117,29 @@ static void destroy(ccqpy_runtime *self)
     Py_CLEAR(self->keep);
 }
 
+/* A millisecond with the GIL released, for close() waiting on other threads. */
+static void nap(void)
+{
+    struct timespec ts = {0, 1000000};
+    CCQPY_NOGIL(nanosleep(&ts, NULL));
+}
+
 static PyObject *rt_close(ccqpy_runtime *self, PyObject *unused)
 {
     (void)unused;
     if (self->rt == NULL || self->closing) {
         /* Already closed, or another thread is closing it: wait for that to finish. */
-        while (self->rt != NULL) {
-            Py_BEGIN_ALLOW_THREADS struct timespec ts = {0, 1000000};
-            nanosleep(&ts, NULL);
-            Py_END_ALLOW_THREADS
-        }
+        while (self->rt != NULL)
+            nap();
         Py_RETURN_NONE;
     }
     self->closing = 1;
     ccq_runtime *rt = self->rt;
-    Py_BEGIN_ALLOW_THREADS ccq_runtime_shutdown(rt);
-    Py_END_ALLOW_THREADS
-        /* Calls still inside ccq end soon: shutdown made waiting submitters return, and fences
-         * answer once the remaining commands finish or are cancelled (bounded by timeout_ms). */
-        while (self->active > 0)
-    {
-        Py_BEGIN_ALLOW_THREADS struct timespec ts = {0, 1000000};
-        nanosleep(&ts, NULL);
-        Py_END_ALLOW_THREADS
-    }
+    CCQPY_NOGIL(ccq_runtime_shutdown(rt));
+    /* Calls still inside ccq end soon: shutdown made waiting submitters return, and fences
+     * answer once the remaining commands finish or are cancelled (bounded by timeout_ms). */
+    while (self->active > 0)
+        nap();
     destroy(self);
     Py_RETURN_NONE;
 }
@@ -152,8 +149,8 @@ static PyObject *rt_shutdown(ccqpy_runtime *self, PyObject *unused)
     (void)unused;
     if (ccqpy_enter(self, 0) != 0)
         return NULL;
-    Py_BEGIN_ALLOW_THREADS ccq_runtime_shutdown(self->rt);
-    Py_END_ALLOW_THREADS ccqpy_leave(self);
+    CCQPY_NOGIL(ccq_runtime_shutdown(self->rt));
+    ccqpy_leave(self);
     Py_RETURN_NONE;
 }
 
@@ -273,8 +270,8 @@ static PyObject *rt_comm_init(ccqpy_runtime *self, PyObject *devices)
     }
     ccq_status st;
     /* Forming a communicator across processes waits for them (up to timeout_ms). */
-    Py_BEGIN_ALLOW_THREADS st = ccq_comm_init(self->rt, ids, (size_t)n);
-    Py_END_ALLOW_THREADS ccqpy_leave(self);
+    CCQPY_NOGIL(st = ccq_comm_init(self->rt, ids, (size_t)n));
+    ccqpy_leave(self);
     PyMem_Free(ids);
     if (st != CCQ_OK)
         return ccqpy_raise(st, NULL);
@@ -314,8 +311,8 @@ static PyObject *rt_trace_dump(ccqpy_runtime *self, PyObject *path)
         return NULL;
     }
     /* Writing a large recorder to a file takes time. */
-    Py_BEGIN_ALLOW_THREADS st = ccq_trace_dump(self->rt, PyBytes_AS_STRING(bytes));
-    Py_END_ALLOW_THREADS ccqpy_leave(self);
+    CCQPY_NOGIL(st = ccq_trace_dump(self->rt, PyBytes_AS_STRING(bytes)));
+    ccqpy_leave(self);
     Py_DECREF(bytes);
     if (st != CCQ_OK)
         return ccqpy_raise(st, NULL);
@@ -338,8 +335,8 @@ static PyObject *rt_trace_events(ccqpy_runtime *self, PyObject *args, PyObject *
     uint64_t dropped = 0;
     ccq_status st = CCQ_ERR_SHUTDOWN;
     if (ccqpy_enter(self, 0) == 0) {
-        Py_BEGIN_ALLOW_THREADS st = ccq_trace_snapshot(self->rt, ev, (size_t)cap, &n, &dropped);
-        Py_END_ALLOW_THREADS ccqpy_leave(self);
+        CCQPY_NOGIL(st = ccq_trace_snapshot(self->rt, ev, (size_t)cap, &n, &dropped));
+        ccqpy_leave(self);
     } else {
         PyMem_Free(ev);
         return NULL;
@@ -454,8 +451,8 @@ static PyObject *nccl_call(ccqpy_runtime *self, PyObject *args, const char *fn,
     if (!PyArg_UnpackTuple(args, fn, 3, 3, &d, &s, &cs) || ccqpy_u32(d, "device", &device) ||
         ccqpy_u32(s, "stream", &stream) || cuda_stream_arg(cs, &cuda) || ccqpy_enter(self, 0))
         return NULL;
-    Py_BEGIN_ALLOW_THREADS st = call(self->rt, device, stream, cuda);
-    Py_END_ALLOW_THREADS ccqpy_leave(self);
+    CCQPY_NOGIL(st = call(self->rt, device, stream, cuda));
+    ccqpy_leave(self);
     if (st != CCQ_OK)
         return ccqpy_raise(st, NULL);
     Py_RETURN_NONE;
@@ -477,6 +474,28 @@ static PyObject *rt_nccl_stream_wait(ccqpy_runtime *self, PyObject *args)
  * C API on (device, stream) with the buffers' pointers, a ccq_sync_collective after every
  * fence_every of them (0: once at the end; -1: none); returns the nanoseconds the loop took.
  * The same work as the Python loop it is compared with, minus Python. */
+static uint64_t c_loop_run(ccq_runtime *rt, unsigned device, unsigned stream, const ccqpy_buf *src,
+                           const ccqpy_buf *dst, Py_ssize_t ops, const ccq_device_id *ids, size_t n,
+                           Py_ssize_t every, ccq_status *out)
+{
+    size_t count = src->nbytes / ccq_dtype_size((ccq_dtype)src->dtype);
+    ccq_status st = CCQ_OK;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (Py_ssize_t i = 0; i < ops && st == CCQ_OK; i++) {
+        st = ccq_all_reduce(rt, device, stream, src->ptr, dst->ptr, count, (ccq_dtype)src->dtype,
+                            CCQ_SUM, ids, n);
+        if (st == CCQ_OK && every > 0 && (i + 1) % every == 0)
+            st = ccq_sync_collective(rt, device, stream);
+    }
+    if (st == CCQ_OK && every == 0)
+        st = ccq_sync_collective(rt, device, stream);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    *out = st;
+    return (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000000ull + (uint64_t)t1.tv_nsec -
+           (uint64_t)t0.tv_nsec;
+}
+
 static PyObject *rt_c_loop(ccqpy_runtime *self, PyObject *args)
 {
     unsigned device, stream = 0;
@@ -495,28 +514,17 @@ static PyObject *rt_c_loop(ccqpy_runtime *self, PyObject *args)
     PyObject *seq = PySequence_Fast(devs_o, "devices");
     ccq_device_id ids[64];
     Py_ssize_t n = seq ? PySequence_Fast_GET_SIZE(seq) : 0;
+    if (n > 64)
+        ccqpy_raisef(CCQ_ERR_INVALID_ARGUMENT, "_c_loop: at most 64 devices");
     for (Py_ssize_t i = 0; seq && i < n && i < 64; i++)
         ids[i] = (ccq_device_id)PyLong_AsUnsignedLong(PySequence_Fast_GET_ITEM(seq, i));
     Py_XDECREF(seq);
     ccq_status st = CCQ_OK;
     uint64_t ns = 0;
     if (!PyErr_Occurred() && src.dtype >= 0 && ccqpy_enter(self, 1) == 0) {
-        size_t count = src.nbytes / ccq_dtype_size((ccq_dtype)src.dtype);
-        ccq_runtime *rt = self->rt;
-        Py_BEGIN_ALLOW_THREADS struct timespec t0, t1;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        for (Py_ssize_t i = 0; i < ops && st == CCQ_OK; i++) {
-            st = ccq_all_reduce(rt, device, stream, src.ptr, dst.ptr, count, (ccq_dtype)src.dtype,
-                                CCQ_SUM, ids, (size_t)n);
-            if (st == CCQ_OK && every > 0 && (i + 1) % every == 0)
-                st = ccq_sync_collective(rt, device, stream);
-        }
-        if (st == CCQ_OK && every == 0)
-            st = ccq_sync_collective(rt, device, stream);
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        ns = (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000000ull + (uint64_t)t1.tv_nsec -
-             (uint64_t)t0.tv_nsec;
-        Py_END_ALLOW_THREADS ccqpy_leave(self);
+        CCQPY_NOGIL(
+            ns = c_loop_run(self->rt, device, stream, &src, &dst, ops, ids, (size_t)n, every, &st));
+        ccqpy_leave(self);
     }
     ccqpy_buf_release(&src);
     ccqpy_buf_release(&dst);

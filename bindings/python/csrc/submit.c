@@ -220,6 +220,43 @@ static void hold(ccqpy_holds *h, ccqpy_buf *bufs, int n)
         ccqpy_holds_push(h, bufs, n);
 }
 
+/* The C call of a collective (run with the GIL released). */
+static ccq_status call_coll(const coll *c, ccq_runtime *rt, ccq_device_id device,
+                            ccq_stream_id stream, const void *s, void *d, size_t cnt, ccq_dtype dt,
+                            ccq_reduce_op o, ccq_device_id root, const ccq_device_id *ids, size_t n)
+{
+    ccq_status st;
+    switch (c->kind) {
+    case CCQ_KIND_ALL_REDUCE:
+        st = ccq_all_reduce(rt, device, stream, s, d, cnt, dt, o, ids, n);
+        break;
+    case CCQ_KIND_BROADCAST:
+        st = ccq_broadcast(rt, device, stream, s, d, cnt, dt, root, ids, n);
+        break;
+    case CCQ_KIND_REDUCE:
+        st = ccq_reduce(rt, device, stream, s, d, cnt, dt, o, root, ids, n);
+        break;
+    case CCQ_KIND_ALL_GATHER:
+        st = ccq_all_gather(rt, device, stream, s, d, cnt, dt, ids, n);
+        break;
+    case CCQ_KIND_REDUCE_SCATTER:
+        st = ccq_reduce_scatter(rt, device, stream, s, d, cnt, dt, o, ids, n);
+        break;
+    case CCQ_KIND_ALL_TO_ALL:
+        st = ccq_all_to_all(rt, device, stream, s, d, cnt, dt, ids, n);
+        break;
+    case CCQ_KIND_GATHER:
+        st = ccq_gather(rt, device, stream, s, d, cnt, dt, root, ids, n);
+        break;
+    case CCQ_KIND_SCATTER:
+        st = ccq_scatter(rt, device, stream, s, d, cnt, dt, root, ids, n);
+        break;
+    default:
+        st = CCQ_ERR_UNSUPPORTED;
+    }
+    return st;
+}
+
 static PyObject *submit_coll(ccqpy_runtime *self, const coll *c, PyObject *const *args,
                              Py_ssize_t nargs, PyObject *kwnames)
 {
@@ -318,42 +355,11 @@ static PyObject *submit_coll(ccqpy_runtime *self, const coll *c, PyObject *const
     ccq_dtype dt = (ccq_dtype)dtype;
     ccq_reduce_op o = (ccq_reduce_op)op;
     ccq_status st;
-    Py_BEGIN_ALLOW_THREADS switch (c->kind)
-    {
-    case CCQ_KIND_ALL_REDUCE:
-        st = ccq_all_reduce(rt, device, stream, s, d, cnt, dt, o, ids, n);
-        break;
-    case CCQ_KIND_BROADCAST:
-        st = ccq_broadcast(rt, device, stream, s, d, cnt, dt, root, ids, n);
-        break;
-    case CCQ_KIND_REDUCE:
-        st = ccq_reduce(rt, device, stream, s, d, cnt, dt, o, root, ids, n);
-        break;
-    case CCQ_KIND_ALL_GATHER:
-        st = ccq_all_gather(rt, device, stream, s, d, cnt, dt, ids, n);
-        break;
-    case CCQ_KIND_REDUCE_SCATTER:
-        st = ccq_reduce_scatter(rt, device, stream, s, d, cnt, dt, o, ids, n);
-        break;
-    case CCQ_KIND_ALL_TO_ALL:
-        st = ccq_all_to_all(rt, device, stream, s, d, cnt, dt, ids, n);
-        break;
-    case CCQ_KIND_GATHER:
-        st = ccq_gather(rt, device, stream, s, d, cnt, dt, root, ids, n);
-        break;
-    case CCQ_KIND_SCATTER:
-        st = ccq_scatter(rt, device, stream, s, d, cnt, dt, root, ids, n);
-        break;
-    default:
-        st = CCQ_ERR_UNSUPPORTED;
-    }
-    Py_END_ALLOW_THREADS if (st == CCQ_OK)
-    {
+    CCQPY_NOGIL(st = call_coll(c, rt, device, stream, s, d, cnt, dt, o, root, ids, n));
+    if (st == CCQ_OK) {
         hold(h, bufs, 2);
         result = Py_NewRef(Py_None);
-    }
-    else
-    {
+    } else {
         ccqpy_raise(st, NULL);
     }
     ccqpy_leave(self);
@@ -421,16 +427,14 @@ static PyObject *submit_p2p(ccqpy_runtime *self, int is_send, PyObject *const *a
     }
     ccq_runtime *rt = self->rt;
     ccq_status st;
-    Py_BEGIN_ALLOW_THREADS st =
-        is_send ? ccq_send(rt, device, stream, buf.ptr, (size_t)count, (ccq_dtype)dtype, peer)
-                : ccq_recv(rt, device, stream, buf.ptr, (size_t)count, (ccq_dtype)dtype, peer);
-    Py_END_ALLOW_THREADS if (st == CCQ_OK)
-    {
+    CCQPY_NOGIL(
+        st = is_send
+                 ? ccq_send(rt, device, stream, buf.ptr, (size_t)count, (ccq_dtype)dtype, peer)
+                 : ccq_recv(rt, device, stream, buf.ptr, (size_t)count, (ccq_dtype)dtype, peer));
+    if (st == CCQ_OK) {
         hold(h, &buf, 1);
         result = Py_NewRef(Py_None);
-    }
-    else
-    {
+    } else {
         ccqpy_raise(st, NULL);
     }
     ccqpy_leave(self);
