@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/bootstrap.h"
+#include "runtime/boot/bootstrap.h"
 #include "runtime/internal.h"
 
 /* What every member process contributes to the meeting: enough to check that they form the

@@ -17,7 +17,7 @@
 #include "queue/wake.h"
 #include "runtime/fault.h"
 #include "runtime/stream.h"
-#include "runtime/trace.h"
+#include "runtime/trace/trace.h"
 #include "runtime/world.h"
 
 /* Upper bounds for configuration values (validated in ccq_runtime_create). */
@@ -290,7 +290,7 @@ ccq_status ccq_sched_create(ccq_runtime *rt);
 void ccq_sched_destroy(ccq_runtime *rt);
 void *ccq_sched_main(void *arg);
 
-/* ---- runtime/trace.c ---- */
+/* ---- runtime/trace/recorder.c ---- */
 ccq_status ccq_trace_write_file(ccq_runtime *rt, const char *path);
 void ccq_trace_autodump(ccq_runtime *rt, bool force);
 

@@ -10,7 +10,7 @@
 
 #include "ccq/ccq_nccl.h"
 #include "common/env.h"
-#include "runtime/bootstrap.h"
+#include "runtime/boot/bootstrap.h"
 #include "runtime/fault.h"
 #include "runtime/internal.h"
 
@@ -383,7 +383,7 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
         return ccq_fail(CCQ_ERR_NO_MEMORY, "cannot start the scheduler thread");
     }
     rt->thread_started = true;
-    st = ccq_trace_attach(rt, cfg.trace_signal != 0); /* SIGUSR1 dumps (runtime/trace_signal.c) */
+    st = ccq_trace_attach(rt, cfg.trace_signal != 0); /* SIGUSR1 dumps (runtime/trace/signal.c) */
     if (st != CCQ_OK) {
         char why[CCQ_DETAIL_LEN];
         snprintf(why, sizeof why, "%s", ccq_last_error_detail());

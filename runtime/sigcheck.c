@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "runtime/bootstrap.h"
+#include "runtime/boot/bootstrap.h"
 #include "runtime/internal.h"
 
 #define SIG_MAGIC 0x53696753u /* "SigS" */

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "common/clock.h"
-#include "runtime/bootstrap.h"
+#include "runtime/boot/bootstrap.h"
 #include "runtime/internal.h"
 
 /* What each process tells the others when the world forms. Fixed-size and versioned, so a

@@ -13,7 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "runtime/bootstrap.h"
+#include "runtime/boot/bootstrap.h"
 
 static uint32_t me = UINT32_MAX;
 

@@ -1,4 +1,4 @@
-/* The bootstrap (runtime/bootstrap.h) without MPI: the file mechanism with forked processes
+/* The bootstrap (runtime/boot/bootstrap.h) without MPI: the file mechanism with forked processes
  * (1, 2, 3, 4 of them; subsets exchanging concurrently; a process that never arrives;
  * mismatched world sizes and lengths; stale records; cleanup), the store mechanism with a
  * store in shared memory across forked processes and with stores that fail, and argument
@@ -22,8 +22,8 @@
 
 #include <cmocka.h>
 
-#include "runtime/boot_impl.h" /* ccq_boot_hdr, to forge a stale record */
-#include "runtime/bootstrap.h"
+#include "runtime/boot/boot_impl.h" /* ccq_boot_hdr, to forge a stale record */
+#include "runtime/boot/bootstrap.h"
 
 #define MAXP 8
 

@@ -1,4 +1,4 @@
-/* The host backend's MPI engine (backends/host/host_mpi.c) under mpiexec, without the
+/* The host backend's MPI engine (backends/host/mpi/engine.c) under mpiexec, without the
  * runtime: a world of P processes, process p holding 1 + p % 2 local ranks (uneven), every
  * kind x dtype x op against tests/ref.h across processes, roots in every process, the
  * in-place forms, a communicator over a subset of the processes, send/recv halves between
@@ -19,7 +19,7 @@
 
 #include <cmocka.h>
 
-#include "backends/host/host_mpi.h"
+#include "backends/host/mpi/engine.h"
 #include "common/kinds.h"
 #include "ref.h"
 

@@ -25,8 +25,8 @@
 #include <unistd.h>
 
 #include "ccq.h"
-#include "runtime/trace.h" /* ccq_events_copy_out, CCQ_EVENT_SIZE_0_2 */
-#include "runtime/trace_compat.h"
+#include "runtime/trace/trace.h" /* ccq_events_copy_out, CCQ_EVENT_SIZE_0_2 */
+#include "runtime/trace/compat.h"
 
 #define NDEV         4
 #define COUNT        8     /* elements per command of the known workloads */

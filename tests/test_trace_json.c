@@ -15,7 +15,7 @@
 
 #include <cmocka.h>
 
-#include "runtime/trace_view.h"
+#include "runtime/trace/view.h"
 
 #define T0 1000000u /* the first event's time: ts 0 */
 

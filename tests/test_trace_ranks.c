@@ -23,7 +23,7 @@
 #include <cmocka.h>
 
 #include "procs.h"
-#include "runtime/trace.h"
+#include "runtime/trace/trace.h"
 #include "test_util.h"
 
 #define NDEV 4

@@ -12,9 +12,7 @@
 
 #include "backends/backend.h"
 #include "backends/host/reduce.h"
-#ifdef CCQ_HAVE_MPI
-#include "backends/host/host_mpi.h"
-#endif
+#include "backends/host/engine.h"
 #include "queue/mpsc.h"
 #include "queue/wake.h"
 
@@ -33,31 +31,18 @@
 typedef struct host_comm {
     uint32_t n;
     _Atomic uint32_t aborted;
-#ifdef CCQ_HAVE_MPI
-    ccq_hmpi_comm *mpi; /* communicators spanning processes: their MPI side */
-    /* A communicator across processes waiting for the world's MPI duplicate (comm_test):
-     * none is made while that MPI_Comm_idup of the world may still be pending here, so no
-     * MPI_Comm_create_group on the world overlaps it. */
-    bool pending;
-    ccq_be_comm_desc desc;
-    uint32_t *procs; /* [desc.nprocs], the desc's copy */
-    uint8_t blob[CCQ_HMPI_BLOB_LEN];
-#endif
+    ccq_heng_comm *eng; /* communicators spanning processes: their engine side */
 } host_comm;
 
-#ifdef CCQ_HAVE_MPI
-/* How often the scheduler polls while MPI requests are in flight: MPI progresses only
- * inside MPI calls (docs/multiprocess-host.md has the measurements behind the default). */
-#define HOST_MPI_POLL_NS 20000u
-/* A batch holding operations across processes: MPI requests the scheduler tests in poll(). */
-typedef struct host_mbatch {
+/* A batch holding operations across processes: engine operations the scheduler tests in
+ * poll(). */
+typedef struct host_xbatch {
     ccq_be_batch *b;
-    struct host_mbatch *next;
+    struct host_xbatch *next;
     uint64_t deadline; /* the engine's own: a little before the runtime's watchdog */
     uint32_t pending;
-    ccq_hmpi_op *h[]; /* [nops]: NULL once done (or for a local op) */
-} host_mbatch;
-#endif
+    ccq_heng_op *h[]; /* [nops]: NULL once done (or for a local op) */
+} host_xbatch;
 
 typedef struct host_job {
     ccq_mpsc_node done_node;
@@ -88,16 +73,12 @@ typedef struct host_be {
     uint64_t spin_ns;
     uint64_t stream_bytes; /* ops moving at least this many bytes use streaming stores */
     ccq_mpsc done;         /* finished jobs; the scheduler pops them in poll() */
-#ifdef CCQ_HAVE_MPI
-    /* Scheduler thread only. */
-    int64_t mpi_comm;      /* cfg->mpi_comm: the world's MPI communicator (-1: MPI_COMM_WORLD) */
+    /* Across processes; scheduler thread only. */
+    ccq_host_engine *engine; /* NULL: this runtime cannot span processes (engine_err says why) */
+    ccq_errbuf engine_err;
     uint64_t timeout_ns;   /* cfg->timeout_ms (UINT64_MAX: none) */
-    uint64_t mpi_poll_ns;  /* poll interval while MPI requests are in flight */
-    host_mbatch *mbatches; /* batches with MPI requests in flight */
-    ccq_hmpi_world *world; /* the world's MPI duplicate for pairs (world_ready) */
-    ccq_errbuf world_err;  /* why there is none */
-    uint32_t abandoned;    /* MPI requests given up on (timeout, abort) and not yet complete */
-#endif
+    host_xbatch *xbatches; /* batches with engine operations in flight */
+    uint32_t background;   /* engine work given up on or detached, not yet ended */
 } host_be;
 
 static host_be *to_host(ccq_backend *be)
@@ -325,11 +306,26 @@ static void host_destroy(ccq_backend *be)
         pthread_join(h->threads[k], NULL);
     pthread_cond_destroy(&h->cv);
     pthread_mutex_destroy(&h->mu);
-#ifdef CCQ_HAVE_MPI
-    ccq_hmpi_world_free(h->world);
-#endif
+    if (h->engine != NULL)
+        h->engine->ops->destroy(h->engine);
     free(h->threads);
     free(h);
+}
+
+/* The engine that reaches other processes (see engine.h); without one, communicators
+ * spanning processes are refused with engine_err. */
+static void engine_open(host_be *h, const ccq_config *cfg)
+{
+    const ccq_host_engine_ops *ops = ccq_host_engine_mpi();
+    if (ops == NULL) {
+        snprintf(h->engine_err.msg, sizeof h->engine_err.msg,
+                 "the host backend cannot span processes: it moves data between them with MPI, "
+                 "and this ccq was built without it: rebuild with MPI (CCQ_WITH_MPI, Debian: "
+                 "libopenmpi-dev) and launch under mpirun with bootstrap \"mpi\"");
+        return;
+    }
+    if (ops->create(cfg, &h->engine, &h->engine_err) != CCQ_OK)
+        h->engine = NULL;
 }
 
 static ccq_status host_create(const ccq_config *cfg, const ccq_be_hooks *hooks, ccq_backend **out,
@@ -354,16 +350,9 @@ static ccq_status host_create(const ccq_config *cfg, const ccq_be_hooks *hooks, 
     h->nworkers = cfg->host_workers ? cfg->host_workers : (cores > 0 ? (uint32_t)cores : 1);
     h->spin_ns = (uint64_t)cfg->spin_us * 1000u;
     h->stream_bytes = cfg->host_stream_bytes ? cfg->host_stream_bytes : HOST_NT_BYTES;
-#ifdef CCQ_HAVE_MPI
-    h->mpi_comm = cfg->mpi_comm;
     h->timeout_ns = cfg->timeout_ms ? cfg->timeout_ms * 1000000ull : UINT64_MAX;
-    h->mpi_poll_ns = HOST_MPI_POLL_NS;
-    {
-        const char *e = getenv("CCQ_HOST_MPI_POLL_US");
-        if (e != NULL && *e != '\0')
-            h->mpi_poll_ns = strtoull(e, NULL, 10) * 1000u;
-    }
-#endif
+    if (cfg->world_size > 1)
+        engine_open(h, cfg);
     atomic_init(&h->pending, 0);
     ccq_mpsc_init(&h->done);
     pthread_mutex_init(&h->mu, NULL);
@@ -391,141 +380,90 @@ static uint32_t host_device_count(const ccq_backend *be)
     return ccq_container_of(be, const host_be, base)->ndev;
 }
 
-#ifdef CCQ_HAVE_MPI
-/* A pair across processes forms once the world's MPI duplicate exists (every process posted
- * it in world_ready, so this never waits for a particular peer). */
-static ccq_status host_comm_test(ccq_backend *be, ccq_be_comm *comm, ccq_errbuf *err)
-{
-    host_be *h = to_host(be);
-    host_comm *c = (host_comm *)comm;
-    ccq_status st;
-
-    if (!c->pending)
-        return CCQ_OK;
-    st = ccq_hmpi_world_test(h->world, err);
-    if (st != CCQ_OK)
-        return st;
-    if (c->desc.nprocs == 2 && c->desc.nranks == 2) /* a pair: on the world's duplicate */
-        st = ccq_hmpi_pair_create(&c->desc, h->world, c->blob, sizeof c->blob, &c->mpi, err);
-    else
-        st = ccq_hmpi_comm_create(&c->desc, h->mpi_comm, c->blob, sizeof c->blob, &c->mpi, err);
-    if (st == CCQ_OK) {
-        c->pending = false;
-        free(c->procs);
-        c->procs = NULL;
-    }
-    return st;
-}
-
-/* Every process of the world calls this at the same point: post the world's duplicate. */
+/* Every process of the world calls this at the same point. */
 static ccq_status host_world_ready(ccq_backend *be, uint32_t world_rank, uint32_t world_size,
                                    ccq_errbuf *err)
 {
     host_be *h = to_host(be);
-    (void)world_rank;
-    (void)world_size;
-    if (ccq_hmpi_world_post(h->mpi_comm, &h->world, &h->world_err) == CCQ_OK)
-        return CCQ_OK;
-    h->world = NULL;
-    /* world_err already says why and what to do ("... launch under mpirun ..."). */
-    snprintf(err->msg, sizeof err->msg, "%s",
-             h->world_err.msg[0] ? h->world_err.msg
-                                 : "the host backend cannot span processes here: MPI is not "
-                                   "initialised in this process");
-    return CCQ_ERR_UNSUPPORTED;
+    ccq_status st;
+    if (h->engine == NULL) {
+        snprintf(err->msg, sizeof err->msg, "%s", h->engine_err.msg);
+        return CCQ_ERR_UNSUPPORTED;
+    }
+    st = h->engine->ops->world_ready(h->engine, world_rank, world_size, err);
+    if (st != CCQ_OK) {
+        snprintf(h->engine_err.msg, sizeof h->engine_err.msg, "%s", err->msg);
+        h->engine->ops->destroy(h->engine);
+        h->engine = NULL;
+    }
+    return st;
 }
-#endif
+
+static ccq_status host_comm_test(ccq_backend *be, ccq_be_comm *comm, ccq_errbuf *err)
+{
+    host_be *h = to_host(be);
+    host_comm *c = (host_comm *)comm;
+    return c->eng == NULL ? CCQ_OK : h->engine->ops->comm_test(h->engine, c->eng, err);
+}
 
 static ccq_status host_comm_create(ccq_backend *be, const ccq_be_comm_desc *d, ccq_be_comm **out,
                                    ccq_errbuf *err)
 {
+    host_be *h = to_host(be);
     host_comm *c;
-#ifndef CCQ_HAVE_MPI
-    (void)be;
-    if (d->nprocs > 1) {
-        snprintf(err->msg, sizeof err->msg,
-                 "the host backend cannot span processes: it moves data between them with MPI, "
-                 "and this ccq was "
-                 "built without it (this communicator spans %u processes): rebuild with MPI "
-                 "(CCQ_WITH_MPI, Debian: libopenmpi-dev) and launch under mpirun with "
-                 "bootstrap \"mpi\"",
+    ccq_status st = CCQ_OK;
+
+    *out = NULL;
+    if (d->nprocs > 1 && h->engine == NULL) {
+        snprintf(err->msg, sizeof err->msg, "%.440s (this communicator spans %u processes)",
+                 h->engine_err.msg[0] ? h->engine_err.msg
+                                      : "the host backend has no engine to reach other processes",
                  d->nprocs);
         return CCQ_ERR_UNSUPPORTED;
     }
-#endif
     c = calloc(1, sizeof *c);
     if (c == NULL) {
         snprintf(err->msg, sizeof err->msg, "out of memory");
         return CCQ_ERR_NO_MEMORY;
     }
-#ifdef CCQ_HAVE_MPI
-    if (d->nprocs > 1) {
-        host_be *h = to_host(be);
-        ccq_status st;
-        if (h->world == NULL) {
-            snprintf(err->msg, sizeof err->msg, "%s",
-                     h->world_err.msg[0] ? h->world_err.msg : "MPI is not set up");
-            free(c);
-            return CCQ_ERR_UNSUPPORTED;
-        }
-        c->n = d->nranks;
-        atomic_init(&c->aborted, 0);
-        c->desc = *d;
-        c->procs = malloc(d->nprocs * sizeof *c->procs);
-        if (c->procs == NULL) {
-            free(c);
-            snprintf(err->msg, sizeof err->msg, "out of memory");
-            return CCQ_ERR_NO_MEMORY;
-        }
-        memcpy(c->procs, d->procs, d->nprocs * sizeof *c->procs);
-        c->desc.procs = c->procs;
-        c->desc.local_devices = NULL;
-        c->desc.root_blob = NULL;
-        memset(c->blob, 0, sizeof c->blob);
-        if (d->root_blob_len == CCQ_HMPI_BLOB_LEN)
-            memcpy(c->blob, d->root_blob, CCQ_HMPI_BLOB_LEN);
-        c->pending = true;
-        *out = (ccq_be_comm *)c;
-        st = host_comm_test(be, *out, err);
-        if (st != CCQ_OK && st != CCQ_IN_PROGRESS) {
-            free(c->procs);
-            free(c);
-            *out = NULL;
-        }
-        return st;
-    }
-#endif
     c->n = d->nranks;
     atomic_init(&c->aborted, 0);
+    if (d->nprocs > 1) {
+        st = h->engine->ops->comm_create(h->engine, d, &c->eng, err);
+        if (st != CCQ_OK && st != CCQ_IN_PROGRESS) {
+            free(c);
+            return st;
+        }
+    }
     *out = (ccq_be_comm *)c;
-    return CCQ_OK;
+    return st;
 }
 
 static void host_comm_destroy(ccq_backend *be, ccq_be_comm *comm)
 {
-    (void)be;
-#ifdef CCQ_HAVE_MPI
-    ccq_hmpi_comm_destroy(((host_comm *)comm)->mpi);
-    free(((host_comm *)comm)->procs);
-#endif
-    free(comm);
+    host_be *h = to_host(be);
+    host_comm *c = (host_comm *)comm;
+    if (c->eng != NULL)
+        h->engine->ops->comm_destroy(h->engine, c->eng);
+    free(c);
 }
 
-#ifdef CCQ_HAVE_MPI
 static ccq_status host_comm_root_blob(ccq_backend *be, const ccq_be_comm_desc *d, void *blob,
                                       size_t *len, ccq_errbuf *err)
 {
-    (void)be;
-    (void)err;
-    ccq_hmpi_root_blob(d->world_rank, blob);
-    *len = CCQ_HMPI_BLOB_LEN;
-    return CCQ_OK;
+    host_be *h = to_host(be);
+    if (h->engine == NULL) {
+        *len = 0;
+        return CCQ_OK;
+    }
+    *len = *len < CCQ_HENG_BLOB_MAX ? *len : CCQ_HENG_BLOB_MAX;
+    return h->engine->ops->root_blob(h->engine, d, blob, len, err);
 }
 
-static ccq_hmpi_comm *op_mpi(const ccq_be_op *op)
+static ccq_heng_comm *op_eng(const ccq_be_op *op)
 {
     const host_comm *c = (const host_comm *)op->comm;
-    return c != NULL ? c->mpi : NULL;
+    return c != NULL ? c->eng : NULL;
 }
 
 static void batch_fail_detail(ccq_be_batch *b, const ccq_errbuf *err)
@@ -535,11 +473,12 @@ static void batch_fail_detail(ccq_be_batch *b, const ccq_errbuf *err)
 }
 
 /* A batch with operations across processes: local ones run now, on this thread; each of
- * the others combines its local parts and posts its MPI operation, in batch order (the
- * runtime's sequence order, the same in every process: MPI matches collectives by it). */
-static ccq_status mpi_issue(host_be *h, ccq_be_batch *b, ccq_errbuf *err)
+ * the others combines its local parts and starts its engine operation, in batch order (the
+ * runtime's sequence order, the same in every process: engines match operations by it). */
+static ccq_status xproc_issue(host_be *h, ccq_be_batch *b, ccq_errbuf *err)
 {
-    host_mbatch *m = calloc(1, sizeof *m + b->nops * sizeof m->h[0]);
+    ccq_host_engine *eng = h->engine;
+    host_xbatch *m = calloc(1, sizeof *m + b->nops * sizeof m->h[0]);
     uint64_t now = ccq_now_ns();
 
     if (m == NULL) {
@@ -548,8 +487,8 @@ static ccq_status mpi_issue(host_be *h, ccq_be_batch *b, ccq_errbuf *err)
     }
     m->b = b;
     /* The engine's deadline comes a little before the watchdog's (issue time + timeout_ms),
-     * so a stuck MPI operation fails alone (CCQ_ERR_TIMEOUT naming the MPI call) and only its
-     * communicator is aborted, not every communicator of the batch. */
+     * so a stuck engine operation fails alone (CCQ_ERR_TIMEOUT naming what it waits for) and only
+     * its communicator is aborted, not every communicator of the batch. */
     if (h->timeout_ns == UINT64_MAX) {
         m->deadline = UINT64_MAX;
     } else {
@@ -559,7 +498,7 @@ static ccq_status mpi_issue(host_be *h, ccq_be_batch *b, ccq_errbuf *err)
     }
     for (uint32_t k = 0; k < b->nops; k++) {
         ccq_be_op *op = b->ops[k];
-        ccq_hmpi_comm *mc = op_mpi(op);
+        ccq_heng_comm *mc = op_eng(op);
         ccq_errbuf e = {{0}};
         ccq_status st;
         op->status = CCQ_OK;
@@ -568,12 +507,12 @@ static ccq_status mpi_issue(host_be *h, ccq_be_batch *b, ccq_errbuf *err)
             continue;
         }
         if (mc == NULL && op->nparts < 2 && !ccq_kinds[op->kind].collective) {
-            /* A half of a pair across processes without its MPI side: never run it as a
+            /* A half of a pair across processes without its engine side: never run it as a
              * local copy (it would read a second part that does not exist). */
             op->status = CCQ_ERR_BACKEND;
             snprintf(err->msg, sizeof err->msg,
                      "internal: a %s half across processes reached the host backend before "
-                     "its communicator's MPI side existed",
+                     "its communicator's engine side existed",
                      ccq_kinds[op->kind].name);
             batch_fail_detail(b, err);
             continue;
@@ -582,34 +521,35 @@ static ccq_status mpi_issue(host_be *h, ccq_be_batch *b, ccq_errbuf *err)
             run_range(op, 0, op->count, h->stream_bytes);
             continue;
         }
-        st = ccq_hmpi_start(mc, op, now, &m->h[k], &e);
+        st = eng->ops->start(eng, mc, op, now, &m->h[k], &e);
         if (st != CCQ_OK) {
             op->status = st;
             batch_fail_detail(b, &e);
             continue;
         }
-        if (op->kind == CCQ_KIND_SEND) { /* it sends a copy: done here (see ccq_hmpi_detach) */
-            ccq_hmpi_detach(m->h[k]);
+        if (op->kind == CCQ_KIND_SEND && eng->ops->detach(eng, m->h[k])) {
+            /* it sends a copy: done here, the engine finishes it in the background */
             m->h[k] = NULL;
-            h->abandoned++;
+            h->background++;
             continue;
         }
         m->pending++;
     }
-    m->next = h->mbatches;
-    h->mbatches = m;
+    m->next = h->xbatches;
+    h->xbatches = m;
     return CCQ_OK;
 }
 
-/* Test the batches' MPI requests; return those that completed (or failed) on `list`. */
-static ccq_be_batch *mpi_poll(host_be *h, ccq_be_batch *list)
+/* Test the batches' engine operations; return those that completed (or failed) on `list`. */
+static ccq_be_batch *xproc_poll(host_be *h, ccq_be_batch *list)
 {
+    ccq_host_engine *eng = h->engine;
     uint64_t now = ccq_now_ns();
 
-    if (h->abandoned > 0)
-        h->abandoned = ccq_hmpi_reap(now, h->timeout_ns);
-    for (host_mbatch **pp = &h->mbatches; *pp != NULL;) {
-        host_mbatch *m = *pp;
+    if (h->background > 0)
+        h->background = eng->ops->reap(eng, now);
+    for (host_xbatch **pp = &h->xbatches; *pp != NULL;) {
+        host_xbatch *m = *pp;
         ccq_be_batch *b = m->b;
         for (uint32_t k = 0; k < b->nops && m->pending > 0; k++) {
             ccq_be_op *op = b->ops[k];
@@ -618,17 +558,17 @@ static ccq_be_batch *mpi_poll(host_be *h, ccq_be_batch *list)
             if (m->h[k] == NULL)
                 continue;
             if (op_aborted(op)) {
-                /* MPI cannot cancel a collective: give the request up (the engine keeps its
-                 * scratch until MPI completes it); the runtime's reason is on the comm. */
-                ccq_hmpi_abandon(m->h[k]);
-                h->abandoned++;
+                /* Give the operation up (the engine keeps what its transport may still touch);
+                 * the runtime's reason is on the comm. */
+                eng->ops->abandon(eng, m->h[k]);
+                h->background++;
                 op->status = CCQ_ERR_ABORTED;
-            } else if ((st = ccq_hmpi_test(m->h[k], &e)) == CCQ_IN_PROGRESS) {
+            } else if ((st = eng->ops->test(eng, m->h[k], &e)) == CCQ_IN_PROGRESS) {
                 if (now < m->deadline)
                     continue;
-                ccq_hmpi_describe(m->h[k], now, &e);
-                ccq_hmpi_abandon(m->h[k]);
-                h->abandoned++;
+                eng->ops->describe(eng, m->h[k], now, &e);
+                eng->ops->abandon(eng, m->h[k]);
+                h->background++;
                 op->status = CCQ_ERR_TIMEOUT;
                 op->comm_aborted = 1; /* later work on it would queue behind the stuck call */
                 batch_fail_detail(b, &e);
@@ -636,7 +576,7 @@ static ccq_be_batch *mpi_poll(host_be *h, ccq_be_batch *list)
                 op->status = st;
                 op->comm_aborted = 1;
                 batch_fail_detail(b, &e);
-                h->abandoned++;
+                h->background++;
             }
             m->h[k] = NULL;
             m->pending--;
@@ -657,12 +597,10 @@ static ccq_be_batch *mpi_poll(host_be *h, ccq_be_batch *list)
 static uint64_t host_poll_interval(const ccq_backend *be)
 {
     const host_be *h = ccq_container_of(be, const host_be, base);
-    /* Detached sends need MPI calls to finish; requests given up on (a dead peer) do not
-     * keep the scheduler polling. */
-    return h->mbatches != NULL || (h->abandoned > 0 && ccq_hmpi_detached() > 0) ? h->mpi_poll_ns
-                                                                                : 0;
+    if (h->engine == NULL || (h->xbatches == NULL && h->background == 0))
+        return 0;
+    return h->engine->ops->poll_interval(h->engine, h->xbatches != NULL);
 }
-#endif
 
 static void free_staged(host_job *j)
 {
@@ -701,12 +639,10 @@ static ccq_status host_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
     size_t total = 0, nchunks = 0;
     host_job *j;
 
-#ifdef CCQ_HAVE_MPI
     for (uint32_t k = 0; k < b->nops; k++)
-        if (op_mpi(b->ops[k]) != NULL ||
+        if (op_eng(b->ops[k]) != NULL ||
             (b->ops[k]->nparts < 2 && !ccq_kinds[b->ops[k]->kind].collective))
-            return mpi_issue(h, b, err);
-#endif
+            return xproc_issue(h, b, err);
     for (uint32_t k = 0; k < b->nops; k++) {
         if (b->ops[k]->nparts > CCQ_MAX_DEVICES) {
             snprintf(err->msg, sizeof err->msg, "op with %u parts exceeds %u", b->ops[k]->nparts,
@@ -798,10 +734,8 @@ static ccq_be_batch *host_poll(ccq_backend *be)
         list = b;
         n = next;
     }
-#ifdef CCQ_HAVE_MPI
-    if (h->mbatches != NULL || h->abandoned > 0)
-        list = mpi_poll(h, list);
-#endif
+    if (h->xbatches != NULL || h->background > 0)
+        list = xproc_poll(h, list);
     return list;
 }
 
@@ -851,12 +785,10 @@ const ccq_backend_ops ccq_host_backend_ops = {
     .create = host_create,
     .destroy = host_destroy,
     .device_count = host_device_count,
-#ifdef CCQ_HAVE_MPI
     .comm_root_blob = host_comm_root_blob,
     .poll_interval = host_poll_interval,
     .world_ready = host_world_ready,
     .comm_test = host_comm_test,
-#endif
     .comm_create = host_comm_create,
     .comm_destroy = host_comm_destroy,
     .issue = host_issue,
@@ -868,3 +800,12 @@ const ccq_backend_ops ccq_host_backend_ops = {
     .mem_free = host_mem_free,
     .mem_copy = host_mem_copy,
 };
+
+#ifndef CCQ_HAVE_MPI
+/* This build has no MPI engine (the runtime then refuses communicators across processes
+ * with engine_open's detail). */
+const ccq_host_engine_ops *ccq_host_engine_mpi(void)
+{
+    return NULL;
+}
+#endif

@@ -1,5 +1,5 @@
 /* Turn a textual trace view (made by gen_dumps.py) into a dump with ccq's own JSON writer
- * (runtime/trace_json.c), so the synthetic dumps the ccq-trace tests read have exactly the
+ * (runtime/trace/json.c), so the synthetic dumps the ccq-trace tests read have exactly the
  * format the library writes.
  *
  * usage: write_view IN.txt OUT.json. One item per line, fields as key=value:
@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/trace_view.h"
+#include "runtime/trace/view.h"
 
 #define MAXLINE 4096
 

@@ -1,5 +1,5 @@
-/* A trace dump as plain data: what runtime/trace.c copies out of a runtime (under its locks)
- * and runtime/trace_json.c writes, so the writer needs no runtime, no locks, and can be fed
+/* A trace dump as plain data: what runtime/trace/recorder.c copies out of a runtime (under its locks)
+ * and runtime/trace/json.c writes, so the writer needs no runtime, no locks, and can be fed
  * a hand-built view (tests/test_trace_json.c) or, later, views read back from files. */
 #ifndef CCQ_RUNTIME_TRACE_VIEW_H
 #define CCQ_RUNTIME_TRACE_VIEW_H
@@ -60,7 +60,7 @@ typedef struct ccq_trace_view {
     uint32_t ncomms;
 } ccq_trace_view;
 
-/* Write a view as Chrome Trace Event Format JSON (runtime/trace_json.c). Reads only `v`; any
+/* Write a view as Chrome Trace Event Format JSON (runtime/trace/json.c). Reads only `v`; any
  * thread. Returns 0, or -1 if memory or a write to `f` failed. */
 int ccq_trace_write_json(FILE *f, const ccq_trace_view *v);
 

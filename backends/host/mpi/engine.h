@@ -1,7 +1,7 @@
 /* The host backend across processes: one MPI operation per ccq operation among the member
  * processes of a communicator (one MPI rank per process), the local parts combined before
  * with the fused local kernels and the result written to every local output after. Only
- * built with MPI (CCQ_HAVE_MPI); mpi.h stays inside host_mpi.c. docs/multiprocess-host.md
+ * built with MPI (CCQ_HAVE_MPI); mpi.h stays inside engine.c. docs/multiprocess-host.md
  * describes the data path, the progress rule and what a pending operation means on failure.
  *
  * Threads: every call is made by one thread at a time per engine object (the host backend

@@ -1,4 +1,4 @@
-/* The host backend's MPI engine (see host_mpi.h). Per operation: the local parts are
+/* The host backend's MPI engine (see engine.h). Per operation: the local parts are
  * combined into one buffer with the host kernels (reduce.h), one non-blocking MPI
  * operation runs among the member processes, then the result is written to every local
  * output. Ranks are contiguous per process and processes ascend with ranks, so process p's
@@ -21,7 +21,7 @@
  *    SUM/PROD, the hot ones.
  *  - AVG is a SUM, then a division by the communicator's rank count after MPI (integers
  *    truncate, as the local path does). */
-#include "backends/host/host_mpi.h"
+#include "backends/host/mpi/engine.h"
 
 #include <inttypes.h>
 #include <limits.h>

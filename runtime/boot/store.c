@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/boot_impl.h"
+#include "runtime/boot/boot_impl.h"
 
 typedef struct store_boot {
     ccq_store store; /* the embedder's, copied */

@@ -1,5 +1,5 @@
 /* The bootstrap's private parts: the handle, an exchange, the record every mechanism
- * carries, and the interface each mechanism (boot_file.c, boot_store.c, boot_mpi.c)
+ * carries, and the interface each mechanism (file.c, store.c, mpi.c)
  * implements. Only runtime/boot*.c include this. */
 #ifndef CCQ_RUNTIME_BOOT_IMPL_H
 #define CCQ_RUNTIME_BOOT_IMPL_H
@@ -8,7 +8,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "runtime/bootstrap.h"
+#include "runtime/boot/bootstrap.h"
 
 /*
  * What a process publishes for one exchange: this header, the tag (tag_len bytes, no NUL),

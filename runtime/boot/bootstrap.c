@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "common/env.h"
-#include "runtime/boot_impl.h"
+#include "runtime/boot/boot_impl.h"
 
 /* Boot handles this process opened so far per (job, world rank): see ccq_boot.gen. Keyed
  * by rank so that one process playing several ranks (tests, a store-based launcher of

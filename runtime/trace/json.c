@@ -11,7 +11,7 @@
  * (instants when an operation has all its parts); flow arrows go from each submission to the
  * batch that issued it. Watchdog timeouts and aborts are global instants.
  *
- * The writer reads only a ccq_trace_view (runtime/trace_view.h): plain data, no runtime, no
+ * The writer reads only a ccq_trace_view (runtime/trace/view.h): plain data, no runtime, no
  * locks. Each section has its emitter; events are written in the view's (time) order. */
 #include <inttypes.h>
 #include <stdbool.h>
@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "common/kinds.h"
-#include "runtime/trace_view.h"
+#include "runtime/trace/view.h"
 
 #define SUBMIT_SLICE_US                                                                            \
     0.2 /* widest submission marker slice (narrower if the next one is                             \

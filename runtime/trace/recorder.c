@@ -3,7 +3,7 @@
  * events are written by the scheduler when it drains a command, from what the command
  * already carries (its submit time and thread). */
 #define _GNU_SOURCE
-#include "runtime/trace.h"
+#include "runtime/trace/trace.h"
 
 #include <errno.h>
 #include <fcntl.h>

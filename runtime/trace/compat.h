@@ -1,4 +1,4 @@
-/* 0.1.0's ccq_event, for binaries built against 0.1.0 (internal; runtime/trace_compat.c).
+/* 0.1.0's ccq_event, for binaries built against 0.1.0 (internal; runtime/trace/compat.c).
  *
  * 0.2.0 put struct_size first in ccq_event (and moved `type` beside it), which moved every
  * field: a 0.1.0 binary calling ccq_trace_snapshot or reading callback events would misread

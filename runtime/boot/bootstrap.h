@@ -41,7 +41,7 @@ ccq_status ccq_boot_open(const char *spec, const ccq_store *store, int64_t mpi_c
 
 /* Close this end; exchanges not freed yet are freed (so must not be used after). Must not
  * race with other calls on the handle. file: removes this job's keys once the last process
- * of the world has closed (see boot_file.c). NULL is a no-op. */
+ * of the world has closed (see boot/file.c). NULL is a no-op. */
 void ccq_boot_close(ccq_boot *boot);
 
 /* "mpi", "file:DIR" or "store", for details. */

@@ -21,7 +21,7 @@
 #include <string.h>
 
 #include "common/mpi_lock.h"
-#include "runtime/boot_impl.h"
+#include "runtime/boot/boot_impl.h"
 
 #ifndef CCQ_HAVE_MPI
 

@@ -10,8 +10,8 @@
 
 #include "ccq.h"
 #include "queue/wake.h"
-#include "runtime/trace_compat.h"
-#include "runtime/trace_view.h"
+#include "runtime/trace/compat.h"
+#include "runtime/trace/view.h"
 
 /* Log2 histogram with 4 sub-buckets per power of two (values in ns): percentiles within a
  * factor of 2^(1/4). One writer (the scheduler), any number of readers. */
@@ -27,7 +27,7 @@ double ccq_hist_percentile_us(const ccq_hist *h, double p);
 
 typedef struct ccq_trace_cb {
     ccq_event_fn fn;
-    ccq_event_fn_v0_1 fn_v0_1; /* set instead of fn by 0.1.0's entry point (trace_compat.c) */
+    ccq_event_fn_v0_1 fn_v0_1; /* set instead of fn by 0.1.0's entry point (trace/compat.c) */
     void *user;
     struct ccq_trace_cb *prev; /* replaced callbacks, freed at destroy (a reader may hold one) */
 } ccq_trace_cb;
@@ -136,7 +136,7 @@ uint64_t ccq_trace_next_tick(ccq_trace *t, uint64_t ended);
 /* Scheduler side: update the commands/s rate once a second. */
 void ccq_trace_tick(ccq_trace *t, uint64_t now, uint64_t ended);
 
-/* ---- dumps to trace_file (runtime/trace.c) and on SIGUSR1 (runtime/trace_signal.c) ---- */
+/* ---- dumps to trace_file (runtime/trace/recorder.c) and on SIGUSR1 (runtime/trace/signal.c) ---- */
 
 /* trace_file as a path for this process: "%r" becomes the world rank, "%p" the pid, "%%" a
  * "%"; without "%r", a world of several processes gets ".rank<R>" before the file name's

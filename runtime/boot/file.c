@@ -19,7 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "runtime/boot_impl.h"
+#include "runtime/boot/boot_impl.h"
 
 #define NAME_FIELD_MAX 96 /* escaped job or tag longer than this is hashed */
 

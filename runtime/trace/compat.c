@@ -1,10 +1,10 @@
-/* 0.1.0's event-log entry points (see trace_compat.h): the same events, in the old layout. */
-#include "runtime/trace_compat.h"
+/* 0.1.0's event-log entry points (see compat.h): the same events, in the old layout. */
+#include "runtime/trace/compat.h"
 
 #include <stdlib.h>
 
 #include "runtime/internal.h"
-#include "runtime/trace.h"
+#include "runtime/trace/trace.h"
 
 _Static_assert(sizeof(ccq_event_v0_1) == 80 && offsetof(ccq_event_v0_1, type) == 48 &&
                    offsetof(ccq_event_v0_1, peer) == 76,

@@ -1,0 +1,86 @@
+/* The host backend's engines: what moves data between the member processes of a
+ * communicator spanning processes, after the local parts are combined (one buffer per
+ * process). host.c calls an engine through this table only; each engine lives in a folder
+ * of its own (mpi/, and the next ones beside it) and knows nothing of the runtime.
+ *
+ * Threads: the host backend calls every function from the scheduler thread only (one
+ * thread at a time per engine object), so an engine can run its transport single-threaded.
+ * An engine progresses only inside these calls: the host backend polls it at the interval
+ * poll_interval() asks for while it has work in flight. */
+#ifndef CCQ_HOST_ENGINE_H
+#define CCQ_HOST_ENGINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backends/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ccq_host_engine ccq_host_engine; /* one per host backend (runtime) */
+typedef struct ccq_heng_comm ccq_heng_comm;     /* a communicator's engine side */
+typedef struct ccq_heng_op ccq_heng_op;         /* one operation in flight */
+
+/* Bytes of the lowest member's blob every member's comm_create receives (at most). */
+#define CCQ_HENG_BLOB_MAX 64u
+
+typedef struct ccq_host_engine_ops {
+    const char *name; /* "mpi", ... */
+    /* Create the engine for a runtime of cfg. err says why it cannot be had here (and what
+     * to do): the host backend then refuses communicators spanning processes with it. */
+    ccq_status (*create)(const ccq_config *cfg, ccq_host_engine **out, ccq_errbuf *err);
+    void (*destroy)(ccq_host_engine *e);
+    /* Every process of the world calls it at the same point, right after the processes met
+     * (backend world_ready). An error says this engine cannot span these processes. */
+    ccq_status (*world_ready)(ccq_host_engine *e, uint32_t world_rank, uint32_t world_size,
+                              ccq_errbuf *err);
+    /* On the lowest member process only: the bytes every member's comm_create gets in
+     * d->root_blob (at most CCQ_HENG_BLOB_MAX; *len in: room, out: used). */
+    ccq_status (*root_blob)(ccq_host_engine *e, const ccq_be_comm_desc *d, void *blob, size_t *len,
+                            ccq_errbuf *err);
+    /* Start the engine side of a communicator spanning d->nprocs > 1 processes: CCQ_OK when
+     * ready, CCQ_IN_PROGRESS when comm_test must be polled (*out is set either way), or an
+     * error. d (and what it points to) is valid during the call only. */
+    ccq_status (*comm_create)(ccq_host_engine *e, const ccq_be_comm_desc *d, ccq_heng_comm **out,
+                              ccq_errbuf *err);
+    ccq_status (*comm_test)(ccq_host_engine *e, ccq_heng_comm *c, ccq_errbuf *err);
+    /* Free it; operations still pending on it (abandoned) keep what they need alive. */
+    void (*comm_destroy)(ccq_host_engine *e, ccq_heng_comm *c);
+    /* Start an operation (the local combine included): op stays valid until test() returns
+     * other than CCQ_IN_PROGRESS, or abandon()/detach() is called. */
+    ccq_status (*start)(ccq_host_engine *e, ccq_heng_comm *c, const ccq_be_op *op, uint64_t now_ns,
+                        ccq_heng_op **out, ccq_errbuf *err);
+    /* CCQ_OK: done, every local output written, h freed; CCQ_IN_PROGRESS; or an error (h
+     * freed or kept by the engine, err set). */
+    ccq_status (*test)(ccq_host_engine *e, ccq_heng_op *h, ccq_errbuf *err);
+    /* What h waits for, for a timeout's detail. */
+    void (*describe)(ccq_host_engine *e, const ccq_heng_op *h, uint64_t now_ns, ccq_errbuf *err);
+    /* Give up on h (timeout, abort): the engine keeps what the transport may still touch and
+     * frees it when the transport lets go of it (reap), never writing user buffers later. */
+    void (*abandon)(ccq_host_engine *e, ccq_heng_op *h);
+    /* A send whose data the engine copied: true if it may be reported complete now (the
+     * engine finishes it in the background, moved by reap). */
+    bool (*detach)(ccq_host_engine *e, ccq_heng_op *h);
+    /* Background work (abandoned and detached operations): progress it, free what ended;
+     * returns how many are left. */
+    uint32_t (*reap)(ccq_host_engine *e, uint64_t now_ns);
+    /* How often the host backend must poll now: while operations are in flight (busy),
+     * or with background work that only polling moves; 0 = no need. */
+    uint64_t (*poll_interval)(ccq_host_engine *e, bool busy);
+} ccq_host_engine_ops;
+
+/* The base every engine struct embeds first. */
+struct ccq_host_engine {
+    const ccq_host_engine_ops *ops;
+};
+
+/* Engines built into this library (NULL when this build has none of that kind). */
+const ccq_host_engine_ops *ccq_host_engine_mpi(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CCQ_HOST_ENGINE_H */

@@ -1,0 +1,215 @@
+/* The scheduler's completion side: batches back from the backend, commands ended in stream
+ * order, `ended` published to fences. */
+#define _GNU_SOURCE
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/sched.h"
+
+/* ------------------------------------------------------------------------------------ */
+/* Ending commands                                                                       */
+/* ------------------------------------------------------------------------------------ */
+
+/* End the head command of a stream. The caller publishes `ended` afterwards. */
+static void end_head(ccq_runtime *rt, ccq_stream *s, uint64_t now)
+{
+    ccq_sched *S = rt->sched;
+    ccq_cmd *c = s->fifo_head;
+
+    s->fifo_head = c->fifo_next;
+    if (s->fifo_head == NULL)
+        s->fifo_tail = NULL;
+    if (s->cursor == c)
+        s->cursor = c->fifo_next;
+    uint64_t pos = s->ending++;
+    if (c->status == CCQ_OK) {
+        S->completed++;
+    } else {
+        if (c->cancel)
+            S->cancelled++;
+        else
+            S->failed++;
+        S->error_seen = true;
+        ccq_stream_record_error(s, pos, c->status, c->detail);
+    }
+    /* Metrics are kept whether or not the recorder is on (one histogram bucket per end). */
+    if (c->issue_ns != 0)
+        ccq_hist_add(&rt->trace.run_ns, now - c->issue_ns);
+    if (ccq_trace_on(&rt->trace))
+        sched_ev_cmd(rt, c->status == CCQ_OK ? CCQ_EV_COMPLETED : CCQ_EV_FAILED, c, now, c->status);
+    free(c->detail);
+    c->detail = NULL;
+    free(c->pre_detail);
+    c->pre_detail = NULL;
+    /* Hands the slot back to producers; nothing below may touch `c`. */
+    atomic_store_explicit(&c->busy, 0, memory_order_release);
+}
+
+static void publish_ended(ccq_runtime *rt, ccq_stream *s, uint64_t n)
+{
+    ccq_sched *S = rt->sched;
+    if (n == 0)
+        return;
+    /* Counters first, so a fence that sees `ended` also sees them (exact once idle). */
+    atomic_store_explicit(&rt->stats.completed, S->completed, memory_order_release);
+    atomic_store_explicit(&rt->stats.failed, S->failed, memory_order_release);
+    atomic_store_explicit(&rt->stats.cancelled, S->cancelled, memory_order_release);
+    ccq_stream_publish_ended(s, n);
+    /* GPU-side waits: commands that never reached the device advance the counter here. */
+    if (rt->be_ops->stream_ended != NULL)
+        rt->be_ops->stream_ended(rt->be, s->index, s->ending);
+}
+
+/* End failed commands at the heads of streams with nothing in flight, and drop streams
+ * whose FIFO is empty from the active list. */
+bool sched_end_failed_heads(ccq_runtime *rt)
+{
+    ccq_sched *S = rt->sched;
+    bool any = false;
+    uint64_t now = 0; /* read the clock only if something ends */
+
+    for (uint32_t k = 0; k < S->nactive;) {
+        ccq_stream *s = S->active[k];
+        uint64_t n = 0;
+        while (!s->inflight && s->fifo_head != NULL && s->fifo_head->state == CCQ_CMD_FAILED) {
+            now = now ? now : ccq_now_ns();
+            end_head(rt, s, now);
+            n++;
+        }
+        publish_ended(rt, s, n);
+        any |= n > 0;
+        if (s->fifo_head == NULL) {
+            s->active = false;
+            S->active[k] = S->active[--S->nactive];
+        } else {
+            k++;
+        }
+    }
+    return any;
+}
+
+void sched_batch_release(ccq_sched *S, ccq_batch *b)
+{
+    b->next = S->batch_free;
+    S->batch_free = b;
+}
+
+/* A batch came back from the backend: set each part's status, end the batch's commands
+ * (every command before each stream's cursor) in stream order. */
+void sched_batch_done(ccq_runtime *rt, ccq_batch *b)
+{
+    ccq_sched *S = rt->sched;
+    uint64_t now = ccq_now_ns();
+
+    /* Communicators the backend aborted on its own (an asynchronous error): fail what is
+     * queued on them and refuse new work, as the watchdog's aborts do. */
+    for (uint32_t k = 0; k < b->be.nops; k++) {
+        ccq_inst *i = b->insts[k];
+        if (i->op.comm_aborted &&
+            !atomic_load_explicit(&i->chan->comm->aborted, memory_order_relaxed)) {
+            char why[CCQ_DETAIL_LEN];
+            ccq_format(why, sizeof why,
+                       "the backend aborted it after an error in batch %" PRIu64 ": %s", b->be.id,
+                       b->be.detail.msg[0] ? b->be.detail.msg : "?");
+            sched_abort_comm(rt, i->chan->comm, why);
+        }
+    }
+    for (uint32_t k = 0; k < b->be.nops; k++) {
+        ccq_inst *i = b->insts[k];
+        ccq_comm *comm = i->chan->comm;
+        ccq_status st = i->op.status;
+        if (st == CCQ_OK && b->be.status != CCQ_OK)
+            st = b->be.status;
+        /* The watchdog aborted the batch: every op in it is aborted, also one the backend
+         * finished before it saw its communicator's abort (abort_batch aborts them one by
+         * one while the backend runs), so the outcome does not depend on that race. */
+        if (st == CCQ_OK && b->aborting)
+            st = CCQ_ERR_ABORTED;
+        for (uint32_t p = 0; p < i->chan->nparts; p++) {
+            ccq_cmd *c = i->cmds[p];
+            c->status = st;
+            if (st == CCQ_ERR_ABORTED &&
+                atomic_load_explicit(&comm->aborted, memory_order_relaxed)) {
+                /* Say why it was aborted (the watchdog's or the backend's reason). */
+                char reason[CCQ_DETAIL_LEN];
+                ccq_format(reason, sizeof reason, "communicator aborted: %s", comm->init_detail);
+                sched_set_detail(c, reason);
+            } else if (st != CCQ_OK) {
+                char reason[CCQ_DETAIL_LEN];
+                ccq_format(reason, sizeof reason, "%s%s%s", ccq_status_string(st),
+                           b->be.detail.msg[0] ? ": " : "", b->be.detail.msg);
+                sched_set_detail(c, reason);
+            }
+            if (i->chan->id == CCQ_CHAN_COLL && c->seq + 1 > i->chan->comm->coll_done[c->rank])
+                i->chan->comm->coll_done[c->rank] = c->seq + 1;
+        }
+        sched_inst_release(S, i);
+    }
+    for (ccq_stream *s = b->streams; s != NULL;) {
+        ccq_stream *next = s->batch_next;
+        uint64_t n = 0;
+        while (s->fifo_head != s->cursor) {
+            end_head(rt, s, now);
+            n++;
+        }
+        s->inflight = false;
+        atomic_store_explicit(&s->issued_ns, 0, memory_order_relaxed);
+        publish_ended(rt, s, n);
+        s = next;
+    }
+    if (ccq_trace_on(&rt->trace))
+        sched_ev_misc(rt, ccq_now_ns(), CCQ_EV_BATCH_DONE, b->be.id, UINT32_MAX, 0, b->be.nops, 0,
+                      b->be.status);
+    for (uint32_t k = 0; k < b->be.nops; k++) {
+        if (b->insts[k]->op.status != CCQ_OK || b->be.status != CCQ_OK) {
+            char note[CCQ_DETAIL_LEN];
+            ccq_format(
+                note, sizeof note, "batch %" PRIu64 " (%u ops) failed: %s%s%s", b->be.id,
+                b->be.nops,
+                ccq_status_string(b->be.status != CCQ_OK ? b->be.status : b->insts[k]->op.status),
+                b->be.detail.msg[0] ? ": " : "", b->be.detail.msg);
+            ccq_trace_note(&rt->trace, CCQ_EV_BATCH_DONE, note);
+            break;
+        }
+    }
+    /* Unlink from the in-flight list. */
+    for (ccq_batch **pp = &S->inflight; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == b) {
+            *pp = b->next;
+            break;
+        }
+    }
+    S->ninflight--;
+    sched_batch_release(S, b);
+}
+
+bool sched_reap(ccq_runtime *rt)
+{
+    ccq_sched *S = rt->sched;
+    ccq_be_batch *list = S->done;
+    bool any = false;
+
+    S->done = NULL;
+    /* Also with nothing in flight while the backend still has background work that only
+     * its poll() moves (the host backend's sends across processes, completed early). */
+    if (S->ninflight > 0 ||
+        (rt->be_ops->poll_interval != NULL && rt->be_ops->poll_interval(rt->be) > 0)) {
+        ccq_be_batch *more = rt->be_ops->poll(rt->be);
+        /* Append: completions are independent, order does not matter. */
+        while (more != NULL) {
+            ccq_be_batch *next = more->next_done;
+            more->next_done = list;
+            list = more;
+            more = next;
+        }
+    }
+    while (list != NULL) {
+        ccq_be_batch *next = list->next_done;
+        sched_batch_done(rt, ccq_container_of(list, ccq_batch, be));
+        list = next;
+        any = true;
+    }
+    return any;
+}
