@@ -11,7 +11,8 @@ Cases:
                 also reading the array and holding it). The queue has room for all of them.
   submit+sync   an all_reduce over {0} then the blocking fence, per op: a round trip through
                 the scheduler (Python: rt.sync; C: ccq_sync_collective).
-  submit+fence  the same with a fence object waited on (Python: rt.fence(0).wait()).
+  submit+fence  the same with a fence value waited on (Python: rt.fence(0).wait(); C:
+                ccq_fence_begin + ccq_fence_wait).
 """
 
 import argparse
@@ -86,7 +87,7 @@ def main(argv=None):
             ("submit", c_submit, python_submit),
             ("submit+sync", lambda: rt._c_loop(0, buf, buf, a.ops, [0], 1, 1),
              lambda: py_submit_sync(rt, buf, a.ops)),
-            ("submit+fence", lambda: rt._c_loop(0, buf, buf, a.ops, [0], 1, 1),
+            ("submit+fence", lambda: rt._c_loop(0, buf, buf, a.ops, [0], 1, 1, True),
              lambda: py_submit_fence(rt, buf, a.ops)),
         ]
         for _, c, py in cases:  # warm up: pools, caches, the scheduler's first wake-ups

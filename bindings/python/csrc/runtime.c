@@ -470,13 +470,24 @@ static PyObject *rt_nccl_stream_wait(ccqpy_runtime *self, PyObject *args)
 
 /* ---- the C baseline of bindings/python/bench/bench_overhead.py ------------------------------ */
 
-/* _c_loop(device, src, dst, ops, devices, fence_every, stream): ops all_reduce calls of ccq's
- * C API on (device, stream) with the buffers' pointers, a ccq_sync_collective after every
- * fence_every of them (0: once at the end; -1: none); returns the nanoseconds the loop took.
+/* A fence of the C loop: ccq_sync_collective, or a fence value waited on. */
+static ccq_status c_loop_fence(ccq_runtime *rt, unsigned device, unsigned stream, int values)
+{
+    ccq_fence f;
+    if (!values)
+        return ccq_sync_collective(rt, device, stream);
+    ccq_status st = ccq_fence_begin(rt, device, stream, &f);
+    return st != CCQ_OK ? st : ccq_fence_wait(rt, device, stream, f, 0);
+}
+
+/* _c_loop(device, src, dst, ops, devices, fence_every, stream=0, fence_values=False): ops
+ * all_reduce calls of ccq's C API on (device, stream) with the buffers' pointers, a fence after
+ * every fence_every of them (0: once at the end; -1: none), ccq_sync_collective or (with
+ * fence_values) ccq_fence_begin + ccq_fence_wait; returns the nanoseconds the loop took.
  * The same work as the Python loop it is compared with, minus Python. */
 static uint64_t c_loop_run(ccq_runtime *rt, unsigned device, unsigned stream, const ccqpy_buf *src,
                            const ccqpy_buf *dst, Py_ssize_t ops, const ccq_device_id *ids, size_t n,
-                           Py_ssize_t every, ccq_status *out)
+                           Py_ssize_t every, int values, ccq_status *out)
 {
     size_t count = src->nbytes / ccq_dtype_size((ccq_dtype)src->dtype);
     ccq_status st = CCQ_OK;
@@ -486,10 +497,10 @@ static uint64_t c_loop_run(ccq_runtime *rt, unsigned device, unsigned stream, co
         st = ccq_all_reduce(rt, device, stream, src->ptr, dst->ptr, count, (ccq_dtype)src->dtype,
                             CCQ_SUM, ids, n);
         if (st == CCQ_OK && every > 0 && (i + 1) % every == 0)
-            st = ccq_sync_collective(rt, device, stream);
+            st = c_loop_fence(rt, device, stream, values);
     }
     if (st == CCQ_OK && every == 0)
-        st = ccq_sync_collective(rt, device, stream);
+        st = c_loop_fence(rt, device, stream, values);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     *out = st;
     return (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000000ull + (uint64_t)t1.tv_nsec -
@@ -499,10 +510,11 @@ static uint64_t c_loop_run(ccq_runtime *rt, unsigned device, unsigned stream, co
 static PyObject *rt_c_loop(ccqpy_runtime *self, PyObject *args)
 {
     unsigned device, stream = 0;
+    int values = 0;
     PyObject *src_o, *dst_o, *devs_o;
     Py_ssize_t ops, every;
-    if (!PyArg_ParseTuple(args, "IOOnOn|I:_c_loop", &device, &src_o, &dst_o, &ops, &devs_o, &every,
-                          &stream))
+    if (!PyArg_ParseTuple(args, "IOOnOn|Ip:_c_loop", &device, &src_o, &dst_o, &ops, &devs_o, &every,
+                          &stream, &values))
         return NULL;
     ccqpy_buf src, dst;
     if (check_open(self) || ccqpy_buf_get(src_o, CCQPY_MEM_HOST, 0, "src", &src) != 0)
@@ -522,8 +534,8 @@ static PyObject *rt_c_loop(ccqpy_runtime *self, PyObject *args)
     ccq_status st = CCQ_OK;
     uint64_t ns = 0;
     if (!PyErr_Occurred() && src.dtype >= 0 && ccqpy_enter(self, 1) == 0) {
-        CCQPY_NOGIL(
-            ns = c_loop_run(self->rt, device, stream, &src, &dst, ops, ids, (size_t)n, every, &st));
+        CCQPY_NOGIL(ns = c_loop_run(self->rt, device, stream, &src, &dst, ops, ids, (size_t)n,
+                                    every, values, &st));
         ccqpy_leave(self);
     }
     ccqpy_buf_release(&src);
