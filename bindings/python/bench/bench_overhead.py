@@ -9,10 +9,13 @@ Cases:
                 1's parts come after the timed loop, so the scheduler only queues them: the
                 time is the submitting call itself (validation, the lock-free push; in Python
                 also reading the array and holding it). The queue has room for all of them.
+  sync          the blocking fence on a stream with nothing in flight: the fence call itself
+                (Python: rt.sync(0, 2); C: ccq_sync_collective).
+  fence         a fence value taken and waited on, nothing in flight (Python:
+                rt.fence(0, 2).wait(); C: ccq_fence_begin + ccq_fence_wait).
   submit+sync   an all_reduce over {0} then the blocking fence, per op: a round trip through
-                the scheduler (Python: rt.sync; C: ccq_sync_collective).
-  submit+fence  the same with a fence value waited on (Python: rt.fence(0).wait(); C:
-                ccq_fence_begin + ccq_fence_wait).
+                the scheduler, whose wake-ups dominate (and on a loaded machine, its noise).
+  submit+fence  the same with a fence value waited on.
 """
 
 import argparse
@@ -34,6 +37,20 @@ def py_submit(rt, a, ops):
     t0 = time.perf_counter_ns()
     for _ in range(ops):
         rt.all_reduce(0, a, devices=pair)
+    return time.perf_counter_ns() - t0
+
+
+def py_sync(rt, ops):
+    t0 = time.perf_counter_ns()
+    for _ in range(ops):
+        rt.sync(0, 2)
+    return time.perf_counter_ns() - t0
+
+
+def py_fence(rt, ops):
+    t0 = time.perf_counter_ns()
+    for _ in range(ops):
+        rt.fence(0, 2).wait()
     return time.perf_counter_ns() - t0
 
 
@@ -85,6 +102,10 @@ def main(argv=None):
 
         cases = [
             ("submit", c_submit, python_submit),
+            ("sync", lambda: rt._c_loop(0, buf, buf, a.ops, [0], 1, 2, False, False),
+             lambda: py_sync(rt, a.ops)),
+            ("fence", lambda: rt._c_loop(0, buf, buf, a.ops, [0], 1, 2, True, False),
+             lambda: py_fence(rt, a.ops)),
             ("submit+sync", lambda: rt._c_loop(0, buf, buf, a.ops, [0], 1, 1),
              lambda: py_submit_sync(rt, buf, a.ops)),
             ("submit+fence", lambda: rt._c_loop(0, buf, buf, a.ops, [0], 1, 1, True),

@@ -470,76 +470,80 @@ static PyObject *rt_nccl_stream_wait(ccqpy_runtime *self, PyObject *args)
 
 /* ---- the C baseline of bindings/python/bench/bench_overhead.py ------------------------------ */
 
-/* A fence of the C loop: ccq_sync_collective, or a fence value waited on. */
-static ccq_status c_loop_fence(ccq_runtime *rt, unsigned device, unsigned stream, int values)
+/* What _c_loop runs: ops times [an all_reduce (unless !submit)], a fence after every `every`
+ * of them (0: one at the end; -1: none), ccq_sync_collective or (values) a fence value. */
+typedef struct c_loop {
+    unsigned device, stream;
+    ccqpy_buf src, dst;
+    Py_ssize_t ops, every;
+    ccq_device_id ids[64];
+    size_t n;
+    int values, submit;
+} c_loop;
+
+static ccq_status c_loop_fence(ccq_runtime *rt, const c_loop *l)
 {
     ccq_fence f;
-    if (!values)
-        return ccq_sync_collective(rt, device, stream);
-    ccq_status st = ccq_fence_begin(rt, device, stream, &f);
-    return st != CCQ_OK ? st : ccq_fence_wait(rt, device, stream, f, 0);
+    if (!l->values)
+        return ccq_sync_collective(rt, l->device, l->stream);
+    ccq_status st = ccq_fence_begin(rt, l->device, l->stream, &f);
+    return st != CCQ_OK ? st : ccq_fence_wait(rt, l->device, l->stream, f, 0);
 }
 
-/* _c_loop(device, src, dst, ops, devices, fence_every, stream=0, fence_values=False): ops
- * all_reduce calls of ccq's C API on (device, stream) with the buffers' pointers, a fence after
- * every fence_every of them (0: once at the end; -1: none), ccq_sync_collective or (with
- * fence_values) ccq_fence_begin + ccq_fence_wait; returns the nanoseconds the loop took.
- * The same work as the Python loop it is compared with, minus Python. */
-static uint64_t c_loop_run(ccq_runtime *rt, unsigned device, unsigned stream, const ccqpy_buf *src,
-                           const ccqpy_buf *dst, Py_ssize_t ops, const ccq_device_id *ids, size_t n,
-                           Py_ssize_t every, int values, ccq_status *out)
+/* Runs with the GIL released; returns the nanoseconds it took. */
+static uint64_t c_loop_run(ccq_runtime *rt, const c_loop *l, ccq_status *out)
 {
-    size_t count = src->nbytes / ccq_dtype_size((ccq_dtype)src->dtype);
+    size_t count = l->src.nbytes / ccq_dtype_size((ccq_dtype)l->src.dtype);
     ccq_status st = CCQ_OK;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (Py_ssize_t i = 0; i < ops && st == CCQ_OK; i++) {
-        st = ccq_all_reduce(rt, device, stream, src->ptr, dst->ptr, count, (ccq_dtype)src->dtype,
-                            CCQ_SUM, ids, n);
-        if (st == CCQ_OK && every > 0 && (i + 1) % every == 0)
-            st = c_loop_fence(rt, device, stream, values);
+    for (Py_ssize_t i = 0; i < l->ops && st == CCQ_OK; i++) {
+        if (l->submit)
+            st = ccq_all_reduce(rt, l->device, l->stream, l->src.ptr, l->dst.ptr, count,
+                                (ccq_dtype)l->src.dtype, CCQ_SUM, l->ids, l->n);
+        if (st == CCQ_OK && l->every > 0 && (i + 1) % l->every == 0)
+            st = c_loop_fence(rt, l);
     }
-    if (st == CCQ_OK && every == 0)
-        st = c_loop_fence(rt, device, stream, values);
+    if (st == CCQ_OK && l->every == 0)
+        st = c_loop_fence(rt, l);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     *out = st;
     return (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000000ull + (uint64_t)t1.tv_nsec -
            (uint64_t)t0.tv_nsec;
 }
 
+/* _c_loop(device, src, dst, ops, devices, fence_every, stream=0, fence_values=False,
+ * submit=True) -> ns: the loop above through ccq's C API, on this runtime and these buffers:
+ * the same work as the Python loop bench_overhead.py compares it with, minus Python. */
 static PyObject *rt_c_loop(ccqpy_runtime *self, PyObject *args)
 {
-    unsigned device, stream = 0;
-    int values = 0;
+    c_loop l = {.stream = 0, .values = 0, .submit = 1};
     PyObject *src_o, *dst_o, *devs_o;
-    Py_ssize_t ops, every;
-    if (!PyArg_ParseTuple(args, "IOOnOn|Ip:_c_loop", &device, &src_o, &dst_o, &ops, &devs_o, &every,
-                          &stream, &values))
+    if (!PyArg_ParseTuple(args, "IOOnOn|Ipp:_c_loop", &l.device, &src_o, &dst_o, &l.ops, &devs_o,
+                          &l.every, &l.stream, &l.values, &l.submit))
         return NULL;
-    ccqpy_buf src, dst;
-    if (check_open(self) || ccqpy_buf_get(src_o, CCQPY_MEM_HOST, 0, "src", &src) != 0)
+    if (check_open(self) || ccqpy_buf_get(src_o, CCQPY_MEM_HOST, 0, "src", &l.src) != 0)
         return NULL;
-    if (ccqpy_buf_get(dst_o, CCQPY_MEM_HOST, 1, "dst", &dst) != 0) {
-        ccqpy_buf_release(&src);
+    if (ccqpy_buf_get(dst_o, CCQPY_MEM_HOST, 1, "dst", &l.dst) != 0) {
+        ccqpy_buf_release(&l.src);
         return NULL;
     }
     PyObject *seq = PySequence_Fast(devs_o, "devices");
-    ccq_device_id ids[64];
     Py_ssize_t n = seq ? PySequence_Fast_GET_SIZE(seq) : 0;
     if (n > 64)
         ccqpy_raisef(CCQ_ERR_INVALID_ARGUMENT, "_c_loop: at most 64 devices");
     for (Py_ssize_t i = 0; seq && i < n && i < 64; i++)
-        ids[i] = (ccq_device_id)PyLong_AsUnsignedLong(PySequence_Fast_GET_ITEM(seq, i));
+        l.ids[i] = (ccq_device_id)PyLong_AsUnsignedLong(PySequence_Fast_GET_ITEM(seq, i));
+    l.n = (size_t)n;
     Py_XDECREF(seq);
     ccq_status st = CCQ_OK;
     uint64_t ns = 0;
-    if (!PyErr_Occurred() && src.dtype >= 0 && ccqpy_enter(self, 1) == 0) {
-        CCQPY_NOGIL(ns = c_loop_run(self->rt, device, stream, &src, &dst, ops, ids, (size_t)n,
-                                    every, values, &st));
+    if (!PyErr_Occurred() && l.src.dtype >= 0 && ccqpy_enter(self, 1) == 0) {
+        CCQPY_NOGIL(ns = c_loop_run(self->rt, &l, &st));
         ccqpy_leave(self);
     }
-    ccqpy_buf_release(&src);
-    ccqpy_buf_release(&dst);
+    ccqpy_buf_release(&l.src);
+    ccqpy_buf_release(&l.dst);
     if (PyErr_Occurred())
         return NULL;
     if (st != CCQ_OK)
