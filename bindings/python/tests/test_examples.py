@@ -1,6 +1,7 @@
 """The examples of docs/python.md run as the document shows, and print what it pastes."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -48,3 +49,18 @@ def test_world_all_reduce_plain_processes():
     if "cannot span processes" in out:
         pytest.skip("the host backend of this libccq cannot span plain processes yet")
     assert out.count("all_reduce over 6 devices: [21.0]") == 3, out
+
+
+def test_readme_python_example():
+    """The example of the README's Python section, run as written, prints what it shows."""
+    readme = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..",
+                          "README.md")
+    if not os.path.exists(readme):
+        pytest.skip("README.md not found")
+    section = open(readme).read().split("\n## Python\n", 1)[1]
+    # The first ```python block, and the plain ``` block right after it (its output).
+    code, shown = re.search(r"```python\n(.*?)```\s*```\n(.*?)```", section, re.S).groups()
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == shown, (r.stdout, shown)
