@@ -211,13 +211,42 @@ static int devices_arg(ccqpy_runtime *self, PyObject *v, ccq_device_id *stack, s
     return 0;
 }
 
-/* Hand the buffers of an accepted command to its stream's holds (room was reserved). */
-static void hold(ccqpy_holds *h, ccqpy_buf *bufs, int n)
+/* Enter the runtime for a submission on (device, stream) and make room for its hold, so that
+ * keeping the buffers after the C call accepted the command cannot fail. 0, or -1 with an
+ * error set (nothing entered). */
+static int submit_begin(ccqpy_runtime *self, uint32_t device, uint32_t stream, ccqpy_holds **h)
 {
-    /* h is NULL only if ccq accepted a device or stream this process does not own, which it
-     * never does; the buffers are then kept for ever rather than freed under ccq. */
-    if (h != NULL)
-        ccqpy_holds_push(h, bufs, n);
+    if (ccqpy_enter(self, 1) != 0)
+        return -1;
+    *h = ccqpy_holds_of(self, device, stream);
+    if (*h && ccqpy_holds_reserve(*h) != 0) {
+        ccqpy_leave(self);
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+/* After the C call: the buffers of an accepted command go to its stream's holds (h is NULL
+ * only if ccq accepted a device or stream this process does not own, which it never does:
+ * the buffers are then kept for ever rather than freed under ccq); a refusal raises ccq's
+ * error. Leaves the runtime. None, or NULL with the error set. */
+static PyObject *submit_end(ccqpy_runtime *self, ccqpy_holds *h, ccq_status st, ccqpy_buf *bufs,
+                            int n)
+{
+    PyObject *r = NULL;
+    if (st == CCQ_OK) {
+        if (h != NULL)
+            ccqpy_holds_push(h, bufs, n);
+        else
+            for (int i = 0; i < n; i++)
+                bufs[i].kind = CCQPY_BUF_NONE;
+        r = Py_NewRef(Py_None);
+    } else {
+        ccqpy_raise(st, NULL);
+    }
+    ccqpy_leave(self);
+    return r;
 }
 
 /* The C call of a collective (run with the GIL released). */
@@ -340,14 +369,9 @@ static PyObject *submit_coll(ccqpy_runtime *self, const coll *c, PyObject *const
     if (count < 0)
         goto out;
 
-    if (ccqpy_enter(self, 1) != 0)
+    ccqpy_holds *h;
+    if (submit_begin(self, device, stream, &h) != 0)
         goto out;
-    ccqpy_holds *h = ccqpy_holds_of(self, device, stream);
-    if (h && ccqpy_holds_reserve(h) != 0) {
-        ccqpy_leave(self);
-        PyErr_NoMemory();
-        goto out;
-    }
     ccq_runtime *rt = self->rt;
     const void *s = in_place ? dst->ptr : src->kind ? src->ptr : NULL;
     void *d = dst->kind ? dst->ptr : NULL;
@@ -356,13 +380,7 @@ static PyObject *submit_coll(ccqpy_runtime *self, const coll *c, PyObject *const
     ccq_reduce_op o = (ccq_reduce_op)op;
     ccq_status st;
     CCQPY_NOGIL(st = call_coll(c, rt, device, stream, s, d, cnt, dt, o, root, ids, n));
-    if (st == CCQ_OK) {
-        hold(h, bufs, 2);
-        result = Py_NewRef(Py_None);
-    } else {
-        ccqpy_raise(st, NULL);
-    }
-    ccqpy_leave(self);
+    result = submit_end(self, h, st, bufs, 2);
 out:
     if (ids && ids != stack && ids != self->all)
         PyMem_Free(ids);
@@ -417,27 +435,16 @@ static PyObject *submit_p2p(ccqpy_runtime *self, int is_send, PyObject *const *a
     if ((dtype = resolve_dtype(fn, dtype, pb, names, 1)) < 0 ||
         (count = elements(fn, "buf", &buf, dtype)) < 0)
         goto out;
-    if (ccqpy_enter(self, 1) != 0)
+    ccqpy_holds *h;
+    if (submit_begin(self, device, stream, &h) != 0)
         goto out;
-    ccqpy_holds *h = ccqpy_holds_of(self, device, stream);
-    if (h && ccqpy_holds_reserve(h) != 0) {
-        ccqpy_leave(self);
-        PyErr_NoMemory();
-        goto out;
-    }
     ccq_runtime *rt = self->rt;
     ccq_status st;
     CCQPY_NOGIL(
         st = is_send
                  ? ccq_send(rt, device, stream, buf.ptr, (size_t)count, (ccq_dtype)dtype, peer)
                  : ccq_recv(rt, device, stream, buf.ptr, (size_t)count, (ccq_dtype)dtype, peer));
-    if (st == CCQ_OK) {
-        hold(h, &buf, 1);
-        result = Py_NewRef(Py_None);
-    } else {
-        ccqpy_raise(st, NULL);
-    }
-    ccqpy_leave(self);
+    result = submit_end(self, h, st, &buf, 1);
 out:
     ccqpy_buf_release(&buf);
     return result;

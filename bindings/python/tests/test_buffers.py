@@ -261,3 +261,30 @@ def test_lifetime_kept_after_a_sync_that_timed_out():
         assert rt.fence(0).wait(timeout=10) is True
         gc.collect()
         assert w() is None
+
+
+def test_no_reference_leaked(rt):
+    """Submitting, refusing, fencing: the arrays' reference counts come back exactly."""
+    import sys
+    from test_collectives import DLPackOnly
+    srcs = [np.ones(64, np.float32) for _ in DEVS]
+    dsts = [np.zeros(64, np.float32) for _ in DEVS]
+    ro = np.ones(64, np.float32)
+    ro.flags.writeable = False
+    base = [sys.getrefcount(x) for x in srcs + dsts + [ro]]
+    for i in range(50):
+        for d in DEVS:
+            if i % 2:
+                rt.all_reduce(d, srcs[d], dsts[d], devices=DEVS)
+            else:
+                rt.all_reduce(d, DLPackOnly(srcs[d]), DLPackOnly(dsts[d]), devices=DEVS)
+        for d in DEVS:
+            rt.fence(d).wait() if i % 3 else rt.sync(d)
+        with pytest.raises(ccq.InvalidArgumentError):
+            rt.all_reduce(0, srcs[0], ro, devices=DEVS)
+        with pytest.raises(ccq.NotInitializedError):
+            rt.all_reduce(0, srcs[0], dsts[0], devices=[0, 3])
+        with pytest.raises(ccq.InvalidArgumentError):
+            rt.all_gather(0, srcs[0], dsts[0], devices=DEVS)
+    gc.collect()
+    assert [sys.getrefcount(x) for x in srcs + dsts + [ro]] == base
