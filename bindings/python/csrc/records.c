@@ -92,15 +92,16 @@ static const rfield event_fields[] = {
 
 static PyTypeObject *stats_type, *metrics_type, *event_type;
 
-static PyTypeObject *make_type(const char *name, const char *doc, const rfield *f, size_t n)
+/* The named-tuple type of a table. Its field list must outlive the type, which lives as long
+ * as the process: @p sf is static storage of n + 1 entries. */
+static PyTypeObject *make_type(const char *name, const char *doc, const rfield *f, size_t n,
+                               PyStructSequence_Field *sf)
 {
-    PyStructSequence_Field *sf = PyMem_Calloc(n + 1, sizeof *sf); /* kept for the type's life */
-    if (sf == NULL)
-        return (PyTypeObject *)PyErr_NoMemory();
     for (size_t i = 0; i < n; i++) {
         sf[i].name = f[i].name;
         sf[i].doc = f[i].doc;
     }
+    sf[n].name = NULL;
     PyStructSequence_Desc desc = {(char *)name, (char *)doc, sf, (int)n};
     return PyStructSequence_NewType(&desc);
 }
@@ -157,12 +158,14 @@ PyObject *ccqpy_event_record(const ccq_event *e)
 
 int ccqpy_records_init(PyObject *mod)
 {
-    stats_type =
-        make_type("ccq.Stats", "ccq_stats: counters of a runtime", stats_fields, NF(stats_fields));
+    static PyStructSequence_Field stats_sf[NF(stats_fields) + 1],
+        metrics_sf[NF(metrics_fields) + 1], event_sf[NF(event_fields) + 1];
+    stats_type = make_type("ccq.Stats", "ccq_stats: counters of a runtime", stats_fields,
+                           NF(stats_fields), stats_sf);
     metrics_type = make_type("ccq.Metrics", "ccq_metrics: live metrics of a runtime",
-                             metrics_fields, NF(metrics_fields));
+                             metrics_fields, NF(metrics_fields), metrics_sf);
     event_type = make_type("ccq.Event", "ccq_event: one event of the flight recorder", event_fields,
-                           NF(event_fields));
+                           NF(event_fields), event_sf);
     if (!stats_type || !metrics_type || !event_type)
         return -1;
     if (PyModule_AddObjectRef(mod, "Stats", (PyObject *)stats_type) < 0 ||
