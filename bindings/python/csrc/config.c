@@ -210,7 +210,8 @@ PyObject *ccqpy_config_defaults(PyObject *mod, PyObject *unused)
     }
     if (d && cfg.env_error) {
         /* What ccq_runtime_create would refuse: say it where the defaults are read. */
-        PyObject *e = PyUnicode_FromString(cfg.env_error);
+        PyObject *e =
+            PyUnicode_DecodeUTF8(cfg.env_error, (Py_ssize_t)strlen(cfg.env_error), "replace");
         if (e == NULL || PyDict_SetItemString(d, "env_error", e) != 0)
             Py_CLEAR(d);
         Py_XDECREF(e);

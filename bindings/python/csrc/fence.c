@@ -55,8 +55,8 @@ static PyObject *detail_of(ccqpy_runtime *self, uint32_t device, uint32_t stream
     size_t len = strlen(d);
     static const char cut[] = "... [truncated]";
     if (len < sizeof cut - 1 || strcmp(d + len - (sizeof cut - 1), cut) != 0)
-        return PyUnicode_FromString(d);
-    PyObject *first = PyUnicode_FromString(d);
+        return PyUnicode_DecodeUTF8(d, (Py_ssize_t)len, "replace");
+    PyObject *first = PyUnicode_DecodeUTF8(d, (Py_ssize_t)len, "replace");
     for (size_t room = 4096; room <= (1u << 22); room *= 4) {
         char *buf = PyMem_Malloc(room);
         if (buf == NULL)
@@ -64,7 +64,7 @@ static PyObject *detail_of(ccqpy_runtime *self, uint32_t device, uint32_t stream
         ccq_stream_last_error(self->rt, device, stream, buf, room);
         size_t n = strlen(buf);
         if (n + 1 < room || room == (1u << 22)) {
-            PyObject *whole = n > len ? PyUnicode_FromString(buf) : NULL;
+            PyObject *whole = n > len ? PyUnicode_DecodeUTF8(buf, (Py_ssize_t)n, "replace") : NULL;
             PyMem_Free(buf);
             if (whole) {
                 Py_XDECREF(first);
@@ -79,6 +79,8 @@ static PyObject *detail_of(ccqpy_runtime *self, uint32_t device, uint32_t stream
 
 static PyObject *raise_with(ccq_status st, PyObject *detail)
 {
+    if (detail == NULL && PyErr_Occurred())
+        return NULL; /* no memory for the detail: that error instead */
     const char *d = detail ? PyUnicode_AsUTF8(detail) : NULL;
     return ccqpy_raise(st, d ? d : "");
 }

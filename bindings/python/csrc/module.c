@@ -6,6 +6,7 @@
 #include <dlfcn.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include <ccq/version.h>
 
@@ -27,7 +28,9 @@ PyObject *ccqpy_raise(ccq_status st, const char *detail)
         return NULL;
     if (cls == NULL)
         cls = error_base ? error_base : PyExc_RuntimeError;
-    PyObject *exc = PyObject_CallFunction(cls, "is", (int)st, detail);
+    /* A detail may quote a path or a user's string: never fail on its bytes. */
+    PyObject *d = PyUnicode_DecodeUTF8(detail, (Py_ssize_t)strlen(detail), "replace");
+    PyObject *exc = d ? PyObject_CallFunction(cls, "iN", (int)st, d) : NULL;
     if (exc != NULL) {
         PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
         Py_DECREF(exc);

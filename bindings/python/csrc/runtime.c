@@ -390,7 +390,8 @@ static PyObject *rt_stream_last_error(ccqpy_runtime *self, PyObject *args)
             len *= 4;
             continue;
         }
-        PyObject *r = Py_BuildValue("(is)", (int)st, buf);
+        PyObject *r = Py_BuildValue("(iN)", (int)st,
+                                    PyUnicode_DecodeUTF8(buf, (Py_ssize_t)strlen(buf), "replace"));
         PyMem_Free(buf);
         return r;
     }

@@ -239,3 +239,10 @@ def test_store_exception_fails_creation(monkeypatch):
     assert "ccq/" in e.value.detail
     assert any(isinstance(u.exc_value, RuntimeError) and "store is down" in str(u.exc_value)
                for u in seen)
+
+
+def test_detail_with_bytes_that_are_not_utf8(rt):
+    """ccq's detail quotes a path given as bytes: the error still comes, its bytes replaced."""
+    with pytest.raises(ccq.BackendError) as e:
+        rt.trace_dump(b"/nonexistent-\xff/trace.json")
+    assert "nonexistent-\ufffd" in e.value.detail
