@@ -14,8 +14,9 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "world_worker.
 CANNOT_SPAN = "cannot span processes"
 
 
-def spawn(n, size, tmp, extra_env=None, args=(), timeout=90):
-    """Start n plain processes of a world of `size` (ranks 0..n-1); their JSON lines."""
+def spawn(n, size, tmp, extra_env=None, args=(), timeout=90, killed=()):
+    """Start n plain processes of a world of `size` (ranks 0..n-1); their JSON lines (None for
+    the ranks in `killed`, which must have died of SIGKILL)."""
     procs = []
     for r in range(n):
         env = dict(os.environ, CCQ_WORLD_RANK=str(r), CCQ_WORLD_SIZE=str(size),
@@ -23,12 +24,16 @@ def spawn(n, size, tmp, extra_env=None, args=(), timeout=90):
         procs.append(subprocess.Popen([sys.executable, WORKER, *args], env=env, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     outs = []
-    for p in procs:
+    for r, p in enumerate(procs):
         try:
             out, err = p.communicate(timeout=timeout)
         finally:
             if p.poll() is None:
                 p.kill()
+        if r in killed:
+            assert p.returncode == -9, (p.returncode, err)
+            outs.append(None)
+            continue
         assert p.returncode == 0, err
         outs.append(json.loads(out.strip().splitlines()[-1]))
     return outs
@@ -81,6 +86,14 @@ def test_world_process_never_arrives(tmp_path):
         assert "process 2 never joined" in o["detail"], o
 
 
+def test_world_process_killed_survivors_finish(tmp_path):
+    """Process 1 is killed (SIGKILL) once the world met: the others run their own devices'
+    collectives and close on time (nothing waits for the dead process)."""
+    outs = spawn(3, 3, tmp_path, args=("--kill-rank", "1"), killed=(1,), timeout=60)
+    for r in (0, 2):
+        assert outs[r]["rank"] == r and outs[r]["local"] == sum(d + 1 for d in outs[r]["devices"])
+
+
 def mpirun():
     exe = shutil.which("mpirun") or shutil.which("mpiexec")
     if exe is None:
@@ -103,3 +116,21 @@ def test_world_under_mpirun():
     check_meeting(outs)
     for o in outs:
         assert o["span"] == {"all_reduce": [21.0], "all_gather": True, "broadcast": [5.0]}, o
+
+
+def test_world_under_mpirun_disagreeing_processes():
+    """Process 2 submits the spanning all_reduce with another count, check_signatures on: every
+    process's fence raises ccq.MismatchError naming the processes and the field."""
+    env = dict(os.environ, CCQ_BOOTSTRAP="mpi", OMPI_ALLOW_RUN_AS_ROOT="1",
+               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
+    for k in ("CCQ_WORLD_RANK", "CCQ_WORLD_SIZE"):
+        env.pop(k, None)
+    r = subprocess.run([mpirun(), "-np", "3", sys.executable, WORKER, "--devices", "1",
+                        "--disagree", "--timeout-ms", "20000"], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    outs = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert len(outs) == 3, r.stdout
+    for o in outs:
+        assert o["span"]["fences"] == ["MISMATCH"], o
+        assert "process 0 (rank 0) 8, process 2 (rank 2) 16" in o["span"]["detail"], o

@@ -5,11 +5,17 @@ all_reduce over its own devices, then the collectives over every device of the w
 prints one JSON line of what it saw.
 
     python3 world_worker.py [--devices N] [--timeout-ms T] [--store DIR] [--all-kinds]
+                            [--kill-rank R] [--disagree]
+
+--kill-rank R: process R kills itself (SIGKILL) once the world has met; the others go on.
+--disagree: the last process submits the spanning all_reduce with another count, with
+check_signatures on: every process's fence must say MISMATCH.
 """
 
 import argparse
 import json
 import os
+import signal
 import sys
 
 import numpy as np
@@ -46,8 +52,10 @@ def main():
     p.add_argument("--timeout-ms", type=int, default=30000)
     p.add_argument("--store")
     p.add_argument("--all-kinds", action="store_true")
+    p.add_argument("--kill-rank", type=int, default=-1)
+    p.add_argument("--disagree", action="store_true")
     a = p.parse_args()
-    config = dict(host_devices=a.devices, timeout_ms=a.timeout_ms)
+    config = dict(host_devices=a.devices, timeout_ms=a.timeout_ms, check_signatures=a.disagree)
     if a.store:
         config.update(store=DirStore(a.store), bootstrap=None)
     out = {}
@@ -56,6 +64,8 @@ def main():
     except ccq.Error as e:
         print(json.dumps({"create": e.status.name, "detail": e.detail}), flush=True)
         return 0
+    if rt.world_rank == a.kill_rank:
+        os.kill(os.getpid(), signal.SIGKILL)
     with rt:
         local = list(rt.local_devices)
         out.update(rank=rt.world_rank, size=rt.world_size, devices=local, count=rt.device_count)
@@ -74,9 +84,27 @@ def main():
         except ccq.UnsupportedError as e:
             out["span"] = {"unsupported": e.detail}
         else:
-            out["span"] = run_world(rt, local, world, a.all_kinds)
+            out["span"] = (disagree(rt, local, world) if a.disagree
+                           else run_world(rt, local, world, a.all_kinds))
     print(json.dumps(out), flush=True)
     return 0
+
+
+def disagree(rt, local, world):
+    """The last process's parts have twice the count of the others'."""
+    n = 16 if rt.world_rank == rt.world_size - 1 else 8
+    bufs = {d: np.ones(n, np.float32) for d in local}
+    for d in local:
+        rt.all_reduce(d, bufs[d], devices=world)
+    statuses = []
+    for d in local:
+        try:
+            rt.sync(d)
+            statuses.append("OK")
+        except ccq.Error as e:
+            statuses.append(e.status.name)
+            detail = e.detail
+    return {"fences": statuses, "detail": detail if "MISMATCH" in statuses else ""}
 
 
 def run_world(rt, local, world, all_kinds):
