@@ -96,13 +96,15 @@ class BuildExt(build_ext):
         pkg = os.path.join(os.path.abspath(self.build_lib), "ccq")
         os.makedirs(pkg, exist_ok=True)
         copied = 0
-        for path in glob.glob(os.path.join(lib, "libccq*.so.*")):
+        # Modules may be installed beside libccq or below it: all go next to it in the package,
+        # where libccq looks for them first.
+        for path in glob.glob(os.path.join(stage, "**", "libccq*.so.*"), recursive=True):
             m = re.match(r"(libccq[^/]*\.so\.\d+)(\.|$)", os.path.basename(path))
             if m and not os.path.islink(path):
                 shutil.copy2(path, os.path.join(pkg, m.group(1)))
                 copied += 1
         if not copied:
-            raise SystemExit("ccq: the CMake build installed no libccq*.so.* in " + lib)
+            raise SystemExit("ccq: the CMake build installed no libccq*.so.* in " + stage)
         return lib, os.path.join(stage, "include")
 
 
