@@ -165,6 +165,9 @@ PyObject *ccqpy_sync(ccqpy_runtime *self, PyObject *const *args, Py_ssize_t narg
 PyObject *ccqpy_fence(ccqpy_runtime *self, PyObject *const *args, Py_ssize_t nargs,
                       PyObject *kwnames);
 
+/* baseline.c: Runtime._c_loop, the C side of the overhead benchmark */
+PyObject *ccqpy_c_loop(ccqpy_runtime *self, PyObject *args);
+
 /* ---- argument parsing (submit.c): METH_FASTCALL | METH_KEYWORDS without the private API ---- */
 
 /* Match @p kwnames against @p names (interned, NULL-terminated): out[i] = the value or NULL.
