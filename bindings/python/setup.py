@@ -55,6 +55,9 @@ class BuildExt(build_ext):
             if include is None:
                 raise SystemExit("ccq: no ccq.h: set CCQ_INCLUDE_DIR")
             ext.runtime_library_dirs = [lib_dir]
+            # A libccq bundled by an earlier build in this build directory must not ship.
+            for stale in glob.glob(os.path.join(self.build_lib, "ccq", "libccq*.so.*")):
+                os.remove(stale)
         else:
             lib_dir, include = self.build_libccq()
             ext.runtime_library_dirs = ["$ORIGIN"]
