@@ -19,7 +19,9 @@ def main(res, out):
     for ax, (p, g, n) in zip(axes, ((2, 1, 2), (2, 2, 4))):
         recs = json.load(open(os.path.join(res, f"ddp-sweep-p{p}g{g}.json")))["records"]
         xs = [max(r["fusion_bytes"], 1) for r in recs]
-        ax.plot(xs[1:], [r["median_ms"] for r in recs[1:]], "o-", label="ccq, fusion on")
+        ax.plot(xs[1:], [r["median_ms"] for r in recs[1:]], "o-", label="ccq, fusion on (median)")
+        ax.plot(xs[1:], [r["min_ms"] for r in recs[1:]], "v:", color="C0", alpha=0.6,
+                label="ccq, fusion on (fastest step)")
         ax.axhline(recs[0]["median_ms"], color="C0", ls=":", label="ccq, fusion off (0)")
         for mode, style in (("mpi-per-param", "--"), ("mpi-fused", "-.")):
             vals = []
@@ -31,7 +33,7 @@ def main(res, out):
                            ls=style, label=f"MPI {n} proc, {mode[4:]}")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("fusion_bytes")
-        ax.set_ylabel("step time (ms, median)")
+        ax.set_ylabel("step time (ms)")
         ax.set_title(f"DDP step (600 float32 params, 16 MiB), ccq {p} proc x {g} dev")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)

@@ -30,7 +30,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backends/host/convert.h"
 #include "backends/host/reduce.h"
 #include "common/mpi_lock.h"
 
@@ -269,51 +268,11 @@ static void mpi_reduction(ccq_dtype dt, ccq_reduce_op ro, MPI_Datatype *t, MPI_O
 
 /* ---- local steps ---------------------------------------------------------------------- */
 
-/* x[i] /= n for AVG: integers with C's truncating division in their signedness, floats in
- * float (narrow types widened and rounded once, as the local kernels do). */
+/* x[i] /= n for AVG (reduce.h: the kernels' semantics, vectorized; a power-of-two n
+ * multiplies by 1/n, which gives the same bits). */
 static void divide(ccq_dtype dt, void *buf, size_t count, uint32_t n)
 {
-    for (size_t i = 0; i < count; i++) {
-        switch (dt) {
-        case CCQ_INT8:
-            ((int8_t *)buf)[i] = (int8_t)(((int8_t *)buf)[i] / (int32_t)n);
-            break;
-        case CCQ_UINT8:
-            ((uint8_t *)buf)[i] = (uint8_t)(((uint8_t *)buf)[i] / n);
-            break;
-        case CCQ_INT32:
-            ((int32_t *)buf)[i] = ((int32_t *)buf)[i] / (int32_t)n;
-            break;
-        case CCQ_UINT32:
-            ((uint32_t *)buf)[i] /= n;
-            break;
-        case CCQ_INT64:
-            ((int64_t *)buf)[i] /= (int64_t)n;
-            break;
-        case CCQ_UINT64:
-            ((uint64_t *)buf)[i] /= n;
-            break;
-        case CCQ_FLOAT32:
-            ((float *)buf)[i] /= (float)n;
-            break;
-        case CCQ_FLOAT64:
-            ((double *)buf)[i] /= (double)n;
-            break;
-        case CCQ_FLOAT16:
-            ((uint16_t *)buf)[i] = ccq_f32_to_f16(ccq_f16_to_f32(((uint16_t *)buf)[i]) / (float)n);
-            break;
-        case CCQ_BFLOAT16:
-            ((uint16_t *)buf)[i] =
-                ccq_f32_to_bf16(ccq_bf16_to_f32(((uint16_t *)buf)[i]) / (float)n);
-            break;
-        case CCQ_FLOAT8E4M3:
-            ((uint8_t *)buf)[i] = ccq_f32_to_e4m3(ccq_e4m3_to_f32(((uint8_t *)buf)[i]) / (float)n);
-            break;
-        default:
-            ((uint8_t *)buf)[i] = ccq_f32_to_e5m2(ccq_e5m2_to_f32(((uint8_t *)buf)[i]) / (float)n);
-            break;
-        }
-    }
+    ccq_host_divide(dt, buf, buf, count, n);
 }
 
 static void copy(void *dst, const void *src, size_t bytes)
@@ -1131,17 +1090,20 @@ static void finish_fused(ccq_hmpi_op *h)
     bool avg = op0->redop == CCQ_AVG;
     const char *o = h->out;
 
-    if (avg && op0->kind == CCQ_KIND_ALL_REDUCE)
-        divide(dt, h->out, T, c->nranks);
-    if (avg && op0->kind == CCQ_KIND_REDUCE_SCATTER)
-        divide(dt, h->out, nl * T, c->nranks);
     for (uint32_t i = 0; i < h->nops; i++) {
         const ccq_be_op *op = h->ops[i];
         size_t cnt = op->count, blk = cnt * es;
         for (uint32_t k = 0; k < nl; k++) {
             char *d = op->parts[k].dst;
             switch (op0->kind) {
-            case CCQ_KIND_ALL_REDUCE:
+            case CCQ_KIND_ALL_REDUCE: /* AVG divides on the way out, once (one pass) */
+                if (k > 0)
+                    copy(d, op->parts[0].dst, blk);
+                else if (avg)
+                    ccq_host_divide(dt, o + off * es, d, cnt, c->nranks);
+                else
+                    copy(d, o + off * es, blk);
+                break;
             case CCQ_KIND_BROADCAST:
                 copy(d, o + off * es, blk);
                 break;
@@ -1153,7 +1115,10 @@ static void finish_fused(ccq_hmpi_op *h)
                              blk);
                 break;
             default: /* reduce_scatter */
-                copy(d, o + (nl * off + k * cnt) * es, blk);
+                if (avg)
+                    ccq_host_divide(dt, o + (nl * off + k * cnt) * es, d, cnt, c->nranks);
+                else
+                    copy(d, o + (nl * off + k * cnt) * es, blk);
                 break;
             }
         }
