@@ -604,6 +604,7 @@ void ccq_hmpi_comm_destroy(ccq_hmpi_comm *c)
 /* ---- operations ----------------------------------------------------------------------- */
 
 static ccq_status launch(ccq_hmpi_op *h, bool collective, ccq_hmpi_op **out, ccq_errbuf *err);
+static ccq_hmpi_op *op_new(ccq_hmpi_comm *c, const ccq_be_op *op, uint64_t now_ns, ccq_errbuf *err);
 static int post_fused(ccq_hmpi_op *h);
 static int post_min(ccq_hmpi_op *h);
 static void finish_fused(ccq_hmpi_op *h);
@@ -915,17 +916,25 @@ ccq_status ccq_hmpi_start(ccq_hmpi_comm *c, const ccq_be_op *op, uint64_t now_ns
                  kind_name(op->kind), op->count, c->nranks, INT_MAX);
         return CCQ_ERR_UNSUPPORTED;
     }
-    h = calloc(1, sizeof *h + 4 * (size_t)c->nprocs * sizeof(int));
+    if ((h = op_new(c, op, now_ns, err)) == NULL)
+        return CCQ_ERR_NO_MEMORY;
+    return launch(h, ccq_kinds[op->kind].collective, out, err);
+}
+
+/* A new operation on c (with room for the v collectives' counts), or NULL (err set). */
+static ccq_hmpi_op *op_new(ccq_hmpi_comm *c, const ccq_be_op *op, uint64_t now_ns, ccq_errbuf *err)
+{
+    ccq_hmpi_op *h = calloc(1, sizeof *h + 4 * (size_t)c->nprocs * sizeof(int));
     if (h == NULL) {
         snprintf(err->msg, sizeof err->msg, "out of memory");
-        return CCQ_ERR_NO_MEMORY;
+        return NULL;
     }
     h->v = (int *)(h + 1);
     h->c = c;
     h->op = op;
     h->req = MPI_REQUEST_NULL;
     h->start_ns = now_ns;
-    return launch(h, ccq_kinds[op->kind].collective, out, err);
+    return h;
 }
 
 /* Post the MPI operation h describes (one op, a fused group or an agreement) and hand it
@@ -1146,19 +1155,11 @@ ccq_status ccq_hmpi_start_fused(ccq_hmpi_comm *c, const ccq_be_op *const *ops, u
                  n, kind_name(kind), total, c->nranks, INT_MAX);
         return CCQ_ERR_UNSUPPORTED;
     }
-    h = calloc(1, sizeof *h + 4 * (size_t)c->nprocs * sizeof(int));
-    if (h == NULL) {
-        snprintf(err->msg, sizeof err->msg, "out of memory");
+    if ((h = op_new(c, ops[0], now_ns, err)) == NULL)
         return CCQ_ERR_NO_MEMORY;
-    }
-    h->v = (int *)(h + 1);
-    h->c = c;
-    h->op = ops[0];
     h->ops = ops;
     h->nops = n;
     h->total = (size_t)total;
-    h->req = MPI_REQUEST_NULL;
-    h->start_ns = now_ns;
     return launch(h, true, out, err);
 }
 
@@ -1177,18 +1178,13 @@ static int post_min(ccq_hmpi_op *h)
 ccq_status ccq_hmpi_start_min(ccq_hmpi_comm *c, int64_t *vec, uint32_t n, uint64_t now_ns,
                               ccq_hmpi_op **out, ccq_errbuf *err)
 {
-    ccq_hmpi_op *h = calloc(1, sizeof *h);
+    ccq_hmpi_op *h;
 
     *out = NULL;
-    if (h == NULL) {
-        snprintf(err->msg, sizeof err->msg, "out of memory");
+    if ((h = op_new(c, NULL, now_ns, err)) == NULL)
         return CCQ_ERR_NO_MEMORY;
-    }
-    h->c = c;
     h->minvec = vec;
     h->nmin = n;
-    h->req = MPI_REQUEST_NULL;
-    h->start_ns = now_ns;
     h->what = "MPI_Iallreduce";
     return launch(h, true, out, err);
 }
