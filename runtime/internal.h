@@ -176,6 +176,8 @@ typedef struct ccq_inst {
     uint64_t batch_pass;    /* batch pass whose batch holds it */
     uint64_t blocked_pass;  /* batch pass in which it was found blocked */
     bool stage;             /* send/recv: the send's src is overwritten later in its batch */
+    bool cut;               /* in flight when a member process was lost: fails whatever the
+                               backend says (the abort or revoke may have ended it early) */
     uint64_t refuse_pass;   /* batch pass that first found it cannot be staged (0: none) */
     ccq_status fail_status; /* when FAILED: what late parts get */
     char *fail_detail;

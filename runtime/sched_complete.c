@@ -135,8 +135,9 @@ void sched_batch_done(ccq_runtime *rt, ccq_batch *b)
          * one while the backend runs), so the outcome does not depend on that race. */
         if (st == CCQ_OK && b->aborting)
             st = CCQ_ERR_ABORTED;
-        /* A member process was lost: what did not complete fails as that loss. */
-        if (st != CCQ_OK && atomic_load_explicit(&comm->lost, memory_order_relaxed))
+        /* A member process was lost: what did not complete, and what was in flight then,
+         * fails as that loss. */
+        if ((st != CCQ_OK || i->cut) && atomic_load_explicit(&comm->lost, memory_order_relaxed))
             st = CCQ_ERR_PROCESS_LOST;
         if (i->chan->id != CCQ_CHAN_COLL)
             comm->p2p_done++;

@@ -249,6 +249,13 @@ void sched_lose_comm(ccq_runtime *rt, ccq_comm *comm, const char *why)
         return;
     snprintf(comm->lost_detail, sizeof comm->lost_detail, "%s", why);
     atomic_store_explicit(&comm->lost, 1, memory_order_release);
+    /* Its operations in flight fail, also one the backend reports done: the revoke or abort
+     * ends kernels that wait for the lost process, and their completion says nothing about
+     * their data (as the watchdog's aborts, the outcome does not depend on that race). */
+    for (ccq_batch *b = rt->sched->inflight; b != NULL; b = b->next)
+        for (uint32_t k = 0; k < b->be.nops; k++)
+            if (b->insts[k]->chan->comm == comm)
+                b->insts[k]->cut = true;
     if (!was_aborted) {
         abort_comm(rt, comm, CCQ_ERR_PROCESS_LOST, why);
         return;

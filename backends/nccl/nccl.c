@@ -1623,6 +1623,11 @@ static bool batch_poll(nccl_be *h, nccl_batch *nb)
                 enqueuing = true;
             } else if (st != ncclSuccess) {
                 nccl_msg(&err, "asynchronous error", st, c->comms[i]);
+                /* A peer process gone (or unreachable): revoked rather than aborted, so the
+                 * survivors can shrink it (runtime/health/ tells them it is lost). */
+                if (st == ncclRemoteError && NCCL_HAS_SHRINK &&
+                    h->version >= NCCL_VERSION(2, 28, 0))
+                    c->revoked = true;
                 batch_fail(h, nb, nccl_status(st) == CCQ_OK ? CCQ_ERR_BACKEND : nccl_status(st),
                            err.msg);
                 return batch_drained(nb, h);

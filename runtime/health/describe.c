@@ -61,7 +61,8 @@ size_t ccq_health_describe_loss(const ccq_health *h, uint32_t p, char *buf, size
     else
         w += ccq_format(buf + w, len - w, "process %" PRIu32 " saw that %s", q->by,
                         ccq_health_how_name(q->how));
-    w += ccq_format(buf + w, len - w, " (its last heartbeat %.1f s old then)",
-                    (double)q->hb_age_ns / 1e9);
+    if (h->records) /* (the MPI bootstrap carries no heartbeats: only the OS tells) */
+        w += ccq_format(buf + w, len - w, " (its last heartbeat %.1f s old then)",
+                        (double)q->hb_age_ns / 1e9);
     return w;
 }

@@ -41,7 +41,8 @@ struct ccq_health {
     uint32_t rank, size;
     uint32_t first_device, ndevices; /* this process's */
     uint64_t hb_ns, timeout_ns;      /* hb_ns 0: heartbeats off */
-    bool beats;                      /* the monitor thread runs */
+    bool beats;                      /* the monitor thread publishes and reads records */
+    bool records;                    /* the bootstrap carries heartbeat records (not MPI) */
 
     pthread_mutex_t lock; /* details, records, pidfds, `mine` */
     hpeer *peers;         /* [size]; peers[rank] is this process */

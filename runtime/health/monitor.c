@@ -322,13 +322,20 @@ static void *monitor_main(void *arg)
             pthread_mutex_unlock(&h->lock);
             next_read = now; /* and learn at once whether it was declared lost meanwhile */
         }
-        if (now >= next_read) {
+        if (!h->records) {
+            /* No heartbeat records on this bootstrap (MPI): only the OS's word on the
+             * processes of this host. */
+            next_read = next_beat = now + 3600000000000ull;
+        } else if (now >= next_read) {
             for (uint32_t q = 0; q < h->size; q++)
                 if (q != h->rank && ccq_health_state_of(h, q) == CCQ_PROCESS_ALIVE)
                     read_one(h, q, now);
             next_read = now + read_ns;
         }
-        if (atomic_exchange_explicit(&h->publish, 0, memory_order_acq_rel) || now >= next_beat) {
+        if (!h->records) {
+            atomic_store_explicit(&h->publish, 0, memory_order_relaxed);
+        } else if (atomic_exchange_explicit(&h->publish, 0, memory_order_acq_rel) ||
+                   now >= next_beat) {
             publish(h,
                     ccq_health_state_of(h, h->rank) == CCQ_PROCESS_ALIVE ? CCQ_HB_ALIVE
                                                                          : CCQ_HB_LOST,
@@ -340,7 +347,8 @@ static void *monitor_main(void *arg)
                 if (closed[k] < h->size && closed[k] != h->rank)
                     ccq_health_declare(h, closed[k], h->rank, CCQ_HOW_CLOSED,
                                        now - h->peers[closed[k]].change_ns, realtime_ns());
-        check_ages(h, now);
+        if (h->records)
+            check_ages(h, now);
 
         /* Sleep until the next beat or read, a watched process exiting, or a kick. */
         pfd[n].fd = h->wake_fd;
@@ -434,8 +442,11 @@ ccq_status ccq_health_start(ccq_runtime *rt)
     ccq_health *h = rt->health;
     uint64_t now;
 
-    if (h == NULL || h->hb_ns == 0 || h->boot == NULL || !ccq_boot_has_heartbeats(h->boot))
+    if (h == NULL || h->hb_ns == 0 || h->boot == NULL)
         return CCQ_OK;
+    /* Without heartbeat records (the MPI bootstrap) the monitor still watches the processes
+     * of this host through the OS. */
+    h->records = ccq_boot_has_heartbeats(h->boot);
     h->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (h->wake_fd < 0)
         return ccq_fail(CCQ_ERR_NO_MEMORY, "job health: eventfd: %s", strerror(errno));
@@ -451,7 +462,7 @@ ccq_status ccq_health_start(ccq_runtime *rt)
     if (pthread_create(&h->thread, NULL, monitor_main, h) != 0)
         return ccq_fail(CCQ_ERR_NO_MEMORY, "job health: cannot start the monitor thread");
     h->started = true;
-    h->beats = true;
+    h->beats = h->records;
     return CCQ_OK;
 }
 
@@ -465,6 +476,8 @@ void ccq_health_destroy(ccq_runtime *rt)
         atomic_store_explicit(&h->stop, 1, memory_order_release);
         ccq_health_kick(h);
         pthread_join(h->thread, NULL);
+    }
+    if (h->started && h->records) {
         /* Last word: this process left cleanly (unless it had been declared lost: then the
          * others know it as lost, and it says so). */
         publish(h,

@@ -2,6 +2,7 @@
  * before anything is read, so a truncated or foreign record is refused, never misread. */
 #include "runtime/health/record.h"
 
+#include <stddef.h>
 #include <string.h>
 
 int ccq_hb_decode(const void *rec, size_t len, ccq_hb_view *out, const char **why)
@@ -53,3 +54,15 @@ const ccq_hb_comm *ccq_hb_next_comm(const unsigned char **cursor, const uint32_t
     *cursor += ccq_hb_comm_size(c->nranges);
     return c;
 }
+
+/* tools/ccq-trace reads these records with Python's struct module: the layout is fixed. */
+_Static_assert(sizeof(ccq_hb_head) == 152 && offsetof(ccq_hb_head, nonce) == 16 &&
+                   offsetof(ccq_hb_head, state) == 40 &&
+                   offsetof(ccq_hb_head, heartbeat_ms) == 64 &&
+                   offsetof(ccq_hb_head, nlost) == 80 && offsetof(ccq_hb_head, hostname) == 88,
+               "heartbeat header layout (tools/ccq-trace, docs/multiprocess.md)");
+_Static_assert(sizeof(ccq_hb_lost) == 32, "lost entry layout (tools/ccq-trace)");
+_Static_assert(sizeof(ccq_hb_comm) == 56 && offsetof(ccq_hb_comm, submitted) == 16 &&
+                   offsetof(ccq_hb_comm, pending_kind) == 32 &&
+                   offsetof(ccq_hb_comm, pending_seq) == 40,
+               "communicator entry layout (tools/ccq-trace)");

@@ -868,7 +868,8 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async_error)
             comm->pending--;
             st = ncclInProgress;
         }
-        if (st == ncclSuccess && comm->clique->xp != NULL &&
+        /* (A revoked rank left its clique: its earlier cross-process error is over.) */
+        if (st == ncclSuccess && comm->clique->xp != NULL && !comm->revoked &&
             (st = fake_xp_poll(comm->clique->xp, comm->rank)) != ncclInProgress)
             comm->async = st;
         if (st != ncclInProgress)

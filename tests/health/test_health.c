@@ -193,6 +193,10 @@ static int died_child(unsigned rank, unsigned nprocs, void *arg)
     ccq_set_event_callback(rt, on_event, &seen);
     if (ccq_comm_init(rt, all, 3) != CCQ_OK)
         FAIL(11, "comm_init");
+    /* One all_reduce together (everyone's communicator is ready), then process 2 dies. */
+    if (ccq_all_reduce(rt, rank, 0, in, out, N, CCQ_FLOAT32, CCQ_SUM, all, 3) != CCQ_OK ||
+        ccq_sync_collective(rt, rank, 0) != CCQ_OK)
+        FAIL(22, "the first all_reduce");
     if (rank == 2)
         _exit(0); /* dies without destroying its runtime */
     /* Its loss fails the world's next all_reduce, naming it and its device. */
