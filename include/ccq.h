@@ -389,7 +389,9 @@ CCQ_API const char *ccq_last_error_detail(void);
  * @param[in] n        Number of devices (>= 1).
  * @return CCQ_OK; CCQ_ERR_INVALID_ARGUMENT (unknown or duplicate device, n == 0, NULL);
  *         CCQ_ERR_BACKEND when the backend could not create it (detail has its message);
- *         CCQ_ERR_TIMEOUT; CCQ_ERR_SHUTDOWN.
+ *         CCQ_ERR_TIMEOUT; CCQ_ERR_SHUTDOWN; CCQ_ERR_PROCESS_LOST at once when the set holds a
+ *         device of a lost process (also if it had formed before), or spans processes while
+ *         this one was declared lost (ccq_world_process_state).
  */
 CCQ_API ccq_status ccq_comm_init(ccq_runtime *rt, const ccq_device_id *devices, size_t n);
 
@@ -406,7 +408,8 @@ CCQ_API ccq_status ccq_comm_init(ccq_runtime *rt, const ccq_device_id *devices, 
  *         never passed to ccq_comm_init; a pair's communicator also exists once ccq_send or
  *         ccq_recv between the two devices created it); CCQ_ERR_QUEUE_FULL (non-blocking mode, or
  * the stream stayed full for timeout_ms); CCQ_ERR_ABORTED (the communicator was aborted);
- *         CCQ_ERR_SHUTDOWN. On any error nothing is queued.
+ *         CCQ_ERR_PROCESS_LOST (a member process was lost); CCQ_ERR_SHUTDOWN. On any error
+ *         nothing is queued.
  */
 CCQ_API ccq_status ccq_all_reduce(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream,
                                   const void *src, void *dst, size_t count, ccq_dtype dtype,
