@@ -127,6 +127,10 @@ typedef struct ccq_be_submit {
 typedef struct ccq_be_hooks {
     void (*notify)(void *arg);
     void *notify_arg;
+    /* An engine that learns that a peer process failed (UCX's peer error handling, a closed
+     * connection) calls peer_failed(notify_arg, its world rank), from any thread: the runtime
+     * declares it lost (job health), and every survivor learns it. NULL-safe to skip. */
+    void (*peer_failed)(void *arg, uint32_t world_rank);
 } ccq_be_hooks;
 
 typedef struct ccq_backend_ops {

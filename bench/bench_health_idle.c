@@ -17,24 +17,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_common.h"
 #include "ccq.h"
 
 enum { NPROCS = 4 };
-
-static double cpu_s(void)
-{
-    struct rusage u;
-    getrusage(RUSAGE_SELF, &u);
-    return (double)u.ru_utime.tv_sec + (double)u.ru_stime.tv_sec +
-           ((double)u.ru_utime.tv_usec + (double)u.ru_stime.tv_usec) / 1e6;
-}
-
-static void sleep_s(double s)
-{
-    struct timespec t = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
-    while (nanosleep(&t, &t) != 0)
-        ;
-}
 
 static int one(const char *dir, unsigned rank, unsigned hb_ms, double seconds, double *out)
 {
@@ -54,10 +40,10 @@ static int one(const char *dir, unsigned rank, unsigned hb_ms, double seconds, d
         fprintf(stderr, "process %u: %s\n", rank, ccq_last_error_detail());
         return 1;
     }
-    sleep_s(1.0); /* past start-up */
-    double c0 = cpu_s();
-    sleep_s(seconds);
-    *out = (cpu_s() - c0) / seconds;
+    bench_sleep_s(1.0); /* past start-up */
+    double c0 = bench_cpu_s();
+    bench_sleep_s(seconds);
+    *out = (bench_cpu_s() - c0) / seconds;
     ccq_runtime_destroy(rt);
     return 0;
 }
@@ -66,8 +52,8 @@ int main(int argc, char **argv)
 {
     double seconds = argc > 1 ? atof(argv[1]) : 10.0;
     unsigned settings[16] = {0, 1000, 100}, nset = 3;
-    double *cpu = mmap(NULL, NPROCS * sizeof *cpu, PROT_READ | PROT_WRITE,
-                       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    double *cpu =
+        mmap(NULL, NPROCS * sizeof *cpu, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 
     if (argc > 2) {
         nset = 0;

@@ -280,6 +280,12 @@ static void runtime_free(ccq_runtime *rt)
     free(rt);
 }
 
+/* An engine's word that a peer process failed (job health: runtime/health/). */
+static void backend_peer_failed(void *arg, uint32_t world_rank)
+{
+    ccq_health_peer_failed(arg, world_rank);
+}
+
 static void backend_notify(void *arg)
 {
     ccq_runtime *rt = arg;
@@ -355,6 +361,7 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
 
     hooks.notify = backend_notify;
     hooks.notify_arg = rt;
+    hooks.peer_failed = backend_peer_failed;
     st = ops->create(&rt->cfg, &hooks, &rt->be, &err);
     if (st != CCQ_OK) {
         rt->be = NULL;

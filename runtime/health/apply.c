@@ -242,22 +242,19 @@ bool ccq_health_serve(ccq_runtime *rt)
 bool ccq_health_probe(ccq_runtime *rt, ccq_comm *comm)
 {
     ccq_health *h = rt->health;
-    uint64_t now = ccq_now_ns();
 
     if (h == NULL || comm->nprocs <= 1)
         return false;
     for (uint32_t k = 0; k < comm->nprocs; k++) {
         uint32_t p = comm->procs[k];
         bool gone;
-        uint64_t age;
         if (p == h->rank || ccq_health_state_of(h, p) != CCQ_PROCESS_ALIVE)
             continue;
         pthread_mutex_lock(&h->lock);
         gone = ccq_os_exited(&h->peers[p]);
-        age = now - h->peers[p].change_ns;
         pthread_mutex_unlock(&h->lock);
         if (gone)
-            ccq_health_declare(h, p, h->rank, CCQ_HOW_EXITED, age, 0);
+            ccq_health_exited(h, p);
     }
     if (atomic_load_explicit(&h->epoch, memory_order_acquire) != h->applied_epoch)
         ccq_health_serve(rt);

@@ -84,6 +84,9 @@ struct ccq_health {
  * Takes the lock. True if this changed its state. */
 bool ccq_health_declare(ccq_health *h, uint32_t process, uint32_t by, uint32_t how,
                         uint64_t hb_age_ns, uint64_t realtime_ns);
+/* The OS says process q exited: it left if its last record says so (a clean destroy
+ * publishes that before it exits), else it is lost. Any thread. */
+void ccq_health_exited(ccq_health *h, uint32_t q);
 /* Wake the monitor thread (publish now, or stop). */
 void ccq_health_kick(ccq_health *h);
 

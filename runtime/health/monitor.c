@@ -189,6 +189,17 @@ static void publish(ccq_health *h, uint32_t state, bool with_progress)
 /* The others' records                                                                   */
 /* ------------------------------------------------------------------------------------ */
 
+/* Take over the losses a record lists (also a last record: a process that left still tells
+ * what it knew). */
+static void relay_losses(ccq_health *h, const ccq_hb_view *v)
+{
+    for (uint32_t k = 0; k < v->head->nlost; k++) {
+        ccq_hb_lost e = v->lost[k];
+        if (e.rank < h->size && e.by < h->size && e.how < CCQ_HOW_COUNT_)
+            ccq_health_declare(h, e.rank, e.by, e.how, e.hb_age_ns, e.realtime_ns);
+    }
+}
+
 /* Read process q's latest record: note its beat advancing, take over the losses it lists,
  * watch its process if it runs on this host. */
 static void read_one(ccq_health *h, uint32_t q, uint64_t now)
@@ -228,18 +239,11 @@ static void read_one(ccq_health *h, uint32_t q, uint64_t now)
         free(rec);
         return;
     }
-    if (v.head->state == CCQ_HB_LEFT) {
+    if (v.head->state == CCQ_HB_LEFT)
         mark_left(h, q);
-        return;
-    }
-    if (gone)
+    else if (gone)
         ccq_health_declare(h, q, h->rank, CCQ_HOW_EXITED, 0, realtime_ns());
-    /* The losses it lists. (v points into p->rec, which only this thread replaces.) */
-    for (uint32_t k = 0; k < v.head->nlost; k++) {
-        ccq_hb_lost e = v.lost[k];
-        if (e.rank < h->size && e.by < h->size && e.how < CCQ_HOW_COUNT_)
-            ccq_health_declare(h, e.rank, e.by, e.how, e.hb_age_ns, e.realtime_ns);
-    }
+    relay_losses(h, &v); /* (v points into p->rec, which only this thread replaces) */
 }
 
 /* Processes whose beat stopped: declared, unless this process hears nobody at all (then the
@@ -267,14 +271,31 @@ static void check_ages(ccq_health *h, uint64_t now)
     }
 }
 
-/* A watched process exited: unless its last record says it left, it is lost. */
-static void on_exit_seen(ccq_health *h, uint32_t q, uint64_t now)
+void ccq_health_exited(ccq_health *h, uint32_t q)
 {
-    read_one(h, q, now); /* a clean exit published "left" before it exited */
+    void *rec = NULL;
+    size_t len = 0;
+    ccq_errbuf err = {{0}};
+    ccq_hb_view v;
+    const char *why;
+    bool left;
+
     if (ccq_health_state_of(h, q) != CCQ_PROCESS_ALIVE)
         return;
+    /* A clean exit published "left" before it exited; its last record may also list losses
+     * that no read saw yet (it may have lived only a moment after learning them). */
+    left = h->records && ccq_boot_beat_fetch(h->boot, q, &rec, &len, &err) == CCQ_OK &&
+           ccq_hb_decode(rec, len, &v, &why) == 0 && v.head->rank == q &&
+           v.head->nonce == ccq_boot_peer_nonce(h->boot, q) && v.head->state == CCQ_HB_LEFT;
+    if (left) {
+        mark_left(h, q);
+        relay_losses(h, &v);
+        free(rec);
+        return;
+    }
+    free(rec);
     pthread_mutex_lock(&h->lock);
-    uint64_t age = now - h->peers[q].change_ns;
+    uint64_t age = ccq_now_ns() - h->peers[q].change_ns;
     pthread_mutex_unlock(&h->lock);
     ccq_health_declare(h, q, h->rank, CCQ_HOW_EXITED, age, realtime_ns());
 }
@@ -380,7 +401,7 @@ static void *monitor_main(void *arg)
             }
             for (uint32_t k = 1; k < n; k++)
                 if (pfd[k].revents != 0)
-                    on_exit_seen(h, who[k], now);
+                    ccq_health_exited(h, who[k]);
         }
         /* A stop between the poll's return and here is a gap like any other. */
     }

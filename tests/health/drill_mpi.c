@@ -37,6 +37,7 @@ static uint64_t mono_ns(void)
 }
 
 static int rank_;
+static char detail_[1024]; /* the first error's detail of the last step() */
 
 #define CHECK(cond, ...)                                                                           \
     do {                                                                                           \
@@ -64,11 +65,17 @@ static ccq_status step(ccq_runtime *rt, const uint32_t *devs, uint32_t n, uint64
             in[i * N + k] = input(first + i, s, k);
         ccq_status x = ccq_all_reduce(rt, first + i, 0, in + i * N, out + i * N, N, CCQ_FLOAT32,
                                       CCQ_SUM, devs, n);
-        st = st == CCQ_OK ? x : st;
+        if (x != CCQ_OK && st == CCQ_OK) {
+            st = x;
+            snprintf(detail_, sizeof detail_, "%s", ccq_last_error_detail());
+        }
     }
     for (uint32_t i = 0; i < count; i++) {
         ccq_status x = ccq_sync_collective(rt, first + i, 0);
-        st = st == CCQ_OK ? x : st;
+        if (x != CCQ_OK && st == CCQ_OK) {
+            st = x;
+            snprintf(detail_, sizeof detail_, "%s", ccq_last_error_detail());
+        }
     }
     for (uint32_t i = 0; i < count && st == CCQ_OK; i++)
         for (int k = 0; k < N; k++) {
@@ -136,16 +143,16 @@ int main(int argc, char **argv)
             continue;
         t_lost = mono_ns();
         snprintf(word, sizeof word, "process %d ", victim);
-        CHECK(st == CCQ_ERR_PROCESS_LOST && strstr(ccq_last_error_detail(), word) != NULL,
-              "step %" PRIu64 ": %s", s, ccq_status_name(st));
+        CHECK(st == CCQ_ERR_PROCESS_LOST && strstr(detail_, word) != NULL,
+              "step %" PRIu64 ": %s: %s", s, ccq_status_name(st), detail_);
         break;
     }
     if (rank_ == victim) {
         /* Continued after the others gave it up: fenced off, it reads itself as lost. */
         ccq_process_state self;
         char detail[1024];
-        snprintf(detail, sizeof detail, "%s", ccq_last_error_detail());
-        CHECK(strstr(detail, "(this process") != NULL, "the victim's detail");
+        snprintf(detail, sizeof detail, "%s", detail_);
+        CHECK(strstr(detail, "(this process") != NULL, "the victim's detail: %s", detail);
         CHECK(ccq_world_process_state(rt, (uint32_t)rank_, &self) == CCQ_OK &&
                   self == CCQ_PROCESS_LOST,
               "the victim reads itself as %d", (int)self);
@@ -160,8 +167,7 @@ int main(int argc, char **argv)
     CHECK(f != NULL && fscanf(f, "%d %" SCNu64, &vpid, &t_signal) == 2, "reading %s", vpath);
     fclose(f);
     printf("process %d: fence returned CCQ_ERR_PROCESS_LOST %.1f ms after the %s: %s\n", rank_,
-           (double)(t_lost - t_signal) / 1e6, stop ? "SIGSTOP" : "SIGKILL",
-           ccq_last_error_detail());
+           (double)(t_lost - t_signal) / 1e6, stop ? "SIGSTOP" : "SIGKILL", detail_);
     for (int p = 0; p < size; p++) {
         ccq_process_state ps;
         CHECK(ccq_world_process_state(rt, (uint32_t)p, &ps) == CCQ_OK, "state");

@@ -22,6 +22,7 @@
 
 #include "ccq.h"
 #include "fake/fake_cuda_nccl.h"
+#include "runtime/health/health.h" /* ccq_health_peer_failed: what an engine calls */
 #include "procs.h"
 #include "test_util.h"
 
@@ -105,6 +106,13 @@ static bool wait_state(ccq_runtime *rt, uint32_t p, ccq_process_state want, unsi
     return false;
 }
 
+/* Whether process p reads as lost now (alive and left are not). */
+static bool lost(ccq_runtime *rt, uint32_t p)
+{
+    ccq_process_state st;
+    return ccq_world_process_state(rt, p, &st) != CCQ_OK || st == CCQ_PROCESS_LOST;
+}
+
 static size_t count_files(const char *dir, const char *part)
 {
     DIR *d = opendir(dir);
@@ -141,8 +149,8 @@ static int left_child(unsigned rank, unsigned nprocs, void *arg)
     sleep_ms(c->hb_timeout_ms + 300); /* and stays left, past its heartbeat timeout */
     if (!wait_state(rt, 2, CCQ_PROCESS_LEFT, 10))
         FAIL(13, "process 2 left, then turned into something else");
-    if (!wait_state(rt, 1 - rank, CCQ_PROCESS_ALIVE, 10) ||
-        !wait_state(rt, rank, CCQ_PROCESS_ALIVE, 10))
+    /* The other one is alive, or left already (it may finish first): never lost. */
+    if (!wait_state(rt, rank, CCQ_PROCESS_ALIVE, 10) || lost(rt, 1 - rank))
         FAIL(14, "a live process does not read as alive");
 out:
     ccq_runtime_destroy(rt);
@@ -197,8 +205,22 @@ static int died_child(unsigned rank, unsigned nprocs, void *arg)
     if (ccq_all_reduce(rt, rank, 0, in, out, N, CCQ_FLOAT32, CCQ_SUM, all, 3) != CCQ_OK ||
         ccq_sync_collective(rt, rank, 0) != CCQ_OK)
         FAIL(22, "the first all_reduce");
-    if (rank == 2)
-        _exit(0); /* dies without destroying its runtime */
+    if (rank == 2) {
+        /* Once the others completed it too (their heartbeats say so), it dies without
+         * destroying its runtime. */
+        for (int t = 0; t < 500; t++) {
+            ccq_progress pr[8];
+            size_t n = 0, done = 0;
+            pr[0].struct_size = sizeof pr[0];
+            ccq_world_progress(rt, pr, 8, &n);
+            for (size_t k = 0; k < n && k < 8; k++)
+                done += pr[k].completed >= 1;
+            if (done == 3)
+                break;
+            sleep_ms(10);
+        }
+        _exit(0);
+    }
     /* Its loss fails the world's next all_reduce, naming it and its device. */
     if (ccq_all_reduce(rt, rank, 0, in, out, N, CCQ_FLOAT32, CCQ_SUM, all, 3) != CCQ_OK)
         FAIL(12, "all_reduce");
@@ -349,6 +371,65 @@ static void test_progress_and_watchdog(void **state)
     hcase_free(c);
 }
 
+/* ---- an engine's word: a peer failed ---- */
+
+/* Process 0's data engine reports process 1 failed (UCX's peer error handling would): every
+ * process agrees that 1 is lost, saying who saw it and how; process 1 itself, alive, learns
+ * it and is fenced off: its state reads lost and its spanning communicator fails naming
+ * itself, while a communicator of its own devices keeps working. */
+static int engine_child(unsigned rank, unsigned nprocs, void *arg)
+{
+    hcase *c = arg;
+    ccq_runtime *rt = runtime(c, rank, nprocs);
+    ccq_device_id all[3] = {0, 1, 2}, mine[1] = {rank};
+    float in[N] = {0}, out[N];
+    int rc = 0;
+
+    if (rt == NULL)
+        return 10;
+    if (ccq_comm_init(rt, all, 3) != CCQ_OK || ccq_comm_init(rt, mine, 1) != CCQ_OK)
+        FAIL(11, "comm_init");
+    if (ccq_all_reduce(rt, rank, 0, in, out, N, CCQ_FLOAT32, CCQ_SUM, all, 3) != CCQ_OK ||
+        ccq_sync_collective(rt, rank, 0) != CCQ_OK)
+        FAIL(12, "the first all_reduce");
+    if (rank == 0)
+        ccq_health_peer_failed(rt, 1);
+    if (!wait_state(rt, 1, CCQ_PROCESS_LOST, c->hb_timeout_ms))
+        FAIL(13, "process 1 does not read as lost");
+    if (lost(rt, rank == 1 ? 0 : 2 - rank) || lost(rt, rank == 1 ? 2 : rank))
+        FAIL(14, "another process reads as lost");
+    ccq_status st = CCQ_OK;
+    if (ccq_all_reduce(rt, rank, 0, in, out, N, CCQ_FLOAT32, CCQ_SUM, all, 3) == CCQ_OK)
+        st = ccq_sync_collective(rt, rank, 0);
+    else
+        st = CCQ_ERR_PROCESS_LOST; /* refused at the call: the same verdict */
+    snprintf(c->detail[rank], sizeof c->detail[rank], "%s", ccq_last_error_detail());
+    if (st != CCQ_ERR_PROCESS_LOST || strstr(c->detail[rank], "process 1 ") == NULL ||
+        strstr(c->detail[rank],
+               rank == 1 ? "(this process" : "the data engine reported it failed") == NULL)
+        FAIL(15, "the world's all_reduce after the loss: %s", ccq_status_name(st));
+    /* Its own devices' communicator spans no process: untouched, also in process 1. */
+    if (ccq_all_reduce(rt, rank, 1, in, out, N, CCQ_FLOAT32, CCQ_SUM, mine, 1) != CCQ_OK ||
+        ccq_sync_collective(rt, rank, 1) != CCQ_OK)
+        FAIL(16, "the local communicator");
+out:
+    ccq_runtime_destroy(rt);
+    return rc;
+}
+
+static void test_engine_peer_error(void **state)
+{
+    hcase *c = hcase_new(100, 1000, 20000);
+    int status[3];
+    (void)state;
+    procs_run(3, engine_child, c, 60, status);
+    fprintf(stderr, "process 0's detail: %s\nprocess 1's detail: %s\n", c->detail[0], c->detail[1]);
+    assert_int_equal(status[0], 0);
+    assert_int_equal(status[1], 0);
+    assert_int_equal(status[2], 0);
+    hcase_free(c);
+}
+
 /* ---- configuration ---- */
 
 static void test_config(void **state)
@@ -399,6 +480,7 @@ int main(void)
         cmocka_unit_test(test_left_not_lost),
         cmocka_unit_test(test_died),
         cmocka_unit_test(test_progress_and_watchdog),
+        cmocka_unit_test(test_engine_peer_error),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
