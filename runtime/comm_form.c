@@ -238,11 +238,16 @@ static ccq_status form_meet_test(ccq_runtime *rt, ccq_comm *c, uint64_t now)
             return CCQ_IN_PROGRESS;
         form_missing(c, who, sizeof who);
         ccq_describe_comm(set, sizeof set, c);
+        /* How the members are doing, from their heartbeats (runtime/health/): alive and
+         * elsewhere, or gone. */
+        char health[CCQ_DETAIL_LEN / 2];
+        health[0] = '\0';
+        ccq_health_describe_members(rt, c, 0, health, sizeof health);
         return form_fail(c, CCQ_ERR_TIMEOUT,
                          "communicator %s spanning processes of world ranks %" PRIu32 "..%" PRIu32
                          ": %s never joined it within timeout_ms (did they call ccq_comm_init, or "
-                         "send/recv with this process?)",
-                         set, c->procs[0], c->procs[c->nprocs - 1], who);
+                         "send/recv with this process?)%s",
+                         set, c->procs[0], c->procs[c->nprocs - 1], who, health);
     }
     if (st != CCQ_OK) {
         free(all);

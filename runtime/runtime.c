@@ -263,9 +263,11 @@ static void runtime_free(ccq_runtime *rt)
 {
     uint32_t nstreams = rt->ndev * rt->max_streams;
 
+    /* First the health monitor (its last record says this process left; it must not outlive
+     * the scheduler's state or the bootstrap it publishes through). */
+    ccq_health_destroy(rt);
     ccq_sched_destroy(rt);
     ccq_trace_fini(&rt->trace);
-    ccq_health_destroy(rt); /* its last record says it left: before the bootstrap closes */
     ccq_comm_free_all(rt);
     ccq_world_fini(&rt->world);
     if (rt->be != NULL)

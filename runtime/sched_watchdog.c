@@ -115,7 +115,8 @@ static size_t describe_missing(ccq_inst *i, const ccq_cmd *c, char *buf, size_t 
 }
 
 /* Why an instance waits: its missing parts, or what its parts wait behind. */
-static void describe_wait(ccq_inst *i, ccq_cmd *c, uint64_t now, char *buf, size_t len)
+static void describe_wait(ccq_runtime *rt, ccq_inst *i, ccq_cmd *c, uint64_t now, char *buf,
+                          size_t len)
 {
     ccq_chan *ch = i->chan;
     ccq_comm *comm = ch->comm;
@@ -130,10 +131,12 @@ static void describe_wait(ccq_inst *i, ccq_cmd *c, uint64_t now, char *buf, size
         return;
     }
     if (atomic_load_explicit(&comm->state, memory_order_relaxed) == CCQ_COMM_PENDING) {
-        ccq_format(buf + w, len - w,
-                   "; its communicator is still forming (member processes of world ranks %u..%u "
-                   "must all call ccq_comm_init, or send/recv with this process)",
-                   comm->procs[0], comm->procs[comm->nprocs - 1]);
+        w += ccq_format(buf + w, len - w,
+                        "; its communicator is still forming (member processes of world ranks "
+                        "%u..%u must all call ccq_comm_init, or send/recv with this process)",
+                        comm->procs[0], comm->procs[comm->nprocs - 1]);
+        /* How each of them is doing, from its heartbeats (runtime/health/). */
+        ccq_health_describe_members(rt, comm, c->seq, buf + w, len - w);
         return;
     }
     if (i->state == CCQ_INST_WAITING) {
@@ -295,7 +298,7 @@ bool sched_watchdog(ccq_runtime *rt, uint64_t now)
                 next = min_u64(next, dl);
                 break;
             }
-            describe_wait(q->inst, q, now, detail, sizeof detail);
+            describe_wait(rt, q->inst, q, now, detail, sizeof detail);
             if (ccq_trace_on(&rt->trace))
                 sched_ev_misc(rt, ccq_now_ns(), CCQ_EV_WATCHDOG, q->trace_id, q->comm->id, q->seq,
                               q->count, 0, CCQ_ERR_TIMEOUT);

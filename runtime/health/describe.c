@@ -48,8 +48,8 @@ size_t ccq_health_describe_loss(const ccq_health *h, uint32_t p, char *buf, size
         w = ccq_format(
             buf, len,
             "process %" PRIu32 " (this process, %s) was declared lost by process %" PRIu32
-            " (%s; its last heartbeat %.1f s old then) while it was stopped or cut "
-            "off, and learned it %.1f s ago: it is fenced off, its communicators "
+            " (%s; its last heartbeat %.1f s old then), which it learned %.1f s ago "
+            "(it was stopped or cut off meanwhile): it is fenced off, its communicators "
             "spanning processes fail and nothing it sends reaches the others",
             p, devs, q->by, ccq_health_how_name(q->how), (double)q->hb_age_ns / 1e9, ago);
         return w;

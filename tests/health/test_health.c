@@ -371,6 +371,44 @@ static void test_progress_and_watchdog(void **state)
     hcase_free(c);
 }
 
+/* ---- a member that never joins: alive, says its heartbeat ---- */
+
+static int absent_child(unsigned rank, unsigned nprocs, void *arg)
+{
+    hcase *c = arg;
+    ccq_runtime *rt = runtime(c, rank, nprocs);
+    ccq_device_id all[3] = {0, 1, 2};
+    int rc = 0;
+
+    if (rt == NULL)
+        return 10;
+    if (rank == 2) { /* alive, heartbeats going, but elsewhere */
+        sleep_ms((unsigned)c->timeout_ms + 1500);
+        goto out;
+    }
+    ccq_status st = ccq_comm_init(rt, all, 3);
+    snprintf(c->detail[rank], sizeof c->detail[rank], "%s", ccq_last_error_detail());
+    if (st != CCQ_ERR_TIMEOUT || strstr(c->detail[rank], "process 2 never joined") == NULL ||
+        strstr(c->detail[rank], "process 2 is alive (heartbeat ") == NULL)
+        FAIL(11, "comm_init without process 2: %s", ccq_status_name(st));
+out:
+    ccq_runtime_destroy(rt);
+    return rc;
+}
+
+static void test_absent_member(void **state)
+{
+    hcase *c = hcase_new(100, 5000, 1500);
+    int status[3];
+    (void)state;
+    procs_run(3, absent_child, c, 60, status);
+    fprintf(stderr, "comm_init's detail: %s\n", c->detail[0]);
+    assert_int_equal(status[0], 0);
+    assert_int_equal(status[1], 0);
+    assert_int_equal(status[2], 0);
+    hcase_free(c);
+}
+
 /* ---- an engine's word: a peer failed ---- */
 
 /* Process 0's data engine reports process 1 failed (UCX's peer error handling would): every
@@ -481,6 +519,7 @@ int main(void)
         cmocka_unit_test(test_died),
         cmocka_unit_test(test_progress_and_watchdog),
         cmocka_unit_test(test_engine_peer_error),
+        cmocka_unit_test(test_absent_member),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
