@@ -106,6 +106,23 @@ static bool wait_state(ccq_runtime *rt, uint32_t p, ccq_process_state want, unsi
     return false;
 }
 
+/* Wait (at most 5 s) until the heartbeats of every one of n processes say it completed `ops`
+ * operations on the (one) communicator spanning them: a process may then act on its own. */
+static void all_completed(ccq_runtime *rt, size_t n, uint64_t ops)
+{
+    for (int t = 0; t < 500; t++) {
+        ccq_progress pr[8];
+        size_t got = 0, done = 0;
+        pr[0].struct_size = sizeof pr[0];
+        ccq_world_progress(rt, pr, 8, &got);
+        for (size_t k = 0; k < got && k < 8; k++)
+            done += pr[k].completed >= ops;
+        if (done == n)
+            return;
+        sleep_ms(10);
+    }
+}
+
 /* Whether process p reads as lost now (alive and left are not). */
 static bool lost(ccq_runtime *rt, uint32_t p)
 {
@@ -208,17 +225,7 @@ static int died_child(unsigned rank, unsigned nprocs, void *arg)
     if (rank == 2) {
         /* Once the others completed it too (their heartbeats say so), it dies without
          * destroying its runtime. */
-        for (int t = 0; t < 500; t++) {
-            ccq_progress pr[8];
-            size_t n = 0, done = 0;
-            pr[0].struct_size = sizeof pr[0];
-            ccq_world_progress(rt, pr, 8, &n);
-            for (size_t k = 0; k < n && k < 8; k++)
-                done += pr[k].completed >= 1;
-            if (done == 3)
-                break;
-            sleep_ms(10);
-        }
+        all_completed(rt, 3, 1);
         _exit(0);
     }
     /* Its loss fails the world's next all_reduce, naming it and its device. */
@@ -430,8 +437,10 @@ static int engine_child(unsigned rank, unsigned nprocs, void *arg)
     if (ccq_all_reduce(rt, rank, 0, in, out, N, CCQ_FLOAT32, CCQ_SUM, all, 3) != CCQ_OK ||
         ccq_sync_collective(rt, rank, 0) != CCQ_OK)
         FAIL(12, "the first all_reduce");
-    if (rank == 0)
+    if (rank == 0) {
+        all_completed(rt, 3, 1); /* the others' first all_reduce is over too */
         ccq_health_peer_failed(rt, 1);
+    }
     if (!wait_state(rt, 1, CCQ_PROCESS_LOST, c->hb_timeout_ms))
         FAIL(13, "process 1 does not read as lost");
     if (lost(rt, rank == 1 ? 0 : 2 - rank) || lost(rt, rank == 1 ? 2 : rank))
