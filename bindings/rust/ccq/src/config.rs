@@ -172,6 +172,19 @@ impl Config {
         self.raw.check_signatures = on.into();
         self
     }
+    /// Job health, in a world of several processes: how often this process publishes its
+    /// heartbeat (with its progress) through the bootstrap; 0 = no heartbeats. Default 1000.
+    /// Env: `CCQ_HEARTBEAT_MS`.
+    pub fn heartbeat_ms(mut self, ms: u32) -> Self {
+        self.raw.heartbeat_ms = ms;
+        self
+    }
+    /// A process whose heartbeat is older than this is declared lost (0 = 10 x
+    /// heartbeat_ms, the default). Env: `CCQ_HEARTBEAT_TIMEOUT_MS`.
+    pub fn heartbeat_timeout_ms(mut self, ms: u32) -> Self {
+        self.raw.heartbeat_timeout_ms = ms;
+        self
+    }
     /// Fusion of small collectives (docs/fusion.md): operations of one batch on one
     /// communicator with the same kind, dtype and op, each below `bytes`, run as one engine
     /// operation over their concatenation, up to `bytes` per fused operation; every command
@@ -263,6 +276,14 @@ impl Config {
     /// Whether the cross-process signature check is asked for.
     pub fn get_check_signatures(&self) -> bool {
         self.raw.check_signatures != 0
+    }
+    /// Heartbeat period (0 = none).
+    pub fn get_heartbeat_ms(&self) -> u32 {
+        self.raw.heartbeat_ms
+    }
+    /// Heartbeat age that makes a process lost (0 = 10 x heartbeat_ms).
+    pub fn get_heartbeat_timeout_ms(&self) -> u32 {
+        self.raw.heartbeat_timeout_ms
     }
     /// Fusion threshold (0 = off).
     pub fn get_fusion_bytes(&self) -> u64 {

@@ -32,6 +32,8 @@ pub enum EventType {
     Watchdog,
     /// Communicator `comm` was aborted.
     Abort,
+    /// Process `peer` (a world rank) was lost; `device` is its first device.
+    ProcessLost,
     /// A fused engine operation ran ([`Event::dur_ns`] long); its parts name it in
     /// [`Event::fused`].
     Fused,
@@ -54,6 +56,7 @@ impl EventType {
             sys::CCQ_EV_FENCE_END => EventType::FenceEnd,
             sys::CCQ_EV_WATCHDOG => EventType::Watchdog,
             sys::CCQ_EV_ABORT => EventType::Abort,
+            sys::CCQ_EV_PROCESS_LOST => EventType::ProcessLost,
             sys::CCQ_EV_FUSED => EventType::Fused,
             r => EventType::Other(r),
         }
