@@ -13,6 +13,8 @@ needed() { readelf -d "$1" | sed -n 's/.*(NEEDED).*\[\(.*\)\]$/\1/p'; }
 for n in $(needed "$lib"); do
     case $n in
     libc.so.* | libpthread.so.* | libm.so.* | ld-linux*.so.*) ;;
+    # A sanitizer build's runtimes (scripts/sanitize.sh).
+    libasan.so.* | libubsan.so.* | libtsan.so.* | liblsan.so.* | libstdc++.so.* | libgcc_s.so.*) ;;
     *) fail "$lib needs $n (it may need only libc, libpthread, libm)" ;;
     esac
 done
