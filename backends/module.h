@@ -4,6 +4,13 @@
  * MPI's component repository: one exported, versioned entry symbol per module, checked before
  * anything in it is used. libccq.a links every module it was built with in: no dlopen.
  *
+ * What a module shares with the core (the kind table, the clock, the reduction kernels, the
+ * bootstrap's helpers) it links as private hidden copies (CMake's ccq_private archive), so
+ * libccq.so exports nothing for modules and a module needs no symbol of it; only stateless
+ * code is copied, and what holds process-wide state lives in one binary (the MPI lock only
+ * in the mpi module, which holds every MPI call of ccq). A table handed over at load would
+ * do the same with more code on both sides and an ABI for the core's functions too.
+ *
  * Adding a module (e.g. the host backend's "ucx" engine): one CCQ_MODULE_DEFINE line in a
  * file of modules/ naming its tables, and one ccq_module() call in CMakeLists.txt (its
  * sources and libraries); the code that picks it calls ccq_module_get("ucx", ...).
