@@ -260,11 +260,10 @@ struct ccq_backend {
 
 #define ccq_container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
 
-/* Built-in backends. */
+/* The backends' tables: the host backend is part of libccq; the NCCL backend is a module
+ * (backends/module.h), reached through ccq_module_get("nccl") only. */
 extern const ccq_backend_ops ccq_host_backend_ops;
-#ifdef CCQ_HAVE_NCCL
 extern const ccq_backend_ops ccq_nccl_backend_ops;
-#endif
 
 #ifdef __cplusplus
 }

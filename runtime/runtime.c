@@ -8,6 +8,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include "backends/module.h"
 #include "ccq/ccq_nccl.h"
 #include "common/env.h"
 #include "runtime/boot/bootstrap.h"
@@ -250,18 +251,29 @@ static ccq_status config_validate(const ccq_config *c, ccq_fault_plan *fault)
     return CCQ_OK;
 }
 
-static const ccq_backend_ops *find_backend(const char *name)
+/* The host backend is part of libccq; "nccl" is a module (libccq-nccl.so), loaded here the
+ * first time a runtime asks for it. */
+static ccq_status find_backend(const char *name, const ccq_backend_ops **out)
 {
-    static const ccq_backend_ops *const builtin[] = {
-        &ccq_host_backend_ops,
-#ifdef CCQ_HAVE_NCCL
-        &ccq_nccl_backend_ops,
-#endif
-    };
-    for (size_t i = 0; i < sizeof builtin / sizeof builtin[0]; i++)
-        if (strcmp(builtin[i]->name, name) == 0)
-            return builtin[i];
-    return NULL;
+    const ccq_module *m;
+    ccq_errbuf err;
+    ccq_status st;
+
+    *out = NULL;
+    if (strcmp(name, "host") == 0) {
+        *out = &ccq_host_backend_ops;
+        return CCQ_OK;
+    }
+    if (strcmp(name, "nccl") != 0)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "unknown backend \"%s\" (expected \"host\" or \"nccl\")", name);
+    st = ccq_module_get("nccl", "the nccl backend", &m, &err);
+    if (st == CCQ_OK && m->backend == NULL)
+        return ccq_fail(CCQ_ERR_UNSUPPORTED, "ccq's nccl module has no backend");
+    if (st != CCQ_OK)
+        return ccq_fail(st, "%s", err.msg);
+    *out = m->backend;
+    return CCQ_OK;
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -325,17 +337,8 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
     st = config_validate(&cfg, &fault);
     if (st != CCQ_OK)
         return st;
-    if (ops == NULL) {
-        ops = find_backend(cfg.backend);
-        if (ops == NULL)
-            return ccq_fail(strcmp(cfg.backend, "nccl") == 0 ? CCQ_ERR_UNSUPPORTED
-                                                             : CCQ_ERR_INVALID_ARGUMENT,
-                            strcmp(cfg.backend, "nccl") == 0
-                                ? "backend \"nccl\" is not built into this ccq (configure with "
-                                  "CUDA and NCCL found, CCQ_WITH_NCCL=ON)"
-                                : "unknown backend \"%s\" (expected \"host\" or \"nccl\")",
-                            cfg.backend);
-    }
+    if (ops == NULL && (st = find_backend(cfg.backend, &ops)) != CCQ_OK)
+        return st;
 
     rt = ccq_alloc_lines(sizeof *rt);
     if (rt == NULL)
