@@ -288,7 +288,7 @@ static bool work_visible(ccq_runtime *rt)
     ccq_sched *S = rt->sched;
 
     if (!ccq_mpsc_empty(&rt->new_streams) || !ccq_mpsc_empty(&rt->comm_reqs) ||
-        ccq_trace_requested(&rt->trace))
+        ccq_trace_requested(&rt->trace) || ccq_trace_dump_requested(&rt->trace))
         return true;
     if (!S->closing && atomic_load_explicit(&rt->closing, memory_order_acquire))
         return true;
@@ -335,10 +335,14 @@ void *ccq_sched_main(void *arg)
         now = ccq_now_ns();
         progress |= sched_watchdog(rt, now);
         ccq_trace_tick(&rt->trace, now, S->completed + S->failed + S->cancelled);
-        if (S->error_seen) { /* trace_file: keep the story of what went wrong */
-            S->error_seen = false;
-            ccq_trace_autodump(rt, false);
+        if (S->held != NULL) {
+            /* trace_file: the story of what went wrong is on disk before any fence or test
+             * can report it (the failures of this pass were held back for it). */
+            ccq_trace_autodump(rt, "error");
+            sched_release_held(rt);
+            progress = true;
         }
+        progress |= ccq_trace_serve_dump(rt);
         if (S->closing || atomic_load_explicit(&rt->closing, memory_order_acquire)) {
             if (shutdown_step(rt, now, &progress))
                 break;
@@ -418,7 +422,7 @@ void ccq_sched_dump(ccq_runtime *rt)
 {
     ccq_sched *S = rt->sched;
     char buf[CCQ_DETAIL_LEN];
-    static const char *const st[] = {"QUEUED", "INCLUDED", "ISSUED", "FAILED"};
+    static const char *const st[] = {"QUEUED", "INCLUDED", "ISSUED", "FAILED", "DONE"};
     static const char *const ist[] = {"WAITING", "READY", "FAILED", "ISSUED"};
 
     fprintf(stderr, "sched: pass %llu, %u active streams, %u in flight\n",

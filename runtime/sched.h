@@ -17,7 +17,7 @@ typedef struct ccq_sched {
     uint32_t inst_parts;  /* parts every instance can hold: max(2, ndev) */
     uint64_t *drop_seen;  /* fault injection: commands seen per device (drop:rank=R) */
     uint64_t next_cmd_id; /* event-log ids */
-    bool error_seen;      /* a command failed this pass (automatic trace dumps) */
+    ccq_stream *held;     /* streams whose failures wait for the dump (held_next links) */
     ccq_batch *batch_free;
     ccq_batch *inflight; /* batches issued and not returned (next links) */
     uint32_t ninflight;
@@ -82,6 +82,11 @@ ccq_inst *sched_win_get(ccq_chan *ch, uint64_t seq);
 void sched_batch_done(ccq_runtime *rt, ccq_batch *b);
 void sched_batch_release(ccq_sched *S, ccq_batch *b);
 bool sched_end_failed_heads(ccq_runtime *rt);
+/* n more commands of s ended: publish them (held back while a failure of s waits for the
+ * dump). */
+void sched_publish_ended(ccq_runtime *rt, ccq_stream *s, uint64_t n);
+/* After the dump: publish the held failures and what ended with them. */
+void sched_release_held(ccq_runtime *rt);
 bool sched_reap(ccq_runtime *rt);
 /* sched_batch.c */
 bool sched_build_and_issue(ccq_runtime *rt);

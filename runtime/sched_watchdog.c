@@ -207,7 +207,6 @@ void sched_abort_comm(ccq_runtime *rt, ccq_comm *comm, const char *why)
         ccq_format(note + w, sizeof note - w, " aborted: %s", why);
         ccq_trace_note(&rt->trace, CCQ_EV_ABORT, note);
     }
-    S->error_seen = true;
     if (comm->be != NULL)
         rt->be_ops->abort(rt->be, comm->be);
     /* Everything still queued on it fails fast. */
@@ -261,7 +260,6 @@ bool sched_watchdog(ccq_runtime *rt, uint64_t now)
                               q->count, 0, CCQ_ERR_TIMEOUT);
             ccq_trace_note(&rt->trace, CCQ_EV_WATCHDOG, detail);
             sched_fail_inst(S, q->inst, CCQ_ERR_TIMEOUT, detail, false);
-            S->error_seen = true;
             any = true;
         }
     }

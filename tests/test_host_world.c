@@ -10,6 +10,7 @@
  *
  * Float inputs are in {-1, 0, 1} so that MPI's order of combining the per-process partials
  * cannot change a bit (see test_host_mpi.c); integers wrap, which is associative. */
+#include <mpi.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -358,8 +359,12 @@ int main(void)
 
     /* A mismatch between this process's own parts of a communicator spanning processes is
      * still found here, at once (matching is local): a process with two devices submits
-     * counts 16 and 8; the others, whose MPI operation then never gets a partner, end with
-     * the engine's timeout. */
+     * counts 16 and 8; the others, whose operation then never gets that process's record for
+     * the engine's check, end with the engine's timeout ("not started ... never submitted
+     * it"). The last process left the previous runtime at once, the others only after their
+     * timeout: meet first, or its ccq_runtime_create would wait for them longer than the
+     * 1.5 s timeout_ms. (MPI is initialised; no runtime is running here.) */
+    MPI_Barrier(MPI_COMM_WORLD);
     CHECK(ccq_runtime_create(&cfg, &rt) == CCQ_OK, "third runtime");
     {
         float x[2][16] = {{0}}, y[2][16];

@@ -49,16 +49,17 @@ void ccq_hmpi_root_blob(uint32_t world_rank, void *blob);
 
 /*
  * Create the MPI side of a communicator spanning d->nprocs > 1 processes: MPI_Comm_create_group
- * over the member processes of the world communicator (mpi_comm: an MPI_Fint, -1 =
- * MPI_COMM_WORLD), then an MPI_Allgather of every member's local rank count (for the `v`
- * collectives). Collective over the members only; blocks until every member calls it (the
- * runtime calls it right after the members met through the bootstrap: the wait is short).
- * blob: CCQ_HMPI_BLOB_LEN bytes of the lowest member's ccq_hmpi_root_blob.
+ * over the member processes of the world's duplicate w (ready: ccq_hmpi_world_test returned
+ * CCQ_OK), then an MPI_Allgather of every member's local rank count (for the `v` collectives).
+ * Collective over the members only; blocks until every member calls it (the runtime calls it
+ * when the communicator forms, right after the members met through the bootstrap: the wait
+ * is short). blob: CCQ_HMPI_BLOB_LEN bytes of the lowest member's ccq_hmpi_root_blob.
  */
-ccq_status ccq_hmpi_comm_create(const ccq_be_comm_desc *d, int64_t mpi_comm, const void *blob,
+ccq_status ccq_hmpi_comm_create(const ccq_be_comm_desc *d, ccq_hmpi_world *w, const void *blob,
                                 size_t blob_len, ccq_hmpi_comm **out, ccq_errbuf *err);
-/* The same for a pair of devices in two processes (d->nranks == 2, d->nprocs == 2), on
- * the world's duplicate w (ready: ccq_hmpi_world_test returned CCQ_OK). Never blocks. */
+/* A pair of devices in two processes (d->nranks == 2, d->nprocs == 2): no MPI communicator
+ * of its own; its send/recv halves and its collectives are point-to-point messages on the
+ * world's duplicate w (pair.c). Never blocks. */
 ccq_status ccq_hmpi_pair_create(const ccq_be_comm_desc *d, ccq_hmpi_world *w, const void *blob,
                                 size_t blob_len, ccq_hmpi_comm **out, ccq_errbuf *err);
 /* Free it. Operations still pending on it (abandoned) keep it alive until they end. */
