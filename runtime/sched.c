@@ -275,7 +275,8 @@ static bool shutdown_step(ccq_runtime *rt, uint64_t now, bool *progress)
         S->shutdown_aborted = true;
         *progress = true;
     }
-    return S->cancelled_incomplete && S->nactive == 0 && S->ninflight == 0 && S->done == NULL;
+    return S->cancelled_incomplete && S->nactive == 0 && S->ninflight == 0 && S->done == NULL &&
+           S->held == NULL;
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -335,10 +336,17 @@ void *ccq_sched_main(void *arg)
         now = ccq_now_ns();
         progress |= sched_watchdog(rt, now);
         ccq_trace_tick(&rt->trace, now, S->completed + S->failed + S->cancelled);
-        if (S->held != NULL) {
+        if (S->held != NULL && (now >= S->dump_after || S->closing)) {
             /* trace_file: the story of what went wrong is on disk before any fence or test
-             * can report it (the failures of this pass were held back for it). */
+             * can report it (the failures were held back for it). A dump of a full ring
+             * takes long (65536 events: 0.4-1 s here), so the next one waits 4 times as long
+             * as this one took, at most 1 s: dumps take at most a fifth of the scheduler's
+             * time however often commands fail, and a failure waits at most that for its
+             * dump. */
+            uint64_t t0 = ccq_now_ns(), t1;
             ccq_trace_autodump(rt, "error");
+            t1 = ccq_now_ns();
+            S->dump_after = ccq_add_sat(t1, min_u64(4 * (t1 - t0), CCQ_DUMP_GAP_MAX_NS));
             sched_release_held(rt);
             progress = true;
         }
@@ -371,6 +379,8 @@ void *ccq_sched_main(void *arg)
         }
         if (S->forming != NULL || S->checking != NULL) /* the bootstrap cannot wake us */
             deadline = min_u64(deadline, ccq_add_sat(now, CCQ_FORM_POLL_NS));
+        if (S->held != NULL) /* failures waiting for their dump */
+            deadline = min_u64(deadline, S->dump_after);
         uint32_t seq = ccq_wake_prepare(&rt->wake);
         if (work_visible(rt)) {
             ccq_wake_cancel(&rt->wake);

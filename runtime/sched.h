@@ -18,6 +18,7 @@ typedef struct ccq_sched {
     uint64_t *drop_seen;  /* fault injection: commands seen per device (drop:rank=R) */
     uint64_t next_cmd_id; /* event-log ids */
     ccq_stream *held;     /* streams whose failures wait for the dump (held_next links) */
+    uint64_t dump_after;  /* when the next dump of held failures may be written */
     ccq_batch *batch_free;
     ccq_batch *inflight; /* batches issued and not returned (next links) */
     uint32_t ninflight;
@@ -40,6 +41,9 @@ typedef struct ccq_sched {
     /* Counters (published to rt->stats). */
     uint64_t completed, failed, cancelled;
 } ccq_sched;
+
+/* The longest wait between two dumps of failures (see ccq_sched_main). */
+#define CCQ_DUMP_GAP_MAX_NS 1000000000ull
 
 /* How often communicators that are forming are polled while the scheduler is otherwise idle. */
 #define CCQ_FORM_POLL_NS 1000000u

@@ -318,6 +318,7 @@ static int decide(ccq_hmpi_comm *c, ccq_hmpi_op *h)
     } else {
         h->phase = PH_RUN;
     }
+    hmpi_stepped();
     if (all != rec)
         free(all);
     return 1;

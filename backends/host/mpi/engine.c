@@ -21,6 +21,9 @@
  *    SUM/PROD, the hot ones.
  *  - AVG is a SUM, then a division by the communicator's rank count after MPI (integers
  *    truncate, as the local path does). */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* clock_gettime */
+#endif
 #include "backends/host/mpi/impl.h"
 
 #include <inttypes.h>
@@ -29,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backends/host/convert.h"
 #include "backends/host/reduce.h"
@@ -46,6 +50,7 @@ size_t hmpi_esize(ccq_dtype dt)
 
 static ccq_hmpi_op *abandoned;
 static uint32_t nabandoned, ndetached;
+static uint64_t last_step; /* hmpi_stepped */
 /* A few freed scratch buffers for reuse: first-touching 64 MiB costs as much as moving it. */
 #define POOL_MAX 8
 static struct {
@@ -915,6 +920,27 @@ static const char *collective_call(uint8_t kind)
     default:
         return "?";
     }
+}
+
+static uint64_t mono_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+void hmpi_stepped(void)
+{
+    last_step = mono_ns();
+}
+
+uint64_t ccq_hmpi_last_step(void)
+{
+    uint64_t t;
+    ccq_mpi_lock();
+    t = last_step;
+    ccq_mpi_unlock();
+    return t;
 }
 
 void hmpi_fail(ccq_hmpi_op *h, ccq_status st, const char *detail)

@@ -93,6 +93,11 @@ void ccq_hmpi_detach(ccq_hmpi_op *h);
 /* Detached sends MPI has not completed yet (they need polling to progress). */
 uint32_t ccq_hmpi_detached(void);
 
+/* When an operation last took a step other than its end (CLOCK_MONOTONIC ns): posted once
+ * every member's signature agreed. Its MPI operation starts then, so the scheduler should
+ * poll back to back for a while, as after a completion (mpi/ops.c: poll_interval). */
+uint64_t ccq_hmpi_last_step(void);
+
 /* Test abandoned operations and free those MPI completed; returns how many are left. */
 uint32_t ccq_hmpi_reap(uint64_t now_ns, uint64_t timeout_ns);
 

@@ -114,6 +114,9 @@ void hmpi_copy(void *dst, const void *src, size_t bytes);
 void hmpi_divide(ccq_dtype dt, void *buf, size_t count, uint32_t n);
 void hmpi_fail(ccq_hmpi_op *h, ccq_status st, const char *detail);
 ccq_status hmpi_mpi_err(ccq_errbuf *err, int rc, const char *what);
+/* An operation took a step that was not its end (posted once its check passed): see
+ * ccq_hmpi_last_step. */
+void hmpi_stepped(void);
 void hmpi_comm_unref(ccq_hmpi_comm *c);
 void hmpi_wq_push(ccq_hmpi_comm *c, int q, ccq_hmpi_op *h);
 void hmpi_wq_remove(ccq_hmpi_comm *c, ccq_hmpi_op *h);

@@ -277,6 +277,7 @@ void hmpi_pair_progress(ccq_hmpi_comm *c)
                 break;
             hmpi_wq_remove(c, h);
             decide(h);
+            hmpi_stepped();
         }
     }
 }
