@@ -354,6 +354,10 @@ static void test_pairs(void **state)
     for (uint32_t i = 0; i < npairs; i++)
         all_kinds(&pc[i], (pc[i].procs[0] + pc[i].procs[1]) % 2 ? 17 : 5003,
                   pc[i].procs[0] == 0 && pc[i].procs[1] == 1);
+    /* beyond 128 KiB: all_reduce in two exchanges (each side reduces half), rendezvous */
+    for (uint32_t i = 0; i < npairs; i++)
+        if (pc[i].procs[0] == 0 && pc[i].procs[1] == 1)
+            all_kinds(&pc[i], 70001, false);
     for (uint32_t i = 0; i < npairs; i++)
         ccq_hmpi_comm_destroy(pc[i].c);
     while (ccq_hmpi_reap(now_ns(), UINT64_MAX) > 0) /* the detached sends */

@@ -326,7 +326,6 @@ static int decide(ccq_hmpi_comm *c, ccq_hmpi_op *h)
 
 void hmpi_check_progress(ccq_hmpi_comm *c)
 {
-    sets_progress(c);
     if (c->wq[HMPI_WQ_COLL] == NULL)
         return;
     drain(c);
@@ -340,9 +339,10 @@ void hmpi_check_progress(ccq_hmpi_comm *c)
 
 bool hmpi_check_sent(ccq_hmpi_comm *c, uint64_t seq)
 {
-    sets_progress(c);
     if (c->dirty)
         return false;
+    if (c->sets != NULL && c->sets->first_seq <= seq) /* MPI calls only while needed */
+        sets_progress(c);
     return c->sets == NULL || c->sets->first_seq > seq;
 }
 

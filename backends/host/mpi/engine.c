@@ -416,6 +416,8 @@ static void comm_queues_init(ccq_hmpi_comm *c)
         c->wq[q] = NULL;
         c->wq_tail[q] = &c->wq[q];
     }
+    c->split = NULL;
+    c->split_tail = &c->split;
     c->sets = NULL;
     c->sets_tail = &c->sets;
 }
@@ -1054,11 +1056,13 @@ ccq_status ccq_hmpi_test(ccq_hmpi_op *h, ccq_errbuf *err)
     int flag = 0, rc;
 
     ccq_mpi_lock();
-    hmpi_check_flush(); /* the records of the batch just started leave together */
-    if (c->pair)
-        hmpi_pair_progress(c);
-    else
-        hmpi_check_progress(c);
+    hmpi_check_flush();        /* the records of the batch just started leave together */
+    if (h->phase == PH_WAIT) { /* each MPI call is a progress pass of MPI: only when needed */
+        if (c->pair)
+            hmpi_pair_progress(c);
+        else
+            hmpi_check_progress(c);
+    }
     if (h->phase == PH_WAIT) {
         ccq_mpi_unlock();
         return CCQ_IN_PROGRESS;
@@ -1092,6 +1096,28 @@ ccq_status ccq_hmpi_test(ccq_hmpi_op *h, ccq_errbuf *err)
         ccq_status st = op_failed(h, h->fail, err);
         ccq_mpi_unlock();
         return st;
+    }
+    if (c->pair) {
+        bool wait = false;
+        if (hmpi_pair_split_due(h, &wait)) { /* a large all_reduce's second exchange */
+            ccq_status st;
+            ccq_mpi_unlock();
+            hmpi_pair_reduce_half(h);
+            ccq_mpi_lock();
+            if ((st = hmpi_pair_second(h, err)) != CCQ_OK) {
+                hmpi_fail(h, st, err->msg);
+                st = op_failed(h, st, err);
+            } else {
+                st = CCQ_IN_PROGRESS;
+                hmpi_stepped();
+            }
+            ccq_mpi_unlock();
+            return st;
+        }
+        if (wait) {
+            ccq_mpi_unlock();
+            return CCQ_IN_PROGRESS;
+        }
     }
     ccq_mpi_unlock();
     if (c->pair)
@@ -1173,6 +1199,8 @@ void ccq_hmpi_abandon(ccq_hmpi_op *h)
 {
     ccq_mpi_lock();
     hmpi_wq_remove(h->c, h);
+    if (h->split == 1)
+        hmpi_pair_split_remove(h);
     /* Receives can be cancelled (collectives cannot): a pair's receive into a user buffer
      * that is cancelled before it matched never writes it later. One already matched
      * completes; MPI_Cancel then does nothing. */

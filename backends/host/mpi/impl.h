@@ -67,6 +67,8 @@ struct ccq_hmpi_comm {
     uint32_t *procs; /* [nprocs]: their world ranks */
     uint32_t refs;   /* 1 for the communicator + operations and messages still on it */
     struct ccq_hmpi_op *wq[HMPI_NWQ], **wq_tail[HMPI_NWQ];
+    /* A pair's large all_reduces between their two exchanges, in sequence order (pair.c). */
+    struct ccq_hmpi_op *split, **split_tail;
     /* The check of a communicator over member processes (check.c). */
     hmpi_sig *out; /* this process's records not sent yet */
     uint32_t nout, capout;
@@ -98,10 +100,12 @@ struct ccq_hmpi_op {
     struct ccq_hmpi_op *wnext;
     int wq; /* the wait queue it is on, or -1 */
     uint8_t phase;
-    bool detached;         /* a send completed early (ccq_hmpi_detach): still moving */
-    hmpi_sig mine, theirs; /* this process's record; a pair's: the peer's header */
-    ccq_status fail;       /* PH_FAILED, PH_DISCARD: what test() returns */
-    char *fail_detail;     /* malloc'd */
+    uint8_t split;                  /* a pair's large all_reduce: 1 first exchange, 2 second */
+    struct ccq_hmpi_op *split_next; /* on its comm's split queue during the first */
+    bool detached;                  /* a send completed early (ccq_hmpi_detach): still moving */
+    hmpi_sig mine, theirs;          /* this process's record; a pair's: the peer's header */
+    ccq_status fail;                /* PH_FAILED, PH_DISCARD: what test() returns */
+    char *fail_detail;              /* malloc'd */
 };
 
 /* engine.c */
@@ -147,11 +151,19 @@ void hmpi_check_missing(const ccq_hmpi_op *h, char *buf, size_t len);
 void hmpi_check_free(ccq_hmpi_comm *c);
 
 /* pair.c */
-#define HMPI_PAIR_TAGS 8
+#define HMPI_PAIR_TAGS 16
 ccq_status hmpi_pair_start(ccq_hmpi_op *h, const ccq_be_op *op, ccq_errbuf *err);
 /* Take the peer's headers that arrived, in sequence order: post what agrees, drop what does
  * not (receiving the peer's data into scratch). */
 void hmpi_pair_progress(ccq_hmpi_comm *c);
 void hmpi_pair_finish(ccq_hmpi_op *h, const ccq_be_op *op);
+/* A pair's large all_reduce whose first exchange completed: true if it has a second to
+ * start (then call hmpi_pair_reduce_half without the lock, then hmpi_pair_second; the
+ * operation is not done), false if it is done or must wait for an earlier one's turn
+ * (*wait). */
+bool hmpi_pair_split_due(ccq_hmpi_op *h, bool *wait);
+void hmpi_pair_reduce_half(ccq_hmpi_op *h);
+ccq_status hmpi_pair_second(ccq_hmpi_op *h, ccq_errbuf *err);
+void hmpi_pair_split_remove(ccq_hmpi_op *h);
 
 #endif /* CCQ_HOST_MPI_IMPL_H */

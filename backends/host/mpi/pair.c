@@ -25,7 +25,30 @@
 #include "backends/host/mpi/impl.h"
 #include "backends/host/reduce.h"
 
-enum { CH_P2P, CH_COLL };
+enum { CH_P2P, CH_COLL, CH_COLL2 }; /* CH_COLL2: the second exchange of a split all_reduce */
+
+/* All_reduces of at least this many bytes go in two exchanges, as a ring of two would: each
+ * side reduces half (the peer's half of its input out, the peer's part of its half in), then
+ * they swap their reduced halves. Half the reduction work and less memory traffic than
+ * swapping whole inputs, at the price of a second round trip. */
+#define PAIR_SPLIT_BYTES (128u * 1024u)
+
+/* The halves of a split all_reduce: rank 0 reduces the first count / 2 elements. */
+static size_t half_off(size_t count, int r)
+{
+    return r ? count / 2 : 0;
+}
+
+static size_t half_len(size_t count, int r)
+{
+    return r ? count - count / 2 : count / 2;
+}
+
+static bool split_of(const hmpi_sig *s)
+{
+    return s->kind == CCQ_KIND_ALL_REDUCE && s->count >= 2 &&
+           s->count * hmpi_esize((ccq_dtype)s->dtype) >= PAIR_SPLIT_BYTES;
+}
 enum { MSG_HDR, MSG_DATA };
 
 static int tag(const ccq_hmpi_comm *c, int chan, int msg, int sender)
@@ -33,12 +56,18 @@ static int tag(const ccq_hmpi_comm *c, int chan, int msg, int sender)
     return c->pair_tag + chan * 4 + msg * 2 + sender;
 }
 
-/* Bytes rank r of a pair sends the other, and receives from it, for the operation s. */
+/* Bytes rank r of a pair sends the other, and receives from it, for the operation s (the
+ * first exchange of a split all_reduce). */
 static void roles(const hmpi_sig *s, int r, size_t *sends, size_t *recvs)
 {
-    size_t blk = (size_t)s->count * hmpi_esize((ccq_dtype)s->dtype);
+    size_t es = hmpi_esize((ccq_dtype)s->dtype), blk = (size_t)s->count * es;
     bool root = (int)s->root == r;
     *sends = *recvs = 0;
+    if (split_of(s)) {
+        *sends = half_len(s->count, 1 - r) * es;
+        *recvs = half_len(s->count, r) * es;
+        return;
+    }
     switch (s->kind) {
     case CCQ_KIND_ALL_REDUCE:
     case CCQ_KIND_ALL_GATHER:
@@ -79,6 +108,12 @@ static bool coll_buffers(ccq_hmpi_op *h, const ccq_be_op *op, const void **s, vo
     *r = NULL;
     switch (op->kind) {
     case CCQ_KIND_ALL_REDUCE:
+        if (h->split) {
+            size_t es = hmpi_esize((ccq_dtype)op->dtype);
+            *s = (const char *)pt->src + half_off(op->count, other) * es;
+            *r = hmpi_scratch(h, H_BUF_RECV, half_len(op->count, me) * es);
+            break;
+        }
         *s = pt->src;
         *r = hmpi_scratch(h, H_BUF_RECV, blk);
         break;
@@ -172,6 +207,7 @@ ccq_status hmpi_pair_start(ccq_hmpi_op *h, const ccq_be_op *op, ccq_errbuf *err)
         const void *s;
         void *r;
         size_t sends, recvs;
+        h->split = split_of(&h->mine);
         roles(&h->mine, me, &sends, &recvs);
         if (!coll_buffers(h, op, &s, &r))
             goto oom;
@@ -185,7 +221,8 @@ ccq_status hmpi_pair_start(ccq_hmpi_op *h, const ccq_be_op *op, ccq_errbuf *err)
         }
         h->out = r;
         if (sends > 0) { /* a data message exists exactly when its byte count is not 0 */
-            rc = MPI_Isend(s, n, t, peer, tag(c, ch, MSG_DATA, me), c->p2p, &h->req[RQ_OP]);
+            rc = MPI_Isend(s, (int)(sends / hmpi_esize(dt)), t, peer, tag(c, ch, MSG_DATA, me),
+                           c->p2p, &h->req[RQ_OP]);
             if (rc != MPI_SUCCESS)
                 return hmpi_mpi_err(err, rc, "MPI_Isend");
         }
@@ -224,8 +261,9 @@ static void decide(ccq_hmpi_op *h)
             h->out = op->parts[0].dst;
         }
         if (mine_in > 0) {
-            rc = MPI_Irecv(h->out, (int)op->count, hmpi_mpi_type((ccq_dtype)op->dtype), peer,
-                           tag(c, ch, MSG_DATA, other), c->p2p, &h->req[RQ_DATA_RECV]);
+            rc = MPI_Irecv(h->out, (int)(mine_in / hmpi_esize((ccq_dtype)op->dtype)),
+                           hmpi_mpi_type((ccq_dtype)op->dtype), peer, tag(c, ch, MSG_DATA, other),
+                           c->p2p, &h->req[RQ_DATA_RECV]);
             if (rc != MPI_SUCCESS) {
                 ccq_errbuf e;
                 hmpi_mpi_err(&e, rc, "MPI_Irecv");
@@ -234,6 +272,11 @@ static void decide(ccq_hmpi_op *h)
             }
         }
         h->phase = PH_RUN;
+        if (h->split) { /* second exchanges start in sequence order: queue it */
+            h->split_next = NULL;
+            *c->split_tail = h;
+            c->split_tail = &h->split_next;
+        }
         return;
     }
     if (!ours)
@@ -282,6 +325,72 @@ void hmpi_pair_progress(ccq_hmpi_comm *c)
     }
 }
 
+void hmpi_pair_split_remove(ccq_hmpi_op *h)
+{
+    ccq_hmpi_comm *c = h->c;
+    for (ccq_hmpi_op **pp = &c->split; *pp != NULL; pp = &(*pp)->split_next) {
+        if (*pp != h)
+            continue;
+        *pp = h->split_next;
+        if (c->split_tail == &h->split_next)
+            c->split_tail = pp;
+        break;
+    }
+}
+
+bool hmpi_pair_split_due(ccq_hmpi_op *h, bool *wait)
+{
+    *wait = false;
+    if (h->split != 1)
+        return false;
+    if (h->c->split != h) { /* an earlier one first: the peer sends them in that order */
+        *wait = true;
+        return false;
+    }
+    return true;
+}
+
+/* This side's half: rank order on both sides (the same bits), AVG divided once. */
+void hmpi_pair_reduce_half(ccq_hmpi_op *h)
+{
+    const ccq_be_op *op = h->op;
+    const ccq_be_part *pt = &op->parts[0];
+    ccq_dtype dt = (ccq_dtype)op->dtype;
+    size_t es = hmpi_esize(dt), off = half_off(op->count, h->c->me) * es;
+    size_t n = half_len(op->count, h->c->me);
+    const void *src[2];
+    void *dst[1] = {(char *)pt->dst + off};
+    src[h->c->me] = (const char *)pt->src + off;
+    src[1 - h->c->me] = h->out;
+    ccq_host_reduce_range(dt, op->redop == CCQ_AVG ? CCQ_SUM : (ccq_reduce_op)op->redop, 2, src, 1,
+                          dst, 0, n, 0);
+    if (op->redop == CCQ_AVG)
+        hmpi_divide(dt, dst[0], n, 2);
+}
+
+/* Swap the reduced halves: ours out, the peer's into our output. */
+ccq_status hmpi_pair_second(ccq_hmpi_op *h, ccq_errbuf *err)
+{
+    ccq_hmpi_comm *c = h->c;
+    const ccq_be_op *op = h->op;
+    char *d = op->parts[0].dst;
+    ccq_dtype dt = (ccq_dtype)op->dtype;
+    MPI_Datatype t = hmpi_mpi_type(dt);
+    size_t es = hmpi_esize(dt);
+    int me = c->me, other = 1 - me, peer = (int)c->procs[other], rc;
+
+    hmpi_pair_split_remove(h);
+    h->split = 2;
+    rc = MPI_Isend(d + half_off(op->count, me) * es, (int)half_len(op->count, me), t, peer,
+                   tag(c, CH_COLL2, MSG_DATA, me), c->p2p, &h->req[RQ_OP]);
+    if (rc == MPI_SUCCESS)
+        rc = MPI_Irecv(d + half_off(op->count, other) * es, (int)half_len(op->count, other), t,
+                       peer, tag(c, CH_COLL2, MSG_DATA, other), c->p2p, &h->req[RQ_DATA_RECV]);
+    if (rc != MPI_SUCCESS)
+        return hmpi_mpi_err(err, rc, "MPI_Isend/MPI_Irecv of a reduced half");
+    return CCQ_OK;
+}
+
 void hmpi_pair_finish(ccq_hmpi_op *h, const ccq_be_op *op)
 {
     const ccq_hmpi_comm *c = h->c;
@@ -294,6 +403,8 @@ void hmpi_pair_finish(ccq_hmpi_op *h, const ccq_be_op *op)
     const void *src[2];
     void *dst[1];
 
+    if (h->split) /* both halves are in place */
+        return;
     switch (op->kind) {
     case CCQ_KIND_ALL_REDUCE:
     case CCQ_KIND_REDUCE:
