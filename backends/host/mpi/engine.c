@@ -498,8 +498,8 @@ ccq_status ccq_hmpi_pair_create(const ccq_be_comm_desc *d, ccq_hmpi_world *w, co
     /* The pair's identity, from what the lower process chose (how many communicators it
      * made): messages are matched by sender, so only pairs of these two processes need tags
      * apart, and the lower process is the same for all of them. HMPI_PAIR_TAGS per pair:
-     * unique while the count stays below (tag upper bound + 1) / 8 (268 million on Open MPI
-     * and MPICH, 4096 where MPI allows only the standard's minimum 32767). */
+     * unique while the count stays below (tag upper bound + 1) / 16 (134 million on Open
+     * MPI and MPICH, 2048 where MPI allows only the standard's minimum 32767). */
     c->pair_tag = (int)((v[1] % (((uint64_t)ub + 1) / HMPI_PAIR_TAGS)) * HMPI_PAIR_TAGS);
     comm_queues_init(c);
     *out = c;
