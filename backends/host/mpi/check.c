@@ -346,32 +346,28 @@ bool hmpi_check_sent(ccq_hmpi_comm *c, uint64_t seq)
     return c->sets == NULL || c->sets->first_seq > seq;
 }
 
+/* Whether process index p's record for sequence seq (or a later one) came. */
+static bool heard(const ccq_hmpi_comm *c, int p, uint64_t seq)
+{
+    const hmpi_sigq *q = &c->in[p];
+    for (uint32_t k = q->head; k < q->n; k++)
+        if (q->v[k].seq >= seq)
+            return true;
+    return false;
+}
+
 void hmpi_check_missing(const ccq_hmpi_op *h, char *buf, size_t len)
 {
     const ccq_hmpi_comm *c = h->c;
     size_t w0 = 0, *w = &w0;
     int n = 0, shown = 0;
 
-    for (int p = 0; p < c->nprocs; p++) {
-        const hmpi_sigq *q = &c->in[p];
-        bool have = false;
-        if (p == c->me)
-            continue;
-        for (uint32_t k = q->head; k < q->n && !have; k++)
-            have = q->v[k].seq >= h->seq;
-        n += !have;
-    }
+    for (int p = 0; p < c->nprocs; p++)
+        n += p != c->me && !heard(c, p, h->seq);
     PUT("%s ", n == 1 ? "process" : "processes");
-    for (int p = 0; p < c->nprocs && shown < 16; p++) {
-        const hmpi_sigq *q = &c->in[p];
-        bool have = false;
-        if (p == c->me)
-            continue;
-        for (uint32_t k = q->head; k < q->n && !have; k++)
-            have = q->v[k].seq >= h->seq;
-        if (!have)
+    for (int p = 0; p < c->nprocs && shown < 16; p++)
+        if (p != c->me && !heard(c, p, h->seq))
             PUT("%s%u", shown++ ? ", " : "", c->procs[p]);
-    }
     if (n > shown)
         PUT(" and %d more", n - shown);
 }

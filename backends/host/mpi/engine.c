@@ -962,6 +962,26 @@ static void op_release(ccq_hmpi_op *h)
     op_free(h);
 }
 
+/* Keep h until MPI completes its requests (tested by ccq_hmpi_reap). Lock held. */
+static void keep(ccq_hmpi_op *h)
+{
+    h->op = NULL;
+    h->next = abandoned;
+    abandoned = h;
+    nabandoned++;
+}
+
+/* Free h now if MPI is done with it (MPI_Testall frees completed requests), else keep it. */
+static void release_or_keep(ccq_hmpi_op *h)
+{
+    int flag = 0;
+    h->op = NULL;
+    if (MPI_Testall(RQ_N, h->req, &flag, MPI_STATUSES_IGNORE) == MPI_SUCCESS && flag)
+        op_release(h);
+    else
+        keep(h);
+}
+
 ccq_status ccq_hmpi_start(ccq_hmpi_comm *c, const ccq_be_op *op, uint64_t now_ns, ccq_hmpi_op **out,
                           ccq_errbuf *err)
 {
@@ -1014,17 +1034,9 @@ ccq_status ccq_hmpi_start(ccq_hmpi_comm *c, const ccq_be_op *op, uint64_t now_ns
             snprintf(err->msg, sizeof err->msg, "out of memory");
     }
     if (st != CCQ_OK) {
-        int flag;
         /* Requests already posted (a header sent) finish on their own: keep h until then. */
         hmpi_wq_remove(c, h);
-        h->op = NULL;
-        if (MPI_Testall(RQ_N, h->req, &flag, MPI_STATUSES_IGNORE) == MPI_SUCCESS && flag) {
-            op_release(h);
-        } else {
-            h->next = abandoned;
-            abandoned = h;
-            nabandoned++;
-        }
+        release_or_keep(h);
         ccq_mpi_unlock();
         return st;
     }
@@ -1037,16 +1049,8 @@ ccq_status ccq_hmpi_start(ccq_hmpi_comm *c, const ccq_be_op *op, uint64_t now_ns
  * list (MPI_Testall did not free them): report st with its detail. Lock held. */
 static ccq_status op_failed(ccq_hmpi_op *h, ccq_status st, ccq_errbuf *err)
 {
-    int flag = 0;
     snprintf(err->msg, sizeof err->msg, "%s", h->fail_detail ? h->fail_detail : "?");
-    h->op = NULL;
-    if (MPI_Testall(RQ_N, h->req, &flag, MPI_STATUSES_IGNORE) == MPI_SUCCESS && flag) {
-        op_release(h);
-    } else {
-        h->next = abandoned;
-        abandoned = h;
-        nabandoned++;
-    }
+    release_or_keep(h);
     return st;
 }
 
@@ -1177,11 +1181,8 @@ void ccq_hmpi_describe(const ccq_hmpi_op *h, uint64_t now_ns, ccq_errbuf *err)
 void ccq_hmpi_detach(ccq_hmpi_op *h)
 {
     ccq_mpi_lock();
-    h->op = NULL;
     h->detached = true;
-    h->next = abandoned;
-    abandoned = h;
-    nabandoned++;
+    keep(h);
     ndetached++;
     ccq_mpi_unlock();
 }
@@ -1207,10 +1208,7 @@ void ccq_hmpi_abandon(ccq_hmpi_op *h)
     for (int k = RQ_HDR_RECV; k < RQ_N; k++)
         if (h->req[k] != MPI_REQUEST_NULL)
             MPI_Cancel(&h->req[k]);
-    h->op = NULL;
-    h->next = abandoned;
-    abandoned = h;
-    nabandoned++;
+    keep(h);
     ccq_mpi_unlock();
 }
 
