@@ -289,7 +289,8 @@ static bool work_visible(ccq_runtime *rt)
     ccq_sched *S = rt->sched;
 
     if (!ccq_mpsc_empty(&rt->new_streams) || !ccq_mpsc_empty(&rt->comm_reqs) ||
-        ccq_trace_requested(&rt->trace) || ccq_trace_dump_requested(&rt->trace))
+        ccq_trace_requested(&rt->trace) || ccq_trace_dump_requested(&rt->trace) ||
+        (rt->health != NULL && ccq_health_due(rt)))
         return true;
     if (!S->closing && atomic_load_explicit(&rt->closing, memory_order_acquire))
         return true;
@@ -325,6 +326,8 @@ void *ccq_sched_main(void *arg)
         uint64_t now, deadline;
 
         progress |= ccq_trace_serve(&rt->trace);
+        if (rt->health != NULL && ccq_health_due(rt)) /* losses to apply, progress asked */
+            progress |= ccq_health_serve(rt);
         progress |= sched_drain(rt);
         if (S->forming != NULL)
             progress |= sched_comms_progress(rt, ccq_now_ns());
@@ -344,7 +347,7 @@ void *ccq_sched_main(void *arg)
              * time however often commands fail, and a failure waits at most that for its
              * dump. */
             uint64_t t0 = ccq_now_ns(), t1;
-            ccq_trace_autodump(rt, "error");
+            ccq_trace_autodump(rt, sched_held_reason(rt));
             t1 = ccq_now_ns();
             S->dump_after = ccq_add_sat(t1, min_u64(4 * (t1 - t0), CCQ_DUMP_GAP_MAX_NS));
             sched_release_held(rt);

@@ -89,6 +89,8 @@ bool sched_end_failed_heads(ccq_runtime *rt);
 /* n more commands of s ended: publish them (held back while a failure of s waits for the
  * dump). */
 void sched_publish_ended(ccq_runtime *rt, ccq_stream *s, uint64_t n);
+/* The dump's reason for the held failures: "process_lost" if one is a loss, else "error". */
+const char *sched_held_reason(ccq_runtime *rt);
 /* After the dump: publish the held failures and what ended with them. */
 void sched_release_held(ccq_runtime *rt);
 bool sched_reap(ccq_runtime *rt);
@@ -97,6 +99,9 @@ bool sched_build_and_issue(ccq_runtime *rt);
 /* sched_watchdog.c */
 void sched_abort_batch(ccq_runtime *rt, ccq_batch *b, const char *why);
 void sched_abort_comm(ccq_runtime *rt, ccq_comm *comm, const char *why);
+/* A member process of comm was lost (runtime/health/): fail everything on it with
+ * CCQ_ERR_PROCESS_LOST and `why`, now and later. */
+void sched_lose_comm(ccq_runtime *rt, ccq_comm *comm, const char *why);
 bool sched_watchdog(ccq_runtime *rt, uint64_t now);
 
 #endif /* CCQ_RUNTIME_SCHED_H */

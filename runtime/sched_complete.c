@@ -44,6 +44,15 @@ static void hold_error(ccq_sched *S, ccq_stream *s, uint64_t pos, ccq_status st,
     hold_stream(S, s);
 }
 
+const char *sched_held_reason(ccq_runtime *rt)
+{
+    for (ccq_stream *s = rt->sched->held; s != NULL; s = s->held_next)
+        for (uint32_t i = 0; i < s->nheld; i++)
+            if (s->held_errs[i].status == CCQ_ERR_PROCESS_LOST)
+                return "process_lost";
+    return "error";
+}
+
 void sched_release_held(ccq_runtime *rt)
 {
     ccq_sched *S = rt->sched;
@@ -170,6 +179,16 @@ static void inst_backend_abort(ccq_runtime *rt, ccq_batch *b, ccq_inst *i)
     }
 }
 
+/* An engine error on a communicator spanning processes may be a member process that died:
+ * ask the OS now, so the failure is reported as the loss it is (runtime/health/). */
+static void inst_probe(ccq_runtime *rt, ccq_batch *b, ccq_inst *i)
+{
+    if (rt->health != NULL && (i->op.status != CCQ_OK || b->be.status != CCQ_OK) &&
+        i->chan->comm->nprocs > 1 &&
+        !atomic_load_explicit(&i->chan->comm->lost, memory_order_relaxed))
+        ccq_health_probe(rt, i->chan->comm);
+}
+
 /* An instance's op came back: every part takes its status (and a detail if it failed). */
 static void inst_done(ccq_batch *b, ccq_inst *i)
 {
@@ -183,11 +202,20 @@ static void inst_done(ccq_batch *b, ccq_inst *i)
      * one while the backend runs), so the outcome does not depend on that race. */
     if (st == CCQ_OK && b->aborting)
         st = CCQ_ERR_ABORTED;
+    /* A member process was lost: what did not complete, and what was in flight then, fails as
+     * that loss. */
+    if ((st != CCQ_OK || i->cut) && atomic_load_explicit(&comm->lost, memory_order_relaxed))
+        st = CCQ_ERR_PROCESS_LOST;
+    if (i->chan->id != CCQ_CHAN_COLL)
+        comm->p2p_done++;
     for (uint32_t p = 0; p < i->chan->nparts; p++) {
         ccq_cmd *c = i->cmds[p];
         c->status = st;
         c->state = CCQ_CMD_DONE;
-        if (st == CCQ_ERR_ABORTED && atomic_load_explicit(&comm->aborted, memory_order_relaxed)) {
+        if (st == CCQ_ERR_PROCESS_LOST) {
+            sched_set_detail(c, comm->lost_detail);
+        } else if (st == CCQ_ERR_ABORTED &&
+                   atomic_load_explicit(&comm->aborted, memory_order_relaxed)) {
             /* Say why it was aborted (the watchdog's or the backend's reason). */
             char reason[CCQ_DETAIL_LEN];
             ccq_format(reason, sizeof reason, "communicator aborted: %s", comm->init_detail);
@@ -243,6 +271,7 @@ static bool batch_end_early(ccq_runtime *rt, ccq_batch *b)
     for (uint32_t k = 0; k < b->be.nops; k++) {
         ccq_inst *i = b->insts[k];
         if (!i->ended && i->op.done_early) {
+            inst_probe(rt, b, i);
             inst_backend_abort(rt, b, i);
             inst_done(b, i);
         }
@@ -257,6 +286,9 @@ void sched_batch_done(ccq_runtime *rt, ccq_batch *b)
     ccq_sched *S = rt->sched;
     uint64_t now = ccq_now_ns();
 
+    for (uint32_t k = 0; k < b->be.nops; k++)
+        if (!b->insts[k]->ended)
+            inst_probe(rt, b, b->insts[k]);
     for (uint32_t k = 0; k < b->be.nops; k++)
         if (!b->insts[k]->ended)
             inst_backend_abort(rt, b, b->insts[k]);

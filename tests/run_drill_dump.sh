@@ -2,7 +2,8 @@
 # Issue 22, item 1: every process's dump is on disk, whole, before its fence reports the
 # failure. Runs test_host_drills dump (3 processes: process 2 never joins the all_reduce,
 # 0 and 1 _exit right after their fence's error) LOOPS times; after each job: three dumps,
-# no temporary file left, each valid JSON, and those of 0 and 1 hold the failed all_reduce.
+# no temporary file left, each valid JSON, and those of 0 and 1 hold the failed all_reduce
+# (a timeout, or, when job health saw the other one exit first, the loss of a process).
 # usage: run_drill_dump.sh DRILL_BINARY LOOPS MPIEXEC [MPIEXEC FLAGS...]
 set -u
 drill=$1 loops=$2
@@ -31,7 +32,7 @@ while [ "$i" -lt "$loops" ]; do
         fail=1
     fi
     for r in 0 1; do
-        if [ -s "$dir/dump-$r.json" ] && ! grep -q 'CCQ_ERR_TIMEOUT\|CCQ_ERR_ABORTED' "$dir/dump-$r.json"; then
+        if [ -s "$dir/dump-$r.json" ] && ! grep -q 'CCQ_ERR_TIMEOUT\|CCQ_ERR_ABORTED\|CCQ_ERR_PROCESS_LOST' "$dir/dump-$r.json"; then
             echo "FAIL run $i: dump-$r.json does not hold the failure"
             fail=1
         fi

@@ -10,7 +10,6 @@
  *
  * Float inputs are in {-1, 0, 1} so that MPI's order of combining the per-process partials
  * cannot change a bit (see test_host_mpi.c); integers wrap, which is associative. */
-#include <mpi.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -351,8 +350,15 @@ int main(void)
                   "detail: %s", detail);
             for (uint32_t k = 1; k < cnt; k++)
                 CHECK(ccq_sync_collective(rt, first + k, 0) != CCQ_OK, "A fails on every part");
-        } else if (wsize == 1 + 1 && wrank == 1) {
-            /* world of 2: B is process 0 alone, nothing to do here */
+        } else {
+            /* The last process: the others wait about timeout_ms for A to fail before they
+             * destroy their runtime and meet again below, where everyone waits timeout_ms
+             * for the others. Leaving now, it would arrive that much ahead of them and its
+             * wait could end first on a loaded machine: wait as they do. */
+            struct timespec ts = {(time_t)(cfg.timeout_ms / 1000),
+                                  (long)(cfg.timeout_ms % 1000) * 1000000L};
+            while (nanosleep(&ts, &ts) != 0)
+                ;
         }
         CHECK(ccq_runtime_destroy(rt) == CCQ_OK, "destroy returns with a pending MPI operation");
     }
@@ -362,9 +368,9 @@ int main(void)
      * counts 16 and 8; the others, whose operation then never gets that process's record for
      * the engine's check, end with the engine's timeout ("not started ... never submitted
      * it"). The last process left the previous runtime at once, the others only after their
-     * timeout: meet first, or its ccq_runtime_create would wait for them longer than the
-     * 1.5 s timeout_ms. (MPI is initialised; no runtime is running here.) */
-    MPI_Barrier(MPI_COMM_WORLD);
+     * 1.5 s timeout: a longer timeout_ms here, or its ccq_runtime_create could give up on
+     * them before they come. */
+    cfg.timeout_ms = 4000;
     CHECK(ccq_runtime_create(&cfg, &rt) == CCQ_OK, "third runtime");
     {
         float x[2][16] = {{0}}, y[2][16];
