@@ -88,6 +88,13 @@ typedef struct ccq_be_op {
                              the sender's stream in this batch writes the send's src (an
                              in-place exchange or ring shift: stream order says the send reads
                              the old data). Read src before any op of the batch writes. */
+    uint8_t done_early;   /* Backends whose operations complete independently of their batch
+                             (the host backend's engine operations across processes) set it,
+                             with status, when this op has finished (its buffers no longer
+                             touched) before the batch comes back, and count it in the batch's
+                             ndone_early: the runtime then ends its commands at once, in stream
+                             order, so one operation waiting for another process never holds
+                             the streams of the others (nor what they queue next). */
 } ccq_be_op;
 
 /* A batch: what the runtime found ready in one pass, issued as one backend group. */
@@ -99,6 +106,7 @@ typedef struct ccq_be_batch {
     ccq_errbuf detail;              /* the backend's message when status != CCQ_OK */
     struct ccq_be_batch *next_done; /* link for poll()'s list; owned by the backend meanwhile */
     void *be_priv;                  /* backend scratch */
+    uint32_t ndone_early;           /* ops of it with done_early set (the backend counts them) */
 } ccq_be_batch;
 
 typedef struct ccq_backend ccq_backend;

@@ -32,6 +32,8 @@ enum ccq_cmd_state {
     CCQ_CMD_INCLUDED, /* tentatively in the batch being built */
     CCQ_CMD_ISSUED,   /* in the batch in flight for its stream */
     CCQ_CMD_FAILED,   /* failed (mismatch, timeout, abort); ends when it reaches the head */
+    CCQ_CMD_DONE,     /* its operation came back before its batch (ccq_be_op.done_early):
+                         ends when it reaches the head */
 };
 
 /* Communicator channels: collectives are matched per (comm, rank) sequence; each
@@ -176,6 +178,7 @@ typedef struct ccq_inst {
     uint64_t batch_pass;    /* batch pass whose batch holds it */
     uint64_t blocked_pass;  /* batch pass in which it was found blocked */
     bool stage;             /* send/recv: the send's src is overwritten later in its batch */
+    bool ended;             /* issued: its op came back and its commands took its status */
     bool cut;               /* in flight when a member process was lost: fails whatever the
                                backend says (the abort or revoke may have ended it early) */
     uint64_t refuse_pass;   /* batch pass that first found it cannot be staged (0: none) */
@@ -198,6 +201,7 @@ typedef struct ccq_batch {
     ccq_stream *streams; /* streams with commands in this batch (batch_next links) */
     struct ccq_batch *next;
     bool aborting;
+    uint32_t seen_early; /* be.ndone_early when its early completions were last taken */
 } ccq_batch;
 
 /* Comm registry: lock-free lookup, insertion under a mutex; never shrinks while live. */
@@ -303,7 +307,8 @@ void *ccq_sched_main(void *arg);
 
 /* ---- runtime/trace/recorder.c ---- */
 ccq_status ccq_trace_write_file(ccq_runtime *rt, const char *path);
-void ccq_trace_autodump(ccq_runtime *rt, bool force);
+/* Write trace_file now if one is configured (reason: "destroy", "error", ...). */
+void ccq_trace_autodump(ccq_runtime *rt, const char *reason);
 
 /* Set while the calling thread is ccq's scheduler (of any runtime) or runs an event
  * callback (scheduler or fencing thread). A call that would wait for a scheduler there

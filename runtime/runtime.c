@@ -487,7 +487,7 @@ CCQ_API ccq_status ccq_runtime_destroy(ccq_runtime *rt)
     ccq_runtime_shutdown(rt);
     if (rt->thread_started)
         pthread_join(rt->thread, NULL);
-    ccq_trace_autodump(rt, true); /* trace_file: the whole story, at the end */
+    ccq_trace_autodump(rt, "destroy"); /* trace_file: the whole story, at the end */
     runtime_free(rt);
     return CCQ_OK;
 }

@@ -120,7 +120,6 @@ static void refuse_group(ccq_runtime *rt, const ccq_cmd *send)
     attempt_undo(S);
     for (uint32_t k = 0; k < S->ntent; k++)
         sched_fail_inst(S, S->tent[k], CCQ_ERR_UNSUPPORTED, detail, false);
-    S->error_seen = true;
     S->refuse_retry = true; /* progress: the loop runs again and ends the failed heads now */
 }
 
@@ -267,6 +266,8 @@ static ccq_batch *batch_get(ccq_sched *S)
     b->be.detail.msg[0] = '\0';
     b->be.next_done = NULL;
     b->be.be_priv = NULL;
+    b->be.ndone_early = 0;
+    b->seen_early = 0;
     b->streams = NULL;
     b->next = NULL;
     b->aborting = false;
@@ -313,6 +314,8 @@ static void issue(ccq_runtime *rt, ccq_batch *b)
         i->op.comm = i->chan->comm->be;
         i->op.status = CCQ_OK;
         i->op.comm_aborted = 0;
+        i->op.done_early = 0;
+        i->ended = false;
         i->op.stage_src = i->stage && rt->be_ops->stages_sends;
         b->ops[k] = &i->op;
     }

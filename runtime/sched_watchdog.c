@@ -211,7 +211,6 @@ static void abort_comm(ccq_runtime *rt, ccq_comm *comm, ccq_status st, const cha
         ccq_format(note + w, sizeof note - w, " aborted: %s", why);
         ccq_trace_note(&rt->trace, CCQ_EV_ABORT, note);
     }
-    S->error_seen = true;
     if (comm->be != NULL) {
         if (st == CCQ_ERR_PROCESS_LOST && rt->be_ops->revoke != NULL)
             rt->be_ops->revoke(rt->be, comm->be);
@@ -304,7 +303,6 @@ bool sched_watchdog(ccq_runtime *rt, uint64_t now)
                               q->count, 0, CCQ_ERR_TIMEOUT);
             ccq_trace_note(&rt->trace, CCQ_EV_WATCHDOG, detail);
             sched_fail_inst(S, q->inst, CCQ_ERR_TIMEOUT, detail, false);
-            S->error_seen = true;
             any = true;
         }
     }

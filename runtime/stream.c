@@ -29,6 +29,9 @@ void ccq_stream_fini(ccq_stream *s)
     free(atomic_load_explicit(&s->ring, memory_order_relaxed));
     free(s->err_detail);
     free(s->last_detail);
+    for (uint32_t i = 0; i < s->nheld; i++)
+        free(s->held_errs[i].detail);
+    free(s->held_errs);
     for (uint32_t i = 0; s->hist != NULL && i < CCQ_FENCE_HISTORY; i++)
         free(s->hist[i].detail);
     free(s->hist);
@@ -427,6 +430,9 @@ static ccq_status report_and_clear(ccq_stream *s)
     return err;
 }
 
+/* How long a fence that times out waits for the dump it asks for. */
+#define CCQ_FENCE_DUMP_NS 2000000000ull
+
 /* Begin + wait (with the watchdog's grace) + report-then-clear. */
 static ccq_status sync_collective(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream)
 {
@@ -455,6 +461,12 @@ static ccq_status sync_collective(ccq_runtime *rt, ccq_device_id device, ccq_str
         uint64_t verdict = ccq_add_sat(issued, ccq_add_sat(rt->timeout_ns, grace));
         if (!ok && issued != 0 && deadline != UINT64_MAX && verdict > deadline)
             ok = ccq_signal_wait_spin(&s->ev, fence_done, &w, verdict, 0);
+        if (!ok && (uint32_t)atomic_load_explicit(&s->errw, memory_order_acquire) == 0) {
+            /* A failure of this fence's own: with trace_file set, the dump is on disk before
+             * it is reported (a user prints the error and exits), bounded by CCQ_FENCE_DUMP_NS
+             * (a scheduler stuck in a call never writes it). */
+            ccq_trace_request_dump(rt, ccq_deadline_in(CCQ_FENCE_DUMP_NS));
+        }
         if (!ok) {
             uint64_t e = atomic_load_explicit(&s->ended, memory_order_acquire);
             if ((uint32_t)atomic_load_explicit(&s->errw, memory_order_acquire) == 0)

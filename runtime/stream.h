@@ -62,6 +62,13 @@ typedef struct ccq_stream {
     uint64_t listed_pass;          /* batch pass whose pass_streams list holds it */
     struct ccq_stream *pass_next;  /* streams with commands in the batch being built */
     struct ccq_stream *batch_next; /* streams of a batch in flight */
+    /* Failures held back until a dump holding them is on disk (trace_file): their error
+     * records and the `ended` count that covers them are published after the dump. */
+    struct ccq_held_err *held_errs; /* [nheld] in end order */
+    uint32_t nheld, capheld;
+    uint64_t held_n;              /* ended commands not published yet */
+    bool held;                    /* on the scheduler's list of held streams */
+    struct ccq_stream *held_next; /* that list */
     /* Cold. */
     ccq_mpsc_node new_node; /* on rt->new_streams when first used */
     ccq_device_id device;
@@ -77,6 +84,12 @@ typedef struct ccq_stream {
     char *last_detail; /* malloc'd or NULL */
 } ccq_stream;
 
+/* A failure ended on a stream whose publication waits for the dump (see ccq_stream.held). */
+typedef struct ccq_held_err {
+    uint64_t pos;
+    ccq_status status;
+    char *detail; /* malloc'd */
+} ccq_held_err;
 /* Clear epochs a fence value can be older than: ccq_fence_test on a value whose epoch had
  * more error reports (ccq_sync_collective clears) after it returns CCQ_ERR_INVALID_ARGUMENT. */
 #define CCQ_FENCE_HISTORY 16u

@@ -42,6 +42,7 @@ typedef struct host_xbatch {
     struct host_xbatch *next;
     uint64_t deadline; /* the engine's own: a little before the runtime's watchdog */
     uint32_t pending;
+    void **staged;    /* [nops] or NULL: copies of stage_src sends' data */
     ccq_heng_op *h[]; /* [nops]: NULL once done (or for a local op) */
 } host_xbatch;
 
@@ -464,6 +465,40 @@ static ccq_status host_comm_root_blob(ccq_backend *be, const ccq_be_comm_desc *d
     return h->engine->ops->root_blob(h->engine, d, blob, len, err);
 }
 
+static void free_staged(void **staged, uint32_t nops)
+{
+    for (uint32_t k = 0; staged != NULL && k < nops; k++)
+        free(staged[k]);
+    free(staged);
+}
+
+/* Sends whose src a later command of their stream overwrites in this batch (stage_src)
+ * send a copy taken now, before any op of the batch runs or starts: what stream order
+ * promises. Cross-process batches need it as much as local ones: a local copy or an engine
+ * receive of the batch may write the buffer before an engine send reads it (an in-place
+ * shift across processes took the data of a neighbour's neighbour without it). */
+static ccq_status stage_sends(ccq_be_batch *b, void ***staged, ccq_errbuf *err)
+{
+    for (uint32_t k = 0; k < b->nops; k++) {
+        ccq_be_op *op = b->ops[k];
+        size_t bytes = op->count * ccq_dtype_size((ccq_dtype)op->dtype);
+        if (!op->stage_src || op->kind != CCQ_KIND_SEND || bytes == 0)
+            continue;
+        if (*staged == NULL && (*staged = calloc(b->nops, sizeof **staged)) == NULL)
+            goto oom;
+        if (((*staged)[k] = malloc(bytes)) == NULL)
+            goto oom;
+        memcpy((*staged)[k], op->parts[0].src, bytes);
+        op->parts[0].src = (*staged)[k];
+    }
+    return CCQ_OK;
+oom:
+    free_staged(*staged, b->nops);
+    *staged = NULL;
+    snprintf(err->msg, sizeof err->msg, "out of memory staging a send's data");
+    return CCQ_ERR_NO_MEMORY;
+}
+
 static ccq_heng_comm *op_eng(const ccq_be_op *op)
 {
     const host_comm *c = (const host_comm *)op->comm;
@@ -474,6 +509,15 @@ static void batch_fail_detail(ccq_be_batch *b, const ccq_errbuf *err)
 {
     if (b->detail.msg[0] == '\0')
         snprintf(b->detail.msg, sizeof b->detail.msg, "%s", err->msg);
+}
+
+/* An op of a batch across processes has ended (status set) while others of the batch may
+ * still wait for other processes: the runtime ends its commands now (ccq_be_op.done_early),
+ * so a stuck engine operation never holds the streams of unrelated ones. */
+static void op_ended(ccq_be_batch *b, ccq_be_op *op)
+{
+    op->done_early = 1;
+    b->ndone_early++;
 }
 
 /* A batch with operations across processes: local ones run now, on this thread; each of
@@ -490,6 +534,10 @@ static ccq_status xproc_issue(host_be *h, ccq_be_batch *b, ccq_errbuf *err)
         return CCQ_ERR_NO_MEMORY;
     }
     m->b = b;
+    if (stage_sends(b, &m->staged, err) != CCQ_OK) {
+        free(m);
+        return CCQ_ERR_NO_MEMORY;
+    }
     /* The engine's deadline comes a little before the watchdog's (issue time + timeout_ms),
      * so a stuck engine operation fails alone (CCQ_ERR_TIMEOUT naming what it waits for) and only
      * its communicator is aborted, not every communicator of the batch. */
@@ -508,6 +556,7 @@ static ccq_status xproc_issue(host_be *h, ccq_be_batch *b, ccq_errbuf *err)
         op->status = CCQ_OK;
         if (op_aborted(op)) {
             op->status = CCQ_ERR_ABORTED;
+            op_ended(b, op);
             continue;
         }
         if (mc == NULL && op->nparts < 2 && !ccq_kinds[op->kind].collective) {
@@ -519,22 +568,26 @@ static ccq_status xproc_issue(host_be *h, ccq_be_batch *b, ccq_errbuf *err)
                      "its communicator's engine side existed",
                      ccq_kinds[op->kind].name);
             batch_fail_detail(b, err);
+            op_ended(b, op);
             continue;
         }
         if (mc == NULL) {
             run_range(op, 0, op->count, h->stream_bytes);
+            op_ended(b, op);
             continue;
         }
         st = eng->ops->start(eng, mc, op, now, &m->h[k], &e);
         if (st != CCQ_OK) {
             op->status = st;
             batch_fail_detail(b, &e);
+            op_ended(b, op);
             continue;
         }
         if (op->kind == CCQ_KIND_SEND && eng->ops->detach(eng, m->h[k])) {
             /* it sends a copy: done here, the engine finishes it in the background */
             m->h[k] = NULL;
             h->background++;
+            op_ended(b, op);
             continue;
         }
         m->pending++;
@@ -578,18 +631,23 @@ static ccq_be_batch *xproc_poll(host_be *h, ccq_be_batch *list)
                 batch_fail_detail(b, &e);
             } else if (st != CCQ_OK) {
                 op->status = st;
-                op->comm_aborted = 1;
+                /* A mismatch across processes is found before any data moves and leaves
+                 * nothing pending: the communicator goes on with the next operation. Other
+                 * errors may leave MPI state behind: later work would queue behind it. */
+                op->comm_aborted = st != CCQ_ERR_MISMATCH;
                 batch_fail_detail(b, &e);
                 h->background++;
             }
             m->h[k] = NULL;
             m->pending--;
+            op_ended(b, op);
         }
         if (m->pending > 0) {
             pp = &m->next;
             continue;
         }
         *pp = m->next;
+        free_staged(m->staged, b->nops);
         free(m);
         b->be_priv = NULL;
         b->next_done = list;
@@ -604,37 +662,6 @@ static uint64_t host_poll_interval(const ccq_backend *be)
     if (h->engine == NULL || (h->xbatches == NULL && h->background == 0))
         return 0;
     return h->engine->ops->poll_interval(h->engine, h->xbatches != NULL);
-}
-
-static void free_staged(host_job *j)
-{
-    for (uint32_t k = 0; j->staged != NULL && k < j->b->nops; k++)
-        free(j->staged[k]);
-    free(j->staged);
-    j->staged = NULL;
-}
-
-/* Sends whose src a later command of their stream overwrites in this batch (stage_src)
- * send a copy taken now, before any op of the batch runs: what stream order promises. */
-static ccq_status stage_sends(ccq_be_batch *b, host_job *j, ccq_errbuf *err)
-{
-    for (uint32_t k = 0; k < b->nops; k++) {
-        ccq_be_op *op = b->ops[k];
-        size_t bytes = op->count * ccq_dtype_size((ccq_dtype)op->dtype);
-        if (!op->stage_src || op->kind != CCQ_KIND_SEND || bytes == 0)
-            continue;
-        if (j->staged == NULL && (j->staged = calloc(b->nops, sizeof *j->staged)) == NULL)
-            goto oom;
-        if ((j->staged[k] = malloc(bytes)) == NULL)
-            goto oom;
-        memcpy(j->staged[k], op->parts[0].src, bytes);
-        op->parts[0].src = j->staged[k];
-    }
-    return CCQ_OK;
-oom:
-    free_staged(j);
-    snprintf(err->msg, sizeof err->msg, "out of memory staging a send's data");
-    return CCQ_ERR_NO_MEMORY;
 }
 
 static ccq_status host_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
@@ -666,7 +693,7 @@ static ccq_status host_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
     j->chunk_elems = j->first_chunk + b->nops + 1;
     j->stream_bytes = h->stream_bytes;
     j->staged = NULL;
-    if (stage_sends(b, j, err) != CCQ_OK) {
+    if (stage_sends(b, &j->staged, err) != CCQ_OK) {
         free(j);
         return CCQ_ERR_NO_MEMORY;
     }
@@ -731,7 +758,7 @@ static ccq_be_batch *host_poll(ccq_backend *be)
         ccq_mpsc_node *next = n->next;
         host_job *j = ccq_container_of(n, host_job, done_node);
         ccq_be_batch *b = j->b;
-        free_staged(j);
+        free_staged(j->staged, b->nops);
         free(j);
         b->be_priv = NULL;
         b->next_done = list;
