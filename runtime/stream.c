@@ -530,7 +530,10 @@ CCQ_API ccq_status ccq_nccl_stream_wait(ccq_runtime *rt, ccq_device_id device, c
                         "cannot be a wait's target here; pass a stream you created)");
     /* As ccq_fence_begin: every command whose submission returned before this load. */
     uint64_t target = atomic_load_explicit(&s->tickets, memory_order_acquire) & ~CCQ_TICKET_CLOSED;
-    st = rt->be_ops->stream_wait(rt->be, device, s->index, cuda_stream, target, &s->ended, &err);
+    /* The backend's own device, as every other hook gets (in any process but the first of
+     * a world the global id is past the end of its tables). */
+    st = rt->be_ops->stream_wait(rt->be, ccq_backend_device(rt, device), s->index, cuda_stream,
+                                 target, &s->ended, &err);
     if (st != CCQ_OK)
         return ccq_fail(st, "ccq_nccl_stream_wait: %s", err.msg);
     return CCQ_OK;

@@ -5,12 +5,14 @@
  * all_reduce over the world, one over a subset spanning two processes, send/recv between
  * processes and comm_init from one thread per device in each process at once all move real
  * data, checked in every process; a process that never calls ccq_comm_init makes the others'
- * fail after timeout_ms naming it. */
+ * fail after timeout_ms naming it; ccq_nccl_stream_wait in process 1 hands the backend its
+ * own device (run it under ASan: the global id read past the backend's tables). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 
+#include <cuda.h>
 #include <cmocka.h>
 
 #include <pthread.h>
@@ -20,6 +22,7 @@
 #include <string.h>
 
 #include "ccq.h"
+#include "ccq/ccq_nccl.h"
 #include "fake/fake_cuda_nccl.h"
 #include "procs.h"
 #include "test_util.h"
@@ -122,6 +125,100 @@ static int sig_child(unsigned rank, unsigned nprocs, void *arg)
     }
 out:
     ccq_runtime_destroy(rt);
+    return rc;
+}
+
+/* A user "kernel" for the fake's stream queues: copies what it reads when it runs. */
+typedef struct nw_kernel {
+    int runs;
+    const float *src;
+    float seen[N];
+} nw_kernel;
+
+static void nw_kernel_fn(void *arg)
+{
+    nw_kernel *k = arg;
+    k->runs++;
+    if (k->src != NULL)
+        memcpy(k->seen, k->src, sizeof k->seen);
+}
+
+/*
+ * ccq_nccl_stream_wait in a process that is not the first of its world: the backend is
+ * given its own device (the global id minus the process's first), as every other hook is.
+ * Process 1 owns global devices 1 and 2 (its CUDA devices 0 and 1): a wait on global
+ * device 2 read past the backend's per-device table (ASan), and the no-context fallback on
+ * global device 1 made CUDA device 1 current instead of 0. The wait then orders a kernel
+ * after an all_reduce over both processes.
+ */
+static int wait_child(unsigned rank, unsigned nprocs, void *arg)
+{
+    const nw_case *nc = arg;
+    ccq_runtime *rt = nw_runtime(nc, rank, nprocs);
+    ccq_device_id first = 0, all[3] = {0, 1, 2};
+    uint32_t count = 0;
+    static float in[MAXD][N], out[MAXD][N];
+    nw_kernel k = {0};
+    int rc = 0;
+
+    if (rt == NULL)
+        return 10;
+    ccq_local_devices(rt, &first, &count);
+    if (ccq_comm_init(rt, all, 3) != CCQ_OK)
+        FAIL(11, "comm_init");
+    if (rank == 1) {
+        cudaStream_t us0 = fake_user_stream(0), us1 = fake_user_stream(1);
+        if (ccq_nccl_stream_wait(rt, 2, 0, us1) != CCQ_OK)
+            FAIL(12, "wait on global device 2 (CUDA device 1)");
+        size_t mark = fake_log_size();
+        fake_script("cuStreamWaitValue64", CUDA_ERROR_INVALID_CONTEXT);
+        if (ccq_nccl_stream_wait(rt, 1, 0, us0) != CCQ_OK)
+            FAIL(13, "wait on global device 1 without a current context");
+        long a = fake_log_find("cuStreamWaitValue64", mark);
+        long b = a >= 0 ? fake_log_find("cuStreamWaitValue64", (size_t)a + 1) : -1;
+        fake_call retry;
+        if (b < 0 || !fake_log_get((size_t)b, &retry) || retry.result != CUDA_SUCCESS)
+            FAIL(14, "the wait was not queued again with the device current");
+        if (retry.device != 0)
+            FAIL(15, "the retried wait ran with CUDA device %d current, want 0 (global 1)",
+                 retry.device);
+        /* Then a real wait: a kernel on the stream reads the all_reduce's result. */
+        for (uint32_t i = 0; i < count; i++) {
+            for (int j = 0; j < N; j++)
+                in[i][j] = input(first + i, j);
+            if (ccq_all_reduce(rt, first + i, 1, in[i], out[i], N, CCQ_FLOAT32, CCQ_SUM, all, 3) !=
+                CCQ_OK)
+                FAIL(16, "all_reduce on device %u", first + i);
+        }
+        if (ccq_nccl_stream_wait(rt, 2, 1, us1) != CCQ_OK)
+            FAIL(17, "wait on global device 2 for the all_reduce");
+        k.src = out[1];
+        fake_user_launch(us1, nw_kernel_fn, &k);
+        for (int t = 0; t < 5000 && fake_stream_pending(us1) > 0; t++)
+            sleep_ms(1);
+        if (k.runs != 1)
+            FAIL(18, "the kernel after the wait never ran");
+        for (int j = 0; j < N; j++)
+            if (k.seen[j] != input(0, j) + input(1, j) + input(2, j))
+                FAIL(19, "the kernel after the wait read [%d] = %g", j, (double)k.seen[j]);
+    } else {
+        for (int j = 0; j < N; j++)
+            in[0][j] = input(0, j);
+        if (ccq_all_reduce(rt, 0, 1, in[0], out[0], N, CCQ_FLOAT32, CCQ_SUM, all, 3) != CCQ_OK)
+            FAIL(16, "all_reduce on device 0");
+    }
+    for (uint32_t i = 0; i < count; i++)
+        if (ccq_sync_collective(rt, first + i, 1) != CCQ_OK)
+            FAIL(20, "fence on device %u", first + i);
+out:
+    ccq_runtime_destroy(rt);
+    if (rc == 0) {
+        char msg[256];
+        if (fake_errors(msg, sizeof msg) != 0) {
+            fprintf(stderr, "rank %u: fake errors: %s\n", rank, msg);
+            rc = 21;
+        }
+    }
     return rc;
 }
 
@@ -379,12 +476,22 @@ static void test_signature_check_off(void **state)
     run(&nc, 3);
 }
 
+static void test_stream_wait_in_process_one(void **state)
+{
+    (void)state;
+    nw_case nc = {.devices = {1, 2}, .timeout_ms = 20000, .skip_rank = -1, .child = wait_child};
+    run(&nc, 2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_signature_check),    cmocka_unit_test(test_signature_check_off),
-        cmocka_unit_test(test_two_processes),      cmocka_unit_test(test_three_processes_uneven),
+        cmocka_unit_test(test_signature_check),
+        cmocka_unit_test(test_signature_check_off),
+        cmocka_unit_test(test_two_processes),
+        cmocka_unit_test(test_three_processes_uneven),
         cmocka_unit_test(test_member_never_joins),
+        cmocka_unit_test(test_stream_wait_in_process_one),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
