@@ -199,6 +199,12 @@ typedef struct ccq_config {
      * instead of hanging or corrupting data. Costs a bootstrap round trip per operation
      * (docs/tracing.md); 0 (default) = off. Env: CCQ_CHECK_SIGNATURES=1. */
     uint32_t check_signatures;
+    /** NCCL backend: 1 = its communication streams (where NCCL runs ccq's work) are created
+     * with the device's highest stream priority, so the GPU schedules communication kernels
+     * ahead of compute kernels waiting for SMs (as PyTorch's TORCH_NCCL_HIGH_PRIORITY=1);
+     * 0 (default) = the default priority. Other backends ignore it.
+     * Env: CCQ_NCCL_HIGH_PRIORITY=1. */
+    uint32_t nccl_high_priority;
 } ccq_config;
 
 /**

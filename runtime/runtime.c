@@ -104,6 +104,9 @@ static void config_defaults(ccq_config *cfg)
         cfg->trace_signal = (uint32_t)v;
     if (env_u64("CCQ_CHECK_SIGNATURES", 0, 1, &v, &err, "CCQ_CHECK_SIGNATURES: expected 0 or 1"))
         cfg->check_signatures = (uint32_t)v;
+    if (env_u64("CCQ_NCCL_HIGH_PRIORITY", 0, 1, &v, &err,
+                "CCQ_NCCL_HIGH_PRIORITY: expected 0 or 1"))
+        cfg->nccl_high_priority = (uint32_t)v;
     if (env_u64("CCQ_NONBLOCKING_SUBMIT", 0, 1, &v, &err,
                 "CCQ_NONBLOCKING_SUBMIT: expected 0 or 1"))
         cfg->flags = v ? (cfg->flags | CCQ_FLAG_NONBLOCKING_SUBMIT)
@@ -200,6 +203,10 @@ static ccq_status config_validate(const ccq_config *c, ccq_fault_plan *fault)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
                         "ccq_config.check_signatures is %" PRIu32 "; expected 0 or 1",
                         c->check_signatures);
+    if (c->nccl_high_priority > 1)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "ccq_config.nccl_high_priority is %" PRIu32 "; expected 0 or 1",
+                        c->nccl_high_priority);
     if (c->trace_capacity > (1u << 26))
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
                         "ccq_config.trace_capacity is %" PRIu32 "; expected at most 67108864",

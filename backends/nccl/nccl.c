@@ -4,6 +4,7 @@
  * includes CUDA or NCCL headers. */
 #define _GNU_SOURCE
 #include <inttypes.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -123,12 +124,25 @@ typedef struct nccl_batch {
     nccl_comm **comms;     /* distinct communicators used */
 } nccl_batch;
 
+/* The calling thread's current CUDA context, kept to be put back after the backend made a
+ * device current on a user thread (see ctx_save). */
+typedef struct ctx_saved {
+    CUcontext ctx;
+    int dev;   /* fallback without the driver's entry points: cudaGetDevice's */
+    bool have; /* ctx is valid */
+} ctx_saved;
+
 typedef struct nccl_be {
     ccq_backend base;
     ccq_be_hooks hooks;
     int ndev;
     int *cc_major;
-    int version; /* ncclGetVersion(): all_to_all, gather and scatter need 2.28 */
+    /* cuCtxGetCurrent/cuCtxSetCurrent (driver entry points, resolved at create). */
+    PFN_cuCtxGetCurrent_v4000 ctx_get;
+    PFN_cuCtxSetCurrent_v4000 ctx_set;
+    bool high_priority; /* ccq_config.nccl_high_priority */
+    int *prio;          /* [ndev]: the device's greatest stream priority (high_priority) */
+    int version;        /* ncclGetVersion(): all_to_all, gather and scatter need 2.28 */
     uint32_t max_streams, ring_size;
     uint64_t timeout_ns;  /* communicator creation and launch waits */
     uint64_t drain_ns;    /* how long a failed batch waits for the GPU (see batch_drained) */
@@ -205,6 +219,30 @@ static void sleep_ns(long ns)
 {
     struct timespec ts = {0, ns};
     nanosleep(&ts, NULL);
+}
+
+/*
+ * A user thread's current CUDA context, saved before the backend makes one of its devices
+ * current and put back afterwards. cudaGetDevice + cudaSetDevice would not do: on a thread
+ * that had no context, cudaGetDevice says 0 and cudaSetDevice(0) then creates device 0's
+ * primary context and leaves it current; on a thread whose current context is not a
+ * primary one (cuCtxCreate, a green context), cudaSetDevice replaces it with the device's
+ * primary context. cuCtxSetCurrent(saved) restores exactly what was there, NULL included.
+ */
+static void ctx_save(const nccl_be *h, ctx_saved *s)
+{
+    s->have = h->ctx_get != NULL && h->ctx_get(&s->ctx) == CUDA_SUCCESS;
+    s->dev = -1;
+    if (!s->have && cudaGetDevice(&s->dev) != cudaSuccess)
+        s->dev = -1;
+}
+
+static void ctx_restore(const nccl_be *h, const ctx_saved *s)
+{
+    if (s->have)
+        (void)h->ctx_set(s->ctx);
+    else if (s->dev >= 0)
+        (void)cudaSetDevice(s->dev);
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -295,7 +333,7 @@ static void nccl_destroy(ccq_backend *be)
 {
     nccl_be *h = to_nccl(be);
     uint32_t nstreams = (uint32_t)h->ndev * h->max_streams;
-    int prev = -1;
+    ctx_saved prev;
 
     if (h->abort_thread_started) {
         /* Every comm_destroy waited for its abort: the queue is empty. */
@@ -307,7 +345,7 @@ static void nccl_destroy(ccq_backend *be)
     }
     pthread_cond_destroy(&h->abort_cond);
     pthread_mutex_destroy(&h->abort_lock);
-    (void)cudaGetDevice(&prev);
+    ctx_save(h, &prev);
     memops_fini(h);
 
     for (uint32_t i = 0; h->streams != NULL && i < nstreams; i++) {
@@ -325,10 +363,10 @@ static void nccl_destroy(ccq_backend *be)
         if (s->comm != NULL)
             cudaStreamDestroy(s->comm);
     }
-    if (prev >= 0)
-        cudaSetDevice(prev);
+    ctx_restore(h, &prev);
     free(h->streams);
     free(h->cc_major);
+    free(h->prio);
     free(h);
 }
 
@@ -357,6 +395,22 @@ static ccq_status nccl_create(const ccq_config *cfg, const ccq_be_hooks *hooks, 
     }
     h->base.ops = &ccq_nccl_backend_ops;
     memops_init(h);
+    {
+        /* cuCtxGetCurrent/cuCtxSetCurrent exist in every driver (CUDA 4.0); without them
+         * (an odd runtime), ctx_save falls back to the current device. */
+        enum cudaDriverEntryPointQueryResult q;
+        void *get = NULL, *set = NULL;
+        if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &get, 4000, cudaEnableDefault,
+                                             &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSuccess &&
+            cudaGetDriverEntryPointByVersion("cuCtxSetCurrent", &set, 4000, cudaEnableDefault,
+                                             &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSuccess && get != NULL && set != NULL) {
+            h->ctx_get = (PFN_cuCtxGetCurrent_v4000)get;
+            h->ctx_set = (PFN_cuCtxSetCurrent_v4000)set;
+        }
+    }
+    h->high_priority = cfg->nccl_high_priority != 0;
     h->hooks = *hooks;
     h->ndev = ndev;
     h->version = version;
@@ -367,8 +421,9 @@ static ccq_status nccl_create(const ccq_config *cfg, const ccq_be_hooks *hooks, 
     pthread_mutex_init(&h->abort_lock, NULL);
     pthread_cond_init(&h->abort_cond, NULL);
     h->cc_major = calloc((size_t)ndev, sizeof *h->cc_major);
+    h->prio = calloc((size_t)ndev, sizeof *h->prio);
     h->streams = calloc((size_t)ndev * h->max_streams, sizeof *h->streams);
-    if (h->cc_major == NULL || h->streams == NULL) {
+    if (h->cc_major == NULL || h->prio == NULL || h->streams == NULL) {
         nccl_destroy(&h->base);
         snprintf(err->msg, sizeof err->msg, "out of memory");
         return CCQ_ERR_NO_MEMORY;
@@ -386,6 +441,8 @@ static ccq_status nccl_create(const ccq_config *cfg, const ccq_be_hooks *hooks, 
     }
     for (uint32_t i = 0; i < (uint32_t)ndev * h->max_streams; i++)
         atomic_init(&h->streams[i].user, NULL);
+    for (int d = 0; d < ndev; d++)
+        h->prio[d] = INT_MIN; /* not asked yet (stream_ready) */
     *out = &h->base;
     return CCQ_OK;
 }
@@ -676,11 +733,23 @@ static ccq_status nccl_bind_stream(ccq_backend *be, ccq_device_id device, uint32
     nccl_be *h = to_nccl(be);
     nccl_stream *st = &h->streams[stream_index];
     ccq_status status = CCQ_OK;
-    int prev = 0;
+    enum cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    ctx_saved prev;
 
     if (native == NULL) {
         atomic_store_explicit(&st->user, NULL, memory_order_release);
         return CCQ_OK;
+    }
+    /* Under CUDA Graph capture, the submission events ccq records on the stream would be
+     * captured into the graph instead of recorded, and the communication stream's waits on
+     * them would join (or invalidate) the capture: unsupported, refused. */
+    CUDA_CHECK_GOTO(cudaStreamIsCapturing((cudaStream_t)native, &capture), err, status, refuse);
+    if (capture != cudaStreamCaptureStatusNone) {
+        snprintf(err->msg, sizeof err->msg,
+                 "the stream is being captured into a CUDA Graph (cudaStreamIsCapturing: %s); "
+                 "binding a capturing stream is unsupported: bind before or after the capture",
+                 capture == cudaStreamCaptureStatusActive ? "active" : "invalidated");
+        return CCQ_ERR_UNSUPPORTED;
     }
     if (st->slot_events == NULL) {
         cudaEvent_t *ev = calloc(h->ring_size, sizeof *ev);
@@ -688,28 +757,29 @@ static ccq_status nccl_bind_stream(ccq_backend *be, ccq_device_id device, uint32
             snprintf(err->msg, sizeof err->msg, "out of memory");
             return CCQ_ERR_NO_MEMORY;
         }
-        /* Events belong to the device current at creation: switch, then restore the
-         * caller's device. */
-        CUDA_CHECK_GOTO(cudaGetDevice(&prev), err, status, fail);
-        CUDA_CHECK_GOTO(cudaSetDevice((int)device), err, status, fail);
+        /* Events belong to the device current at creation: switch, then give the caller
+         * its context back (ctx_save). */
+        ctx_save(h, &prev);
+        CUDA_CHECK_GOTO(cudaSetDevice((int)device), err, status, fail_restore);
         for (uint32_t i = 0; i < h->ring_size; i++)
             CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&ev[i], cudaEventDisableTiming), err, status,
                             fail_restore);
-        cudaSetDevice(prev);
+        ctx_restore(h, &prev);
         st->slot_events = ev;
         goto bound;
     fail_restore:
         for (uint32_t i = 0; i < h->ring_size; i++)
             if (ev[i] != NULL)
                 cudaEventDestroy(ev[i]);
-        cudaSetDevice(prev);
-    fail:
+        ctx_restore(h, &prev);
         free(ev);
         return status;
     }
 bound:
     atomic_store_explicit(&st->user, (cudaStream_t)native, memory_order_release);
     return CCQ_OK;
+refuse:
+    return status;
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -849,8 +919,15 @@ static ccq_status nccl_stream_wait(ccq_backend *be, ccq_device_id device, uint32
 
     if (atomic_load_explicit(&h->mo.state, memory_order_acquire) == 0) {
         pthread_mutex_lock(&h->mo.lock);
-        if (atomic_load_explicit(&h->mo.state, memory_order_relaxed) == 0)
+        if (atomic_load_explicit(&h->mo.state, memory_order_relaxed) == 0) {
+            /* cudaHostAlloc needs a context: the wait's device's (the caller's is put back),
+             * not whatever the runtime would initialise on a thread without one. */
+            ctx_saved prev;
+            ctx_save(h, &prev);
+            (void)cudaSetDevice((int)device);
             memops_setup(h);
+            ctx_restore(h, &prev);
+        }
         pthread_mutex_unlock(&h->mo.lock);
     }
     if (atomic_load_explicit(&h->mo.state, memory_order_acquire) < 0) {
@@ -879,12 +956,12 @@ static ccq_status nccl_stream_wait(ccq_backend *be, ccq_device_id device, uint32
     CUresult r = h->mo.wait((CUstream)native, addr, target, CU_STREAM_WAIT_VALUE_GEQ);
     if (r == CUDA_ERROR_INVALID_CONTEXT) {
         /* A thread that never used CUDA has no current context: make the device's primary
-         * context current for the call, then give the thread its device back. */
-        int prev = -1;
-        if (cudaGetDevice(&prev) == cudaSuccess && cudaSetDevice((int)device) == cudaSuccess) {
+         * context current for the call, then give the thread its (lack of) context back. */
+        ctx_saved prev;
+        ctx_save(h, &prev);
+        if (cudaSetDevice((int)device) == cudaSuccess)
             r = h->mo.wait((CUstream)native, addr, target, CU_STREAM_WAIT_VALUE_GEQ);
-            cudaSetDevice(prev);
-        }
+        ctx_restore(h, &prev);
     }
     if (r != CUDA_SUCCESS) {
         snprintf(err->msg, sizeof err->msg, "cuStreamWaitValue64 on the given stream: CUresult %d",
@@ -964,14 +1041,28 @@ static void counters_repair(nccl_be *h)
 /* Issue and completion (scheduler thread)                                               */
 /* ------------------------------------------------------------------------------------ */
 
-/* The stream NCCL runs a ccq stream's work on, created on first use. */
-static ccq_status stream_ready(nccl_stream *st, int dev, ccq_errbuf *err)
+/* The stream NCCL runs a ccq stream's work on, created on first use; with
+ * ccq_config.nccl_high_priority, at the device's greatest priority (a lower number is a
+ * higher priority: cudaDeviceGetStreamPriorityRange), so the GPU's block scheduler starts
+ * communication kernels ahead of queued compute ones. */
+static ccq_status stream_ready(nccl_be *h, nccl_stream *st, int dev, ccq_errbuf *err)
 {
     ccq_status status = CCQ_OK;
     if (st->comm != NULL)
         return CCQ_OK;
     CUDA_CHECK_GOTO(cudaSetDevice(dev), err, status, fail);
-    CUDA_CHECK_GOTO(cudaStreamCreateWithFlags(&st->comm, cudaStreamNonBlocking), err, status, fail);
+    if (h->high_priority) {
+        int least = 0;
+        if (h->prio[dev] == INT_MIN)
+            CUDA_CHECK_GOTO(cudaDeviceGetStreamPriorityRange(&least, &h->prio[dev]), err, status,
+                            fail);
+        CUDA_CHECK_GOTO(
+            cudaStreamCreateWithPriority(&st->comm, cudaStreamNonBlocking, h->prio[dev]), err,
+            status, fail);
+    } else {
+        CUDA_CHECK_GOTO(cudaStreamCreateWithFlags(&st->comm, cudaStreamNonBlocking), err, status,
+                        fail);
+    }
     CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&st->done, cudaEventDisableTiming), err, status, fail);
     return CCQ_OK;
 fail:
@@ -1286,7 +1377,7 @@ static ccq_status nccl_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
             const ccq_be_part *part = &op->parts[p];
             nccl_stream *st = &h->streams[part->stream_index];
             cudaStream_t user = atomic_load_explicit(&st->user, memory_order_acquire);
-            status = stream_ready(st, (int)part->device, err);
+            status = stream_ready(h, st, (int)part->device, err);
             if (status != CCQ_OK)
                 goto fail;
             if (st->batch_mark != h->batch_mark) {
@@ -1496,43 +1587,41 @@ static ccq_be_batch *nccl_poll(ccq_backend *be)
 static ccq_status nccl_mem_alloc(ccq_backend *be, ccq_device_id device, size_t bytes, void **out,
                                  ccq_errbuf *err)
 {
+    const nccl_be *h = to_nccl(be);
     ccq_status status = CCQ_OK;
-    int prev = 0;
-    (void)be;
+    ctx_saved prev;
     *out = NULL;
-    CUDA_CHECK_GOTO(cudaGetDevice(&prev), err, status, done);
-    CUDA_CHECK_GOTO(cudaSetDevice((int)device), err, status, done);
+    ctx_save(h, &prev);
+    CUDA_CHECK_GOTO(cudaSetDevice((int)device), err, status, restore);
     CUDA_CHECK_GOTO(cudaMalloc(out, bytes ? bytes : 1), err, status, restore);
 restore:
-    cudaSetDevice(prev);
-done:
+    ctx_restore(h, &prev);
     return status;
 }
 
 static void nccl_mem_free(ccq_backend *be, ccq_device_id device, void *ptr)
 {
-    int prev = 0;
-    (void)be;
-    if (cudaGetDevice(&prev) == cudaSuccess && cudaSetDevice((int)device) == cudaSuccess) {
+    const nccl_be *h = to_nccl(be);
+    ctx_saved prev;
+    ctx_save(h, &prev);
+    if (cudaSetDevice((int)device) == cudaSuccess)
         cudaFree(ptr);
-        cudaSetDevice(prev);
-    }
+    ctx_restore(h, &prev);
 }
 
 static ccq_status nccl_mem_copy(ccq_backend *be, ccq_device_id device, void *dst, const void *src,
                                 size_t bytes, int to_device, ccq_errbuf *err)
 {
+    const nccl_be *h = to_nccl(be);
     ccq_status status = CCQ_OK;
-    int prev = 0;
-    (void)be;
-    CUDA_CHECK_GOTO(cudaGetDevice(&prev), err, status, done);
-    CUDA_CHECK_GOTO(cudaSetDevice((int)device), err, status, done);
+    ctx_saved prev;
+    ctx_save(h, &prev);
+    CUDA_CHECK_GOTO(cudaSetDevice((int)device), err, status, restore);
     CUDA_CHECK_GOTO(
         cudaMemcpy(dst, src, bytes, to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost),
         err, status, restore);
 restore:
-    cudaSetDevice(prev);
-done:
+    ctx_restore(h, &prev);
     return status;
 }
 

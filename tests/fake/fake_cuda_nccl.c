@@ -20,6 +20,7 @@
  * crash. */
 struct CUstream_st {
     int device;
+    int priority; /* cudaStreamCreateWithPriority's (0: the default) */
     bool destroyed, user;
     bool mo_blocked;   /* memops pump: an earlier item of this stream cannot run yet */
     size_t mo_pending; /* items queued on it that have not run (stream memory operations) */
@@ -127,6 +128,20 @@ static _Thread_local struct {
     fake_op *ops;
     size_t n, cap;
 } grp;
+/* The calling thread's current context, as the driver keeps it (cuCtxGetCurrent): NULL
+ * (none yet), a device's primary context (cudaSetDevice, or the runtime's implicit
+ * initialisation on device 0), or a context the test made (fake_context_create). cur_dev
+ * follows it: the runtime API's current device (0 without a context, as cudaGetDevice
+ * says). Contexts live in static storage, so a thread's pointer survives fake_reset(). */
+struct CUctx_st {
+    int device;
+    bool primary;
+};
+#define FAKE_MAX_USER_CTX 16
+static struct CUctx_st primary_ctx[FAKE_MAX_DEV];
+static struct CUctx_st user_ctx[FAKE_MAX_USER_CTX];
+static int nuser_ctx;
+static _Thread_local CUcontext cur_ctx;
 static _Thread_local int cur_dev;
 
 /* Everything else is guarded by fake_lock, held for the whole of every call. */
@@ -140,6 +155,9 @@ typedef struct fake_state {
     bool init_hold;         /* ncclCommInitRankConfig blocks while set (fake_hold_init) */
     int inits_blocked;      /* ncclCommInitRankConfig calls waiting on init_hold */
     int ndev, cc[FAKE_MAX_DEV], version, pending;
+    bool primary_used[FAKE_MAX_DEV]; /* a thread made the device's primary context current */
+    bool capturing_all;              /* fake_set_capturing(NULL, true) */
+    struct CUstream_st *capturing;   /* the stream fake_set_capturing marked */
     char last_error[256];
     struct {
         char fn[40];
@@ -165,6 +183,25 @@ typedef struct fake_state {
     char error[256];
 } fake_state;
 static fake_state F;
+
+static void ctx_make_current(CUcontext ctx)
+{
+    cur_ctx = ctx;
+    cur_dev = ctx != NULL ? ctx->device : 0;
+}
+
+/* A runtime call that needs a context on a thread without one initialises the runtime on
+ * the current device (0): its primary context becomes current, as with CUDA's lazy
+ * initialisation. Lock held. */
+static void ctx_need(void)
+{
+    if (cur_ctx == NULL) {
+        primary_ctx[cur_dev].device = cur_dev;
+        primary_ctx[cur_dev].primary = true;
+        F.primary_used[cur_dev] = true;
+        ctx_make_current(&primary_ctx[cur_dev]);
+    }
+}
 
 static void memops_reset_locked(void);
 static void memops_complete_locked(void);
@@ -340,8 +377,14 @@ cudaError_t cudaSetDevice(int device)
     c->device = device;
     if (r == cudaSuccess && (device < 0 || device >= F.ndev))
         r = cudaErrorInvalidDevice;
-    if (r == cudaSuccess)
-        cur_dev = device;
+    if (r == cudaSuccess) {
+        /* The device's primary context becomes the thread's current one (created on first
+         * use), replacing whatever context was current. */
+        primary_ctx[device].device = device;
+        primary_ctx[device].primary = true;
+        F.primary_used[device] = true;
+        ctx_make_current(&primary_ctx[device]);
+    }
     return (cudaError_t)leave(c, r);
 }
 
@@ -399,20 +442,74 @@ const char *cudaGetErrorString(cudaError_t error)
     return i < sizeof cuda_errors / sizeof cuda_errors[0] ? cuda_errors[i].text : "unknown error";
 }
 
+/* A new stream of the current device. Lock held. */
+static struct CUstream_st *stream_new(int priority)
+{
+    struct CUstream_st *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        abort();
+    ctx_need();
+    s->device = cur_dev;
+    s->priority = priority;
+    s->next = F.streams;
+    F.streams = s;
+    return s;
+}
+
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags)
 {
     int r;
     fake_call *c = enter("cudaStreamCreateWithFlags", &r);
     c->value = (int)flags;
+    if (r == cudaSuccess)
+        *stream = c->stream = stream_new(0);
+    return (cudaError_t)leave(c, r);
+}
+
+/* The fake's priority range is an H100's: 0 (least, the default) to -5 (greatest). */
+enum { FAKE_PRIO_LEAST = 0, FAKE_PRIO_GREATEST = -5 };
+
+cudaError_t cudaDeviceGetStreamPriorityRange(int *leastPriority, int *greatestPriority)
+{
+    int r;
+    fake_call *c = enter("cudaDeviceGetStreamPriorityRange", &r);
     if (r == cudaSuccess) {
-        struct CUstream_st *s = calloc(1, sizeof *s);
-        if (s == NULL)
-            abort();
-        s->device = cur_dev;
-        s->next = F.streams;
-        F.streams = s;
-        *stream = c->stream = s;
+        if (leastPriority != NULL)
+            *leastPriority = FAKE_PRIO_LEAST;
+        if (greatestPriority != NULL)
+            *greatestPriority = FAKE_PRIO_GREATEST;
     }
+    return (cudaError_t)leave(c, r);
+}
+
+/* c->value: the priority asked for; count: the flags. As CUDA, a priority outside the
+ * range is clamped to it. */
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t *stream, unsigned int flags, int priority)
+{
+    int r;
+    fake_call *c = enter("cudaStreamCreateWithPriority", &r);
+    c->value = priority;
+    c->count = flags;
+    if (priority > FAKE_PRIO_LEAST)
+        priority = FAKE_PRIO_LEAST;
+    if (priority < FAKE_PRIO_GREATEST)
+        priority = FAKE_PRIO_GREATEST;
+    if (r == cudaSuccess)
+        *stream = c->stream = stream_new(priority);
+    return (cudaError_t)leave(c, r);
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus *pCaptureStatus)
+{
+    int r;
+    fake_call *c = enter("cudaStreamIsCapturing", &r);
+    c->stream = stream;
+    if (r == cudaSuccess && !stream_ok(stream, c->fn))
+        r = cudaErrorInvalidResourceHandle;
+    if (r == cudaSuccess)
+        *pCaptureStatus = F.capturing_all || (stream != NULL && stream == F.capturing)
+                              ? cudaStreamCaptureStatusActive
+                              : cudaStreamCaptureStatusNone;
     return (cudaError_t)leave(c, r);
 }
 
@@ -449,6 +546,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags)
         struct CUevent_st *e = calloc(1, sizeof *e);
         if (e == NULL)
             abort();
+        ctx_need();
         e->device = cur_dev;
         e->next = F.events;
         F.events = e;
@@ -554,6 +652,7 @@ cudaError_t cudaMalloc(void **ptr, size_t size)
         /* cudaMalloc aligns to 256 bytes; aligned_alloc wants a multiple of it. */
         if (m == NULL || (m->ptr = aligned_alloc(256, (size + 255) & ~(size_t)255)) == NULL)
             abort();
+        ctx_need();
         m->bytes = size;
         m->device = cur_dev;
         m->next = F.mems;
@@ -1674,6 +1773,53 @@ int fake_current_device(void)
     return cur_dev;
 }
 
+CUcontext fake_current_context(void)
+{
+    return cur_ctx;
+}
+
+CUcontext fake_context_create(int device)
+{
+    CUcontext ctx;
+    lock();
+    if (nuser_ctx == FAKE_MAX_USER_CTX || device < 0 || device >= FAKE_MAX_DEV)
+        abort(); /* a test bug */
+    ctx = &user_ctx[nuser_ctx++];
+    ctx->device = device;
+    ctx->primary = false;
+    unlock();
+    return ctx;
+}
+
+void fake_context_set(CUcontext ctx)
+{
+    ctx_make_current(ctx);
+}
+
+bool fake_primary_used(int device)
+{
+    bool used;
+    lock();
+    used = device >= 0 && device < FAKE_MAX_DEV && F.primary_used[device];
+    unlock();
+    return used;
+}
+
+void fake_set_capturing(cudaStream_t stream, bool capturing)
+{
+    lock();
+    if (stream == NULL)
+        F.capturing_all = capturing;
+    else
+        F.capturing = capturing ? stream : NULL;
+    unlock();
+}
+
+int fake_stream_priority(cudaStream_t stream)
+{
+    return stream != NULL ? stream->priority : 0;
+}
+
 int fake_live(const char *kind)
 {
     int n = 0;
@@ -1786,7 +1932,8 @@ typedef struct fake_memop {
     void (*fn)(void *);
     void *arg;
     bool ready, done;
-    bool stuck; /* a write behind the work of a failed collective (as events: see stuck) */
+    bool stuck;         /* a write behind the work of a failed collective (as events: see stuck) */
+    uint64_t xp_ticket; /* a write: cross-process work launched on its stream before it */
     struct fake_memop *next;
 } fake_memop;
 
@@ -1835,7 +1982,8 @@ static void memops_pump_locked(void)
             if (o->done || o->stream->mo_blocked)
                 continue;
             if ((o->kind == MO_WAIT && !value_reached(o->addr, o->value)) ||
-                (o->kind == MO_WRITE && !o->ready)) {
+                (o->kind == MO_WRITE &&
+                 (!o->ready || fake_xp_stream_pending(o->stream, o->xp_ticket)))) {
                 o->stream->mo_blocked = true;
                 continue;
             }
@@ -1891,10 +2039,12 @@ static void memop_add(int kind, cudaStream_t stream, uint64_t *addr, uint64_t va
     fake_memop *o = calloc(1, sizeof *o);
     if (o == NULL)
         abort();
-    *o = (fake_memop){kind, stream, addr, value, fn, arg, false, false, false, NULL};
+    *o = (fake_memop){
+        .kind = kind, .stream = stream, .addr = addr, .value = value, .fn = fn, .arg = arg};
     if (kind == MO_WRITE) {
         o->stuck = device_stuck(stream->device);
         o->ready = !F.manual && !o->stuck;
+        o->xp_ticket = fake_xp_ticket(); /* runs after the stream's cross-process work */
     }
     if (M.tail)
         M.tail->next = o;
@@ -1990,6 +2140,29 @@ static CUresult fake_cuStreamWriteValue64(CUstream stream, CUdeviceptr addr, cuu
     return (CUresult)leave(c, r);
 }
 
+static CUresult fake_cuCtxGetCurrent(CUcontext *pctx)
+{
+    int r;
+    fake_call *c = enter("cuCtxGetCurrent", &r);
+    c->src = cur_ctx;
+    c->device = cur_ctx != NULL ? cur_ctx->device : -1;
+    if (r == CUDA_SUCCESS)
+        *pctx = cur_ctx;
+    return (CUresult)leave(c, r);
+}
+
+/* NULL makes no context current (the thread is back to "none"). */
+static CUresult fake_cuCtxSetCurrent(CUcontext ctx)
+{
+    int r;
+    fake_call *c = enter("cuCtxSetCurrent", &r);
+    c->src = ctx;
+    c->device = ctx != NULL ? ctx->device : -1;
+    if (r == CUDA_SUCCESS)
+        ctx_make_current(ctx);
+    return (CUresult)leave(c, r);
+}
+
 cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **funcPtr,
                                              unsigned int cudaVersion, unsigned long long flags,
                                              enum cudaDriverEntryPointQueryResult *driverStatus)
@@ -2003,6 +2176,10 @@ cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **funcPtr,
         fn = (void *)fake_cuDeviceGet;
     else if (strcmp(symbol, "cuDeviceGetAttribute") == 0)
         fn = (void *)fake_cuDeviceGetAttribute;
+    else if (strcmp(symbol, "cuCtxGetCurrent") == 0)
+        fn = (void *)fake_cuCtxGetCurrent;
+    else if (strcmp(symbol, "cuCtxSetCurrent") == 0)
+        fn = (void *)fake_cuCtxSetCurrent;
     else if (strcmp(symbol, "cuStreamWaitValue64") == 0 && M.mode != FAKE_MEMOPS_NO_SYMBOL)
         fn = (void *)fake_cuStreamWaitValue64;
     else if (strcmp(symbol, "cuStreamWriteValue64") == 0 && M.mode != FAKE_MEMOPS_NO_SYMBOL)
@@ -2025,6 +2202,7 @@ cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags)
     }
     if (r == cudaSuccess) {
         fake_hostmem *h = calloc(1, sizeof *h);
+        ctx_need();
         if (h == NULL || (h->ptr = calloc(1, 4096 * 16)) == NULL)
             abort();
         h->next = M.hostmems;

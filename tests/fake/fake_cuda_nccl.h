@@ -9,6 +9,7 @@
 #include <stddef.h>
 
 /* The real headers, so the fake's definitions are checked against the real signatures. */
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -52,6 +53,12 @@ ncclResult_t ncclGroupEnd(void);
  *   (ncclInvalidUsage).
  * - Memory: cudaMalloc returns host memory (so the collectives run on it), remembered with
  *   its device; cudaMemcpy is a memmove whose device side must lie in a live allocation.
+ * - Contexts: each thread has a current context, none at first (cuCtxGetCurrent and
+ *   cuCtxSetCurrent through cudaGetDriverEntryPointByVersion); cudaSetDevice makes the
+ *   device's primary context current, and creating a stream, event or allocation on a
+ *   thread without one makes device 0's current (CUDA's lazy initialisation).
+ *   cudaStreamIsCapturing says what fake_set_capturing set; cudaStreamCreateWithPriority
+ *   clamps to [-5, 0], cudaDeviceGetStreamPriorityRange's range (an H100's).
  * - Events: recorded events complete at once, or, in manual mode, when the test calls
  *   fake_complete_events(); an event recorded on a device whose communicator clique has a
  *   rank in asynchronous error completes only when that device's rank is aborted (the
@@ -186,6 +193,23 @@ int fake_xproc_cleanup(void);
 size_t fake_xproc_files(const ncclUniqueId *id);
 
 /* ---- Inspection ---- */
+
+/* Contexts (docs: the driver's current context per thread). The calling thread's current
+ * context (NULL: none; cudaSetDevice makes the device's primary context current, and a
+ * runtime call that needs a context on a thread without one makes device 0's current);
+ * a non-primary context of `device` for a test (as cuCtxCreate, not made current); make one
+ * current for the calling thread without logging a call (NULL: none); whether a device's
+ * primary context was ever made current since fake_reset(). */
+CUcontext fake_current_context(void);
+CUcontext fake_context_create(int device);
+void fake_context_set(CUcontext ctx);
+bool fake_primary_used(int device);
+/* cudaStreamIsCapturing reports cudaStreamCaptureStatusActive for `stream` (NULL: every
+ * stream) while set. */
+void fake_set_capturing(cudaStream_t stream, bool capturing);
+/* The priority a stream was created with (cudaStreamCreateWithPriority, clamped to the
+ * fake's range [-5, 0]; 0 otherwise). */
+int fake_stream_priority(cudaStream_t stream);
 
 /* A CUDA stream of `device` for the test itself (not logged, not counted as live). */
 cudaStream_t fake_user_stream(int device);

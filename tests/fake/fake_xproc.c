@@ -918,18 +918,28 @@ void fake_xp_event_record(const void *event, const void *stream)
     e->ticket = X.tickets;
 }
 
+uint64_t fake_xp_ticket(void)
+{
+    return X.tickets;
+}
+
+bool fake_xp_stream_pending(const void *stream, uint64_t ticket)
+{
+    if (X.pend == NULL)
+        return false;
+    progress();
+    for (const xp_pend *p = X.pend; p != NULL; p = p->next)
+        if (p->op.stream == stream && p->ticket <= ticket)
+            return true;
+    return false;
+}
+
 bool fake_xp_event_pending(const void *event)
 {
     const xp_event *e = X.events;
     while (e != NULL && e->event != event)
         e = e->next;
-    if (e == NULL || X.pend == NULL)
-        return false;
-    progress();
-    for (const xp_pend *p = X.pend; p != NULL; p = p->next)
-        if (p->op.stream == e->stream && p->ticket <= e->ticket)
-            return true;
-    return false;
+    return e != NULL && fake_xp_stream_pending(e->stream, e->ticket);
 }
 
 void fake_xp_leave(fake_xp_clique *q, int rank)

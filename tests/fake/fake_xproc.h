@@ -77,6 +77,10 @@ ncclResult_t fake_xp_launch(const fake_xp_op *ops, size_t n, const void *const *
 void fake_xp_event_record(const void *event, const void *stream);
 /* Progress, then whether the event still waits for cross-process work. */
 bool fake_xp_event_pending(const void *event);
+/* The launch count so far (what an item queued on a stream now comes after), and, after
+ * progress, whether the stream still has cross-process work launched at or before it. */
+uint64_t fake_xp_ticket(void);
+bool fake_xp_stream_pending(const void *stream, uint64_t ticket);
 /* A local rank leaves (ncclCommDestroy/Abort): its work is dropped; the last rank of the
  * last process unlinks the segment. */
 void fake_xp_leave(fake_xp_clique *q, int rank);

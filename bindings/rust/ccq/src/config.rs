@@ -172,6 +172,14 @@ impl Config {
         self.raw.check_signatures = on.into();
         self
     }
+    /// NCCL backend: `true` creates its communication streams with the device's highest
+    /// priority, so communication kernels are scheduled ahead of compute waiting for SMs (as
+    /// PyTorch's `TORCH_NCCL_HIGH_PRIORITY=1`). Default off; other backends ignore it. Env:
+    /// `CCQ_NCCL_HIGH_PRIORITY=1`.
+    pub fn nccl_high_priority(mut self, on: bool) -> Self {
+        self.raw.nccl_high_priority = on.into();
+        self
+    }
     /// Host backend: operations moving at least this many bytes use streaming stores
     /// (0 = default, 64 MiB; `u64::MAX` = never). Env: `CCQ_HOST_STREAM_BYTES`.
     pub fn host_stream_bytes(mut self, bytes: u64) -> Self {
@@ -255,6 +263,10 @@ impl Config {
     /// Whether the cross-process signature check is asked for.
     pub fn get_check_signatures(&self) -> bool {
         self.raw.check_signatures != 0
+    }
+    /// Whether the NCCL backend's communication streams get the highest priority.
+    pub fn get_nccl_high_priority(&self) -> bool {
+        self.raw.nccl_high_priority != 0
     }
     /// Streaming-store threshold.
     pub fn get_host_stream_bytes(&self) -> u64 {
