@@ -22,6 +22,7 @@ typedef struct form_hello {
     uint32_t first_device, last_device;
     uint32_t blob_len;
     uint8_t blob[CCQ_BE_ROOT_BLOB_MAX];
+    ccq_be_member_blob member; /* the backend's comm_member_blob, from every member */
 } form_hello;
 
 static ccq_status form_fail(ccq_comm *c, ccq_status st, const char *fmt, ...)
@@ -42,25 +43,34 @@ static ccq_status form_fail(ccq_comm *c, ccq_status st, const char *fmt, ...)
     return st;
 }
 
+/* What the backend is told of c (local[]: room for its devices, filled here). */
+static void form_desc(ccq_runtime *rt, const ccq_comm *c, ccq_device_id *local, ccq_be_comm_desc *d)
+{
+    for (uint32_t i = 0; i < c->nlocal; i++)
+        local[i] = ccq_backend_device(rt, c->devices[c->first_local + i]);
+    memset(d, 0, sizeof *d);
+    d->nranks = c->n;
+    d->first_rank = c->first_local;
+    d->nlocal = c->nlocal;
+    d->local_devices = local;
+    d->nprocs = c->nprocs;
+    d->procs = c->procs;
+    d->world_rank = rt->world.rank;
+}
+
 /* Ask the backend; CCQ_IN_PROGRESS leaves it to ccq_comm_form_test. */
-static ccq_status form_backend(ccq_runtime *rt, ccq_comm *c, const void *blob, size_t blob_len)
+static ccq_status form_backend(ccq_runtime *rt, ccq_comm *c, const void *blob, size_t blob_len,
+                               const ccq_be_member_blob *members)
 {
     ccq_device_id local[CCQ_MAX_DEVICES];
     ccq_be_comm_desc d;
     ccq_errbuf err = {{0}};
     ccq_status st;
 
-    for (uint32_t i = 0; i < c->nlocal; i++)
-        local[i] = ccq_backend_device(rt, c->devices[c->first_local + i]);
-    d.nranks = c->n;
-    d.first_rank = c->first_local;
-    d.nlocal = c->nlocal;
-    d.local_devices = local;
-    d.nprocs = c->nprocs;
-    d.procs = c->procs;
-    d.world_rank = rt->world.rank;
+    form_desc(rt, c, local, &d);
     d.root_blob = blob;
     d.root_blob_len = blob_len;
+    d.member_blobs = members;
     st = rt->be_ops->comm_create(rt->be, &d, &c->be, &err);
     if (st == CCQ_IN_PROGRESS) {
         c->form_step = CCQ_FORM_BACKEND;
@@ -90,7 +100,7 @@ ccq_status ccq_comm_form_start(ccq_runtime *rt, ccq_comm *c, uint64_t now)
 
     c->form_deadline = ccq_add_sat(now, rt->timeout_ns);
     if (c->nprocs <= 1)
-        return form_backend(rt, c, NULL, 0);
+        return form_backend(rt, c, NULL, 0, NULL);
     if (rt->span_status != CCQ_OK) /* the backend said so at world_ready: no meeting */
         return form_fail(c, rt->span_status, "%s", rt->span_detail);
     if (rt->be_ops->comm_root_blob == NULL)
@@ -104,15 +114,24 @@ ccq_status ccq_comm_form_start(ccq_runtime *rt, ccq_comm *c, uint64_t now)
     mine.hash = c->hash;
     mine.first_device = c->devices[0];
     mine.last_device = c->devices[c->n - 1];
+    ccq_device_id local[CCQ_MAX_DEVICES];
+    ccq_be_comm_desc d;
+    form_desc(rt, c, local, &d);
     if (rt->world.rank == c->procs[0]) {
-        ccq_be_comm_desc d = {c->n,     c->first_local, c->nlocal, NULL, c->nprocs,
-                              c->procs, rt->world.rank, NULL,      0};
         ccq_errbuf err = {{0}};
         size_t len = sizeof mine.blob;
         st = rt->be_ops->comm_root_blob(rt->be, &d, mine.blob, &len, &err);
         if (st != CCQ_OK)
             return form_fail(c, st, "%s", err.msg);
         mine.blob_len = (uint32_t)len;
+    }
+    if (rt->be_ops->comm_member_blob != NULL) {
+        ccq_errbuf err = {{0}};
+        st = rt->be_ops->comm_member_blob(rt->be, &d, &mine.member, &err);
+        if (st != CCQ_OK)
+            return form_fail(c, st, "%s", err.msg);
+        if (mine.member.len > CCQ_BE_MEMBER_BLOB_MAX)
+            return form_fail(c, CCQ_ERR_BACKEND, "the backend's member blob is too long");
     }
     ccq_comm_tag(c, tag, sizeof tag);
     ccq_errbuf err = {{0}};
@@ -175,7 +194,22 @@ static ccq_status form_meet_test(ccq_runtime *rt, ccq_comm *c, uint64_t now)
         free(all);
         return form_fail(c, CCQ_ERR_BACKEND, "bad blob from process %" PRIu32, c->procs[0]);
     }
-    st = form_backend(rt, c, all[0].blob, all[0].blob_len);
+    ccq_be_member_blob *members = malloc(c->nprocs * sizeof *members);
+    if (members == NULL) {
+        free(all);
+        return form_fail(c, CCQ_ERR_NO_MEMORY, "out of memory");
+    }
+    for (uint32_t p = 0; p < c->nprocs; p++) {
+        members[p] = all[p].member;
+        if (members[p].len > CCQ_BE_MEMBER_BLOB_MAX) {
+            free(members);
+            free(all);
+            return form_fail(c, CCQ_ERR_BACKEND, "bad member blob from process %" PRIu32,
+                             c->procs[p]);
+        }
+    }
+    st = form_backend(rt, c, all[0].blob, all[0].blob_len, members);
+    free(members);
     free(all);
     return st;
 }

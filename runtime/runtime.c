@@ -779,6 +779,10 @@ static ccq_status submit(ccq_runtime *rt, const char *fn, const submit_args *a,
     be_sub.devices = sorted + comm->first_local;
     be_sub.ndevices = comm->nlocal;
     be_sub.device_first = rt->dev_first;
+    /* The backend's handle once formed (set before the state is published READY). */
+    be_sub.comm = atomic_load_explicit(&comm->state, memory_order_acquire) == CCQ_COMM_READY
+                      ? comm->be
+                      : NULL;
     if (rt->be_ops->check != NULL) {
         ccq_errbuf err = {{0}};
         st = rt->be_ops->check(rt->be, &be_sub, &err);

@@ -35,6 +35,7 @@ typedef struct nw_case {
     uint64_t timeout_ms;
     int skip_rank; /* a process that never calls ccq_comm_init of the world (-1: none) */
     uint32_t check_signatures;
+    int cc[4]; /* compute capability major of each process's devices (0: 9) */
     int (*child)(unsigned rank, unsigned nprocs, void *arg); /* NULL: nw_child */
 } nw_case;
 
@@ -229,7 +230,7 @@ static ccq_runtime *nw_runtime(const nw_case *nc, unsigned rank, unsigned nprocs
     char boot[96];
 
     fake_reset();
-    fake_set_devices((int)nc->devices[rank], 9);
+    fake_set_devices((int)nc->devices[rank], nc->cc[rank] ? nc->cc[rank] : 9);
     /* ccq's own deadline must speak first: the fake's wait for a peer is longer. */
     fake_set_xproc_timeout_ms((long)nc->timeout_ms * 4 + 5000);
     ccq_config_init(&cfg);
@@ -476,6 +477,103 @@ static void test_signature_check_off(void **state)
     run(&nc, 3);
 }
 
+/*
+ * NCCL refuses an fp8 reduction by the lowest compute capability of every rank, in every
+ * process. Process 0 has devices 0 and 1 (9.x), process 1 device 2 (8.x). On A = {0,2} both
+ * processes refuse an fp8 all_reduce at submission (process 0 knows from the communicator's
+ * meeting), the communicator stays usable, and fp8 data still moves (all_gather). On
+ * B = {1,2}, process 0 submits an fp8 all_reduce while B still forms (process 1 joins late):
+ * its own devices pass, and the backend refuses the operation before the group once B
+ * formed, instead of NCCL failing it and aborting B.
+ */
+static int fp8_child(unsigned rank, unsigned nprocs, void *arg)
+{
+    const nw_case *nc = arg;
+    ccq_runtime *rt = nw_runtime(nc, rank, nprocs);
+    ccq_device_id a[2] = {0, 2}, b[2] = {1, 2};
+    ccq_device_id mine = rank == 0 ? 0 : 2; /* this process's device in A */
+    uint8_t in8[N], out8[2 * N];
+    float in[N], out[N];
+    int rc = 0;
+
+    if (rt == NULL)
+        return 10;
+    if (ccq_comm_init(rt, a, 2) != CCQ_OK)
+        FAIL(11, "comm_init");
+    ccq_status st = ccq_all_reduce(rt, mine, 0, in8, in8, N, CCQ_FLOAT8E4M3, CCQ_SUM, a, 2);
+    if (st != CCQ_ERR_UNSUPPORTED || strstr(ccq_last_error_detail(), "9.0") == NULL)
+        FAIL(12, "fp8 all_reduce with an sm80 rank in process 1: %s, want CCQ_ERR_UNSUPPORTED",
+             ccq_status_name(st));
+    if (rank == 0 && strstr(ccq_last_error_detail(), "another member process") == NULL)
+        FAIL(13, "the refusal does not say the old GPU is another process's");
+    for (int k = 0; k < N; k++) {
+        in[k] = input(mine, k);
+        in8[k] = (uint8_t)(rank * 16 + k % 7);
+    }
+    if (ccq_all_gather(rt, mine, 0, in8, out8, N, CCQ_FLOAT8E5M2, a, 2) != CCQ_OK ||
+        ccq_all_reduce(rt, mine, 0, in, out, N, CCQ_FLOAT32, CCQ_SUM, a, 2) != CCQ_OK)
+        FAIL(14, "submit after the refusal");
+    if (ccq_sync_collective(rt, mine, 0) != CCQ_OK)
+        FAIL(15, "the communicator after the refusal");
+    for (int k = 0; k < N; k++)
+        if (out[k] != input(0, k) + input(2, k) || out8[k] != (uint8_t)(k % 7) ||
+            out8[N + k] != (uint8_t)(16 + k % 7))
+            FAIL(16, "data after the refusal [%d]", k);
+
+    /* B, submitted to while it forms. */
+    ccq_device_id bdev = rank == 0 ? 1 : 2;
+    if (rank == 0) {
+        init_job *job = xmalloc(sizeof *job);
+        pthread_t th;
+        *job = (init_job){rt, b, 2, CCQ_OK};
+        pthread_create(&th, NULL, init_thread, job);
+        /* Its registry entry exists once ccq_comm_init started; process 1 is not there. */
+        do
+            st = ccq_all_reduce(rt, 1, 0, in8, in8, N, CCQ_FLOAT8E4M3, CCQ_SUM, b, 2);
+        while (st == CCQ_ERR_NOT_INITIALIZED);
+        pthread_join(th, NULL);
+        ccq_status init_st = job->st;
+        free(job);
+        if (st != CCQ_OK || init_st != CCQ_OK)
+            FAIL(17, "fp8 all_reduce on B while it forms: %s (init %s)", ccq_status_name(st),
+                 ccq_status_name(init_st));
+        st = ccq_sync_collective(rt, 1, 0);
+        if (st != CCQ_ERR_UNSUPPORTED || strstr(ccq_last_error_detail(), "9.0") == NULL)
+            FAIL(18, "fp8 all_reduce submitted while B formed: %s, want CCQ_ERR_UNSUPPORTED",
+                 ccq_status_name(st));
+    } else {
+        sleep_ms(300);
+        if (ccq_comm_init(rt, b, 2) != CCQ_OK)
+            FAIL(19, "comm_init of B");
+    }
+    for (int k = 0; k < N; k++)
+        in[k] = input(bdev, k);
+    if (ccq_all_reduce(rt, bdev, 0, in, out, N, CCQ_FLOAT32, CCQ_SUM, b, 2) != CCQ_OK ||
+        ccq_sync_collective(rt, bdev, 0) != CCQ_OK)
+        FAIL(20, "B after the refusal");
+    for (int k = 0; k < N; k++)
+        if (out[k] != input(1, k) + input(2, k))
+            FAIL(22, "data on B [%d]", k);
+out:
+    ccq_runtime_destroy(rt);
+    if (rc == 0) {
+        char msg[256];
+        if (fake_errors(msg, sizeof msg) != 0) {
+            fprintf(stderr, "rank %u: fake errors: %s\n", rank, msg);
+            rc = 21;
+        }
+    }
+    return rc;
+}
+
+static void test_fp8_capability_across_processes(void **state)
+{
+    (void)state;
+    nw_case nc = {
+        .devices = {2, 1}, .cc = {9, 8}, .timeout_ms = 20000, .skip_rank = -1, .child = fp8_child};
+    run(&nc, 2);
+}
+
 static void test_stream_wait_in_process_one(void **state)
 {
     (void)state;
@@ -492,6 +590,7 @@ int main(void)
         cmocka_unit_test(test_three_processes_uneven),
         cmocka_unit_test(test_member_never_joins),
         cmocka_unit_test(test_stream_wait_in_process_one),
+        cmocka_unit_test(test_fp8_capability_across_processes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

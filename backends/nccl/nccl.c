@@ -78,6 +78,8 @@ typedef struct nccl_comm {
     _Atomic bool abort_done;      /* the abort thread finished ncclCommAbort of every rank */
     struct nccl_comm *abort_next; /* the abort thread's queue (under abort_lock) */
     uint64_t init_deadline;       /* ncclCommInitRankConfig must have finished by then */
+    int min_cc; /* lowest compute capability major of every rank, member processes included
+                   (exchanged when they met): NCCL's fp8 reduction check (comm->minCompCap) */
 } nccl_comm;
 
 /* Per ccq stream. `user` and `slot_events` are written by bind (a user thread, while the
@@ -508,6 +510,31 @@ fail:
     return st == CCQ_OK ? CCQ_ERR_BACKEND : st;
 }
 
+/* The lowest compute capability major of devs[0..n). */
+static int min_cc_of(const nccl_be *h, const ccq_device_id *devs, uint32_t n)
+{
+    int low = INT_MAX;
+    for (uint32_t i = 0; i < n; i++)
+        if (devs[i] < (ccq_device_id)h->ndev && h->cc_major[devs[i]] < low)
+            low = h->cc_major[devs[i]];
+    return low;
+}
+
+/* Every member process tells the others the lowest compute capability of its devices in
+ * the communicator: NCCL refuses an fp8 reduction when the lowest over *all* ranks is below
+ * 9.0 (init.cc computes comm->minCompCap from every peer; enqueue.cc's taskAppend checks
+ * it), so submission can refuse it in every process alike instead of failing inside a
+ * group and aborting the communicator. */
+static ccq_status nccl_comm_member_blob(ccq_backend *be, const ccq_be_comm_desc *d,
+                                        ccq_be_member_blob *blob, ccq_errbuf *err)
+{
+    int32_t low = min_cc_of(to_nccl(be), d->local_devices, d->nlocal);
+    (void)err;
+    memcpy(blob->bytes, &low, sizeof low);
+    blob->len = sizeof low;
+    return CCQ_OK;
+}
+
 /* One non-blocking group of ncclCommInitRankConfig, one per local rank (global ranks
  * first_rank + i of nranks); nccl_comm_test polls it, so the scheduler never waits here. */
 static ccq_status nccl_comm_create(ccq_backend *be, const ccq_be_comm_desc *d, ccq_be_comm **out,
@@ -533,6 +560,21 @@ static ccq_status nccl_comm_create(ccq_backend *be, const ccq_be_comm_desc *d, c
     c->nranks = d->nranks;
     for (uint32_t i = 0; i < n; i++)
         c->devs[i] = (int)d->local_devices[i];
+    c->min_cc = min_cc_of(h, d->local_devices, n);
+    for (uint32_t p = 0; d->member_blobs != NULL && p < d->nprocs; p++) {
+        int32_t low;
+        if (d->member_blobs[p].len != sizeof low) {
+            st = CCQ_ERR_INVALID_ARGUMENT;
+            snprintf(err->msg, sizeof err->msg,
+                     "member process %" PRIu32 " sent no compute capability (a ccq without it?)",
+                     d->procs[p]);
+            comm_free(c);
+            return st;
+        }
+        memcpy(&low, d->member_blobs[p].bytes, sizeof low);
+        if (low < c->min_cc)
+            c->min_cc = low;
+    }
     config.blocking = 0; /* so a hung peer can never block the scheduler */
 
     if (d->nprocs > 1) {
@@ -677,19 +719,30 @@ static ccq_status nccl_check(ccq_backend *be, const ccq_be_submit *s, ccq_errbuf
     }
     if (fp8 && reduces) {
         /* NCCL refuses an fp8 reduction unless every rank's device is sm90 or newer (it
-         * checks the communicator's lowest compute capability), so check the whole set. */
+         * checks the communicator's lowest compute capability), so check the whole set:
+         * the communicator's lowest over every member process once it formed, this
+         * process's devices while it forms (nccl_issue checks again then). */
+        const nccl_comm *c = (const nccl_comm *)s->comm;
         ccq_device_id low = s->device;
         for (uint32_t i = 0; i < s->ndevices; i++) {
             ccq_device_id d = s->devices[i] - s->device_first;
             if (d < (ccq_device_id)h->ndev && h->cc_major[d] < h->cc_major[low])
                 low = d;
         }
+        if (c != NULL && c->min_cc < 9 && h->cc_major[low] >= 9) {
+            snprintf(err->msg, sizeof err->msg,
+                     "NCCL reduces fp8 only on compute capability 9.0 (sm90) or newer on every "
+                     "device of the communicator; a device of another member process is %d.x "
+                     "(moving fp8 data without reducing it works everywhere)",
+                     c->min_cc);
+            return CCQ_ERR_UNSUPPORTED;
+        }
         if (h->cc_major[low] < 9) {
             snprintf(err->msg, sizeof err->msg,
                      "NCCL reduces fp8 only on compute capability 9.0 (sm90) or newer on every "
                      "device of the communicator; device %u is %d.x (moving fp8 data without "
                      "reducing it works everywhere)",
-                     low, h->cc_major[low]);
+                     low + s->device_first, h->cc_major[low]);
             return CCQ_ERR_UNSUPPORTED;
         }
     }
@@ -1190,6 +1243,13 @@ static bool kind_supported(unsigned kind)
     }
 }
 
+/* An fp8 reduction (NCCL checks the communicator's lowest compute capability for those). */
+static bool fp8_reduction(const ccq_be_op *op)
+{
+    return (op->dtype == CCQ_FLOAT8E4M3 || op->dtype == CCQ_FLOAT8E5M2) &&
+           op->kind < CCQ_KIND_COUNT_ && ccq_kinds[op->kind].reduces;
+}
+
 /* What issue() can refuse before ncclGroupStart: a kind, dtype or op it cannot map. */
 static ccq_status op_validate(const ccq_be_op *op, ccq_errbuf *err)
 {
@@ -1369,6 +1429,17 @@ static ccq_status nccl_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
         status = op_validate(op, err);
         if (status != CCQ_OK)
             goto fail;
+        if (fp8_reduction(op) && c->min_cc < 9) {
+            /* Submitted while the communicator formed (nccl_check did not know every
+             * member's devices yet): refused here, before the group, in every member
+             * process alike, so NCCL never sees it and the communicator stays usable. */
+            op->status = CCQ_ERR_UNSUPPORTED;
+            snprintf(b->detail.msg, sizeof b->detail.msg,
+                     "NCCL reduces fp8 only on compute capability 9.0 (sm90) or newer on every "
+                     "device of the communicator; its lowest is %d.x",
+                     c->min_cc);
+            continue;
+        }
         for (uint32_t j = 0; j < nb->ncomms && !seen; j++)
             seen = nb->comms[j] == c;
         if (!seen)
@@ -1631,6 +1702,7 @@ const ccq_backend_ops ccq_nccl_backend_ops = {
     .destroy = nccl_destroy,
     .device_count = nccl_device_count,
     .comm_root_blob = nccl_comm_root_blob,
+    .comm_member_blob = nccl_comm_member_blob,
     .comm_create = nccl_comm_create,
     .comm_test = nccl_comm_test,
     .comm_destroy = nccl_comm_destroy,

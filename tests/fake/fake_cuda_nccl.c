@@ -1148,7 +1148,7 @@ static int xp_join(ncclComm_t cm, bool wait)
     if (q->xp == NULL && (q->xp = fake_xp_attach(&q->id, q->nranks)) == NULL)
         return ncclSystemError;
     if (!wait)
-        return fake_xp_join(q->xp, cm->rank, cm->device);
+        return fake_xp_join(q->xp, cm->rank, cm->device, F.cc[cm->device]);
     return cm->blocking ? fake_xp_join_wait(q->xp, cm->rank) : ncclSuccess;
 }
 
@@ -1346,6 +1346,14 @@ static int coll_check(fake_call *c, const fake_op *op)
             fake_error("%s: fp8 reduction on a communicator with device %d of compute capability "
                        "%d (NCCL needs sm90 on every rank)",
                        c->fn, low, F.cc[low]);
+            return ncclInvalidArgument;
+        }
+        /* Ranks in other processes too: NCCL computed minCompCap from every peer's info
+         * at init (init.cc). */
+        if (op->comm->clique->xp != NULL && fake_xp_min_cc(op->comm->clique->xp) < 9) {
+            fake_error("%s: fp8 reduction on a communicator with a rank in another process of "
+                       "compute capability %d (NCCL needs sm90 on every rank)",
+                       c->fn, fake_xp_min_cc(op->comm->clique->xp));
             return ncclInvalidArgument;
         }
     }

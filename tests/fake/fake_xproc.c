@@ -72,6 +72,7 @@ typedef struct xp_shm {
     int32_t nranks, nproc; /* nproc: processes attached */
     uint32_t joined;       /* ranks registered, as bits */
     int32_t pid[FAKE_XP_MAX_RANKS], dev[FAKE_XP_MAX_RANKS];
+    int32_t cc[FAKE_XP_MAX_RANKS]; /* each rank's device's compute capability major */
     xp_slot slots[XP_SLOTS];
     xp_pslot pairs[FAKE_XP_MAX_RANKS][FAKE_XP_MAX_RANKS][XP_PSLOTS];
 } xp_shm;
@@ -786,7 +787,7 @@ fake_xp_clique *fake_xp_attach(const ncclUniqueId *id, int nranks)
     return q;
 }
 
-ncclResult_t fake_xp_join(fake_xp_clique *q, int rank, int device)
+ncclResult_t fake_xp_join(fake_xp_clique *q, int rank, int device, int cc_major)
 {
     int32_t me = (int32_t)getpid(), other;
     if (q->h == NULL && !open_segment(q))
@@ -803,6 +804,7 @@ ncclResult_t fake_xp_join(fake_xp_clique *q, int rank, int device)
     }
     q->h->pid[rank] = me;
     q->h->dev[rank] = device;
+    q->h->cc[rank] = cc_major;
     q->h->joined |= 1u << rank;
     shm_unlock(q->h);
     shm_wake(q->h);
@@ -835,6 +837,19 @@ ncclResult_t fake_xp_poll(fake_xp_clique *q, int rank)
 bool fake_xp_joining(const fake_xp_clique *q, int rank)
 {
     return q->r[rank].joining;
+}
+
+int fake_xp_min_cc(const fake_xp_clique *q)
+{
+    int low = INT_MAX;
+    if (q->h == NULL)
+        return low;
+    shm_lock(q->h);
+    for (int k = 0; k < q->nranks; k++)
+        if ((q->h->joined & (1u << k)) && q->h->cc[k] < low)
+            low = q->h->cc[k];
+    shm_unlock(q->h);
+    return low;
 }
 
 static bool stream_busy(const void *stream)

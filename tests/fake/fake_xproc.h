@@ -57,7 +57,7 @@ void fake_xp_unique_id(ncclUniqueId *id, unsigned long long counter);
 fake_xp_clique *fake_xp_attach(const ncclUniqueId *id, int nranks);
 /* Register a local rank: ncclSuccess once every rank of the clique has registered,
  * ncclInProgress before, or ncclInvalidArgument (the rank is another process's). */
-ncclResult_t fake_xp_join(fake_xp_clique *q, int rank, int device);
+ncclResult_t fake_xp_join(fake_xp_clique *q, int rank, int device, int cc_major);
 /* A blocking init: wait until every rank registered (ncclSuccess) or the timeout passed
  * (ncclSystemError). Called once every local rank of the group has joined. */
 ncclResult_t fake_xp_join_wait(fake_xp_clique *q, int rank);
@@ -66,6 +66,9 @@ ncclResult_t fake_xp_join_wait(fake_xp_clique *q, int rank);
 ncclResult_t fake_xp_poll(fake_xp_clique *q, int rank);
 /* Whether a local rank is still joining (a data call on it is a misuse). */
 bool fake_xp_joining(const fake_xp_clique *q, int rank);
+/* The lowest compute capability major of the ranks that joined, in every process (NCCL's
+ * comm->minCompCap, which its fp8 reduction check uses). */
+int fake_xp_min_cc(const fake_xp_clique *q);
 /* Launch a group's cross-process calls: first wait until the streams of every call of the
  * group (streams[0..nstreams)) have no cross-process work left (stream order), then give
  * each call its sequence number and publish its input (now, or by later progress once its
