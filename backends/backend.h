@@ -200,6 +200,16 @@ typedef struct ccq_backend_ops {
     /* True if the backend honours ccq_be_op.stage_src. Without it, a send whose src a later
      * command of its stream in the same group overwrites is refused (CCQ_ERR_UNSUPPORTED). */
     bool stages_sends;
+    /* Grouping across processes (DESIGN.md): the collectives of one communicator spanning
+     * processes a batch may hold, unless its member processes agreed on a grouping (the
+     * runtime's ccq_comm.group_limit starts at this). 1 for a backend whose engine plans a
+     * group per communicator from all its collectives together, so that each process's
+     * cut of the same sequence must be the same (NCCL: algorithm, protocol and channels of
+     * a collective depend on the others in its group); 0 = no limit, for engines that run
+     * every operation on its own (the host backend's MPI and UCX). Send/recv halves are
+     * not limited: NCCL matches them per peer in order whatever the grouping, and an
+     * exchange between processes needs both directions in one group. */
+    uint32_t span_group_limit;
 
     /* ---- Optional hooks called on user threads (NULL when unused). They must be
      * thread-safe and must not call into anything that is not (no NCCL calls): they exist

@@ -566,6 +566,130 @@ out:
     return rc;
 }
 
+/* The NCCL groups (ncclGroupEnd) this process logged: for each that holds an ncclAllReduce,
+ * how many it holds of a communicator of `nranks` ranks, into counts[]. */
+static size_t groups_of(int nranks, int *counts, size_t max)
+{
+    size_t n = 0;
+    int cur = 0;
+    bool any = false;
+    fake_call c;
+    for (size_t i = 0; fake_log_get(i, &c); i++) {
+        if (strcmp(c.fn, "ncclAllReduce") == 0) {
+            cur += c.nranks == nranks;
+            any = true;
+        }
+        if (strcmp(c.fn, "ncclGroupEnd") == 0) {
+            if (any && n < max)
+                counts[n++] = cur;
+            cur = 0;
+            any = false;
+        }
+    }
+    return n;
+}
+
+/*
+ * Grouping across processes. Process A (devices 0, 1) submits c1 and c2 on the world's
+ * communicator {0,1,2} and c3 on its own {0,1} before its scheduler wakes (held inside the
+ * creation of a third communicator); process B (device 2) submits c2 only after c1 ended.
+ * A's scheduler alone would put c1 and c2 in one NCCL group while B runs them in two: NCCL
+ * plans a group per communicator, so the fake fails that with ncclInternalError. A runs
+ * them in two groups (one spanning operation per group), and c3, whose communicator spans
+ * no process, shares c1's group.
+ */
+static int group_child(unsigned rank, unsigned nprocs, void *arg)
+{
+    const nw_case *nc = arg;
+    ccq_runtime *rt = nw_runtime(nc, rank, nprocs);
+    ccq_device_id all[3] = {0, 1, 2}, local[2] = {0, 1}, zero = 0;
+    static float in[3][2][N], out[3][2][N];
+    ccq_device_id first = 0;
+    uint32_t count = 0;
+    int rc = 0;
+
+    if (rt == NULL)
+        return 10;
+    ccq_local_devices(rt, &first, &count);
+    if (ccq_comm_init(rt, all, 3) != CCQ_OK || (rank == 0 && ccq_comm_init(rt, local, 2) != CCQ_OK))
+        FAIL(11, "comm_init");
+    for (int j = 0; j < 3; j++)
+        for (uint32_t i = 0; i < count; i++)
+            for (int k = 0; k < N; k++)
+                in[j][i][k] = input(first + i, k) + (float)(j * 1000);
+    if (rank == 0) {
+        init_job job = {rt, &zero, 1, CCQ_OK};
+        pthread_t th;
+        fake_hold_init(true);
+        pthread_create(&th, NULL, init_thread, &job);
+        while (fake_inits_blocked() == 0)
+            sleep_ms(1);
+        /* The scheduler is held: c1, c2 (world) and c3 (this process's pair) all wait. */
+        for (uint32_t i = 0; i < count; i++)
+            if (ccq_all_reduce(rt, i, 0, in[0][i], out[0][i], N, CCQ_FLOAT32, CCQ_SUM, all, 3) !=
+                    CCQ_OK ||
+                ccq_all_reduce(rt, i, 1, in[1][i], out[1][i], N, CCQ_FLOAT32, CCQ_SUM, all, 3) !=
+                    CCQ_OK ||
+                ccq_all_reduce(rt, i, 2, in[2][i], out[2][i], N, CCQ_FLOAT32, CCQ_SUM, local, 2) !=
+                    CCQ_OK)
+                FAIL(12, "submit c1, c2, c3 on device %u", i);
+        fake_hold_init(false);
+        pthread_join(th, NULL);
+        if (job.st != CCQ_OK)
+            FAIL(13, "comm_init of {0}");
+    } else {
+        if (ccq_all_reduce(rt, 2, 0, in[0][0], out[0][0], N, CCQ_FLOAT32, CCQ_SUM, all, 3) !=
+                CCQ_OK ||
+            ccq_sync_collective(rt, 2, 0) != CCQ_OK)
+            FAIL(14, "c1 (%s)", ccq_last_error_detail());
+        if (ccq_all_reduce(rt, 2, 1, in[1][0], out[1][0], N, CCQ_FLOAT32, CCQ_SUM, all, 3) !=
+            CCQ_OK)
+            FAIL(15, "submit c2");
+    }
+    for (uint32_t i = 0; i < count; i++)
+        for (ccq_stream_id s = 0; s < (rank == 0 ? 3u : 2u); s++)
+            if (ccq_sync_collective(rt, first + i, s) != CCQ_OK)
+                FAIL(16, "fence of device %u stream %u", first + i, s);
+    for (int j = 0; j < (rank == 0 ? 3 : 2); j++)
+        for (uint32_t i = 0; i < count; i++)
+            for (int k = 0; k < N; k++) {
+                float want = j < 2 ? input(0, k) + input(1, k) + input(2, k) + (float)(3 * j * 1000)
+                                   : input(0, k) + input(1, k) + 4000.0f;
+                if (out[j][i][k] != want)
+                    FAIL(17, "c%d on device %u [%d] = %g, want %g", j + 1, first + i, k,
+                         (double)out[j][i][k], (double)want);
+            }
+    if (rank == 0) {
+        /* Two groups with the world's all_reduces (its 2 local parts each); c3's 2 parts
+         * in the first. */
+        int world[8], pair[8];
+        size_t ng = groups_of(3, world, 8);
+        size_t np = groups_of(2, pair, 8);
+        if (ng != 2 || world[0] != 2 || world[1] != 2 || np != 2 || pair[0] != 2 || pair[1] != 0)
+            FAIL(18,
+                 "A's groups: %zu with world parts %d, %d and pair parts %d, %d; want 2 groups, "
+                 "2 + 2 world parts, c3's 2 parts in the first",
+                 ng, world[0], ng > 1 ? world[1] : -1, pair[0], np > 1 ? pair[1] : -1);
+    }
+out:
+    ccq_runtime_destroy(rt);
+    if (rc == 0) {
+        char msg[256];
+        if (fake_errors(msg, sizeof msg) != 0) {
+            fprintf(stderr, "rank %u: fake errors: %s\n", rank, msg);
+            rc = 21;
+        }
+    }
+    return rc;
+}
+
+static void test_grouping_across_processes(void **state)
+{
+    (void)state;
+    nw_case nc = {.devices = {2, 1}, .timeout_ms = 20000, .skip_rank = -1, .child = group_child};
+    run(&nc, 2);
+}
+
 static void test_fp8_capability_across_processes(void **state)
 {
     (void)state;
@@ -591,6 +715,7 @@ int main(void)
         cmocka_unit_test(test_member_never_joins),
         cmocka_unit_test(test_stream_wait_in_process_one),
         cmocka_unit_test(test_fp8_capability_across_processes),
+        cmocka_unit_test(test_grouping_across_processes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1710,6 +1710,10 @@ const ccq_backend_ops ccq_nccl_backend_ops = {
     .poll = nccl_poll,
     .abort = nccl_abort,
     .poll_interval_ns = NCCL_POLL_INTERVAL_NS,
+    /* NCCL plans each group per communicator from all its collectives (enqueue.cc: the
+     * aggregation of sizes within 4x for algorithm and protocol, the channel split by the
+     * group's traffic): one spanning collective per group unless the processes agree. */
+    .span_group_limit = 1,
     .check = nccl_check,
     .submit = nccl_submit,
     .fence = nccl_fence,

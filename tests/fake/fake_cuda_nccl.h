@@ -94,6 +94,12 @@ ncclResult_t ncclGroupEnd(void);
  *   The same sequence number with another kind, count, dtype, op (reductions) or root
  *   (rooted kinds) in another rank, or a recv whose count or dtype differs from its send,
  *   is a fake error, and the call's rank gets ncclInvalidUsage as its asynchronous error.
+ *   Each collective also carries its rank's group signature on that clique (the first
+ *   sequence number of the rank's collectives in the group, their number, their bytes per
+ *   function/op/type): ranks that grouped a clique's collectives differently (NCCL plans a
+ *   group per communicator, so that is a hang or wrong data on a GPU) get a fake error and
+ *   ncclInternalError. Send/recv are not part of it. A rank's compute capability is
+ *   registered when it joins: fp8 reductions are refused by the lowest of every process.
  *   A peer whose process is gone gives ncclRemoteError at once; a peer that has not
  *   joined, or done its part, within the fake's timeout (fake_set_xproc_timeout_ms) gives
  *   ncclSystemError; neither is a fake error (nobody here misused anything); the failed

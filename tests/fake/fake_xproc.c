@@ -45,6 +45,10 @@
 typedef struct xp_desc {
     int32_t kind, dtype, op, root;
     uint64_t count, bytes;
+    /* The rank's group on this clique (collectives only): the sequence number of its first
+     * collective, how many it held, and its bytes per (function, op, type) as one hash. */
+    uint64_t gseq, gsig;
+    uint32_t gtasks;
 } xp_desc;
 
 /* Sequence number s of a clique's collectives lives in slots[s % XP_SLOTS] until every rank
@@ -98,6 +102,8 @@ struct fake_xp_clique {
 typedef struct xp_pend {
     fake_xp_op op;
     uint64_t seq, ticket;
+    uint64_t gseq, gsig; /* its group's signature on its clique (see xp_desc) */
+    uint32_t gtasks;
     long long deadline;
     bool published; /* its input is in the segment (a recv has none to publish) */
     struct xp_pend *next;
@@ -402,14 +408,18 @@ static size_t input_bytes(const fake_xp_op *o, int n)
     }
 }
 
-static xp_desc make_desc(const fake_xp_op *o, int n)
+static xp_desc make_desc(const xp_pend *p, int n)
 {
+    const fake_xp_op *o = &p->op;
     return (xp_desc){.kind = o->kind,
                      .dtype = o->nccl_dtype,
                      .op = xk[o->kind].reduces ? o->nccl_op : -1,
                      .root = xk[o->kind].rooted ? o->root : -1,
                      .count = o->count,
-                     .bytes = input_bytes(o, n)};
+                     .bytes = input_bytes(o, n),
+                     .gseq = p->gseq,
+                     .gsig = p->gsig,
+                     .gtasks = p->gtasks};
 }
 
 /* Rank `rank`'s output of a collective from every rank's input (NCCL's definitions). */
@@ -548,6 +558,28 @@ static bool coll_progress(fake_xp_clique *q, xp_pend *p)
             rank_fail(q, o->rank, ncclInvalidUsage, "collectives differ across processes");
         }
     }
+    /*
+     * NCCL plans a group per communicator from all its collectives together: it aggregates
+     * those within 4x of each other's size to pick algorithm and protocol (enqueue.cc,
+     * ncclPrepareTasks) and splits channels by the group's total traffic, so the same
+     * collective in differently cut groups can run on different channels or protocols on
+     * two ranks: a hang or wrong data on a GPU. Every rank's group holding this collective
+     * must be the same: same first sequence number, task count, bytes per function/op/type.
+     */
+    for (int k = 0; k < n && same; k++) {
+        same = d[k].gseq == d[o->rank].gseq && d[k].gtasks == d[o->rank].gtasks &&
+               d[k].gsig == d[o->rank].gsig;
+        if (!same) {
+            fake_error("%s of %s, sequence %" PRIu64 ": rank %d (process %d) ran it in a group "
+                       "of %u collectives on this communicator from sequence %" PRIu64
+                       ", rank %d (process %d) in one of %u from sequence %" PRIu64
+                       " (NCCL plans each group per communicator: ranks must group alike)",
+                       xk[o->kind].fn, q->id.internal, p->seq, k, (int)pid[k], d[k].gtasks,
+                       d[k].gseq, o->rank, (int)getpid(), d[o->rank].gtasks, d[o->rank].gseq);
+            rank_fail(q, o->rank, ncclInternalError,
+                      "ranks grouped a communicator's collectives differently");
+        }
+    }
     for (int k = 0; k < n && same && ok; k++) {
         data_name(name, sizeof name, q, true, p->seq, k, 0);
         if (d[k].bytes > 0)
@@ -656,7 +688,7 @@ static int publish(fake_xp_clique *q, xp_pend *p)
 {
     const fake_xp_op *o = &p->op;
     bool coll = o->kind != FAKE_XP_SEND, busy;
-    xp_desc d = make_desc(o, q->nranks);
+    xp_desc d = make_desc(p, q->nranks);
     xp_slot *sl = &q->h->slots[p->seq % XP_SLOTS];
     xp_pslot *ps = &q->h->pairs[o->rank][o->peer < 0 ? 0 : o->peer][p->seq % XP_PSLOTS];
     uint64_t *next = coll ? &q->r[o->rank].pub_seq : &q->r[o->rank].pub_sent[o->peer];
@@ -874,6 +906,40 @@ static bool wait_while(xp_shm *h, bool (*busy)(const void *), const void *arg, l
     }
 }
 
+/* The bytes a collective moves, as NCCL's planner weighs it: count times the type's size. */
+static uint64_t mix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull; /* splitmix64 */
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* The signature of the group holding collective `o` (sequence number seq) on its clique,
+ * for its rank: the first sequence number of the rank's collectives on that clique in this
+ * group, their number, and the sum over them of hash(function, op, type) x bytes, which is
+ * the same for the same bytes per (function, op, type) however they are split. */
+static void group_signature(const fake_xp_op *ops, size_t n, const fake_xp_op *o, uint64_t seq,
+                            xp_pend *p)
+{
+    uint32_t before = 0;
+    p->gtasks = 0;
+    p->gsig = 0;
+    for (size_t j = 0; j < n; j++) {
+        const fake_xp_op *x = &ops[j];
+        if (x->q != o->q || x->rank != o->rank || x->kind == FAKE_XP_SEND ||
+            x->kind == FAKE_XP_RECV)
+            continue;
+        before += x < o;
+        p->gtasks++;
+        uint64_t key = (uint64_t)x->kind << 40 |
+                       (uint64_t)(uint32_t)(xk[x->kind].reduces ? x->nccl_op : -1) << 8 |
+                       (uint64_t)(uint8_t)x->nccl_dtype;
+        p->gsig += mix64(key) * (uint64_t)(x->count * ccq_dtype_size(x->dtype));
+    }
+    p->gseq = seq - before; /* the group's collectives of the rank take consecutive numbers */
+}
+
 ncclResult_t fake_xp_launch(const fake_xp_op *ops, size_t n, const void *const *streams,
                             size_t nstreams)
 {
@@ -907,6 +973,8 @@ ncclResult_t fake_xp_launch(const fake_xp_op *ops, size_t n, const void *const *
             p->seq = q->r[o->rank].sent[o->peer]++;
         else
             p->seq = q->r[o->rank].seq++;
+        if (o->kind != FAKE_XP_SEND && o->kind != FAKE_XP_RECV)
+            group_signature(ops, n, o, q->r[o->rank].seq - 1, p);
         /* Appended, so progress visits the calls in launch order. */
         xp_pend **pp = &X.pend;
         while (*pp != NULL)
