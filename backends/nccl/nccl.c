@@ -1512,8 +1512,8 @@ fail:
 
 /* Fail a batch whose group hit an error: abort every communicator it used (their other
  * work cannot be trusted), keep NCCL's message. The batch is returned only once the GPU no
- * longer touches its buffers (see batch_drained), so completion events are recorded now if
- * the group's launch had not got that far. */
+ * longer touches its buffers (see batch_drained); if the group's launch had not got as far
+ * as its completion events, batch_drained records them once the aborts finished. */
 static void batch_fail(nccl_be *h, nccl_batch *nb, ccq_status st, const char *msg)
 {
     ccq_be_batch *b = nb->b;
@@ -1527,11 +1527,6 @@ static void batch_fail(nccl_be *h, nccl_batch *nb, ccq_status st, const char *ms
     }
     nb->failed = true;
     nb->drain_deadline = ccq_deadline_in(h->drain_ns);
-    if (nb->state == NB_ENQUEUING) {
-        ccq_errbuf e;
-        if (record_done(h, nb, &e) == CCQ_OK)
-            nb->state = NB_RUNNING;
-    }
 }
 
 /*
@@ -1548,6 +1543,20 @@ static bool batch_drained(nccl_batch *nb, nccl_be *h)
     bool pending = false;
     for (uint32_t k = 0; k < nb->ncomms && !pending; k++)
         pending = !atomic_load_explicit(&nb->comms[k]->abort_done, memory_order_acquire);
+    /*
+     * A group still launching when it failed (ncclGroupEnd said ncclInProgress): NCCL's
+     * launch thread may still be enqueuing its kernels (group.cc, groupLaunchNonBlocking),
+     * and an event recorded before they are would complete ahead of them. Every
+     * communicator of a failed batch is aborted, and ncclCommAbort joins that thread
+     * (ncclGroupJobAbort): so the events are recorded once every abort finished, after
+     * whatever the launch enqueued. If they cannot be recorded, the batch is returned
+     * (nothing left to wait for that ccq can see).
+     */
+    if (!pending && nb->state == NB_ENQUEUING) {
+        ccq_errbuf e;
+        if (record_done(h, nb, &e) == CCQ_OK)
+            nb->state = NB_RUNNING;
+    }
     for (uint32_t k = 0; nb->state == NB_RUNNING && k < nb->nstreams && !pending; k++)
         pending = cudaEventQuery(h->streams[nb->streams[k]].done) == cudaErrorNotReady;
     if (!pending)

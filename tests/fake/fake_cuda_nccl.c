@@ -59,7 +59,11 @@ struct ncclComm {
     bool hung;      /* launched its part of a collective whose other parts never came */
     bool launching; /* in a group whose ncclGroupEnd returned ncclInProgress, until
                        ncclCommGetAsyncError reports the launch finished */
-    bool blocking;  /* config->blocking (fake_xproc.c's joins wait when set) */
+    /* The streams its launching group puts work on: NCCL's launch thread enqueues the
+     * kernels there later, so an event recorded there meanwhile does not cover them. */
+    cudaStream_t lstream[16];
+    int nlstream;
+    bool blocking; /* config->blocking (fake_xproc.c's joins wait when set) */
     struct ncclComm *next;
 };
 
@@ -567,6 +571,30 @@ cudaError_t cudaEventDestroy(cudaEvent_t event)
     return (cudaError_t)leave(c, r);
 }
 
+/* A stream the communicator's launching group puts work on. Lock held. */
+static void launch_stream_add(struct ncclComm *cm, cudaStream_t s)
+{
+    for (int k = 0; k < cm->nlstream; k++)
+        if (cm->lstream[k] == s)
+            return;
+    if (cm->nlstream < (int)(sizeof cm->lstream / sizeof cm->lstream[0]))
+        cm->lstream[cm->nlstream++] = s;
+}
+
+/* A communicator (not aborted: its abort joined the launch thread) whose non-blocking group
+ * is still launching work onto `s`, or NULL. Lock held. */
+static struct ncclComm *launching_on(cudaStream_t s)
+{
+    for (struct ncclComm *x = F.comms; x != NULL; x = x->next) {
+        if (!x->launching || x->aborted || x->destroyed)
+            continue;
+        for (int k = 0; k < x->nlstream; k++)
+            if (x->lstream[k] == s)
+                return x;
+    }
+    return NULL;
+}
+
 /* Whether work queued on `device` now never finishes by itself: a rank there belongs to a
  * clique with a rank in asynchronous error and not aborted (NCCL's kernels of a failed
  * collective hang or fail; ncclCommAbort makes them exit, see ncclCommAbort). Lock held. */
@@ -605,6 +633,15 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
                    stream->device);
         r = cudaErrorInvalidResourceHandle;
     }
+    /* NCCL's launch thread of a non-blocking group enqueues its kernels when the launch
+     * finishes (ncclCommGetAsyncError leaves ncclInProgress) or is aborted: an event
+     * recorded on one of its streams before that completes without waiting for them. */
+    struct ncclComm *lc = r == cudaSuccess && stream != NULL ? launching_on(stream) : NULL;
+    if (lc != NULL)
+        fake_error("cudaEventRecord on a stream of device %d while a non-blocking group of its "
+                   "rank %d is still launching there (ncclInProgress, not aborted): the event "
+                   "does not cover the group's kernels",
+                   stream->device, lc->rank);
     if (r == cudaSuccess) {
         event->recorded = true;
         event->stuck = device_stuck(event->device);
@@ -848,8 +885,10 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async_error)
         if (st == ncclSuccess && comm->clique->xp != NULL &&
             (st = fake_xp_poll(comm->clique->xp, comm->rank)) != ncclInProgress)
             comm->async = st;
-        if (st != ncclInProgress)
+        if (st != ncclInProgress) {
             comm->launching = false;
+            comm->nlstream = 0;
+        }
         *async_error = st;
         c->value = st;
     }
@@ -1264,8 +1303,10 @@ static int grp_end(int scripted)
         grp_execute();
         for (size_t i = 0; i < grp.n; i++) {
             ncclComm_t cm = grp.ops[i].comm;
-            if (scripted == ncclInProgress && grp.ops[i].kind != OP_INIT)
+            if (scripted == ncclInProgress && grp.ops[i].kind != OP_INIT) {
                 cm->launching = true;
+                launch_stream_add(cm, grp.ops[i].stream);
+            }
             /* A new communicator took its armed error at creation. */
             ncclResult_t e = grp.ops[i].kind == OP_INIT ? ncclSuccess : take_async(cm->rank);
             if (e != ncclSuccess)

@@ -64,6 +64,10 @@ ncclResult_t ncclGroupEnd(void);
  *   rank in asynchronous error completes only when that device's rank is aborted (the
  *   failed collective's kernels hang until ncclCommAbort makes them exit). Stream waits are only
  * logged: work runs at ncclGroupEnd.
+ * - A non-blocking group whose ncclGroupEnd returned ncclInProgress is still being enqueued
+ *   by NCCL's launch thread: an event recorded on one of its streams before the launch
+ *   ended (ncclCommGetAsyncError left ncclInProgress) or its communicator was aborted is a
+ *   fake error (it would complete ahead of the group's kernels).
  * - Misuse the real libraries would punish (a destroyed or aborted handle used again, an
  *   event recorded on another device's stream, a collective on a stream of another device
  *   than its communicator's, a call on a one-rank communicator while another device is
