@@ -112,10 +112,112 @@ static void test_failed_launch_records_after_abort(void **state)
     assert_int_equal(records, NDEV); /* one per stream of the batch */
 }
 
+/* Wait (bounded) until fn has been logged at least n times. */
+static void wait_calls(const char *fn, size_t n)
+{
+    for (int i = 0; i < 10000 && fake_log_count(fn) < n; i++)
+        sleep_ms(1);
+    assert_true(fake_log_count(fn) >= n);
+}
+
+/*
+ * A batch on {1,2} waits for {0,1}'s launch, which does not finish (ncclInProgress: a peer
+ * that is slow to connect, say): the scheduler keeps serving everything else meanwhile (an
+ * all_reduce on {3} completes at once), and launches {1,2} at a poll once {0,1}'s launch
+ * finished. Before, it slept in 100 us steps inside issue until then (or timeout_ms).
+ */
+static void test_waiting_launch_does_not_block_scheduler(void **state)
+{
+    (void)state;
+    static const ccq_device_id p01[2] = {0, 1}, p12[2] = {1, 2}, d3[1] = {3};
+    static float in[3][NDEV][N], out[3][NDEV][N];
+    ccq_runtime *rt = make_rt(5000);
+
+    assert_int_equal(ccq_comm_init(rt, p01, 2), CCQ_OK);
+    assert_int_equal(ccq_comm_init(rt, p12, 2), CCQ_OK);
+    assert_int_equal(ccq_comm_init(rt, d3, 1), CCQ_OK);
+    for (int j = 0; j < 3; j++)
+        for (int d = 0; d < NDEV; d++)
+            for (int k = 0; k < N; k++)
+                in[j][d][k] = (float)(100 * j + 10 * d + k);
+    fake_set_pending(1);
+    fake_script("ncclGroupEnd", ncclInProgress);
+    fake_hold_async(true); /* {0,1}'s launch does not finish */
+    fake_log_reset();
+    for (ccq_device_id d = 0; d < 2; d++)
+        assert_int_equal(
+            ccq_all_reduce(rt, d, 0, in[0][d], out[0][d], N, CCQ_FLOAT32, CCQ_SUM, p01, 2), CCQ_OK);
+    wait_calls("ncclCommGetAsyncError", 1);
+    for (ccq_device_id d = 1; d < 3; d++)
+        assert_int_equal(
+            ccq_all_reduce(rt, d, 1, in[1][d], out[1][d], N, CCQ_FLOAT32, CCQ_SUM, p12, 2), CCQ_OK);
+    sleep_ms(20); /* issued: waiting for {0,1}'s launch */
+    uint64_t t0 = now_ns();
+    assert_int_equal(ccq_all_reduce(rt, 3, 2, in[2][3], out[2][3], N, CCQ_FLOAT32, CCQ_SUM, d3, 1),
+                     CCQ_OK);
+    assert_int_equal(ccq_sync_collective(rt, 3, 2), CCQ_OK);
+    uint64_t ms = (now_ns() - t0) / 1000000u;
+    if (ms > 1000)
+        fail_msg("an all_reduce on an idle device took %llu ms while another batch waited for a "
+                 "launch (the scheduler was blocked)",
+                 (unsigned long long)ms);
+    assert_int_equal(fake_log_count("ncclAllReduce"), 3); /* {0,1}'s two and {3}'s */
+    fake_hold_async(false);
+    for (ccq_device_id d = 0; d < 2; d++)
+        assert_int_equal(ccq_sync_collective(rt, d, 0), CCQ_OK);
+    for (ccq_device_id d = 1; d < 3; d++)
+        assert_int_equal(ccq_sync_collective(rt, d, 1), CCQ_OK);
+    for (int k = 0; k < N; k++) {
+        assert_true(out[0][0][k] == in[0][0][k] + in[0][1][k]);
+        assert_true(out[1][2][k] == in[1][1][k] + in[1][2][k]);
+        assert_true(out[2][3][k] == in[2][3][k]);
+    }
+}
+
+/*
+ * The earlier launch never finishes: the watchdog aborts it timeout_ms after its issue, and
+ * the batch waiting for it then launches (only once the aborts finished: until then NCCL's
+ * launch thread may still enqueue kernels on the shared device) and completes.
+ */
+static void test_waiting_launch_after_abort(void **state)
+{
+    (void)state;
+    static const ccq_device_id p01[2] = {0, 1}, p12[2] = {1, 2};
+    static float in[NDEV][N], out[NDEV][N], in1[N], out1[N];
+    ccq_runtime *rt = make_rt(500);
+
+    assert_int_equal(ccq_comm_init(rt, p01, 2), CCQ_OK);
+    assert_int_equal(ccq_comm_init(rt, p12, 2), CCQ_OK);
+    fake_set_pending(1000000000);
+    fake_script("ncclGroupEnd", ncclInProgress);
+    fake_log_reset();
+    for (ccq_device_id d = 0; d < 2; d++)
+        assert_int_equal(ccq_all_reduce(rt, d, 0, in[d], out[d], N, CCQ_FLOAT32, CCQ_SUM, p01, 2),
+                         CCQ_OK);
+    wait_calls("ncclCommGetAsyncError", 1);
+    fake_set_pending(0);
+    /* Well after {0,1}'s issue, so its watchdog fires long before this batch's. */
+    sleep_ms(250);
+    for (int k = 0; k < N; k++)
+        in1[k] = in[2][k] = (float)k;
+    assert_int_equal(ccq_all_reduce(rt, 1, 1, in1, out1, N, CCQ_FLOAT32, CCQ_SUM, p12, 2), CCQ_OK);
+    assert_int_equal(ccq_all_reduce(rt, 2, 1, in[2], out[2], N, CCQ_FLOAT32, CCQ_SUM, p12, 2),
+                     CCQ_OK);
+    for (ccq_device_id d = 0; d < 2; d++)
+        assert_int_equal(fence_watchdog(rt, d, 0, NULL, 0), CCQ_ERR_ABORTED);
+    for (ccq_device_id d = 1; d < 3; d++)
+        assert_int_equal(fence_watchdog(rt, d, 1, NULL, 0), CCQ_OK);
+    for (int k = 0; k < N; k++)
+        assert_true(out[2][k] == 2.0f * (float)k && out1[k] == out[2][k]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_failed_launch_records_after_abort, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_waiting_launch_does_not_block_scheduler, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_waiting_launch_after_abort, setup, teardown),
     };
     return cmocka_run_group_tests_name("nccl_launch_fake", tests, NULL, NULL);
 }

@@ -35,7 +35,8 @@ typedef struct nw_case {
     uint64_t timeout_ms;
     int skip_rank; /* a process that never calls ccq_comm_init of the world (-1: none) */
     uint32_t check_signatures;
-    int cc[4]; /* compute capability major of each process's devices (0: 9) */
+    int cc[4];   /* compute capability major of each process's devices (0: 9) */
+    int variant; /* for children that run several scenarios */
     int (*child)(unsigned rank, unsigned nprocs, void *arg); /* NULL: nw_child */
 } nw_case;
 
@@ -683,6 +684,118 @@ out:
     return rc;
 }
 
+/* Wait (bounded) until this process logged more than `n` calls of fn. */
+static bool logged_more(const char *fn, size_t n)
+{
+    for (int i = 0; i < 10000; i++) {
+        if (fake_log_count(fn) > n)
+            return true;
+        sleep_ms(1);
+    }
+    return false;
+}
+
+/*
+ * Launches are serialized per GPU, and the first launch of a communicator spanning
+ * processes connects to its peers (NCCL_RUNTIME_CONNECT: it stays ncclInProgress until every
+ * member process launched its own; the fake models that). Process A (devices 0, 1, 2) and B
+ * (device 3) use C1 = {0,3} and C2 = {0,1,3}, which share device 0 in A and 3 in B.
+ * variant 0: both use C1 then C2: A's C2 waits for C1's launch, which ends once B launched
+ * C1; everything completes. variant 1, opposite orders (A: C1 then C2, B: C2 then C1): each
+ * process's second launch waits for its first, which waits for the other process's second,
+ * until the watchdog ends it. Either way the scheduler never waits for a launch: an
+ * all_reduce on A's device 2 alone completes at once meanwhile (before, issue slept until
+ * the earlier launch finished, up to timeout_ms).
+ */
+static int order_child(unsigned rank, unsigned nprocs, void *arg)
+{
+    const nw_case *nc = arg;
+    ccq_runtime *rt = nw_runtime(nc, rank, nprocs);
+    ccq_device_id c1[2] = {0, 3}, c2[3] = {0, 1, 3}, l[1] = {2};
+    static float in[3][N], out[3][N], in2[N], out2[N];
+    bool opposite = nc->variant == 1;
+    int rc = 0;
+
+    if (rt == NULL)
+        return 10;
+    if (ccq_comm_init(rt, c1, 2) != CCQ_OK || ccq_comm_init(rt, c2, 3) != CCQ_OK ||
+        (rank == 0 && ccq_comm_init(rt, l, 1) != CCQ_OK))
+        FAIL(11, "comm_init");
+    for (int k = 0; k < N; k++) {
+        in[0][k] = (float)k;
+        in[1][k] = (float)(2 * k);
+        in[2][k] = (float)(3 * k);
+        in2[k] = (float)(5 * k);
+    }
+    ccq_device_id d0 = rank == 0 ? 0 : 3;
+    bool c2_first = rank == 1 && opposite;
+    for (int step = 0; step < 2; step++) {
+        size_t groups = fake_log_count("ncclGroupEnd");
+        bool use_c2 = (step == 0) == c2_first;
+        if (use_c2) {
+            if (ccq_all_reduce(rt, d0, 1, in[1], out[1], N, CCQ_FLOAT32, CCQ_SUM, c2, 3) !=
+                    CCQ_OK ||
+                (rank == 0 &&
+                 ccq_all_reduce(rt, 1, 1, in2, out2, N, CCQ_FLOAT32, CCQ_SUM, c2, 3) != CCQ_OK))
+                FAIL(12, "submit on C2");
+        } else if (ccq_all_reduce(rt, d0, 0, in[0], out[0], N, CCQ_FLOAT32, CCQ_SUM, c1, 2) !=
+                   CCQ_OK) {
+            FAIL(13, "submit on C1");
+        }
+        /* The first is launched (a group) before the second is submitted; the second waits. */
+        if (step == 0 && !logged_more("ncclGroupEnd", groups))
+            FAIL(14, "the first launch never came");
+    }
+    if (rank == 0) {
+        sleep_ms(50); /* the second batch is issued and waits for the first launch */
+        uint64_t t0 = now_ns();
+        if (ccq_all_reduce(rt, 2, 2, in[2], out[2], N, CCQ_FLOAT32, CCQ_SUM, l, 1) != CCQ_OK ||
+            ccq_sync_collective(rt, 2, 2) != CCQ_OK)
+            FAIL(15, "the all_reduce on device 2 alone");
+        uint64_t ms = (now_ns() - t0) / 1000000u;
+        if (ms > nc->timeout_ms / 3)
+            FAIL(16,
+                 "an all_reduce on device 2 alone took %llu ms while launches on device 0 "
+                 "waited (the scheduler was blocked)",
+                 (unsigned long long)ms);
+        for (int k = 0; k < N; k++)
+            if (out[2][k] != in[2][k])
+                FAIL(17, "device 2 [%d]", k);
+    }
+    ccq_status s0 = ccq_sync_collective(rt, d0, 0), s1 = ccq_sync_collective(rt, d0, 1);
+    if (rank == 0 && ccq_sync_collective(rt, 1, 1) != s1)
+        FAIL(18, "C2's two parts in process 0 ended differently");
+    if (!opposite) {
+        if (s0 != CCQ_OK || s1 != CCQ_OK)
+            FAIL(19, "same order: C1 %s, C2 %s", ccq_status_name(s0), ccq_status_name(s1));
+        for (int k = 0; k < N; k++)
+            if (out[0][k] != 2 * in[0][k] || out[1][k] != 2 * in[1][k] + in2[k])
+                FAIL(20, "same order: data [%d]", k);
+    } else if (getenv("CCQ_TEST_VERBOSE")) {
+        fprintf(stderr, "rank %u, opposite orders: C1 %s, C2 %s\n", rank, ccq_status_name(s0),
+                ccq_status_name(s1));
+    }
+out:
+    ccq_runtime_destroy(rt);
+    if (rc == 0) {
+        char msg[256];
+        if (fake_errors(msg, sizeof msg) != 0) {
+            fprintf(stderr, "rank %u: fake errors: %s\n", rank, msg);
+            rc = 21;
+        }
+    }
+    return rc;
+}
+
+static void test_launch_order_across_processes(void **state)
+{
+    (void)state;
+    nw_case nc = {.devices = {3, 1}, .timeout_ms = 3000, .skip_rank = -1, .child = order_child};
+    run(&nc, 2);
+    nc.variant = 1;
+    run(&nc, 2);
+}
+
 static void test_grouping_across_processes(void **state)
 {
     (void)state;
@@ -716,6 +829,7 @@ int main(void)
         cmocka_unit_test(test_stream_wait_in_process_one),
         cmocka_unit_test(test_fp8_capability_across_processes),
         cmocka_unit_test(test_grouping_across_processes),
+        cmocka_unit_test(test_launch_order_across_processes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -111,12 +111,16 @@ typedef struct nccl_memops {
     uint32_t nrepair;              /* scheduler: streams with `repair` set */
 } nccl_memops;
 
-enum { NB_ENQUEUING, NB_RUNNING };
+/* A batch's launch: ENQUEUING from ncclGroupStart until every communicator left
+ * ncclInProgress and the completion events are recorded, then RUNNING; WAITING before its
+ * group, while an earlier launch on a device it uses is in progress (launch_blocker);
+ * REFUSED: ended without a group (its ops carry why). */
+enum { NB_ENQUEUING, NB_RUNNING, NB_WAITING, NB_REFUSED };
 
 /* Per-batch state, in be_priv. */
 typedef struct nccl_batch {
     ccq_be_batch *b;
-    struct nccl_batch *next;
+    struct nccl_batch *next; /* h->inflight, in issue order */
     int state;
     bool failed;             /* batch_fail ran: now only waiting for the GPU to drain */
     uint64_t drain_deadline; /* when a failed batch is returned even if not drained */
@@ -149,7 +153,8 @@ typedef struct nccl_be {
     uint64_t timeout_ns;  /* communicator creation and launch waits */
     uint64_t drain_ns;    /* how long a failed batch waits for the GPU (see batch_drained) */
     nccl_stream *streams; /* [ndev * max_streams] */
-    nccl_batch *inflight; /* scheduler only */
+    nccl_batch *inflight; /* scheduler only: issued and not returned, in issue order */
+    nccl_batch *inflight_tail;
     uint64_t batch_mark;
     nccl_memops mo;
     /* The abort thread (see abort_main): aborts queued by the scheduler. */
@@ -457,39 +462,6 @@ static uint32_t nccl_device_count(const ccq_backend *be)
 /* ------------------------------------------------------------------------------------ */
 /* Communicators                                                                         */
 /* ------------------------------------------------------------------------------------ */
-
-/* Wait (polling) until no communicator of the set is ncclInProgress; the first error wins. */
-static ncclResult_t wait_comms(ncclComm_t *comms, uint32_t n, uint64_t timeout_ns,
-                               ncclComm_t *failed)
-{
-    uint64_t deadline = ccq_deadline_in(timeout_ns);
-    for (;;) {
-        bool pending = false;
-        for (uint32_t i = 0; i < n; i++) {
-            ncclResult_t st = ncclInProgress;
-            if (comms[i] == NULL)
-                continue;
-            ncclResult_t r = ncclCommGetAsyncError(comms[i], &st);
-            if (r != ncclSuccess) {
-                *failed = comms[i];
-                return r;
-            }
-            if (st == ncclInProgress)
-                pending = true;
-            else if (st != ncclSuccess) {
-                *failed = comms[i];
-                return st;
-            }
-        }
-        if (!pending)
-            return ncclSuccess;
-        if (ccq_now_ns() >= deadline) {
-            *failed = NULL;
-            return ncclInProgress;
-        }
-        sleep_ns(100000);
-    }
-}
 
 /* A communicator spanning processes: the lowest member process makes the unique id that
  * every member passes to ncclCommInitRankConfig (the runtime shares it). */
@@ -1176,6 +1148,18 @@ static bool comms_share_device(const nccl_comm *a, const nccl_comm *b)
     return false;
 }
 
+static bool batch_poll(nccl_be *h, nccl_batch *nb);
+
+/* Whether two batches have a device in common. */
+static bool batches_overlap(const nccl_batch *a, const nccl_batch *b)
+{
+    for (uint32_t j = 0; j < a->ncomms; j++)
+        for (uint32_t k = 0; k < b->ncomms; k++)
+            if (comms_share_device(a->comms[j], b->comms[k]))
+                return true;
+    return false;
+}
+
 /*
  * Non-blocking communicators: while a group's launch is still in progress (ncclGroupEnd
  * returned ncclInProgress: an in-flight batch in NB_ENQUEUING, on other ccq streams, since a
@@ -1183,43 +1167,43 @@ static bool comms_share_device(const nccl_comm *a, const nccl_comm *b)
  * ncclInvalidArgument. And each non-blocking group is launched by its own NCCL thread
  * (group.cc, groupLaunchNonBlocking), so two groups launching at once on communicators that
  * share a device could enqueue their kernels in a different order on each GPU and deadlock
- * ("using multiple NCCL communicators concurrently" in NCCL's docs). So before nb is
- * launched, every in-flight batch still launching that shares a communicator or a device
- * with it must leave ncclInProgress (a launch takes microseconds to milliseconds), at most
- * timeout_ms: launches are serialized per device, not only per communicator.
+ * ("using multiple NCCL communicators concurrently" in NCCL's docs). So nb is launched only
+ * once no earlier batch sharing a device with it is still launching or waiting to: launches
+ * are serialized per device, in issue order.
+ *
+ * The scheduler never waits for that here: a launch can take long (with NCCL_RUNTIME_CONNECT,
+ * the default, the first launch of an algorithm or peer connects with blocking bootstrap
+ * exchanges on the launch thread: group.cc ncclPrepareTasksAndCollPreconnect,
+ * transport.cc), and until every member process launched its part, which may itself wait
+ * behind another launch there. The batch stays NB_WAITING instead, and each poll checks
+ * again (nccl_poll); meanwhile the scheduler serves everything else.
+ *
+ * A failed batch still launching counts until its communicators' aborts finished (the
+ * abort joins NCCL's launch thread). There is no deadline of its own: the watchdog aborts
+ * the earlier batch timeout_ms after it was issued, and this one then goes.
+ *
+ * Returns the earlier batch nb waits for, or NULL. Asks a launching batch's communicators
+ * once (batch_poll), never waits.
  */
-static ccq_status settle_comms(nccl_be *h, const nccl_batch *nb, ccq_errbuf *err)
+static bool aborts_done(const nccl_batch *a)
 {
-    for (const nccl_batch *a = h->inflight; a != NULL; a = a->next) {
-        bool overlaps = false;
-        if (a->state != NB_ENQUEUING || a->failed)
+    for (uint32_t k = 0; k < a->ncomms; k++)
+        if (!atomic_load_explicit(&a->comms[k]->abort_done, memory_order_acquire))
+            return false;
+    return true;
+}
+
+static const nccl_batch *launch_blocker(nccl_be *h, const nccl_batch *nb)
+{
+    for (nccl_batch *a = h->inflight; a != NULL && a != nb; a = a->next) {
+        if ((a->state != NB_WAITING && a->state != NB_ENQUEUING) || !batches_overlap(a, nb))
             continue;
-        for (uint32_t j = 0; j < a->ncomms && !overlaps; j++)
-            for (uint32_t k = 0; k < nb->ncomms && !overlaps; k++)
-                overlaps = comms_share_device(a->comms[j], nb->comms[k]);
-        if (!overlaps)
-            continue;
-        for (uint32_t j = 0; j < a->ncomms; j++) {
-            nccl_comm *c = a->comms[j];
-            if (c->aborted)
-                continue;
-            ncclComm_t failed = NULL;
-            ncclResult_t r = wait_comms(c->comms, c->n, h->timeout_ns, &failed);
-            if (r == ncclInProgress) {
-                snprintf(err->msg, sizeof err->msg,
-                         "batch %" PRIu64 " on a communicator sharing a device with this batch "
-                         "was still launching (ncclInProgress) after timeout_ms",
-                         a->b->id);
-                return CCQ_ERR_TIMEOUT;
-            }
-            if (r != ncclSuccess) {
-                ccq_status st = nccl_status(r);
-                nccl_msg(err, "asynchronous error", r, failed);
-                return st == CCQ_OK ? CCQ_ERR_BACKEND : st;
-            }
-        }
+        if (a->state == NB_ENQUEUING)
+            (void)batch_poll(h, a); /* records its events once its launch finished */
+        if (a->state == NB_WAITING || (a->state == NB_ENQUEUING && (!a->failed || !aborts_done(a))))
+            return a;
     }
-    return CCQ_OK;
+    return NULL;
 }
 
 /* The kinds this build can hand to NCCL (ncclAlltoAll, ncclGather, ncclScatter: 2.28). */
@@ -1389,15 +1373,107 @@ fail:
     return status == CCQ_OK ? CCQ_ERR_BACKEND : status;
 }
 
+/* The batch's group: ncclGroupStart, every op not refused, ncclGroupEnd; then its state
+ * (see NB_*). An error: nothing was started (ncclGroupStart failed). */
+static ccq_status batch_launch(nccl_be *h, nccl_batch *nb, ccq_errbuf *err)
+{
+    ccq_be_batch *b = nb->b;
+    ccq_status status = CCQ_OK;
+    int cur = -1; /* the device made current last (-1: not known) */
+    bool cuda_err = false;
+    ncclResult_t r;
+
+    /* The whole batch is one group: every local rank's part of each collective and both
+     * halves of each send/recv, so NCCL launches them together and rings cannot deadlock. */
+    NCCL_CHECK_GOTO(ncclGroupStart(), err, status, fail);
+    for (uint32_t k = 0; k < b->nops && status == CCQ_OK; k++)
+        if (b->ops[k]->status == CCQ_OK) /* not refused */
+            status = op_enqueue(h, b->ops[k], &cur, &cuda_err, err);
+    if (status != CCQ_OK && cuda_err && nb->ncomms > 0)
+        poison_group(nb->comms[0]);
+    r = ncclGroupEnd();
+    nb->state = NB_ENQUEUING;
+    if (status != CCQ_OK) {
+        /* Started: one-rank ops earlier in the group already queued their work at the call,
+         * and NCCL may leave the group's error on its communicators. */
+        batch_fail(h, nb, status, err->msg);
+    } else if (r == ncclInProgress) {
+        /* Non-blocking communicators: the launch completes in the background; poll()
+         * records the completion events once every communicator left ncclInProgress. */
+    } else if (r != ncclSuccess) {
+        ccq_status st = nccl_status(r);
+        nccl_msg(err, "ncclGroupEnd", r, NULL);
+        batch_fail(h, nb, st == CCQ_OK ? CCQ_ERR_BACKEND : st, err->msg);
+    } else {
+        status = record_done(h, nb, err);
+        if (status != CCQ_OK)
+            batch_fail(h, nb, status, err->msg);
+        else
+            nb->state = NB_RUNNING;
+    }
+    return CCQ_OK;
+fail:
+    return status == CCQ_OK ? CCQ_ERR_BACKEND : status;
+}
+
+/* A batch that ends without its group (nothing started): every op not already refused
+ * fails with st. */
+static void batch_refuse(nccl_batch *nb, ccq_status st, const char *msg)
+{
+    ccq_be_batch *b = nb->b;
+    b->status = st;
+    snprintf(b->detail.msg, sizeof b->detail.msg, "%s", msg);
+    for (uint32_t k = 0; k < b->nops; k++)
+        if (b->ops[k]->status == CCQ_OK)
+            b->ops[k]->status = st;
+    nb->state = NB_REFUSED;
+}
+
+/* A waiting batch's ops on communicators aborted since it was issued fail now (the
+ * scheduler makes no NCCL call on an aborted communicator); nb->comms keeps the others.
+ * False when none is left. */
+static bool waiting_prune(nccl_batch *nb)
+{
+    ccq_be_batch *b = nb->b;
+    bool any = false;
+    nb->ncomms = 0;
+    for (uint32_t k = 0; k < b->nops; k++) {
+        ccq_be_op *op = b->ops[k];
+        nccl_comm *c = (nccl_comm *)op->comm;
+        bool seen = false;
+        if (op->status != CCQ_OK)
+            continue;
+        if (c->aborted) {
+            op->status = CCQ_ERR_ABORTED;
+            op->comm_aborted = 1;
+            continue;
+        }
+        any = true;
+        for (uint32_t j = 0; j < nb->ncomms && !seen; j++)
+            seen = nb->comms[j] == c;
+        if (!seen)
+            nb->comms[nb->ncomms++] = c;
+    }
+    return any;
+}
+
+/* Append to the in-flight list (issue order). */
+static void inflight_add(nccl_be *h, nccl_batch *nb)
+{
+    nb->next = NULL;
+    if (h->inflight_tail != NULL)
+        h->inflight_tail->next = nb;
+    else
+        h->inflight = nb;
+    h->inflight_tail = nb;
+}
+
 static ccq_status nccl_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
 {
     nccl_be *h = to_nccl(be);
     nccl_batch *nb = calloc(1, sizeof *nb);
     ccq_status status = CCQ_OK;
     uint32_t nparts = 0;
-    int cur = -1; /* the device made current last (-1: not known) */
-    bool cuda_err = false;
-    ncclResult_t r;
 
     for (uint32_t k = 0; k < b->nops; k++)
         nparts += b->ops[k]->nparts;
@@ -1462,50 +1538,25 @@ static ccq_status nccl_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
         }
     }
 
-    status = settle_comms(h, nb, err);
+    /* An earlier launch on one of its devices still in progress: the group waits, and
+     * poll() launches it once that one finished (launch_blocker). */
+    b->be_priv = nb;
+    if (launch_blocker(h, nb) != NULL) {
+        nb->state = NB_WAITING;
+        inflight_add(h, nb);
+        return CCQ_OK;
+    }
+    status = batch_launch(h, nb, err);
     if (status != CCQ_OK)
         goto fail;
-
-    /* The whole batch is one group: every local rank's part of each collective and both
-     * halves of each send/recv, so NCCL launches them together and rings cannot deadlock. */
-    NCCL_CHECK_GOTO(ncclGroupStart(), err, status, fail);
-    for (uint32_t k = 0; k < b->nops && status == CCQ_OK; k++)
-        if (b->ops[k]->status == CCQ_OK) /* not refused above */
-            status = op_enqueue(h, b->ops[k], &cur, &cuda_err, err);
-    if (status != CCQ_OK && cuda_err && nb->ncomms > 0)
-        poison_group(nb->comms[0]);
-    r = ncclGroupEnd();
-    if (status != CCQ_OK) {
-        /* Started: one-rank ops earlier in the group already queued their work at the call,
-         * and NCCL may leave the group's error on its communicators. */
-        nb->state = NB_ENQUEUING;
-        batch_fail(h, nb, status, err->msg);
-    } else if (r == ncclInProgress) {
-        /* Non-blocking communicators: the launch completes in the background; poll()
-         * records the completion events once every communicator left ncclInProgress. */
-        nb->state = NB_ENQUEUING;
-    } else if (r != ncclSuccess) {
-        ccq_status st = nccl_status(r);
-        nccl_msg(err, "ncclGroupEnd", r, NULL);
-        nb->state = NB_ENQUEUING;
-        batch_fail(h, nb, st == CCQ_OK ? CCQ_ERR_BACKEND : st, err->msg);
-    } else {
-        nb->state = NB_ENQUEUING;
-        status = record_done(h, nb, err);
-        if (status != CCQ_OK)
-            batch_fail(h, nb, status, err->msg);
-        else
-            nb->state = NB_RUNNING;
-    }
     /* From ncclGroupStart on, the batch comes back only through poll(): a failed one once
      * its communicators are aborted and its streams drained (batch_drained). */
-    b->be_priv = nb;
-    nb->next = h->inflight;
-    h->inflight = nb;
+    inflight_add(h, nb);
     return CCQ_OK;
 
 fail:
     /* Before ncclGroupStart (or it failed): nothing was started. */
+    b->be_priv = NULL;
     nb_free(nb);
     return status == CCQ_OK ? CCQ_ERR_BACKEND : status;
 }
@@ -1587,6 +1638,21 @@ static bool batch_poll(nccl_be *h, nccl_batch *nb)
     ccq_errbuf err = {{0}};
     bool enqueuing = false;
 
+    if (nb->state == NB_REFUSED)
+        return true;
+    if (nb->state == NB_WAITING) {
+        if (!waiting_prune(nb)) {
+            batch_refuse(nb, CCQ_ERR_ABORTED, "the communicator was aborted");
+            return true;
+        }
+        if (launch_blocker(h, nb) != NULL)
+            return false;
+        ccq_status st = batch_launch(h, nb, &err);
+        if (st != CCQ_OK) {
+            batch_refuse(nb, st, err.msg);
+            return true;
+        }
+    }
     if (nb->failed)
         return batch_drained(nb, h);
     /* Completion first: an asynchronous error (or abort) of a communicator seen now may
@@ -1645,9 +1711,12 @@ static ccq_be_batch *nccl_poll(ccq_backend *be)
     if (h->mo.nrepair > 0)
         counters_repair(h);
 
+    /* In issue order, so a waiting batch launches after the earlier ones it waits for. */
+    h->inflight_tail = NULL;
     for (nccl_batch **pp = &h->inflight; *pp != NULL;) {
         nccl_batch *nb = *pp;
         if (!batch_poll(h, nb)) {
+            h->inflight_tail = nb;
             pp = &nb->next;
             continue;
         }

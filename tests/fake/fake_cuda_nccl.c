@@ -56,9 +56,14 @@ struct ncclComm {
     int rank, device, pending;
     ncclResult_t async; /* sticky, reported once pending reaches 0 */
     bool destroyed, aborted;
-    bool hung;      /* launched its part of a collective whose other parts never came */
-    bool launching; /* in a group whose ncclGroupEnd returned ncclInProgress, until
-                       ncclCommGetAsyncError reports the launch finished */
+    bool hung; /* launched its part of a collective whose other parts never came */
+    /* NCCL_RUNTIME_CONNECT: a rank of a clique with ranks in other processes connects to its
+     * peers in its first launch, which stays ncclInProgress until every rank launched one
+     * (fake_set_runtime_connect). */
+    bool connected, connecting;
+    long long connect_deadline; /* connecting: ncclSystemError after this (fake_xp_deadline) */
+    bool launching;             /* in a group whose ncclGroupEnd returned ncclInProgress, until
+                                   ncclCommGetAsyncError reports the launch finished */
     /* The streams its launching group puts work on: NCCL's launch thread enqueues the
      * kernels there later, so an event recorded there meanwhile does not cover them. */
     cudaStream_t lstream[16];
@@ -153,11 +158,12 @@ static pthread_mutex_t fake_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t fake_abort_cond = PTHREAD_COND_INITIALIZER; /* abort_hold changed */
 typedef struct fake_state {
     bool inited, hold, manual, abort_keeps;
-    bool abort_hold;        /* ncclCommAbort blocks while set (fake_hold_abort) */
-    bool complete_at_group; /* fake_complete_events_at_next_group() */
-    int aborts_blocked;     /* ncclCommAbort calls waiting on abort_hold */
-    bool init_hold;         /* ncclCommInitRankConfig blocks while set (fake_hold_init) */
-    int inits_blocked;      /* ncclCommInitRankConfig calls waiting on init_hold */
+    bool abort_hold;         /* ncclCommAbort blocks while set (fake_hold_abort) */
+    bool complete_at_group;  /* fake_complete_events_at_next_group() */
+    int aborts_blocked;      /* ncclCommAbort calls waiting on abort_hold */
+    bool init_hold;          /* ncclCommInitRankConfig blocks while set (fake_hold_init) */
+    bool no_runtime_connect; /* fake_set_runtime_connect(false) */
+    int inits_blocked;       /* ncclCommInitRankConfig calls waiting on init_hold */
     int ndev, cc[FAKE_MAX_DEV], version, pending;
     bool primary_used[FAKE_MAX_DEV]; /* a thread made the device's primary context current */
     bool capturing_all;              /* fake_set_capturing(NULL, true) */
@@ -882,6 +888,22 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async_error)
             comm->pending--;
             st = ncclInProgress;
         }
+        if (st == ncclSuccess && comm->connecting) {
+            /* Its first launch connects to its peers: done once every rank launched one. */
+            if (fake_xp_all_launched(comm->clique->xp)) {
+                comm->connecting = false;
+                comm->connected = true;
+            } else if (fake_xp_now() >= comm->connect_deadline) {
+                comm->connecting = false;
+                comm->async = st = ncclSystemError;
+                fprintf(stderr,
+                        "fake_cuda_nccl: rank %d of %s: a peer never launched, so the "
+                        "first launch could not connect within the fake's timeout\n",
+                        comm->rank, comm->clique->id.internal);
+            } else {
+                st = ncclInProgress;
+            }
+        }
         if (st == ncclSuccess && comm->clique->xp != NULL &&
             (st = fake_xp_poll(comm->clique->xp, comm->rank)) != ncclInProgress)
             comm->async = st;
@@ -1317,8 +1339,28 @@ static int grp_end(int scripted)
             init_pending |= grp.ops[i].kind == OP_INIT && cm->clique->xp != NULL &&
                             fake_xp_joining(cm->clique->xp, cm->rank);
         }
-        if (init_pending)
-            r = ncclInProgress; /* as a non-blocking init does */
+        /* NCCL_RUNTIME_CONNECT (NCCL's default): the first launch on a clique with ranks in
+         * other processes connects to the peers with blocking bootstrap exchanges on the
+         * launch thread (group.cc ncclPrepareTasksAndCollPreconnect, transport.cc), so a
+         * non-blocking one stays ncclInProgress until every rank has launched its own. */
+        bool connecting = false;
+        for (size_t i = 0; i < grp.n; i++) {
+            ncclComm_t cm = grp.ops[i].comm;
+            if (grp.ops[i].kind == OP_INIT || cm->clique->xp == NULL || cm->blocking ||
+                cm->connected || F.no_runtime_connect)
+                continue;
+            if (!cm->connecting && fake_xp_all_launched(cm->clique->xp)) {
+                cm->connected = true;
+                continue;
+            }
+            if (!cm->connecting)
+                cm->connect_deadline = fake_xp_deadline();
+            cm->connecting = cm->launching = true;
+            launch_stream_add(cm, grp.ops[i].stream);
+            connecting = true;
+        }
+        if (init_pending || connecting)
+            r = ncclInProgress; /* as a non-blocking init or launch does */
     }
     /* The group's storage is per thread: free it, or every thread that ever ran a group
      * (each runtime's scheduler) would leak it at exit. */
@@ -1503,7 +1545,7 @@ static int add_op(fake_call *c, int r, const fake_op *op, cudaStream_t stream)
      * returned ncclInProgress and ncclCommGetAsyncError has not reported the end yet)
      * refuses every call: "use of a communicator before the previous operation returned
      * ncclSuccess". */
-    if (r == ncclSuccess && comm->pending > 0) {
+    if (r == ncclSuccess && (comm->pending > 0 || comm->connecting)) {
         fake_error("%s: communicator of device %d used while still ncclInProgress", c->fn,
                    comm->device);
         r = ncclInvalidArgument;
@@ -1687,6 +1729,13 @@ void fake_set_nccl_version(int version)
 {
     lock();
     F.version = version;
+    unlock();
+}
+
+void fake_set_runtime_connect(bool on)
+{
+    lock();
+    F.no_runtime_connect = !on;
     unlock();
 }
 

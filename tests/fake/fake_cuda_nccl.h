@@ -157,6 +157,12 @@ void fake_set_nccl_version(int version);
 /* New communicators, and the communicators of a group whose ncclGroupEnd was scripted to
  * return ncclInProgress, report ncclInProgress this many times. */
 void fake_set_pending(int n);
+/* NCCL_RUNTIME_CONNECT (on by default): a rank of a clique with ranks in other processes
+ * connects in its first launch, which stays ncclInProgress (ncclGroupEnd returns it, and
+ * ncclCommGetAsyncError reports it) until every rank of the clique, in every process, has
+ * launched one; a data call on it meanwhile is a fake error. Off: first launches complete
+ * as any other. */
+void fake_set_runtime_connect(bool on);
 /* While held, ncclCommGetAsyncError reports ncclInProgress for every communicator. */
 void fake_hold_async(bool hold);
 /* Manual events stay cudaErrorNotReady once recorded, until fake_complete_events(). */

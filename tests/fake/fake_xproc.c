@@ -75,6 +75,7 @@ typedef struct xp_shm {
     ncclUniqueId id;
     int32_t nranks, nproc; /* nproc: processes attached */
     uint32_t joined;       /* ranks registered, as bits */
+    uint32_t launched;     /* ranks that launched a group with a call on the clique, as bits */
     int32_t pid[FAKE_XP_MAX_RANKS], dev[FAKE_XP_MAX_RANKS];
     int32_t cc[FAKE_XP_MAX_RANKS]; /* each rank's device's compute capability major */
     xp_slot slots[XP_SLOTS];
@@ -975,6 +976,12 @@ ncclResult_t fake_xp_launch(const fake_xp_op *ops, size_t n, const void *const *
             p->seq = q->r[o->rank].seq++;
         if (o->kind != FAKE_XP_SEND && o->kind != FAKE_XP_RECV)
             group_signature(ops, n, o, q->r[o->rank].seq - 1, p);
+        if (q->h != NULL) {
+            shm_lock(q->h);
+            q->h->launched |= 1u << o->rank;
+            shm_unlock(q->h);
+            shm_wake(q->h);
+        }
         /* Appended, so progress visits the calls in launch order. */
         xp_pend **pp = &X.pend;
         while (*pp != NULL)
@@ -1004,6 +1011,27 @@ void fake_xp_event_record(const void *event, const void *stream)
 uint64_t fake_xp_ticket(void)
 {
     return X.tickets;
+}
+
+bool fake_xp_all_launched(const fake_xp_clique *q)
+{
+    uint32_t launched;
+    if (q == NULL || q->h == NULL)
+        return true;
+    shm_lock(q->h);
+    launched = q->h->launched;
+    shm_unlock(q->h);
+    return launched == all_ranks(q->nranks);
+}
+
+long long fake_xp_now(void)
+{
+    return now_ns();
+}
+
+long long fake_xp_deadline(void)
+{
+    return now_ns() + timeout_ns();
 }
 
 bool fake_xp_stream_pending(const void *stream, uint64_t ticket)

@@ -83,6 +83,12 @@ bool fake_xp_event_pending(const void *event);
 /* The launch count so far (what an item queued on a stream now comes after), and, after
  * progress, whether the stream still has cross-process work launched at or before it. */
 uint64_t fake_xp_ticket(void);
+/* Whether every rank of the clique, in every process, has launched at least one group with
+ * a call on it (fake_xp_launch registers them). */
+bool fake_xp_all_launched(const fake_xp_clique *q);
+/* The monotonic clock in ns, and that plus the fake's timeout (a peer's deadline). */
+long long fake_xp_now(void);
+long long fake_xp_deadline(void);
 bool fake_xp_stream_pending(const void *stream, uint64_t ticket);
 /* A local rank leaves (ncclCommDestroy/Abort): its work is dropped; the last rank of the
  * last process unlinks the segment. */
