@@ -73,6 +73,7 @@ typedef struct ccq_cmd {
     char *pre_detail;      /* its message (malloc'd by the submitter, freed by the scheduler) */
     uint32_t slot;         /* index in the ring; fixed when the ring is allocated */
     uint32_t thread;       /* submitting thread (for the event log) */
+    uint64_t gw_mark;      /* GPU-side wait barriers its stream had at submission (gpu_wait.h) */
     /* ---- scheduler only ---- */
     struct ccq_cmd *fifo_next;
     struct ccq_inst *inst;
@@ -234,6 +235,10 @@ struct ccq_runtime {
 
     /* Communicators. */
     pthread_mutex_t comm_lock; /* serialises registry insertion */
+    /* Streams ever bound to a CUDA stream (runtime/gpu_wait.c): pushed under bound_lock,
+     * read by any thread. */
+    pthread_mutex_t bound_lock;
+    ccq_stream *_Atomic bound_head;
     ccq_comm *_Atomic buckets[CCQ_COMM_BUCKETS];
     ccq_comm **comms; /* by id; scheduler reads entries < ncomms */
     _Atomic uint32_t ncomms;

@@ -256,6 +256,7 @@ static void runtime_free(ccq_runtime *rt)
         free(rt->streams);
     }
     pthread_mutex_destroy(&rt->comm_lock);
+    pthread_mutex_destroy(&rt->bound_lock);
     pthread_mutex_destroy(&rt->shutdown_lock);
     free(rt);
 }
@@ -308,6 +309,8 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
     rt->cfg.env_error = NULL;
     rt->be_ops = ops;
     pthread_mutex_init(&rt->comm_lock, NULL);
+    pthread_mutex_init(&rt->bound_lock, NULL);
+    atomic_init(&rt->bound_head, NULL);
     pthread_mutex_init(&rt->shutdown_lock, NULL);
     ccq_wake_init(&rt->wake);
     ccq_signal_init(&rt->exit_ev);
@@ -324,6 +327,7 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
     if (ccq_trace_init(&rt->trace, cfg.trace_capacity, cfg.trace_file) != 0) {
         ccq_trace_fini(&rt->trace);
         pthread_mutex_destroy(&rt->comm_lock);
+        pthread_mutex_destroy(&rt->bound_lock);
         pthread_mutex_destroy(&rt->shutdown_lock);
         free(rt);
         return ccq_fail(CCQ_ERR_NO_MEMORY,
@@ -832,6 +836,9 @@ static ccq_status submit(ccq_runtime *rt, const char *fn, const submit_args *a,
         if (c->pre_status != CCQ_OK)
             c->pre_detail = strdup(err.msg);
     }
+    /* After its event was recorded on the bound stream: the GPU-side waits queued there
+     * before it, which the scheduler must respect (runtime/gpu_wait.h). */
+    c->gw_mark = ccq_gw_mark(s);
     seq = atomic_fetch_add_explicit(counter, 1, memory_order_relaxed);
     c->seq = seq;
     ccq_mpsc_push_mpsc(&s->q, &c->qnode);
@@ -987,7 +994,7 @@ CCQ_API ccq_status ccq_nccl_bind_stream(ccq_runtime *rt, ccq_device_id device, c
                                  &err);
     if (st != CCQ_OK)
         return ccq_fail(st, "ccq_nccl_bind_stream: %s", err.msg);
-    return CCQ_OK;
+    return ccq_gw_bind(rt, s, cuda_stream);
 }
 
 /* ------------------------------------------------------------------------------------ */

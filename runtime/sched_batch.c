@@ -193,6 +193,13 @@ static int try_add(ccq_runtime *rt, ccq_batch *b, ccq_inst *root)
                     ccq_inst *y = q->inst;
                     if (y->state != CCQ_INST_READY)
                         goto blocked;
+                    /* Submitted after a GPU-side wait on its bound CUDA stream: only once the
+                     * commands the wait covers were issued in an earlier batch (gpu_wait.h),
+                     * which may be the one this pass issues: build again (S->cut). */
+                    if (q->gw_mark != 0 && !ccq_gw_clear(rt, s, q->gw_mark)) {
+                        S->cut = true;
+                        goto blocked;
+                    }
                     /* Exact scan only when the boxes overlap: O(1) for the common case
                      * of independent buffers, O(commands in the batch) otherwise. */
                     if (may_conflict(s, q))
@@ -353,6 +360,7 @@ static void issue(ccq_runtime *rt, ccq_batch *b)
         s->batch_done = s->ending;
         for (ccq_cmd *q = s->fifo_head; q != s->build_next; q = q->fifo_next)
             s->batch_done++;
+        ccq_gw_passed(s, s->batch_done); /* issued: GPU-side wait barriers on it are met */
         s->cursor = s->build_next;
         s->inflight = true;
         atomic_store_explicit(&s->issued_ns, b->issue_ns, memory_order_release);

@@ -591,6 +591,119 @@ static void test_wait_without_current_context(void **state)
     assert_int_equal(fake_current_device(), 1);
 }
 
+typedef struct init_job {
+    ccq_runtime *rt;
+    const ccq_device_id *set;
+    uint32_t n;
+    ccq_status st;
+} init_job;
+
+static void *init_main(void *arg)
+{
+    init_job *j = arg;
+    j->st = ccq_comm_init(j->rt, j->set, j->n);
+    return NULL;
+}
+
+/* Hold the scheduler (inside the creation of a one-device communicator on `dev`) so that
+ * everything submitted until hold_end() is found in one pass. */
+static void hold_begin(ccq_runtime *rt, const ccq_device_id *dev, pthread_t *th, init_job *job)
+{
+    *job = (init_job){rt, dev, 1, CCQ_OK};
+    fake_hold_init(true);
+    assert_int_equal(pthread_create(th, NULL, init_main, job), 0);
+    for (int i = 0; i < 5000 && fake_inits_blocked() == 0; i++)
+        sleep_ms(1);
+    assert_int_equal(fake_inits_blocked(), 1);
+}
+
+static void hold_end(pthread_t th, const init_job *job)
+{
+    fake_hold_init(false);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    assert_int_equal(job->st, CCQ_OK);
+}
+
+/* The group (ncclGroupStart .. ncclGroupEnd) of the first ncclAllReduce on buffer src. */
+static long group_of(const void *src)
+{
+    long g = -1;
+    for (size_t i = 0;; i++) {
+        fake_call c;
+        if (!fake_log_get(i, &c))
+            return -1;
+        if (strcmp(c.fn, "ncclGroupStart") == 0)
+            g = (long)i;
+        if (strcmp(c.fn, "ncclAllReduce") == 0 && c.src == src)
+            return g;
+    }
+}
+
+/*
+ * A command submitted after ccq_nccl_stream_wait on a bound stream (variant 0: the waited
+ * stream itself; 1: another ccq stream bound to the same CUDA stream) records its event
+ * after the wait. Found in one pass with the command before the wait (the scheduler is
+ * held), it must not share its batch: the NCCL streams would wait for an event that waits
+ * for the batch's own counter write (the fake's event records and waits hold streams back,
+ * so that batch never runs and the watchdog ends it). Both run, one group after the other,
+ * and a kernel queued after the wait reads the first one's result.
+ */
+static void test_wait_then_submit_runs_after(void **state)
+{
+    (void)state;
+    static const ccq_device_id d3[1] = {3};
+    static float a[NDEV][N], b[NDEV][N], oa[NDEV][N], ob[NDEV][N], wa[N], wb[N];
+    char msg[256];
+
+    for (int variant = 0; variant < 2; variant++) {
+        ccq_runtime *rt = make_rt(1000);
+        cudaStream_t us = fake_user_stream(0);
+        ccq_stream_id s2 = variant == 0 ? 0 : 1;
+        kernel k = {0};
+        pthread_t th;
+        init_job job;
+
+        assert_int_equal(ccq_comm_init(rt, ALL, NDEV), CCQ_OK);
+        assert_int_equal(ccq_nccl_bind_stream(rt, 0, 0, us), CCQ_OK);
+        if (variant == 1)
+            assert_int_equal(ccq_nccl_bind_stream(rt, 0, 1, us), CCQ_OK);
+        fill(a, wa, 30u + (uint32_t)variant);
+        fill(b, wb, 40u + (uint32_t)variant);
+        hold_begin(rt, d3, &th, &job);
+        assert_int_equal(ccq_all_reduce(rt, 0, 0, a[0], oa[0], N, CCQ_FLOAT32, CCQ_SUM, ALL, NDEV),
+                         CCQ_OK);
+        assert_int_equal(ccq_nccl_stream_wait(rt, 0, 0, us), CCQ_OK);
+        k.src = oa[0];
+        fake_user_launch(us, kernel_fn, &k);
+        assert_int_equal(ccq_all_reduce(rt, 0, s2, b[0], ob[0], N, CCQ_FLOAT32, CCQ_SUM, ALL, NDEV),
+                         CCQ_OK);
+        for (ccq_device_id d = 1; d < NDEV; d++) {
+            assert_int_equal(
+                ccq_all_reduce(rt, d, 0, a[d], oa[d], N, CCQ_FLOAT32, CCQ_SUM, ALL, NDEV), CCQ_OK);
+            assert_int_equal(
+                ccq_all_reduce(rt, d, s2, b[d], ob[d], N, CCQ_FLOAT32, CCQ_SUM, ALL, NDEV), CCQ_OK);
+        }
+        hold_end(th, &job);
+        for (ccq_device_id d = 0; d < NDEV; d++) {
+            assert_int_equal(ccq_sync_collective(rt, d, 0), CCQ_OK);
+            assert_int_equal(ccq_sync_collective(rt, d, s2), CCQ_OK);
+            if (ref_compare(CCQ_FLOAT32, oa[d], wa, N, msg, sizeof msg) != 0 ||
+                ref_compare(CCQ_FLOAT32, ob[d], wb, N, msg, sizeof msg) != 0)
+                fail_msg("variant %d device %u: %s", variant, d, msg);
+        }
+        assert_true(drains(us));
+        assert_int_equal(k.runs, 1);
+        if (ref_compare(CCQ_FLOAT32, k.seen, wa, N, msg, sizeof msg) != 0)
+            fail_msg("the kernel after the wait read: %s", msg);
+        long ga = group_of(a[0]), gb = group_of(b[0]);
+        assert_true(ga >= 0 && gb >= 0);
+        assert_true(gb > ga); /* another group, after */
+        assert_int_equal(ccq_runtime_destroy(rt), CCQ_OK);
+        g_rt = NULL;
+        fake_reset();
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -606,6 +719,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_concurrent_waits, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fence_values_and_bound_stream, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wait_without_current_context, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_wait_then_submit_runs_after, setup, teardown),
     };
     return cmocka_run_group_tests_name("nccl_fence_fake", tests, NULL, NULL);
 }

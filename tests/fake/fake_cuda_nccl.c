@@ -21,6 +21,7 @@
 struct CUstream_st {
     int device;
     int priority; /* cudaStreamCreateWithPriority's (0: the default) */
+    int hwq;      /* its hardware queue on its device: creation order mod the connections */
     bool destroyed, user;
     bool mo_blocked;   /* memops pump: an earlier item of this stream cannot run yet */
     size_t mo_pending; /* items queued on it that have not run (stream memory operations) */
@@ -30,7 +31,8 @@ struct CUstream_st {
 struct CUevent_st {
     int device;
     bool recorded, complete, destroyed;
-    bool stuck; /* recorded behind work of a failed collective: completes only on abort */
+    bool stuck;  /* recorded behind work of a failed collective: completes only on abort */
+    bool queued; /* its record waits behind unfinished work of its stream (MO_RECORD) */
     struct CUevent_st *next;
 };
 
@@ -158,12 +160,14 @@ static pthread_mutex_t fake_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t fake_abort_cond = PTHREAD_COND_INITIALIZER; /* abort_hold changed */
 typedef struct fake_state {
     bool inited, hold, manual, abort_keeps;
-    bool abort_hold;         /* ncclCommAbort blocks while set (fake_hold_abort) */
-    bool complete_at_group;  /* fake_complete_events_at_next_group() */
-    int aborts_blocked;      /* ncclCommAbort calls waiting on abort_hold */
-    bool init_hold;          /* ncclCommInitRankConfig blocks while set (fake_hold_init) */
-    bool no_runtime_connect; /* fake_set_runtime_connect(false) */
-    int inits_blocked;       /* ncclCommInitRankConfig calls waiting on init_hold */
+    bool abort_hold;                /* ncclCommAbort blocks while set (fake_hold_abort) */
+    bool complete_at_group;         /* fake_complete_events_at_next_group() */
+    int aborts_blocked;             /* ncclCommAbort calls waiting on abort_hold */
+    bool init_hold;                 /* ncclCommInitRankConfig blocks while set (fake_hold_init) */
+    bool no_runtime_connect;        /* fake_set_runtime_connect(false) */
+    int connections;                /* hardware queues per device (CUDA_DEVICE_MAX_CONNECTIONS) */
+    int nstreams_dev[FAKE_MAX_DEV]; /* streams created per device (their queue: mod that) */
+    int inits_blocked;              /* ncclCommInitRankConfig calls waiting on init_hold */
     int ndev, cc[FAKE_MAX_DEV], version, pending;
     bool primary_used[FAKE_MAX_DEV]; /* a thread made the device's primary context current */
     bool capturing_all;              /* fake_set_capturing(NULL, true) */
@@ -216,6 +220,14 @@ static void ctx_need(void)
 static void memops_reset_locked(void);
 static void memops_complete_locked(void);
 static void memops_abort_locked(int device, bool keep);
+/* Work queued on streams (the "Driver entry points and stream memory operations" section):
+ * whether an item queued on s now would wait (earlier work of s pending, or a wait blocking
+ * its hardware queue); queue an event record, a wait for an event's record, a group. */
+static bool stream_busy(cudaStream_t s);
+static void memop_record(cudaEvent_t e, cudaStream_t s);
+static void memop_evwait(cudaStream_t s, cudaEvent_t e);
+struct fake_op;
+static void memop_group(const struct fake_op *ops, size_t n);
 
 static void free_all_locked(void)
 {
@@ -250,6 +262,12 @@ static void free_all_locked(void)
     for (int d = 0; d < FAKE_MAX_DEV; d++)
         F.cc[d] = 9;
     F.version = NCCL_VERSION_CODE;
+    {
+        /* CUDA's default is 8 connections, at most 32. */
+        const char *env = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+        long n = env != NULL && *env != '\0' ? strtol(env, NULL, 10) : 8;
+        F.connections = n < 1 ? 1 : n > 32 ? 32 : (int)n;
+    }
 }
 
 static void lock(void)
@@ -461,6 +479,7 @@ static struct CUstream_st *stream_new(int priority)
     ctx_need();
     s->device = cur_dev;
     s->priority = priority;
+    s->hwq = F.nstreams_dev[cur_dev]++ % F.connections;
     s->next = F.streams;
     F.streams = s;
     return s;
@@ -544,6 +563,11 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
     c->value = (int)flags;
     if (r == cudaSuccess && (!stream_ok(stream, c->fn) || !event_ok(event, c->fn)))
         r = cudaErrorInvalidResourceHandle;
+    /* The event's record waits behind unfinished work: so does what is queued on stream
+     * after this (an event already recorded, complete or not, is not waited for: the fake
+     * runs groups at ncclGroupEnd whatever their streams' events say). */
+    if (r == cudaSuccess && stream != NULL && event->queued)
+        memop_evwait(stream, event);
     return (cudaError_t)leave(c, r);
 }
 
@@ -623,7 +647,7 @@ static void complete_events_locked(void)
 {
     memops_complete_locked(); /* a stream's writes run before its later events complete */
     for (struct CUevent_st *e = F.events; e != NULL; e = e->next)
-        e->complete = e->recorded && (e->complete || !e->stuck);
+        e->complete = e->recorded && !e->queued && (e->complete || !e->stuck);
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
@@ -652,7 +676,15 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
         event->recorded = true;
         event->stuck = device_stuck(event->device);
         event->complete = !F.manual && !event->stuck;
+        event->queued = false;
         fake_xp_event_record(event, stream);
+        /* Behind unfinished work of its stream (or a wait blocking its hardware queue), the
+         * record itself waits: the event completes once that work ran. */
+        if (stream != NULL && stream_busy(stream)) {
+            event->complete = false;
+            event->queued = true;
+            memop_record(event, stream);
+        }
     }
     return (cudaError_t)leave(c, r);
 }
@@ -980,7 +1012,7 @@ ncclResult_t ncclCommAbort(ncclComm_t comm)
          * complete, unless the test keeps them (work stuck elsewhere, e.g. behind a user
          * stream). */
         for (struct CUevent_st *e = F.events; e != NULL; e = e->next)
-            if (e->device == comm->device && e->recorded) {
+            if (e->device == comm->device && e->recorded && !e->queued) {
                 e->complete |= !F.abort_keeps;
                 e->stuck = false;
             }
@@ -1145,26 +1177,41 @@ static void coll_execute(const fake_op *o, const fake_op *const *p, int n)
 }
 
 /* Run a matched group on host memory, in call order of each unit's first call. */
-static void grp_execute(void)
+static void ops_execute(const fake_op *ops, size_t nops)
 {
-    for (size_t i = 0; i < grp.n; i++) {
-        fake_op *o = &grp.ops[i];
+    for (size_t i = 0; i < nops; i++) {
+        const fake_op *o = &ops[i];
         if (!o->lead || o->ran)
             continue;
         if (is_coll(o->kind)) {
             int n = o->comm->clique->nranks;
             const fake_op *p[FAKE_MAX_RANKS];
             for (int rk = 0; rk < n; rk++)
-                p[rk] = &grp.ops[o->unit[rk]];
+                p[rk] = &ops[o->unit[rk]];
             coll_execute(o, p, n);
         } else {
-            const fake_op *snd = o->kind == OP_SEND ? o : &grp.ops[o->unit[0]];
-            const fake_op *rcv = o->kind == OP_RECV ? o : &grp.ops[o->unit[0]];
+            const fake_op *snd = o->kind == OP_SEND ? o : &ops[o->unit[0]];
+            const fake_op *rcv = o->kind == OP_RECV ? o : &ops[o->unit[0]];
             size_t bytes = o->count * ccq_dtype_size(to_ccq_dtype[o->dtype]);
             if (bytes > 0)
                 memmove(rcv->dst, snd->src, bytes);
         }
     }
+}
+
+/* The group's work: now, or (a stream of it has unfinished work queued, or a wait blocks
+ * its hardware queue) once every stream of it got there (memop_group). Lock held. */
+static void grp_execute(void)
+{
+    for (size_t i = 0; i < grp.n; i++) {
+        const fake_op *o = &grp.ops[i];
+        if (o->kind != OP_INIT && o->comm->clique->xp == NULL && o->stream != NULL &&
+            stream_busy(o->stream)) {
+            memop_group(grp.ops, grp.n);
+            return;
+        }
+    }
+    ops_execute(grp.ops, grp.n);
 }
 
 /*
@@ -1578,11 +1625,11 @@ static int add_op(fake_call *c, int r, const fake_op *op, cudaStream_t stream)
     grp.ops[grp.n - 1].stream = stream;
     /* A one-rank collective is queued at the call, inside a group too (taskAppend ->
      * ncclLaunchOneRank, enqueue.cc): its buffers are written even if the group fails. */
-    if (coll && comm->clique->nranks == 1) {
+    if (coll && comm->clique->nranks == 1 && (stream == NULL || !stream_busy(stream))) {
         const fake_op *self = &grp.ops[grp.n - 1];
         coll_execute(self, &self, 1);
         grp.ops[grp.n - 1].ran = true;
-    }
+    } /* behind unfinished work of its stream, it runs when the group's work does */
     return grp.depth > 0 ? ncclSuccess : grp_end(ncclSuccess);
 }
 
@@ -1860,6 +1907,7 @@ cudaStream_t fake_user_stream(int device)
     s->device = device;
     s->user = true;
     lock();
+    s->hwq = device >= 0 && device < FAKE_MAX_DEV ? F.nstreams_dev[device]++ % F.connections : 0;
     s->next = F.streams;
     F.streams = s;
     unlock();
@@ -2015,13 +2063,35 @@ void fake_log_dump(void)
 
 /* ---- Driver entry points and stream memory operations (GPU-side waits) ---- */
 
-/* Queued work of streams, in the order it was queued: an item runs once every earlier item
+/*
+ * Queued work of streams, in the order it was queued: an item runs once every earlier item
  * of its stream has run. A wait runs when its 64-bit value is reached (CUDA's GEQ: as a
  * signed difference); a write of a communication stream when the stream's earlier work is
  * done (at once with automatic events; with manual events at fake_complete_events(), or
  * when an abort drains the device, before the events complete, as on a GPU); a user
- * "kernel" (fake_user_launch) when it reaches the head. */
-enum { MO_WAIT, MO_WRITE, MO_KERNEL };
+ * "kernel" (fake_user_launch) when it reaches the head; an event record behind unfinished
+ * work completes the event when it runs, and a wait for such a record (cudaStreamWaitEvent)
+ * runs once it did; a group's work queued behind unfinished work (grp_execute) runs once it
+ * reached the head of every stream it uses, all at once.
+ *
+ * Hardware queues: the streams of a device share F.connections queues (CUDA_DEVICE_MAX_
+ * CONNECTIONS, CUDA's default 8), in creation order mod that number. A wait (value or event)
+ * that is not satisfied blocks its whole queue, not only its stream: nothing queued after it
+ * on any stream of that queue runs until it is (stream memory operations are not visible to
+ * CUDA's scheduling: cuda.h, cuStreamWaitValue64). Kernels and writes that are not ready
+ * hold back their own stream only.
+ */
+enum { MO_WAIT, MO_WRITE, MO_KERNEL, MO_RECORD, MO_EVWAIT, MO_GROUP };
+
+/* A group whose work waits behind queued work: a copy of its calls, and how many of its
+ * streams' items (one per stream) reached their stream's head. */
+typedef struct fake_qgroup {
+    fake_op *ops;
+    size_t n;
+    int items, arrived;
+    bool aborted; /* a device of it was aborted: its kernels exit, nothing is computed */
+} fake_qgroup;
+
 typedef struct fake_memop {
     int kind;
     cudaStream_t stream;
@@ -2029,7 +2099,9 @@ typedef struct fake_memop {
     uint64_t value;
     void (*fn)(void *);
     void *arg;
-    bool ready, done;
+    cudaEvent_t event;  /* MO_RECORD, MO_EVWAIT */
+    fake_qgroup *group; /* MO_GROUP */
+    bool ready, done, arrived;
     bool stuck;         /* a write behind the work of a failed collective (as events: see stuck) */
     uint64_t xp_ticket; /* a write: cross-process work launched on its stream before it */
     struct fake_memop *next;
@@ -2047,10 +2119,20 @@ static struct {
     fake_hostmem *hostmems;
 } M;
 
+static void qgroup_unref(fake_qgroup *g)
+{
+    if (--g->items == 0) {
+        free(g->ops);
+        free(g);
+    }
+}
+
 static void memops_reset_locked(void)
 {
     for (fake_memop *o = M.head, *n; o != NULL; o = n) {
         n = o->next;
+        if (o->kind == MO_GROUP)
+            qgroup_unref(o->group);
         free(o);
     }
     for (fake_hostmem *h = M.hostmems, *n; h != NULL; h = n) {
@@ -2067,30 +2149,81 @@ static bool value_reached(const uint64_t *addr, uint64_t value)
     return (int64_t)(__atomic_load_n(addr, __ATOMIC_ACQUIRE) - value) >= 0;
 }
 
-/* Run what can run, in queue order per stream: passes over the queue (an item runs when no
- * earlier item of its stream is pending) until one makes no progress. Lock held. */
+static void memop_finish(fake_memop *o)
+{
+    o->done = true;
+    o->stream->mo_pending--;
+}
+
+/* A queued group reached the head of all its streams: run it, finish all its items. */
+static void qgroup_run(fake_qgroup *g)
+{
+    if (!g->aborted)
+        ops_execute(g->ops, g->n);
+    for (fake_memop *o = M.head; o != NULL; o = o->next)
+        if (o->kind == MO_GROUP && o->group == g && !o->done)
+            memop_finish(o);
+}
+
+/* Run what can run, in queue order per stream and per hardware queue: passes over the
+ * queue until one makes no progress. Lock held. */
 static void memops_pump_locked(void)
 {
+    static bool qblocked[FAKE_MAX_DEV][32];
     bool progress = true;
     while (progress) {
         progress = false;
+        memset(qblocked, 0, sizeof qblocked);
         for (fake_memop *o = M.head; o != NULL; o = o->next)
             o->stream->mo_blocked = false;
         for (fake_memop *o = M.head; o != NULL; o = o->next) {
-            if (o->done || o->stream->mo_blocked)
+            bool *qb = &qblocked[o->stream->device][o->stream->hwq];
+            if (o->done)
                 continue;
+            if (o->stream->mo_blocked || *qb) {
+                o->stream->mo_blocked = true; /* its stream's later items wait too */
+                continue;
+            }
+            /* Waits that are not satisfied block their hardware queue. */
             if ((o->kind == MO_WAIT && !value_reached(o->addr, o->value)) ||
-                (o->kind == MO_WRITE &&
-                 (!o->ready || fake_xp_stream_pending(o->stream, o->xp_ticket)))) {
+                (o->kind == MO_EVWAIT && o->event->queued)) {
                 o->stream->mo_blocked = true;
+                *qb = true;
+                continue;
+            }
+            if (o->kind == MO_WRITE &&
+                (!o->ready || fake_xp_stream_pending(o->stream, o->xp_ticket))) {
+                o->stream->mo_blocked = true;
+                continue;
+            }
+            if (o->kind == MO_GROUP) {
+                if (!o->arrived) {
+                    o->arrived = true;
+                    o->group->arrived++;
+                    progress = true;
+                }
+                if (o->group->aborted || o->group->arrived == o->group->items) {
+                    if (o->group->aborted)
+                        memop_finish(o); /* its kernels exit one by one */
+                    else
+                        qgroup_run(o->group);
+                    progress = true;
+                } else {
+                    o->stream->mo_blocked = true; /* a kernel waiting for its peers */
+                }
                 continue;
             }
             if (o->kind == MO_WRITE)
                 __atomic_store_n(o->addr, o->value, __ATOMIC_RELEASE);
             if (o->kind == MO_KERNEL)
                 o->fn(o->arg);
-            o->done = true;
-            o->stream->mo_pending--;
+            if (o->kind == MO_RECORD) {
+                cudaEvent_t e = o->event;
+                e->queued = false;
+                e->stuck = device_stuck(e->device);
+                e->complete = !F.manual && !e->stuck;
+            }
+            memop_finish(o);
             progress = true;
         }
     }
@@ -2101,6 +2234,8 @@ static void memops_pump_locked(void)
         fake_memop *o = *pp;
         if (o->done) {
             *pp = o->next;
+            if (o->kind == MO_GROUP)
+                qgroup_unref(o->group);
             free(o);
         } else {
             M.tail = o;
@@ -2123,16 +2258,19 @@ static void memops_complete_locked(void)
  * (as it keeps the events). Lock held. */
 static void memops_abort_locked(int device, bool keep)
 {
-    for (fake_memop *o = M.head; o != NULL; o = o->next)
+    for (fake_memop *o = M.head; o != NULL; o = o->next) {
         if (o->kind == MO_WRITE && o->stream->device == device) {
             o->stuck = false;
             o->ready |= !keep;
         }
+        if (o->kind == MO_GROUP && o->stream->device == device)
+            o->group->aborted = true; /* the aborted kernels exit */
+    }
     memops_pump_locked();
 }
 
-static void memop_add(int kind, cudaStream_t stream, uint64_t *addr, uint64_t value,
-                      void (*fn)(void *), void *arg)
+static fake_memop *memop_add(int kind, cudaStream_t stream, uint64_t *addr, uint64_t value,
+                             void (*fn)(void *), void *arg)
 {
     fake_memop *o = calloc(1, sizeof *o);
     if (o == NULL)
@@ -2149,9 +2287,59 @@ static void memop_add(int kind, cudaStream_t stream, uint64_t *addr, uint64_t va
     else
         M.head = o;
     M.tail = o;
-    /* Behind pending work of its stream it cannot run, nor unblock anything. */
-    if (stream->mo_pending++ == 0)
-        memops_pump_locked();
+    stream->mo_pending++;
+    return o;
+}
+
+static bool stream_busy(cudaStream_t s)
+{
+    memops_pump_locked();
+    if (s->mo_pending > 0)
+        return true;
+    for (fake_memop *o = M.head; o != NULL; o = o->next)
+        if (!o->done && (o->kind == MO_WAIT || o->kind == MO_EVWAIT) &&
+            o->stream->device == s->device && o->stream->hwq == s->hwq)
+            return true; /* a wait blocks its hardware queue */
+    return false;
+}
+
+static void memop_record(cudaEvent_t e, cudaStream_t s)
+{
+    memop_add(MO_RECORD, s, NULL, 0, NULL, NULL)->event = e;
+    memops_pump_locked();
+}
+
+static void memop_evwait(cudaStream_t s, cudaEvent_t e)
+{
+    memop_add(MO_EVWAIT, s, NULL, 0, NULL, NULL)->event = e;
+    memops_pump_locked();
+}
+
+static void memop_group(const fake_op *ops, size_t n)
+{
+    fake_qgroup *g = calloc(1, sizeof *g);
+    cudaStream_t seen[64];
+    int nseen = 0;
+    if (g == NULL || (g->ops = malloc(n * sizeof *ops)) == NULL)
+        abort();
+    memcpy(g->ops, ops, n * sizeof *ops);
+    g->n = n;
+    for (size_t i = 0; i < n; i++) {
+        cudaStream_t s = ops[i].stream;
+        bool dup = false;
+        if (ops[i].kind == OP_INIT || ops[i].comm->clique->xp != NULL || s == NULL)
+            continue;
+        for (int k = 0; k < nseen && !dup; k++)
+            dup = seen[k] == s;
+        if (dup)
+            continue;
+        if (nseen == (int)(sizeof seen / sizeof seen[0]))
+            abort(); /* a test with more streams in one group than the fake follows */
+        seen[nseen++] = s;
+        g->items++;
+        memop_add(MO_GROUP, s, NULL, 0, NULL, NULL)->group = g;
+    }
+    memops_pump_locked();
 }
 
 static CUresult fake_cuDeviceGet(CUdevice *device, int ordinal)
@@ -2208,8 +2396,10 @@ static CUresult fake_cuStreamWaitValue64(CUstream stream, CUdeviceptr addr, cuui
         fake_error("cuStreamWaitValue64: flags %u (the fake knows GEQ only)", flags);
         r = CUDA_ERROR_INVALID_VALUE;
     }
-    if (r == CUDA_SUCCESS)
+    if (r == CUDA_SUCCESS) {
         memop_add(MO_WAIT, stream, (uint64_t *)(uintptr_t)addr, value, NULL, NULL);
+        memops_pump_locked();
+    }
     return (CUresult)leave(c, r);
 }
 
@@ -2233,8 +2423,10 @@ static CUresult fake_cuStreamWriteValue64(CUstream stream, CUdeviceptr addr, cuu
         fake_error("cuStreamWriteValue64: stream of device %d while device %d is current",
                    stream->device, cur_dev);
     }
-    if (r == CUDA_SUCCESS)
+    if (r == CUDA_SUCCESS) {
         memop_add(MO_WRITE, stream, (uint64_t *)(uintptr_t)addr, value, NULL, NULL);
+        memops_pump_locked();
+    }
     return (CUresult)leave(c, r);
 }
 
@@ -2347,6 +2539,13 @@ cudaError_t cudaFreeHost(void *ptr)
     return (cudaError_t)leave(c, r);
 }
 
+void fake_set_connections(int n)
+{
+    lock();
+    F.connections = n < 1 ? 1 : n > 32 ? 32 : n;
+    unlock();
+}
+
 void fake_set_memops(int mode)
 {
     lock();
@@ -2358,6 +2557,7 @@ void fake_user_launch(cudaStream_t stream, void (*fn)(void *), void *arg)
 {
     lock();
     memop_add(MO_KERNEL, stream, NULL, 0, fn, arg);
+    memops_pump_locked();
     unlock();
 }
 

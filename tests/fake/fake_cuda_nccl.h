@@ -62,8 +62,15 @@ ncclResult_t ncclGroupEnd(void);
  * - Events: recorded events complete at once, or, in manual mode, when the test calls
  *   fake_complete_events(); an event recorded on a device whose communicator clique has a
  *   rank in asynchronous error completes only when that device's rank is aborted (the
- *   failed collective's kernels hang until ncclCommAbort makes them exit). Stream waits are only
- * logged: work runs at ncclGroupEnd.
+ *   failed collective's kernels hang until ncclCommAbort makes them exit). An event recorded
+ *   on a stream with unfinished queued work (below) is recorded when that work ran, and a
+ *   cudaStreamWaitEvent on it holds its stream (and hardware queue) back until then.
+ * - Streams queue work in order (see "stream memory operations" below): a group whose
+ *   in-process streams have unfinished work queued (a wait, a queued event, a user kernel)
+ *   runs once it reached the head of every one of them; otherwise at ncclGroupEnd, as
+ *   before. A one-rank collective behind unfinished work runs with its group's work.
+ *   Streams share hardware queues (CUDA_DEVICE_MAX_CONNECTIONS, default 8; creation order
+ *   mod that number): a wait that is not satisfied holds back its whole queue.
  * - A non-blocking group whose ncclGroupEnd returned ncclInProgress is still being enqueued
  *   by NCCL's launch thread: an event recorded on one of its streams before the launch
  *   ended (ncclCommGetAsyncError left ncclInProgress) or its communicator was aborted is a
@@ -259,6 +266,11 @@ void fake_log_dump(void);
  * fake_complete_events, an abort, fake_pump, fake_stream_pending). */
 enum { FAKE_MEMOPS_OK, FAKE_MEMOPS_NO_ATTRIBUTE, FAKE_MEMOPS_NO_SYMBOL };
 void fake_set_memops(int mode);
+/* Hardware queues per device for streams created from now on (1..32; fake_reset() reads
+ * CUDA_DEVICE_MAX_CONNECTIONS, default 8): a stream's queue is its creation order on its
+ * device mod n, and a wait that is not satisfied holds back everything queued after it in
+ * its queue, on every stream there. */
+void fake_set_connections(int n);
 /* A "kernel" on a user stream: fn(arg) runs, under the fake's lock (it must not call the
  * fake), once everything queued before it on that stream ran. */
 void fake_user_launch(cudaStream_t stream, void (*fn)(void *), void *arg);
