@@ -170,12 +170,22 @@ static int wait_child(unsigned rank, unsigned nprocs, void *arg)
         FAIL(11, "comm_init");
     if (rank == 1) {
         cudaStream_t us0 = fake_user_stream(0), us1 = fake_user_stream(1);
+        ccq_device_id pair[2] = {1, 2};
+        static float pin[2][N], pout[2][N];
+        if (ccq_comm_init(rt, pair, 2) != CCQ_OK)
+            FAIL(22, "comm_init of {1,2}");
         if (ccq_nccl_stream_wait(rt, 2, 0, us1) != CCQ_OK)
             FAIL(12, "wait on global device 2 (CUDA device 1)");
+        /* A command not launched yet (device 2's part comes later): a counter wait. */
+        if (ccq_all_reduce(rt, 1, 0, pin[0], pout[0], N, CCQ_FLOAT32, CCQ_SUM, pair, 2) != CCQ_OK)
+            FAIL(23, "all_reduce on {1,2} from device 1");
         size_t mark = fake_log_size();
         fake_script("cuStreamWaitValue64", CUDA_ERROR_INVALID_CONTEXT);
         if (ccq_nccl_stream_wait(rt, 1, 0, us0) != CCQ_OK)
             FAIL(13, "wait on global device 1 without a current context");
+        if (ccq_all_reduce(rt, 2, 0, pin[1], pout[1], N, CCQ_FLOAT32, CCQ_SUM, pair, 2) != CCQ_OK ||
+            ccq_sync_collective(rt, 1, 0) != CCQ_OK || ccq_sync_collective(rt, 2, 0) != CCQ_OK)
+            FAIL(24, "all_reduce on {1,2}");
         long a = fake_log_find("cuStreamWaitValue64", mark);
         long b = a >= 0 ? fake_log_find("cuStreamWaitValue64", (size_t)a + 1) : -1;
         fake_call retry;

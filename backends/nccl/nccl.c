@@ -91,7 +91,8 @@ typedef struct nccl_stream {
     cudaStream_t comm;        /* where NCCL runs this stream's work; created on first use */
     cudaEvent_t done;         /* recorded after each batch on `comm` */
     _Atomic uint32_t done_recorded;
-    uint64_t batch_mark; /* scheduler scratch: last batch that listed this stream */
+    _Atomic uint64_t done_upto; /* the stream_done of the last batch whose `done` is recorded */
+    uint64_t batch_mark;        /* scheduler scratch: last batch that listed this stream */
     /* GPU-side waits (see "GPU-side waits" below). */
     _Atomic uint32_t waited; /* a ccq_nccl_stream_wait was queued: keep its counter */
     uint64_t floor;          /* scheduler: the highest value the host wrote to the counter */
@@ -147,6 +148,7 @@ typedef struct nccl_be {
     PFN_cuCtxGetCurrent_v4000 ctx_get;
     PFN_cuCtxSetCurrent_v4000 ctx_set;
     bool high_priority; /* ccq_config.nccl_high_priority */
+    int connections;    /* CUDA_DEVICE_MAX_CONNECTIONS (CUDA's default 8): hardware queues */
     int *prio;          /* [ndev]: the device's greatest stream priority (high_priority) */
     int version;        /* ncclGetVersion(): all_to_all, gather and scatter need 2.28 */
     uint32_t max_streams, ring_size;
@@ -418,6 +420,11 @@ static ccq_status nccl_create(const ccq_config *cfg, const ccq_be_hooks *hooks, 
         }
     }
     h->high_priority = cfg->nccl_high_priority != 0;
+    {
+        const char *env = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+        long n = env != NULL && *env != '\0' ? strtol(env, NULL, 10) : 8;
+        h->connections = n < 1 ? 1 : n > 32 ? 32 : (int)n;
+    }
     h->hooks = *hooks;
     h->ndev = ndev;
     h->version = version;
@@ -934,6 +941,42 @@ static void memops_setup(nccl_be *h)
     atomic_store_explicit(&h->mo.state, 1, memory_order_release);
 }
 
+/*
+ * How the wait is queued, by what its covered commands (tickets below target) have reached:
+ *
+ * - all ended: nothing to wait for on the GPU (their completion events completed).
+ * - all launched (the completion event of the batch holding the last of them is recorded):
+ *   cudaStreamWaitEvent on that event, a dependency CUDA sees. A value wait would do too,
+ *   but CUDA's scheduling does not see it (cuda.h, cuStreamWaitValue64: work ordered by it
+ *   "should also have that order expressed with CUDA-visible dependencies").
+ * - not launched yet: a wait on the counter is the only way to wait for work not queued
+ *   yet, but it sits in the hardware queue of `native` before the NCCL kernel and the
+ *   counter write it waits for are queued. Streams share CUDA_DEVICE_MAX_CONNECTIONS
+ *   hardware queues (default 8; Megatron-LM and TransformerEngine set 1), and a wait that
+ *   is not satisfied holds back everything behind it in its queue: with one queue, always
+ *   the communication stream's work too, a GPU hang. So with fewer than the default 8
+ *   connections the caller waits on the host until they are launched (at most timeout_ms),
+ *   then as above; with 8 or more, the counter wait (the call returns at once), which
+ *   deadlocks only if the driver put `native` and the stream NCCL runs on in one queue
+ *   (docs/nccl.md says how to rule that out).
+ */
+static bool waits_on_host(const nccl_be *h)
+{
+    return h->connections < 8;
+}
+
+/* The covered commands all ended (*ended), or all launched (`done` recorded after them). */
+static bool covered_ended(const _Atomic uint64_t *ended, uint64_t target)
+{
+    return (int64_t)(atomic_load_explicit(ended, memory_order_acquire) - target) >= 0;
+}
+
+static bool covered_launched(const nccl_stream *st, uint64_t target)
+{
+    return atomic_load_explicit(&st->done_recorded, memory_order_acquire) &&
+           (int64_t)(atomic_load_explicit(&st->done_upto, memory_order_acquire) - target) >= 0;
+}
+
 /* User thread: queue the wait (see backend.h). */
 static ccq_status nccl_stream_wait(ccq_backend *be, ccq_device_id device, uint32_t stream_index,
                                    void *native, uint64_t target, const _Atomic uint64_t *ended,
@@ -970,6 +1013,33 @@ static ccq_status nccl_stream_wait(ccq_backend *be, ccq_device_id device, uint32
                  "ccq_sync_collective)",
                  device);
         return CCQ_ERR_UNSUPPORTED;
+    }
+    if (!covered_ended(ended, target) && !covered_launched(st, target) && waits_on_host(h)) {
+        uint64_t deadline = ccq_deadline_in(h->timeout_ns);
+        while (!covered_ended(ended, target) && !covered_launched(st, target)) {
+            if (ccq_now_ns() >= deadline) {
+                snprintf(err->msg, sizeof err->msg,
+                         "the commands it covers were not launched within timeout_ms (with "
+                         "CUDA_DEVICE_MAX_CONNECTIONS=%d, fewer than 8 hardware queues, ccq "
+                         "waits on the host until they are: a wait queued before them would "
+                         "hold back their own kernels; submit every part first)",
+                         h->connections);
+                return CCQ_ERR_TIMEOUT;
+            }
+            sleep_ns(20000);
+        }
+    }
+    if (covered_ended(ended, target))
+        return CCQ_OK;
+    if (covered_launched(st, target)) {
+        /* The latest record of `done`, at or after the batch that holds them. */
+        cudaError_t e = cudaStreamWaitEvent((cudaStream_t)native, st->done, 0);
+        if (e != cudaSuccess) {
+            snprintf(err->msg, sizeof err->msg, "cudaStreamWaitEvent on the given stream: %s (%s)",
+                     cudaGetErrorString(e), cudaGetErrorName(e));
+            return CCQ_ERR_BACKEND;
+        }
+        return CCQ_OK;
     }
     _Atomic uint64_t *c = counter_of(h, stream_index);
     /* Arm, then read the count: either the scheduler sees the stream armed when it next
@@ -1116,6 +1186,7 @@ static ccq_status record_done(nccl_be *h, nccl_batch *nb, ccq_errbuf *err)
         if (status != CCQ_OK)
             goto fail;
         CUDA_CHECK_GOTO(cudaEventRecord(st->done, st->comm), err, status, fail);
+        atomic_store_explicit(&st->done_upto, nb->stream_done[k], memory_order_release);
         atomic_store_explicit(&st->done_recorded, 1, memory_order_release);
     }
 fail:

@@ -563,10 +563,10 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
     c->value = (int)flags;
     if (r == cudaSuccess && (!stream_ok(stream, c->fn) || !event_ok(event, c->fn)))
         r = cudaErrorInvalidResourceHandle;
-    /* The event's record waits behind unfinished work: so does what is queued on stream
-     * after this (an event already recorded, complete or not, is not waited for: the fake
-     * runs groups at ncclGroupEnd whatever their streams' events say). */
-    if (r == cudaSuccess && stream != NULL && event->queued)
+    /* What is queued on stream after this waits until the event completes (its record ran,
+     * the work before it finished, cross-process work before it included). */
+    if (r == cudaSuccess && stream != NULL && event->recorded &&
+        (event->queued || !event->complete || fake_xp_event_pending(event)))
         memop_evwait(stream, event);
     return (cudaError_t)leave(c, r);
 }
@@ -2186,7 +2186,8 @@ static void memops_pump_locked(void)
             }
             /* Waits that are not satisfied block their hardware queue. */
             if ((o->kind == MO_WAIT && !value_reached(o->addr, o->value)) ||
-                (o->kind == MO_EVWAIT && o->event->queued)) {
+                (o->kind == MO_EVWAIT &&
+                 (o->event->queued || !o->event->complete || fake_xp_event_pending(o->event)))) {
                 o->stream->mo_blocked = true;
                 *qb = true;
                 continue;
@@ -2289,6 +2290,14 @@ static fake_memop *memop_add(int kind, cudaStream_t stream, uint64_t *addr, uint
     M.tail = o;
     stream->mo_pending++;
     return o;
+}
+
+/* After an item was queued on s: behind earlier work of s it cannot run, nor unblock
+ * anything (it is last in the queue), so a pump is needed only when it is alone there. */
+static void memops_pump_new(cudaStream_t s)
+{
+    if (s->mo_pending == 1)
+        memops_pump_locked();
 }
 
 static bool stream_busy(cudaStream_t s)
@@ -2398,7 +2407,7 @@ static CUresult fake_cuStreamWaitValue64(CUstream stream, CUdeviceptr addr, cuui
     }
     if (r == CUDA_SUCCESS) {
         memop_add(MO_WAIT, stream, (uint64_t *)(uintptr_t)addr, value, NULL, NULL);
-        memops_pump_locked();
+        memops_pump_new(stream);
     }
     return (CUresult)leave(c, r);
 }
@@ -2425,7 +2434,7 @@ static CUresult fake_cuStreamWriteValue64(CUstream stream, CUdeviceptr addr, cuu
     }
     if (r == CUDA_SUCCESS) {
         memop_add(MO_WRITE, stream, (uint64_t *)(uintptr_t)addr, value, NULL, NULL);
-        memops_pump_locked();
+        memops_pump_new(stream);
     }
     return (CUresult)leave(c, r);
 }
@@ -2557,7 +2566,7 @@ void fake_user_launch(cudaStream_t stream, void (*fn)(void *), void *arg)
 {
     lock();
     memop_add(MO_KERNEL, stream, NULL, 0, fn, arg);
-    memops_pump_locked();
+    memops_pump_new(stream);
     unlock();
 }
 

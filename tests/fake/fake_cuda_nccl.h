@@ -63,8 +63,10 @@ ncclResult_t ncclGroupEnd(void);
  *   fake_complete_events(); an event recorded on a device whose communicator clique has a
  *   rank in asynchronous error completes only when that device's rank is aborted (the
  *   failed collective's kernels hang until ncclCommAbort makes them exit). An event recorded
- *   on a stream with unfinished queued work (below) is recorded when that work ran, and a
- *   cudaStreamWaitEvent on it holds its stream (and hardware queue) back until then.
+ *   on a stream with unfinished queued work (below) is recorded when that work ran; a
+ *   cudaStreamWaitEvent on an event not complete yet holds its stream (and hardware queue)
+ *   back until it is (so a group on a stream waiting for a bound stream's event runs once
+ *   that event completed).
  * - Streams queue work in order (see "stream memory operations" below): a group whose
  *   in-process streams have unfinished work queued (a wait, a queued event, a user kernel)
  *   runs once it reached the head of every one of them; otherwise at ncclGroupEnd, as
