@@ -63,6 +63,7 @@ struct ncclComm {
      * peers in its first launch, which stays ncclInProgress until every rank launched one
      * (fake_set_runtime_connect). */
     bool connected, connecting;
+    long long launch_until;     /* a launch lasts until then (fake_set_launch_in_progress) */
     long long connect_deadline; /* connecting: ncclSystemError after this (fake_xp_deadline) */
     bool launching;             /* in a group whose ncclGroupEnd returned ncclInProgress, until
                                    ncclCommGetAsyncError reports the launch finished */
@@ -165,6 +166,8 @@ typedef struct fake_state {
     int aborts_blocked;             /* ncclCommAbort calls waiting on abort_hold */
     bool init_hold;                 /* ncclCommInitRankConfig blocks while set (fake_hold_init) */
     bool no_runtime_connect;        /* fake_set_runtime_connect(false) */
+    bool launch_in_progress;        /* fake_set_launch_in_progress */
+    long long launch_ns;            /* how long such a launch lasts */
     int connections;                /* hardware queues per device (CUDA_DEVICE_MAX_CONNECTIONS) */
     int nstreams_dev[FAKE_MAX_DEV]; /* streams created per device (their queue: mod that) */
     int inits_blocked;              /* ncclCommInitRankConfig calls waiting on init_hold */
@@ -919,6 +922,8 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async_error)
         } else if (comm->pending > 0) {
             comm->pending--;
             st = ncclInProgress;
+        } else if (comm->launching && fake_xp_now() < comm->launch_until) {
+            st = ncclInProgress;
         }
         if (st == ncclSuccess && comm->connecting) {
             /* Its first launch connects to its peers: done once every rank launched one. */
@@ -1368,6 +1373,12 @@ static int grp_end(int scripted)
     else if ((xr = xp_group()) != ncclSuccess)
         r = xr;
     else {
+        bool data = false;
+        for (size_t i = 0; i < grp.n && !data; i++)
+            data = grp.ops[i].kind != OP_INIT;
+        /* fake_set_launch_in_progress: every data group launches non-blocking. */
+        if (F.launch_in_progress && data && scripted == ncclSuccess)
+            scripted = r = ncclInProgress;
         grp_check_devices();
         grp_execute();
         for (size_t i = 0; i < grp.n; i++) {
@@ -1380,8 +1391,10 @@ static int grp_end(int scripted)
             ncclResult_t e = grp.ops[i].kind == OP_INIT ? ncclSuccess : take_async(cm->rank);
             if (e != ncclSuccess)
                 cm->async = e;
-            if (scripted == ncclInProgress)
+            if (scripted == ncclInProgress) {
                 cm->pending = F.pending;
+                cm->launch_until = fake_xp_now() + F.launch_ns;
+            }
             init_pending |= grp.ops[i].kind == OP_INIT && cm->pending > 0;
             init_pending |= grp.ops[i].kind == OP_INIT && cm->clique->xp != NULL &&
                             fake_xp_joining(cm->clique->xp, cm->rank);
@@ -1779,6 +1792,14 @@ void fake_set_nccl_version(int version)
     unlock();
 }
 
+void fake_set_launch_in_progress(bool on, long us)
+{
+    lock();
+    F.launch_in_progress = on;
+    F.launch_ns = us > 0 ? (long long)us * 1000 : 0;
+    unlock();
+}
+
 void fake_set_runtime_connect(bool on)
 {
     lock();
@@ -1880,6 +1901,13 @@ void fake_set_last_error(const char *msg)
 void fake_script(const char *fn, int result)
 {
     lock();
+    if (F.nscripts == FAKE_MAX_SCRIPTS) { /* drop the consumed ones, keeping the order */
+        size_t k = 0;
+        for (size_t i = 0; i < F.nscripts; i++)
+            if (F.scripts[i].live)
+                F.scripts[k++] = F.scripts[i];
+        F.nscripts = k;
+    }
     if (F.nscripts == FAKE_MAX_SCRIPTS || strlen(fn) >= sizeof F.scripts[0].fn)
         abort(); /* a test bug */
     snprintf(F.scripts[F.nscripts].fn, sizeof F.scripts[0].fn, "%s", fn);

@@ -172,6 +172,10 @@ void fake_set_pending(int n);
  * launched one; a data call on it meanwhile is a fake error. Off: first launches complete
  * as any other. */
 void fake_set_runtime_connect(bool on);
+/* While on, every group with data calls returns ncclInProgress from ncclGroupEnd (as NCCL
+ * does for non-blocking communicators), its communicators reporting it fake_set_pending
+ * times and for `us` microseconds (its launch thread's time); as if each were scripted so. */
+void fake_set_launch_in_progress(bool on, long us);
 /* While held, ncclCommGetAsyncError reports ncclInProgress for every communicator. */
 void fake_hold_async(bool hold);
 /* Manual events stay cudaErrorNotReady once recorded, until fake_complete_events(). */
