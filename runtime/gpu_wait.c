@@ -129,6 +129,26 @@ bool ccq_gw_clear(ccq_runtime *rt, ccq_stream *s, uint64_t mark)
     return i >= mark;
 }
 
+bool ccq_gw_blocker(ccq_runtime *rt, ccq_stream *s, uint64_t mark, uint32_t *stream,
+                    uint64_t *target)
+{
+    ccq_gw_log *g = atomic_load_explicit(&s->gw, memory_order_acquire);
+    uint32_t n = rt->ndev * rt->max_streams;
+    if (g == NULL || ccq_gw_clear(rt, s, mark))
+        return false;
+    for (uint64_t i = atomic_load_explicit(&g->tail, memory_order_acquire); i < mark; i++) {
+        const ccq_gw_entry *e = &g->e[i & (g->cap - 1)];
+        uint32_t xi = atomic_load_explicit(&e->stream, memory_order_relaxed);
+        uint64_t t = atomic_load_explicit(&e->target, memory_order_relaxed);
+        if (xi < n && rt->streams[xi].passed < t) {
+            *stream = xi;
+            *target = t;
+            return true;
+        }
+    }
+    return false;
+}
+
 void ccq_gw_passed(ccq_stream *s, uint64_t passed)
 {
     if (passed > s->passed) {

@@ -54,6 +54,10 @@ uint64_t ccq_gw_mark(struct ccq_stream *s);
 /* Scheduler: may a command of s with barrier mark `mark` go into the batch being built
  * (every barrier below mark satisfied by batches already issued)? */
 bool ccq_gw_clear(struct ccq_runtime *rt, struct ccq_stream *s, uint64_t mark);
+/* Scheduler: the first barrier below mark that holds a command of s back (for a watchdog
+ * detail): its stream's index and ticket count. False when none does. */
+bool ccq_gw_blocker(struct ccq_runtime *rt, struct ccq_stream *s, uint64_t mark, uint32_t *stream,
+                    uint64_t *target);
 /* Scheduler: the stream's commands up to `passed` (tickets) are issued or ended. */
 void ccq_gw_passed(struct ccq_stream *s, uint64_t passed);
 void ccq_gw_free(struct ccq_stream *s);

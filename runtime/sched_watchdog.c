@@ -115,7 +115,8 @@ static size_t describe_missing(ccq_inst *i, const ccq_cmd *c, char *buf, size_t 
 }
 
 /* Why an instance waits: its missing parts, or what its parts wait behind. */
-static void describe_wait(ccq_inst *i, ccq_cmd *c, uint64_t now, char *buf, size_t len)
+static void describe_wait(ccq_runtime *rt, ccq_inst *i, ccq_cmd *c, uint64_t now, char *buf,
+                          size_t len)
 {
     ccq_chan *ch = i->chan;
     ccq_comm *comm = ch->comm;
@@ -182,6 +183,23 @@ static void describe_wait(ccq_inst *i, ccq_cmd *c, uint64_t now, char *buf, size
                 ccq_describe_cmd(buf + w, len - w, q);
                 return;
             }
+        }
+        for (ccq_cmd *q = s->cursor; q != NULL; q = q->fifo_next) {
+            uint32_t xi = 0;
+            uint64_t t = 0;
+            if (q->state == CCQ_CMD_QUEUED && q->gw_mark != 0 &&
+                ccq_gw_blocker(rt, s, q->gw_mark, &xi, &t)) {
+                const ccq_stream *x = &rt->streams[xi];
+                w += ccq_format(buf + w, len - w,
+                                "; matched, but a command of device %u stream %u was submitted "
+                                "after a GPU-side wait (ccq_nccl_stream_wait) on its bound CUDA "
+                                "stream for the first %" PRIu64 " commands of device %u stream "
+                                "%u, which are not all issued: it runs only after them",
+                                s->device, s->id, t, x->device, x->id);
+                return;
+            }
+            if (q == part)
+                break;
         }
     }
     ccq_format(buf + w, len - w,
@@ -255,7 +273,7 @@ bool sched_watchdog(ccq_runtime *rt, uint64_t now)
                 next = min_u64(next, dl);
                 break;
             }
-            describe_wait(q->inst, q, now, detail, sizeof detail);
+            describe_wait(rt, q->inst, q, now, detail, sizeof detail);
             if (ccq_trace_on(&rt->trace))
                 sched_ev_misc(rt, ccq_now_ns(), CCQ_EV_WATCHDOG, q->trace_id, q->comm->id, q->seq,
                               q->count, 0, CCQ_ERR_TIMEOUT);

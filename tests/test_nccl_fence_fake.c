@@ -733,6 +733,42 @@ static void test_wait_then_submit_runs_after(void **state)
     }
 }
 
+/*
+ * A command held back by a GPU-side wait whose covered command never runs (a part missing):
+ * the watchdog fails it after timeout_ms, and the detail says why (the wait), not only
+ * "not issued"; the waiting stream is released.
+ */
+static void test_wait_barrier_timeout_detail(void **state)
+{
+    (void)state;
+    static float a[NDEV][N], b[NDEV][N], oa[NDEV][N], ob[NDEV][N];
+    ccq_runtime *rt = make_rt(300);
+    cudaStream_t us = fake_user_stream(0);
+
+    assert_int_equal(ccq_comm_init(rt, ALL, NDEV), CCQ_OK);
+    assert_int_equal(ccq_comm_init(rt, P01, 2), CCQ_OK);
+    assert_int_equal(ccq_nccl_bind_stream(rt, 0, 0, us), CCQ_OK);
+    assert_int_equal(ccq_nccl_bind_stream(rt, 0, 1, us), CCQ_OK);
+    /* Device 3 never submits its part of the first all_reduce. */
+    for (ccq_device_id d = 0; d + 1 < NDEV; d++)
+        assert_int_equal(ccq_all_reduce(rt, d, 0, a[d], oa[d], N, CCQ_FLOAT32, CCQ_SUM, ALL, NDEV),
+                         CCQ_OK);
+    assert_int_equal(ccq_nccl_stream_wait(rt, 0, 0, us), CCQ_OK);
+    for (ccq_device_id d = 0; d < 2; d++)
+        assert_int_equal(ccq_all_reduce(rt, d, 1, b[d], ob[d], N, CCQ_FLOAT32, CCQ_SUM, P01, 2),
+                         CCQ_OK);
+    assert_int_equal(fence_watchdog(rt, 0, 1, NULL, 0), CCQ_ERR_TIMEOUT);
+    if (strstr(ccq_last_error_detail(), "GPU-side wait") == NULL)
+        fail_msg("detail: %s", ccq_last_error_detail());
+    assert_int_equal(fence_watchdog(rt, 0, 0, NULL, 0), CCQ_ERR_TIMEOUT);
+    assert_true(drains(us));
+    assert_int_equal(fence_watchdog(rt, 1, 1, NULL, 0), CCQ_ERR_TIMEOUT);
+    for (ccq_device_id d = 1; d + 1 < NDEV; d++)
+        assert_int_equal(fence_watchdog(rt, d, 0, NULL, 0), CCQ_ERR_TIMEOUT);
+    assert_int_equal(ccq_nccl_bind_stream(rt, 0, 0, NULL), CCQ_OK);
+    assert_int_equal(ccq_nccl_bind_stream(rt, 0, 1, NULL), CCQ_OK);
+}
+
 /* Calls of fn on `stream` logged at or after `from`. */
 static size_t calls_on(const char *fn, cudaStream_t stream, size_t from)
 {
@@ -900,6 +936,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_wait_without_current_context, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wait_then_submit_runs_after, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wait_policy, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_wait_barrier_timeout_detail, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wait_with_one_hardware_queue, setup, teardown),
     };
     return cmocka_run_group_tests_name("nccl_fence_fake", tests, NULL, NULL);

@@ -49,6 +49,21 @@ typedef struct nw_case {
         goto out;                                                                                  \
     } while (0)
 
+/* A child's end: destroy its runtime, then (when it passed) fail with code `bad` if the
+ * fake saw a misuse. */
+static int child_end(ccq_runtime *rt, unsigned rank, int rc, int bad)
+{
+    ccq_runtime_destroy(rt);
+    if (rc == 0) {
+        char msg[256];
+        if (fake_errors(msg, sizeof msg) != 0) {
+            fprintf(stderr, "rank %u: fake errors: %s\n", rank, msg);
+            rc = bad;
+        }
+    }
+    return rc;
+}
+
 /* Device d's input: a function of (d, k), so every process computes every expected sum. */
 static float input(ccq_device_id d, int k)
 {
@@ -223,15 +238,7 @@ static int wait_child(unsigned rank, unsigned nprocs, void *arg)
         if (ccq_sync_collective(rt, first + i, 1) != CCQ_OK)
             FAIL(20, "fence on device %u", first + i);
 out:
-    ccq_runtime_destroy(rt);
-    if (rc == 0) {
-        char msg[256];
-        if (fake_errors(msg, sizeof msg) != 0) {
-            fprintf(stderr, "rank %u: fake errors: %s\n", rank, msg);
-            rc = 21;
-        }
-    }
-    return rc;
+    return child_end(rt, rank, rc, 21);
 }
 
 static ccq_runtime *nw_runtime(const nw_case *nc, unsigned rank, unsigned nprocs)
@@ -419,15 +426,7 @@ static int nw_child(unsigned rank, unsigned nprocs, void *arg)
     if (world_all_reduce(rt, all, total, 5) != 0)
         FAIL(20, "the closing all_reduce over the world");
 out:
-    ccq_runtime_destroy(rt);
-    if (rc == 0) {
-        char msg[256];
-        if (fake_errors(msg, sizeof msg) != 0) {
-            fprintf(stderr, "rank %u: fake errors: %s\n", rank, msg);
-            rc = 19;
-        }
-    }
-    return rc;
+    return child_end(rt, rank, rc, 19);
 }
 
 static void run(nw_case *nc, unsigned nprocs)
@@ -566,15 +565,7 @@ static int fp8_child(unsigned rank, unsigned nprocs, void *arg)
         if (out[k] != input(1, k) + input(2, k))
             FAIL(22, "data on B [%d]", k);
 out:
-    ccq_runtime_destroy(rt);
-    if (rc == 0) {
-        char msg[256];
-        if (fake_errors(msg, sizeof msg) != 0) {
-            fprintf(stderr, "rank %u: fake errors: %s\n", rank, msg);
-            rc = 21;
-        }
-    }
-    return rc;
+    return child_end(rt, rank, rc, 21);
 }
 
 /* The NCCL groups (ncclGroupEnd) this process logged: for each that holds an ncclAllReduce,
@@ -683,15 +674,7 @@ static int group_child(unsigned rank, unsigned nprocs, void *arg)
                  ng, world[0], ng > 1 ? world[1] : -1, pair[0], np > 1 ? pair[1] : -1);
     }
 out:
-    ccq_runtime_destroy(rt);
-    if (rc == 0) {
-        char msg[256];
-        if (fake_errors(msg, sizeof msg) != 0) {
-            fprintf(stderr, "rank %u: fake errors: %s\n", rank, msg);
-            rc = 21;
-        }
-    }
-    return rc;
+    return child_end(rt, rank, rc, 21);
 }
 
 /* Wait (bounded) until this process logged more than `n` calls of fn. */
@@ -786,15 +769,7 @@ static int order_child(unsigned rank, unsigned nprocs, void *arg)
                 ccq_status_name(s1));
     }
 out:
-    ccq_runtime_destroy(rt);
-    if (rc == 0) {
-        char msg[256];
-        if (fake_errors(msg, sizeof msg) != 0) {
-            fprintf(stderr, "rank %u: fake errors: %s\n", rank, msg);
-            rc = 21;
-        }
-    }
-    return rc;
+    return child_end(rt, rank, rc, 21);
 }
 
 static void test_launch_order_across_processes(void **state)
