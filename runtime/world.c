@@ -68,7 +68,7 @@ ccq_status ccq_world_setup(ccq_world *w, const ccq_config *cfg, const char *back
     w->size = cfg->world_size;
     st = ccq_boot_open(cfg->bootstrap, cfg->store, cfg->mpi_comm, w->rank, w->size, &w->boot, &err);
     if (st != CCQ_OK)
-        return ccq_fail(st, "bootstrap: %s", err.msg);
+        return ccq_fail(st, "%s", err.msg);
 
     memset(&mine, 0, sizeof mine);
     mine.magic = WORLD_MAGIC;
@@ -88,23 +88,22 @@ ccq_status ccq_world_setup(ccq_world *w, const ccq_config *cfg, const char *back
         members[p] = p;
     st = ccq_boot_xchg_post(w->boot, "world", members, w->size, &mine, sizeof mine, &x, &err);
     if (st != CCQ_OK) {
-        st = ccq_fail(st, "bootstrap: the world exchange could not start: %s", err.msg);
+        st = ccq_fail(st, "the world exchange could not start: %s", err.msg);
         goto fail;
     }
     st = ccq_boot_xchg_wait(x, all, timeout_ns == UINT64_MAX ? 0 : ccq_deadline_in(timeout_ns),
                             &err);
-    if (st == CCQ_IN_PROGRESS || st == CCQ_ERR_TIMEOUT) {
-        uint32_t nmiss = (uint32_t)ccq_boot_xchg_missing(x, members, w->size);
-        char who[256];
-        ccq_boot_format_ranks(who, sizeof who, members, nmiss);
+    if (st == CCQ_ERR_TIMEOUT) {
+        /* The bootstrap's own detail names the processes that never arrived and adds what
+         * its mechanism knows (MPI: the duplication of the communicator still pending). */
         st = ccq_fail(CCQ_ERR_TIMEOUT,
-                      "ccq_runtime_create: process %" PRIu32 " of a world of %" PRIu32
-                      ": %s %s never joined within timeout_ms",
-                      w->rank, w->size, nmiss == 1 ? "process" : "processes", who);
+                      "process %" PRIu32 " of a world of %" PRIu32
+                      " waited timeout_ms for the others: %s",
+                      w->rank, w->size, err.msg);
         goto fail;
     }
     if (st != CCQ_OK) {
-        st = ccq_fail(st, "bootstrap: the world exchange failed: %s", err.msg);
+        st = ccq_fail(st, "the world exchange failed: %s", err.msg);
         goto fail;
     }
     for (uint32_t p = 0; p < w->size; p++) {
