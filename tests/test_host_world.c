@@ -350,8 +350,15 @@ int main(void)
                   "detail: %s", detail);
             for (uint32_t k = 1; k < cnt; k++)
                 CHECK(ccq_sync_collective(rt, first + k, 0) != CCQ_OK, "A fails on every part");
-        } else if (wsize == 1 + 1 && wrank == 1) {
-            /* world of 2: B is process 0 alone, nothing to do here */
+        } else {
+            /* The last process: the others wait about timeout_ms for A to fail before they
+             * destroy their runtime and meet again below, where everyone waits timeout_ms
+             * for the others. Leaving now, it would arrive that much ahead of them and its
+             * wait could end first on a loaded machine: wait as they do. */
+            struct timespec ts = {(time_t)(cfg.timeout_ms / 1000),
+                                  (long)(cfg.timeout_ms % 1000) * 1000000L};
+            while (nanosleep(&ts, &ts) != 0)
+                ;
         }
         CHECK(ccq_runtime_destroy(rt) == CCQ_OK, "destroy returns with a pending MPI operation");
     }

@@ -13,6 +13,7 @@
 #include "backends/backend.h"
 #include "backends/host/reduce.h"
 #include "backends/host/engine.h"
+#include "backends/module.h"
 #include "queue/mpsc.h"
 #include "queue/wake.h"
 
@@ -316,15 +317,18 @@ static void host_destroy(ccq_backend *be)
  * spanning processes are refused with engine_err. */
 static void engine_open(host_be *h, const ccq_config *cfg)
 {
-    const ccq_host_engine_ops *ops = ccq_host_engine_mpi();
-    if (ops == NULL) {
+    const ccq_module *m;
+    /* The engine is a module (libccq-mpi.so), loaded here: the first time a runtime of this
+     * process is in a world of several processes. */
+    if (ccq_module_get("mpi", "the host backend cannot span processes: its mpi engine", &m,
+                       &h->engine_err) != CCQ_OK)
+        return;
+    if (m->host_engine == NULL) {
         snprintf(h->engine_err.msg, sizeof h->engine_err.msg,
-                 "the host backend cannot span processes: it moves data between them with MPI, "
-                 "and this ccq was built without it: rebuild with MPI (CCQ_WITH_MPI, Debian: "
-                 "libopenmpi-dev) and launch under mpirun with bootstrap \"mpi\"");
+                 "the host backend cannot span processes: ccq's mpi module has no engine");
         return;
     }
-    if (ops->create(cfg, &h->engine, &h->engine_err) != CCQ_OK)
+    if (m->host_engine->create(cfg, &h->engine, &h->engine_err) != CCQ_OK)
         h->engine = NULL;
 }
 
@@ -800,12 +804,3 @@ const ccq_backend_ops ccq_host_backend_ops = {
     .mem_free = host_mem_free,
     .mem_copy = host_mem_copy,
 };
-
-#ifndef CCQ_HAVE_MPI
-/* This build has no MPI engine (the runtime then refuses communicators across processes
- * with engine_open's detail). */
-const ccq_host_engine_ops *ccq_host_engine_mpi(void)
-{
-    return NULL;
-}
-#endif

@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backends/module.h"
 #include "common/env.h"
 #include "runtime/boot/boot_impl.h"
 
@@ -50,27 +51,6 @@ static uint32_t generation(const char *job, uint32_t rank, bool take)
     }
     pthread_mutex_unlock(&gen_lock);
     return n;
-}
-
-void ccq_boot_err(ccq_errbuf *err, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (err == NULL)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-    va_end(ap);
-}
-
-uint64_t ccq_boot_fnv1a(const void *p, size_t n, uint64_t h)
-{
-    const unsigned char *c = p;
-    for (size_t i = 0; i < n; i++) {
-        h ^= c[i];
-        h *= 0x100000001b3ull;
-    }
-    return h;
 }
 
 uint64_t ccq_boot_now_ns(void)
@@ -240,8 +220,16 @@ ccq_status ccq_boot_open(const char *spec, const ccq_store *store, int64_t mpi_c
     b->gen = generation(b->job, world_rank, false);
 
     if (spec != NULL && strcmp(spec, "mpi") == 0) {
+        const ccq_module *m;
         snprintf(b->name, sizeof b->name, "mpi");
-        st = ccq_boot_mpi_open(b, mpi_comm, err);
+        /* The MPI mechanism lives in libccq-mpi.so, loaded now (backends/module.h). */
+        st = ccq_module_get("mpi", "bootstrap \"mpi\"", &m, err);
+        if (st == CCQ_OK && m->bootstrap == NULL) {
+            ccq_boot_err(err, "bootstrap \"mpi\": ccq's mpi module has no bootstrap");
+            st = CCQ_ERR_UNSUPPORTED;
+        }
+        if (st == CCQ_OK)
+            st = m->bootstrap->open(b, mpi_comm, err);
     } else if (spec != NULL && strncmp(spec, "file:", 5) == 0) {
         snprintf(b->name, sizeof b->name, "%s", spec);
         st = ccq_boot_file_open(b, spec + 5, err);
@@ -738,4 +726,76 @@ ccq_status ccq_boot_exchange(ccq_boot *b, const char *tag, const uint32_t *membe
     st = ccq_boot_xchg_wait(x, out, deadline_ns, err);
     ccq_boot_xchg_free(x);
     return st;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Heartbeats (runtime/health/)                                                          */
+/* ------------------------------------------------------------------------------------ */
+
+bool ccq_boot_has_heartbeats(const ccq_boot *b)
+{
+    return b->mech->beat_publish != NULL && b->mech->beat_fetch != NULL;
+}
+
+ccq_status ccq_boot_beat_publish(ccq_boot *b, const void *rec, size_t len, ccq_errbuf *err)
+{
+    ccq_status st;
+
+    if (!ccq_boot_has_heartbeats(b)) {
+        ccq_boot_err(err, "bootstrap %s carries no heartbeats", b->name);
+        return CCQ_ERR_UNSUPPORTED;
+    }
+    if (len > CCQ_BOOT_BEAT_MAX) {
+        ccq_boot_err(err, "heartbeat record of %zu bytes (at most %u)", len, CCQ_BOOT_BEAT_MAX);
+        return CCQ_ERR_INVALID_ARGUMENT;
+    }
+    pthread_mutex_lock(&b->lock);
+    st = b->mech->beat_publish(b, rec, len, err);
+    pthread_mutex_unlock(&b->lock);
+    return st;
+}
+
+ccq_status ccq_boot_beat_fetch(ccq_boot *b, uint32_t rank, void **rec, size_t *len, ccq_errbuf *err)
+{
+    ccq_status st;
+
+    *rec = NULL;
+    *len = 0;
+    if (!ccq_boot_has_heartbeats(b) || rank >= b->size) {
+        ccq_boot_err(err, "no heartbeat of process %u here", rank);
+        return CCQ_ERR_INVALID_ARGUMENT;
+    }
+    pthread_mutex_lock(&b->lock);
+    st = b->mech->beat_fetch(b, rank, rec, len, err);
+    pthread_mutex_unlock(&b->lock);
+    return st;
+}
+
+size_t ccq_boot_closed_peers(ccq_boot *b, uint32_t *ranks, size_t cap)
+{
+    size_t n = 0;
+
+    if (b->mech->closed_peers == NULL)
+        return 0;
+    pthread_mutex_lock(&b->lock);
+    n = b->mech->closed_peers(b, ranks, cap);
+    pthread_mutex_unlock(&b->lock);
+    return n;
+}
+
+uint64_t ccq_boot_nonce(const ccq_boot *b)
+{
+    return b->nonce;
+}
+
+uint64_t ccq_boot_peer_nonce(ccq_boot *b, uint32_t rank)
+{
+    uint64_t n;
+
+    if (rank >= b->size)
+        return 0;
+    pthread_mutex_lock(&b->lock);
+    n = rank == b->rank ? b->nonce : b->nonces[rank];
+    pthread_mutex_unlock(&b->lock);
+    return n;
 }

@@ -38,8 +38,6 @@ static mpi_engine *to_mpi(ccq_host_engine *e)
     return ccq_container_of(e, mpi_engine, base);
 }
 
-static const ccq_host_engine_ops mpi_engine_ops;
-
 static ccq_status mpi_create(const ccq_config *cfg, ccq_host_engine **out, ccq_errbuf *err)
 {
     mpi_engine *m = calloc(1, sizeof *m);
@@ -50,7 +48,7 @@ static ccq_status mpi_create(const ccq_config *cfg, ccq_host_engine **out, ccq_e
         snprintf(err->msg, sizeof err->msg, "out of memory");
         return CCQ_ERR_NO_MEMORY;
     }
-    m->base.ops = &mpi_engine_ops;
+    m->base.ops = &ccq_host_engine_mpi_ops;
     m->mpi_comm = cfg->mpi_comm;
     m->timeout_ns = cfg->timeout_ms ? cfg->timeout_ms * 1000000ull : UINT64_MAX;
     m->poll_ns = MPI_ENGINE_POLL_NS;
@@ -220,7 +218,7 @@ static uint64_t mpi_poll_interval(ccq_host_engine *e, bool busy)
     return busy || (m->background > 0 && ccq_hmpi_detached() > 0) ? m->poll_ns : 0;
 }
 
-static const ccq_host_engine_ops mpi_engine_ops = {
+const ccq_host_engine_ops ccq_host_engine_mpi_ops = {
     .name = "mpi",
     .create = mpi_create,
     .destroy = mpi_destroy,
@@ -237,8 +235,3 @@ static const ccq_host_engine_ops mpi_engine_ops = {
     .reap = mpi_reap,
     .poll_interval = mpi_poll_interval,
 };
-
-const ccq_host_engine_ops *ccq_host_engine_mpi(void)
-{
-    return &mpi_engine_ops;
-}

@@ -151,6 +151,7 @@ int ccqpy_records_init(PyObject *mod);
 PyObject *ccqpy_stats_record(const ccq_stats *s);
 PyObject *ccqpy_metrics_record(const ccq_metrics *m);
 PyObject *ccqpy_event_record(const ccq_event *e);
+PyObject *ccqpy_progress_record(const ccq_progress *p);
 
 /* ---- the methods of other files ----------------------------------------------------------- */
 

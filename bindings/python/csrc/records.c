@@ -88,9 +88,21 @@ static const rfield event_fields[] = {
     U32(ccq_event, peer, "send/recv: the other device; rooted: the root"),
 };
 
+static const rfield progress_fields[] = {
+    U32(ccq_progress, process, "world rank"),
+    U32(ccq_progress, state, "ccq.ProcessState"),
+    U32(ccq_progress, comm, "communicator id (this process's, as in events)"),
+    U64(ccq_progress, submitted, "operations it submitted on it (its next sequence number)"),
+    U64(ccq_progress, completed, "operations it completed"),
+    U32(ccq_progress, pending_kind, "ccq.Kind of its oldest pending operation, or 2**32 - 1"),
+    U64(ccq_progress, pending_seq, "that operation's sequence number"),
+    U64(ccq_progress, pending_age_ns, "how long it had been pending"),
+    U64(ccq_progress, heartbeat_age_ns, "age of the heartbeat this comes from (0: this process)"),
+};
+
 #define NF(a) (sizeof(a) / sizeof((a)[0]))
 
-static PyTypeObject *stats_type, *metrics_type, *event_type;
+static PyTypeObject *stats_type, *metrics_type, *event_type, *progress_type;
 
 /* The named-tuple type of a table. Its field list must outlive the type, which lives as long
  * as the process: @p sf is static storage of n + 1 entries. */
@@ -156,21 +168,32 @@ PyObject *ccqpy_event_record(const ccq_event *e)
     return record(event_type, e, event_fields, NF(event_fields));
 }
 
+PyObject *ccqpy_progress_record(const ccq_progress *p)
+{
+    return record(progress_type, p, progress_fields, NF(progress_fields));
+}
+
 int ccqpy_records_init(PyObject *mod)
 {
     static PyStructSequence_Field stats_sf[NF(stats_fields) + 1],
-        metrics_sf[NF(metrics_fields) + 1], event_sf[NF(event_fields) + 1];
+        metrics_sf[NF(metrics_fields) + 1], event_sf[NF(event_fields) + 1],
+        progress_sf[NF(progress_fields) + 1];
     stats_type = make_type("ccq.Stats", "ccq_stats: counters of a runtime", stats_fields,
                            NF(stats_fields), stats_sf);
     metrics_type = make_type("ccq.Metrics", "ccq_metrics: live metrics of a runtime",
                              metrics_fields, NF(metrics_fields), metrics_sf);
     event_type = make_type("ccq.Event", "ccq_event: one event of the flight recorder", event_fields,
                            NF(event_fields), event_sf);
-    if (!stats_type || !metrics_type || !event_type)
+    progress_type = make_type("ccq.Progress",
+                              "ccq_progress: a process's progress on a communicator spanning "
+                              "processes, from its heartbeat",
+                              progress_fields, NF(progress_fields), progress_sf);
+    if (!stats_type || !metrics_type || !event_type || !progress_type)
         return -1;
     if (PyModule_AddObjectRef(mod, "Stats", (PyObject *)stats_type) < 0 ||
         PyModule_AddObjectRef(mod, "Metrics", (PyObject *)metrics_type) < 0 ||
-        PyModule_AddObjectRef(mod, "Event", (PyObject *)event_type) < 0)
+        PyModule_AddObjectRef(mod, "Event", (PyObject *)event_type) < 0 ||
+        PyModule_AddObjectRef(mod, "Progress", (PyObject *)progress_type) < 0)
         return -1;
     return 0;
 }

@@ -290,6 +290,57 @@ static PyObject *rt_stats(ccqpy_runtime *self, PyObject *unused)
     return st == CCQ_OK ? ccqpy_stats_record(&s) : ccqpy_raise(st, NULL);
 }
 
+/* Job health: what this process knows of world rank p (an int: ccq.ProcessState). */
+static PyObject *rt_process_state(ccqpy_runtime *self, PyObject *arg)
+{
+    uint32_t p;
+    ccq_process_state state;
+    if (ccqpy_u32(arg, "process", &p) || check_open(self))
+        return NULL;
+    ccq_status st = ccq_world_process_state(self->rt, p, &state);
+    return st == CCQ_OK ? PyLong_FromLong((long)state) : ccqpy_raise(st, NULL);
+}
+
+/* Job health: every process's progress on the communicators spanning processes (a list of
+ * ccq.Progress). Waits at most a scheduler pass for this process's own: without the GIL. */
+static PyObject *rt_progress(ccqpy_runtime *self, PyObject *unused)
+{
+    size_t n = 0, cap = 0;
+    ccq_progress *out = NULL;
+    ccq_status st;
+    (void)unused;
+    if (ccqpy_enter(self, 0))
+        return NULL;
+    for (;;) {
+        CCQPY_NOGIL(st = ccq_world_progress(self->rt, out, cap, &n));
+        if (st != CCQ_OK || n <= cap)
+            break;
+        PyMem_Free(out);
+        cap = n + 8; /* room for a few more meanwhile */
+        out = PyMem_Calloc(cap, sizeof *out);
+        if (out == NULL) {
+            ccqpy_leave(self);
+            return PyErr_NoMemory();
+        }
+        out[0].struct_size = sizeof *out;
+    }
+    ccqpy_leave(self);
+    if (st != CCQ_OK) {
+        PyMem_Free(out);
+        return ccqpy_raise(st, NULL);
+    }
+    PyObject *list = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; list != NULL && i < n; i++) {
+        PyObject *r = ccqpy_progress_record(&out[i]);
+        if (r == NULL)
+            Py_CLEAR(list);
+        else
+            PyList_SET_ITEM(list, (Py_ssize_t)i, r);
+    }
+    PyMem_Free(out);
+    return list;
+}
+
 static PyObject *rt_metrics(ccqpy_runtime *self, PyObject *unused)
 {
     ccq_metrics m = {.struct_size = sizeof m};
@@ -481,6 +532,10 @@ static PyMethodDef rt_methods[] = {
      "comm_init(devices): create the communicator of a device set (idempotent)."},
     {"stats", (PyCFunction)rt_stats, METH_NOARGS, "ccq_get_stats as a ccq.Stats."},
     {"metrics", (PyCFunction)rt_metrics, METH_NOARGS, "ccq_get_metrics as a ccq.Metrics."},
+    {"process_state", (PyCFunction)rt_process_state, METH_O,
+     "process_state(p) -> ccq.ProcessState of world rank p (job health)."},
+    {"progress", (PyCFunction)rt_progress, METH_NOARGS,
+     "ccq_world_progress as a list of ccq.Progress (job health)."},
     {"trace_dump", (PyCFunction)rt_trace_dump, METH_O,
      "trace_dump(path): write the flight recorder as Chrome/Perfetto JSON."},
     {"trace_events", (PyCFunction)(void (*)(void))rt_trace_events, METH_VARARGS | METH_KEYWORDS,

@@ -246,3 +246,18 @@ def test_detail_with_bytes_that_are_not_utf8(rt):
     with pytest.raises(ccq.BackendError) as e:
         rt.trace_dump(b"/nonexistent-\xff/trace.json")
     assert "nonexistent-\ufffd" in e.value.detail
+
+
+def test_job_health_alone():
+    """A world of one: its own process alive, no other, no progress records; the config's
+    heartbeat fields are keywords; ProcessLostError comes from the status list."""
+    with ccq.Runtime(host_devices=2, heartbeat_ms=500, heartbeat_timeout_ms=5000) as rt:
+        assert rt.process_state(0) is ccq.ProcessState.ALIVE
+        with pytest.raises(ccq.InvalidArgumentError, match="not below world_size 1"):
+            rt.process_state(1)
+        assert rt.progress() == []
+    assert issubclass(ccq.ProcessLostError, ccq.Error)
+    assert ccq.Status.PROCESS_LOST == -11
+    assert ccq.EventType.PROCESS_LOST.name == "PROCESS_LOST"
+    with pytest.raises(ccq.InvalidArgumentError, match="two heartbeats"):
+        ccq.Runtime(heartbeat_ms=500, heartbeat_timeout_ms=900)

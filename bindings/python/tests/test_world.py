@@ -92,6 +92,9 @@ def test_world_process_killed_survivors_finish(tmp_path):
     outs = spawn(3, 3, tmp_path, args=("--kill-rank", "1"), killed=(1,), timeout=60)
     for r in (0, 2):
         assert outs[r]["rank"] == r and outs[r]["local"] == sum(d + 1 for d in outs[r]["devices"])
+        # Job health: both see process 1 lost, and the world's set is refused naming it.
+        assert outs[r]["killed"] == "LOST", outs[r]
+        assert "process 1 (devices 2..3)" in outs[r]["span"]["lost"], outs[r]
 
 
 def mpirun():

@@ -7,7 +7,8 @@ prints one JSON line of what it saw.
     python3 world_worker.py [--devices N] [--timeout-ms T] [--store DIR] [--all-kinds]
                             [--kill-rank R] [--disagree]
 
---kill-rank R: process R kills itself (SIGKILL) once the world has met; the others go on.
+--kill-rank R: process R kills itself (SIGKILL) once the world has met; the others go on, and
+see it lost (job health).
 --disagree: the last process submits the spanning all_reduce with another count, with
 check_signatures on: every process's fence must say MISMATCH.
 """
@@ -17,6 +18,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 import numpy as np
 
@@ -77,12 +79,21 @@ def main():
         for d in local:
             rt.sync(d)
         out["local"] = float(bufs[0][0])
+        if a.kill_rank >= 0:
+            # Job health: the killed process reads as lost here (its pidfd told at once).
+            deadline = time.monotonic() + 10
+            while (rt.process_state(a.kill_rank) != ccq.ProcessState.LOST
+                   and time.monotonic() < deadline):
+                time.sleep(0.01)
+            out["killed"] = rt.process_state(a.kill_rank).name
         # Over every device of the world (needs a backend that spans processes).
         world = list(range(rt.device_count))
         try:
             rt.comm_init(world)
         except ccq.UnsupportedError as e:
             out["span"] = {"unsupported": e.detail}
+        except ccq.ProcessLostError as e:
+            out["span"] = {"lost": e.detail}
         else:
             out["span"] = (disagree(rt, local, world) if a.disagree
                            else run_world(rt, local, world, a.all_kinds))

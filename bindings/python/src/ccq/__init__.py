@@ -15,13 +15,14 @@ See docs/python.md in the ccq repository.
 
 from . import _ccq
 from ._runtime import Runtime
-from ._types import (ERRORS, DType, Error, EventType, Kind, ReduceOp, Status)
+from ._types import (ERRORS, DType, Error, EventType, Kind, ProcessState, ReduceOp, Status)
 
 # ccq.Fence, ccq.Stats, ccq.Metrics, ccq.Event come from the extension.
 Fence = _ccq.Fence
 Stats = _ccq.Stats
 Metrics = _ccq.Metrics
 Event = _ccq.Event
+Progress = _ccq.Progress
 
 #: The package's version: the version of the ccq headers it was built against.
 __version__ = _ccq.HEADER_VERSION
@@ -37,8 +38,9 @@ globals().update({m.name: m for m in DType})
 # The error classes: ccq.TimeoutError, ccq.MismatchError, ...
 globals().update({c.__name__: c for c in ERRORS.values()})
 
-__all__ = (["Runtime", "Fence", "Stats", "Metrics", "Event", "Error", "Status", "DType",
-            "ReduceOp", "Kind", "EventType", "library_version", "library_path",
+__all__ = (["Runtime", "Fence", "Stats", "Metrics", "Event", "Progress", "Error", "Status",
+            "DType", "ReduceOp", "Kind", "EventType", "ProcessState", "library_version",
+            "library_path",
             "config_fields", "config_defaults", "FLAG_NONBLOCKING_SUBMIT"]
            + [m.name for m in ReduceOp] + [m.name for m in DType]
            + [c.__name__ for c in ERRORS.values()])

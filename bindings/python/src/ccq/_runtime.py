@@ -6,6 +6,7 @@ import threading
 import weakref
 
 from . import _ccq
+from ._types import ProcessState
 
 _live = weakref.WeakSet()
 _live_lock = threading.Lock()
@@ -31,6 +32,14 @@ class Runtime(_ccq.Runtime):
     def __exit__(self, *exc):
         self.close()
         return False
+
+    def process_state(self, process):
+        """What this process knows of world rank ``process`` (job health): a
+        :class:`ccq.ProcessState` (ALIVE; LOST: it died or was silent past
+        ``heartbeat_timeout_ms``, and every survivor agrees; LEFT: it closed its runtime).
+        ``rt.progress()`` gives every process's progress per communicator, from the
+        heartbeats."""
+        return ProcessState(super().process_state(process))
 
     def __repr__(self):
         if self.closed:

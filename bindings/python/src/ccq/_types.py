@@ -32,6 +32,11 @@ ReduceOp.__doc__ = "ccq_reduce_op (AVG on integers truncates, as NCCL)."
 #: ccq_kind of events: ALL_REDUCE, SEND, RECV, BROADCAST, ...
 Kind = enum.IntEnum("Kind", [(n.upper(), v) for v, n in _ccq.KINDS], module="ccq")
 
+#: ccq_process_state: ALIVE, LOST (died, or silent past heartbeat_timeout_ms), LEFT.
+ProcessState = enum.IntEnum("ProcessState", [("ALIVE", 0), ("LOST", 1), ("LEFT", 2)],
+                            module="ccq")
+ProcessState.__doc__ = "ccq_process_state: what this process knows of another (job health)."
+
 #: ccq_event_type: SUBMITTED, MATCHED, ISSUED, COMPLETED, FAILED, ...
 EventType = enum.IntEnum("EventType", [(n.upper(), v) for v, n in _ccq.EVENT_TYPES],
                          module="ccq")
