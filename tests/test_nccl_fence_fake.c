@@ -736,7 +736,9 @@ static void test_wait_then_submit_runs_after(void **state)
 /*
  * A command held back by a GPU-side wait whose covered command never runs (a part missing):
  * the watchdog fails it after timeout_ms, and the detail says why (the wait), not only
- * "not issued"; the waiting stream is released.
+ * "not issued"; the waiting stream is released. Both reach their deadline at about the same
+ * time: when the watchdog fails the covered command first (a slow machine, a sanitizer),
+ * the held one is free and runs, which is right too.
  */
 static void test_wait_barrier_timeout_detail(void **state)
 {
@@ -757,12 +759,13 @@ static void test_wait_barrier_timeout_detail(void **state)
     for (ccq_device_id d = 0; d < 2; d++)
         assert_int_equal(ccq_all_reduce(rt, d, 1, b[d], ob[d], N, CCQ_FLOAT32, CCQ_SUM, P01, 2),
                          CCQ_OK);
-    assert_int_equal(fence_watchdog(rt, 0, 1, NULL, 0), CCQ_ERR_TIMEOUT);
-    if (strstr(ccq_last_error_detail(), "GPU-side wait") == NULL)
+    ccq_status held = fence_watchdog(rt, 0, 1, NULL, 0);
+    if (held == CCQ_ERR_TIMEOUT && strstr(ccq_last_error_detail(), "GPU-side wait") == NULL)
         fail_msg("detail: %s", ccq_last_error_detail());
+    assert_true(held == CCQ_ERR_TIMEOUT || held == CCQ_OK);
     assert_int_equal(fence_watchdog(rt, 0, 0, NULL, 0), CCQ_ERR_TIMEOUT);
     assert_true(drains(us));
-    assert_int_equal(fence_watchdog(rt, 1, 1, NULL, 0), CCQ_ERR_TIMEOUT);
+    assert_int_equal(fence_watchdog(rt, 1, 1, NULL, 0), held);
     for (ccq_device_id d = 1; d + 1 < NDEV; d++)
         assert_int_equal(fence_watchdog(rt, d, 0, NULL, 0), CCQ_ERR_TIMEOUT);
     assert_int_equal(ccq_nccl_bind_stream(rt, 0, 0, NULL), CCQ_OK);
