@@ -33,6 +33,8 @@ typedef struct ccq_sched {
     ccq_chan *undo_chans;
     ccq_stream *pass_streams; /* streams with commands in the batch being built */
     const ccq_cmd *refuse;    /* the attempt met a send the backend cannot stage */
+    bool cut;                 /* this pass left ready work out that another batch can take
+                                 now (a communicator's group_limit): build it at once */
     bool refuse_retry;        /* a refusal was deferred or made: loop again without sleeping */
     uint64_t wd_next;         /* earliest watchdog deadline (UINT64_MAX: none) */
     /* Shutdown. */

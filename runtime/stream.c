@@ -17,6 +17,9 @@ void ccq_stream_init(ccq_stream *s, ccq_device_id device, ccq_stream_id id, uint
     atomic_init(&s->ended, 0);
     atomic_init(&s->errw, 0);
     atomic_init(&s->issued_ns, 0);
+    atomic_init(&s->passed_pub, 0);
+    atomic_init(&s->bound, NULL);
+    atomic_init(&s->gw, NULL);
     ccq_signal_init(&s->ev);
     pthread_mutex_init(&s->err_lock, NULL);
     s->device = device;
@@ -35,6 +38,7 @@ void ccq_stream_fini(ccq_stream *s)
     for (uint32_t i = 0; s->hist != NULL && i < CCQ_FENCE_HISTORY; i++)
         free(s->hist[i].detail);
     free(s->hist);
+    ccq_gw_free(s);
     pthread_mutex_destroy(&s->err_lock);
 }
 
@@ -542,7 +546,15 @@ CCQ_API ccq_status ccq_nccl_stream_wait(ccq_runtime *rt, ccq_device_id device, c
                         "cannot be a wait's target here; pass a stream you created)");
     /* As ccq_fence_begin: every command whose submission returned before this load. */
     uint64_t target = atomic_load_explicit(&s->tickets, memory_order_acquire) & ~CCQ_TICKET_CLOSED;
-    st = rt->be_ops->stream_wait(rt->be, device, s->index, cuda_stream, target, &s->ended, &err);
+    /* Commands submitted after this on a stream bound to cuda_stream must not run with (or
+     * before) the ones the wait covers: a barrier, before the wait is queued. */
+    st = ccq_gw_before_wait(rt, s, cuda_stream, target, "ccq_nccl_stream_wait");
+    if (st != CCQ_OK)
+        return st;
+    /* The backend's own device, as every other hook gets (in any process but the first of
+     * a world the global id is past the end of its tables). */
+    st = rt->be_ops->stream_wait(rt->be, ccq_backend_device(rt, device), s->index, cuda_stream,
+                                 target, &s->ended, &err);
     if (st != CCQ_OK)
         return ccq_fail(st, "ccq_nccl_stream_wait: %s", err.msg);
     return CCQ_OK;
