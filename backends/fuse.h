@@ -60,6 +60,35 @@ static inline bool ccq_fuse_follows(const ccq_be_op *a, const ccq_be_op *b)
 }
 
 /*
+ * The fusion threshold a backend uses for a communicator: fusion and grouping across processes
+ * are one rule (DESIGN.md, "Grouping across processes"): the engine operations of a
+ * communicator spanning processes must be the same in every member, whatever each process's
+ * scheduler saw ready. A backend whose engine plans a group from all its collectives
+ * (span_group_limit != 0, NCCL) has no channel on which its members could agree, so its
+ * spanning communicators are limited to span_group_limit collectives per group and never fuse;
+ * an engine that agrees on each fusion with its members (`agrees`: the host backend's MPI
+ * engine, start_run) fuses them by the communicator's threshold, the same in every member.
+ * Communicators of one process fuse freely.
+ */
+static inline uint64_t ccq_fuse_threshold(const ccq_be_comm_desc *d, uint32_t span_group_limit,
+                                          bool agrees)
+{
+    if (d->nprocs > 1 && (span_group_limit != 0 || !agrees))
+        return 0;
+    return d->fusion_bytes;
+}
+
+/* Whether next joins a fused group of `total` bytes whose last operation is last: eligible,
+ * following it, and the group within fusion_bytes. The one step of the rule (ccq_fuse_group,
+ * and engines that grow a group op by op as their members' checks pass). */
+static inline bool ccq_fuse_joins(const ccq_be_op *last, const ccq_be_op *next, uint64_t total,
+                                  uint64_t fusion_bytes, uint32_t kinds)
+{
+    return ccq_fuse_eligible(next, fusion_bytes, kinds) && ccq_fuse_follows(last, next) &&
+           total + ccq_fuse_bytes(next) <= fusion_bytes;
+}
+
+/*
  * How many of ops[0..n-1] (a run of one communicator's operations in sequence order, n >= 1)
  * form the fused group that starts at ops[0]: ops[0] and every following one while each is
  * eligible, follows the previous one, and the group stays within fusion_bytes in all. 1 when
@@ -76,8 +105,7 @@ static inline uint32_t ccq_fuse_group(ccq_be_op *const *ops, uint32_t n, uint64_
     if (!ccq_fuse_eligible(ops[0], fusion_bytes, kinds))
         return 1;
     total = ccq_fuse_bytes(ops[0]);
-    while (g < n && ccq_fuse_eligible(ops[g], fusion_bytes, kinds) &&
-           ccq_fuse_follows(ops[g - 1], ops[g]) && total + ccq_fuse_bytes(ops[g]) <= fusion_bytes) {
+    while (g < n && ccq_fuse_joins(ops[g - 1], ops[g], total, fusion_bytes, kinds)) {
         total += ccq_fuse_bytes(ops[g]);
         g++;
     }

@@ -241,6 +241,14 @@ typedef struct ccq_config {
     /** A process whose heartbeat is older than this is declared lost (0 = the default,
      * 10 x heartbeat_ms). Env: CCQ_HEARTBEAT_TIMEOUT_MS. */
     uint32_t heartbeat_timeout_ms;
+    /* ---- appended in 0.3: NCCL stream priority ---- */
+    /** NCCL backend: 1 = its communication streams (where NCCL runs ccq's work) are created
+     * with the device's highest stream priority, so the GPU schedules communication kernels
+     * ahead of compute kernels waiting for SMs (as PyTorch's TORCH_NCCL_HIGH_PRIORITY=1);
+     * 0 (default) = the default priority. Other backends ignore it.
+     * Env: CCQ_NCCL_HIGH_PRIORITY=1. */
+    uint32_t nccl_high_priority;
+    /* ---- appended in 0.3: fusion of small collectives ---- */
     /** Fusion of small collectives (docs/fusion.md): operations of one batch on one
      * communicator with the same kind, dtype, op (and root), each moving fewer than this many
      * bytes (count x dtype size), run as one engine operation over their concatenation, up

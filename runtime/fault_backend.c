@@ -72,6 +72,13 @@ static ccq_status fwd_comm_root_blob(ccq_backend *be, const ccq_be_comm_desc *d,
     return f->inner_ops->comm_root_blob(f->inner, d, blob, len, err);
 }
 
+static ccq_status fwd_comm_member_blob(ccq_backend *be, const ccq_be_comm_desc *d,
+                                       ccq_be_member_blob *blob, ccq_errbuf *err)
+{
+    fault_be *f = to_fault(be);
+    return f->inner_ops->comm_member_blob(f->inner, d, blob, err);
+}
+
 static ccq_status fwd_world_ready(ccq_backend *be, uint32_t world_rank, uint32_t world_size,
                                   ccq_errbuf *err)
 {
@@ -329,6 +336,7 @@ ccq_status ccq_fault_wrap(const ccq_fault_plan *plan, const ccq_backend_ops **op
         .destroy = fwd_destroy,
         .device_count = fwd_device_count,
         .comm_root_blob = in->comm_root_blob ? fwd_comm_root_blob : NULL,
+        .comm_member_blob = in->comm_member_blob ? fwd_comm_member_blob : NULL,
         .world_ready = in->world_ready ? fwd_world_ready : NULL,
         .comm_create = fwd_comm_create,
         .comm_test = in->comm_test ? fwd_comm_test : NULL,
@@ -337,6 +345,7 @@ ccq_status ccq_fault_wrap(const ccq_fault_plan *plan, const ccq_backend_ops **op
         .poll = fault_poll,
         .abort = fault_abort,
         .stages_sends = in->stages_sends, /* ops reach the inner backend as they are */
+        .span_group_limit = in->span_group_limit,
         .poll_interval_ns = in->poll_interval_ns && in->poll_interval_ns < FAULT_POLL_INTERVAL_NS
                                 ? in->poll_interval_ns
                                 : FAULT_POLL_INTERVAL_NS,

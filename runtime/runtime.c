@@ -115,6 +115,9 @@ static void config_defaults(ccq_config *cfg)
                 "CCQ_HEARTBEAT_TIMEOUT_MS: expected milliseconds in [0, 36000000] (0 = 10 x "
                 "heartbeat_ms)"))
         cfg->heartbeat_timeout_ms = (uint32_t)v;
+    if (env_u64("CCQ_NCCL_HIGH_PRIORITY", 0, 1, &v, &err,
+                "CCQ_NCCL_HIGH_PRIORITY: expected 0 or 1"))
+        cfg->nccl_high_priority = (uint32_t)v;
     if (env_u64("CCQ_FUSION_BYTES", 0, CCQ_FUSION_BYTES_MAX, &v, &err,
                 "CCQ_FUSION_BYTES: expected a number of bytes in [0, 2^40] (0 = off)"))
         cfg->fusion_bytes = v;
@@ -214,6 +217,10 @@ static ccq_status config_validate(const ccq_config *c, ccq_fault_plan *fault)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
                         "ccq_config.check_signatures is %" PRIu32 "; expected 0 or 1",
                         c->check_signatures);
+    if (c->nccl_high_priority > 1)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "ccq_config.nccl_high_priority is %" PRIu32 "; expected 0 or 1",
+                        c->nccl_high_priority);
     if (c->fusion_bytes > CCQ_FUSION_BYTES_MAX)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
                         "ccq_config.fusion_bytes is %" PRIu64 "; expected at most %" PRIu64
@@ -299,6 +306,7 @@ static void runtime_free(ccq_runtime *rt)
         free(rt->streams);
     }
     pthread_mutex_destroy(&rt->comm_lock);
+    pthread_mutex_destroy(&rt->bound_lock);
     pthread_mutex_destroy(&rt->shutdown_lock);
     free(rt);
 }
@@ -348,6 +356,8 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
     rt->cfg.env_error = NULL;
     rt->be_ops = ops;
     pthread_mutex_init(&rt->comm_lock, NULL);
+    pthread_mutex_init(&rt->bound_lock, NULL);
+    atomic_init(&rt->bound_head, NULL);
     pthread_mutex_init(&rt->shutdown_lock, NULL);
     ccq_wake_init(&rt->wake);
     ccq_signal_init(&rt->exit_ev);
@@ -364,6 +374,7 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
     if (ccq_trace_init(&rt->trace, cfg.trace_capacity, cfg.trace_file) != 0) {
         ccq_trace_fini(&rt->trace);
         pthread_mutex_destroy(&rt->comm_lock);
+        pthread_mutex_destroy(&rt->bound_lock);
         pthread_mutex_destroy(&rt->shutdown_lock);
         free(rt);
         return ccq_fail(CCQ_ERR_NO_MEMORY,
@@ -496,7 +507,7 @@ CCQ_API ccq_status ccq_runtime_destroy(ccq_runtime *rt)
     ccq_runtime_shutdown(rt);
     if (rt->thread_started)
         pthread_join(rt->thread, NULL);
-    ccq_trace_autodump(rt, true); /* trace_file: the whole story, at the end */
+    ccq_trace_autodump(rt, "destroy"); /* trace_file: the whole story, at the end */
     runtime_free(rt);
     return CCQ_OK;
 }
@@ -836,6 +847,10 @@ static ccq_status submit(ccq_runtime *rt, const char *fn, const submit_args *a,
     be_sub.devices = sorted + comm->first_local;
     be_sub.ndevices = comm->nlocal;
     be_sub.device_first = rt->dev_first;
+    /* The backend's handle once formed (set before the state is published READY). */
+    be_sub.comm = atomic_load_explicit(&comm->state, memory_order_acquire) == CCQ_COMM_READY
+                      ? comm->be
+                      : NULL;
     if (rt->be_ops->check != NULL) {
         ccq_errbuf err = {{0}};
         st = rt->be_ops->check(rt->be, &be_sub, &err);
@@ -885,6 +900,9 @@ static ccq_status submit(ccq_runtime *rt, const char *fn, const submit_args *a,
         if (c->pre_status != CCQ_OK)
             c->pre_detail = strdup(err.msg);
     }
+    /* After its event was recorded on the bound stream: the GPU-side waits queued there
+     * before it, which the scheduler must respect (runtime/gpu_wait.h). */
+    c->gw_mark = ccq_gw_mark(s);
     seq = atomic_fetch_add_explicit(counter, 1, memory_order_relaxed);
     c->seq = seq;
     ccq_mpsc_push_mpsc(&s->q, &c->qnode);
@@ -1040,7 +1058,7 @@ CCQ_API ccq_status ccq_nccl_bind_stream(ccq_runtime *rt, ccq_device_id device, c
                                  &err);
     if (st != CCQ_OK)
         return ccq_fail(st, "ccq_nccl_bind_stream: %s", err.msg);
-    return CCQ_OK;
+    return ccq_gw_bind(rt, s, cuda_stream);
 }
 
 /* ------------------------------------------------------------------------------------ */

@@ -370,8 +370,12 @@ int main(void)
 
     /* A mismatch between this process's own parts of a communicator spanning processes is
      * still found here, at once (matching is local): a process with two devices submits
-     * counts 16 and 8; the others, whose MPI operation then never gets a partner, end with
-     * the engine's timeout. */
+     * counts 16 and 8; the others, whose operation then never gets that process's record for
+     * the engine's check, end with the engine's timeout ("not started ... never submitted
+     * it"). The last process left the previous runtime at once, the others only after their
+     * 1.5 s timeout: a longer timeout_ms here, or its ccq_runtime_create could give up on
+     * them before they come. */
+    cfg.timeout_ms = 4000;
     CHECK(ccq_runtime_create(&cfg, &rt) == CCQ_OK, "third runtime");
     {
         float x[2][16] = {{0}}, y[2][16];

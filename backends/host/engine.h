@@ -71,22 +71,23 @@ typedef struct ccq_host_engine_ops {
     uint64_t (*poll_interval)(ccq_host_engine *e, bool busy);
 
     /* ---- Fusion (docs/fusion.md). An engine without it leaves these 0 / NULL: the host
-     * backend then never fuses its communicators' operations. ---- */
-    /* The kinds start_fused takes (CCQ_FUSE_KIND bits, backends/fuse.h). */
+     * backend then starts every operation alone (start), and nothing fuses. ---- */
+    /* The kinds it fuses (CCQ_FUSE_KIND bits, backends/fuse.h). */
     uint32_t fuse_kinds;
-    /* Start one operation over ops[0..n-1] (n >= 2, a group of ccq_fuse_group: one
-     * communicator's consecutive operations, alike and small), every member process starting
-     * the same group at the same point of the communicator's order: their concatenation as
-     * one transport operation, results bit-identical to the n run alone. The ops and the
-     * array stay valid as start()'s op does; test() writes every op's outputs. */
-    ccq_status (*start_fused)(ccq_host_engine *e, ccq_heng_comm *c, const ccq_be_op *const *ops,
-                              uint32_t n, uint64_t now_ns, ccq_heng_op **out, ccq_errbuf *err);
-    /* The agreement's transport: an element-wise minimum of vec[0..n-1] over the member
-     * processes, started where the next operation of the communicator would start (every
-     * member starts it at the same point of the order, with the same n). vec stays valid
-     * until test() returns other than CCQ_IN_PROGRESS (then it holds the minimum) or abandon(). */
-    ccq_status (*start_min)(ccq_host_engine *e, ccq_heng_comm *c, int64_t *vec, uint32_t n,
-                            uint64_t now_ns, ccq_heng_op **out, ccq_errbuf *err);
+    /* Start ops[0..n-1] (n >= 1): collectives of one communicator spanning processes, from one
+     * batch, with consecutive sequence numbers, in that order; out[i] gets ops[i]'s operation,
+     * tested, described and abandoned like start()'s. The engine tells the member processes,
+     * with what it sends them anyway for each operation (the MPI engine: its signature
+     * records), how many operations of the run follow each one; the window at an operation is
+     * the fewest any member has, and it cuts the window into fused groups with ccq_fuse_group
+     * (the communicator's fusion_bytes from comm_create, fuse_kinds), so every member runs the
+     * same engine operations without waiting for anything. On the first op of a fused group it
+     * sets fused and fused_t0 (ccq_now_ns) when the group starts, fused_t1 when it ends; every
+     * op of the group ends in the same test pass. *nstarted: how many of ops started (all of
+     * them unless an error is returned). */
+    ccq_status (*start_run)(ccq_host_engine *e, ccq_heng_comm *c, ccq_be_op *const *ops, uint32_t n,
+                            uint64_t now_ns, ccq_heng_op **out, uint32_t *nstarted,
+                            ccq_errbuf *err);
 } ccq_host_engine_ops;
 
 /* The base every engine struct embeds first. */

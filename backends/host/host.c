@@ -433,7 +433,9 @@ static ccq_status host_comm_create(ccq_backend *be, const ccq_be_comm_desc *d, c
         return CCQ_ERR_NO_MEMORY;
     }
     c->n = d->nranks;
-    c->fusion_bytes = d->fusion_bytes;
+    /* An engine without start_run cannot agree on fusion with the members: unfused there. */
+    c->fusion_bytes =
+        ccq_fuse_threshold(d, 0, h->xp.engine != NULL && h->xp.engine->ops->start_run != NULL);
     atomic_init(&c->aborted, 0);
     if (d->nprocs > 1) {
         st = h->xp.engine->ops->comm_create(h->xp.engine, d, &c->eng, err);
@@ -451,7 +453,6 @@ static void host_comm_destroy(ccq_backend *be, ccq_be_comm *comm)
     host_be *h = to_host(be);
     host_comm *c = (host_comm *)comm;
     if (c->eng != NULL) {
-        host_xp_comm_fini(&h->xp, c);
         h->xp.engine->ops->comm_destroy(h->xp.engine, c->eng);
     }
     free(c);
@@ -474,33 +475,36 @@ static uint64_t host_poll_interval(const ccq_backend *be)
     return host_xp_poll_interval(&ccq_container_of(be, const host_be, base)->xp);
 }
 
-static void free_staged(host_job *j)
+void host_free_staged(void **staged, uint32_t nops)
 {
-    for (uint32_t k = 0; j->staged != NULL && k < j->b->nops; k++)
-        free(j->staged[k]);
-    free(j->staged);
-    j->staged = NULL;
+    for (uint32_t k = 0; staged != NULL && k < nops; k++)
+        free(staged[k]);
+    free(staged);
 }
 
 /* Sends whose src a later command of their stream overwrites in this batch (stage_src)
- * send a copy taken now, before any op of the batch runs: what stream order promises. */
-static ccq_status stage_sends(ccq_be_batch *b, host_job *j, ccq_errbuf *err)
+ * send a copy taken now, before any op of the batch runs or starts: what stream order
+ * promises. Cross-process batches need it as much as local ones: a local copy or an engine
+ * receive of the batch may write the buffer before an engine send reads it (an in-place
+ * shift across processes took the data of a neighbour's neighbour without it). */
+ccq_status host_stage_sends(ccq_be_batch *b, void ***staged, ccq_errbuf *err)
 {
     for (uint32_t k = 0; k < b->nops; k++) {
         ccq_be_op *op = b->ops[k];
         size_t bytes = op->count * ccq_dtype_size((ccq_dtype)op->dtype);
         if (!op->stage_src || op->kind != CCQ_KIND_SEND || bytes == 0)
             continue;
-        if (j->staged == NULL && (j->staged = calloc(b->nops, sizeof *j->staged)) == NULL)
+        if (*staged == NULL && (*staged = calloc(b->nops, sizeof **staged)) == NULL)
             goto oom;
-        if ((j->staged[k] = malloc(bytes)) == NULL)
+        if (((*staged)[k] = malloc(bytes)) == NULL)
             goto oom;
-        memcpy(j->staged[k], op->parts[0].src, bytes);
-        op->parts[0].src = j->staged[k];
+        memcpy((*staged)[k], op->parts[0].src, bytes);
+        op->parts[0].src = (*staged)[k];
     }
     return CCQ_OK;
 oom:
-    free_staged(j);
+    host_free_staged(*staged, b->nops);
+    *staged = NULL;
     snprintf(err->msg, sizeof err->msg, "out of memory staging a send's data");
     return CCQ_ERR_NO_MEMORY;
 }
@@ -554,7 +558,7 @@ static ccq_status host_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
     j->nunits = plan_units(b, j->unit_op);
     j->stream_bytes = h->stream_bytes;
     j->staged = NULL;
-    if (stage_sends(b, j, err) != CCQ_OK) {
+    if (host_stage_sends(b, &j->staged, err) != CCQ_OK) {
         free(j);
         return CCQ_ERR_NO_MEMORY;
     }
@@ -630,7 +634,7 @@ static ccq_be_batch *host_poll(ccq_backend *be)
         ccq_mpsc_node *next = n->next;
         host_job *j = ccq_container_of(n, host_job, done_node);
         ccq_be_batch *b = j->b;
-        free_staged(j);
+        host_free_staged(j->staged, b->nops);
         free(j);
         b->be_priv = NULL;
         b->next_done = list;

@@ -21,7 +21,10 @@
  *    SUM/PROD, the hot ones.
  *  - AVG is a SUM, then a division by the communicator's rank count after MPI (integers
  *    truncate, as the local path does). */
-#include "backends/host/mpi/engine.h"
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* clock_gettime */
+#endif
+#include "backends/host/mpi/impl.h"
 
 #include <inttypes.h>
 #include <limits.h>
@@ -29,59 +32,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "backends/host/convert.h"
 #include "backends/host/reduce.h"
 #include "common/mpi_lock.h"
 
-struct ccq_hmpi_world {
-    int64_t mpi_comm;
-    MPI_Comm dup;
-    MPI_Request req;
-    bool done;
-};
-
-struct ccq_hmpi_comm {
-    MPI_Comm mc;
-    /* A pair of devices in two processes: send/recv go on the world's duplicate (p2p, not
-     * ours; MPI ranks are world ranks) under the pair's tags; a collective on it (a
-     * communicator of two devices can have both) makes mc at its first use. */
-    bool pair;
-    MPI_Comm p2p;
-    int pair_tag;     /* the tag of messages from rank 0; rank 1's is pair_tag + 1 */
-    int64_t mpi_comm; /* the world communicator (an MPI_Fint, -1 = MPI_COMM_WORLD) */
-    uint32_t blob[2]; /* the lowest member's blob, for mc's MPI_Comm_create_group tag */
-    int nprocs, me;   /* members; this process's MPI rank in mc */
-    uint32_t nranks;  /* ranks of the communicator, in every process */
-    uint32_t first_rank, nlocal;
-    int *nl, *fr;    /* [nprocs]: local ranks and first rank of each member process */
-    uint32_t *procs; /* [nprocs]: their world ranks */
-    uint32_t refs;   /* 1 for the communicator + abandoned operations still on it */
-};
-
-enum { H_BUF_SCRATCH, H_BUF_RECV, H_NBUF };
-
-struct ccq_hmpi_op {
-    ccq_hmpi_comm *c;
-    const ccq_be_op *op;         /* NULL once abandoned (a fused operation: ops[0]) */
-    const ccq_be_op *const *ops; /* a fused operation: its ops (NULL once abandoned) */
-    uint32_t nops;
-    size_t total;    /* a fused operation: elements of its ops' blocks in all */
-    int64_t *minvec; /* an agreement: the caller's vector (NULL once abandoned) */
-    uint32_t nmin;
-    MPI_Request req;
-    const char *what; /* the MPI call, for details */
-    uint64_t start_ns;
-    void *buf[H_NBUF]; /* engine scratch (pooled) */
-    size_t cap[H_NBUF];
-    void *out;                /* where the MPI result lands (post-processing reads it) */
-    int *v;                   /* counts / displacements of the v collectives: 4 * nprocs */
-    struct ccq_hmpi_op *next; /* abandoned list */
-    bool detached;            /* a send completed early (ccq_hmpi_detach): still moving */
-};
-
 /* Bytes per element (ccq_dtype_size, without the runtime: the engine's test links only the
  * backend's files). */
-static size_t esize(ccq_dtype dt)
+size_t hmpi_esize(ccq_dtype dt)
 {
     static const uint8_t sz[CCQ_DTYPE_COUNT_] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
     return (unsigned)dt < CCQ_DTYPE_COUNT_ ? sz[dt] : 0;
@@ -91,6 +50,7 @@ static size_t esize(ccq_dtype dt)
 
 static ccq_hmpi_op *abandoned;
 static uint32_t nabandoned, ndetached;
+static uint64_t last_step; /* hmpi_stepped */
 /* A few freed scratch buffers for reuse: first-touching 64 MiB costs as much as moving it. */
 #define POOL_MAX 8
 static struct {
@@ -218,7 +178,7 @@ static int make_types(void)
 }
 
 /* The MPI type that moves elements of dt (and reduces them with built-in ops). */
-static MPI_Datatype mpi_type(ccq_dtype dt)
+MPI_Datatype hmpi_mpi_type(ccq_dtype dt)
 {
     switch (dt) {
     case CCQ_INT8:
@@ -246,12 +206,12 @@ static MPI_Datatype mpi_type(ccq_dtype dt)
 }
 
 /* The type and op of a reduction of dt by ro (AVG reduces as SUM). */
-static void mpi_reduction(ccq_dtype dt, ccq_reduce_op ro, MPI_Datatype *t, MPI_Op *op)
+void hmpi_reduction(ccq_dtype dt, ccq_reduce_op ro, MPI_Datatype *t, MPI_Op *op)
 {
     bool wrap;
     if (ro == CCQ_AVG)
         ro = CCQ_SUM;
-    *t = mpi_type(dt);
+    *t = hmpi_mpi_type(dt);
     if (user_op_made[dt][ro]) {
         *op = user_ops[dt][ro];
         return;
@@ -268,21 +228,21 @@ static void mpi_reduction(ccq_dtype dt, ccq_reduce_op ro, MPI_Datatype *t, MPI_O
 
 /* ---- local steps ---------------------------------------------------------------------- */
 
-/* x[i] /= n for AVG (reduce.h: the kernels' semantics, vectorized; a power-of-two n
+/* x[i] /= n for AVG (reduce.h: the local kernels' semantics, vectorized; a power-of-two n
  * multiplies by 1/n, which gives the same bits). */
-static void divide(ccq_dtype dt, void *buf, size_t count, uint32_t n)
+void hmpi_divide(ccq_dtype dt, void *buf, size_t count, uint32_t n)
 {
     ccq_host_divide(dt, buf, buf, count, n);
 }
 
-static void copy(void *dst, const void *src, size_t bytes)
+void hmpi_copy(void *dst, const void *src, size_t bytes)
 {
     if (dst != src && bytes > 0)
         memmove(dst, src, bytes);
 }
 
 /* Combine the local parts' src (offset `off` bytes, `count` elements) into dst. */
-static void combine(const ccq_be_op *op, size_t off, size_t count, void *dst)
+void hmpi_combine(const ccq_be_op *op, size_t off, size_t count, void *dst)
 {
     const void *src[CCQ_MAX_DEVICES];
     void *d[1] = {dst};
@@ -294,7 +254,7 @@ static void combine(const ccq_be_op *op, size_t off, size_t count, void *dst)
 
 /* ---- the communicator ----------------------------------------------------------------- */
 
-static ccq_status mpi_err(ccq_errbuf *err, int rc, const char *what)
+ccq_status hmpi_mpi_err(ccq_errbuf *err, int rc, const char *what)
 {
     char s[MPI_MAX_ERROR_STRING];
     int n = 0;
@@ -348,8 +308,6 @@ void ccq_hmpi_root_blob(uint32_t world_rank, void *blob)
     memcpy(blob, v, sizeof v);
 }
 
-static void comm_unref(ccq_hmpi_comm *c);
-
 static int tag_ub_of(MPI_Comm comm)
 {
     int flag = 0, *attr = NULL;
@@ -378,7 +336,7 @@ ccq_status ccq_hmpi_world_post(int64_t mpi_comm, ccq_hmpi_world **out, ccq_errbu
     ccq_mpi_unlock();
     if (rc != MPI_SUCCESS) {
         free(w);
-        return mpi_err(err, rc, "MPI_Comm_idup of the world communicator");
+        return hmpi_mpi_err(err, rc, "MPI_Comm_idup of the world communicator");
     }
     *out = w;
     return CCQ_OK;
@@ -397,7 +355,7 @@ ccq_status ccq_hmpi_world_test(ccq_hmpi_world *w, ccq_errbuf *err)
     }
     ccq_mpi_unlock();
     if (rc != MPI_SUCCESS)
-        return mpi_err(err, rc, "MPI_Comm_idup of the world communicator");
+        return hmpi_mpi_err(err, rc, "MPI_Comm_idup of the world communicator");
     return w->done ? CCQ_OK : CCQ_IN_PROGRESS;
 }
 
@@ -410,6 +368,43 @@ void ccq_hmpi_world_free(ccq_hmpi_world *w)
         MPI_Comm_free(&w->dup);
     ccq_mpi_unlock();
     free(w);
+}
+
+static void comm_queues_init(ccq_hmpi_comm *c)
+{
+    for (int q = 0; q < HMPI_NWQ; q++) {
+        c->wq[q] = NULL;
+        c->wq_tail[q] = &c->wq[q];
+    }
+    c->split = NULL;
+    c->split_tail = &c->split;
+    c->sets = NULL;
+    c->sets_tail = &c->sets;
+}
+
+void hmpi_wq_push(ccq_hmpi_comm *c, int q, ccq_hmpi_op *h)
+{
+    h->wq = q;
+    h->wnext = NULL;
+    *c->wq_tail[q] = h;
+    c->wq_tail[q] = &h->wnext;
+}
+
+void hmpi_wq_remove(ccq_hmpi_comm *c, ccq_hmpi_op *h)
+{
+    int q = h->wq;
+    if (q < 0)
+        return;
+    for (ccq_hmpi_op **pp = &c->wq[q]; *pp != NULL; pp = &(*pp)->wnext) {
+        if (*pp != h)
+            continue;
+        *pp = h->wnext;
+        if (c->wq_tail[q] == &h->wnext)
+            c->wq_tail[q] = pp;
+        break;
+    }
+    h->wq = -1;
+    h->wnext = NULL;
 }
 
 ccq_status ccq_hmpi_pair_create(const ccq_be_comm_desc *d, ccq_hmpi_world *w, const void *blob,
@@ -437,10 +432,9 @@ ccq_status ccq_hmpi_pair_create(const ccq_be_comm_desc *d, ccq_hmpi_world *w, co
         memcpy(v, blob, sizeof v);
     c->refs = 1;
     c->pair = true;
+    memcpy(c->blob, v, sizeof v);
     c->p2p = w->dup;
     c->mc = MPI_COMM_NULL;
-    c->mpi_comm = w->mpi_comm;
-    memcpy(c->blob, v, sizeof v);
     c->nprocs = 2;
     c->fr = c->nl + 2;
     c->nl[0] = c->nl[1] = 1;
@@ -456,23 +450,27 @@ ccq_status ccq_hmpi_pair_create(const ccq_be_comm_desc *d, ccq_hmpi_world *w, co
     ub = tag_ub_of(w->dup);
     if (make_types() != MPI_SUCCESS) {
         ccq_mpi_unlock();
-        comm_unref(c);
+        hmpi_comm_unref(c);
         snprintf(err->msg, sizeof err->msg, "MPI_Type_contiguous / MPI_Op_create failed");
         return CCQ_ERR_BACKEND;
     }
     ccq_mpi_unlock();
-    /* The pair's identity, from what the lower process chose (its world rank, how many
-     * communicators it made): unique among the pairs of these two processes while the
-     * count stays below 2^15; ranks 0 and 1 send under two consecutive tags. */
-    c->pair_tag = (int)((((uint64_t)v[0] << 16 | (v[1] & 0x7fffu) << 1)) % (uint64_t)(ub & ~1));
+    /* The pair's identity, from what the lower process chose (how many communicators it
+     * made): messages are matched by sender, so only pairs of these two processes need tags
+     * apart, and the lower process is the same for all of them. HMPI_PAIR_TAGS per pair:
+     * unique while the count stays below (tag upper bound + 1) / 16 (134 million on Open
+     * MPI and MPICH, 2048 where MPI allows only the standard's minimum 32767). */
+    c->pair_tag = (int)((v[1] % (((uint64_t)ub + 1) / HMPI_PAIR_TAGS)) * HMPI_PAIR_TAGS);
+    comm_queues_init(c);
     *out = c;
     return CCQ_OK;
 }
 
-static void comm_unref(ccq_hmpi_comm *c)
+void hmpi_comm_unref(ccq_hmpi_comm *c)
 {
     if (--c->refs > 0)
         return;
+    hmpi_check_free(c);
     if (c->mc != MPI_COMM_NULL)
         MPI_Comm_free(&c->mc);
     free(c->nl);
@@ -500,16 +498,15 @@ static ccq_status group_comm(MPI_Comm world, const int *ranks, int n, const uint
     if (wg != MPI_GROUP_NULL)
         MPI_Group_free(&wg);
     if (rc != MPI_SUCCESS)
-        return mpi_err(err, rc, "MPI_Comm_create_group");
+        return hmpi_mpi_err(err, rc, "MPI_Comm_create_group");
     MPI_Comm_set_errhandler(*out, MPI_ERRORS_RETURN);
     return CCQ_OK;
 }
 
-ccq_status ccq_hmpi_comm_create(const ccq_be_comm_desc *d, int64_t mpi_comm, const void *blob,
+ccq_status ccq_hmpi_comm_create(const ccq_be_comm_desc *d, ccq_hmpi_world *w, const void *blob,
                                 size_t blob_len, ccq_hmpi_comm **out, ccq_errbuf *err)
 {
     ccq_hmpi_comm *c;
-    MPI_Comm world = MPI_COMM_WORLD;
     int *ranks = NULL, rc;
     uint32_t v[2] = {0, 0};
     ccq_status st = CCQ_OK;
@@ -524,11 +521,13 @@ ccq_status ccq_hmpi_comm_create(const ccq_be_comm_desc *d, int64_t mpi_comm, con
     if (c != NULL) {
         c->nl = malloc(2 * d->nprocs * sizeof *c->nl);
         c->procs = malloc(d->nprocs * sizeof *c->procs);
+        c->in = calloc(d->nprocs, sizeof *c->in);
     }
-    if (c == NULL || ranks == NULL || c->nl == NULL || c->procs == NULL) {
+    if (c == NULL || ranks == NULL || c->nl == NULL || c->procs == NULL || c->in == NULL) {
         if (c != NULL) {
             free(c->nl);
             free(c->procs);
+            free(c->in);
         }
         free(c);
         free(ranks);
@@ -542,7 +541,10 @@ ccq_status ccq_hmpi_comm_create(const ccq_be_comm_desc *d, int64_t mpi_comm, con
     c->nranks = d->nranks;
     c->first_rank = d->first_rank;
     c->nlocal = d->nlocal;
+    c->fusion_bytes = d->fusion_bytes;
     c->me = -1;
+    memcpy(c->blob, v, sizeof v);
+    comm_queues_init(c);
     for (uint32_t p = 0; p < d->nprocs; p++) {
         ranks[p] = (int)d->procs[p];
         c->procs[p] = d->procs[p];
@@ -551,20 +553,20 @@ ccq_status ccq_hmpi_comm_create(const ccq_be_comm_desc *d, int64_t mpi_comm, con
     }
 
     ccq_mpi_lock();
-    if (mpi_comm >= 0)
-        world = MPI_Comm_f2c((MPI_Fint)mpi_comm);
     rc = make_types();
     if (rc != MPI_SUCCESS) {
-        st = mpi_err(err, rc, "MPI_Type_contiguous / MPI_Op_create");
+        st = hmpi_mpi_err(err, rc, "MPI_Type_contiguous / MPI_Op_create");
         goto out;
     }
-    if ((st = group_comm(world, ranks, c->nprocs, v, &c->mc, err)) != CCQ_OK)
+    /* On ccq's duplicate of the world (errors return there; the world's own handler is the
+     * embedder's, fatal by default). */
+    if ((st = group_comm(w->dup, ranks, c->nprocs, v, &c->mc, err)) != CCQ_OK)
         goto out;
     {
         int mine = (int)d->nlocal;
         rc = MPI_Allgather(&mine, 1, MPI_INT, c->nl, 1, MPI_INT, c->mc);
         if (rc != MPI_SUCCESS) {
-            st = mpi_err(err, rc, "MPI_Allgather of the local rank counts");
+            st = hmpi_mpi_err(err, rc, "MPI_Allgather of the local rank counts");
             goto out;
         }
     }
@@ -584,7 +586,7 @@ ccq_status ccq_hmpi_comm_create(const ccq_be_comm_desc *d, int64_t mpi_comm, con
     }
 out:
     if (st != CCQ_OK)
-        comm_unref(c);
+        hmpi_comm_unref(c);
     ccq_mpi_unlock();
     free(ranks);
     if (st == CCQ_OK)
@@ -597,34 +599,29 @@ void ccq_hmpi_comm_destroy(ccq_hmpi_comm *c)
     if (c == NULL)
         return;
     ccq_mpi_lock();
-    comm_unref(c);
+    hmpi_comm_unref(c);
     ccq_mpi_unlock();
 }
 
 /* ---- operations ----------------------------------------------------------------------- */
 
-static ccq_status launch(ccq_hmpi_op *h, bool collective, ccq_hmpi_op **out, ccq_errbuf *err);
-static ccq_hmpi_op *op_new(ccq_hmpi_comm *c, const ccq_be_op *op, uint64_t now_ns, ccq_errbuf *err);
-static int post_fused(ccq_hmpi_op *h);
-static int post_min(ccq_hmpi_op *h);
-static void finish_fused(ccq_hmpi_op *h);
-
 static void op_free(ccq_hmpi_op *h)
 {
     for (int k = 0; k < H_NBUF; k++)
         pool_put(h->buf[k], h->cap[k]);
-    comm_unref(h->c);
+    hmpi_comm_unref(h->c);
+    hmpi_fused_unref(h->fz);
     free(h);
 }
 
-static void *scratch(ccq_hmpi_op *h, int k, size_t bytes)
+void *hmpi_scratch(ccq_hmpi_op *h, int k, size_t bytes)
 {
     h->buf[k] = pool_get(bytes ? bytes : 1, &h->cap[k]);
     return h->buf[k];
 }
 
 /* The process owning rank r. */
-static int owner(const ccq_hmpi_comm *c, uint32_t r)
+int hmpi_owner(const ccq_hmpi_comm *c, uint32_t r)
 {
     int p = 0;
     while (p + 1 < c->nprocs && (uint32_t)c->fr[p + 1] <= r)
@@ -632,12 +629,12 @@ static int owner(const ccq_hmpi_comm *c, uint32_t r)
     return p;
 }
 
-static const char *kind_name(uint8_t kind)
+const char *hmpi_kind_name(uint8_t kind)
 {
     return kind < CCQ_KIND_COUNT_ ? ccq_kinds[kind].name : "?";
 }
 
-static const char *dtype_name(uint8_t dt)
+const char *hmpi_dtype_name(uint8_t dt)
 {
     static const char *const names[CCQ_DTYPE_COUNT_] = {
         "int8",    "uint8",   "int32",   "uint32",   "int64",      "uint64",
@@ -645,16 +642,16 @@ static const char *dtype_name(uint8_t dt)
     return dt < CCQ_DTYPE_COUNT_ ? names[dt] : "?";
 }
 
-/* Post the MPI operation of op (after the local combine). Lock held. */
-static int post(ccq_hmpi_op *h, const ccq_be_op *op)
+/* Post the MPI collective of op (after the local combine). Lock held. */
+int hmpi_post_collective(ccq_hmpi_op *h, const ccq_be_op *op)
 {
     ccq_hmpi_comm *c = h->c;
     ccq_dtype dt = (ccq_dtype)op->dtype;
-    size_t es = esize(dt), cnt = op->count, blk = cnt * es;
+    size_t es = hmpi_esize(dt), cnt = op->count, blk = cnt * es;
     uint32_t nl = op->nparts, nr = c->nranks;
     int n = (int)cnt, me = c->me, P = c->nprocs;
     int *cnts = h->v, *disp = h->v + P, *cnts2 = h->v + 2 * P, *disp2 = h->v + 3 * P;
-    MPI_Datatype t = mpi_type(dt), rt;
+    MPI_Datatype t = hmpi_mpi_type(dt), rt;
     MPI_Op mop;
     const ccq_be_part *pt = op->parts;
 
@@ -662,80 +659,80 @@ static int post(ccq_hmpi_op *h, const ccq_be_op *op)
     case CCQ_KIND_ALL_REDUCE: {
         const void *in = pt[0].src;
         if (nl > 1 || pt[0].src == pt[0].dst) {
-            in = scratch(h, H_BUF_SCRATCH, blk);
+            in = hmpi_scratch(h, H_BUF_SCRATCH, blk);
             if (in == NULL)
                 return -1;
             if (nl > 1)
-                combine(op, 0, cnt, (void *)in);
+                hmpi_combine(op, 0, cnt, (void *)in);
             else
-                copy((void *)in, pt[0].src, blk);
+                hmpi_copy((void *)in, pt[0].src, blk);
         }
         h->out = pt[0].dst;
-        mpi_reduction(dt, (ccq_reduce_op)op->redop, &rt, &mop);
+        hmpi_reduction(dt, (ccq_reduce_op)op->redop, &rt, &mop);
         h->what = "MPI_Iallreduce";
-        return MPI_Iallreduce(in, h->out, n, rt, mop, c->mc, &h->req);
+        return MPI_Iallreduce(in, h->out, n, rt, mop, c->mc, &h->req[RQ_OP]);
     }
     case CCQ_KIND_REDUCE: {
         uint32_t rl = op->root - c->first_rank; /* the root's local part, if here */
-        int rp = owner(c, op->root);
+        int rp = hmpi_owner(c, op->root);
         const void *in = pt[0].src;
         void *outp = rp == me ? pt[rl].dst : NULL;
         if (nl > 1 || (outp != NULL && outp == in)) {
-            in = scratch(h, H_BUF_SCRATCH, blk);
+            in = hmpi_scratch(h, H_BUF_SCRATCH, blk);
             if (in == NULL)
                 return -1;
             if (nl > 1)
-                combine(op, 0, cnt, (void *)in);
+                hmpi_combine(op, 0, cnt, (void *)in);
             else
-                copy((void *)in, pt[0].src, blk);
+                hmpi_copy((void *)in, pt[0].src, blk);
         }
         h->out = outp;
-        mpi_reduction(dt, (ccq_reduce_op)op->redop, &rt, &mop);
+        hmpi_reduction(dt, (ccq_reduce_op)op->redop, &rt, &mop);
         h->what = "MPI_Ireduce";
-        return MPI_Ireduce(in, outp, n, rt, mop, rp, c->mc, &h->req);
+        return MPI_Ireduce(in, outp, n, rt, mop, rp, c->mc, &h->req[RQ_OP]);
     }
     case CCQ_KIND_BROADCAST: {
-        int rp = owner(c, op->root);
+        int rp = hmpi_owner(c, op->root);
         void *b = rp == me ? (void *)pt[op->root - c->first_rank].src : pt[0].dst;
         h->out = b;
         h->what = "MPI_Ibcast";
-        return MPI_Ibcast(b, n, t, rp, c->mc, &h->req);
+        return MPI_Ibcast(b, n, t, rp, c->mc, &h->req[RQ_OP]);
     }
     case CCQ_KIND_ALL_GATHER: {
         char *d0 = pt[0].dst;
         for (uint32_t k = 0; k < nl; k++)
-            copy(d0 + (size_t)(c->first_rank + k) * blk, pt[k].src, blk);
+            hmpi_copy(d0 + (size_t)(c->first_rank + k) * blk, pt[k].src, blk);
         for (int p = 0; p < P; p++) {
             cnts[p] = c->nl[p] * n;
             disp[p] = c->fr[p] * n;
         }
         h->out = d0;
         h->what = "MPI_Iallgatherv";
-        return MPI_Iallgatherv(MPI_IN_PLACE, 0, t, d0, cnts, disp, t, c->mc, &h->req);
+        return MPI_Iallgatherv(MPI_IN_PLACE, 0, t, d0, cnts, disp, t, c->mc, &h->req[RQ_OP]);
     }
     case CCQ_KIND_REDUCE_SCATTER: {
         /* Combine all local srcs (nr blocks) into scratch, MPI_Ireduce_scatter to this
          * process's nl blocks, then each local rank takes its block. */
         const char *s0 = pt[0].src, *d0 = pt[0].dst;
         bool alias = d0 >= s0 && d0 < s0 + blk * nr; /* in place: MPI must not read dst */
-        void *in = nl == 1 && !alias ? (void *)s0 : scratch(h, H_BUF_SCRATCH, blk * nr);
-        void *r = nl == 1 ? pt[0].dst : scratch(h, H_BUF_RECV, blk * nl);
+        void *in = nl == 1 && !alias ? (void *)s0 : hmpi_scratch(h, H_BUF_SCRATCH, blk * nr);
+        void *r = nl == 1 ? pt[0].dst : hmpi_scratch(h, H_BUF_RECV, blk * nl);
         if (in == NULL || r == NULL)
             return -1;
         if (in != s0)
-            combine(op, 0, cnt * nr, in);
+            hmpi_combine(op, 0, cnt * nr, in);
         for (int p = 0; p < P; p++)
             cnts[p] = c->nl[p] * n;
         h->out = r;
-        mpi_reduction(dt, (ccq_reduce_op)op->redop, &rt, &mop);
+        hmpi_reduction(dt, (ccq_reduce_op)op->redop, &rt, &mop);
         h->what = "MPI_Ireduce_scatter";
-        return MPI_Ireduce_scatter(in, r, cnts, rt, mop, c->mc, &h->req);
+        return MPI_Ireduce_scatter(in, r, cnts, rt, mop, c->mc, &h->req[RQ_OP]);
     }
     case CCQ_KIND_ALL_TO_ALL: {
         /* Pack per destination process q: [local rank k][q's rank j] = block fr[q]+j of
          * src_k; receive from p: [p's rank i][local rank j]. */
-        char *sb = scratch(h, H_BUF_SCRATCH, blk * nr * nl);
-        char *rb = scratch(h, H_BUF_RECV, blk * nr * nl);
+        char *sb = hmpi_scratch(h, H_BUF_SCRATCH, blk * nr * nl);
+        char *rb = hmpi_scratch(h, H_BUF_RECV, blk * nr * nl);
         size_t o = 0;
         if (sb == NULL || rb == NULL)
             return -1;
@@ -744,7 +741,7 @@ static int post(ccq_hmpi_op *h, const ccq_be_op *op)
             disp[q] = (int)(o / es);
             for (uint32_t k = 0; k < nl; k++)
                 for (int j = 0; j < c->nl[q]; j++, o += blk)
-                    copy(sb + o, (const char *)pt[k].src + (size_t)(c->fr[q] + j) * blk, blk);
+                    hmpi_copy(sb + o, (const char *)pt[k].src + (size_t)(c->fr[q] + j) * blk, blk);
         }
         for (int p = 0, ro = 0; p < P; p++) {
             cnts2[p] = c->nl[p] * (int)nl * n;
@@ -753,10 +750,10 @@ static int post(ccq_hmpi_op *h, const ccq_be_op *op)
         }
         h->out = rb;
         h->what = "MPI_Ialltoallv";
-        return MPI_Ialltoallv(sb, cnts, disp, t, rb, cnts2, disp2, t, c->mc, &h->req);
+        return MPI_Ialltoallv(sb, cnts, disp, t, rb, cnts2, disp2, t, c->mc, &h->req[RQ_OP]);
     }
     case CCQ_KIND_GATHER: {
-        int rp = owner(c, op->root);
+        int rp = hmpi_owner(c, op->root);
         for (int p = 0; p < P; p++) {
             cnts[p] = c->nl[p] * n;
             disp[p] = c->fr[p] * n;
@@ -765,24 +762,24 @@ static int post(ccq_hmpi_op *h, const ccq_be_op *op)
         if (rp == me) {
             char *d = pt[op->root - c->first_rank].dst;
             for (uint32_t k = 0; k < nl; k++)
-                copy(d + (size_t)(c->first_rank + k) * blk, pt[k].src, blk);
-            return MPI_Igatherv(MPI_IN_PLACE, 0, t, d, cnts, disp, t, rp, c->mc, &h->req);
+                hmpi_copy(d + (size_t)(c->first_rank + k) * blk, pt[k].src, blk);
+            return MPI_Igatherv(MPI_IN_PLACE, 0, t, d, cnts, disp, t, rp, c->mc, &h->req[RQ_OP]);
         }
         {
             const void *in = pt[0].src;
             if (nl > 1) {
-                char *s = scratch(h, H_BUF_SCRATCH, blk * nl);
+                char *s = hmpi_scratch(h, H_BUF_SCRATCH, blk * nl);
                 if (s == NULL)
                     return -1;
                 for (uint32_t k = 0; k < nl; k++)
-                    copy(s + k * blk, pt[k].src, blk);
+                    hmpi_copy(s + k * blk, pt[k].src, blk);
                 in = s;
             }
-            return MPI_Igatherv(in, (int)nl * n, t, NULL, cnts, disp, t, rp, c->mc, &h->req);
+            return MPI_Igatherv(in, (int)nl * n, t, NULL, cnts, disp, t, rp, c->mc, &h->req[RQ_OP]);
         }
     }
     case CCQ_KIND_SCATTER: {
-        int rp = owner(c, op->root);
+        int rp = hmpi_owner(c, op->root);
         for (int p = 0; p < P; p++) {
             cnts[p] = c->nl[p] * n;
             disp[p] = c->fr[p] * n;
@@ -793,50 +790,17 @@ static int post(ccq_hmpi_op *h, const ccq_be_op *op)
             /* The root's own blocks never cross MPI; in place (dst = src + root * count)
              * the root's block is already there. */
             for (uint32_t k = 0; k < nl; k++)
-                copy(pt[k].dst, s + (size_t)(c->first_rank + k) * blk, blk);
+                hmpi_copy(pt[k].dst, s + (size_t)(c->first_rank + k) * blk, blk);
             h->out = NULL;
-            return MPI_Iscatterv(s, cnts, disp, t, MPI_IN_PLACE, 0, t, rp, c->mc, &h->req);
+            return MPI_Iscatterv(s, cnts, disp, t, MPI_IN_PLACE, 0, t, rp, c->mc, &h->req[RQ_OP]);
         }
         {
-            void *r = nl == 1 ? pt[0].dst : scratch(h, H_BUF_RECV, blk * nl);
+            void *r = nl == 1 ? pt[0].dst : hmpi_scratch(h, H_BUF_RECV, blk * nl);
             if (r == NULL)
                 return -1;
             h->out = r;
-            return MPI_Iscatterv(NULL, cnts, disp, t, r, (int)nl * n, t, rp, c->mc, &h->req);
+            return MPI_Iscatterv(NULL, cnts, disp, t, r, (int)nl * n, t, rp, c->mc, &h->req[RQ_OP]);
         }
-    }
-    case CCQ_KIND_SEND:
-    case CCQ_KIND_RECV: {
-        /* One half of a pair whose other half is in the peer process. The pair's MPI
-         * communicator is its own, and MPI does not overtake messages of one sender on one
-         * communicator and tag, so halves pair in the runtime's per-pair sequence; the tag
-         * carries that sequence too (a check, and a reader's help in MPI traces). */
-        int peer = owner(c, op->peer), tag;
-        if (c->pair) {
-            /* On the world's duplicate: the peer's world rank, the pair's tag of the sender */
-            tag = c->pair_tag + (op->kind == CCQ_KIND_SEND ? c->me : 1 - c->me);
-            peer = (int)c->procs[peer];
-        } else {
-            tag = (int)(op->seq % (uint64_t)tag_ub_of(c->mc));
-        }
-        MPI_Comm pc = c->pair ? c->p2p : c->mc;
-        if (op->kind == CCQ_KIND_SEND) {
-            const void *s = pt[0].src;
-            /* Always from a copy: the send completes at once (ccq_hmpi_detach), so a send
-             * then a recv on one stream (a ring) cannot wait for the peer's send behind its
-             * own; also covers stage_src (a later op of its stream in the batch writes src). */
-            {
-                void *cp = scratch(h, H_BUF_SCRATCH, blk);
-                if (cp == NULL)
-                    return -1;
-                copy(cp, s, blk);
-                s = cp;
-            }
-            h->what = "MPI_Isend";
-            return MPI_Isend(s, n, t, peer, tag, pc, &h->req);
-        }
-        h->what = "MPI_Irecv";
-        return MPI_Irecv(pt[0].dst, n, t, peer, tag, pc, &h->req);
     }
     default:
         h->what = "?";
@@ -849,7 +813,7 @@ static void finish(ccq_hmpi_op *h, const ccq_be_op *op)
 {
     ccq_hmpi_comm *c = h->c;
     ccq_dtype dt = (ccq_dtype)op->dtype;
-    size_t es = esize(dt), cnt = op->count, blk = cnt * es;
+    size_t es = hmpi_esize(dt), cnt = op->count, blk = cnt * es;
     uint32_t nl = op->nparts;
     bool avg = op->redop == CCQ_AVG;
     const ccq_be_part *pt = op->parts;
@@ -857,52 +821,137 @@ static void finish(ccq_hmpi_op *h, const ccq_be_op *op)
     switch (op->kind) {
     case CCQ_KIND_ALL_REDUCE:
         if (avg)
-            divide(dt, h->out, cnt, c->nranks);
+            hmpi_divide(dt, h->out, cnt, c->nranks);
         for (uint32_t k = 1; k < nl; k++)
-            copy(pt[k].dst, h->out, blk);
+            hmpi_copy(pt[k].dst, h->out, blk);
         break;
     case CCQ_KIND_REDUCE:
         if (avg && h->out != NULL)
-            divide(dt, h->out, cnt, c->nranks);
+            hmpi_divide(dt, h->out, cnt, c->nranks);
         break;
     case CCQ_KIND_BROADCAST:
         for (uint32_t k = 0; k < nl; k++)
-            copy(pt[k].dst, h->out, blk);
+            hmpi_copy(pt[k].dst, h->out, blk);
         break;
     case CCQ_KIND_ALL_GATHER:
         for (uint32_t k = 1; k < nl; k++)
-            copy(pt[k].dst, h->out, blk * c->nranks);
+            hmpi_copy(pt[k].dst, h->out, blk * c->nranks);
         break;
     case CCQ_KIND_REDUCE_SCATTER:
         if (avg)
-            divide(dt, h->out, cnt * nl, c->nranks);
+            hmpi_divide(dt, h->out, cnt * nl, c->nranks);
         for (uint32_t k = 0; k < nl; k++)
-            copy(pt[k].dst, (const char *)h->out + k * blk, blk);
+            hmpi_copy(pt[k].dst, (const char *)h->out + k * blk, blk);
         break;
     case CCQ_KIND_ALL_TO_ALL: {
         const char *rb = h->out;
         for (int p = 0; p < c->nprocs; p++)
             for (int i = 0; i < c->nl[p]; i++)
                 for (uint32_t j = 0; j < nl; j++, rb += blk)
-                    copy((char *)pt[j].dst + (size_t)(c->fr[p] + i) * blk, rb, blk);
+                    hmpi_copy((char *)pt[j].dst + (size_t)(c->fr[p] + i) * blk, rb, blk);
         break;
     }
     case CCQ_KIND_SCATTER:
         if (h->out != NULL)
             for (uint32_t k = 0; k < nl; k++)
-                copy(pt[k].dst, (const char *)h->out + k * blk, blk);
+                hmpi_copy(pt[k].dst, (const char *)h->out + k * blk, blk);
         break;
     default:
         break;
     }
 }
 
-ccq_status ccq_hmpi_start(ccq_hmpi_comm *c, const ccq_be_op *op, uint64_t now_ns, ccq_hmpi_op **out,
-                          ccq_errbuf *err)
+/* The MPI collective a communicator over member processes runs for a kind (for details). */
+static const char *collective_call(uint8_t kind)
+{
+    switch (kind) {
+    case CCQ_KIND_ALL_REDUCE:
+        return "MPI_Iallreduce";
+    case CCQ_KIND_REDUCE:
+        return "MPI_Ireduce";
+    case CCQ_KIND_BROADCAST:
+        return "MPI_Ibcast";
+    case CCQ_KIND_ALL_GATHER:
+        return "MPI_Iallgatherv";
+    case CCQ_KIND_REDUCE_SCATTER:
+        return "MPI_Ireduce_scatter";
+    case CCQ_KIND_ALL_TO_ALL:
+        return "MPI_Ialltoallv";
+    case CCQ_KIND_GATHER:
+        return "MPI_Igatherv";
+    case CCQ_KIND_SCATTER:
+        return "MPI_Iscatterv";
+    default:
+        return "?";
+    }
+}
+
+static uint64_t mono_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+void hmpi_stepped(void)
+{
+    last_step = mono_ns();
+}
+
+uint64_t ccq_hmpi_last_step(void)
+{
+    uint64_t t;
+    ccq_mpi_lock();
+    t = last_step;
+    ccq_mpi_unlock();
+    return t;
+}
+
+void hmpi_fail(ccq_hmpi_op *h, ccq_status st, const char *detail)
+{
+    h->phase = PH_FAILED;
+    h->fail = st;
+    size_t n = strlen(detail) + 1;
+    free(h->fail_detail);
+    h->fail_detail = malloc(n);
+    if (h->fail_detail != NULL)
+        memcpy(h->fail_detail, detail, n);
+}
+
+static void op_release(ccq_hmpi_op *h)
+{
+    free(h->fail_detail);
+    op_free(h);
+}
+
+/* Keep h until MPI completes its requests (tested by ccq_hmpi_reap). Lock held. */
+static void keep(ccq_hmpi_op *h)
+{
+    h->op = NULL;
+    h->next = abandoned;
+    abandoned = h;
+    nabandoned++;
+}
+
+/* Free h now if MPI is done with it (MPI_Testall frees completed requests), else keep it. */
+static void release_or_keep(ccq_hmpi_op *h)
+{
+    int flag = 0;
+    h->op = NULL;
+    if (MPI_Testall(RQ_N, h->req, &flag, MPI_STATUSES_IGNORE) == MPI_SUCCESS && flag)
+        op_release(h);
+    else
+        keep(h);
+}
+
+/* Start op; run_op: op as ccq_hmpi_start_run gave it, followed by `run` more of its run. */
+static ccq_status start_one(ccq_hmpi_comm *c, const ccq_be_op *op, ccq_be_op *run_op, uint32_t run,
+                            uint64_t now_ns, ccq_hmpi_op **out, ccq_errbuf *err)
 {
     ccq_hmpi_op *h;
     const ccq_kind_info *ki = &ccq_kinds[op->kind < CCQ_KIND_COUNT_ ? op->kind : 0];
     size_t total = op->count;
+    ccq_status st;
 
     *out = NULL;
     if (ki->src_n || ki->dst_n) /* the v collectives count every rank's block */
@@ -913,60 +962,45 @@ ccq_status ccq_hmpi_start(ccq_hmpi_comm *c, const ccq_be_op *op, uint64_t now_ns
         snprintf(err->msg, sizeof err->msg,
                  "%s of %zu elements on %u ranks across processes: MPI's int counts hold at "
                  "most %d elements per call",
-                 kind_name(op->kind), op->count, c->nranks, INT_MAX);
+                 hmpi_kind_name(op->kind), op->count, c->nranks, INT_MAX);
         return CCQ_ERR_UNSUPPORTED;
     }
-    if ((h = op_new(c, op, now_ns, err)) == NULL)
-        return CCQ_ERR_NO_MEMORY;
-    return launch(h, ccq_kinds[op->kind].collective, out, err);
-}
-
-/* A new operation on c (with room for the v collectives' counts), or NULL (err set). */
-static ccq_hmpi_op *op_new(ccq_hmpi_comm *c, const ccq_be_op *op, uint64_t now_ns, ccq_errbuf *err)
-{
-    ccq_hmpi_op *h = calloc(1, sizeof *h + 4 * (size_t)c->nprocs * sizeof(int));
+    if (!c->pair && !ki->collective) {
+        snprintf(err->msg, sizeof err->msg,
+                 "internal: a %s half on a communicator of %d processes (halves across processes "
+                 "travel on their pair's)",
+                 ki->name, c->nprocs);
+        return CCQ_ERR_BACKEND;
+    }
+    h = calloc(1, sizeof *h + 4 * (size_t)c->nprocs * sizeof(int));
     if (h == NULL) {
         snprintf(err->msg, sizeof err->msg, "out of memory");
-        return NULL;
+        return CCQ_ERR_NO_MEMORY;
     }
     h->v = (int *)(h + 1);
     h->c = c;
     h->op = op;
-    h->req = MPI_REQUEST_NULL;
+    for (int k = 0; k < RQ_N; k++)
+        h->req[k] = MPI_REQUEST_NULL;
     h->start_ns = now_ns;
-    return h;
-}
-
-/* Post the MPI operation h describes (one op, a fused group or an agreement) and hand it
- * out, or free it and say why. */
-static ccq_status launch(ccq_hmpi_op *h, bool collective, ccq_hmpi_op **out, ccq_errbuf *err)
-{
-    ccq_hmpi_comm *c = h->c;
-    int rc;
-
+    h->seq = op->seq;
+    h->wq = -1;
+    h->phase = PH_WAIT;
+    h->what = collective_call(op->kind);
+    h->run_op = run_op;
     ccq_mpi_lock();
-    if (c->pair && c->mc == MPI_COMM_NULL && collective) {
-        /* A collective on a pair's communicator: its own MPI communicator, at first use. */
-        int ranks[2] = {(int)c->procs[0], (int)c->procs[1]};
-        MPI_Comm world = c->mpi_comm >= 0 ? MPI_Comm_f2c((MPI_Fint)c->mpi_comm) : MPI_COMM_WORLD;
-        ccq_status st = group_comm(world, ranks, 2, c->blob, &c->mc, err);
-        if (st != CCQ_OK) {
-            ccq_mpi_unlock();
-            free(h);
-            return st;
-        }
-    }
     c->refs++;
-    rc = h->minvec != NULL ? post_min(h) : h->ops != NULL ? post_fused(h) : post(h, h->op);
-    if (rc != MPI_SUCCESS) {
-        ccq_status st;
-        if (rc == -1) {
-            snprintf(err->msg, sizeof err->msg, "out of memory for MPI scratch");
-            st = CCQ_ERR_NO_MEMORY;
-        } else {
-            st = mpi_err(err, rc, h->what);
-        }
-        op_free(h);
+    if (c->pair) {
+        st = hmpi_pair_start(h, op, err);
+    } else {
+        st = hmpi_check_start(h, op, run);
+        if (st != CCQ_OK)
+            snprintf(err->msg, sizeof err->msg, "out of memory");
+    }
+    if (st != CCQ_OK) {
+        /* Requests already posted (a header sent) finish on their own: keep h until then. */
+        hmpi_wq_remove(c, h);
+        release_or_keep(h);
         ccq_mpi_unlock();
         return st;
     }
@@ -975,251 +1009,139 @@ static ccq_status launch(ccq_hmpi_op *h, bool collective, ccq_hmpi_op **out, ccq
     return CCQ_OK;
 }
 
-/* ---- fusion (docs/fusion.md) ---------------------------------------------------------- */
-
-/*
- * Post one MPI operation over a fused group's ops (h->ops, h->nops; h->total elements of
- * their blocks), their blocks laid out so one call moves all of them (off_i: the elements of
- * the ops before op i; T = h->total):
- *  - all_reduce: [op 0 | op 1 | ...], each the local combine of the op's parts;
- *  - broadcast: the root process packs its parts' src the same way;
- *  - all_gather: each process sends [op i: its nl ranks' blocks] (nl * T elements), received
- *    per process p at fr[p] * T: [op i: p's nl[p] blocks at nl[p] * off_i];
- *  - reduce_scatter: the combined input ordered per destination process p (at fr[p] * T):
- *    [op i: blocks fr[p] .. fr[p] + nl[p] - 1 of its combined input], so MPI's counts are
- *    nl[p] * T; this process gets [op i: its nl blocks at nl * off_i].
- * Each element meets the same local kernel and the same MPI datatype and op as unfused.
- * Lock held.
- */
-static int post_fused(ccq_hmpi_op *h)
+ccq_status ccq_hmpi_start(ccq_hmpi_comm *c, const ccq_be_op *op, uint64_t now_ns, ccq_hmpi_op **out,
+                          ccq_errbuf *err)
 {
-    ccq_hmpi_comm *c = h->c;
-    const ccq_be_op *op0 = h->ops[0];
-    ccq_dtype dt = (ccq_dtype)op0->dtype;
-    size_t es = esize(dt), T = h->total, off;
-    uint32_t nl = op0->nparts, nr = c->nranks;
-    int P = c->nprocs, me = c->me;
-    int *cnts = h->v, *disp = h->v + P;
-    MPI_Datatype t = mpi_type(dt), rt;
-    MPI_Op mop;
-
-    switch (op0->kind) {
-    case CCQ_KIND_ALL_REDUCE: {
-        char *in = scratch(h, H_BUF_SCRATCH, T * es), *o = scratch(h, H_BUF_RECV, T * es);
-        if (in == NULL || o == NULL)
-            return -1;
-        off = 0;
-        for (uint32_t i = 0; i < h->nops; i++) {
-            const ccq_be_op *op = h->ops[i];
-            if (nl > 1)
-                combine(op, 0, op->count, in + off * es);
-            else
-                copy(in + off * es, op->parts[0].src, op->count * es);
-            off += op->count;
-        }
-        h->out = o;
-        mpi_reduction(dt, (ccq_reduce_op)op0->redop, &rt, &mop);
-        h->what = "MPI_Iallreduce";
-        return MPI_Iallreduce(in, o, (int)T, rt, mop, c->mc, &h->req);
-    }
-    case CCQ_KIND_BROADCAST: {
-        int rp = owner(c, op0->root);
-        char *b = scratch(h, H_BUF_SCRATCH, T * es);
-        if (b == NULL)
-            return -1;
-        off = 0;
-        for (uint32_t i = 0; rp == me && i < h->nops; i++) {
-            const ccq_be_op *op = h->ops[i];
-            copy(b + off * es, op->parts[op->root - c->first_rank].src, op->count * es);
-            off += op->count;
-        }
-        h->out = b;
-        h->what = "MPI_Ibcast";
-        return MPI_Ibcast(b, (int)T, t, rp, c->mc, &h->req);
-    }
-    case CCQ_KIND_ALL_GATHER: {
-        char *sb = scratch(h, H_BUF_SCRATCH, nl * T * es),
-             *rb = scratch(h, H_BUF_RECV, nr * T * es);
-        if (sb == NULL || rb == NULL)
-            return -1;
-        off = 0;
-        for (uint32_t i = 0; i < h->nops; i++) {
-            const ccq_be_op *op = h->ops[i];
-            for (uint32_t k = 0; k < nl; k++)
-                copy(sb + (nl * off + k * op->count) * es, op->parts[k].src, op->count * es);
-            off += op->count;
-        }
-        for (int p = 0; p < P; p++) {
-            cnts[p] = c->nl[p] * (int)T;
-            disp[p] = c->fr[p] * (int)T;
-        }
-        h->out = rb;
-        h->what = "MPI_Iallgatherv";
-        return MPI_Iallgatherv(sb, (int)(nl * T), t, rb, cnts, disp, t, c->mc, &h->req);
-    }
-    case CCQ_KIND_REDUCE_SCATTER: {
-        char *in = scratch(h, H_BUF_SCRATCH, nr * T * es), *r = scratch(h, H_BUF_RECV, nl * T * es);
-        if (in == NULL || r == NULL)
-            return -1;
-        off = 0;
-        for (uint32_t i = 0; i < h->nops; i++) {
-            const ccq_be_op *op = h->ops[i];
-            size_t cnt = op->count;
-            for (int p = 0; p < P; p++) {
-                char *d = in + ((size_t)c->fr[p] * T + (size_t)c->nl[p] * off) * es;
-                size_t first = (size_t)c->fr[p] * cnt, n = (size_t)c->nl[p] * cnt;
-                if (nl > 1)
-                    combine(op, first * es, n, d);
-                else
-                    copy(d, (const char *)op->parts[0].src + first * es, n * es);
-            }
-            off += cnt;
-        }
-        for (int p = 0; p < P; p++)
-            cnts[p] = c->nl[p] * (int)T;
-        h->out = r;
-        mpi_reduction(dt, (ccq_reduce_op)op0->redop, &rt, &mop);
-        h->what = "MPI_Ireduce_scatter";
-        return MPI_Ireduce_scatter(in, r, cnts, rt, mop, c->mc, &h->req);
-    }
-    default:
-        h->what = "?";
-        return MPI_ERR_OP;
-    }
+    return start_one(c, op, NULL, 0, now_ns, out, err);
 }
 
-/* After MPI completed a fused operation: every op's local outputs, from h->out. */
-static void finish_fused(ccq_hmpi_op *h)
+ccq_status ccq_hmpi_start_run(ccq_hmpi_comm *c, ccq_be_op *const *ops, uint32_t n, uint64_t now_ns,
+                              ccq_hmpi_op **out, uint32_t *nstarted, ccq_errbuf *err)
 {
-    ccq_hmpi_comm *c = h->c;
-    const ccq_be_op *op0 = h->ops[0];
-    ccq_dtype dt = (ccq_dtype)op0->dtype;
-    size_t es = esize(dt), T = h->total, off = 0;
-    uint32_t nl = op0->nparts;
-    bool avg = op0->redop == CCQ_AVG;
-    const char *o = h->out;
+    ccq_status st = CCQ_OK;
+    uint32_t i;
 
-    for (uint32_t i = 0; i < h->nops; i++) {
-        const ccq_be_op *op = h->ops[i];
-        size_t cnt = op->count, blk = cnt * es;
-        for (uint32_t k = 0; k < nl; k++) {
-            char *d = op->parts[k].dst;
-            switch (op0->kind) {
-            case CCQ_KIND_ALL_REDUCE: /* AVG divides on the way out, once (one pass) */
-                if (k > 0)
-                    copy(d, op->parts[0].dst, blk);
-                else if (avg)
-                    ccq_host_divide(dt, o + off * es, d, cnt, c->nranks);
-                else
-                    copy(d, o + off * es, blk);
-                break;
-            case CCQ_KIND_BROADCAST:
-                copy(d, o + off * es, blk);
-                break;
-            case CCQ_KIND_ALL_GATHER:
-                for (int p = 0; p < c->nprocs; p++)
-                    for (int j = 0; j < c->nl[p]; j++)
-                        copy(d + (size_t)(c->fr[p] + j) * blk,
-                             o + ((size_t)c->fr[p] * T + (size_t)c->nl[p] * off + j * cnt) * es,
-                             blk);
-                break;
-            default: /* reduce_scatter */
-                if (avg)
-                    ccq_host_divide(dt, o + (nl * off + k * cnt) * es, d, cnt, c->nranks);
-                else
-                    copy(d, o + (nl * off + k * cnt) * es, blk);
-                break;
-            }
-        }
-        off += cnt;
+    /* A pair has no records to carry the members' runs (pair.c): its ops never fuse. */
+    for (i = 0; i < n && st == CCQ_OK; i++)
+        st = start_one(c, ops[i], c->pair ? NULL : ops[i], c->pair ? 0 : n - 1 - i, now_ns, &out[i],
+                       err);
+    *nstarted = st == CCQ_OK ? n : i - 1;
+    if (st != CCQ_OK && !c->pair) {
+        /* The records not sent yet must not promise the ops that did not start. */
+        ccq_mpi_lock();
+        for (uint32_t k = 0; k < c->nout; k++)
+            if (c->out[k].seq >= ops[0]->seq && c->out[k].seq < ops[0]->seq + *nstarted)
+                c->out[k].run = (uint32_t)(ops[0]->seq + *nstarted - 1 - c->out[k].seq);
+        for (uint32_t k = 0; k < *nstarted; k++)
+            out[k]->mine.run = *nstarted - 1 - k;
+        ccq_mpi_unlock();
     }
+    return st;
 }
 
-ccq_status ccq_hmpi_start_fused(ccq_hmpi_comm *c, const ccq_be_op *const *ops, uint32_t n,
-                                uint64_t now_ns, ccq_hmpi_op **out, ccq_errbuf *err)
+/* An operation that ended with an error, its requests completed or given to the abandoned
+ * list (MPI_Testall did not free them): report st with its detail. Lock held. */
+static ccq_status op_failed(ccq_hmpi_op *h, ccq_status st, ccq_errbuf *err)
 {
-    ccq_hmpi_op *h;
-    double total = 0, all;
-    uint8_t kind = ops[0]->kind;
-
-    *out = NULL;
-    for (uint32_t i = 0; i < n; i++)
-        total += (double)ops[i]->count;
-    /* The largest count MPI sees: every rank's blocks for all_gather and reduce_scatter. */
-    all =
-        kind == CCQ_KIND_ALL_GATHER || kind == CCQ_KIND_REDUCE_SCATTER ? total * c->nranks : total;
-    if (all > (double)INT_MAX) {
-        snprintf(err->msg, sizeof err->msg,
-                 "%u fused %s of %.0f elements on %u ranks across processes: MPI's int counts "
-                 "hold at most %d elements per call",
-                 n, kind_name(kind), total, c->nranks, INT_MAX);
-        return CCQ_ERR_UNSUPPORTED;
-    }
-    if ((h = op_new(c, ops[0], now_ns, err)) == NULL)
-        return CCQ_ERR_NO_MEMORY;
-    h->ops = ops;
-    h->nops = n;
-    h->total = (size_t)total;
-    return launch(h, true, out, err);
-}
-
-/* Post an agreement: MIN of h->minvec (copied to engine scratch, so one given up never writes
- * the caller's vector). Lock held. */
-static int post_min(ccq_hmpi_op *h)
-{
-    int64_t *buf = scratch(h, H_BUF_SCRATCH, h->nmin * sizeof *buf);
-    if (buf == NULL)
-        return -1;
-    memcpy(buf, h->minvec, h->nmin * sizeof *buf);
-    h->what = "MPI_Iallreduce";
-    return MPI_Iallreduce(MPI_IN_PLACE, buf, (int)h->nmin, MPI_INT64_T, MPI_MIN, h->c->mc, &h->req);
-}
-
-ccq_status ccq_hmpi_start_min(ccq_hmpi_comm *c, int64_t *vec, uint32_t n, uint64_t now_ns,
-                              ccq_hmpi_op **out, ccq_errbuf *err)
-{
-    ccq_hmpi_op *h;
-
-    *out = NULL;
-    if ((h = op_new(c, NULL, now_ns, err)) == NULL)
-        return CCQ_ERR_NO_MEMORY;
-    h->minvec = vec;
-    h->nmin = n;
-    h->what = "MPI_Iallreduce";
-    return launch(h, true, out, err);
+    snprintf(err->msg, sizeof err->msg, "%s", h->fail_detail ? h->fail_detail : "?");
+    release_or_keep(h);
+    return st;
 }
 
 ccq_status ccq_hmpi_test(ccq_hmpi_op *h, ccq_errbuf *err)
 {
+    ccq_hmpi_comm *c = h->c;
     int flag = 0, rc;
 
     ccq_mpi_lock();
-    rc = MPI_Test(&h->req, &flag, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS) {
-        ccq_status st = mpi_err(err, rc, h->what);
-        /* The request is freed by a failed MPI_Test only if it completed; keep it. */
-        h->op = NULL;
-        h->ops = NULL;
-        h->minvec = NULL;
-        h->next = abandoned;
-        abandoned = h;
-        nabandoned++;
-        ccq_mpi_unlock();
-        return st;
+    hmpi_check_flush();        /* the records of the batch just started leave together */
+    if (h->phase == PH_WAIT) { /* each MPI call is a progress pass of MPI: only when needed */
+        if (c->pair)
+            hmpi_pair_progress(c);
+        else
+            hmpi_check_progress(c);
     }
-    if (!flag) {
+    if (h->phase == PH_WAIT) {
         ccq_mpi_unlock();
         return CCQ_IN_PROGRESS;
     }
+    if (h->phase == PH_FAILED) {
+        ccq_status st;
+        /* Every member hears this process's record before it goes on (it would else wait for
+         * a record this process has not sent). */
+        if (!c->pair && !hmpi_check_sent(c, h->seq)) {
+            ccq_mpi_unlock();
+            return CCQ_IN_PROGRESS;
+        }
+        st = op_failed(h, h->fail, err);
+        ccq_mpi_unlock();
+        return st;
+    }
+    if (h->fz != NULL && h->fi > 0) {
+        /* In a fused group: the head's test ends it (in batch order, the same pass). */
+        hmpi_fused *fz = h->fz;
+        ccq_status st = CCQ_IN_PROGRESS;
+        if (fz->state == HMPI_FZ_FAILED) {
+            hmpi_fail(h, fz->st, fz->detail);
+            st = op_failed(h, fz->st, err);
+        } else if (fz->state == HMPI_FZ_DONE && hmpi_check_sent(c, h->seq)) {
+            op_release(h);
+            st = CCQ_OK;
+        }
+        ccq_mpi_unlock();
+        return st;
+    }
+    rc = MPI_Testall(RQ_N, h->req, &flag, MPI_STATUSES_IGNORE);
+    if (rc != MPI_SUCCESS) {
+        ccq_errbuf e;
+        hmpi_mpi_err(&e, rc, h->what);
+        hmpi_fail(h, CCQ_ERR_BACKEND, e.msg);
+        hmpi_fused_end(h, CCQ_ERR_BACKEND, e.msg);
+        rc = op_failed(h, CCQ_ERR_BACKEND, err);
+        ccq_mpi_unlock();
+        return (ccq_status)rc;
+    }
+    if (!flag || (!c->pair && !hmpi_check_sent(c, h->seq))) {
+        ccq_mpi_unlock();
+        return CCQ_IN_PROGRESS;
+    }
+    if (h->phase == PH_DISCARD) { /* the mismatched peer's data is in and dropped */
+        ccq_status st = op_failed(h, h->fail, err);
+        ccq_mpi_unlock();
+        return st;
+    }
+    if (c->pair) {
+        bool wait = false;
+        if (hmpi_pair_split_due(h, &wait)) { /* a large all_reduce's second exchange */
+            ccq_status st;
+            ccq_mpi_unlock();
+            hmpi_pair_reduce_half(h);
+            ccq_mpi_lock();
+            if ((st = hmpi_pair_second(h, err)) != CCQ_OK) {
+                hmpi_fail(h, st, err->msg);
+                st = op_failed(h, st, err);
+            } else {
+                st = CCQ_IN_PROGRESS;
+                hmpi_stepped();
+            }
+            ccq_mpi_unlock();
+            return st;
+        }
+        if (wait) {
+            ccq_mpi_unlock();
+            return CCQ_IN_PROGRESS;
+        }
+    }
     ccq_mpi_unlock();
-    if (h->minvec != NULL)
-        memcpy(h->minvec, h->buf[H_BUF_SCRATCH], h->nmin * sizeof *h->minvec);
-    else if (h->ops != NULL)
-        finish_fused(h);
+    if (c->pair)
+        hmpi_pair_finish(h, h->op);
+    else if (h->fz != NULL)
+        hmpi_finish_fused(h);
     else
         finish(h, h->op);
     ccq_mpi_lock();
-    op_free(h);
+    hmpi_fused_end(h, CCQ_OK, NULL);
+    op_release(h);
     ccq_mpi_unlock();
     return CCQ_OK;
 }
@@ -1229,21 +1151,10 @@ void ccq_hmpi_describe(const ccq_hmpi_op *h, uint64_t now_ns, ccq_errbuf *err)
     const ccq_hmpi_comm *c = h->c;
     const ccq_be_op *op = h->op;
     size_t w;
-    if (h->nmin > 0)
-        w = (size_t)snprintf(err->msg, sizeof err->msg,
-                             "%s (fusion agreement, %u x int64) among processes ", h->what,
-                             h->nmin);
-    else if (h->nops > 1)
-        w = (size_t)snprintf(
-            err->msg, sizeof err->msg,
-            "%s (%u fused %s, %zu x %s in all, sequences %" PRIu64 "-%" PRIu64 ") among processes ",
-            h->what, h->nops, op ? kind_name(op->kind) : "?", h->total,
-            op ? dtype_name(op->dtype) : "?", op ? op->seq : 0, op ? op->seq + h->nops - 1 : 0);
-    else
-        w = (size_t)snprintf(err->msg, sizeof err->msg,
-                             "%s (%s, %zu x %s, sequence %" PRIu64 ") among processes ", h->what,
-                             op ? kind_name(op->kind) : "?", op ? op->count : 0,
-                             op ? dtype_name(op->dtype) : "?", op ? op->seq : 0);
+    w = (size_t)snprintf(err->msg, sizeof err->msg,
+                         "%s (%s, %zu x %s, sequence %" PRIu64 ") among processes ", h->what,
+                         op ? hmpi_kind_name(op->kind) : "?", op ? op->count : 0,
+                         op ? hmpi_dtype_name(op->dtype) : "?", h->seq);
     for (int p = 0; p < c->nprocs && w < sizeof err->msg; p++) {
         if (p == 16) {
             w +=
@@ -1256,20 +1167,34 @@ void ccq_hmpi_describe(const ccq_hmpi_op *h, uint64_t now_ns, ccq_errbuf *err)
                                                    : ", ");
     }
     if (w < sizeof err->msg)
+        w += (size_t)snprintf(err->msg + w, sizeof err->msg - w, "(%u ranks; this is process %u) ",
+                              c->nranks, c->procs[c->me]);
+    if (w < sizeof err->msg && h->phase == PH_WAIT) {
+        char who[160];
+        ccq_mpi_lock();
+        if (c->pair)
+            snprintf(who, sizeof who, "process %u", c->procs[1 - c->me]);
+        else
+            hmpi_check_missing(h, who, sizeof who);
+        ccq_mpi_unlock();
+        /* Nothing was posted: no data moves before every member submitted it. */
         snprintf(err->msg + w, sizeof err->msg - w,
-                 "(%u ranks; this is process %u) still pending after %.0f ms: a member process "
-                 "died, hangs, or stopped submitting on this communicator",
-                 c->nranks, c->procs[c->me], (double)(now_ns - h->start_ns) / 1e6);
+                 "not started after %.0f ms: %s never submitted it (died, hangs, or stopped "
+                 "submitting on this communicator)",
+                 (double)(now_ns - h->start_ns) / 1e6, who);
+    } else if (w < sizeof err->msg) {
+        snprintf(err->msg + w, sizeof err->msg - w,
+                 "still pending after %.0f ms: a member process died, hangs, or stopped "
+                 "submitting on this communicator",
+                 (double)(now_ns - h->start_ns) / 1e6);
+    }
 }
 
 void ccq_hmpi_detach(ccq_hmpi_op *h)
 {
     ccq_mpi_lock();
-    h->op = NULL;
     h->detached = true;
-    h->next = abandoned;
-    abandoned = h;
-    nabandoned++;
+    keep(h);
     ndetached++;
     ccq_mpi_unlock();
 }
@@ -1286,12 +1211,22 @@ uint32_t ccq_hmpi_detached(void)
 void ccq_hmpi_abandon(ccq_hmpi_op *h)
 {
     ccq_mpi_lock();
-    h->op = NULL;
-    h->ops = NULL;
-    h->minvec = NULL;
-    h->next = abandoned;
-    abandoned = h;
-    nabandoned++;
+    if (h->fz != NULL && h->fi > 0)
+        h->fz->part[h->fi].op = NULL; /* the head never writes its outputs */
+    else
+        hmpi_fused_end(h, CCQ_ERR_ABORTED,
+                       "the fused operation it was part of was given up (its communicator "
+                       "aborted or timed out)");
+    hmpi_wq_remove(h->c, h);
+    if (h->split == 1)
+        hmpi_pair_split_remove(h);
+    /* Receives can be cancelled (collectives cannot): a pair's receive into a user buffer
+     * that is cancelled before it matched never writes it later. One already matched
+     * completes; MPI_Cancel then does nothing. */
+    for (int k = RQ_HDR_RECV; k < RQ_N; k++)
+        if (h->req[k] != MPI_REQUEST_NULL)
+            MPI_Cancel(&h->req[k]);
+    keep(h);
     ccq_mpi_unlock();
 }
 
@@ -1299,11 +1234,13 @@ uint32_t ccq_hmpi_reap(uint64_t now_ns, uint64_t timeout_ns)
 {
     uint32_t left;
     ccq_mpi_lock();
+    hmpi_check_flush();
     for (ccq_hmpi_op **pp = &abandoned; *pp != NULL;) {
         ccq_hmpi_op *h = *pp;
         int flag = 0;
-        if (h->req == MPI_REQUEST_NULL ||
-            MPI_Test(&h->req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || !flag) {
+        /* flag says whether all completed, also when one of them failed */
+        MPI_Testall(RQ_N, h->req, &flag, MPI_STATUSES_IGNORE);
+        if (!flag) {
             if (h->detached && now_ns - h->start_ns > timeout_ns) {
                 /* Nobody received it within timeout_ms: stop polling for it. */
                 h->detached = false;
@@ -1315,7 +1252,7 @@ uint32_t ccq_hmpi_reap(uint64_t now_ns, uint64_t timeout_ns)
         *pp = h->next;
         nabandoned--;
         ndetached -= h->detached;
-        op_free(h);
+        op_release(h);
     }
     left = nabandoned;
     ccq_mpi_unlock();

@@ -34,6 +34,8 @@ pub struct ccq_config {
     /// Job health: heartbeat period (0 = none) and the age that makes a process lost.
     pub heartbeat_ms: u32,
     pub heartbeat_timeout_ms: u32,
+    /// NCCL backend: 1 = communication streams with the device's highest priority.
+    pub nccl_high_priority: u32,
     /// Fusion of small collectives: operations each below this many bytes fuse, up to this
     /// many bytes per fused operation (0 = off; default 1 MiB).
     pub fusion_bytes: u64,
