@@ -944,9 +944,10 @@ static void release_or_keep(ccq_hmpi_op *h)
         keep(h);
 }
 
-/* Start op; run_op: op as ccq_hmpi_start_run gave it, followed by `run` more of its run. */
+/* Start op; run_op: op as ccq_hmpi_start_run gave it, followed by `run` more of its run.
+ * locked: the caller holds the MPI lock. */
 static ccq_status start_one(ccq_hmpi_comm *c, const ccq_be_op *op, ccq_be_op *run_op, uint32_t run,
-                            uint64_t now_ns, ccq_hmpi_op **out, ccq_errbuf *err)
+                            bool locked, uint64_t now_ns, ccq_hmpi_op **out, ccq_errbuf *err)
 {
     ccq_hmpi_op *h;
     const ccq_kind_info *ki = &ccq_kinds[op->kind < CCQ_KIND_COUNT_ ? op->kind : 0];
@@ -988,7 +989,8 @@ static ccq_status start_one(ccq_hmpi_comm *c, const ccq_be_op *op, ccq_be_op *ru
     h->phase = PH_WAIT;
     h->what = collective_call(op->kind);
     h->run_op = run_op;
-    ccq_mpi_lock();
+    if (!locked)
+        ccq_mpi_lock();
     c->refs++;
     if (c->pair) {
         st = hmpi_pair_start(h, op, err);
@@ -1001,10 +1003,12 @@ static ccq_status start_one(ccq_hmpi_comm *c, const ccq_be_op *op, ccq_be_op *ru
         /* Requests already posted (a header sent) finish on their own: keep h until then. */
         hmpi_wq_remove(c, h);
         release_or_keep(h);
-        ccq_mpi_unlock();
+        if (!locked)
+            ccq_mpi_unlock();
         return st;
     }
-    ccq_mpi_unlock();
+    if (!locked)
+        ccq_mpi_unlock();
     *out = h;
     return CCQ_OK;
 }
@@ -1012,7 +1016,7 @@ static ccq_status start_one(ccq_hmpi_comm *c, const ccq_be_op *op, ccq_be_op *ru
 ccq_status ccq_hmpi_start(ccq_hmpi_comm *c, const ccq_be_op *op, uint64_t now_ns, ccq_hmpi_op **out,
                           ccq_errbuf *err)
 {
-    return start_one(c, op, NULL, 0, now_ns, out, err);
+    return start_one(c, op, NULL, 0, false, now_ns, out, err);
 }
 
 ccq_status ccq_hmpi_start_run(ccq_hmpi_comm *c, ccq_be_op *const *ops, uint32_t n, uint64_t now_ns,
@@ -1021,21 +1025,23 @@ ccq_status ccq_hmpi_start_run(ccq_hmpi_comm *c, ccq_be_op *const *ops, uint32_t 
     ccq_status st = CCQ_OK;
     uint32_t i;
 
-    /* A pair has no records to carry the members' runs (pair.c): its ops never fuse. */
+    /* Under one hold of the lock: another runtime's thread must not flush the run's records
+     * halfway (the members count on a run's records arriving in one message). A pair has no
+     * records to carry the members' runs (pair.c): its ops never fuse. */
+    ccq_mpi_lock();
     for (i = 0; i < n && st == CCQ_OK; i++)
-        st = start_one(c, ops[i], c->pair ? NULL : ops[i], c->pair ? 0 : n - 1 - i, now_ns, &out[i],
-                       err);
+        st = start_one(c, ops[i], c->pair ? NULL : ops[i], c->pair ? 0 : n - 1 - i, true, now_ns,
+                       &out[i], err);
     *nstarted = st == CCQ_OK ? n : i - 1;
     if (st != CCQ_OK && !c->pair) {
         /* The records not sent yet must not promise the ops that did not start. */
-        ccq_mpi_lock();
         for (uint32_t k = 0; k < c->nout; k++)
             if (c->out[k].seq >= ops[0]->seq && c->out[k].seq < ops[0]->seq + *nstarted)
                 c->out[k].run = (uint32_t)(ops[0]->seq + *nstarted - 1 - c->out[k].seq);
         for (uint32_t k = 0; k < *nstarted; k++)
             out[k]->mine.run = *nstarted - 1 - k;
-        ccq_mpi_unlock();
     }
+    ccq_mpi_unlock();
     return st;
 }
 
