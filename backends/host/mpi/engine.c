@@ -1217,12 +1217,11 @@ uint32_t ccq_hmpi_detached(void)
 void ccq_hmpi_abandon(ccq_hmpi_op *h)
 {
     ccq_mpi_lock();
-    if (h->fz != NULL && h->fi > 0)
-        h->fz->part[h->fi].op = NULL; /* the head never writes its outputs */
-    else
-        hmpi_fused_end(h, CCQ_ERR_ABORTED,
-                       "the fused operation it was part of was given up (its communicator "
-                       "aborted or timed out)");
+    /* A fused group's other ops never end before their head: given up (an abort, the engine's
+     * deadline) they are given up too, in the same poll pass, each with its own detail. A
+     * given-up op's outputs are never written. */
+    if (h->fz != NULL)
+        h->fz->part[h->fi].op = NULL;
     hmpi_wq_remove(h->c, h);
     if (h->split == 1)
         hmpi_pair_split_remove(h);
