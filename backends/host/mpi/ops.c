@@ -280,6 +280,5 @@ const ccq_host_engine_ops ccq_host_engine_mpi_ops = {
     .detach = mpi_detach,
     .reap = mpi_reap,
     .poll_interval = mpi_poll_interval,
-    .fuse_kinds = CCQ_FUSE_KINDS_ALL,
     .start_run = mpi_start_run,
 };
