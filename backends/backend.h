@@ -67,6 +67,8 @@ typedef struct ccq_be_comm_desc {
     uint32_t world_rank;                /* this process's */
     const void *root_blob;              /* nprocs > 1: what comm_root_blob gave on the lowest */
     size_t root_blob_len;               /*   member process, the same bytes in every member */
+    uint64_t fusion_bytes; /* fusion threshold of this communicator (backends/fuse.h), the same
+                              in every member process (0: never fuse its operations) */
     /* nprocs > 1: [nprocs], what comm_member_blob gave in each member process (procs
      * order; len 0 without the hook), the same in every member. NULL otherwise. */
     const ccq_be_member_blob *member_blobs;
@@ -106,6 +108,13 @@ typedef struct ccq_be_op {
                              ndone_early: the runtime then ends its commands at once, in stream
                              order, so one operation waiting for another process never holds
                              the streams of the others (nor what they queue next). */
+    /* Fusion (docs/fusion.md), set by the backend before the batch is returned: on the first
+     * op of a fused engine operation, how many ops of the batch it ran (this one and the
+     * next ones in batch->ops, consecutive sequence numbers of one communicator), and when it
+     * started and ended (ccq_now_ns); 0 on every other op. The runtime clears them at issue
+     * and turns them into trace events; each op still carries its own status. */
+    uint32_t fused;
+    uint64_t fused_t0, fused_t1;
 } ccq_be_op;
 
 /* A batch: what the runtime found ready in one pass, issued as one backend group. */

@@ -248,6 +248,16 @@ typedef struct ccq_config {
      * 0 (default) = the default priority. Other backends ignore it.
      * Env: CCQ_NCCL_HIGH_PRIORITY=1. */
     uint32_t nccl_high_priority;
+    /* ---- appended in 0.3: fusion of small collectives ---- */
+    /** Fusion of small collectives (docs/fusion.md): operations of one batch on one
+     * communicator with the same kind, dtype, op (and root), each moving fewer than this many
+     * bytes (count x dtype size), run as one engine operation over their concatenation, up
+     * to fusion_bytes per fused operation, in submission order; results are bit-identical
+     * (with the limits docs/fusion.md states for the engine across processes), and each
+     * command keeps its own completion, error and trace entry. Across processes the member
+     * processes agree on each fusion, and a communicator uses the smallest value of its
+     * members. 0 = off. Default 1048576 (1 MiB). Env: CCQ_FUSION_BYTES. */
+    uint64_t fusion_bytes;
 } ccq_config;
 
 /**
@@ -654,6 +664,13 @@ typedef enum ccq_event_type {
     CCQ_EV_PROCESS_LOST, /**< Process `peer` (a world rank; peer_valid 1) was lost: it died or
                               was silent past heartbeat_timeout_ms. `status` is
                               CCQ_ERR_PROCESS_LOST, `device` its first device, `comm` ~0. */
+    CCQ_EV_FUSED,        /**< A fused engine operation ran (docs/fusion.md): `id` its own id
+                              (unique per runtime, apart from command ids), `batch`, `comm`, the
+                              operations `seq` .. `seq` + `count` - 1 it ran, `bytes` theirs in
+                              all, their `kind`, `dtype` and `op`; `time_ns` when it started,
+                              `dur_ns` how long it ran, `status` its outcome. Recorded when its
+                              batch comes back; each part's COMPLETED or FAILED event names it
+                              in `fused`. */
     CCQ_EV_TYPE_COUNT_   /**< Not a type: the number of types. */
 } ccq_event_type;
 
@@ -705,6 +722,9 @@ typedef struct ccq_event {
     uint32_t peer;        /**< send/recv: the other device; rooted collectives: the root device
                                (peer_valid is 1 in both cases). */
     /* ---- fields appended after 0.2.0 go here ---- */
+    uint64_t fused;  /**< COMPLETED/FAILED: the id of the CCQ_EV_FUSED operation this command's
+                          operation ran in, 0 when it ran alone. */
+    uint64_t dur_ns; /**< CCQ_EV_FUSED: how long the fused operation ran. */
 } ccq_event;
 
 /**

@@ -21,6 +21,7 @@ typedef struct form_hello {
     uint64_t hash;
     uint32_t first_device, last_device;
     uint32_t blob_len;
+    uint64_t fusion_bytes; /* its ccq_config.fusion_bytes: the communicator uses the smallest */
     uint8_t blob[CCQ_BE_ROOT_BLOB_MAX];
     ccq_be_member_blob member; /* the backend's comm_member_blob, from every member */
     /* The communicator this process would shrink to make this one (a communicator that lost
@@ -146,6 +147,7 @@ static ccq_status form_backend(ccq_runtime *rt, ccq_comm *c, const void *blob, s
     comm_desc(rt, c, local, &d);
     d.root_blob = blob;
     d.root_blob_len = blob_len;
+    d.fusion_bytes = c->fusion_bytes;
     d.member_blobs = members;
     st = rt->be_ops->comm_create(rt->be, &d, &c->be, &err);
     if (st == CCQ_IN_PROGRESS) {
@@ -175,6 +177,7 @@ ccq_status ccq_comm_form_start(ccq_runtime *rt, ccq_comm *c, uint64_t now)
     ccq_status st;
 
     c->form_deadline = ccq_add_sat(now, rt->timeout_ns);
+    c->fusion_bytes = rt->cfg.fusion_bytes;
     if (c->nprocs <= 1)
         return form_backend(rt, c, NULL, 0, NULL);
     if (ccq_health_comm_lost(rt, c, why, sizeof why)) /* a member is gone: never meets */
@@ -192,6 +195,7 @@ ccq_status ccq_comm_form_start(ccq_runtime *rt, ccq_comm *c, uint64_t now)
     mine.hash = c->hash;
     mine.first_device = c->devices[0];
     mine.last_device = c->devices[c->n - 1];
+    mine.fusion_bytes = rt->cfg.fusion_bytes;
     ccq_device_id local[CCQ_MAX_DEVICES];
     ccq_be_comm_desc d;
     comm_desc(rt, c, local, &d);
@@ -277,6 +281,10 @@ static ccq_status form_meet_test(ccq_runtime *rt, ccq_comm *c, uint64_t now)
                              "process %" PRIu32 " formed another communicator under the same tag",
                              c->procs[p]);
         }
+        /* Fusion must cut the same way in every member (backends/fuse.h): they all take the
+         * smallest threshold, so a process with fusion off turns it off for the others. */
+        if (h->fusion_bytes < c->fusion_bytes)
+            c->fusion_bytes = h->fusion_bytes;
     }
     ccq_boot_xchg_free(c->xchg);
     c->xchg = NULL;

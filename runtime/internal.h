@@ -25,6 +25,10 @@
 #define CCQ_MAX_STREAMS_MAX 65536u
 #define CCQ_QUEUE_DEPTH_MAX (1u << 20)
 #define CCQ_MAX_BATCH_MAX   65536u
+/* Fusion (ccq_config.fusion_bytes): the default, chosen by bench/ddp_step's sweep
+ * (docs/performance.md), and the largest value accepted (a fused operation's scratch). */
+#define CCQ_FUSION_BYTES_DEFAULT (1024u * 1024u)
+#define CCQ_FUSION_BYTES_MAX     (1ull << 40)
 
 /* Scheduler-side states of a command. */
 enum ccq_cmd_state {
@@ -83,6 +87,7 @@ typedef struct ccq_cmd {
     ccq_span rd, wr;   /* memory it reads and writes (for hazard checks) */
     uint64_t trace_id; /* event-log id, assigned on arrival */
     uint64_t batch;    /* batch that issued it (0: none) */
+    uint64_t fused;    /* the fused engine operation its operation ran in (CCQ_EV_FUSED id; 0) */
     uint64_t issue_ns;
     char *detail; /* failure detail (malloc'd), recorded on the stream when it ends */
     ccq_status status;
@@ -162,6 +167,8 @@ typedef struct ccq_comm {
     struct ccq_boot_xchg *xchg;    /* the exchange with the member processes, while it runs */
     uint64_t form_deadline;        /* it fails with CCQ_ERR_TIMEOUT after this */
     struct ccq_comm *shrink_from;  /* the lost communicator it may be shrunk from (comm_form.c) */
+    uint64_t fusion_bytes;         /* its fusion threshold: this process's, or the smallest of its
+                                      member processes' (the same in every member) */
     uint8_t form_step;             /* CCQ_FORM_* */
 } ccq_comm;
 

@@ -66,6 +66,7 @@ static void config_defaults(ccq_config *cfg)
     cfg->mpi_comm = -1;
     cfg->heartbeat_ms = CCQ_HEARTBEAT_MS_DEFAULT;
     cfg->heartbeat_timeout_ms = 0; /* 10 x heartbeat_ms */
+    cfg->fusion_bytes = CCQ_FUSION_BYTES_DEFAULT;
 
     b = getenv("CCQ_BACKEND");
     if (b != NULL && *b != '\0')
@@ -117,6 +118,9 @@ static void config_defaults(ccq_config *cfg)
     if (env_u64("CCQ_NCCL_HIGH_PRIORITY", 0, 1, &v, &err,
                 "CCQ_NCCL_HIGH_PRIORITY: expected 0 or 1"))
         cfg->nccl_high_priority = (uint32_t)v;
+    if (env_u64("CCQ_FUSION_BYTES", 0, CCQ_FUSION_BYTES_MAX, &v, &err,
+                "CCQ_FUSION_BYTES: expected a number of bytes in [0, 2^40] (0 = off)"))
+        cfg->fusion_bytes = v;
     if (env_u64("CCQ_NONBLOCKING_SUBMIT", 0, 1, &v, &err,
                 "CCQ_NONBLOCKING_SUBMIT: expected 0 or 1"))
         cfg->flags = v ? (cfg->flags | CCQ_FLAG_NONBLOCKING_SUBMIT)
@@ -217,6 +221,11 @@ static ccq_status config_validate(const ccq_config *c, ccq_fault_plan *fault)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
                         "ccq_config.nccl_high_priority is %" PRIu32 "; expected 0 or 1",
                         c->nccl_high_priority);
+    if (c->fusion_bytes > CCQ_FUSION_BYTES_MAX)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "ccq_config.fusion_bytes is %" PRIu64 "; expected at most %" PRIu64
+                        " (0 = off)",
+                        c->fusion_bytes, (uint64_t)CCQ_FUSION_BYTES_MAX);
     if (c->trace_capacity > (1u << 26))
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
                         "ccq_config.trace_capacity is %" PRIu32 "; expected at most 67108864",

@@ -125,6 +125,8 @@ void sched_ev_cmd(ccq_runtime *rt, uint32_t type, const ccq_cmd *c, uint64_t t, 
     e->peer_valid = !k->collective || k->rooted;
     e->status = st;
     e->peer = !k->collective ? c->peer : k->rooted ? c->comm->devices[c->root] : 0;
+    e->fused = type == CCQ_EV_COMPLETED || type == CCQ_EV_FAILED ? c->fused : 0;
+    e->dur_ns = 0;
     ccq_trace_commit(&rt->trace, e);
 }
 

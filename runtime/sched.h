@@ -17,6 +17,8 @@ typedef struct ccq_sched {
     uint32_t inst_parts;  /* parts every instance can hold: max(2, ndev) */
     uint64_t *drop_seen;  /* fault injection: commands seen per device (drop:rank=R) */
     uint64_t next_cmd_id; /* event-log ids */
+    uint64_t next_fused;  /* event-log ids of fused engine operations (CCQ_EV_FUSED) */
+    bool error_seen;      /* a command failed this pass (automatic trace dumps) */
     ccq_stream *held;     /* streams whose failures wait for the dump (held_next links) */
     uint64_t dump_after;  /* when the next dump of held failures may be written */
     ccq_batch *batch_free;

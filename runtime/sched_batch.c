@@ -339,6 +339,8 @@ static void issue(ccq_runtime *rt, ccq_batch *b)
         i->op.done_early = 0;
         i->ended = false;
         i->op.stage_src = i->stage && rt->be_ops->stages_sends;
+        i->op.fused = 0; /* the backend says which ops it fused (backends/fuse.h) */
+        i->op.fused_t0 = i->op.fused_t1 = 0;
         b->ops[k] = &i->op;
     }
     b->be.ops = b->ops;

@@ -166,6 +166,53 @@ void sched_batch_release(ccq_sched *S, ccq_batch *b)
     S->batch_free = b;
 }
 
+/* A fused engine operation the backend ran at op k of this batch (ccq_be_op.fused on its
+ * first op): one CCQ_EV_FUSED event, and every part of its ops names it, so the trace shows
+ * which operations ran as which engine operation. Before the parts end (with done_early, its
+ * ops end in the same pass: the backend ends a fused group whole); once (fused is cleared). */
+static void record_fused(ccq_runtime *rt, ccq_batch *b, uint32_t k)
+{
+    ccq_sched *S = rt->sched;
+    ccq_be_op *head = &b->insts[k]->op;
+    uint32_t n = head->fused;
+    uint64_t bytes = 0, id;
+    ccq_status st = CCQ_OK;
+    if (n < 2)
+        return;
+    head->fused = 0;
+    if (n > b->be.nops - k) /* a backend bug: never trust it past the batch */
+        n = b->be.nops - k;
+    id = ++S->next_fused;
+    for (uint32_t j = k; j < k + n; j++) {
+        ccq_inst *i = b->insts[j];
+        bytes += i->op.count * ccq_dtype_size((ccq_dtype)i->op.dtype);
+        if (st == CCQ_OK)
+            st = i->op.status != CCQ_OK ? i->op.status : b->be.status;
+        for (uint32_t p = 0; p < i->chan->nparts; p++)
+            if (i->cmds[p] != NULL)
+                i->cmds[p]->fused = id;
+    }
+    if (ccq_trace_on(&rt->trace)) {
+        ccq_event e;
+        memset(&e, 0, sizeof e);
+        e.type = CCQ_EV_FUSED;
+        e.time_ns = head->fused_t0;
+        e.dur_ns = head->fused_t1 > head->fused_t0 ? head->fused_t1 - head->fused_t0 : 0;
+        e.id = id;
+        e.batch = b->be.id;
+        e.comm = b->insts[k]->chan->comm->id;
+        e.seq = head->seq;
+        e.count = n;
+        e.bytes = bytes;
+        e.kind = head->kind;
+        e.dtype = head->dtype;
+        e.op = head->redop;
+        e.status = st;
+        e.device = e.stream = UINT32_MAX;
+        ccq_trace_rec(&rt->trace, &e);
+    }
+}
+
 /* A communicator the backend aborted on its own (an asynchronous error): fail what is queued
  * on it and refuse new work, as the watchdog's aborts do. */
 static void inst_backend_abort(ccq_runtime *rt, ccq_batch *b, ccq_inst *i)
@@ -272,6 +319,7 @@ static bool batch_end_early(ccq_runtime *rt, ccq_batch *b)
     for (uint32_t k = 0; k < b->be.nops; k++) {
         ccq_inst *i = b->insts[k];
         if (!i->ended && i->op.done_early) {
+            record_fused(rt, b, k);
             inst_probe(rt, b, i);
             inst_backend_abort(rt, b, i);
             inst_done(b, i);
@@ -294,8 +342,10 @@ void sched_batch_done(ccq_runtime *rt, ccq_batch *b)
         if (!b->insts[k]->ended)
             inst_backend_abort(rt, b, b->insts[k]);
     for (uint32_t k = 0; k < b->be.nops; k++) {
-        if (!b->insts[k]->ended)
+        if (!b->insts[k]->ended) {
+            record_fused(rt, b, k);
             inst_done(b, b->insts[k]);
+        }
         sched_inst_release(S, b->insts[k]);
     }
     batch_streams_end(rt, b, now, true);

@@ -368,6 +368,7 @@ void sched_arrive(ccq_runtime *rt, ccq_cmd *c)
     c->detail = NULL;
     c->trace_id = ++S->next_cmd_id;
     c->batch = 0;
+    c->fused = 0;
     c->issue_ns = 0;
     if (ccq_trace_on(&rt->trace))
         sched_ev_cmd(rt, CCQ_EV_SUBMITTED, c, c->submit_ns, CCQ_OK);

@@ -1,6 +1,7 @@
 /* Tests of the host reduction kernel and the narrow-float conversions against tools/ref/ref.c. */
 #include <math.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -721,6 +722,58 @@ static ccq_dtype all_dtypes[CCQ_DTYPE_COUNT_] = {
         "test_allreduce_vs_ref_" name, test_allreduce_vs_ref, NULL, NULL, &all_dtypes[dt]          \
     }
 
+/* ccq_host_divide (AVG's last step in the engines across processes) is the kernels' AVG of
+ * a sum: for every dtype and n, bit for bit what the one-input-per-rank AVG kernel gives for
+ * n inputs whose sum is x (x, then n - 1 zeros, negative for floats); floats by a power of two as a
+ * multiplication by 1/n, which must give exactly the division's bits (checked on random values,
+ * subnormal and huge ones included). */
+static void test_divide(void **state)
+{
+    (void)state;
+    static const uint32_t ns[] = {1, 2, 3, 4, 5, 8, 16, 1024, 7};
+    enum { N = 4099 };
+    for (int dt = 0; dt < CCQ_DTYPE_COUNT_; dt++) {
+        size_t es = ref_dtype_size((ccq_dtype)dt);
+        unsigned char *x = malloc(N * es), *zero = calloc(N, es), *got = malloc(N * es),
+                      *want = malloc(N * es);
+        bool is_float = dt == CCQ_FLOAT16 || dt == CCQ_FLOAT32 || dt == CCQ_FLOAT64 ||
+                        dt == CCQ_BFLOAT16 || dt == CCQ_FLOAT8E4M3 || dt == CCQ_FLOAT8E5M2;
+        /* x + (-0) is x for every x (+0 + -0 is +0, -0 + -0 is -0): the other inputs are
+         * negative zeros, so the sum is exactly x. */
+        for (size_t i = 0; is_float && i < N; i++)
+            zero[i * es + es - 1] = 0x80; /* the sign bit (little endian) */
+        ref_fill((ccq_dtype)dt, x, N, 77);
+        if (dt == CCQ_FLOAT32) { /* subnormal results and the largest values */
+            ((float *)x)[0] = 1.1754944e-38f;
+            ((float *)x)[1] = -3.4028235e38f;
+            ((float *)x)[2] = 1e-45f;
+        }
+        if (dt == CCQ_FLOAT64) {
+            ((double *)x)[0] = 2.2250738585072014e-308;
+            ((double *)x)[1] = 1.7976931348623157e308;
+        }
+        for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+            const void *in[1024];
+            void *out[1] = {want};
+            char msg[256];
+            in[0] = x;
+            for (uint32_t r = 1; r < ns[k]; r++)
+                in[r] = zero;
+            ccq_host_reduce_range((ccq_dtype)dt, CCQ_AVG, ns[k], in, 1, out, 0, N, 0);
+            ccq_host_divide((ccq_dtype)dt, x, got, N, ns[k]);
+            if (ref_compare((ccq_dtype)dt, got, want, N, msg, sizeof msg) != 0)
+                fail_msg("dtype %d / %u: %s", dt, ns[k], msg);
+            memcpy(got, x, N * es); /* in place too */
+            ccq_host_divide((ccq_dtype)dt, got, got, N, ns[k]);
+            assert_int_equal(ref_compare((ccq_dtype)dt, got, want, N, NULL, 0), 0);
+        }
+        free(x);
+        free(zero);
+        free(got);
+        free(want);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -751,6 +804,7 @@ int main(void)
         cmocka_unit_test(test_float32_max_nan_propagates),
         cmocka_unit_test(test_e4m3_sum_saturates),
         cmocka_unit_test(test_e5m2_inf_saturates),
+        cmocka_unit_test(test_divide),
     };
     return cmocka_run_group_tests_name("reduce", tests, NULL, NULL);
 }

@@ -1871,6 +1871,22 @@ static void test_event_struct_size(void **state)
                                 guard + sizeof(uint32_t), sizeof buf[0] - sizeof(uint32_t));
             assert_memory_equal(&buf[1], guard, sizeof buf[1]);
         }
+        /* 0.2.0's layout (before fused and dur_ns): an array strided by its 88 bytes. */
+        {
+            ccq_event raw[4];
+            unsigned char *p = (unsigned char *)raw;
+            memset(raw, 0xab, sizeof raw);
+            raw[0].struct_size = CCQ_EVENT_SIZE_0_2;
+            ok(ccq_trace_snapshot(rt, raw, 4, &n, NULL), "snapshot in 0.2.0's layout");
+            for (size_t k = 0; k < n; k++) {
+                ccq_event e;
+                memcpy(&e, p + k * CCQ_EVENT_SIZE_0_2, CCQ_EVENT_SIZE_0_2);
+                assert_int_equal(e.struct_size, CCQ_EVENT_SIZE_0_2);
+                assert_true(e.type < CCQ_EV_TYPE_COUNT_);
+            }
+            for (size_t k = n > 0 ? n * CCQ_EVENT_SIZE_0_2 : sizeof(uint32_t); k < sizeof raw; k++)
+                assert_int_equal(p[k], 0xab);
+        }
         /* cap 0 reads no element. */
         buf[0].struct_size = 0;
         ok(ccq_trace_snapshot(rt, buf, 0, &n, NULL), "snapshot of 0 events");

@@ -1,5 +1,6 @@
 /* The JSON trace writer on hand-built views, without a runtime: a synthetic story (a batch of
- * two all_reduce parts, one completing and one failing after issue, a send that fails
+ * two all_reduce parts, one completing and one failing after issue, fused with another all_reduce
+ * into one fused operation, a send that fails
  * unmatched, a fence, a watchdog instant and a note) gives exactly tests/trace_json_golden.json
  * (checked for JSON validity and slice nesting by the ctest trace_json_golden_valid), with
  * the parts that tell the story checked one by one; an empty view, and a failing write.
@@ -60,7 +61,7 @@ static ccq_event send0(uint32_t type, uint64_t dt)
 }
 
 typedef struct story {
-    ccq_event ev[20];
+    ccq_event ev[24];
     ccq_note notes[1];
     ccq_trace_comm comms[1];
     ccq_device_id ids[2];
@@ -77,14 +78,24 @@ static void build_story(story *s)
     s->ev[n++].comm = 0;
     s->ev[n++] = part(CCQ_EV_ISSUED, 500, 1, 0);
     s->ev[n++] = part(CCQ_EV_ISSUED, 500, 2, 1);
+    /* The all_reduce ran fused with #1 (not in the story) as fused operation 1. */
+    s->ev[n] = ev_of(CCQ_EV_FUSED, 600, 1, UINT32_MAX, UINT32_MAX);
+    s->ev[n].batch = 7;
+    s->ev[n].count = 2;
+    s->ev[n].bytes = 32;
+    s->ev[n].dtype = CCQ_FLOAT32;
+    s->ev[n].dur_ns = 1800;
+    s->ev[n++].status = CCQ_ERR_BACKEND;
     s->ev[n] = ev_of(CCQ_EV_FENCE_BEGIN, 1000, 0, 1, 0);
     s->ev[n++].thread = 201;
-    s->ev[n++] = part(CCQ_EV_COMPLETED, 2500, 1, 0);
+    s->ev[n] = part(CCQ_EV_COMPLETED, 2500, 1, 0);
+    s->ev[n++].fused = 1;
     s->ev[n] = ev_of(CCQ_EV_BATCH, 2500, 7, 0, 0); /* count: ops; bytes: its duration */
     s->ev[n].count = 2;
     s->ev[n].bytes = 2000;
     s->ev[n++].status = CCQ_ERR_BACKEND;
     s->ev[n] = part(CCQ_EV_FAILED, 2600, 2, 1);
+    s->ev[n].fused = 1;
     s->ev[n++].status = CCQ_ERR_BACKEND;
     s->ev[n++] = send0(CCQ_EV_SUBMITTED, 3000);
     s->ev[n] = ev_of(CCQ_EV_FENCE_END, 3200, 0, 1, 0);
@@ -210,10 +221,10 @@ static void synthetic_story(void **state)
         fail_msg("differs from %s at line %zu:\n got: %.120s\nwant: %.120s", CCQ_TRACE_GOLDEN, line,
                  got + i, want + i);
     /* The story, piece by piece (the golden file could be regenerated wrong). */
-    has(got, "\"backend\":\"host\",\"devices\":2,\"events\":17,\"dropped_events\":3");
+    has(got, "\"backend\":\"host\",\"devices\":2,\"events\":18,\"dropped_events\":3");
     has(got, "\"ccq\":{\"format\":1,\"version\":\"@VERSION@\",\"world_rank\":0,\"world_size\":1,"
              "\"local_devices\":[0,2],\"max_streams\":2,\"pid\":4242,\"hostname\":\"node7\","
-             "\"backend\":\"host\",\"reason\":\"error\",\"events\":17,\"dropped_events\":3,"
+             "\"backend\":\"host\",\"reason\":\"error\",\"events\":18,\"dropped_events\":3,"
              "\"clock\":{\"domain\":\"CLOCK_MONOTONIC\",\"t0_ns\":1000000,\"dump_ns\":1006000,"
              "\"realtime_offset_ns\":1764547200000000000},\"comms\":[{\"id\":0,\"set\":\"{0,1}\","
              "\"devices\":[0,1]}]},\n\"traceEvents\":[");
@@ -233,7 +244,7 @@ static void synthetic_story(void **state)
              "\"args\":{\"batch\":7,\"ops\":2,\"status\":\"CCQ_ERR_BACKEND\"}");
     has(got, "{\"ph\":\"X\",\"cat\":\"op,failed\",\"name\":\"all_reduce #0\",\"pid\":1,\"tid\":1,"
              "\"ts\":0.500,\"dur\":2.100,\"args\":{\"id\":2,\"comm\":\"{0,1}\"");
-    has(got, "\"op\":\"sum\",\"batch\":7,\"queued_us\":0.400,\"status\":\"CCQ_ERR_BACKEND\"}");
+    has(got, "\"op\":\"sum\",\"batch\":7,\"queued_us\":0.400,\"status\":\"CCQ_ERR_BACKEND\",");
     has(got, "{\"ph\":\"e\",\"cat\":\"queued\",\"name\":\"send #0 to 1\",\"id\":\"q3\",\"pid\":0,"
              "\"tid\":3,\"ts\":5.000}");
     has(got, "\"cat\":\"op,failed\",\"name\":\"send #0 to 1 failed\",\"pid\":0,\"tid\":4");
@@ -244,6 +255,16 @@ static void synthetic_story(void **state)
     has(got, "\"name\":\"failed\",\"pid\":2,\"tid\":1,\"ts\":5.000,\"args\":{\"detail\":"
              "\"send #0 to 1: \\\"unmatched\\\"\\u000a\\u0009no recv\"}}");
     has(got, "\"name\":\"watchdog timeout on comm 0 (an op missed its deadline)\"");
+    /* The fused operation: its slice, its parts naming it, a flow from each part. */
+    has(got, "{\"ph\":\"X\",\"cat\":\"fused\",\"name\":\"fused all_reduce #0-1 (2 ops)\","
+             "\"pid\":2,\"tid\":2,\"ts\":0.600,\"dur\":1.800,\"args\":{\"fused\":1,\"comm\":"
+             "\"{0,1}\",\"comm_id\":0,\"first_seq\":0,\"ops\":2,\"bytes\":32,\"batch\":7,"
+             "\"kind\":\"all_reduce\",\"dtype\":\"float32\",\"status\":\"CCQ_ERR_BACKEND\"}}");
+    has(got, "\"status\":\"CCQ_ERR_BACKEND\",\"fused\":1}");
+    has(got, "{\"ph\":\"s\",\"cat\":\"fused\",\"name\":\"ran in fused op\",\"id\":\"fu2\","
+             "\"pid\":1,\"tid\":1,\"ts\":0.600}");
+    has(got, "{\"ph\":\"f\",\"bp\":\"e\",\"cat\":\"fused\",\"name\":\"ran in fused op\","
+             "\"id\":\"fu1\",\"pid\":2,\"tid\":2,\"ts\":0.600}");
     free(got);
     free(want);
 }
@@ -258,7 +279,7 @@ static void empty_view(void **state)
     has(got, "\"hostname\":\"\",\"backend\":\"host\",\"reason\":\"\",");
     has(got,
         "\"comms\":[]},\n\"traceEvents\":[\n{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":0");
-    has(got, "{\"name\":\"matching\"}}\n]}\n");
+    has(got, "{\"name\":\"fused operations\"}}\n]}\n");
     free(got);
 }
 

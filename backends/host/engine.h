@@ -69,6 +69,25 @@ typedef struct ccq_host_engine_ops {
     /* How often the host backend must poll now: while operations are in flight (busy),
      * or with background work that only polling moves; 0 = no need. */
     uint64_t (*poll_interval)(ccq_host_engine *e, bool busy);
+
+    /* ---- Fusion (docs/fusion.md). Optional: an engine without it leaves it NULL, and the
+     * host backend then starts every operation alone (start) and never fuses
+     * (ccq_fuse_threshold gives its communicators spanning processes 0). ---- */
+    /* Start ops[0..n-1] (n >= 1): collectives of one communicator spanning processes, from one
+     * batch, with consecutive sequence numbers, in that order; out[i] gets ops[i]'s operation,
+     * tested, described and abandoned like start()'s. The engine tells the member processes,
+     * with what it sends them anyway for each operation (the MPI engine: its signature
+     * records), how many operations of the run follow each one; the window at an operation is
+     * the fewest any member has, and it cuts the window into fused groups by the rule of
+     * backends/fuse.h (the communicator's fusion_bytes from comm_create; the kinds it has a
+     * layout for), so every member runs the same engine operations without waiting for
+     * anything. On the first op of a fused group it sets fused and fused_t0 (ccq_now_ns) when
+     * the group starts, fused_t1 when it ends; the group's ops end in the same test pass, in
+     * batch order (the host tests them so). *nstarted: how many of ops started (all of them
+     * unless an error is returned). */
+    ccq_status (*start_run)(ccq_host_engine *e, ccq_heng_comm *c, ccq_be_op *const *ops, uint32_t n,
+                            uint64_t now_ns, ccq_heng_op **out, uint32_t *nstarted,
+                            ccq_errbuf *err);
 } ccq_host_engine_ops;
 
 /* The base every engine struct embeds first. */

@@ -11,8 +11,10 @@
 #include <unistd.h>
 
 #include "backends/backend.h"
-#include "backends/host/reduce.h"
+#include "backends/fuse.h"
 #include "backends/host/engine.h"
+#include "backends/host/host_impl.h"
+#include "backends/host/reduce.h"
 #include "backends/module.h"
 #include "queue/mpsc.h"
 #include "queue/wake.h"
@@ -29,30 +31,17 @@
  * stores (cfg.host_stream_bytes overrides it). */
 #define HOST_NT_BYTES (64ull * 1024u * 1024u)
 
-typedef struct host_comm {
-    uint32_t n;
-    _Atomic uint32_t aborted;
-    ccq_heng_comm *eng; /* communicators spanning processes: their engine side */
-} host_comm;
-
-/* A batch holding operations across processes: engine operations the scheduler tests in
- * poll(). */
-typedef struct host_xbatch {
-    ccq_be_batch *b;
-    struct host_xbatch *next;
-    uint64_t deadline; /* the engine's own: a little before the runtime's watchdog */
-    uint32_t pending;
-    void **staged;    /* [nops] or NULL: copies of stage_src sends' data */
-    ccq_heng_op *h[]; /* [nops]: NULL once done (or for a local op) */
-} host_xbatch;
-
+/* A batch runs as units: one op, or a fused group of small ops (backends/fuse.h) that one
+ * thread runs whole, one after the other, as a single piece of work. */
 typedef struct host_job {
     ccq_mpsc_node done_node;
     ccq_be_batch *b;
     struct host_job *next; /* pending list (jobs with unclaimed chunks) */
     uint32_t nchunks, claimed, remaining;
-    size_t *first_chunk;   /* [nops + 1]: chunk index where each op starts */
-    size_t *chunk_elems;   /* [nops]: elements per chunk of each op */
+    uint32_t nunits;
+    uint32_t *unit_op;     /* [nunits + 1]: the first op of each unit (ops of u: [u], [u + 1]) */
+    size_t *first_chunk;   /* [nunits + 1]: chunk index where each unit starts */
+    size_t *chunk_elems;   /* [nunits]: elements per chunk of a one-op unit (0: fused, whole) */
     uint64_t stream_bytes; /* the backend's streaming-store threshold */
     void **staged;         /* [nops] or NULL: copies of stage_src sends' data (freed in poll) */
 } host_job;
@@ -75,12 +64,7 @@ typedef struct host_be {
     uint64_t spin_ns;
     uint64_t stream_bytes; /* ops moving at least this many bytes use streaming stores */
     ccq_mpsc done;         /* finished jobs; the scheduler pops them in poll() */
-    /* Across processes; scheduler thread only. */
-    ccq_host_engine *engine; /* NULL: this runtime cannot span processes (engine_err says why) */
-    ccq_errbuf engine_err;
-    uint64_t timeout_ns;   /* cfg->timeout_ms (UINT64_MAX: none) */
-    host_xbatch *xbatches; /* batches with engine operations in flight */
-    uint32_t background;   /* engine work given up on or detached, not yet ended */
+    host_xp xp;            /* across processes (xproc.c); scheduler thread only */
 } host_be;
 
 static host_be *to_host(ccq_backend *be)
@@ -112,7 +96,7 @@ static void copy_fanout(void *const *dst, uint32_t nd, const char *src, size_t b
 /* Run elements [begin, end) of one op. Every kind is cut along the per-rank block of
  * `count` elements, so all of them split into chunks the same way. Parts are in rank
  * order (the runtime builds them so); a NULL buffer is one this rank does not use. */
-static void run_range(const ccq_be_op *op, size_t begin, size_t end, uint64_t stream_bytes)
+void host_run_range(const ccq_be_op *op, size_t begin, size_t end, uint64_t stream_bytes)
 {
     size_t es = ccq_dtype_size((ccq_dtype)op->dtype), blk = op->count * es;
     size_t off = begin * es, len = (end - begin) * es;
@@ -203,30 +187,45 @@ static void run_range(const ccq_be_op *op, size_t begin, size_t end, uint64_t st
     ccq_host_store_fence(nt);
 }
 
-static bool op_aborted(const ccq_be_op *op)
+/* Run a fused group's ops whole, in sequence order, and note when the group ran (for the
+ * trace's fused slice). One thread runs it: it is small (at most fusion_bytes per buffer). */
+void host_run_fused(ccq_be_op *const *ops, uint32_t n, uint64_t stream_bytes)
 {
-    const host_comm *c = (const host_comm *)op->comm;
-    return c != NULL && atomic_load_explicit(&c->aborted, memory_order_acquire);
+    ops[0]->fused_t0 = ccq_now_ns();
+    for (uint32_t k = 0; k < n; k++)
+        if (!host_op_aborted(ops[k]))
+            host_run_range(ops[k], 0, ops[k]->count, stream_bytes);
+    ops[0]->fused_t1 = ccq_now_ns();
 }
 
 static void run_chunk(host_job *j, size_t chunk)
 {
-    /* Find the op holding this chunk: ops are few per big batch, a linear scan is fine. */
-    uint32_t k = 0;
-    while (j->first_chunk[k + 1] <= chunk)
-        k++;
-    const ccq_be_op *op = j->b->ops[k];
-    if (op_aborted(op))
+    /* Find the unit holding this chunk (binary search: a batch of small ops has many). */
+    uint32_t lo = 0, hi = j->nunits - 1;
+    while (lo < hi) {
+        uint32_t mid = (lo + hi + 1) / 2;
+        if (j->first_chunk[mid] <= chunk)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    ccq_be_op *const *ops = j->b->ops + j->unit_op[lo];
+    uint32_t n = j->unit_op[lo + 1] - j->unit_op[lo];
+    if (n > 1) {
+        host_run_fused(ops, n, j->stream_bytes);
         return;
-    size_t begin = (chunk - j->first_chunk[k]) * j->chunk_elems[k];
-    size_t end = begin + j->chunk_elems[k];
-    run_range(op, begin, end < op->count ? end : op->count, j->stream_bytes);
+    }
+    if (host_op_aborted(ops[0]))
+        return;
+    size_t begin = (chunk - j->first_chunk[lo]) * j->chunk_elems[lo];
+    size_t end = begin + j->chunk_elems[lo];
+    host_run_range(ops[0], begin, end < ops[0]->count ? end : ops[0]->count, j->stream_bytes);
 }
 
 static void job_finish(host_be *h, host_job *j)
 {
     for (uint32_t k = 0; k < j->b->nops; k++)
-        j->b->ops[k]->status = op_aborted(j->b->ops[k]) ? CCQ_ERR_ABORTED : CCQ_OK;
+        j->b->ops[k]->status = host_op_aborted(j->b->ops[k]) ? CCQ_ERR_ABORTED : CCQ_OK;
     /* The push (an atomic RMW) publishes every byte the workers wrote; notify wakes the
      * scheduler, which acquires it in poll(). */
     ccq_mpsc_push_mpsc(&h->done, &j->done_node);
@@ -308,8 +307,8 @@ static void host_destroy(ccq_backend *be)
         pthread_join(h->threads[k], NULL);
     pthread_cond_destroy(&h->cv);
     pthread_mutex_destroy(&h->mu);
-    if (h->engine != NULL)
-        h->engine->ops->destroy(h->engine);
+    if (h->xp.engine != NULL)
+        h->xp.engine->ops->destroy(h->xp.engine);
     free(h->threads);
     free(h);
 }
@@ -322,15 +321,15 @@ static void engine_open(host_be *h, const ccq_config *cfg)
     /* The engine is a module (libccq-mpi.so), loaded here: the first time a runtime of this
      * process is in a world of several processes. */
     if (ccq_module_get("mpi", "the host backend cannot span processes: its mpi engine", &m,
-                       &h->engine_err) != CCQ_OK)
+                       &h->xp.engine_err) != CCQ_OK)
         return;
     if (m->host_engine == NULL) {
-        snprintf(h->engine_err.msg, sizeof h->engine_err.msg,
+        snprintf(h->xp.engine_err.msg, sizeof h->xp.engine_err.msg,
                  "the host backend cannot span processes: ccq's mpi module has no engine");
         return;
     }
-    if (m->host_engine->create(cfg, &h->engine, &h->engine_err) != CCQ_OK)
-        h->engine = NULL;
+    if (m->host_engine->create(cfg, &h->xp.engine, &h->xp.engine_err) != CCQ_OK)
+        h->xp.engine = NULL;
 }
 
 static ccq_status host_create(const ccq_config *cfg, const ccq_be_hooks *hooks, ccq_backend **out,
@@ -355,7 +354,8 @@ static ccq_status host_create(const ccq_config *cfg, const ccq_be_hooks *hooks, 
     h->nworkers = cfg->host_workers ? cfg->host_workers : (cores > 0 ? (uint32_t)cores : 1);
     h->spin_ns = (uint64_t)cfg->spin_us * 1000u;
     h->stream_bytes = cfg->host_stream_bytes ? cfg->host_stream_bytes : HOST_NT_BYTES;
-    h->timeout_ns = cfg->timeout_ms ? cfg->timeout_ms * 1000000ull : UINT64_MAX;
+    h->xp.timeout_ns = cfg->timeout_ms ? cfg->timeout_ms * 1000000ull : UINT64_MAX;
+    h->xp.stream_bytes = h->stream_bytes;
     if (cfg->world_size > 1)
         engine_open(h, cfg);
     atomic_init(&h->pending, 0);
@@ -391,15 +391,15 @@ static ccq_status host_world_ready(ccq_backend *be, uint32_t world_rank, uint32_
 {
     host_be *h = to_host(be);
     ccq_status st;
-    if (h->engine == NULL) {
-        snprintf(err->msg, sizeof err->msg, "%s", h->engine_err.msg);
+    if (h->xp.engine == NULL) {
+        snprintf(err->msg, sizeof err->msg, "%s", h->xp.engine_err.msg);
         return CCQ_ERR_UNSUPPORTED;
     }
-    st = h->engine->ops->world_ready(h->engine, world_rank, world_size, err);
+    st = h->xp.engine->ops->world_ready(h->xp.engine, world_rank, world_size, err);
     if (st != CCQ_OK) {
-        snprintf(h->engine_err.msg, sizeof h->engine_err.msg, "%s", err->msg);
-        h->engine->ops->destroy(h->engine);
-        h->engine = NULL;
+        snprintf(h->xp.engine_err.msg, sizeof h->xp.engine_err.msg, "%s", err->msg);
+        h->xp.engine->ops->destroy(h->xp.engine);
+        h->xp.engine = NULL;
     }
     return st;
 }
@@ -408,7 +408,7 @@ static ccq_status host_comm_test(ccq_backend *be, ccq_be_comm *comm, ccq_errbuf 
 {
     host_be *h = to_host(be);
     host_comm *c = (host_comm *)comm;
-    return c->eng == NULL ? CCQ_OK : h->engine->ops->comm_test(h->engine, c->eng, err);
+    return c->eng == NULL ? CCQ_OK : h->xp.engine->ops->comm_test(h->xp.engine, c->eng, err);
 }
 
 static ccq_status host_comm_create(ccq_backend *be, const ccq_be_comm_desc *d, ccq_be_comm **out,
@@ -419,10 +419,11 @@ static ccq_status host_comm_create(ccq_backend *be, const ccq_be_comm_desc *d, c
     ccq_status st = CCQ_OK;
 
     *out = NULL;
-    if (d->nprocs > 1 && h->engine == NULL) {
+    if (d->nprocs > 1 && h->xp.engine == NULL) {
         snprintf(err->msg, sizeof err->msg, "%.440s (this communicator spans %u processes)",
-                 h->engine_err.msg[0] ? h->engine_err.msg
-                                      : "the host backend has no engine to reach other processes",
+                 h->xp.engine_err.msg[0]
+                     ? h->xp.engine_err.msg
+                     : "the host backend has no engine to reach other processes",
                  d->nprocs);
         return CCQ_ERR_UNSUPPORTED;
     }
@@ -432,9 +433,12 @@ static ccq_status host_comm_create(ccq_backend *be, const ccq_be_comm_desc *d, c
         return CCQ_ERR_NO_MEMORY;
     }
     c->n = d->nranks;
+    /* An engine without start_run cannot agree on fusion with the members: unfused there. */
+    c->fusion_bytes =
+        ccq_fuse_threshold(d, 0, h->xp.engine != NULL && h->xp.engine->ops->start_run != NULL);
     atomic_init(&c->aborted, 0);
     if (d->nprocs > 1) {
-        st = h->engine->ops->comm_create(h->engine, d, &c->eng, err);
+        st = h->xp.engine->ops->comm_create(h->xp.engine, d, &c->eng, err);
         if (st != CCQ_OK && st != CCQ_IN_PROGRESS) {
             free(c);
             return st;
@@ -448,8 +452,9 @@ static void host_comm_destroy(ccq_backend *be, ccq_be_comm *comm)
 {
     host_be *h = to_host(be);
     host_comm *c = (host_comm *)comm;
-    if (c->eng != NULL)
-        h->engine->ops->comm_destroy(h->engine, c->eng);
+    if (c->eng != NULL) {
+        h->xp.engine->ops->comm_destroy(h->xp.engine, c->eng);
+    }
     free(c);
 }
 
@@ -457,15 +462,20 @@ static ccq_status host_comm_root_blob(ccq_backend *be, const ccq_be_comm_desc *d
                                       size_t *len, ccq_errbuf *err)
 {
     host_be *h = to_host(be);
-    if (h->engine == NULL) {
+    if (h->xp.engine == NULL) {
         *len = 0;
         return CCQ_OK;
     }
     *len = *len < CCQ_HENG_BLOB_MAX ? *len : CCQ_HENG_BLOB_MAX;
-    return h->engine->ops->root_blob(h->engine, d, blob, len, err);
+    return h->xp.engine->ops->root_blob(h->xp.engine, d, blob, len, err);
 }
 
-static void free_staged(void **staged, uint32_t nops)
+static uint64_t host_poll_interval(const ccq_backend *be)
+{
+    return host_xp_poll_interval(&ccq_container_of(be, const host_be, base)->xp);
+}
+
+void host_free_staged(void **staged, uint32_t nops)
 {
     for (uint32_t k = 0; staged != NULL && k < nops; k++)
         free(staged[k]);
@@ -477,7 +487,7 @@ static void free_staged(void **staged, uint32_t nops)
  * promises. Cross-process batches need it as much as local ones: a local copy or an engine
  * receive of the batch may write the buffer before an engine send reads it (an in-place
  * shift across processes took the data of a neighbour's neighbour without it). */
-static ccq_status stage_sends(ccq_be_batch *b, void ***staged, ccq_errbuf *err)
+ccq_status host_stage_sends(ccq_be_batch *b, void ***staged, ccq_errbuf *err)
 {
     for (uint32_t k = 0; k < b->nops; k++) {
         ccq_be_op *op = b->ops[k];
@@ -493,175 +503,29 @@ static ccq_status stage_sends(ccq_be_batch *b, void ***staged, ccq_errbuf *err)
     }
     return CCQ_OK;
 oom:
-    free_staged(*staged, b->nops);
+    host_free_staged(*staged, b->nops);
     *staged = NULL;
     snprintf(err->msg, sizeof err->msg, "out of memory staging a send's data");
     return CCQ_ERR_NO_MEMORY;
 }
 
-static ccq_heng_comm *op_eng(const ccq_be_op *op)
+/* The units of a batch (host_job): each fused group (backends/fuse.h: consecutive ops of
+ * one communicator, small, alike) is one, marked on its first op (ccq_be_op.fused); every
+ * other op is its own. unit_op gets nunits + 1 entries. */
+static uint32_t plan_units(ccq_be_batch *b, uint32_t *unit_op)
 {
-    const host_comm *c = (const host_comm *)op->comm;
-    return c != NULL ? c->eng : NULL;
-}
-
-static void batch_fail_detail(ccq_be_batch *b, const ccq_errbuf *err)
-{
-    if (b->detail.msg[0] == '\0')
-        snprintf(b->detail.msg, sizeof b->detail.msg, "%s", err->msg);
-}
-
-/* An op of a batch across processes has ended (status set) while others of the batch may
- * still wait for other processes: the runtime ends its commands now (ccq_be_op.done_early),
- * so a stuck engine operation never holds the streams of unrelated ones. */
-static void op_ended(ccq_be_batch *b, ccq_be_op *op)
-{
-    op->done_early = 1;
-    b->ndone_early++;
-}
-
-/* A batch with operations across processes: local ones run now, on this thread; each of
- * the others combines its local parts and starts its engine operation, in batch order (the
- * runtime's sequence order, the same in every process: engines match operations by it). */
-static ccq_status xproc_issue(host_be *h, ccq_be_batch *b, ccq_errbuf *err)
-{
-    ccq_host_engine *eng = h->engine;
-    host_xbatch *m = calloc(1, sizeof *m + b->nops * sizeof m->h[0]);
-    uint64_t now = ccq_now_ns();
-
-    if (m == NULL) {
-        snprintf(err->msg, sizeof err->msg, "out of memory");
-        return CCQ_ERR_NO_MEMORY;
+    uint32_t nu = 0;
+    for (uint32_t k = 0; k < b->nops;) {
+        const host_comm *c = (const host_comm *)b->ops[k]->comm;
+        uint32_t g = 1;
+        if (c != NULL && c->fusion_bytes > 0)
+            g = ccq_fuse_group(b->ops + k, b->nops - k, c->fusion_bytes, CCQ_FUSE_KINDS_ALL);
+        b->ops[k]->fused = g > 1 ? g : 0;
+        unit_op[nu++] = k;
+        k += g;
     }
-    m->b = b;
-    if (stage_sends(b, &m->staged, err) != CCQ_OK) {
-        free(m);
-        return CCQ_ERR_NO_MEMORY;
-    }
-    /* The engine's deadline comes a little before the watchdog's (issue time + timeout_ms),
-     * so a stuck engine operation fails alone (CCQ_ERR_TIMEOUT naming what it waits for) and only
-     * its communicator is aborted, not every communicator of the batch. */
-    if (h->timeout_ns == UINT64_MAX) {
-        m->deadline = UINT64_MAX;
-    } else {
-        uint64_t grace = h->timeout_ns / 16;
-        grace = grace < 10000000u ? 10000000u : grace > 200000000u ? 200000000u : grace;
-        m->deadline = now + (h->timeout_ns > grace ? h->timeout_ns - grace : h->timeout_ns / 2);
-    }
-    for (uint32_t k = 0; k < b->nops; k++) {
-        ccq_be_op *op = b->ops[k];
-        ccq_heng_comm *mc = op_eng(op);
-        ccq_errbuf e = {{0}};
-        ccq_status st;
-        op->status = CCQ_OK;
-        if (op_aborted(op)) {
-            op->status = CCQ_ERR_ABORTED;
-            op_ended(b, op);
-            continue;
-        }
-        if (mc == NULL && op->nparts < 2 && !ccq_kinds[op->kind].collective) {
-            /* A half of a pair across processes without its engine side: never run it as a
-             * local copy (it would read a second part that does not exist). */
-            op->status = CCQ_ERR_BACKEND;
-            snprintf(err->msg, sizeof err->msg,
-                     "internal: a %s half across processes reached the host backend before "
-                     "its communicator's engine side existed",
-                     ccq_kinds[op->kind].name);
-            batch_fail_detail(b, err);
-            op_ended(b, op);
-            continue;
-        }
-        if (mc == NULL) {
-            run_range(op, 0, op->count, h->stream_bytes);
-            op_ended(b, op);
-            continue;
-        }
-        st = eng->ops->start(eng, mc, op, now, &m->h[k], &e);
-        if (st != CCQ_OK) {
-            op->status = st;
-            batch_fail_detail(b, &e);
-            op_ended(b, op);
-            continue;
-        }
-        if (op->kind == CCQ_KIND_SEND && eng->ops->detach(eng, m->h[k])) {
-            /* it sends a copy: done here, the engine finishes it in the background */
-            m->h[k] = NULL;
-            h->background++;
-            op_ended(b, op);
-            continue;
-        }
-        m->pending++;
-    }
-    m->next = h->xbatches;
-    h->xbatches = m;
-    return CCQ_OK;
-}
-
-/* Test the batches' engine operations; return those that completed (or failed) on `list`. */
-static ccq_be_batch *xproc_poll(host_be *h, ccq_be_batch *list)
-{
-    ccq_host_engine *eng = h->engine;
-    uint64_t now = ccq_now_ns();
-
-    if (h->background > 0)
-        h->background = eng->ops->reap(eng, now);
-    for (host_xbatch **pp = &h->xbatches; *pp != NULL;) {
-        host_xbatch *m = *pp;
-        ccq_be_batch *b = m->b;
-        for (uint32_t k = 0; k < b->nops && m->pending > 0; k++) {
-            ccq_be_op *op = b->ops[k];
-            ccq_errbuf e = {{0}};
-            ccq_status st;
-            if (m->h[k] == NULL)
-                continue;
-            if (op_aborted(op)) {
-                /* Give the operation up (the engine keeps what its transport may still touch);
-                 * the runtime's reason is on the comm. */
-                eng->ops->abandon(eng, m->h[k]);
-                h->background++;
-                op->status = CCQ_ERR_ABORTED;
-            } else if ((st = eng->ops->test(eng, m->h[k], &e)) == CCQ_IN_PROGRESS) {
-                if (now < m->deadline)
-                    continue;
-                eng->ops->describe(eng, m->h[k], now, &e);
-                eng->ops->abandon(eng, m->h[k]);
-                h->background++;
-                op->status = CCQ_ERR_TIMEOUT;
-                op->comm_aborted = 1; /* later work on it would queue behind the stuck call */
-                batch_fail_detail(b, &e);
-            } else if (st != CCQ_OK) {
-                op->status = st;
-                /* A mismatch across processes is found before any data moves and leaves
-                 * nothing pending: the communicator goes on with the next operation. Other
-                 * errors may leave MPI state behind: later work would queue behind it. */
-                op->comm_aborted = st != CCQ_ERR_MISMATCH;
-                batch_fail_detail(b, &e);
-                h->background++;
-            }
-            m->h[k] = NULL;
-            m->pending--;
-            op_ended(b, op);
-        }
-        if (m->pending > 0) {
-            pp = &m->next;
-            continue;
-        }
-        *pp = m->next;
-        free_staged(m->staged, b->nops);
-        free(m);
-        b->be_priv = NULL;
-        b->next_done = list;
-        list = b;
-    }
-    return list;
-}
-
-static uint64_t host_poll_interval(const ccq_backend *be)
-{
-    const host_be *h = ccq_container_of(be, const host_be, base);
-    if (h->engine == NULL || (h->xbatches == NULL && h->background == 0))
-        return 0;
-    return h->engine->ops->poll_interval(h->engine, h->xbatches != NULL);
+    unit_op[nu] = b->nops;
+    return nu;
 }
 
 static ccq_status host_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
@@ -670,10 +534,8 @@ static ccq_status host_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
     size_t total = 0, nchunks = 0;
     host_job *j;
 
-    for (uint32_t k = 0; k < b->nops; k++)
-        if (op_eng(b->ops[k]) != NULL ||
-            (b->ops[k]->nparts < 2 && !ccq_kinds[b->ops[k]->kind].collective))
-            return xproc_issue(h, b, err);
+    if (host_xp_needs(b))
+        return host_xp_issue(&h->xp, b, err);
     for (uint32_t k = 0; k < b->nops; k++) {
         if (b->ops[k]->nparts > CCQ_MAX_DEVICES) {
             snprintf(err->msg, sizeof err->msg, "op with %u parts exceeds %u", b->ops[k]->nparts,
@@ -682,7 +544,8 @@ static ccq_status host_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
         }
         total += op_moved_bytes(b->ops[k]);
     }
-    j = malloc(sizeof *j + (2 * (size_t)b->nops + 1) * sizeof(size_t));
+    j = malloc(sizeof *j + (2 * (size_t)b->nops + 1) * sizeof(size_t) +
+               ((size_t)b->nops + 1) * sizeof(uint32_t));
     if (j == NULL) {
         snprintf(err->msg, sizeof err->msg, "out of memory");
         return CCQ_ERR_NO_MEMORY;
@@ -691,9 +554,11 @@ static ccq_status host_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
     j->next = NULL;
     j->first_chunk = (size_t *)(j + 1);
     j->chunk_elems = j->first_chunk + b->nops + 1;
+    j->unit_op = (uint32_t *)(j->chunk_elems + b->nops);
+    j->nunits = plan_units(b, j->unit_op);
     j->stream_bytes = h->stream_bytes;
     j->staged = NULL;
-    if (stage_sends(b, &j->staged, err) != CCQ_OK) {
+    if (host_stage_sends(b, &j->staged, err) != CCQ_OK) {
         free(j);
         return CCQ_ERR_NO_MEMORY;
     }
@@ -701,21 +566,27 @@ static ccq_status host_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
 
     if (total <= HOST_INLINE_BYTES || h->nworkers == 0)
         goto run_inline;
-    /* Cut each op into chunks: at least HOST_MIN_CHUNK_BYTES per buffer, and about four
-     * per worker for big ops so a slow worker does not hold the batch back. */
-    for (uint32_t k = 0; k < b->nops; k++) {
-        const ccq_be_op *op = b->ops[k];
+    /* Cut each one-op unit into chunks: at least HOST_MIN_CHUNK_BYTES per buffer, and about
+     * four per worker for big ops so a slow worker does not hold the batch back. A fused unit
+     * is one chunk: its ops are small, and one claim for all of them is what fusion saves. */
+    for (uint32_t u = 0; u < j->nunits; u++) {
+        const ccq_be_op *op = b->ops[j->unit_op[u]];
         size_t es = ccq_dtype_size((ccq_dtype)op->dtype);
         size_t per = (op->count + 4 * h->nworkers - 1) / (4 * h->nworkers);
         size_t min = HOST_MIN_CHUNK_BYTES / es;
+        j->first_chunk[u] = nchunks;
+        if (j->unit_op[u + 1] - j->unit_op[u] > 1) {
+            j->chunk_elems[u] = 0;
+            nchunks++;
+            continue;
+        }
         if (per < min)
             per = min;
         per = (per + 63) & ~(size_t)63; /* whole cache lines for every dtype */
-        j->first_chunk[k] = nchunks;
-        j->chunk_elems[k] = per;
+        j->chunk_elems[u] = per;
         nchunks += (op->count + per - 1) / per;
     }
-    j->first_chunk[b->nops] = nchunks;
+    j->first_chunk[j->nunits] = nchunks;
     if (nchunks <= 1) /* nothing to share: a hand-off only adds a wake-up */
         goto run_inline;
     j->nchunks = (uint32_t)nchunks;
@@ -742,9 +613,14 @@ static ccq_status host_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
     return CCQ_OK;
 
 run_inline:
-    for (uint32_t k = 0; k < b->nops; k++)
-        if (!op_aborted(b->ops[k]))
-            run_range(b->ops[k], 0, b->ops[k]->count, j->stream_bytes);
+    for (uint32_t u = 0; u < j->nunits; u++) {
+        ccq_be_op *const *ops = b->ops + j->unit_op[u];
+        uint32_t n = j->unit_op[u + 1] - j->unit_op[u];
+        if (n > 1)
+            host_run_fused(ops, n, j->stream_bytes);
+        else if (!host_op_aborted(ops[0]))
+            host_run_range(ops[0], 0, ops[0]->count, j->stream_bytes);
+    }
     job_finish(h, j);
     return CCQ_OK;
 }
@@ -758,15 +634,15 @@ static ccq_be_batch *host_poll(ccq_backend *be)
         ccq_mpsc_node *next = n->next;
         host_job *j = ccq_container_of(n, host_job, done_node);
         ccq_be_batch *b = j->b;
-        free_staged(j->staged, b->nops);
+        host_free_staged(j->staged, b->nops);
         free(j);
         b->be_priv = NULL;
         b->next_done = list;
         list = b;
         n = next;
     }
-    if (h->xbatches != NULL || h->background > 0)
-        list = xproc_poll(h, list);
+    if (host_xp_busy(&h->xp))
+        list = host_xp_poll(&h->xp, list);
     return list;
 }
 

@@ -277,3 +277,80 @@ void ccq_host_reduce_range(ccq_dtype dtype, ccq_reduce_op op, uint32_t n, const 
     ccq_host_store_fence(flags);
     put_nt = 0;
 }
+
+/* A float division by n, as a multiplication for powers of two (see reduce.h). */
+#define CCQ_DIVIDE_FLOAT_(t, s, d, count, n)                                                       \
+    do {                                                                                           \
+        if (((n) & ((n)-1)) == 0) {                                                                \
+            const t r_ = (t)1 / (t)(n);                                                            \
+            for (size_t i = 0; i < (count); i++)                                                   \
+                (d)[i] = (s)[i] * r_;                                                              \
+        } else {                                                                                   \
+            const t f_ = (t)(n);                                                                   \
+            for (size_t i = 0; i < (count); i++)                                                   \
+                (d)[i] = (s)[i] / f_;                                                              \
+        }                                                                                          \
+    } while (0)
+
+#define CCQ_DIVIDE_NARROW_(s, d, count, n, TO, FROM)                                               \
+    do {                                                                                           \
+        const float f_ = (float)(n);                                                               \
+        for (size_t i = 0; i < (count); i++)                                                       \
+            (d)[i] = FROM(TO((s)[i]) / f_);                                                        \
+    } while (0)
+
+#define CCQ_DIVIDE_INT_(t, div_t, s, d, count, n)                                                  \
+    do {                                                                                           \
+        for (size_t i = 0; i < (count); i++)                                                       \
+            (d)[i] = (t)((div_t)(s)[i] / (div_t)(n));                                              \
+    } while (0)
+
+void ccq_host_divide(ccq_dtype dtype, const void *src, void *dst, size_t count, uint32_t n)
+{
+    if (n == 0)
+        return;
+    switch (dtype) {
+    case CCQ_FLOAT32:
+        CCQ_DIVIDE_FLOAT_(float, (const float *)src, (float *)dst, count, n);
+        break;
+    case CCQ_FLOAT64:
+        CCQ_DIVIDE_FLOAT_(double, (const double *)src, (double *)dst, count, n);
+        break;
+    case CCQ_FLOAT16:
+        CCQ_DIVIDE_NARROW_((const uint16_t *)src, (uint16_t *)dst, count, n, ccq_f16_to_f32,
+                           ccq_f32_to_f16);
+        break;
+    case CCQ_BFLOAT16:
+        CCQ_DIVIDE_NARROW_((const uint16_t *)src, (uint16_t *)dst, count, n, ccq_bf16_to_f32,
+                           ccq_f32_to_bf16);
+        break;
+    case CCQ_FLOAT8E4M3:
+        CCQ_DIVIDE_NARROW_((const uint8_t *)src, (uint8_t *)dst, count, n, ccq_e4m3_to_f32,
+                           ccq_f32_to_e4m3);
+        break;
+    case CCQ_FLOAT8E5M2:
+        CCQ_DIVIDE_NARROW_((const uint8_t *)src, (uint8_t *)dst, count, n, ccq_e5m2_to_f32,
+                           ccq_f32_to_e5m2);
+        break;
+    case CCQ_INT8:
+        CCQ_DIVIDE_INT_(int8_t, int32_t, (const int8_t *)src, (int8_t *)dst, count, n);
+        break;
+    case CCQ_UINT8:
+        CCQ_DIVIDE_INT_(uint8_t, uint32_t, (const uint8_t *)src, (uint8_t *)dst, count, n);
+        break;
+    case CCQ_INT32:
+        CCQ_DIVIDE_INT_(int32_t, int32_t, (const int32_t *)src, (int32_t *)dst, count, n);
+        break;
+    case CCQ_UINT32:
+        CCQ_DIVIDE_INT_(uint32_t, uint32_t, (const uint32_t *)src, (uint32_t *)dst, count, n);
+        break;
+    case CCQ_INT64:
+        CCQ_DIVIDE_INT_(int64_t, int64_t, (const int64_t *)src, (int64_t *)dst, count, n);
+        break;
+    case CCQ_UINT64:
+        CCQ_DIVIDE_INT_(uint64_t, uint64_t, (const uint64_t *)src, (uint64_t *)dst, count, n);
+        break;
+    default:
+        break;
+    }
+}

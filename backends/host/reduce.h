@@ -55,6 +55,13 @@ void ccq_host_reduce_range(ccq_dtype dtype, ccq_reduce_op op, uint32_t n, const 
                            uint32_t nout, void *const *dst, size_t begin, size_t end,
                            unsigned flags);
 
+/* AVG's last step on a sum reduced elsewhere (the engines across processes): dst[i] =
+ * src[i] / n with the kernels' AVG semantics (integers: C's truncating division in their
+ * signedness; floats: a correctly rounded division, narrow types widened to float and rounded
+ * once). For n a power of two a float division is done as a multiplication by 1/n, which
+ * gives the same bits (both round the same exact value) and vectorizes. dst may be src. */
+void ccq_host_divide(ccq_dtype dtype, const void *src, void *dst, size_t count, uint32_t n);
+
 /* Copy `bytes` from src to dst (not overlapping); with CCQ_HOST_REDUCE_NT by non-temporal
  * stores from the first 16-byte boundary of dst on. Those are weakly ordered: call
  * ccq_host_store_fence(flags) once after the last copy, before the data is published. */

@@ -20,6 +20,7 @@
 #include <nccl.h>
 
 #include "backends/backend.h"
+#include "backends/fuse.h"
 #include "queue/mpsc.h"
 #include "queue/wake.h"
 
@@ -87,6 +88,7 @@ typedef struct nccl_comm {
                                      revoked, ncclCommRevoke and its quiescence) */
     struct nccl_comm *abort_next; /* the abort thread's queue (under abort_lock) */
     uint64_t init_deadline;       /* ncclCommInitRankConfig must have finished by then */
+    uint64_t fusion_bytes;        /* ccq_fuse_threshold: 0 when it spans processes (see "Fusion") */
     int min_cc; /* lowest compute capability major of every rank, member processes included
                    (exchanged when they met): NCCL's fp8 reduction check (comm->minCompCap) */
     /* A member process was lost (the runtime's revoke): ncclCommRevoke instead of abort, so
@@ -109,6 +111,7 @@ typedef struct nccl_stream {
     cudaEvent_t *slot_events; /* [ring_size]: submission events, created at bind */
     cudaStream_t comm;        /* where NCCL runs this stream's work; created on first use */
     cudaEvent_t done;         /* recorded after each batch on `comm` */
+    cudaEvent_t join; /* orders `comm` with another stream's (a fused op's parts, "Fusion") */
     _Atomic uint32_t done_recorded;
     _Atomic uint64_t done_upto; /* the stream_done of the last batch whose `done` is recorded */
     uint64_t batch_mark;        /* scheduler scratch: last batch that listed this stream */
@@ -148,6 +151,11 @@ typedef struct nccl_batch {
     uint32_t *streams;     /* stream indices used */
     uint64_t *stream_done; /* [nstreams]: the parts' stream_done (GPU-side wait counters) */
     nccl_comm **comms;     /* distinct communicators used */
+    /* Fusion ("Fusion" below): its fused groups, and the device scratch they pack into. */
+    struct nccl_fgroup *groups;
+    uint32_t ngroups;
+    bool unpacked; /* the groups' copies out were queued (after the launch) */
+    struct nccl_scratch *scratch;
 } nccl_batch;
 
 /* The calling thread's current CUDA context, kept to be put back after the backend made a
@@ -185,6 +193,10 @@ typedef struct nccl_be {
     pthread_cond_t abort_cond;
     nccl_comm *abort_head, *abort_tail; /* under abort_lock */
     bool abort_stop;                    /* under abort_lock */
+    /* Fusion, scheduler thread only: opted in (CCQ_NCCL_FUSION=1), and device scratch
+     * buffers free for reuse. */
+    bool fusion;
+    struct nccl_scratch *scratch_free;
 } nccl_be;
 
 static nccl_be *to_nccl(ccq_backend *be)
@@ -194,6 +206,7 @@ static nccl_be *to_nccl(ccq_backend *be)
 
 /* GPU-side waits (defined with ccq_nccl_stream_wait's hook below). */
 static void memops_init(nccl_be *h);
+static void scratch_fini(nccl_be *h);
 static void memops_fini(nccl_be *h);
 static ccq_status counter_write_after(nccl_be *h, uint32_t stream_index, uint64_t value,
                                       ccq_errbuf *err);
@@ -420,9 +433,12 @@ static void nccl_destroy(ccq_backend *be)
         cudaSetDevice(dev);
         if (s->done != NULL)
             cudaEventDestroy(s->done);
+        if (s->join != NULL)
+            cudaEventDestroy(s->join);
         if (s->comm != NULL)
             cudaStreamDestroy(s->comm);
     }
+    scratch_fini(h);
     ctx_restore(h, &prev);
     free(h->streams);
     free(h->cc_major);
@@ -483,6 +499,10 @@ static ccq_status nccl_create(const ccq_config *cfg, const ccq_be_hooks *hooks, 
     h->ring_size = ccq_ring_size(cfg->queue_depth);
     h->timeout_ns = cfg->timeout_ms ? cfg->timeout_ms * 1000000ull : NCCL_INIT_TIMEOUT_NS;
     h->drain_ns = cfg->timeout_ms ? cfg->timeout_ms * 1000000ull : NCCL_DRAIN_MAX_NS;
+    {
+        const char *f = getenv("CCQ_NCCL_FUSION"); /* opt-in: see "Fusion" */
+        h->fusion = f != NULL && strcmp(f, "1") == 0;
+    }
     pthread_mutex_init(&h->abort_lock, NULL);
     pthread_cond_init(&h->abort_cond, NULL);
     h->cc_major = calloc((size_t)ndev, sizeof *h->cc_major);
@@ -643,6 +663,7 @@ static ccq_status nccl_comm_create(ccq_backend *be, const ccq_be_comm_desc *d, c
     c->n = n;
     c->first = d->first_rank;
     c->nranks = d->nranks;
+    c->fusion_bytes = ccq_fuse_threshold(d, ccq_nccl_backend_ops.span_group_limit, false);
     for (uint32_t i = 0; i < n; i++)
         c->devs[i] = (int)d->local_devices[i];
     st = comm_min_cc(h, c, d, err);
@@ -1394,26 +1415,27 @@ static ccq_status stream_ready(nccl_be *h, nccl_stream *st, int dev, ccq_errbuf 
                         fail);
     }
     CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&st->done, cudaEventDisableTiming), err, status, fail);
+    CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&st->join, cudaEventDisableTiming), err, status, fail);
     return CCQ_OK;
 fail:
+    if (st->done != NULL)
+        cudaEventDestroy(st->done);
     if (st->comm != NULL)
         cudaStreamDestroy(st->comm);
     st->comm = NULL;
+    st->done = NULL;
     return status;
 }
 
-static void nb_free(nccl_batch *nb)
-{
-    free(nb->streams);
-    free(nb->stream_done);
-    free(nb->comms);
-    free(nb);
-}
+static ccq_status fuse_unpack(nccl_be *h, nccl_batch *nb, ccq_errbuf *err);
 
-/* One completion event per stream used, recorded after the group's work. */
+/* One completion event per stream used, recorded after the group's work (and after the
+ * fused groups' copies out, queued here: the group's kernels are on the streams now). */
 static ccq_status record_done(nccl_be *h, nccl_batch *nb, ccq_errbuf *err)
 {
-    ccq_status status = CCQ_OK;
+    ccq_status status = fuse_unpack(h, nb, err);
+    if (status != CCQ_OK)
+        return status;
     for (uint32_t k = 0; k < nb->nstreams; k++) {
         nccl_stream *st = &h->streams[nb->streams[k]];
         /* Before the event: once the host sees the batch complete, the counter is there. */
@@ -1442,6 +1464,323 @@ static cudaError_t set_device(int *cur, int dev)
     if (e == cudaSuccess)
         *cur = dev;
     return e;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Fusion (docs/fusion.md)                                                               */
+/* ------------------------------------------------------------------------------------ */
+
+/*
+ * Opt-in (CCQ_NCCL_FUSION=1 with ccq_config.fusion_bytes > 0) until a GPU measurement shows
+ * the gain. A fused group (backends/fuse.h: a batch's consecutive small all_reduces of one
+ * communicator) runs, for each local rank, on the NCCL stream of its first op's part: the
+ * other parts' streams join it (an event each), one cudaMemcpyBatchAsync packs the parts'
+ * inputs into a device scratch buffer (pooled), one ncclAllReduce reduces it in place inside
+ * the batch's group, and once the group is launched one cudaMemcpyBatchAsync copies the
+ * results out and the other streams join back, all before the streams' completion events.
+ * Each element meets the same ncclAllReduce op as unfused; NCCL's reduction order per element
+ * is its algorithm's (ring, tree), which NCCL chooses by size, so float sums on more than two
+ * ranks may differ in the last bits from the unfused ops (docs/fusion.md).
+ *
+ * Only communicators with every rank in this process fuse: across processes the members
+ * would have to agree on each fusion, and NCCL gives the host no channel of its own but the
+ * GPU stream (an agreement there would wait behind all queued GPU work before the data could
+ * be enqueued) or the bootstrap (a TCP round trip per fusion); a communicator spanning
+ * processes keeps one NCCL operation per ccq operation.
+ */
+#define NCCL_FUSE_KINDS CCQ_FUSE_KIND(CCQ_KIND_ALL_REDUCE)
+
+typedef struct nccl_scratch {
+    void *p;
+    size_t cap;
+    int dev;
+    struct nccl_scratch *next;
+} nccl_scratch;
+
+typedef struct nccl_fgroup {
+    uint32_t k, n; /* ops [k, k + n) of the batch */
+    size_t total;  /* their elements */
+    void **buf;    /* [the communicator's local ranks]: each rank's packed buffer */
+} nccl_fgroup;
+
+/* A device buffer of at least `bytes` on dev: a free one, or a new one (cudaMalloc, on the
+ * first steps only: buffers return to the pool when their batch ends). */
+static ccq_status scratch_get(nccl_be *h, nccl_batch *nb, int dev, size_t bytes, void **out,
+                              ccq_errbuf *err)
+{
+    ccq_status status = CCQ_OK;
+    nccl_scratch **best = NULL, *x;
+    for (nccl_scratch **pp = &h->scratch_free; *pp != NULL; pp = &(*pp)->next)
+        if ((*pp)->dev == dev && (*pp)->cap >= bytes && (best == NULL || (*pp)->cap < (*best)->cap))
+            best = pp;
+    if (best != NULL) {
+        x = *best;
+        *best = x->next;
+    } else {
+        x = calloc(1, sizeof *x);
+        if (x == NULL) {
+            snprintf(err->msg, sizeof err->msg, "out of memory");
+            return CCQ_ERR_NO_MEMORY;
+        }
+        x->dev = dev;
+        x->cap = (bytes + 4095) & ~(size_t)4095;
+        CUDA_CHECK_GOTO(cudaSetDevice(dev), err, status, fail);
+        CUDA_CHECK_GOTO(cudaMalloc(&x->p, x->cap), err, status, fail);
+    }
+    x->next = nb->scratch;
+    nb->scratch = x;
+    *out = x->p;
+    return CCQ_OK;
+fail:
+    free(x);
+    return status;
+}
+
+/* The batch's buffers go back to the pool (the GPU is done with them). */
+static void scratch_put(nccl_be *h, nccl_batch *nb)
+{
+    while (nb->scratch != NULL) {
+        nccl_scratch *x = nb->scratch;
+        nb->scratch = x->next;
+        x->next = h->scratch_free;
+        h->scratch_free = x;
+    }
+}
+
+static void scratch_fini(nccl_be *h)
+{
+    while (h->scratch_free != NULL) {
+        nccl_scratch *x = h->scratch_free;
+        h->scratch_free = x->next;
+        cudaSetDevice(x->dev);
+        cudaFree(x->p);
+        free(x);
+    }
+}
+
+/* n device-to-device copies on stream st of device dev, one call (CUDA 12.8+). */
+static cudaError_t batch_copy(cudaStream_t st, int dev, void **dsts, const void **srcs,
+                              size_t *sizes, size_t n)
+{
+#if CUDART_VERSION >= 12080
+    struct cudaMemcpyAttributes attr;
+    size_t idx = 0;
+    memset(&attr, 0, sizeof attr);
+    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream; /* after what the stream did before */
+    attr.srcLocHint.type = cudaMemLocationTypeDevice;
+    attr.srcLocHint.id = dev;
+    attr.dstLocHint.type = cudaMemLocationTypeDevice;
+    attr.dstLocHint.id = dev;
+#if CUDART_VERSION >= 13000
+    return cudaMemcpyBatchAsync(dsts, srcs, sizes, n, &attr, &idx, 1, st);
+#else
+    size_t failed = 0;
+    return cudaMemcpyBatchAsync(dsts, (void **)srcs, sizes, n, &attr, &idx, 1, &failed, st);
+#endif
+#else
+    (void)dev;
+    for (size_t i = 0; i < n; i++) {
+        cudaError_t e = cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], cudaMemcpyDeviceToDevice, st);
+        if (e != cudaSuccess)
+            return e;
+    }
+    return cudaSuccess;
+#endif
+}
+
+/* Whether stream y appears among the parts of ops[0..j-1] of local rank p (joined already). */
+static bool joined_before(nccl_be *h, ccq_be_op *const *ops, uint32_t j, uint32_t p,
+                          const nccl_stream *y)
+{
+    for (uint32_t i = 0; i < j; i++)
+        if (&h->streams[ops[i]->parts[p].stream_index] == y)
+            return true;
+    return false;
+}
+
+/* Copy rank p's parts of a group between their buffers and its packed buffer, on x. */
+static ccq_status group_copy(nccl_be *h, ccq_be_op *const *ops, const nccl_fgroup *g, uint32_t p,
+                             bool in, ccq_errbuf *err)
+{
+    ccq_status status = CCQ_OK;
+    size_t es = ccq_fuse_esize(ops[0]->dtype), off = 0;
+    void **dsts = malloc(g->n * sizeof *dsts);
+    const void **srcs = malloc(g->n * sizeof *srcs);
+    size_t *sizes = malloc(g->n * sizeof *sizes);
+    const ccq_be_part *head = &ops[0]->parts[p];
+    if (dsts == NULL || srcs == NULL || sizes == NULL) {
+        status = CCQ_ERR_NO_MEMORY;
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        goto out;
+    }
+    for (uint32_t j = 0; j < g->n; j++) {
+        char *packed = (char *)g->buf[p] + off * es;
+        dsts[j] = in ? packed : ops[j]->parts[p].dst;
+        srcs[j] = in ? ops[j]->parts[p].src : packed;
+        sizes[j] = ops[j]->count * es;
+        off += ops[j]->count;
+    }
+    {
+        cudaError_t e = batch_copy(h->streams[head->stream_index].comm, (int)head->device, dsts,
+                                   srcs, sizes, g->n);
+        if (e != cudaSuccess) {
+            status = CCQ_ERR_BACKEND;
+            snprintf(err->msg, sizeof err->msg,
+                     "cudaMemcpyBatchAsync (%s the %u parts of a fused all_reduce on device %u): "
+                     "%s (%s)",
+                     in ? "packing" : "unpacking", g->n, head->device, cudaGetErrorString(e),
+                     cudaGetErrorName(e));
+        }
+    }
+out:
+    free(dsts);
+    free(srcs);
+    free(sizes);
+    return status;
+}
+
+/*
+ * Before the batch's group: find its fused groups and, for each local rank, join the parts'
+ * streams into the first part's and pack the inputs there (queued before the group, so before
+ * the NCCL kernel it launches). Marks each group's first op (ccq_be_op.fused).
+ */
+static ccq_status fuse_prepare(nccl_be *h, nccl_batch *nb, int *cur, ccq_errbuf *err)
+{
+    ccq_be_batch *b = nb->b;
+    ccq_status status = CCQ_OK;
+    uint64_t now = ccq_now_ns();
+
+    for (uint32_t k = 0; k < b->nops;) {
+        ccq_be_op *op = b->ops[k];
+        nccl_comm *c = (nccl_comm *)op->comm;
+        uint32_t g = 1;
+        if (h->fusion && op->status == CCQ_OK && c->fusion_bytes > 0)
+            g = ccq_fuse_group(b->ops + k, b->nops - k, c->fusion_bytes, NCCL_FUSE_KINDS);
+        if (g > 1) {
+            nccl_fgroup *ng = realloc(nb->groups, (nb->ngroups + 1) * sizeof *ng);
+            if (ng == NULL)
+                goto oom;
+            nb->groups = ng;
+            ng[nb->ngroups] = (nccl_fgroup){k, g, 0, calloc(c->n, sizeof(void *))};
+            if (ng[nb->ngroups].buf == NULL)
+                goto oom;
+            for (uint32_t j = 0; j < g; j++)
+                ng[nb->ngroups].total += b->ops[k + j]->count;
+            nb->ngroups++;
+        }
+        k += g;
+    }
+    for (uint32_t q = 0; q < nb->ngroups; q++) {
+        nccl_fgroup *g = &nb->groups[q];
+        ccq_be_op **ops = b->ops + g->k;
+        nccl_comm *c = (nccl_comm *)ops[0]->comm;
+        for (uint32_t p = 0; p < c->n; p++) {
+            const ccq_be_part *head = &ops[0]->parts[p];
+            nccl_stream *x = &h->streams[head->stream_index];
+            status = scratch_get(h, nb, (int)head->device, g->total * ccq_fuse_esize(ops[0]->dtype),
+                                 &g->buf[p], err);
+            if (status != CCQ_OK)
+                return status;
+            CUDA_CHECK_GOTO(set_device(cur, (int)head->device), err, status, fail);
+            for (uint32_t j = 1; j < g->n; j++) {
+                nccl_stream *y = &h->streams[ops[j]->parts[p].stream_index];
+                if (y == x || joined_before(h, ops, j, p, y))
+                    continue;
+                CUDA_CHECK_GOTO(cudaEventRecord(y->join, y->comm), err, status, fail);
+                CUDA_CHECK_GOTO(cudaStreamWaitEvent(x->comm, y->join, 0), err, status, fail);
+            }
+            status = group_copy(h, ops, g, p, true, err);
+            if (status != CCQ_OK)
+                return status;
+        }
+        ops[0]->fused = g->n;
+        ops[0]->fused_t0 = now;
+    }
+    return CCQ_OK;
+oom:
+    snprintf(err->msg, sizeof err->msg, "out of memory");
+    return CCQ_ERR_NO_MEMORY;
+fail:
+    return status;
+}
+
+/* Inside the group: each local rank's ncclAllReduce of a group's packed buffer, in place. */
+static ccq_status fuse_enqueue(nccl_be *h, ccq_be_op *const *ops, const nccl_fgroup *g, int *cur,
+                               bool *cuda_err, ccq_errbuf *err)
+{
+    nccl_comm *c = (nccl_comm *)ops[0]->comm;
+    ccq_status status = CCQ_OK;
+    ncclRedOp_t ro = c->nranks == 1 ? ncclSum : op_map[ops[0]->redop];
+    *cuda_err = false;
+    for (uint32_t p = 0; p < c->n; p++) {
+        const ccq_be_part *head = &ops[0]->parts[p];
+        CUDA_CHECK_GOTO(set_device(cur, (int)head->device), err, status, cuda_fail);
+        NCCL_CHECK_GOTO(ncclAllReduce(g->buf[p], g->buf[p], g->total, dtype_map[ops[0]->dtype], ro,
+                                      c->comms[head->rank - c->first],
+                                      h->streams[head->stream_index].comm),
+                        err, status, fail);
+    }
+    return CCQ_OK;
+cuda_fail:
+    *cuda_err = true;
+fail:
+    return status == CCQ_OK ? CCQ_ERR_BACKEND : status;
+}
+
+/* Once the group is launched (its kernels are on the streams): copy every group's results out
+ * and join the other parts' streams back, before their completion events. Once per batch. */
+static ccq_status fuse_unpack(nccl_be *h, nccl_batch *nb, ccq_errbuf *err)
+{
+    ccq_be_batch *b = nb->b;
+    ccq_status status = CCQ_OK;
+    int cur = -1;
+    if (nb->unpacked || nb->failed)
+        return CCQ_OK;
+    nb->unpacked = true;
+    for (uint32_t q = 0; q < nb->ngroups; q++) {
+        nccl_fgroup *g = &nb->groups[q];
+        ccq_be_op **ops = b->ops + g->k;
+        nccl_comm *c = (nccl_comm *)ops[0]->comm;
+        for (uint32_t p = 0; p < c->n; p++) {
+            const ccq_be_part *head = &ops[0]->parts[p];
+            nccl_stream *x = &h->streams[head->stream_index];
+            bool recorded = false;
+            CUDA_CHECK_GOTO(set_device(&cur, (int)head->device), err, status, fail);
+            status = group_copy(h, ops, g, p, false, err);
+            if (status != CCQ_OK)
+                return status;
+            for (uint32_t j = 1; j < g->n; j++) {
+                nccl_stream *y = &h->streams[ops[j]->parts[p].stream_index];
+                if (y == x || joined_before(h, ops, j, p, y))
+                    continue;
+                if (!recorded)
+                    CUDA_CHECK_GOTO(cudaEventRecord(x->join, x->comm), err, status, fail);
+                recorded = true;
+                CUDA_CHECK_GOTO(cudaStreamWaitEvent(y->comm, x->join, 0), err, status, fail);
+            }
+        }
+    }
+fail:
+    return status;
+}
+
+/* The batch ended: its fused operations ended now (for the trace). */
+static void fuse_ended(nccl_batch *nb)
+{
+    uint64_t now = ccq_now_ns();
+    for (uint32_t q = 0; q < nb->ngroups; q++)
+        nb->b->ops[nb->groups[q].k]->fused_t1 = now;
+}
+
+static void nb_free(nccl_batch *nb)
+{
+    for (uint32_t q = 0; q < nb->ngroups; q++)
+        free(nb->groups[q].buf);
+    free(nb->groups);
+    free(nb->streams);
+    free(nb->stream_done);
+    free(nb->comms);
+    free(nb);
 }
 
 /* Whether two communicators have a device in common. */
@@ -1689,12 +2028,21 @@ static ccq_status batch_launch(nccl_be *h, nccl_batch *nb, ccq_errbuf *err)
     bool cuda_err = false;
     ncclResult_t r;
 
+    status = fuse_prepare(h, nb, &cur, err);
+    if (status != CCQ_OK)
+        goto fail;
+
     /* The whole batch is one group: every local rank's part of each collective and both
      * halves of each send/recv, so NCCL launches them together and rings cannot deadlock. */
     NCCL_CHECK_GOTO(ncclGroupStart(), err, status, fail);
-    for (uint32_t k = 0; k < b->nops && status == CCQ_OK; k++)
-        if (b->ops[k]->status == CCQ_OK) /* not refused */
+    for (uint32_t k = 0, q = 0; k < b->nops && status == CCQ_OK; k++) {
+        if (q < nb->ngroups && nb->groups[q].k == k) { /* a fused group: one call per rank */
+            status = fuse_enqueue(h, b->ops + k, &nb->groups[q], &cur, &cuda_err, err);
+            k += nb->groups[q++].n - 1;
+        } else if (b->ops[k]->status == CCQ_OK) { /* not refused */
             status = op_enqueue(h, b->ops[k], &cur, &cuda_err, err);
+        }
+    }
     if (status != CCQ_OK && cuda_err && nb->ncomms > 0)
         poison_group(nb->comms[0]);
     r = ncclGroupEnd();
@@ -1861,7 +2209,10 @@ static ccq_status nccl_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
     return CCQ_OK;
 
 fail:
-    /* Before ncclGroupStart (or it failed): nothing was started. */
+    /* Before ncclGroupStart (or it failed): no collective was started (copies that packed a
+     * fused group's inputs may have been queued; they only write ccq's scratch, which the
+     * streams' later work orders after them). */
+    scratch_put(h, nb);
     b->be_priv = NULL;
     nb_free(nb);
     return status == CCQ_OK ? CCQ_ERR_BACKEND : status;
@@ -2032,6 +2383,8 @@ static ccq_be_batch *nccl_poll(ccq_backend *be)
             continue;
         }
         *pp = nb->next;
+        fuse_ended(nb);
+        scratch_put(h, nb);
         nb->b->be_priv = NULL;
         nb->b->next_done = done;
         done = nb->b;

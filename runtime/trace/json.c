@@ -9,7 +9,9 @@
  * which viewers stack as needed. One more process, "ccq scheduler", has a "batches" track
  * (one slice per batch, from the start of issuing to its end) and a "matching" track
  * (instants when an operation has all its parts); flow arrows go from each submission to the
- * batch that issued it. Watchdog timeouts and aborts are global instants.
+ * batch that issued it. Watchdog timeouts and aborts are global instants. Fused engine
+ * operations (docs/fusion.md) are slices on the scheduler's "fused operations" track, with a
+ * flow arrow from each part's in-flight slice to the fused operation it ran in.
  *
  * The writer reads only a ccq_trace_view (runtime/trace/view.h): plain data, no runtime, no
  * locks. Each section has its emitter; events are written in the view's (time) order. */
@@ -47,6 +49,10 @@ typedef struct jw {
     cmd_info *ci;       /* per command id in [idmin, idmax] */
     uint64_t idmin, idmax;
     uint64_t *next_sub; /* per submission event: the next one's time on its stream */
+    struct {
+        uint64_t id, t0;
+    } * fused; /* the fused operations seen so far (their start: where parts' flows point) */
+    size_t nfused, capfused;
     char name[96];
 } jw;
 
@@ -133,6 +139,8 @@ static void op_args(jw *w, const ccq_event *e, const cmd_info *ci)
     }
     if (e->type == CCQ_EV_COMPLETED || e->type == CCQ_EV_FAILED)
         fprintf(f, ",\"status\":\"%s\"", ccq_status_name((ccq_status)e->status));
+    if ((e->type == CCQ_EV_COMPLETED || e->type == CCQ_EV_FAILED) && e->fused != 0)
+        fprintf(f, ",\"fused\":%" PRIu64, e->fused);
     fputc('}', f);
 }
 
@@ -229,8 +237,10 @@ static int emit_names(jw *w)
             "%s{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%u,\"args\":{\"name\":\"ccq "
             "scheduler\"}},\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%u,\"tid\":0,"
             "\"args\":{\"name\":\"batches\"}},\n{\"ph\":\"M\",\"name\":\"thread_name\","
-            "\"pid\":%u,\"tid\":1,\"args\":{\"name\":\"matching\"}}",
-            sep(w), w->sched_pid, w->sched_pid, w->sched_pid);
+            "\"pid\":%u,\"tid\":1,\"args\":{\"name\":\"matching\"}},\n{\"ph\":\"M\","
+            "\"name\":\"thread_name\",\"pid\":%u,\"tid\":2,\"args\":{\"name\":\"fused "
+            "operations\"}}",
+            sep(w), w->sched_pid, w->sched_pid, w->sched_pid, w->sched_pid);
     for (size_t k = 0; k < v->nev; k++) {
         const ccq_event *e = &v->ev[k];
         if (!on_stream(w, e))
@@ -302,13 +312,55 @@ static void emit_issue(jw *w, const ccq_event *e, cmd_info *c)
             e->id, w->sched_pid, us(e->time_ns, w->t0));
 }
 
-/* A completion or failure: the command's slice on the "in flight" track, issue -> end. */
+/* The start of fused operation `id` (UINT64_MAX: not in the view). Fused operations are
+ * few and the newest are looked for: a search from the end. */
+static uint64_t fused_t0(const jw *w, uint64_t id)
+{
+    for (size_t k = w->nfused; k-- > 0;)
+        if (w->fused[k].id == id)
+            return w->fused[k].t0;
+    return UINT64_MAX;
+}
+
+/* A fused engine operation: a slice on the scheduler's "fused operations" track. */
+static void emit_fused(jw *w, const ccq_event *e)
+{
+    const char *set = e->comm < w->v->ncomms ? w->v->comms[e->comm].devices : "?";
+    bool known = e->kind < CCQ_KIND_COUNT_;
+    if (w->nfused == w->capfused) {
+        size_t ncap = w->capfused ? 2 * w->capfused : 64;
+        void *nf = realloc(w->fused, ncap * sizeof *w->fused);
+        if (nf != NULL) {
+            w->fused = nf;
+            w->capfused = ncap;
+        }
+    }
+    if (w->nfused < w->capfused) {
+        w->fused[w->nfused].id = e->id;
+        w->fused[w->nfused++].t0 = e->time_ns;
+    }
+    fprintf(w->f,
+            "%s{\"ph\":\"X\",\"cat\":\"fused\",\"name\":\"fused %s #%" PRIu64 "-%" PRIu64
+            " (%" PRIu64 " ops)\",\"pid\":%u,\"tid\":2,\"ts\":%.3f,\"dur\":%.3f,\"args\":{"
+            "\"fused\":%" PRIu64 ",\"comm\":\"%s\",\"comm_id\":%u,\"first_seq\":%" PRIu64
+            ",\"ops\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"batch\":%" PRIu64
+            ",\"kind\":\"%s\",\"dtype\":\"%s\",\"status\":\"%s\"}}",
+            sep(w), known ? ccq_kind_name(e->kind) : "?", e->seq,
+            e->seq + (e->count ? e->count - 1 : 0), e->count, w->sched_pid, us(e->time_ns, w->t0),
+            (double)e->dur_ns / 1e3, e->id, set, e->comm, e->seq, e->count, e->bytes, e->batch,
+            known ? ccq_kind_name(e->kind) : "?", ccq_dtype_name((ccq_dtype)e->dtype),
+            ccq_status_name((ccq_status)e->status));
+}
+
+/* A completion or failure: the command's slice on the "in flight" track, issue -> end (and
+ * a flow arrow to the fused operation it ran in). */
 static void emit_end(jw *w, const ccq_event *e, const cmd_info *c)
 {
     const char *name = op_name(w, e);
     uint32_t pid = e->device, tid = e->stream * 3 + 1;
     bool failed = e->type == CCQ_EV_FAILED;
     if (c != NULL && c->have_issue) {
+        uint64_t f0 = e->fused != 0 ? fused_t0(w, e->fused) : UINT64_MAX;
         fprintf(w->f,
                 "%s{\"ph\":\"X\",\"cat\":\"%s\",\"name\":\"%s\",\"pid\":%u,\"tid\":%u,"
                 "\"ts\":%.3f,\"dur\":%.3f,\"args\":",
@@ -316,6 +368,13 @@ static void emit_end(jw *w, const ccq_event *e, const cmd_info *c)
                 (double)(e->time_ns - c->issue) / 1e3);
         op_args(w, e, c);
         fputc('}', w->f);
+        if (f0 != UINT64_MAX && f0 >= c->issue && f0 <= e->time_ns)
+            fprintf(w->f,
+                    ",\n{\"ph\":\"s\",\"cat\":\"fused\",\"name\":\"ran in fused op\","
+                    "\"id\":\"fu%" PRIu64 "\",\"pid\":%u,\"tid\":%u,\"ts\":%.3f},\n"
+                    "{\"ph\":\"f\",\"bp\":\"e\",\"cat\":\"fused\",\"name\":\"ran in fused "
+                    "op\",\"id\":\"fu%" PRIu64 "\",\"pid\":%u,\"tid\":2,\"ts\":%.3f}",
+                    e->id, pid, tid, us(f0, w->t0), e->id, w->sched_pid, us(f0, w->t0));
         return;
     }
     /* Never issued (mismatch, timeout, cancellation), or its issue fell out of the recorder:
@@ -428,6 +487,9 @@ static void emit_event(jw *w, size_t k)
     case CCQ_EV_PROCESS_LOST:
         emit_lost(w, e);
         break;
+    case CCQ_EV_FUSED:
+        emit_fused(w, e);
+        break;
     default: /* BATCH_DONE, FENCE_END: shown through the slices above */
         break;
     }
@@ -502,5 +564,6 @@ int ccq_trace_write_json(FILE *f, const ccq_trace_view *v)
 out:
     free(w.next_sub);
     free(w.ci);
+    free(w.fused);
     return rc;
 }

@@ -290,7 +290,7 @@ void ccq_trace_tick(ccq_trace *t, uint64_t now, uint64_t ended)
 
 static const char *const ev_names[CCQ_EV_TYPE_COUNT_] = {
     "submitted",  "matched",     "issued",    "completed", "failed", "batch",
-    "batch_done", "fence_begin", "fence_end", "watchdog",  "abort",  "process_lost",
+    "batch_done", "fence_begin", "fence_end", "watchdog",  "abort",  "process_lost", "fused",
 };
 
 CCQ_API const char *ccq_event_type_name(uint32_t type)
@@ -394,11 +394,10 @@ CCQ_API ccq_status ccq_trace_snapshot(ccq_runtime *rt, ccq_event *out, size_t ca
      * built against an older ccq.h has a smaller ccq_event: its array is strided by that. */
     if (cap > 0) {
         elem_size = out[0].struct_size;
-        if (elem_size < CCQ_EVENT_SIZE_0_2 || elem_size > sizeof(ccq_event) ||
-            elem_size % _Alignof(ccq_event) != 0)
+        if (elem_size != CCQ_EVENT_SIZE_0_2 && elem_size != sizeof(ccq_event))
             return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
                             "ccq_trace_snapshot: out[0].struct_size is %" PRIu32
-                            "; set it to sizeof(ccq_event) (%zu in this library; %u or more)",
+                            "; set it to sizeof(ccq_event) (%zu in this library; %u in 0.2.0)",
                             elem_size, sizeof(ccq_event), CCQ_EVENT_SIZE_0_2);
     }
     if (elem_size == sizeof(ccq_event)) {

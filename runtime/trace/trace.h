@@ -126,12 +126,13 @@ static inline bool ccq_trace_requested(ccq_trace *t)
 size_t ccq_trace_copy(ccq_trace *t, ccq_event *out, size_t cap, uint64_t *dropped);
 
 /* The size of ccq_event in 0.2.0, the first layout with struct_size: the smallest element
- * size ccq_trace_snapshot accepts. Fixed forever; later layouts only append. */
+ * size ccq_trace_snapshot accepts. Fixed forever; later layouts only append (fused and
+ * dur_ns came next: sizeof(ccq_event) today). ccq_trace_snapshot accepts exactly the released
+ * layouts' sizes. */
 #define CCQ_EVENT_SIZE_0_2 88u
 
-/* Copy n events into an array of elements of `elem_size` bytes (CCQ_EVENT_SIZE_0_2 ..
- * sizeof(ccq_event), a multiple of ccq_event's alignment): the first elem_size bytes of
- * each, with struct_size = elem_size. */
+/* Copy n events into an array of elements of `elem_size` bytes (a released layout's size, at
+ * most sizeof(ccq_event)): the first elem_size bytes of each, with struct_size = elem_size. */
 void ccq_events_copy_out(void *out, size_t elem_size, const ccq_event *ev, size_t n);
 
 /* Scheduler side: when the next rate tick is due (UINT64_MAX: none needed). */

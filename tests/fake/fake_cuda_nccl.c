@@ -223,6 +223,7 @@ static void ctx_need(void)
 }
 
 static void memops_reset_locked(void);
+static void fake_memop_kernel(cudaStream_t stream, void (*fn)(void *), void *arg);
 static void memops_complete_locked(void);
 static void memops_abort_locked(int device, bool keep);
 /* Work queued on streams (the "Driver entry points and stream memory operations" section):
@@ -712,14 +713,21 @@ cudaError_t cudaEventQuery(cudaEvent_t event)
     return (cudaError_t)leave(c, r);
 }
 
-/* The live allocation holding [p, p + bytes), or NULL. */
+/* The live allocation holding [p, p + bytes), or NULL. An allocation starting at p wins over
+ * one ending there (allocators place blocks back to back: a pointer one past the end of one is
+ * the start of the next). */
 static fake_mem *mem_find(const void *p, size_t bytes)
 {
-    for (fake_mem *m = F.mems; m != NULL; m = m->next)
-        if (!m->freed && (const char *)p >= m->ptr && (const char *)p <= m->ptr + m->bytes &&
-            bytes <= (size_t)(m->ptr + m->bytes - (const char *)p))
+    fake_mem *end = NULL;
+    for (fake_mem *m = F.mems; m != NULL; m = m->next) {
+        if (m->freed || (const char *)p < m->ptr || (const char *)p > m->ptr + m->bytes ||
+            bytes > (size_t)(m->ptr + m->bytes - (const char *)p))
+            continue;
+        if ((const char *)p < m->ptr + m->bytes || m->bytes == 0)
             return m;
-    return NULL;
+        end = m; /* p is its end (bytes == 0) */
+    }
+    return end;
 }
 
 cudaError_t cudaMalloc(void **ptr, size_t size)
@@ -775,6 +783,136 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpy
     }
     if (r == cudaSuccess && count > 0)
         memmove(dst, src, count);
+    return (cudaError_t)leave(c, r);
+}
+
+/* ---- Batched copies (CUDA 12.8+) ---- */
+
+/* The copies of one cudaMemcpyBatchAsync, run when its stream gets to them. */
+typedef struct fake_copies {
+    size_t n;
+    void **dst;
+    const void **src;
+    size_t *size;
+} fake_copies;
+
+static void run_copies(void *arg)
+{
+    fake_copies *x = arg;
+    for (size_t i = 0; i < x->n; i++)
+        if (x->size[i] > 0)
+            memmove(x->dst[i], x->src[i], x->size[i]);
+    free(x->dst);
+    free(x->src);
+    free(x->size);
+    free(x);
+}
+
+/* A device buffer (cudaMalloc'd) of a copy must hold it and be on the stream's device; host
+ * buffers of a test cannot be checked. Lock held. */
+static bool copy_side_ok(const char *fn, const void *p, size_t bytes, int device, const char *side)
+{
+    fake_mem *m = mem_find(p, bytes); /* an allocation holding the whole copy */
+    if (m == NULL) {
+        fake_mem *in = mem_find(p, 0);
+        if (in == NULL || (const char *)p == in->ptr + in->bytes)
+            return true; /* not inside device memory: a test's host buffer */
+        fake_error("%s: %s %p does not hold the %zu bytes copied", fn, side, p, bytes);
+        return false;
+    }
+    if (m->device != device) {
+        fake_error("%s: %s %p is memory of device %d, the stream's is %d", fn, side, p, m->device,
+                   device);
+        return false;
+    }
+    return true;
+}
+
+/*
+ * cudaMemcpyBatchAsync (CUDA 13's form): every copy needs an attribute with a valid source
+ * access order (attrsIdxs[0] == 0, ascending); no legacy NULL stream. The copies run in the
+ * stream's order with the other work the fake queues on streams (stream memory operations and
+ * test kernels). Ordering with NCCL as a GPU would: a collective of the calling thread's
+ * open group on the same stream is enqueued only at ncclGroupEnd, so a copy queued after it
+ * inside the group runs before it; and a group whose ncclGroupEnd returned ncclInProgress has
+ * not enqueued its kernels until ncclCommGetAsyncError reports the launch finished. Both are
+ * fake errors (the copy would read or overwrite data the collective has not produced yet); the
+ * copy still runs at once, so the data is what a GPU would give too.
+ */
+cudaError_t cudaMemcpyBatchAsync(void *const *dsts, const void *const *srcs, const size_t *sizes,
+                                 size_t count, struct cudaMemcpyAttributes *attrs,
+                                 size_t *attrsIdxs, size_t numAttrs, cudaStream_t stream)
+{
+    int r;
+    fake_call *c = enter("cudaMemcpyBatchAsync", &r);
+    size_t total = 0;
+    c->stream = stream;
+    c->count = count;
+    c->dst = count > 0 ? dsts[0] : NULL;
+    c->src = count > 0 ? srcs[0] : NULL;
+    for (size_t i = 0; i < count; i++)
+        total += sizes[i];
+    c->value = total > (size_t)INT32_MAX ? INT32_MAX : (int)total;
+    if (r == cudaSuccess && stream == NULL) {
+        fake_error("cudaMemcpyBatchAsync: the legacy NULL stream");
+        r = cudaErrorInvalidValue;
+    }
+    if (r == cudaSuccess && !stream_ok(stream, c->fn))
+        r = cudaErrorInvalidResourceHandle;
+    if (r == cudaSuccess &&
+        (count == 0 || numAttrs == 0 || attrs == NULL || attrsIdxs == NULL || attrsIdxs[0] != 0)) {
+        fake_error("cudaMemcpyBatchAsync: %zu copies, %zu attributes: every copy needs one", count,
+                   numAttrs);
+        r = cudaErrorInvalidValue;
+    }
+    for (size_t k = 0; r == cudaSuccess && k < numAttrs; k++) {
+        enum cudaMemcpySrcAccessOrder o = attrs[k].srcAccessOrder;
+        if ((o != cudaMemcpySrcAccessOrderStream && o != cudaMemcpySrcAccessOrderDuringApiCall &&
+             o != cudaMemcpySrcAccessOrderAny) ||
+            attrsIdxs[k] >= count || (k > 0 && attrsIdxs[k] <= attrsIdxs[k - 1])) {
+            fake_error("cudaMemcpyBatchAsync: attribute %zu: order %d, first copy %zu", k, (int)o,
+                       attrsIdxs[k]);
+            r = cudaErrorInvalidValue;
+        }
+    }
+    for (size_t i = 0; r == cudaSuccess && i < count; i++) {
+        uintptr_t d = (uintptr_t)dsts[i], sp = (uintptr_t)srcs[i];
+        if (sizes[i] > 0 && (dsts[i] == NULL || srcs[i] == NULL)) {
+            fake_error("cudaMemcpyBatchAsync: copy %zu of %zu bytes with a NULL pointer", i,
+                       sizes[i]);
+            r = cudaErrorInvalidValue;
+        } else if (sizes[i] > 0 && d < sp + sizes[i] && sp < d + sizes[i]) {
+            fake_error("cudaMemcpyBatchAsync: copy %zu overlaps itself", i);
+            r = cudaErrorInvalidValue;
+        } else if (!copy_side_ok(c->fn, dsts[i], sizes[i], stream->device, "dst") ||
+                   !copy_side_ok(c->fn, srcs[i], sizes[i], stream->device, "src")) {
+            r = cudaErrorInvalidValue;
+        }
+    }
+    if (r == cudaSuccess) {
+        for (size_t i = 0; i < grp.n; i++)
+            if (grp.ops[i].stream == stream && is_coll(grp.ops[i].kind) && !grp.ops[i].ran) {
+                fake_error("cudaMemcpyBatchAsync: queued after a collective of the open group on "
+                           "its stream: it runs before that collective (NCCL enqueues the "
+                           "group's kernels at ncclGroupEnd)");
+                break;
+            }
+        if (launching_on(stream) != NULL)
+            fake_error("cudaMemcpyBatchAsync: on a stream whose NCCL group is still launching "
+                       "(ncclInProgress): it runs before the group's kernels");
+    }
+    if (r == cudaSuccess) {
+        fake_copies *x = calloc(1, sizeof *x);
+        if (x == NULL || (x->dst = malloc(count * sizeof *x->dst)) == NULL ||
+            (x->src = malloc(count * sizeof *x->src)) == NULL ||
+            (x->size = malloc(count * sizeof *x->size)) == NULL)
+            abort();
+        x->n = count;
+        memcpy(x->dst, dsts, count * sizeof *x->dst);
+        memcpy(x->src, srcs, count * sizeof *x->src);
+        memcpy(x->size, sizes, count * sizeof *x->size);
+        fake_memop_kernel(stream, run_copies, x);
+    }
     return (cudaError_t)leave(c, r);
 }
 
@@ -2710,6 +2848,13 @@ void fake_set_memops(int mode)
     lock();
     M.mode = mode;
     unlock();
+}
+
+/* Work of the code under test on a stream (its batched copies), in the stream's order.
+ * Lock held. */
+static void fake_memop_kernel(cudaStream_t stream, void (*fn)(void *), void *arg)
+{
+    memop_add(MO_KERNEL, stream, NULL, 0, fn, arg);
 }
 
 void fake_user_launch(cudaStream_t stream, void (*fn)(void *), void *arg)

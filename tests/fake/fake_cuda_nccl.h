@@ -59,6 +59,14 @@ ncclResult_t ncclGroupEnd(void);
  *   thread without one makes device 0's current (CUDA's lazy initialisation).
  *   cudaStreamIsCapturing says what fake_set_capturing set; cudaStreamCreateWithPriority
  *   clamps to [-5, 0], cudaDeviceGetStreamPriorityRange's range (an H100's).
+ *   cudaMemcpyBatchAsync (CUDA 13's form) checks its attributes (every copy covered, a valid
+ *   source access order), refuses the legacy NULL stream, a NULL pointer, a copy overlapping
+ *   itself and a cudaMalloc'd side that does not hold the copy or is another device's, and
+ *   runs the copies in the stream's order with the stream memory operations below. A batch
+ *   of copies queued on a stream after a collective of the calling thread's open group, or
+ *   while a group on that stream is still launching (ncclGroupEnd returned ncclInProgress),
+ *   runs before that collective on a GPU: a fake error (the copies still run at once, so the
+ *   data is what the GPU would give too).
  * - Events: recorded events complete at once, or, in manual mode, when the test calls
  *   fake_complete_events(); an event recorded on a device whose communicator clique has a
  *   rank in asynchronous error completes only when that device's rank is aborted (the

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/fuse.h"
 #include "backends/host/mpi/impl.h"
 
 /* Point-to-point tag of records on a communicator's own MPI communicator (its collectives
@@ -148,7 +149,7 @@ static void *grow(void *p, uint32_t *cap, uint32_t need, size_t elem)
     return np;
 }
 
-ccq_status hmpi_check_start(ccq_hmpi_op *h, const ccq_be_op *op)
+ccq_status hmpi_check_start(ccq_hmpi_op *h, const ccq_be_op *op, uint32_t run)
 {
     ccq_hmpi_comm *c = h->c;
     hmpi_sig *out = grow(c->out, &c->capout, c->nout + 1, sizeof *c->out);
@@ -157,6 +158,7 @@ ccq_status hmpi_check_start(ccq_hmpi_op *h, const ccq_be_op *op)
         return CCQ_ERR_NO_MEMORY;
     c->out = out;
     hmpi_sig_of(c, op, &h->mine);
+    h->mine.run = run;
     c->out[c->nout++] = h->mine;
     if (!c->dirty) {
         c->dirty = true;
@@ -266,15 +268,21 @@ static void drain(ccq_hmpi_comm *c)
     }
 }
 
-/* The verdict on the first waiting operation: 1 decided (posted or failed), 0 not yet. */
-static int decide(ccq_hmpi_comm *c, ccq_hmpi_op *h)
+/* The verdict on the first waiting operation: 1 every member agrees (its records used), 0
+ * failed (hmpi_fail: nothing is posted), -1 not yet (a member's record has not come). At the
+ * start of a fusion window (docs/fusion.md) it also sets the window: the operations every
+ * member started with this one (the fewest its records' run say), the same in every member. */
+static int
+verdict(ccq_hmpi_comm *c, ccq_hmpi_op *h)
 {
     hmpi_sig rec[64], *all = c->nprocs <= 64 ? rec : malloc((size_t)c->nprocs * sizeof *all);
     char why[CCQ_DETAIL_LEN];
-    int skipped = -1, rc;
+    int skipped = -1, ok = 0;
+    bool opens = h->seq >= c->win_end;
 
     if (all == NULL)
-        return 0;
+        return -1;
+    memset(all, 0, (size_t)c->nprocs * sizeof *all); /* (GCC cannot see the loop fills it) */
     for (int p = 0; p < c->nprocs; p++) {
         hmpi_sigq *q = &c->in[p];
         if (p == c->me) {
@@ -288,7 +296,7 @@ static int decide(ccq_hmpi_comm *c, ccq_hmpi_op *h)
         if (q->head == q->n) {
             if (all != rec)
                 free(all);
-            return 0;
+            return -1;
         }
         all[p] = q->v[q->head];
         if (all[p].seq > h->seq && skipped < 0)
@@ -297,6 +305,8 @@ static int decide(ccq_hmpi_comm *c, ccq_hmpi_op *h)
     for (int p = 0; p < c->nprocs; p++) /* this sequence number's records are used */
         if (p != c->me && c->in[p].v[c->in[p].head].seq == h->seq)
             c->in[p].head++;
+    if (opens)
+        c->win_end = h->seq + 1;
     if (skipped >= 0) {
         snprintf(why, sizeof why,
                  "process %u did not run sequence %" PRIu64
@@ -308,20 +318,63 @@ static int decide(ccq_hmpi_comm *c, ccq_hmpi_op *h)
         char d[CCQ_DETAIL_LEN];
         snprintf(d, sizeof d, "checked across processes before any data moved: %.440s", why);
         hmpi_fail(h, CCQ_ERR_MISMATCH, d);
-    } else if ((rc = hmpi_post_collective(h, h->op)) != MPI_SUCCESS) {
-        ccq_errbuf e;
-        if (rc == -1)
-            snprintf(e.msg, sizeof e.msg, "out of memory for MPI scratch");
-        else
-            hmpi_mpi_err(&e, rc, h->what);
-        hmpi_fail(h, rc == -1 ? CCQ_ERR_NO_MEMORY : CCQ_ERR_BACKEND, e.msg);
     } else {
-        h->phase = PH_RUN;
+        if (opens) {
+            uint32_t run = h->mine.run;
+            for (int p = 0; p < c->nprocs; p++)
+                run = all[p].run < run ? all[p].run : run;
+            c->win_end = h->seq + 1 + run;
+        }
+        ok = 1;
     }
-    hmpi_stepped();
     if (all != rec)
         free(all);
-    return 1;
+    return ok;
+}
+
+/* Post h, which every member agreed on, with the following waiting operations that fuse
+ * with it: inside the window, by the rule of backends/fuse.h, each agreed on in turn (one that
+ * fails its check ends the group, and fails alone). Every member has the same records, so
+ * each one cuts the same groups. */
+static void post_agreed(ccq_hmpi_comm *c, ccq_hmpi_op *h)
+{
+    uint32_t n = 1, kinds = CCQ_FUSE_KINDS_ALL;
+    ccq_hmpi_op *tail = h;
+    int rc;
+
+    h->fnext = NULL;
+    if (c->fusion_bytes > 0 && h->run_op != NULL &&
+        ccq_fuse_eligible(h->op, c->fusion_bytes, kinds)) {
+        uint64_t total = ccq_fuse_bytes(h->op);
+        ccq_hmpi_op *nx;
+        while ((nx = c->wq[HMPI_WQ_COLL]) != NULL && nx->seq < c->win_end && nx->run_op != NULL &&
+               ccq_fuse_joins(tail->op, nx->op, total, c->fusion_bytes, kinds)) {
+            int v = verdict(c, nx);
+            if (v < 0) /* cannot happen: a member's run comes in one message */
+                break;
+            hmpi_wq_remove(c, nx);
+            if (v == 0) /* failed its check: it fails alone, the group ends before it */
+                break;
+            nx->fnext = NULL;
+            tail->fnext = nx;
+            tail = nx;
+            total += ccq_fuse_bytes(nx->op);
+            n++;
+        }
+    }
+    rc = n > 1 ? hmpi_post_fused(h, n) : hmpi_post_collective(h, h->op);
+    for (ccq_hmpi_op *g = h; g != NULL; g = g->fnext) {
+        if (rc == MPI_SUCCESS) {
+            g->phase = PH_RUN;
+        } else {
+            ccq_errbuf e;
+            if (rc == -1)
+                snprintf(e.msg, sizeof e.msg, "out of memory for MPI scratch");
+            else
+                hmpi_mpi_err(&e, rc, h->what);
+            hmpi_fail(g, rc == -1 ? CCQ_ERR_NO_MEMORY : CCQ_ERR_BACKEND, e.msg);
+        }
+    }
 }
 
 void hmpi_check_progress(ccq_hmpi_comm *c)
@@ -331,9 +384,13 @@ void hmpi_check_progress(ccq_hmpi_comm *c)
     drain(c);
     while (c->wq[HMPI_WQ_COLL] != NULL) {
         ccq_hmpi_op *h = c->wq[HMPI_WQ_COLL];
-        if (!decide(c, h))
+        int v = verdict(c, h);
+        if (v < 0)
             return;
         hmpi_wq_remove(c, h);
+        if (v > 0)
+            post_agreed(c, h);
+        hmpi_stepped();
     }
 }
 

@@ -206,7 +206,7 @@ MPI_Datatype hmpi_mpi_type(ccq_dtype dt)
 }
 
 /* The type and op of a reduction of dt by ro (AVG reduces as SUM). */
-static void mpi_reduction(ccq_dtype dt, ccq_reduce_op ro, MPI_Datatype *t, MPI_Op *op)
+void hmpi_reduction(ccq_dtype dt, ccq_reduce_op ro, MPI_Datatype *t, MPI_Op *op)
 {
     bool wrap;
     if (ro == CCQ_AVG)
@@ -228,51 +228,11 @@ static void mpi_reduction(ccq_dtype dt, ccq_reduce_op ro, MPI_Datatype *t, MPI_O
 
 /* ---- local steps ---------------------------------------------------------------------- */
 
-/* x[i] /= n for AVG: integers with C's truncating division in their signedness, floats in
- * float (narrow types widened and rounded once, as the local kernels do). */
+/* x[i] /= n for AVG (reduce.h: the local kernels' semantics, vectorized; a power-of-two n
+ * multiplies by 1/n, which gives the same bits). */
 void hmpi_divide(ccq_dtype dt, void *buf, size_t count, uint32_t n)
 {
-    for (size_t i = 0; i < count; i++) {
-        switch (dt) {
-        case CCQ_INT8:
-            ((int8_t *)buf)[i] = (int8_t)(((int8_t *)buf)[i] / (int32_t)n);
-            break;
-        case CCQ_UINT8:
-            ((uint8_t *)buf)[i] = (uint8_t)(((uint8_t *)buf)[i] / n);
-            break;
-        case CCQ_INT32:
-            ((int32_t *)buf)[i] = ((int32_t *)buf)[i] / (int32_t)n;
-            break;
-        case CCQ_UINT32:
-            ((uint32_t *)buf)[i] /= n;
-            break;
-        case CCQ_INT64:
-            ((int64_t *)buf)[i] /= (int64_t)n;
-            break;
-        case CCQ_UINT64:
-            ((uint64_t *)buf)[i] /= n;
-            break;
-        case CCQ_FLOAT32:
-            ((float *)buf)[i] /= (float)n;
-            break;
-        case CCQ_FLOAT64:
-            ((double *)buf)[i] /= (double)n;
-            break;
-        case CCQ_FLOAT16:
-            ((uint16_t *)buf)[i] = ccq_f32_to_f16(ccq_f16_to_f32(((uint16_t *)buf)[i]) / (float)n);
-            break;
-        case CCQ_BFLOAT16:
-            ((uint16_t *)buf)[i] =
-                ccq_f32_to_bf16(ccq_bf16_to_f32(((uint16_t *)buf)[i]) / (float)n);
-            break;
-        case CCQ_FLOAT8E4M3:
-            ((uint8_t *)buf)[i] = ccq_f32_to_e4m3(ccq_e4m3_to_f32(((uint8_t *)buf)[i]) / (float)n);
-            break;
-        default:
-            ((uint8_t *)buf)[i] = ccq_f32_to_e5m2(ccq_e5m2_to_f32(((uint8_t *)buf)[i]) / (float)n);
-            break;
-        }
-    }
+    ccq_host_divide(dt, buf, buf, count, n);
 }
 
 void hmpi_copy(void *dst, const void *src, size_t bytes)
@@ -282,7 +242,7 @@ void hmpi_copy(void *dst, const void *src, size_t bytes)
 }
 
 /* Combine the local parts' src (offset `off` bytes, `count` elements) into dst. */
-static void combine(const ccq_be_op *op, size_t off, size_t count, void *dst)
+void hmpi_combine(const ccq_be_op *op, size_t off, size_t count, void *dst)
 {
     const void *src[CCQ_MAX_DEVICES];
     void *d[1] = {dst};
@@ -581,6 +541,7 @@ ccq_status ccq_hmpi_comm_create(const ccq_be_comm_desc *d, ccq_hmpi_world *w, co
     c->nranks = d->nranks;
     c->first_rank = d->first_rank;
     c->nlocal = d->nlocal;
+    c->fusion_bytes = d->fusion_bytes;
     c->me = -1;
     memcpy(c->blob, v, sizeof v);
     comm_queues_init(c);
@@ -649,6 +610,7 @@ static void op_free(ccq_hmpi_op *h)
     for (int k = 0; k < H_NBUF; k++)
         pool_put(h->buf[k], h->cap[k]);
     hmpi_comm_unref(h->c);
+    hmpi_fused_unref(h->fz);
     free(h);
 }
 
@@ -659,7 +621,7 @@ void *hmpi_scratch(ccq_hmpi_op *h, int k, size_t bytes)
 }
 
 /* The process owning rank r. */
-static int owner(const ccq_hmpi_comm *c, uint32_t r)
+int hmpi_owner(const ccq_hmpi_comm *c, uint32_t r)
 {
     int p = 0;
     while (p + 1 < c->nprocs && (uint32_t)c->fr[p + 1] <= r)
@@ -701,18 +663,18 @@ int hmpi_post_collective(ccq_hmpi_op *h, const ccq_be_op *op)
             if (in == NULL)
                 return -1;
             if (nl > 1)
-                combine(op, 0, cnt, (void *)in);
+                hmpi_combine(op, 0, cnt, (void *)in);
             else
                 hmpi_copy((void *)in, pt[0].src, blk);
         }
         h->out = pt[0].dst;
-        mpi_reduction(dt, (ccq_reduce_op)op->redop, &rt, &mop);
+        hmpi_reduction(dt, (ccq_reduce_op)op->redop, &rt, &mop);
         h->what = "MPI_Iallreduce";
         return MPI_Iallreduce(in, h->out, n, rt, mop, c->mc, &h->req[RQ_OP]);
     }
     case CCQ_KIND_REDUCE: {
         uint32_t rl = op->root - c->first_rank; /* the root's local part, if here */
-        int rp = owner(c, op->root);
+        int rp = hmpi_owner(c, op->root);
         const void *in = pt[0].src;
         void *outp = rp == me ? pt[rl].dst : NULL;
         if (nl > 1 || (outp != NULL && outp == in)) {
@@ -720,17 +682,17 @@ int hmpi_post_collective(ccq_hmpi_op *h, const ccq_be_op *op)
             if (in == NULL)
                 return -1;
             if (nl > 1)
-                combine(op, 0, cnt, (void *)in);
+                hmpi_combine(op, 0, cnt, (void *)in);
             else
                 hmpi_copy((void *)in, pt[0].src, blk);
         }
         h->out = outp;
-        mpi_reduction(dt, (ccq_reduce_op)op->redop, &rt, &mop);
+        hmpi_reduction(dt, (ccq_reduce_op)op->redop, &rt, &mop);
         h->what = "MPI_Ireduce";
         return MPI_Ireduce(in, outp, n, rt, mop, rp, c->mc, &h->req[RQ_OP]);
     }
     case CCQ_KIND_BROADCAST: {
-        int rp = owner(c, op->root);
+        int rp = hmpi_owner(c, op->root);
         void *b = rp == me ? (void *)pt[op->root - c->first_rank].src : pt[0].dst;
         h->out = b;
         h->what = "MPI_Ibcast";
@@ -758,11 +720,11 @@ int hmpi_post_collective(ccq_hmpi_op *h, const ccq_be_op *op)
         if (in == NULL || r == NULL)
             return -1;
         if (in != s0)
-            combine(op, 0, cnt * nr, in);
+            hmpi_combine(op, 0, cnt * nr, in);
         for (int p = 0; p < P; p++)
             cnts[p] = c->nl[p] * n;
         h->out = r;
-        mpi_reduction(dt, (ccq_reduce_op)op->redop, &rt, &mop);
+        hmpi_reduction(dt, (ccq_reduce_op)op->redop, &rt, &mop);
         h->what = "MPI_Ireduce_scatter";
         return MPI_Ireduce_scatter(in, r, cnts, rt, mop, c->mc, &h->req[RQ_OP]);
     }
@@ -791,7 +753,7 @@ int hmpi_post_collective(ccq_hmpi_op *h, const ccq_be_op *op)
         return MPI_Ialltoallv(sb, cnts, disp, t, rb, cnts2, disp2, t, c->mc, &h->req[RQ_OP]);
     }
     case CCQ_KIND_GATHER: {
-        int rp = owner(c, op->root);
+        int rp = hmpi_owner(c, op->root);
         for (int p = 0; p < P; p++) {
             cnts[p] = c->nl[p] * n;
             disp[p] = c->fr[p] * n;
@@ -817,7 +779,7 @@ int hmpi_post_collective(ccq_hmpi_op *h, const ccq_be_op *op)
         }
     }
     case CCQ_KIND_SCATTER: {
-        int rp = owner(c, op->root);
+        int rp = hmpi_owner(c, op->root);
         for (int p = 0; p < P; p++) {
             cnts[p] = c->nl[p] * n;
             disp[p] = c->fr[p] * n;
@@ -982,8 +944,10 @@ static void release_or_keep(ccq_hmpi_op *h)
         keep(h);
 }
 
-ccq_status ccq_hmpi_start(ccq_hmpi_comm *c, const ccq_be_op *op, uint64_t now_ns, ccq_hmpi_op **out,
-                          ccq_errbuf *err)
+/* Start op; run_op: op as ccq_hmpi_start_run gave it, followed by `run` more of its run.
+ * locked: the caller holds the MPI lock. */
+static ccq_status start_one(ccq_hmpi_comm *c, const ccq_be_op *op, ccq_be_op *run_op, uint32_t run,
+                            bool locked, uint64_t now_ns, ccq_hmpi_op **out, ccq_errbuf *err)
 {
     ccq_hmpi_op *h;
     const ccq_kind_info *ki = &ccq_kinds[op->kind < CCQ_KIND_COUNT_ ? op->kind : 0];
@@ -1024,12 +988,14 @@ ccq_status ccq_hmpi_start(ccq_hmpi_comm *c, const ccq_be_op *op, uint64_t now_ns
     h->wq = -1;
     h->phase = PH_WAIT;
     h->what = collective_call(op->kind);
-    ccq_mpi_lock();
+    h->run_op = run_op;
+    if (!locked)
+        ccq_mpi_lock();
     c->refs++;
     if (c->pair) {
         st = hmpi_pair_start(h, op, err);
     } else {
-        st = hmpi_check_start(h, op);
+        st = hmpi_check_start(h, op, run);
         if (st != CCQ_OK)
             snprintf(err->msg, sizeof err->msg, "out of memory");
     }
@@ -1037,12 +1003,46 @@ ccq_status ccq_hmpi_start(ccq_hmpi_comm *c, const ccq_be_op *op, uint64_t now_ns
         /* Requests already posted (a header sent) finish on their own: keep h until then. */
         hmpi_wq_remove(c, h);
         release_or_keep(h);
-        ccq_mpi_unlock();
+        if (!locked)
+            ccq_mpi_unlock();
         return st;
     }
-    ccq_mpi_unlock();
+    if (!locked)
+        ccq_mpi_unlock();
     *out = h;
     return CCQ_OK;
+}
+
+ccq_status ccq_hmpi_start(ccq_hmpi_comm *c, const ccq_be_op *op, uint64_t now_ns, ccq_hmpi_op **out,
+                          ccq_errbuf *err)
+{
+    return start_one(c, op, NULL, 0, false, now_ns, out, err);
+}
+
+ccq_status ccq_hmpi_start_run(ccq_hmpi_comm *c, ccq_be_op *const *ops, uint32_t n, uint64_t now_ns,
+                              ccq_hmpi_op **out, uint32_t *nstarted, ccq_errbuf *err)
+{
+    ccq_status st = CCQ_OK;
+    uint32_t i;
+
+    /* Under one hold of the lock: another runtime's thread must not flush the run's records
+     * halfway (the members count on a run's records arriving in one message). A pair has no
+     * records to carry the members' runs (pair.c): its ops never fuse. */
+    ccq_mpi_lock();
+    for (i = 0; i < n && st == CCQ_OK; i++)
+        st = start_one(c, ops[i], c->pair ? NULL : ops[i], c->pair ? 0 : n - 1 - i, true, now_ns,
+                       &out[i], err);
+    *nstarted = st == CCQ_OK ? n : i - 1;
+    if (st != CCQ_OK && !c->pair) {
+        /* The records not sent yet must not promise the ops that did not start. */
+        for (uint32_t k = 0; k < c->nout; k++)
+            if (c->out[k].seq >= ops[0]->seq && c->out[k].seq < ops[0]->seq + *nstarted)
+                c->out[k].run = (uint32_t)(ops[0]->seq + *nstarted - 1 - c->out[k].seq);
+        for (uint32_t k = 0; k < *nstarted; k++)
+            out[k]->mine.run = *nstarted - 1 - k;
+    }
+    ccq_mpi_unlock();
+    return st;
 }
 
 /* An operation that ended with an error, its requests completed or given to the abandoned
@@ -1083,11 +1083,26 @@ ccq_status ccq_hmpi_test(ccq_hmpi_op *h, ccq_errbuf *err)
         ccq_mpi_unlock();
         return st;
     }
+    if (h->fz != NULL && h->fi > 0) {
+        /* In a fused group: the head's test ends it (in batch order, the same pass). */
+        hmpi_fused *fz = h->fz;
+        ccq_status st = CCQ_IN_PROGRESS;
+        if (fz->state == HMPI_FZ_FAILED) {
+            hmpi_fail(h, fz->st, fz->detail);
+            st = op_failed(h, fz->st, err);
+        } else if (fz->state == HMPI_FZ_DONE && hmpi_check_sent(c, h->seq)) {
+            op_release(h);
+            st = CCQ_OK;
+        }
+        ccq_mpi_unlock();
+        return st;
+    }
     rc = MPI_Testall(RQ_N, h->req, &flag, MPI_STATUSES_IGNORE);
     if (rc != MPI_SUCCESS) {
         ccq_errbuf e;
         hmpi_mpi_err(&e, rc, h->what);
         hmpi_fail(h, CCQ_ERR_BACKEND, e.msg);
+        hmpi_fused_end(h, CCQ_ERR_BACKEND, e.msg);
         rc = op_failed(h, CCQ_ERR_BACKEND, err);
         ccq_mpi_unlock();
         return (ccq_status)rc;
@@ -1126,9 +1141,12 @@ ccq_status ccq_hmpi_test(ccq_hmpi_op *h, ccq_errbuf *err)
     ccq_mpi_unlock();
     if (c->pair)
         hmpi_pair_finish(h, h->op);
+    else if (h->fz != NULL)
+        hmpi_finish_fused(h);
     else
         finish(h, h->op);
     ccq_mpi_lock();
+    hmpi_fused_end(h, CCQ_OK, NULL);
     op_release(h);
     ccq_mpi_unlock();
     return CCQ_OK;
@@ -1199,6 +1217,11 @@ uint32_t ccq_hmpi_detached(void)
 void ccq_hmpi_abandon(ccq_hmpi_op *h)
 {
     ccq_mpi_lock();
+    /* A fused group's other ops never end before their head: given up (an abort, the engine's
+     * deadline) they are given up too, in the same poll pass, each with its own detail. A
+     * given-up op's outputs are never written. */
+    if (h->fz != NULL)
+        h->fz->part[h->fi].op = NULL;
     hmpi_wq_remove(h->c, h);
     if (h->split == 1)
         hmpi_pair_split_remove(h);

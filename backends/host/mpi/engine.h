@@ -74,6 +74,15 @@ void ccq_hmpi_comm_destroy(ccq_hmpi_comm *c);
 ccq_status ccq_hmpi_start(ccq_hmpi_comm *c, const ccq_be_op *op, uint64_t now_ns, ccq_hmpi_op **out,
                           ccq_errbuf *err);
 
+/* Fusion (docs/fusion.md): start ops[0..n-1], a run of one communicator's collectives
+ * (consecutive sequence numbers, from one batch), each as ccq_hmpi_start would; their
+ * signature records tell the members how many follow each one, and the operations every
+ * member agreed on that fuse by the rule of backends/fuse.h (within the communicator's
+ * fusion_bytes) run as one MPI collective. Sets ops[i]->fused, fused_t0 and fused_t1 on the
+ * first op of each fused group. *nstarted: how many started (n unless an error). */
+ccq_status ccq_hmpi_start_run(ccq_hmpi_comm *c, ccq_be_op *const *ops, uint32_t n, uint64_t now_ns,
+                              ccq_hmpi_op **out, uint32_t *nstarted, ccq_errbuf *err);
+
 /* Test it (MPI progresses only inside MPI calls: this is where it moves). CCQ_OK: done,
  * every local output written, h freed; CCQ_IN_PROGRESS; or an error (h freed, err set). */
 ccq_status ccq_hmpi_test(ccq_hmpi_op *h, ccq_errbuf *err);

@@ -21,6 +21,8 @@ typedef struct hmpi_sig {
     uint32_t root;               /* rooted kinds: the root rank; else 0 */
     uint32_t first_rank, nranks; /* the sender's ranks in the communicator */
     uint32_t comm[2];            /* the communicator's identity (its lowest member's blob) */
+    uint32_t run;                /* operations of this process's run after this one (fusion:
+                                    consecutive sequence numbers started together) */
     uint8_t kind;                /* either half of a send/recv: CCQ_KIND_SEND */
     uint8_t dtype, redop;        /* redop: kinds that reduce; else 0 */
     uint8_t magic;
@@ -76,7 +78,25 @@ struct ccq_hmpi_comm {
     struct ccq_hmpi_comm *dirty_next;
     hmpi_sigq *in; /* [nprocs] */
     hmpi_sendset *sets, **sets_tail;
+    /* Fusion (fused.c): the threshold (0: off) and the end of the agreed window (check.c). */
+    uint64_t fusion_bytes, win_end;
 };
+
+/* A fused group's shared state (fused.c): its first operation posts one MPI collective over
+ * every op's blocks; the others wait for it and end in the same test pass. */
+typedef struct hmpi_fused {
+    uint32_t refs; /* its operations not freed yet */
+    uint32_t n;
+    size_t total;  /* elements of the ops' blocks in all */
+    uint8_t state; /* HMPI_FZ_* */
+    ccq_status st; /* HMPI_FZ_FAILED: what the others return */
+    char detail[CCQ_DETAIL_LEN];
+    struct {
+        ccq_be_op *op; /* NULL: its operation was given up (never written) */
+        size_t count;
+    } part[];
+} hmpi_fused;
+enum { HMPI_FZ_RUNNING, HMPI_FZ_DONE, HMPI_FZ_FAILED };
 
 /* Scratch buffers an operation owns. */
 enum { H_BUF_SCRATCH, H_BUF_RECV, H_BUF_SINK, H_NBUF };
@@ -105,7 +125,11 @@ struct ccq_hmpi_op {
     bool detached;                  /* a send completed early (ccq_hmpi_detach): still moving */
     hmpi_sig mine, theirs;          /* this process's record; a pair's: the peer's header */
     ccq_status fail;                /* PH_FAILED, PH_DISCARD: what test() returns */
-    char *fail_detail;              /* malloc'd */
+    ccq_be_op *run_op; /* started by ccq_hmpi_start_run: op, whose fused fields it may set */
+    hmpi_fused *fz;    /* in a fused group: the group, and its index there (0: it posts) */
+    uint32_t fi;
+    struct ccq_hmpi_op *fnext; /* the next op of the group being posted (check.c) */
+    char *fail_detail;         /* malloc'd */
 };
 
 /* engine.c */
@@ -116,6 +140,12 @@ MPI_Datatype hmpi_mpi_type(ccq_dtype dt);
 void *hmpi_scratch(ccq_hmpi_op *h, int k, size_t bytes);
 void hmpi_copy(void *dst, const void *src, size_t bytes);
 void hmpi_divide(ccq_dtype dt, void *buf, size_t count, uint32_t n);
+/* The MPI type and op of a reduction of dt by ro (AVG reduces as SUM). */
+void hmpi_reduction(ccq_dtype dt, ccq_reduce_op ro, MPI_Datatype *t, MPI_Op *op);
+/* Combine op's local parts' src (offset `off` bytes, `count` elements) into dst. */
+void hmpi_combine(const ccq_be_op *op, size_t off, size_t count, void *dst);
+/* The member process (index in procs) owning rank r. */
+int hmpi_owner(const ccq_hmpi_comm *c, uint32_t r);
 void hmpi_fail(ccq_hmpi_op *h, ccq_status st, const char *detail);
 ccq_status hmpi_mpi_err(ccq_errbuf *err, int rc, const char *what);
 /* An operation took a step that was not its end (posted once its check passed): see
@@ -137,7 +167,7 @@ void hmpi_sig_of(const ccq_hmpi_comm *c, const ccq_be_op *op, hmpi_sig *s);
 bool hmpi_sig_differ(const hmpi_sig *rec, const uint32_t *procs, int n, char *why, size_t len);
 /* A communicator over member processes: record this process's signature of h (sent with the
  * rest of its batch at the next flush) and queue h for the check. */
-ccq_status hmpi_check_start(ccq_hmpi_op *h, const ccq_be_op *op);
+ccq_status hmpi_check_start(ccq_hmpi_op *h, const ccq_be_op *op, uint32_t run);
 /* Send every communicator's records recorded since the last flush. */
 void hmpi_check_flush(void);
 /* Receive the members' records and decide the waiting operations of c in sequence order:
@@ -149,6 +179,16 @@ bool hmpi_check_sent(ccq_hmpi_comm *c, uint64_t seq);
 /* The members whose record for h has not arrived, as "process 2" / "processes 1, 3". */
 void hmpi_check_missing(const ccq_hmpi_op *h, char *buf, size_t len);
 void hmpi_check_free(ccq_hmpi_comm *c);
+
+/* fused.c */
+/* Post h and the agreed ops chained from it (fnext; n in all, n >= 2) as one fused MPI
+ * collective; an MPI error code, or -1 for out of memory (then nothing is posted). */
+int hmpi_post_fused(ccq_hmpi_op *h, uint32_t n);
+/* After the head's MPI operation completed: every live op's local outputs. Unlocked. */
+void hmpi_finish_fused(ccq_hmpi_op *h);
+/* The group ended (done or failed, detail): its other ops return that. */
+void hmpi_fused_end(ccq_hmpi_op *h, ccq_status st, const char *detail);
+void hmpi_fused_unref(hmpi_fused *fz);
 
 /* pair.c */
 #define HMPI_PAIR_TAGS 16

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "backends/fuse.h"
 #include "backends/host/engine.h"
 #include "backends/host/mpi/engine.h"
 #include "common/clock.h"
@@ -205,6 +206,14 @@ static ccq_status mpi_start(ccq_host_engine *e, ccq_heng_comm *c, const ccq_be_o
     return ccq_hmpi_start(c->mpi, op, now_ns, (ccq_hmpi_op **)out, err);
 }
 
+static ccq_status mpi_start_run(ccq_host_engine *e, ccq_heng_comm *c, ccq_be_op *const *ops,
+                                uint32_t n, uint64_t now_ns, ccq_heng_op **out, uint32_t *nstarted,
+                                ccq_errbuf *err)
+{
+    (void)e;
+    return ccq_hmpi_start_run(c->mpi, ops, n, now_ns, (ccq_hmpi_op **)out, nstarted, err);
+}
+
 static ccq_status mpi_test(ccq_host_engine *e, ccq_heng_op *h, ccq_errbuf *err)
 {
     ccq_status st = ccq_hmpi_test((ccq_hmpi_op *)h, err);
@@ -271,4 +280,5 @@ const ccq_host_engine_ops ccq_host_engine_mpi_ops = {
     .detach = mpi_detach,
     .reap = mpi_reap,
     .poll_interval = mpi_poll_interval,
+    .start_run = mpi_start_run,
 };

@@ -86,6 +86,8 @@ static const rfield event_fields[] = {
     U8(ccq_event, peer_valid, "1 when peer applies"),
     I32(ccq_event, status, "ccq.Status where it applies"),
     U32(ccq_event, peer, "send/recv: the other device; rooted: the root"),
+    U64(ccq_event, fused, "completed/failed: the FUSED id its operation ran in (0: alone)"),
+    U64(ccq_event, dur_ns, "FUSED: how long the fused operation ran"),
 };
 
 static const rfield progress_fields[] = {

@@ -36,6 +36,9 @@ pub struct ccq_config {
     pub heartbeat_timeout_ms: u32,
     /// NCCL backend: 1 = communication streams with the device's highest priority.
     pub nccl_high_priority: u32,
+    /// Fusion of small collectives: operations each below this many bytes fuse, up to this
+    /// many bytes per fused operation (0 = off; default 1 MiB).
+    pub fusion_bytes: u64,
 }
 
 extern "C" {

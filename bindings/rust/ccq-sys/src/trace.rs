@@ -18,7 +18,8 @@ pub const CCQ_EV_FENCE_END: ccq_event_type = 8;
 pub const CCQ_EV_WATCHDOG: ccq_event_type = 9;
 pub const CCQ_EV_ABORT: ccq_event_type = 10;
 pub const CCQ_EV_PROCESS_LOST: ccq_event_type = 11;
-pub const CCQ_EV_TYPE_COUNT_: ccq_event_type = 12;
+pub const CCQ_EV_FUSED: ccq_event_type = 12;
+pub const CCQ_EV_TYPE_COUNT_: ccq_event_type = 13;
 
 /// `enum ccq_kind`.
 pub type ccq_kind = c_uint;
@@ -59,6 +60,10 @@ pub struct ccq_event {
     pub peer_valid: u8,
     pub status: i32,
     pub peer: u32,
+    /// COMPLETED/FAILED: the id of the `CCQ_EV_FUSED` operation the command ran in (0: alone).
+    pub fused: u64,
+    /// `CCQ_EV_FUSED`: how long the fused operation ran (ns).
+    pub dur_ns: u64,
 }
 
 /// The event callback (runs on the scheduler thread; see `docs/tracing.md`).

@@ -193,6 +193,14 @@ impl Config {
         self.raw.heartbeat_timeout_ms = ms;
         self
     }
+    /// Fusion of small collectives (docs/fusion.md): operations of one batch on one
+    /// communicator with the same kind, dtype and op, each below `bytes`, run as one engine
+    /// operation over their concatenation, up to `bytes` per fused operation; every command
+    /// keeps its own completion and error. 0 = off; default 1 MiB. Env: `CCQ_FUSION_BYTES`.
+    pub fn fusion_bytes(mut self, bytes: u64) -> Self {
+        self.raw.fusion_bytes = bytes;
+        self
+    }
     /// Host backend: operations moving at least this many bytes use streaming stores
     /// (0 = default, 64 MiB; `u64::MAX` = never). Env: `CCQ_HOST_STREAM_BYTES`.
     pub fn host_stream_bytes(mut self, bytes: u64) -> Self {
@@ -288,6 +296,10 @@ impl Config {
     /// Heartbeat age that makes a process lost (0 = 10 x heartbeat_ms).
     pub fn get_heartbeat_timeout_ms(&self) -> u32 {
         self.raw.heartbeat_timeout_ms
+    }
+    /// Fusion threshold (0 = off).
+    pub fn get_fusion_bytes(&self) -> u64 {
+        self.raw.fusion_bytes
     }
     /// Streaming-store threshold.
     pub fn get_host_stream_bytes(&self) -> u64 {

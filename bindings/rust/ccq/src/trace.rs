@@ -34,6 +34,9 @@ pub enum EventType {
     Abort,
     /// Process `peer` (a world rank) was lost; `device` is its first device.
     ProcessLost,
+    /// A fused engine operation ran ([`Event::dur_ns`] long); its parts name it in
+    /// [`Event::fused`].
+    Fused,
     /// A type this crate does not know (a newer libccq).
     Other(u32),
 }
@@ -54,6 +57,7 @@ impl EventType {
             sys::CCQ_EV_WATCHDOG => EventType::Watchdog,
             sys::CCQ_EV_ABORT => EventType::Abort,
             sys::CCQ_EV_PROCESS_LOST => EventType::ProcessLost,
+            sys::CCQ_EV_FUSED => EventType::Fused,
             r => EventType::Other(r),
         }
     }
@@ -151,6 +155,14 @@ impl Event {
     /// The status, where it applies (0 = `CCQ_OK`).
     pub fn status(&self) -> i32 {
         self.raw.status
+    }
+    /// Completed or failed command: the id of the fused operation it ran in (`None`: alone).
+    pub fn fused(&self) -> Option<u64> {
+        (self.raw.fused != 0).then_some(self.raw.fused)
+    }
+    /// A fused operation: how long it ran (ns).
+    pub fn dur_ns(&self) -> u64 {
+        self.raw.dur_ns
     }
 }
 

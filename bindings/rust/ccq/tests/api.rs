@@ -76,8 +76,11 @@ fn config_builder_sets_every_field() {
         .trace_capacity(1024)
         .trace_file(Some(std::path::Path::new("/dev/null")))
         .trace_signal(false)
-        .host_stream_bytes(u64::MAX);
+        .host_stream_bytes(u64::MAX)
+        .fusion_bytes(4096);
     assert_eq!(c.get_backend(), "host");
+    assert_eq!(c.get_fusion_bytes(), 4096);
+    assert_eq!(Config::new().fusion_bytes(0).get_fusion_bytes(), 0);
     assert_eq!(c.get_host_devices(), 3);
     assert_eq!(c.get_max_streams(), 8);
     assert_eq!(c.get_queue_depth(), 64);

@@ -1,0 +1,60 @@
+/* What the host backend's files share (host.c: the backend, its workers and the local
+ * kernels' scheduling; xproc.c: operations across processes through an engine). Private to
+ * backends/host. */
+#ifndef CCQ_HOST_IMPL_H
+#define CCQ_HOST_IMPL_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backends/backend.h"
+#include "backends/host/engine.h"
+
+typedef struct host_comm {
+    uint32_t n;
+    _Atomic uint32_t aborted;
+    uint64_t fusion_bytes; /* its fusion threshold (0: off), the same in every member */
+    ccq_heng_comm *eng;    /* communicators spanning processes: their engine side */
+} host_comm;
+
+/* The cross-process side of a host backend (xproc.c), scheduler thread only. */
+typedef struct host_xp {
+    ccq_host_engine *engine; /* NULL: this runtime cannot span processes (engine_err says why) */
+    ccq_errbuf engine_err;
+    uint64_t timeout_ns;          /* cfg->timeout_ms (UINT64_MAX: none) */
+    uint64_t stream_bytes;        /* for the local ops of its batches */
+    struct host_xbatch *xbatches; /* batches with engine operations in flight */
+    uint32_t background;          /* engine work given up on or detached, not yet ended */
+} host_xp;
+
+static inline bool host_op_aborted(const ccq_be_op *op)
+{
+    const host_comm *c = (const host_comm *)op->comm;
+    return c != NULL && atomic_load_explicit(&c->aborted, memory_order_acquire);
+}
+
+static inline ccq_heng_comm *host_op_eng(const ccq_be_op *op)
+{
+    const host_comm *c = (const host_comm *)op->comm;
+    return c != NULL ? c->eng : NULL;
+}
+
+/* host.c: run elements [begin, end) of an op on this thread; run a fused group whole. */
+void host_run_range(const ccq_be_op *op, size_t begin, size_t end, uint64_t stream_bytes);
+void host_run_fused(ccq_be_op *const *ops, uint32_t n, uint64_t stream_bytes);
+/* host.c: copy the src of stage_src sends now (*staged: [nops] or NULL); free the copies. */
+ccq_status host_stage_sends(ccq_be_batch *b, void ***staged, ccq_errbuf *err);
+void host_free_staged(void **staged, uint32_t nops);
+
+/* xproc.c */
+/* Whether a batch needs the engine (an op on a communicator spanning processes, or a half of
+ * a pair across processes). */
+bool host_xp_needs(const ccq_be_batch *b);
+ccq_status host_xp_issue(host_xp *x, ccq_be_batch *b, ccq_errbuf *err);
+/* Progress the engine; append the batches that ended to list. */
+ccq_be_batch *host_xp_poll(host_xp *x, ccq_be_batch *list);
+uint64_t host_xp_poll_interval(const host_xp *x);
+bool host_xp_busy(const host_xp *x);
+
+#endif /* CCQ_HOST_IMPL_H */

@@ -1,0 +1,265 @@
+/* The host backend across processes: each operation of a communicator spanning processes
+ * becomes an engine operation (engine.h), started in batch order (the runtime's sequence
+ * order, the same in every process: engines match operations by it), and each ends on its own
+ * (ccq_be_op.done_early), so one waiting for another process never holds the streams of the
+ * others. Scheduler thread only.
+ *
+ * Fusion (docs/fusion.md): operations of one communicator whose ranks are all here fuse by the
+ * rule of backends/fuse.h, run whole by this thread. Across processes, each run of a
+ * communicator's collectives in the batch (consecutive sequence numbers) goes to the engine's
+ * start_run together: the engine lets the member processes agree on what fuses with what it
+ * sends them for each operation anyway (the MPI engine: its signature records), so the fused
+ * operations are the same in every member. An engine without start_run never fuses. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/fuse.h"
+#include "backends/host/host_impl.h"
+#include "common/clock.h"
+
+/* A batch holding operations across processes: engine operations the scheduler tests in
+ * poll(). */
+typedef struct host_xbatch {
+    ccq_be_batch *b;
+    struct host_xbatch *next;
+    uint64_t deadline; /* the engine's own: a little before the runtime's watchdog */
+    uint32_t pending;
+    void **staged;    /* [nops] or NULL: copies of stage_src sends' data */
+    ccq_heng_op *h[]; /* [nops]: NULL once done (or for a local op) */
+} host_xbatch;
+
+static void batch_fail_detail(ccq_be_batch *b, const ccq_errbuf *err)
+{
+    if (b->detail.msg[0] == '\0')
+        snprintf(b->detail.msg, sizeof b->detail.msg, "%s", err->msg);
+}
+
+/* An op of a batch across processes has ended (status set) while others of the batch may
+ * still wait for other processes: the runtime ends its commands now (ccq_be_op.done_early),
+ * so a stuck engine operation never holds the streams of unrelated ones. */
+static void op_ended(ccq_be_batch *b, ccq_be_op *op)
+{
+    op->done_early = 1;
+    b->ndone_early++;
+}
+
+bool host_xp_needs(const ccq_be_batch *b)
+{
+    for (uint32_t k = 0; k < b->nops; k++)
+        if (host_op_eng(b->ops[k]) != NULL ||
+            (b->ops[k]->nparts < 2 && !ccq_kinds[b->ops[k]->kind].collective))
+            return true;
+    return false;
+}
+
+/* The collectives from b->ops[k] that go to the engine's start_run together: one
+ * communicator's, consecutive in the batch and in sequence order. */
+static uint32_t run_len(const ccq_be_batch *b, uint32_t k)
+{
+    const ccq_be_op *op = b->ops[k];
+    uint32_t n = 1;
+    while (k + n < b->nops) {
+        const ccq_be_op *nx = b->ops[k + n];
+        if (nx->comm != op->comm || !ccq_kinds[nx->kind].collective || nx->seq != op->seq + n ||
+            host_op_aborted(nx))
+            break;
+        n++;
+    }
+    return n;
+}
+
+/* Start b->ops[k .. k + n - 1] (a run of one communicator's collectives) on the engine. */
+static void start_run(host_xp *x, host_xbatch *m, uint32_t k, uint32_t n, uint64_t now)
+{
+    ccq_host_engine *eng = x->engine;
+    ccq_be_batch *b = m->b;
+    ccq_heng_comm *mc = host_op_eng(b->ops[k]);
+    ccq_errbuf e = {{0}};
+    uint32_t started = 0;
+    ccq_status st = eng->ops->start_run(eng, mc, b->ops + k, n, now, m->h + k, &started, &e);
+
+    m->pending += started;
+    if (st == CCQ_OK)
+        return;
+    for (uint32_t j = started; j < n; j++) {
+        ccq_be_op *op = b->ops[k + j];
+        m->h[k + j] = NULL;
+        op->status = st;
+        batch_fail_detail(b, &e);
+        op_ended(b, op);
+    }
+}
+
+/* A batch with operations across processes: local ones (fused groups whole) run now, on this
+ * thread; each of the others combines its local parts and starts its engine operation, in
+ * batch order. */
+ccq_status host_xp_issue(host_xp *x, ccq_be_batch *b, ccq_errbuf *err)
+{
+    ccq_host_engine *eng = x->engine;
+    host_xbatch *m = calloc(1, sizeof *m + b->nops * sizeof m->h[0]);
+    uint64_t now = ccq_now_ns();
+
+    if (m == NULL) {
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        return CCQ_ERR_NO_MEMORY;
+    }
+    m->b = b;
+    if (host_stage_sends(b, &m->staged, err) != CCQ_OK) {
+        free(m);
+        return CCQ_ERR_NO_MEMORY;
+    }
+    /* The engine's deadline comes a little before the watchdog's (issue time + timeout_ms),
+     * so a stuck engine operation fails alone (CCQ_ERR_TIMEOUT naming what it waits for) and
+     * only its communicator is aborted, not every communicator of the batch. */
+    if (x->timeout_ns == UINT64_MAX) {
+        m->deadline = UINT64_MAX;
+    } else {
+        uint64_t grace = x->timeout_ns / 16;
+        grace = grace < 10000000u ? 10000000u : grace > 200000000u ? 200000000u : grace;
+        m->deadline = now + (x->timeout_ns > grace ? x->timeout_ns - grace : x->timeout_ns / 2);
+    }
+    for (uint32_t k = 0; k < b->nops; k++) {
+        ccq_be_op *op = b->ops[k];
+        ccq_heng_comm *mc = host_op_eng(op);
+        ccq_errbuf e = {{0}};
+        ccq_status st;
+        op->status = CCQ_OK;
+        if (host_op_aborted(op)) {
+            op->status = CCQ_ERR_ABORTED;
+            op_ended(b, op);
+            continue;
+        }
+        if (mc == NULL && op->nparts < 2 && !ccq_kinds[op->kind].collective) {
+            /* A half of a pair across processes without its engine side: never run it as a
+             * local copy (it would read a second part that does not exist). */
+            op->status = CCQ_ERR_BACKEND;
+            snprintf(e.msg, sizeof e.msg,
+                     "internal: a %s half across processes reached the host backend before "
+                     "its communicator's engine side existed",
+                     ccq_kinds[op->kind].name);
+            batch_fail_detail(b, &e);
+            op_ended(b, op);
+            continue;
+        }
+        if (mc == NULL) {
+            const host_comm *lc = (const host_comm *)op->comm;
+            uint32_t g =
+                lc != NULL && lc->fusion_bytes > 0
+                    ? ccq_fuse_group(b->ops + k, b->nops - k, lc->fusion_bytes, CCQ_FUSE_KINDS_ALL)
+                    : 1;
+            if (g > 1) {
+                host_run_fused(b->ops + k, g, x->stream_bytes);
+                op->fused = g;
+            } else {
+                host_run_range(op, 0, op->count, x->stream_bytes);
+            }
+            for (uint32_t j = 0; j < g; j++) {
+                if (host_op_aborted(b->ops[k + j]))
+                    b->ops[k + j]->status = CCQ_ERR_ABORTED;
+                op_ended(b, b->ops[k + j]);
+            }
+            k += g - 1;
+            continue;
+        }
+        if (ccq_kinds[op->kind].collective && eng->ops->start_run != NULL &&
+            ((const host_comm *)op->comm)->fusion_bytes > 0) {
+            uint32_t n = run_len(b, k);
+            start_run(x, m, k, n, now);
+            k += n - 1;
+            continue;
+        }
+        st = eng->ops->start(eng, mc, op, now, &m->h[k], &e);
+        if (st != CCQ_OK) {
+            op->status = st;
+            batch_fail_detail(b, &e);
+            op_ended(b, op);
+            continue;
+        }
+        if (op->kind == CCQ_KIND_SEND && eng->ops->detach(eng, m->h[k])) {
+            /* it sends a copy: done here, the engine finishes it in the background */
+            m->h[k] = NULL;
+            x->background++;
+            op_ended(b, op);
+            continue;
+        }
+        m->pending++;
+    }
+    m->next = x->xbatches;
+    x->xbatches = m;
+    return CCQ_OK;
+}
+
+/* Test the batches' engine operations; return those that completed (or failed) on `list`. */
+ccq_be_batch *host_xp_poll(host_xp *x, ccq_be_batch *list)
+{
+    ccq_host_engine *eng = x->engine;
+    uint64_t now = ccq_now_ns();
+
+    if (x->background > 0)
+        x->background = eng->ops->reap(eng, now);
+    for (host_xbatch **pp = &x->xbatches; *pp != NULL;) {
+        host_xbatch *m = *pp;
+        ccq_be_batch *b = m->b;
+        /* In batch order: the ops of a fused group come after its first, whose test ends
+         * the group's engine operation, so all of them end in this pass. */
+        for (uint32_t k = 0; k < b->nops && m->pending > 0; k++) {
+            ccq_be_op *op = b->ops[k];
+            ccq_errbuf e = {{0}};
+            ccq_status st;
+            if (m->h[k] == NULL)
+                continue;
+            if (host_op_aborted(op)) {
+                /* Give the operation up (the engine keeps what its transport may still touch);
+                 * the runtime's reason is on the comm. */
+                eng->ops->abandon(eng, m->h[k]);
+                x->background++;
+                op->status = CCQ_ERR_ABORTED;
+            } else if ((st = eng->ops->test(eng, m->h[k], &e)) == CCQ_IN_PROGRESS) {
+                if (now < m->deadline)
+                    continue;
+                eng->ops->describe(eng, m->h[k], now, &e);
+                eng->ops->abandon(eng, m->h[k]);
+                x->background++;
+                op->status = CCQ_ERR_TIMEOUT;
+                op->comm_aborted = 1; /* later work on it would queue behind the stuck call */
+                batch_fail_detail(b, &e);
+            } else if (st != CCQ_OK) {
+                op->status = st;
+                /* A mismatch across processes is found before any data moves and leaves
+                 * nothing pending: the communicator goes on with the next operation. Other
+                 * errors may leave MPI state behind: later work would queue behind it. */
+                op->comm_aborted = st != CCQ_ERR_MISMATCH;
+                batch_fail_detail(b, &e);
+                x->background++;
+            }
+            m->h[k] = NULL;
+            m->pending--;
+            op_ended(b, op);
+        }
+        if (m->pending > 0) {
+            pp = &m->next;
+            continue;
+        }
+        *pp = m->next;
+        host_free_staged(m->staged, b->nops);
+        free(m);
+        b->be_priv = NULL;
+        b->next_done = list;
+        list = b;
+    }
+    return list;
+}
+
+bool host_xp_busy(const host_xp *x)
+{
+    return x->xbatches != NULL || x->background > 0;
+}
+
+uint64_t host_xp_poll_interval(const host_xp *x)
+{
+    if (x->engine == NULL || !host_xp_busy(x))
+        return 0;
+    return x->engine->ops->poll_interval(x->engine, x->xbatches != NULL);
+}
