@@ -178,11 +178,17 @@ typedef struct ccq_config {
     uint64_t host_stream_bytes;
     /* ---- appended in 0.2: a world of processes (docs/multiprocess.md) ---- */
     uint32_t world_rank;           /**< This process (default 0). Env: CCQ_WORLD_RANK, else the
-                                        launcher's OMPI_COMM_WORLD_RANK or PMI_RANK. */
+                                        launcher's: OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID,
+                                        RANK (torchrun), in that order. */
     uint32_t world_size;           /**< Processes in the job (default 1: this one alone). Env:
-                                        CCQ_WORLD_SIZE, else OMPI_COMM_WORLD_SIZE or PMI_SIZE. */
+                                        CCQ_WORLD_SIZE, else OMPI_COMM_WORLD_SIZE, PMI_SIZE,
+                                        SLURM_NTASKS, WORLD_SIZE (torchrun). */
     const char *bootstrap;         /**< How processes meet: "mpi", "file:DIR" (a directory every
-                                        process sees), or NULL to use `store`. Env: CCQ_BOOTSTRAP. */
+                                        process sees), "tcp://HOST:PORT" (world rank 0 serves at
+                                        HOST:PORT, on every interface when HOST is "*"; the others
+                                        connect and stay connected), or NULL to use `store`. Env:
+                                      CCQ_BOOTSTRAP, else         tcp://MASTER_ADDR:MASTER_PORT when torchrun's
+                                      variables         give the world. */
     const struct ccq_store *store; /**< The embedder's key-value store (bootstrap NULL). Borrowed
                                         until ccq_runtime_destroy returns. */
     int64_t mpi_comm; /**< For "mpi": MPI_Comm_c2f() of the embedder's communicator; -1 (the
@@ -199,6 +205,13 @@ typedef struct ccq_config {
      * instead of hanging or corrupting data. Costs a bootstrap round trip per operation
      * (docs/tracing.md); 0 (default) = off. Env: CCQ_CHECK_SIGNATURES=1. */
     uint32_t check_signatures;
+    /* ---- appended after 0.2.0 ---- */
+    /** Host backend across processes: the engine that moves data between them. "ucx" (UCX's
+     * UCP: shared memory, TCP, InfiniBand; ccq's own schedules, every message checked), "mpi"
+     * (needs MPI initialised: launch under mpirun), or NULL (the default) = "ucx" when this
+     * ccq has it, else "mpi" when MPI is initialised. docs/multiprocess-host.md. Env:
+     * CCQ_HOST_ENGINE. */
+    const char *host_engine;
 } ccq_config;
 
 /**

@@ -42,6 +42,19 @@ static ccq_status form_fail(ccq_comm *c, ccq_status st, const char *fmt, ...)
     return st;
 }
 
+/* The rank of each member process's first device (ranks are contiguous per process, and
+ * processes ascend with ranks): out[nprocs + 1]. */
+static void proc_first_ranks(const ccq_runtime *rt, const ccq_comm *c, uint32_t *out)
+{
+    uint32_t p = 0;
+    for (uint32_t r = 0; r < c->n && p < c->nprocs; r++)
+        if (ccq_world_owner(&rt->world, c->devices[r]) == c->procs[p])
+            out[p++] = r;
+    while (p < c->nprocs) /* cannot happen: every member owns a device */
+        out[p++] = c->n;
+    out[c->nprocs] = c->n;
+}
+
 /* Ask the backend; CCQ_IN_PROGRESS leaves it to ccq_comm_form_test. */
 static ccq_status form_backend(ccq_runtime *rt, ccq_comm *c, const void *blob, size_t blob_len)
 {
@@ -49,19 +62,26 @@ static ccq_status form_backend(ccq_runtime *rt, ccq_comm *c, const void *blob, s
     ccq_be_comm_desc d;
     ccq_errbuf err = {{0}};
     ccq_status st;
+    uint32_t *pf = malloc((c->nprocs + 1) * sizeof *pf);
 
+    if (pf == NULL)
+        return form_fail(c, CCQ_ERR_NO_MEMORY, "out of memory forming a communicator");
+    proc_first_ranks(rt, c, pf);
     for (uint32_t i = 0; i < c->nlocal; i++)
         local[i] = ccq_backend_device(rt, c->devices[c->first_local + i]);
+    memset(&d, 0, sizeof d);
     d.nranks = c->n;
     d.first_rank = c->first_local;
     d.nlocal = c->nlocal;
     d.local_devices = local;
     d.nprocs = c->nprocs;
     d.procs = c->procs;
+    d.proc_first = pf;
     d.world_rank = rt->world.rank;
     d.root_blob = blob;
     d.root_blob_len = blob_len;
     st = rt->be_ops->comm_create(rt->be, &d, &c->be, &err);
+    free(pf);
     if (st == CCQ_IN_PROGRESS) {
         c->form_step = CCQ_FORM_BACKEND;
         return st;
@@ -105,8 +125,14 @@ ccq_status ccq_comm_form_start(ccq_runtime *rt, ccq_comm *c, uint64_t now)
     mine.first_device = c->devices[0];
     mine.last_device = c->devices[c->n - 1];
     if (rt->world.rank == c->procs[0]) {
-        ccq_be_comm_desc d = {c->n,     c->first_local, c->nlocal, NULL, c->nprocs,
-                              c->procs, rt->world.rank, NULL,      0};
+        ccq_be_comm_desc d;
+        memset(&d, 0, sizeof d);
+        d.nranks = c->n;
+        d.first_rank = c->first_local;
+        d.nlocal = c->nlocal;
+        d.nprocs = c->nprocs;
+        d.procs = c->procs;
+        d.world_rank = rt->world.rank;
         ccq_errbuf err = {{0}};
         size_t len = sizeof mine.blob;
         st = rt->be_ops->comm_root_blob(rt->be, &d, mine.blob, &len, &err);

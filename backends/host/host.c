@@ -312,20 +312,52 @@ static void host_destroy(ccq_backend *be)
     free(h);
 }
 
-/* The engine that reaches other processes (see engine.h); without one, communicators
- * spanning processes are refused with engine_err. */
+/* The engine that reaches other processes (see engine.h): cfg->host_engine, or by default
+ * UCX when this ccq has it and it starts, else MPI (which needs MPI initialised: its
+ * world_ready says so). Without one, communicators spanning processes are refused with
+ * engine_err. */
 static void engine_open(host_be *h, const ccq_config *cfg)
 {
-    const ccq_host_engine_ops *ops = ccq_host_engine_mpi();
-    if (ops == NULL) {
+    const char *want = cfg->host_engine;
+    const ccq_host_engine_ops *ucx = ccq_host_engine_ucx(), *mpi = ccq_host_engine_mpi();
+    ccq_errbuf ucx_err = {{0}};
+
+    if (want == NULL || strcmp(want, "ucx") == 0) {
+        if (ucx != NULL && ucx->create(cfg, &h->engine, &ucx_err) == CCQ_OK)
+            return;
+        h->engine = NULL;
+        if (ucx == NULL)
+            snprintf(ucx_err.msg, sizeof ucx_err.msg,
+                     "this ccq was built without UCX (CCQ_WITH_UCX; Debian: libucx-dev)");
+        if (want != NULL || mpi == NULL) {
+            snprintf(h->engine_err.msg, sizeof h->engine_err.msg,
+                     "the host backend cannot span processes: its UCX engine is not available: "
+                     "%.300s%s",
+                     ucx_err.msg,
+                     want != NULL ? "" : "; nor is its MPI engine (built without MPI)");
+            return;
+        }
+    }
+    if (mpi == NULL) {
         snprintf(h->engine_err.msg, sizeof h->engine_err.msg,
-                 "the host backend cannot span processes: it moves data between them with MPI, "
-                 "and this ccq was built without it: rebuild with MPI (CCQ_WITH_MPI, Debian: "
-                 "libopenmpi-dev) and launch under mpirun with bootstrap \"mpi\"");
+                 "the host backend cannot span processes with host_engine \"mpi\": this ccq "
+                 "was built without MPI: rebuild with MPI (CCQ_WITH_MPI, Debian: libopenmpi-dev) "
+                 "and launch under mpirun with bootstrap \"mpi\"");
         return;
     }
-    if (ops->create(cfg, &h->engine, &h->engine_err) != CCQ_OK)
+    if (mpi->create(cfg, &h->engine, &h->engine_err) != CCQ_OK)
         h->engine = NULL;
+}
+
+/* This process's bytes for the world's meeting (the UCX engine's worker address). */
+static ccq_status host_world_blob(ccq_backend *be, void *blob, size_t *len, ccq_errbuf *err)
+{
+    host_be *h = to_host(be);
+    if (h->engine == NULL || h->engine->ops->world_blob == NULL) {
+        *len = 0;
+        return CCQ_OK;
+    }
+    return h->engine->ops->world_blob(h->engine, blob, len, err);
 }
 
 static ccq_status host_create(const ccq_config *cfg, const ccq_be_hooks *hooks, ccq_backend **out,
@@ -382,6 +414,7 @@ static uint32_t host_device_count(const ccq_backend *be)
 
 /* Every process of the world calls this at the same point. */
 static ccq_status host_world_ready(ccq_backend *be, uint32_t world_rank, uint32_t world_size,
+                                   const void *const *blobs, const size_t *blob_len,
                                    ccq_errbuf *err)
 {
     host_be *h = to_host(be);
@@ -390,7 +423,7 @@ static ccq_status host_world_ready(ccq_backend *be, uint32_t world_rank, uint32_
         snprintf(err->msg, sizeof err->msg, "%s", h->engine_err.msg);
         return CCQ_ERR_UNSUPPORTED;
     }
-    st = h->engine->ops->world_ready(h->engine, world_rank, world_size, err);
+    st = h->engine->ops->world_ready(h->engine, world_rank, world_size, blobs, blob_len, err);
     if (st != CCQ_OK) {
         snprintf(h->engine_err.msg, sizeof h->engine_err.msg, "%s", err->msg);
         h->engine->ops->destroy(h->engine);
@@ -546,8 +579,9 @@ static ccq_be_batch *xproc_poll(host_be *h, ccq_be_batch *list)
     ccq_host_engine *eng = h->engine;
     uint64_t now = ccq_now_ns();
 
-    if (h->background > 0)
-        h->background = eng->ops->reap(eng, now);
+    /* Background work: given up, detached, or (UCX) done here while its last messages still
+     * move. The engine knows what it has; asking costs little. */
+    h->background = eng->ops->reap(eng, now);
     for (host_xbatch **pp = &h->xbatches; *pp != NULL;) {
         host_xbatch *m = *pp;
         ccq_be_batch *b = m->b;
@@ -597,8 +631,10 @@ static ccq_be_batch *xproc_poll(host_be *h, ccq_be_batch *list)
 static uint64_t host_poll_interval(const ccq_backend *be)
 {
     const host_be *h = ccq_container_of(be, const host_be, base);
-    if (h->engine == NULL || (h->xbatches == NULL && h->background == 0))
+    if (h->engine == NULL)
         return 0;
+    /* The engine says: operations in flight, or background work only polling moves (a
+     * send completed early whose data UCX or MPI still moves). */
     return h->engine->ops->poll_interval(h->engine, h->xbatches != NULL);
 }
 
@@ -734,7 +770,8 @@ static ccq_be_batch *host_poll(ccq_backend *be)
         list = b;
         n = next;
     }
-    if (h->xbatches != NULL || h->background > 0)
+    if (h->engine != NULL &&
+        (h->xbatches != NULL || h->background > 0 || host_poll_interval(be) > 0))
         list = xproc_poll(h, list);
     return list;
 }
@@ -787,6 +824,7 @@ const ccq_backend_ops ccq_host_backend_ops = {
     .device_count = host_device_count,
     .comm_root_blob = host_comm_root_blob,
     .poll_interval = host_poll_interval,
+    .world_blob = host_world_blob,
     .world_ready = host_world_ready,
     .comm_test = host_comm_test,
     .comm_create = host_comm_create,
@@ -805,6 +843,13 @@ const ccq_backend_ops ccq_host_backend_ops = {
 /* This build has no MPI engine (the runtime then refuses communicators across processes
  * with engine_open's detail). */
 const ccq_host_engine_ops *ccq_host_engine_mpi(void)
+{
+    return NULL;
+}
+#endif
+#ifndef CCQ_HAVE_UCX
+/* Nor a UCX engine. */
+const ccq_host_engine_ops *ccq_host_engine_ucx(void)
 {
     return NULL;
 }

@@ -277,3 +277,53 @@ void ccq_host_reduce_range(ccq_dtype dtype, ccq_reduce_op op, uint32_t n, const 
     ccq_host_store_fence(flags);
     put_nt = 0;
 }
+
+void ccq_host_divide(ccq_dtype dt, void *dst, const void *src, size_t count, uint32_t n)
+{
+    for (size_t i = 0; i < count; i++) {
+        switch (dt) {
+        case CCQ_INT8:
+            ((int8_t *)dst)[i] = (int8_t)(((const int8_t *)src)[i] / (int32_t)n);
+            break;
+        case CCQ_UINT8:
+            ((uint8_t *)dst)[i] = (uint8_t)(((const uint8_t *)src)[i] / n);
+            break;
+        case CCQ_INT32:
+            ((int32_t *)dst)[i] = ((const int32_t *)src)[i] / (int32_t)n;
+            break;
+        case CCQ_UINT32:
+            ((uint32_t *)dst)[i] = ((const uint32_t *)src)[i] / n;
+            break;
+        case CCQ_INT64:
+            ((int64_t *)dst)[i] = ((const int64_t *)src)[i] / (int64_t)n;
+            break;
+        case CCQ_UINT64:
+            ((uint64_t *)dst)[i] = ((const uint64_t *)src)[i] / n;
+            break;
+        case CCQ_FLOAT32:
+            ((float *)dst)[i] = ((const float *)src)[i] / (float)n;
+            break;
+        case CCQ_FLOAT64:
+            ((double *)dst)[i] = ((const double *)src)[i] / (double)n;
+            break;
+        case CCQ_FLOAT16:
+            ((uint16_t *)dst)[i] =
+                ccq_f32_to_f16(ccq_f16_to_f32(((const uint16_t *)src)[i]) / (float)n);
+            break;
+        case CCQ_BFLOAT16:
+            ((uint16_t *)dst)[i] =
+                ccq_f32_to_bf16(ccq_bf16_to_f32(((const uint16_t *)src)[i]) / (float)n);
+            break;
+        case CCQ_FLOAT8E4M3:
+            ((uint8_t *)dst)[i] =
+                ccq_f32_to_e4m3(ccq_e4m3_to_f32(((const uint8_t *)src)[i]) / (float)n);
+            break;
+        case CCQ_FLOAT8E5M2:
+            ((uint8_t *)dst)[i] =
+                ccq_f32_to_e5m2(ccq_e5m2_to_f32(((const uint8_t *)src)[i]) / (float)n);
+            break;
+        default:
+            return;
+        }
+    }
+}

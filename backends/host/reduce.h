@@ -55,6 +55,12 @@ void ccq_host_reduce_range(ccq_dtype dtype, ccq_reduce_op op, uint32_t n, const 
                            uint32_t nout, void *const *dst, size_t begin, size_t end,
                            unsigned flags);
 
+/* dst[i] = src[i] / n for i < count (dst == src allowed), as AVG divides after a sum:
+ * integers with C's truncating division in their signedness, floats in float (narrow types
+ * widened, rounded once). For engines that sum across processes first and divide once at
+ * the end. */
+void ccq_host_divide(ccq_dtype dtype, void *dst, const void *src, size_t count, uint32_t n);
+
 /* Copy `bytes` from src to dst (not overlapping); with CCQ_HOST_REDUCE_NT by non-temporal
  * stores from the first 16-byte boundary of dst on. Those are weakly ordered: call
  * ccq_host_store_fence(flags) once after the last copy, before the data is published. */

@@ -1,5 +1,5 @@
 /* The bootstrap's private parts: the handle, an exchange, the record every mechanism
- * carries, and the interface each mechanism (file.c, store.c, mpi.c)
+ * carries, and the interface each mechanism (file.c, store.c, mpi.c, tcp.c)
  * implements. Only runtime/boot*.c include this. */
 #ifndef CCQ_RUNTIME_BOOT_IMPL_H
 #define CCQ_RUNTIME_BOOT_IMPL_H
@@ -96,12 +96,17 @@ typedef struct ccq_boot_mech {
     /* Optional: x is being freed. */
     void (*xchg_free)(ccq_boot *b, ccq_boot_xchg *x);
     void (*close)(ccq_boot *b);
+    /* Optional (tcp): ccq_boot_peer_state and ccq_boot_watch_peers. */
+    ccq_boot_peer (*peer_state)(ccq_boot *b, uint32_t rank);
+    ccq_status (*watch_peers)(ccq_boot *b, void (*fn)(void *, uint32_t, ccq_boot_peer), void *arg);
 } ccq_boot_mech;
 
 /* Mechanism constructors: fill b->mech and b->impl, or fail with err. */
 ccq_status ccq_boot_file_open(ccq_boot *b, const char *dir, ccq_errbuf *err);
 ccq_status ccq_boot_store_open(ccq_boot *b, const ccq_store *store, ccq_errbuf *err);
 ccq_status ccq_boot_mpi_open(ccq_boot *b, int64_t mpi_comm, ccq_errbuf *err);
+/* spec: what follows "tcp://" ("HOST:PORT", "*:PORT", "[V6]:PORT"). */
+ccq_status ccq_boot_tcp_open(ccq_boot *b, const char *spec, ccq_errbuf *err);
 
 /* Shared helpers (bootstrap.c). */
 void ccq_boot_err(ccq_errbuf *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -109,6 +109,33 @@ uint64_t ccq_boot_now_ns(void);
 /* "2, 5 and 7" into buf (at most 16 ranks, then "and N more"); returns what it wrote. */
 size_t ccq_boot_format_ranks(char *buf, size_t len, const uint32_t *ranks, size_t n);
 
+/*
+ * Whether the processes are still there, as the bootstrap can tell (tcp:// only: its
+ * connections stay open for the job). World rank 0 serves the rendezvous and sees every
+ * other process's connection; the others see their own connection to rank 0 and learn of
+ * the rest from rank 0. A connection that closes after the process said goodbye (it closed
+ * its bootstrap: ccq_runtime_destroy) is LEFT; one that closes otherwise is LOST (the
+ * process died, or its host or the network went away).
+ */
+typedef enum ccq_boot_peer {
+    CCQ_BOOT_PEER_UNKNOWN = 0, /* not known (yet), or the mechanism cannot tell */
+    CCQ_BOOT_PEER_ALIVE = 1,   /* connected */
+    CCQ_BOOT_PEER_LEFT = 2,    /* closed its bootstrap */
+    CCQ_BOOT_PEER_LOST = 3,    /* its connection closed without goodbye */
+} ccq_boot_peer;
+
+/* What this process knows of world rank `rank` now. */
+ccq_boot_peer ccq_boot_peer_state(ccq_boot *boot, uint32_t rank);
+
+/* Call fn(arg, rank, state) when a process becomes LEFT or LOST (also for what was known
+ * before the call). fn runs on the bootstrap's own I/O thread, never holding the handle's
+ * lock: it must be quick and thread-safe (e.g. record it and wake the scheduler). One
+ * watcher per handle; NULL removes it. CCQ_ERR_UNSUPPORTED for mechanisms that cannot tell
+ * (file, store, mpi). */
+ccq_status ccq_boot_watch_peers(ccq_boot *boot,
+                                void (*fn)(void *arg, uint32_t rank, ccq_boot_peer state),
+                                void *arg);
+
 /* Every MPI call here is made holding ccq's one MPI lock (common/mpi_lock.h). */
 
 /*
@@ -121,5 +148,12 @@ size_t ccq_boot_format_ranks(char *buf, size_t len, const uint32_t *ranks, size_
  * decimal integer, a size of 0 or above 2^31, a rank >= size, half of a family.
  */
 ccq_status ccq_boot_world_from_env(uint32_t *rank, uint32_t *size, const char **err);
+
+/*
+ * The bootstrap torchrun's variables give when CCQ_BOOTSTRAP is unset: "tcp://MASTER_ADDR:
+ * MASTER_PORT" (an IPv6 address in brackets) when both are set, else NULL. The string lives
+ * as long as the process (one copy per distinct value).
+ */
+const char *ccq_boot_spec_from_env(void);
 
 #endif /* CCQ_RUNTIME_BOOTSTRAP_H */

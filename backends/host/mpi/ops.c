@@ -69,11 +69,13 @@ static void mpi_destroy(ccq_host_engine *e)
 
 /* Every process of the world calls this at the same point: post the world's duplicate. */
 static ccq_status mpi_world_ready(ccq_host_engine *e, uint32_t world_rank, uint32_t world_size,
-                                  ccq_errbuf *err)
+                                  const void *const *blobs, const size_t *blob_len, ccq_errbuf *err)
 {
     mpi_engine *m = to_mpi(e);
     (void)world_rank;
     (void)world_size;
+    (void)blobs;
+    (void)blob_len;
     if (ccq_hmpi_world_post(m->mpi_comm, &m->world, &m->world_err) == CCQ_OK)
         return CCQ_OK;
     m->world = NULL;
