@@ -293,11 +293,23 @@ fail:
 
 static void op_free(ucx_op *o);
 
+static uint32_t ucx_reap(ccq_host_engine *base, uint64_t now_ns);
+
 static void ucx_destroy(ccq_host_engine *base)
 {
     ucx_engine *e = to_ucx(base);
 
-    /* Operations UCX still held (abandoned, detached): cancel what can be, then close the
+    /* Sends reported complete here (detached, or the last messages of a finished
+     * operation) may still wait for their receiver to take them (a rendezvous needs this
+     * process): let them finish, up to timeout_ms, as the runtime lets issued work finish at
+     * destroy. A receiver that is gone ends them sooner (its endpoint's error). */
+    if (e->worker != NULL && e->nmoving > 0) {
+        uint64_t until =
+            ccq_now_ns() + (e->timeout_ns < 60000000000ull ? e->timeout_ns : 60000000000ull);
+        while (e->nmoving > 0 && ccq_now_ns() < until)
+            ucx_reap(base, ccq_now_ns());
+    }
+    /* Operations UCX still held (abandoned, failed): cancel what can be, then close the
      * endpoints, which ends every request on them. */
     for (ucx_op *o = e->background; o != NULL; o = o->next)
         for (ucx_msg *m = o->arrivals; m != NULL; m = m->next)
@@ -874,10 +886,10 @@ static ccq_status ucx_test(ccq_host_engine *base, ccq_heng_op *h, ccq_errbuf *er
 static void ucx_describe(ccq_host_engine *base, const ccq_heng_op *h, uint64_t now_ns,
                          ccq_errbuf *err)
 {
+    const ucx_engine *e = to_ucx(base);
     const ucx_op *o = (const ucx_op *)h;
     const ucx_comm *c = o->c;
     size_t w;
-    (void)base;
 
     w = (size_t)snprintf(err->msg, sizeof err->msg,
                          "UCX %s (%s, %" PRIu64 " x %s, sequence %" PRIu64 ") among processes ",
@@ -904,10 +916,20 @@ static void ucx_describe(ccq_host_engine *base, const ccq_heng_op *h, uint64_t n
                               "(%u ranks; this is process %u) waits for its sends to complete",
                               c->nranks, c->procs[c->me]);
     if (w < sizeof err->msg)
+        w += (size_t)snprintf(err->msg + w, sizeof err->msg - w,
+                              ", pending for %.0f ms: a member process died, hangs, or stopped "
+                              "submitting on this communicator",
+                              (double)(now_ns - o->start_ns) / 1e6);
+    /* What the engine holds, for whoever has to work out why. */
+    if (w < sizeof err->msg) {
+        uint32_t early = 0;
+        for (const ucx_msg *m = c->early; m != NULL; m = m->next)
+            early++;
         snprintf(err->msg + w, sizeof err->msg - w,
-                 ", pending for %.0f ms: a member process died, hangs, or stopped submitting on "
-                 "this communicator",
-                 (double)(now_ns - o->start_ns) / 1e6);
+                 " (engine: %u message(s) here for later operations, %zu for communicators "
+                 "not formed here, %" PRIu64 " dropped)",
+                 early, e->norphans, e->dropped);
+    }
 }
 
 static void ucx_abandon(ccq_host_engine *base, ccq_heng_op *h)
