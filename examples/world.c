@@ -1,14 +1,18 @@
 /* ccq across processes: one process of a world. Where the world comes from is the
- * environment's business (ccq_config_init reads it), so the same program runs
+ * environment's business (ccq_config_init reads it), so the same program runs, from the
+ * build directory's examples/ (build/examples/ccq_world),
  *
  *   under mpirun:            CCQ_BOOTSTRAP=mpi mpirun -np 2 ./ccq_world
  *   as plain processes:      for r in 0 1; do CCQ_WORLD_RANK=$r CCQ_WORLD_SIZE=2 \
  *                              CCQ_BOOTSTRAP=file:/tmp/myjob ./ccq_world & done; wait
  *
- * (examples/world_store.c shows the third way, the embedder's own store). Each process
- * prints its place in the world, runs an all_reduce over its own devices, then one over
- * every device of the world when the backend can span processes (NCCL; the host backend
- * runs one process's communicators and says so), and checks the results. */
+ * (the file bootstrap creates /tmp/myjob if needed; examples/world_store.c shows the third
+ * way, the embedder's own store). Each process prints its place in the world, runs an
+ * all_reduce over its own devices, then one over every device of the world, and checks the
+ * results. The world's all_reduce needs a backend that spans processes: NCCL, or the host
+ * backend over MPI (under mpirun); with plain processes the host backend has no MPI, so it
+ * refuses the world's communicator at once (CCQ_ERR_UNSUPPORTED, printed with its reason),
+ * which this example reports and accepts. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -135,8 +135,12 @@ int main(int argc, char **argv)
     atomic_flag_clear(&shm->lock);
     fflush(stdout);
     for (uint32_t r = 0; r < size; r++)
-        if (fork() == 0)
-            _exit(one_process(shm, r, size));
+        if (fork() == 0) {
+            int rc = one_process(shm, r, size);
+            /* _exit skips stdio's flush at exit: a pipe's buffered lines would be lost. */
+            fflush(stdout);
+            _exit(rc);
+        }
     for (uint32_t r = 0; r < size; r++) {
         int st;
         if (wait(&st) < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)

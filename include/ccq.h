@@ -11,6 +11,8 @@
 extern "C" {
 #endif
 
+/** Marks the calls libccq exports (default visibility while the library is built, which
+ * hides everything else; empty in programs using it). */
 #if defined(CCQ_BUILDING_LIBRARY) && defined(__GNUC__)
 #define CCQ_API __attribute__((visibility("default")))
 #else
@@ -39,7 +41,9 @@ extern "C" {
  * which op, which ranks, which fields).
  */
 
-/* The status list; one X-macro so ccq_status_string() cannot drift from the enum. */
+/** Every status as X(name, value, text), in one list so that the enum, ccq_status_name() and
+ * ccq_status_string() cannot drift apart (as libuv's UV_ERRNO_MAP); bindings can expand it
+ * too. The text is what ccq_status_string() returns. */
 #define CCQ_STATUS_MAP(X)                                                                          \
     X(CCQ_OK, 0, "success")                                                                        \
     X(CCQ_IN_PROGRESS, 1, "in progress")                                                           \
@@ -54,9 +58,27 @@ extern "C" {
     X(CCQ_ERR_SHUTDOWN, -9, "runtime is shutting down")                                            \
     X(CCQ_ERR_UNSUPPORTED, -10, "unsupported")
 
-/** Status codes. Negative values are errors; CCQ_IN_PROGRESS (positive) is not an error but
- * "not done yet": a non-blocking call (ccq_fence_test, a ccq_store's get) has nothing to
- * report yet and is asked again later. */
+/**
+ * Status codes (from CCQ_STATUS_MAP). Negative values are errors; CCQ_IN_PROGRESS (positive)
+ * is not an error but "not done yet": a non-blocking call (ccq_fence_test, a ccq_store's get)
+ * has nothing to report yet and is asked again later. After an error,
+ * ccq_last_error_detail() says what exactly went wrong.
+ *
+ * | status | value | meaning |
+ * |---|---|---|
+ * | CCQ_OK | 0 | success |
+ * | CCQ_IN_PROGRESS | 1 | not done yet (a fence value, a store's key) |
+ * | CCQ_ERR_INVALID_ARGUMENT | -1 | a bad argument or config field; nothing was done |
+ * | CCQ_ERR_NO_MEMORY | -2 | out of memory |
+ * | CCQ_ERR_QUEUE_FULL | -3 | the stream is full (non-blocking mode, or for timeout_ms) |
+ * | CCQ_ERR_NOT_INITIALIZED | -4 | the device set has no communicator (ccq_comm_init) |
+ * | CCQ_ERR_MISMATCH | -5 | the parts disagree (kind, count, dtype, op or root) |
+ * | CCQ_ERR_TIMEOUT | -6 | not done within timeout_ms (the detail names who is missing) |
+ * | CCQ_ERR_BACKEND | -7 | CUDA, NCCL, MPI or the file system failed (message in detail) |
+ * | CCQ_ERR_ABORTED | -8 | the communicator was aborted |
+ * | CCQ_ERR_SHUTDOWN | -9 | the runtime is shutting down (cancelled, or refused) |
+ * | CCQ_ERR_UNSUPPORTED | -10 | not possible with this backend, build or driver |
+ */
 typedef enum ccq_status {
 #define CCQ_STATUS_ENUM_(name, value, text) name = value,
     CCQ_STATUS_MAP(CCQ_STATUS_ENUM_)
@@ -65,32 +87,36 @@ typedef enum ccq_status {
 
 /** Element types (names and widths as NCCL's ncclDataType_t). */
 typedef enum ccq_dtype {
-    CCQ_INT8,
-    CCQ_UINT8,
-    CCQ_INT32,
-    CCQ_UINT32,
-    CCQ_INT64,
-    CCQ_UINT64,
-    CCQ_FLOAT16,
-    CCQ_FLOAT32,
-    CCQ_FLOAT64,
-    CCQ_BFLOAT16,
-    CCQ_FLOAT8E4M3,
-    CCQ_FLOAT8E5M2,
+    CCQ_INT8,        /**< 8-bit signed integer. */
+    CCQ_UINT8,       /**< 8-bit unsigned integer. */
+    CCQ_INT32,       /**< 32-bit signed integer. */
+    CCQ_UINT32,      /**< 32-bit unsigned integer. */
+    CCQ_INT64,       /**< 64-bit signed integer. */
+    CCQ_UINT64,      /**< 64-bit unsigned integer. */
+    CCQ_FLOAT16,     /**< IEEE 754 half precision. */
+    CCQ_FLOAT32,     /**< IEEE 754 single precision. */
+    CCQ_FLOAT64,     /**< IEEE 754 double precision. */
+    CCQ_BFLOAT16,    /**< bfloat16 (the upper half of a float32). */
+    CCQ_FLOAT8E4M3,  /**< 8-bit float, 4 exponent and 3 mantissa bits (OCP FP8 E4M3). */
+    CCQ_FLOAT8E5M2,  /**< 8-bit float, 5 exponent and 2 mantissa bits (OCP FP8 E5M2). */
     CCQ_DTYPE_COUNT_ /**< Not a type: the number of types. */
 } ccq_dtype;
 
 /** Reduction operations. AVG on integer types divides with truncation, as NCCL does. */
 typedef enum ccq_reduce_op {
-    CCQ_SUM,
-    CCQ_PROD,
-    CCQ_MAX,
-    CCQ_MIN,
-    CCQ_AVG,
+    CCQ_SUM,             /**< Sum. */
+    CCQ_PROD,            /**< Product. */
+    CCQ_MAX,             /**< Maximum. */
+    CCQ_MIN,             /**< Minimum. */
+    CCQ_AVG,             /**< Average: the sum divided by the number of ranks. */
     CCQ_REDUCE_OP_COUNT_ /**< Not an op: the number of ops. */
 } ccq_reduce_op;
 
+/** A device, by its global id: 0 .. ccq_device_count() - 1 (in a world of processes each
+ * process owns a contiguous range of them, see ccq_local_devices()). */
 typedef uint32_t ccq_device_id;
+/** A stream of a device: 0 .. max_streams - 1. Commands on one stream behave as if they ran
+ * in submission order; streams are independent. */
 typedef uint32_t ccq_stream_id;
 
 /** An opaque runtime: the devices of one backend, their streams and the scheduler. */
@@ -184,11 +210,12 @@ typedef struct ccq_config {
                                         CCQ_WORLD_SIZE, else OMPI_COMM_WORLD_SIZE, PMI_SIZE,
                                         SLURM_NTASKS, WORLD_SIZE (torchrun). */
     const char *bootstrap;         /**< How processes meet: "mpi", "file:DIR" (a directory every
-                                        process sees), "tcp://HOST:PORT" (world rank 0 serves at
+                                        process sees; created, mode 0700, if missing),
+                                        "tcp://HOST:PORT" (world rank 0 serves a rendezvous at
                                         HOST:PORT, on every interface when HOST is "*"; the others
-                                        connect and stay connected), or NULL to use `store`. Env:
-                                      CCQ_BOOTSTRAP, else         tcp://MASTER_ADDR:MASTER_PORT when torchrun's
-                                      variables         give the world. */
+                                        connect and stay connected), or NULL to use `store`.
+                                        Env: CCQ_BOOTSTRAP, else tcp://MASTER_ADDR:MASTER_PORT
+                                        when torchrun's variables are set. */
     const struct ccq_store *store; /**< The embedder's key-value store (bootstrap NULL). Borrowed
                                         until ccq_runtime_destroy returns. */
     int64_t mpi_comm; /**< For "mpi": MPI_Comm_c2f() of the embedder's communicator; -1 (the
@@ -332,6 +359,9 @@ CCQ_API const char *ccq_last_error_detail(void);
 /**
  * Create the communicator of a device set. Keyed by the sorted set; calling it again with
  * the same set (in any order, from any thread) is a no-op that returns once it is ready.
+ * In a world of processes every process owning a device of the set calls it, and it returns
+ * once the communicator is ready here (docs/multiprocess.md).
+ * @param[in] rt       The runtime.
  * @param[in] devices  Device ids, each < ccq_device_count(rt), no duplicates. Copied.
  * @param[in] n        Number of devices (>= 1).
  * @return CCQ_OK; CCQ_ERR_INVALID_ARGUMENT (unknown or duplicate device, n == 0, NULL);
@@ -344,16 +374,23 @@ CCQ_API ccq_status ccq_comm_init(ccq_runtime *rt, const ccq_device_id *devices, 
  * Queue this device's part of an all_reduce over the communicator of @p devices.
  * Returns once the command is queued (or refused); it runs when every rank's part has been
  * queued and its stream predecessors allow it. Results are visible after the fence.
- * @param[in]  src   count elements of dtype (host memory on the host backend, device memory
- *                   of @p device on NCCL). Borrowed until the covering fence returns.
- * @param[out] dst   count elements; src == dst is in place. Must not partly overlap src.
+ * @param[in]  rt      The runtime.
+ * @param[in]  device  The device whose part this is (a device of this process).
+ * @param[in]  stream  The stream of @p device to queue it on.
+ * @param[in]  src     count elements of dtype (host memory on the host backend, device
+ *                     memory of @p device on NCCL). Borrowed until the covering fence returns.
+ * @param[out] dst     count elements; src == dst is in place. Must not partly overlap src.
+ * @param[in]  count   Elements per rank; 0 is accepted and moves nothing (every buffer may
+ *                     be NULL; the command is still matched and completes).
+ * @param[in]  dtype   Element type.
+ * @param[in]  op      Reduction.
  * @param[in]  devices, n  The communicator's device set (as given to ccq_comm_init, any
- *                   order); must contain @p device.
+ *                     order); must contain @p device.
  * @return CCQ_OK (queued); CCQ_ERR_INVALID_ARGUMENT; CCQ_ERR_NOT_INITIALIZED (the set was
  *         never passed to ccq_comm_init; a pair's communicator also exists once ccq_send or
- *         ccq_recv between the two devices created it); CCQ_ERR_QUEUE_FULL (non-blocking mode, or
- * the stream stayed full for timeout_ms); CCQ_ERR_ABORTED (the communicator was aborted);
- *         CCQ_ERR_SHUTDOWN. On any error nothing is queued.
+ *         ccq_recv between the two devices created it); CCQ_ERR_QUEUE_FULL (non-blocking
+ *         mode, or the stream stayed full for timeout_ms); CCQ_ERR_ABORTED (the
+ *         communicator was aborted); CCQ_ERR_SHUTDOWN. On any error nothing is queued.
  */
 CCQ_API ccq_status ccq_all_reduce(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream,
                                   const void *src, void *dst, size_t count, ccq_dtype dtype,
@@ -378,8 +415,9 @@ CCQ_API ccq_status ccq_send(ccq_runtime *rt, ccq_device_id device, ccq_stream_id
 CCQ_API ccq_status ccq_recv(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream, void *dst,
                             size_t count, ccq_dtype dtype, ccq_device_id peer);
 
-/*
- * The other collectives. They go through the same path as ccq_all_reduce (matching by
+/**
+ * @name The other collectives
+ * They go through the same path as ccq_all_reduce (matching by
  * per-(communicator, rank) sequence number, signature checks, batching, fences, errors) and
  * follow NCCL's definitions. A rank's position in the sorted device set orders the blocks of
  * all_gather, reduce_scatter, all_to_all, gather and scatter; a root is a device id (it must
@@ -390,7 +428,9 @@ CCQ_API ccq_status ccq_recv(ccq_runtime *rt, ccq_device_id device, ccq_stream_id
  * overlap is CCQ_ERR_INVALID_ARGUMENT. A buffer a rank does not use (dst of a non-root
  * reduce/gather, src of a non-root broadcast/scatter) is ignored: never read, written or checked.
  * The parts must agree on count, dtype, op (reductions) and root (rooted ones), or they all fail
- * with CCQ_ERR_MISMATCH. Errors as ccq_all_reduce.
+ * with CCQ_ERR_MISMATCH. count = 0 moves nothing (every buffer may be NULL). Arguments and
+ * errors as ccq_all_reduce; docs/collectives.md has a diagram of each.
+ * @{
  */
 
 /** Copy @p count elements from @p root's @p src to every rank's @p dst (src is read on the
@@ -434,6 +474,7 @@ CCQ_API ccq_status ccq_gather(ccq_runtime *rt, ccq_device_id device, ccq_stream_
 CCQ_API ccq_status ccq_scatter(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream,
                                const void *src, void *dst, size_t count, ccq_dtype dtype,
                                ccq_device_id root, const ccq_device_id *devices, size_t n);
+/** @} */
 
 /**
  * Fence: wait until every command submitted on (device, stream) before this call has
@@ -457,7 +498,10 @@ typedef uint64_t ccq_fence;
  * returned before this one). Never blocks: two atomic loads. Values are ordered: a later
  * ccq_fence_begin on the same stream covers at least what an earlier one did.
  * Thread-safe; any number of threads may begin, test and wait at once.
- * @param[out] out  The value.
+ * @param[in]  rt      The runtime.
+ * @param[in]  device  A device of this process.
+ * @param[in]  stream  One of its streams.
+ * @param[out] out     The value.
  * @return CCQ_OK; CCQ_ERR_INVALID_ARGUMENT (NULL, bad device/stream).
  */
 CCQ_API ccq_status ccq_fence_begin(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream,
@@ -496,10 +540,14 @@ CCQ_API ccq_status ccq_fence_wait(ccq_runtime *rt, ccq_device_id device, ccq_str
  * The last error a fence returned on (device, stream), with its detail, from any thread.
  * The detail is kept whole (a desync report of a big communicator can run to kilobytes,
  * while ccq_last_error_detail() keeps at most 511 characters); a detail cut to fit @p len
- * ends with "... [truncated]".
- * @param[out] buf  Receives the NUL-terminated detail ("" if none); may be NULL if len == 0.
- * (Errors returned by ccq_sync_collective, which reports and clears them; fence values
- * only read them.)
+ * ends with "... [truncated]". (Errors returned by ccq_sync_collective, which reports and
+ * clears them; fence values only read them.)
+ * @param[in]  rt      The runtime.
+ * @param[in]  device  A device of this process.
+ * @param[in]  stream  One of its streams.
+ * @param[out] buf     Receives the NUL-terminated detail ("" if none); may be NULL if
+ *                     len == 0.
+ * @param[in]  len     Bytes at @p buf.
  * @return That error's status, CCQ_OK if the stream never returned one, or
  *         CCQ_ERR_INVALID_ARGUMENT.
  */
@@ -507,7 +555,9 @@ CCQ_API ccq_status ccq_stream_last_error(ccq_runtime *rt, ccq_device_id device,
                                          ccq_stream_id stream, char *buf, size_t len);
 
 /**
- * Snapshot the runtime's counters. @p out->struct_size must be set by the caller.
+ * Snapshot the runtime's counters. Set @p out->struct_size first (`ccq_stats stats =
+ * {.struct_size = sizeof stats};`): a size below the seed layout's or above this library's
+ * is CCQ_ERR_INVALID_ARGUMENT; only that many bytes are written.
  * Thread-safe; the counters are read one by one, so a snapshot taken while commands are
  * in flight is approximate; it is exact once the runtime is idle or shut down.
  */
@@ -532,22 +582,22 @@ typedef enum ccq_event_type {
     CCQ_EV_FENCE_END,   /**< ... and returned `status`. */
     CCQ_EV_WATCHDOG,    /**< The watchdog failed operation `seq` of communicator `comm`. */
     CCQ_EV_ABORT,       /**< Communicator `comm` was aborted (`status`). */
-    CCQ_EV_TYPE_COUNT_
+    CCQ_EV_TYPE_COUNT_  /**< Not a type: the number of types. */
 } ccq_event_type;
 
 /** Kinds of commands in events. */
 typedef enum ccq_kind {
-    CCQ_KIND_ALL_REDUCE,
-    CCQ_KIND_SEND,
-    CCQ_KIND_RECV,
-    CCQ_KIND_BROADCAST,
-    CCQ_KIND_REDUCE,
-    CCQ_KIND_ALL_GATHER,
-    CCQ_KIND_REDUCE_SCATTER,
-    CCQ_KIND_ALL_TO_ALL,
-    CCQ_KIND_GATHER,
-    CCQ_KIND_SCATTER,
-    CCQ_KIND_COUNT_
+    CCQ_KIND_ALL_REDUCE,     /**< ccq_all_reduce */
+    CCQ_KIND_SEND,           /**< ccq_send */
+    CCQ_KIND_RECV,           /**< ccq_recv */
+    CCQ_KIND_BROADCAST,      /**< ccq_broadcast */
+    CCQ_KIND_REDUCE,         /**< ccq_reduce */
+    CCQ_KIND_ALL_GATHER,     /**< ccq_all_gather */
+    CCQ_KIND_REDUCE_SCATTER, /**< ccq_reduce_scatter */
+    CCQ_KIND_ALL_TO_ALL,     /**< ccq_all_to_all */
+    CCQ_KIND_GATHER,         /**< ccq_gather */
+    CCQ_KIND_SCATTER,        /**< ccq_scatter */
+    CCQ_KIND_COUNT_          /**< Not a kind: the number of kinds. */
 } ccq_kind;
 
 /** Name of a command kind ("all_gather"), or "?". */
@@ -572,15 +622,16 @@ typedef struct ccq_event {
     uint64_t count;       /**< Elements of the command; operations for batch events. */
     uint64_t bytes;       /**< Bytes of the command (count x dtype size). */
     uint32_t thread;      /**< Thread that submitted the command, or that fenced (Linux tid). */
-    uint32_t device, stream;
-    uint32_t comm; /**< Communicator id (creation order, starting at 0). */
-    uint8_t kind;  /**< ccq_kind */
-    uint8_t dtype; /**< ccq_dtype */
-    uint8_t op;    /**< ccq_reduce_op */
-    uint8_t peer_valid;
-    int32_t status; /**< ccq_status, where it applies. */
-    uint32_t peer;  /**< send/recv: the other device; rooted collectives: the root device
-                         (peer_valid is 1 in both cases). */
+    uint32_t device;      /**< The command's device (fence events: the fenced one); ~0 otherwise. */
+    uint32_t stream;      /**< The command's stream (fence events: the fenced one); ~0 otherwise. */
+    uint32_t comm;        /**< Communicator id (creation order, starting at 0). */
+    uint8_t kind;         /**< ccq_kind */
+    uint8_t dtype;        /**< ccq_dtype */
+    uint8_t op;           /**< ccq_reduce_op */
+    uint8_t peer_valid;   /**< 1 when `peer` holds a device (send/recv, rooted collectives). */
+    int32_t status;       /**< ccq_status, where it applies. */
+    uint32_t peer;        /**< send/recv: the other device; rooted collectives: the root device
+                               (peer_valid is 1 in both cases). */
     /* ---- fields appended after 0.2.0 go here ---- */
 } ccq_event;
 
@@ -609,11 +660,13 @@ CCQ_API ccq_status ccq_trace_dump(ccq_runtime *rt, const char *path);
 
 /**
  * Copy the recorder's events, oldest first, into @p out (at most @p cap). Thread-safe.
+ * @param[in]     rt    The runtime.
  * @param[in,out] out   An array of @p cap events of the caller's ccq_event: set
  *                      out[0].struct_size = sizeof(ccq_event) before the call (the library
  *                      strides the array by it and writes that many bytes of each event,
  *                      with struct_size set, so a program built against an older ccq.h
  *                      keeps working). May be NULL when @p cap is 0.
+ * @param[in]  cap      Events @p out has room for.
  * @param[out] n        Events copied.
  * @param[out] dropped  Events lost to overwriting since the runtime started (may be NULL).
  * @return CCQ_OK; CCQ_ERR_INVALID_ARGUMENT (NULL; out[0].struct_size is not the size of a
@@ -633,16 +686,17 @@ typedef struct ccq_metrics {
     uint64_t commands_ended;     /**< Completed + failed + cancelled. */
     double commands_per_s;       /**< Over the last full second. */
     double commands_per_s_total; /**< Over the runtime's life. */
-    double queue_p50_us;         /**< Time in queue (submitted -> issued), all commands. */
-    double queue_p99_us;
-    double run_p50_us; /**< Time in flight (issued -> completed). */
-    double run_p99_us;
-    uint64_t batch_size_hist[8];             /**< Batches of 1, 2-3, 4-7, ..., 128+ operations. */
-    uint64_t queued_now;                     /**< Commands queued or in flight on all streams. */
-    uint32_t deepest_device, deepest_stream; /**< The stream with the most of them... */
-    uint64_t deepest_depth;                  /**< ...and how many. */
-    uint64_t trace_events;  /**< Events recorded since start (incl. overwritten). */
-    uint64_t trace_dropped; /**< Events overwritten before anyone read them. */
+    double queue_p50_us;         /**< Time in queue (submitted -> issued), all commands: median. */
+    double queue_p99_us;         /**< ... and 99th percentile. */
+    double run_p50_us;           /**< Time in flight (issued -> completed): median. */
+    double run_p99_us;           /**< ... and 99th percentile. */
+    uint64_t batch_size_hist[8]; /**< Batches of 1, 2-3, 4-7, ..., 128+ operations. */
+    uint64_t queued_now;         /**< Commands queued or in flight on all streams. */
+    uint32_t deepest_device;     /**< The device of the stream with the most of them... */
+    uint32_t deepest_stream;     /**< ... that stream... */
+    uint64_t deepest_depth;      /**< ...and how many. */
+    uint64_t trace_events;       /**< Events recorded since start (incl. overwritten). */
+    uint64_t trace_dropped;      /**< Events overwritten before anyone read them. */
 } ccq_metrics;
 
 /** Snapshot the live metrics. Thread-safe; percentiles come from log2 histograms (within

@@ -145,7 +145,7 @@ ccq_status ccq_comm_form_start(ccq_runtime *rt, ccq_comm *c, uint64_t now)
     st = ccq_boot_xchg_post(rt->world.boot, tag, c->procs, c->nprocs, &mine, sizeof mine, &c->xchg,
                             &err);
     if (st != CCQ_OK)
-        return form_fail(c, st, "bootstrap: %s", err.msg);
+        return form_fail(c, st, "%s", err.msg);
     c->form_step = CCQ_FORM_MEET;
     return CCQ_IN_PROGRESS;
 }
@@ -183,7 +183,7 @@ static ccq_status form_meet_test(ccq_runtime *rt, ccq_comm *c, uint64_t now)
     }
     if (st != CCQ_OK) {
         free(all);
-        return form_fail(c, st, "bootstrap: %s", err.msg);
+        return form_fail(c, st, "%s", err.msg);
     }
     for (uint32_t p = 0; p < c->nprocs; p++) {
         const form_hello *h = &all[p];

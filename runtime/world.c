@@ -48,25 +48,22 @@ static ccq_status world_of_one(ccq_world *w, uint32_t local_devices)
     return CCQ_OK;
 }
 
-/* Wait for exchange x (posted by the caller), naming the processes that never arrived. */
-static ccq_status world_wait(ccq_world *w, ccq_boot_xchg *x, void *all, uint32_t *members,
-                             uint64_t deadline, const char *what)
+/* Wait for exchange x (posted by the caller). On a timeout the bootstrap's own detail names
+ * the processes that never arrived and adds what its mechanism knows (MPI: the duplication
+ * of the communicator still pending; tcp: not connected to the rendezvous). */
+static ccq_status world_wait(ccq_world *w, ccq_boot_xchg *x, void *all, uint64_t deadline,
+                             const char *what)
 {
     ccq_errbuf err = {{0}};
     ccq_status st = ccq_boot_xchg_wait(x, all, deadline, &err);
 
-    if (st == CCQ_IN_PROGRESS || st == CCQ_ERR_TIMEOUT) {
-        uint32_t nmiss = (uint32_t)ccq_boot_xchg_missing(x, members, w->size);
-        char who[256];
-        ccq_boot_format_ranks(who, sizeof who, members, nmiss);
+    if (st == CCQ_ERR_TIMEOUT)
         return ccq_fail(CCQ_ERR_TIMEOUT,
-                        "ccq_runtime_create: process %" PRIu32 " of a world of %" PRIu32
-                        ": %s %s never joined %swithin timeout_ms%s%.200s",
-                        w->rank, w->size, nmiss == 1 ? "process" : "processes", who, what,
-                        err.msg[0] ? ": " : "", err.msg);
-    }
+                        "process %" PRIu32 " of a world of %" PRIu32
+                        " waited timeout_ms for the others: %s",
+                        w->rank, w->size, err.msg);
     if (st != CCQ_OK)
-        return ccq_fail(st, "bootstrap: the world exchange failed: %s", err.msg);
+        return ccq_fail(st, "%s failed: %s", what, err.msg);
     return CCQ_OK;
 }
 
@@ -100,8 +97,8 @@ static ccq_status world_blobs(ccq_world *w, const world_hello *all, const void *
     st = ccq_boot_xchg_post(w->boot, "world/backend", members, w->size, mine, max, &x, &err);
     free(mine);
     if (st != CCQ_OK)
-        return ccq_fail(st, "bootstrap: the world's backend exchange could not start: %s", err.msg);
-    st = world_wait(w, x, w->blob_data, members, deadline, "the backend's exchange ");
+        return ccq_fail(st, "the world's backend exchange could not start: %s", err.msg);
+    st = world_wait(w, x, w->blob_data, deadline, "the world's backend exchange");
     ccq_boot_xchg_free(x);
     if (st != CCQ_OK)
         return st;
@@ -146,7 +143,7 @@ ccq_status ccq_world_setup(ccq_world *w, const ccq_config *cfg, const char *back
     w->size = cfg->world_size;
     st = ccq_boot_open(cfg->bootstrap, cfg->store, cfg->mpi_comm, w->rank, w->size, &w->boot, &err);
     if (st != CCQ_OK)
-        return ccq_fail(st, "bootstrap: %s", err.msg);
+        return ccq_fail(st, "%s", err.msg);
 
     memset(&mine, 0, sizeof mine);
     mine.magic = WORLD_MAGIC;
@@ -167,10 +164,10 @@ ccq_status ccq_world_setup(ccq_world *w, const ccq_config *cfg, const char *back
         members[p] = p;
     st = ccq_boot_xchg_post(w->boot, "world", members, w->size, &mine, sizeof mine, &x, &err);
     if (st != CCQ_OK) {
-        st = ccq_fail(st, "bootstrap: the world exchange could not start: %s", err.msg);
+        st = ccq_fail(st, "the world exchange could not start: %s", err.msg);
         goto fail;
     }
-    st = world_wait(w, x, all, members, deadline, "");
+    st = world_wait(w, x, all, deadline, "the world exchange");
     if (st != CCQ_OK)
         goto fail;
     for (uint32_t p = 0; p < w->size; p++) {

@@ -4,6 +4,9 @@
 
 CCQ_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CCQ_DEBS="build-essential cmake pkg-config libck-dev libcmocka-dev python3 openmpi-bin libopenmpi-dev"
+# What the test suite needs beyond the build: Doxygen, for the API reference's check (ctest
+# api_docs; the `docs` target). scripts/test.sh installs these too.
+CCQ_TEST_DEBS="doxygen"
 
 ccq_need_pkg() {
     dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"
@@ -30,4 +33,25 @@ ccq_build() {
     shift
     cmake -S "$CCQ_ROOT" -B "$dir" "$@" >/dev/null &&
         cmake --build "$dir" -j"$(nproc)"
+}
+
+# Build only <targets> (space-separated) in <dir>, configuring it with the remaining cmake
+# args only if it has never been configured (an existing build keeps its options), with all
+# output in <dir>/<log>; on failure print the log's tail. Prints one status line.
+# Usage: ccq_build_targets <dir> <log name> "<targets>" [cmake args...]
+ccq_build_targets() {
+    local dir=$1 log=$2 targets=$3 start=$SECONDS
+    shift 3
+    mkdir -p "$dir"
+    log=$dir/$log
+    : >"$log"
+    # shellcheck disable=SC2086 # targets are words
+    if { [ -f "$dir/CMakeCache.txt" ] || cmake -S "$CCQ_ROOT" -B "$dir" "$@" >>"$log" 2>&1; } &&
+        cmake --build "$dir" -j"$(nproc)" --target $targets >>"$log" 2>&1; then
+        echo "== built $targets in $dir ($((SECONDS - start)) s; log: $log)"
+    else
+        tail -n 40 "$log" >&2
+        echo "== building $targets in $dir failed (log: $log)" >&2
+        return 1
+    fi
 }

@@ -1,22 +1,44 @@
 #!/bin/sh
-# The examples of docs/multiprocess.md, run as the document says: ccq_world as two plain
-# processes meeting in a directory, then (if given) under mpiexec; ccq_world_store forking 3.
-# Usage: run_world_examples.sh <dir of ccq_world> [mpiexec and its flags...]
+# The examples of docs/multiprocess.md, run as the document says, from the directory the build
+# puts them in: the file-bootstrap one-liner (taken from the document's table, only its
+# directory made unique, and not created beforehand: the bootstrap creates it), then (if
+# given) the same program under mpiexec, then ccq_world_store forking 3 processes, piped
+# through cat (its children must flush their lines before they exit).
+# Usage: run_world_examples.sh <dir of ccq_world> <docs/multiprocess.md> [mpiexec and flags...]
 set -eu
 bin=$1
-shift
-dir=$(mktemp -d /tmp/ccq-example-XXXXXX)
-trap 'rm -rf "$dir"' EXIT
-pids=""
+doc=$2
+shift 2
+tmp=$(mktemp -d /tmp/ccq-example-XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+cd "$bin"
+
+# The one-liner, exactly as the table's "file:DIR" row has it but for the directory.
+line=$(grep '^| `"file:DIR"` |' "$doc" | sed -n 's/.*| `\(for r in .*\)` |$/\1/p')
+[ -n "$line" ] || { echo "no file-bootstrap one-liner in $doc" >&2; exit 1; }
+case $line in *"file:/tmp/myjob "*) ;; *) echo "the one-liner no longer uses /tmp/myjob: $line" >&2; exit 1 ;; esac
+job=$tmp/myjob # does not exist yet
+line=$(printf '%s\n' "$line" | sed "s|file:/tmp/myjob |file:$job |")
+echo "\$ $line"
+sh -c "$line" >"$tmp/out" 2>&1 || true
+cat "$tmp/out"
 for r in 0 1; do
-    CCQ_WORLD_RANK=$r CCQ_WORLD_SIZE=2 CCQ_BOOTSTRAP=file:$dir CCQ_TIMEOUT_MS=30000 \
-        "$bin/ccq_world" >"$dir/out.$r" 2>&1 &
-    pids="$pids $!"
+    grep -q "^process $r of 2 " "$tmp/out" || { echo "FAIL: no line from process $r" >&2; exit 1; }
 done
-for p in $pids; do wait "$p"; done
-cat "$dir"/out.*
-grep -q "process 1 of 2" "$dir/out.1"
-if [ $# -gt 0 ]; then
-    CCQ_BOOTSTRAP=mpi "$@" -n 2 "$bin/ccq_world"
+if grep -q "^ccq_runtime_create: " "$tmp/out"; then
+    echo "FAIL: ccq_runtime_create failed" >&2
+    exit 1
 fi
-"$bin/ccq_world_store" 3
+mode=$(stat -c %a "$job")
+[ "$mode" = 700 ] || { echo "FAIL: the bootstrap made $job with mode $mode, not 700" >&2; exit 1; }
+
+if [ $# -gt 0 ]; then
+    CCQ_BOOTSTRAP=mpi "$@" -n 2 ./ccq_world
+fi
+
+# Every process's line must come through a pipe (the children _exit: they flush first).
+./ccq_world_store 3 | cat >"$tmp/store"
+cat "$tmp/store"
+n=$(grep -c "^process [0-2] of 3: " "$tmp/store" || true)
+[ "$n" = 3 ] || { echo "FAIL: $n of 3 processes' lines came through the pipe" >&2; exit 1; }
+grep -q "^OK: every process checked its results" "$tmp/store"

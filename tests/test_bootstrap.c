@@ -99,22 +99,28 @@ static size_t dir_count(void)
     return n;
 }
 
-static int dir_teardown(void **state)
+/* Remove the files of directory p, then p (the bootstrap makes no subdirectories). */
+static void remove_dir(const char *p)
 {
-    DIR *d = opendir(dir);
+    DIR *d = opendir(p);
     struct dirent *e;
     char path[600];
 
-    (void)state;
     if (d != NULL) {
         while ((e = readdir(d)) != NULL) {
-            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            snprintf(path, sizeof path, "%s/%s", p, e->d_name);
             if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
                 unlink(path);
         }
         closedir(d);
     }
-    rmdir(dir);
+    rmdir(p);
+}
+
+static int dir_teardown(void **state)
+{
+    (void)state;
+    remove_dir(dir);
     unsetenv("CCQ_JOB_ID");
     return 0;
 }
@@ -491,16 +497,32 @@ static void test_bad_input(void **state)
     assert_int_equal(ccq_boot_open("tcp:host:1", NULL, -1, 0, 2, &b, &err),
                      CCQ_ERR_INVALID_ARGUMENT);
     assert_non_null(strstr(err.msg, "\"tcp:host:1\""));
-    /* A missing directory, an empty one, a file that is not a directory. */
-    snprintf(path, sizeof path, "file:%s/nope", dir);
-    assert_int_equal(ccq_boot_open(path, NULL, -1, 0, 2, &b, &err), CCQ_ERR_INVALID_ARGUMENT);
-    assert_non_null(strstr(err.msg, "/nope"));
-    assert_non_null(strstr(err.msg, "No such file or directory"));
+    /* A missing directory is created with its missing parents, mode 0700. */
+    struct stat sb;
+    snprintf(path, sizeof path, "file:%s/new/job", dir);
+    assert_int_equal(ccq_boot_open(path, NULL, -1, 0, 2, &b, &err), CCQ_OK);
+    ccq_boot_close(b);
+    b = NULL;
+    snprintf(path, sizeof path, "%s/new/job", dir);
+    assert_int_equal(stat(path, &sb), 0);
+    assert_true(S_ISDIR(sb.st_mode));
+    assert_int_equal(sb.st_mode & 0777, 0700);
+    remove_dir(path);
+    snprintf(path, sizeof path, "%s/new", dir);
+    assert_int_equal(stat(path, &sb), 0);
+    assert_int_equal(sb.st_mode & 0777, 0700);
+    remove_dir(path);
+    /* No directory; a file that is not a directory; a path through such a file. */
     assert_int_equal(ccq_boot_open("file:", NULL, -1, 0, 2, &b, &err), CCQ_ERR_INVALID_ARGUMENT);
     write_file("plain", "x", 1);
     snprintf(path, sizeof path, "file:%s/plain", dir);
     assert_int_equal(ccq_boot_open(path, NULL, -1, 0, 2, &b, &err), CCQ_ERR_INVALID_ARGUMENT);
     assert_non_null(strstr(err.msg, "not a directory"));
+    snprintf(path, sizeof path, "file:%s/plain/sub", dir);
+    assert_int_equal(ccq_boot_open(path, NULL, -1, 0, 2, &b, &err), CCQ_ERR_INVALID_ARGUMENT);
+    assert_null(b);
+    assert_non_null(strstr(err.msg, "/plain/sub"));
+    assert_non_null(strstr(err.msg, "Not a directory"));
     /* No bootstrap and no store. */
     assert_int_equal(ccq_boot_open(NULL, NULL, -1, 0, 2, &b, &err), CCQ_ERR_INVALID_ARGUMENT);
     assert_non_null(strstr(err.msg, "CCQ_BOOTSTRAP"));

@@ -178,15 +178,16 @@ static void world_dumps(void **state)
         free(text);
     }
 #if defined(CCQ_PYTHON) && defined(CCQ_TRACE_TOOL)
-    /* The analysis of the three real dumps names rank 1, its device 3 and #3. */
+    /* The analysis of the three real dumps names process 1's device 3 (rank 1 of {2,3}) and
+     * #3. */
     snprintf(cmd, sizeof cmd,
              "'%s' '%s' analyze %s/trace.rank0.json %s/trace.rank1.json %s/trace.rank2.json "
              "> %s/out.txt; rc=$?; cat %s/out.txt; test $rc = 1 && grep -qF 'not all ranks "
-             "joined all_reduce #3: missing ranks {1} (device 3)' %s/out.txt && grep -qF "
-             "'comm {0,1}:' %s/out.txt",
+             "joined all_reduce #3: missing rank 1 (device 3, process 1)' %s/out.txt && grep "
+             "-qF 'comm {0,1}:' %s/out.txt",
              CCQ_PYTHON, CCQ_TRACE_TOOL, j.dir, j.dir, j.dir, j.dir, j.dir, j.dir, j.dir);
     if (system(cmd) != 0)
-        fail_msg("ccq-trace analyze did not name rank 1's device 3 and #3");
+        fail_msg("ccq-trace analyze did not name process 1's device 3 and #3");
 #else
     (void)cmd;
 #endif

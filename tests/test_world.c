@@ -244,7 +244,7 @@ static void test_world_process_missing(void **state)
     wc.world_size[0] = wc.world_size[1] = 3;
     wc.timeout_ms = 400;
     wc.want_create = CCQ_ERR_TIMEOUT;
-    wc.want_detail = "process 2 never joined";
+    wc.want_detail = "process 2 never arrived";
     run_case(&wc, 3, 2);
 }
 
@@ -334,9 +334,20 @@ static void test_world_bad_config(void **state)
     cfg.world_size = 0;
     assert_int_equal(ccq_runtime_create(&cfg, &rt), CCQ_ERR_INVALID_ARGUMENT);
     cfg.world_size = 2;
-    cfg.bootstrap = "file:/nonexistent/ccq-no-such-dir";
+    /* A directory that cannot be made (a missing one is created): the detail says
+     * "bootstrap" once, as the bootstrap wrote it, with the path and the reason. */
+    cfg.bootstrap = "file:/dev/null/ccq-no-such-dir";
     assert_int_equal(ccq_runtime_create(&cfg, &rt), CCQ_ERR_INVALID_ARGUMENT);
     assert_null(rt);
+    assert_string_equal(ccq_last_error_detail(),
+                        "bootstrap file:/dev/null/ccq-no-such-dir: Not a directory (the "
+                        "directory must be seen by every process of the world)");
+    cfg.bootstrap = NULL;
+    assert_int_equal(ccq_runtime_create(&cfg, &rt), CCQ_ERR_INVALID_ARGUMENT);
+    assert_null(rt);
+    assert_ptr_equal(strstr(ccq_last_error_detail(), "bootstrap: a world of 2 processes needs a "
+                                                     "way to meet"),
+                     ccq_last_error_detail());
     /* A world of one behaves as before: ids from 0, nothing to meet. */
     ccq_config_init(&cfg);
     cfg.host_devices = 2;

@@ -2,8 +2,9 @@
  * launcher's environment (OMPI_COMM_WORLD_RANK/SIZE, read by ccq_config_init) and meets
  * through the "mpi" bootstrap, which initialises MPI itself. Each process has rank + 1
  * devices: the global ids, the refusal of another process's device, a communicator of its
- * own devices while the others run theirs, and a communicator spanning processes (refused
- * by the host backend at once, as it runs one process's communicators only). */
+ * own devices while the others run theirs, and a communicator spanning processes (formed
+ * by the host backend over MPI; CCQ_ERR_UNSUPPORTED in a build whose host backend has no
+ * MPI engine). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

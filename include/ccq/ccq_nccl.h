@@ -4,6 +4,14 @@
 
 #include "ccq.h"
 
+/**
+ * @file ccq/ccq_nccl.h
+ * Interop of the NCCL backend with the embedder's CUDA streams: order a ccq stream after a
+ * CUDA stream (ccq_nccl_bind_stream), and make a CUDA stream wait on the GPU for a ccq
+ * stream's commands (ccq_nccl_stream_wait). Needs no CUDA header; on another backend both
+ * calls return CCQ_ERR_UNSUPPORTED. docs/nccl.md has the details.
+ */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -22,6 +30,9 @@ struct CUstream_st;
  * completion, so GPU work queued after the fence sees the data. Unbound streams assume the
  * buffers are ready when the call is made.
  *
+ * @param[in] rt           The runtime (backend "nccl").
+ * @param[in] device       A device of this process.
+ * @param[in] stream       One of its ccq streams.
  * @param[in] cuda_stream  A stream of CUDA device @p device, or NULL to unbind. The caller
  *                         keeps ownership; it must outlive the binding.
  * @return CCQ_OK; CCQ_ERR_UNSUPPORTED if the runtime's backend is not "nccl";
@@ -50,6 +61,9 @@ CCQ_API ccq_status ccq_nccl_bind_stream(ccq_runtime *rt, ccq_device_id device, c
  * commands are handed back. GPU work queued after the wait sees the results of the
  * commands that completed.
  *
+ * @param[in] rt           The runtime (backend "nccl").
+ * @param[in] device       A device of this process.
+ * @param[in] stream       One of its ccq streams.
  * @param[in] cuda_stream  A stream of CUDA device @p device (cudaStream_t, not NULL: a
  *                         stream you created); the caller keeps ownership (CUDA lets it
  *                         be destroyed with the wait still queued).

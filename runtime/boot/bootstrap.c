@@ -252,16 +252,17 @@ ccq_status ccq_boot_open(const char *spec, const ccq_store *store, int64_t mpi_c
         return CCQ_ERR_INVALID_ARGUMENT;
     *out = NULL;
     if (world_size == 0) {
-        ccq_boot_err(err, "world_size is 0: a world has at least one process");
+        ccq_boot_err(err, "bootstrap: world_size is 0: a world has at least one process");
         return CCQ_ERR_INVALID_ARGUMENT;
     }
     if (world_size > CCQ_BOOT_WORLD_MAX) {
-        ccq_boot_err(err, "world_size %u is above the %u processes ccq supports", world_size,
-                     CCQ_BOOT_WORLD_MAX);
+        ccq_boot_err(err, "bootstrap: world_size %u is above the %u processes ccq supports",
+                     world_size, CCQ_BOOT_WORLD_MAX);
         return CCQ_ERR_INVALID_ARGUMENT;
     }
     if (world_rank >= world_size) {
-        ccq_boot_err(err, "world_rank %u is not below world_size %u", world_rank, world_size);
+        ccq_boot_err(err, "bootstrap: world_rank %u is not below world_size %u", world_rank,
+                     world_size);
         return CCQ_ERR_INVALID_ARGUMENT;
     }
     b = calloc(1, sizeof *b);

@@ -11,6 +11,10 @@
 #include "backends/backend.h" /* ccq_errbuf */
 #include "ccq.h"
 
+/* Details: every message a call below leaves in its ccq_errbuf starts with "bootstrap" and,
+ * where it knows it, the mechanism ("bootstrap file:/tmp/job: ...", "bootstrap mpi:
+ * exchange 'world': ..."), so callers pass it on without a prefix of their own. */
+
 /* A bootstrap handle: this process's end of the world's meeting place. Thread-safe: every
  * call below on one handle (and on its exchanges) is serialised by the handle's lock, so
  * the store callbacks and MPI are never called twice at once through one handle. */

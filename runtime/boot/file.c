@@ -1,6 +1,8 @@
 /* The "file:DIR" bootstrap: a directory every process sees (local or a shared file system),
- * as Gloo's and PyTorch's FileStore. A record is one file, written under a temporary name
- * and renamed into place, so a reader sees all of it or nothing; readers poll for it.
+ * as Gloo's and PyTorch's FileStore. A missing DIR is created with its missing parents, mode
+ * 0700 (a job's records are no other user's business). A record is one file, written under a
+ * temporary name and renamed into place, so a reader sees all of it or nothing; readers poll
+ * for it.
  *
  * Names: "ccq.<job>.<gen>.<tag>.r<rank>" with job and tag escaped to [A-Za-z0-9_-] plus
  * "%XX" (so '.' only separates fields; long ones become "h<hash>", the record itself holds
@@ -249,6 +251,37 @@ static const ccq_boot_mech file_mech = {
     .close = file_close,
 };
 
+/* Create dir and any missing parents, each 0700 (a job's records are nobody else's
+ * business). The processes of a world race to do this: another one's mkdir winning is fine. */
+static ccq_status make_dirs(const char *dir, ccq_errbuf *err)
+{
+    char *path = strdup(dir);
+
+    if (path == NULL) {
+        ccq_boot_err(err, "bootstrap: out of memory");
+        return CCQ_ERR_NO_MEMORY;
+    }
+    for (char *p = path + 1;; p++) {
+        if (*p != '/' && *p != '\0')
+            continue;
+        char c = *p;
+        *p = '\0';
+        if (mkdir(path, 0700) != 0 && errno != EEXIST) {
+            ccq_boot_err(err,
+                         "bootstrap file:%s: cannot create %s: %s (the directory must be seen "
+                         "by every process of the world)",
+                         dir, path, strerror(errno));
+            free(path);
+            return CCQ_ERR_INVALID_ARGUMENT;
+        }
+        *p = c;
+        if (c == '\0')
+            break;
+    }
+    free(path);
+    return CCQ_OK;
+}
+
 ccq_status ccq_boot_file_open(ccq_boot *b, const char *dir, ccq_errbuf *err)
 {
     struct stat sb;
@@ -259,10 +292,15 @@ ccq_status ccq_boot_file_open(ccq_boot *b, const char *dir, ccq_errbuf *err)
         ccq_boot_err(err, "bootstrap \"file:\": no directory after \"file:\"");
         return CCQ_ERR_INVALID_ARGUMENT;
     }
+    if (stat(dir, &sb) != 0 && errno == ENOENT) {
+        ccq_status st = make_dirs(dir, err);
+        if (st != CCQ_OK)
+            return st;
+    }
     if (stat(dir, &sb) != 0) {
         ccq_boot_err(err,
-                     "bootstrap file:%s: %s (the directory must exist and be seen by every "
-                     "process of the world)",
+                     "bootstrap file:%s: %s (the directory must be seen by every process of "
+                     "the world)",
                      dir, strerror(errno));
         return CCQ_ERR_INVALID_ARGUMENT;
     }

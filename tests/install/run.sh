@@ -27,17 +27,37 @@ export PKG_CONFIG_PATH="$pcdir${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
 step "ccq-trace --help (installed, executable)"
 "$prefix/bin/ccq-trace" --help >/dev/null
 
-step "pkg-config --cflags --libs ccq (shared)"
+[ "$(cd "$(pkg-config --variable=libdir ccq)" && pwd)" = "$(cd "$libdir" && pwd)" ]
+
+step "pkg-config --cflags --libs ccq (shared): needs LD_LIBRARY_PATH or an rpath (README)"
 # shellcheck disable=SC2046 # pkg-config's output is a list of words
 "$cc" $flags -o "$work/app_pc_shared" "$here/app.c" $(pkg-config --cflags ccq) $(pkg-config --libs ccq)
 needs_libccq "$work/app_pc_shared"
 LD_LIBRARY_PATH=$libdir "$work/app_pc_shared" pkg-config-shared
+if ! ldconfig -p 2>/dev/null | grep -q 'libccq\.so\.0'; then # no libccq the loader finds
+    if "$work/app_pc_shared" pkg-config-shared 2>"$work/no-rpath.err"; then
+        echo "a program of a prefix install ran without rpath or LD_LIBRARY_PATH" >&2
+        exit 1
+    fi
+    grep -q 'libccq.so.0: cannot open shared object file' "$work/no-rpath.err"
+fi
+# The README's line, as written: the rpath from pkg-config's libdir.
+# shellcheck disable=SC2046
+"$cc" $flags -o "$work/app_pc_rpath" "$here/app.c" $(pkg-config --cflags --libs ccq) -Wl,-rpath,$(pkg-config --variable=libdir ccq)
+"$work/app_pc_rpath" pkg-config-rpath
 
 step "libccq.a + pkg-config --static --libs ccq"
 # --as-needed: -lccq (in Libs) would also record libccq.so, which the program does not use.
+# The archive's path from pkg-config's libdir, as the README writes it.
 # shellcheck disable=SC2046
-"$cc" $flags -o "$work/app_pc_static" "$here/app.c" $(pkg-config --cflags ccq) "$libdir/libccq.a" \
+"$cc" $flags -o "$work/app_pc_static" "$here/app.c" $(pkg-config --cflags ccq) "$(pkg-config --variable=libdir ccq)/libccq.a" \
     -Wl,--as-needed $(pkg-config --static --libs ccq)
+# The README says --static brings -lmpi exactly when the archive calls MPI.
+if nm -u "$libdir/libccq.a" 2>/dev/null | grep -q ' U MPI_'; then
+    pkg-config --static --libs ccq | grep -q -- '-lmpi' || { echo "libccq.a calls MPI but pkg-config --static has no -lmpi" >&2; exit 1; }
+else
+    if pkg-config --static --libs ccq | grep -q -- '-lmpi'; then echo "-lmpi without MPI in libccq.a" >&2; exit 1; fi
+fi
 if needs_libccq "$work/app_pc_static"; then
     echo "the static program needs libccq.so" >&2
     exit 1

@@ -5,7 +5,7 @@ own JSON writer, so they have exactly the library's format.
 
 Usage: gen_dumps.py WRITE_VIEW OUTDIR SCENARIO      (writes OUTDIR/rank<R>.json)
 Scenarios: clean, skip, count, wrapped, wrapped_clean, missing, version, version_mix,
-multidev (see SCENARIOS at the end).
+multidev, single (see SCENARIOS at the end).
 
 Each rank has its own CLOCK_MONOTONIC (a different origin per process) and the matching
 realtime offset, so the merge has to align them. Times below are microseconds of wall time.
@@ -229,6 +229,24 @@ def scenario_multidev(wv, out):
                 st = "completed" if s < 2 else "queued"
                 r.part(100.0 * s + k + r.rank, dev, c, s, "all_reduce", 512, op="sum", state=st)
     return [r.write(wv, out) for r in ranks]
+
+
+def scenario_single(wv, out):
+    """One process of 4 devices (a world of 1); device 3 never submitted #2 of comm {2,3},
+    device 2 timed out waiting. Process 0 owns every rank: the output must say which rank
+    (device 3, rank 1 of {2,3}) is missing, not that "rank 0" is."""
+    ranks = world(1, ndev=4)
+    r = ranks[0]
+    c = r.comm([2, 3])
+    for s in range(3):
+        for dev in (2, 3):
+            if dev == 3 and s == 2:
+                continue
+            failed = s == 2
+            r.part(100.0 * s + dev, dev, c, s, "all_reduce", 512, op="sum",
+                   state="failed" if failed else "completed",
+                   status="CCQ_ERR_TIMEOUT" if failed else None, fail_us=1500.0)
+    return [r.write(wv, out, reason="error")]
 
 
 SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items()

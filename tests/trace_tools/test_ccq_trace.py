@@ -21,36 +21,56 @@ import gen_dumps  # noqa: E402
 
 # scenario -> (analyze's exit status, lines its output must contain, lines it must not)
 EXPECT = {
-    "clean": (0, ["ccq-trace: 3 dumps of a world of 3", "comm {0,1,2}:",
+    "clean": (0, ["ccq-trace: 3 dumps of a world of 3 processes", "comm {0,1,2}:",
                   "ok: #0-#7 submitted by every rank, completed, in agreement",
                   "comm {0,1} send/recv 0 -> 1:", "ok: #0-#3 submitted by every rank",
                   "no problems found"], ["PROBLEM"]),
-    "skip": (1, ["PROBLEM: not all ranks joined all_reduce #5: missing ranks {1} (device 1)",
-                 "#5 where it was submitted: rank 0 device 0 failed (CCQ_ERR_TIMEOUT); "
-                 "rank 2 device 2 failed (CCQ_ERR_TIMEOUT)",
-                 "last sequence per rank: rank 0: submitted #7, completed #4; rank 1: "
-                 "submitted #4, completed #4; rank 2: submitted #7, completed #4",
-                 "1 problem"], []),
-    "count": (1, ["PROBLEM: all_reduce #3: ranks disagree on count: 1024 on ranks {0,1} "
-                  "(devices 0-1); 2048 on ranks {2} (device 2)",
-                  "PROBLEM: broadcast #6: ranks disagree on root: 0 on ranks {0,1}",
+    "skip": (1, ["PROBLEM: not all ranks joined all_reduce #5: missing rank 1 (device 1, "
+                 "process 1)",
+                 "#5 where it was submitted: process 0 device 0 failed (CCQ_ERR_TIMEOUT); "
+                 "process 2 device 2 failed (CCQ_ERR_TIMEOUT)",
+                 "last sequence per process: process 0: submitted #7, completed #4; process 1: "
+                 "submitted #4, completed #4; process 2: submitted #7, completed #4",
+                 "process 0's last error: ", "1 problem"], []),
+    "count": (1, ["PROBLEM: all_reduce #3: ranks disagree on count: 1024 on ranks 0-1 "
+                  "(devices 0-1, processes 0-1); 2048 on rank 2 (device 2, process 2)",
+                  "PROBLEM: broadcast #6: ranks disagree on root: 0 on ranks 0-1",
                   "2 problems"], ["not all ranks joined"]),
-    "wrapped": (1, ["note: rank 0's ring wrapped", "note: rank 2's ring wrapped",
-                    "PROBLEM: not all ranks joined all_reduce #40: missing ranks {1} (device 1)",
-                    "rank 1: submitted #39, completed #39",
+    "wrapped": (1, ["note: process 0's ring wrapped", "note: process 2's ring wrapped",
+                    "PROBLEM: not all ranks joined all_reduce #40: missing rank 1 (device 1, "
+                    "process 1)",
+                    "process 1: submitted #39, completed #39",
+                    "note: rings of processes 0,2 wrapped",
                     "not covered by every dump, not judged for completion and agreement"],
-                ["rank 1's ring wrapped"]),
-    "wrapped_clean": (0, ["note: rank 0's ring wrapped", "not covered by every dump",
+                ["process 1's ring wrapped"]),
+    "wrapped_clean": (0, ["note: process 0's ring wrapped", "not covered by every dump",
                           "submitted by every rank, completed, in agreement",
                           "no problems found"], ["PROBLEM"]),
-    "missing": (1, ["ccq-trace: 2 dumps of a world of 3", "PROBLEM: no dump from rank 2",
-                    "device 2: unknown (rank 2, no dump)",
-                    "suspect: rank 2, a member without a dump"], []),
-    "multidev": (1, ["PROBLEM: not all ranks joined all_reduce #2: missing ranks {1} (device 3)",
-                     "rank 1: device 2 submitted #2, completed #1, device 3 submitted #1"], []),
+    "missing": (1, ["ccq-trace: 2 dumps of a world of 3 processes", "PROBLEM: no dump from process 2",
+                    "not completed by ranks 0-1 (devices 0-1, processes 0-1)",
+                    "device 2: unknown (process 2, no dump)",
+                    "suspect: process 2, a member without a dump, while processes 0-1 wait"], []),
+    "multidev": (1, ["PROBLEM: not all ranks joined all_reduce #2: missing rank 3 (device 3, "
+                     "process 1)",
+                     "process 1: device 2 submitted #2, completed #1, device 3 submitted #1"],
+                 []),
+    # One process owning every rank: the missing one is named by its rank in the
+    # communicator (1 of {2,3}) and its device, the process is 0 throughout.
+    "single": (1, ["ccq-trace: 1 dump of a world of 1 process (ccq ",
+                   "): process 0",
+                   "comm {2,3}:",
+                   "PROBLEM: not all ranks joined all_reduce #2: missing rank 1 (device 3, "
+                   "process 0)",
+                   "#2 where it was submitted: process 0 device 2 failed (CCQ_ERR_TIMEOUT)",
+                   "last sequence per process: process 0: device 2 submitted #2, completed #1, "
+                   "device 3 submitted #1, completed #1"],
+               ["ranks {", "rank 0 device", "missing ranks {0}"]),
     "version": (2, ["dump format 2", "this ccq-trace reads format 1 only"], []),
     "version_mix": (2, ["dumps of different ccq versions, refused", "0.0.9: "], []),
 }
+# No output may call a process a rank: every scenario's analysis is also checked for these.
+NEVER = ["rank 0:", "rank 1:", "rank 2:", "last sequence per rank", "rank 0's", "rank 1's",
+         "rank 2's", "missing ranks {", "from rank "]
 
 
 def run(cmd):
@@ -73,12 +93,13 @@ def check_merge(tool, dumps, tmp, problems, want_rc=0):
     check_trace_json.check(trace, found, from_file=True)
     check_trace_json.check_nesting(trace, found)
     problems.extend("merge: " + p for p in found[:20])
-    ranks = trace["otherData"]["ranks"]
+    procs = trace["otherData"]["processes"]
     names = {e["args"]["name"] for e in trace["traceEvents"]
              if e.get("ph") == "M" and e.get("name") == "process_name"}
-    for r in ranks:
-        if "rank %d ccq scheduler" % r not in names:
-            problems.append("merge: no scheduler process for rank %d (%s)" % (r, sorted(names)))
+    for r in procs:
+        if "process %d ccq scheduler" % r not in names:
+            problems.append("merge: no scheduler track group for process %d (%s)"
+                            % (r, sorted(names)))
 
 
 def analyze(tool, dumps, want_rc, must, must_not, problems):
@@ -89,7 +110,7 @@ def analyze(tool, dumps, want_rc, must, must_not, problems):
     for m in must:
         if m not in text:
             problems.append("analyze: output lacks %r" % m)
-    for m in must_not:
+    for m in list(must_not) + NEVER:
         if m in text:
             problems.append("analyze: output has %r" % m)
 
@@ -109,7 +130,7 @@ def bad_input(write_view, tool, tmp, problems):
     with open(old, "w") as f:
         json.dump(t, f)
     cases.append(([old, good[1]], 'no "ccq" header'))
-    cases.append(([good[0], good[0]], "two dumps of rank 0"))
+    cases.append(([good[0], good[0]], "two dumps of process 0"))
     other = os.path.join(tmp, "other.json")
     with open(good[1]) as f:
         text = f.read()

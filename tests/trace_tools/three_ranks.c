@@ -7,9 +7,9 @@
  * sequence named is the last one, #7 (what a job that skipped a call really shows without
  * the signature check).
  *
- * Needs the world of issue 13 (on main) and the fake NCCL across processes
- * (tests/fake/fake_xproc.c, branch i13fake): not built before that is on main; see
- * tests/CMakeLists.txt, CCQ_TEST_THREE_RANKS.
+ * Built with the NCCL backend (against the fake NCCL across processes, tests/fake/fake_xproc.c);
+ * ctest trace_three_ranks_stop and _skip. examples/hung_rank.c is the same story on the host
+ * backend over MPI (docs/tracing.md).
  *
  * usage: three_ranks CCQ_TRACE [stop|skip]   (exit 0 when analyze said what it must) */
 #include <stdio.h>
@@ -100,9 +100,9 @@ int main(int argc, char **argv)
         return 1;
     }
     const char *want = strcmp(j.mode, "skip") == 0 ? "not all ranks joined all_reduce #7: "
-                                                     "missing ranks {1}"
+                                                     "missing rank 1 (device 1, process 1)"
                                                    : "not all ranks joined all_reduce #5: "
-                                                     "missing ranks {1}";
+                                                     "missing rank 1 (device 1, process 1)";
     snprintf(cmd, sizeof cmd,
              "python3 '%s' analyze %s/trace.0.json %s/trace.1.json %s/trace.2.json > %s/out.txt; "
              "rc=$?; cat %s/out.txt; test $rc = 1 && grep -qF '%s' %s/out.txt",

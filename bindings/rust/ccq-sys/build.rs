@@ -3,7 +3,8 @@
 //! Where the library comes from, in this order:
 //! 1. `CCQ_LIB_DIR` (a directory with `libccq.so` or `libccq.a`) and `CCQ_INCLUDE_DIR` (with
 //!    `ccq.h`; default: this repository's `include/` if it exists, else `$CCQ_LIB_DIR/../include`).
-//!    Linked as a shared library unless `CCQ_STATIC=1`.
+//!    Linked as a shared library unless `CCQ_STATIC=1`. Relative paths are made absolute here
+//!    (against `PWD`, where cargo was run, else the workspace), so rpaths never are relative.
 //! 2. `pkg-config --libs --cflags ccq` (an installed ccq, `ccq.pc`), shared.
 //! 3. This repository's CMake project, built into `OUT_DIR` (`ccq_static`), linked statically
 //!    with what its `ccq.pc` says it needs (ck, pthread, m, and CUDA + NCCL, MPI and UCX when
@@ -68,7 +69,10 @@ const HEADERS: [&str; 3] = ["ccq.h", "ccq/version.h", "ccq/ccq_nccl.h"];
 fn link_library(repo: &Path, out: &Path) -> PathBuf {
     let repo_include = repo.join("include");
     if let Some(lib) = env::var_os("CCQ_LIB_DIR").map(PathBuf::from) {
-        let include = env::var_os("CCQ_INCLUDE_DIR").map(PathBuf::from).unwrap_or_else(|| {
+        let lib = absolute_dir("CCQ_LIB_DIR", &lib, &["libccq.so", "libccq.a"]);
+        let include =
+            env::var_os("CCQ_INCLUDE_DIR").map(|d| absolute_dir("CCQ_INCLUDE_DIR", Path::new(&d), &["ccq.h"]));
+        let include = include.unwrap_or_else(|| {
             if repo_include.join("ccq.h").exists() {
                 repo_include.clone()
             } else {
@@ -88,6 +92,31 @@ fn link_library(repo: &Path, out: &Path) -> PathBuf {
     }
     build_with_cmake(repo, out);
     repo_include
+}
+
+/// `dir` as an absolute path. A relative one (`CCQ_LIB_DIR=../../build`, as the README has
+/// it) is meant relative to where the user ran cargo, but build scripts run in the package's
+/// directory, rustc in the workspace's, and a relative path put into an rpath would be taken
+/// relative to wherever the binary is later run from. So it is resolved here, against the
+/// first of these that holds one of `marks`: the shell's working directory (`PWD`, where cargo
+/// was run), the workspace (the parent of this package), this package.
+fn absolute_dir(var: &str, dir: &Path, marks: &[&str]) -> PathBuf {
+    if dir.is_absolute() {
+        return dir.to_path_buf();
+    }
+    println!("cargo:rerun-if-env-changed=PWD"); // the same text may mean another directory
+    let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
+    let mut bases: Vec<PathBuf> =
+        env::var_os("PWD").map(PathBuf::from).filter(|p| p.is_absolute()).into_iter().collect();
+    bases.extend([manifest.join(".."), manifest]);
+    for base in &bases {
+        let cand = base.join(dir);
+        if marks.iter().any(|m| cand.join(m).exists()) {
+            return cand.canonicalize().unwrap_or(cand);
+        }
+    }
+    let tried: Vec<String> = bases.iter().map(|b| b.join(dir).display().to_string()).collect();
+    panic!("{var}={}: no {} in any of {}", dir.display(), marks.join(" or "), tried.join(", "));
 }
 
 fn link_shared(dir: &Path) {

@@ -19,8 +19,8 @@ pub enum Bootstrap {
     /// ([`Config::mpi_comm`](crate::Config::mpi_comm), default `MPI_COMM_WORLD`); for jobs
     /// launched with `mpirun`/`srun`. Needs a libccq built with MPI.
     Mpi,
-    /// `"file:DIR"`: one file per record in a directory every process sees (which must
-    /// exist), as Gloo's and PyTorch's `FileStore`.
+    /// `"file:DIR"`: one file per record in a directory every process sees (created, mode
+    /// 0700, if it does not exist), as Gloo's and PyTorch's `FileStore`.
     File(PathBuf),
     /// `"tcp://HOST:PORT"` (this holds `HOST:PORT`): world rank 0 serves a rendezvous there
     /// (on every interface when HOST is `*`), every process connects and stays connected

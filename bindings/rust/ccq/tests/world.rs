@@ -183,7 +183,8 @@ fn bootstrap_specs_and_bad_worlds() {
     assert_eq!(format!("{:?}", Bootstrap::store(MemStore::default())), "Store(..)");
     let e = Runtime::new(&Config::new().backend("host").world(2, 2)).unwrap_err();
     assert_eq!(e.status(), Status::InvalidArgument, "{e}");
-    let e = Runtime::new(&cfg(0, 1, Bootstrap::File("/nonexistent/ccq-no-such-dir".into()))).unwrap_err();
+    // A directory that cannot be created (a missing one is made): below a file.
+    let e = Runtime::new(&cfg(0, 1, Bootstrap::File("/dev/null/ccq-no-such-dir".into()))).unwrap_err();
     assert_eq!(e.status(), Status::InvalidArgument, "{e}");
     assert!(e.detail().contains("ccq-no-such-dir"), "{e}");
     let e = Runtime::new(&cfg(0, 1, Bootstrap::Spec("tcp://h".into()))).unwrap_err();
