@@ -155,25 +155,52 @@ ccq_status ucx_op_fail(ucx_op *o, ccq_status st, const char *fmt, ...)
     return st;
 }
 
-static void comm_fail(ucx_comm *c, ccq_status st, const char *detail)
+/* c can no longer be used: its later operations fail with st and detail. remote: a member
+ * reported it (so this process need not tell the others). */
+static void comm_fail(ucx_comm *c, ccq_status st, const char *detail, bool remote)
 {
     if (c->failed != CCQ_OK)
         return;
     c->failed = st;
+    c->failed_remote = remote;
     snprintf(c->failed_detail, sizeof c->failed_detail, "%s", detail);
     ucx_comm_drop_messages(c);
 }
 
 /* UCX's endpoint error callback (inside ucp_worker_progress, on the scheduler thread): the
- * peer died or its connection broke. Operations waiting on it fail at their next test. */
+ * peer died or its connection broke. check_peers acts on it once progress returned. */
 static void peer_error(void *arg, ucp_ep_h ep, ucs_status_t status)
 {
     ucx_peer_err *pe = arg;
     ucx_engine *e = pe->e;
     ucx_peer *p = &e->peers[pe->rank];
     (void)ep;
-    if (p->failed == UCS_OK)
+    if (p->failed == UCS_OK) {
         p->failed = status != UCS_OK ? status : UCS_ERR_ENDPOINT_TIMEOUT;
+        e->peers_failed++;
+    }
+}
+
+/* A peer failed: every communicator it is a member of fails, so that operations on them end
+ * now, whoever they wait for (a process waiting on a survivor that waits on the dead one). */
+static void check_peers(ucx_engine *e)
+{
+    if (e->peers_failed == e->peers_seen)
+        return;
+    e->peers_seen = e->peers_failed;
+    for (ucx_comm *c = e->comms; c != NULL; c = c->next) {
+        for (uint32_t p = 0; p < c->nprocs && c->failed == CCQ_OK; p++) {
+            ucx_peer *peer = &e->peers[c->procs[p]];
+            char why[CCQ_DETAIL_LEN];
+            if (p == c->me || peer->failed == UCS_OK)
+                continue;
+            snprintf(why, sizeof why,
+                     "process %u failed (UCX: %s): a member of this communicator (this is "
+                     "process %u)",
+                     c->procs[p], ucs_status_string(peer->failed), e->world_rank);
+            comm_fail(c, CCQ_ERR_BACKEND, why, false);
+        }
+    }
 }
 
 static void close_ep(ucx_engine *e, ucx_peer *p)
@@ -295,6 +322,16 @@ static void op_free(ucx_op *o);
 
 static uint32_t ucx_reap(ccq_host_engine *base, uint64_t now_ns);
 
+/* Data this process still owes a peer: sends of operations that succeeded here (a detached
+ * send, a finished schedule's last messages), not those of failed ones (notices). */
+static bool owed(const ucx_engine *e)
+{
+    for (const ucx_op *o = e->background; o != NULL; o = o->next)
+        if (o->moving && o->status == CCQ_OK)
+            return true;
+    return false;
+}
+
 static void ucx_destroy(ccq_host_engine *base)
 {
     ucx_engine *e = to_ucx(base);
@@ -306,7 +343,7 @@ static void ucx_destroy(ccq_host_engine *base)
     if (e->worker != NULL && e->nmoving > 0) {
         uint64_t until =
             ccq_now_ns() + (e->timeout_ns < 60000000000ull ? e->timeout_ns : 60000000000ull);
-        while (e->nmoving > 0 && ccq_now_ns() < until)
+        while (owed(e) && ccq_now_ns() < until)
             ucx_reap(base, ccq_now_ns());
     }
     /* Operations UCX still held (abandoned, failed): cancel what can be, then close the
@@ -600,6 +637,14 @@ static void op_free(ucx_op *o)
     free(o);
 }
 
+/* Has o a send UCX has not completed? */
+static bool ucx_sends_pending(ucx_op *o)
+{
+    ccq_status st = CCQ_OK;
+    ccq_errbuf ignored;
+    return !ucx_sends_done(o, UCX_ALL, &st, &ignored);
+}
+
 /* Does UCX still hold anything of o (a send, a landing receive)? */
 static bool op_held(ucx_op *o)
 {
@@ -631,7 +676,10 @@ static void op_retire(ucx_op *o)
     o->next = e->background;
     e->background = o;
     e->nbackground++;
-    o->moving = o->status == CCQ_OK; /* done or detached: a peer still takes its messages */
+    /* Its last messages (a finished schedule's, a detached send, a failure's notices) need
+     * this process's progress to leave: poll for them, up to timeout_ms. */
+    o->moving = o->sends != NULL;
+    o->retired_ns = ccq_now_ns();
     e->nmoving += o->moving;
 }
 
@@ -849,9 +897,11 @@ static ccq_status op_step(ucx_op *o)
 
     if (o->status != CCQ_IN_PROGRESS)
         return o->status;
-    if (o->c->failed != CCQ_OK)
-        return ucx_op_fail(o, o->c->failed == CCQ_ERR_MISMATCH ? CCQ_ERR_MISMATCH : CCQ_ERR_ABORTED,
+    if (o->c->failed != CCQ_OK) {
+        o->noticed = o->c->failed_remote; /* else tell the members (a dead peer seen here) */
+        return ucx_op_fail(o, o->c->failed == CCQ_ERR_ABORTED ? CCQ_ERR_ABORTED : o->c->failed,
                            "%s", o->c->failed_detail);
+    }
     st = o->alg->advance(o, &err);
     if (st == CCQ_IN_PROGRESS)
         return st;
@@ -869,14 +919,17 @@ static ccq_status ucx_test(ccq_host_engine *base, ccq_heng_op *h, ccq_errbuf *er
     ccq_status st;
 
     ucx_progress(e);
+    check_peers(e);
     st = op_step(o);
     if (st == CCQ_IN_PROGRESS)
         return st;
     if (st != CCQ_OK) {
         snprintf(err->msg, sizeof err->msg, "%s", o->detail.msg);
-        if (st == CCQ_ERR_MISMATCH)
-            ucx_notice(o);
-        comm_fail(o->c, st, o->detail.msg);
+        /* Every member learns it (a mismatch, a dead peer): none waits for a message of an
+         * operation that failed here. */
+        bool remote = o->noticed; /* it came from a member's notice */
+        ucx_notice(o);
+        comm_fail(o->c, st, o->detail.msg, remote);
     }
     o->op = NULL;
     op_retire(o);
@@ -940,7 +993,7 @@ static void ucx_abandon(ccq_host_engine *base, ccq_heng_op *h)
         ucx_op_fail(o, CCQ_ERR_ABORTED, "given up (timeout or abort)");
     /* Later messages of this communicator are dropped: the runtime aborts it. */
     comm_fail(o->c, CCQ_ERR_ABORTED,
-              "an earlier operation on this communicator was given up (timeout or abort)");
+              "an earlier operation on this communicator was given up (timeout or abort)", false);
     o->op = NULL;
     op_retire(o);
 }
@@ -964,10 +1017,11 @@ static uint32_t ucx_reap(ccq_host_engine *base, uint64_t now_ns)
     ucx_engine *e = to_ucx(base);
 
     ucx_progress(e);
+    check_peers(e);
     for (ucx_op **pp = &e->background; *pp != NULL;) {
         ucx_op *o = *pp;
         if (op_held(o)) {
-            if (o->moving && now_ns - o->start_ns > e->timeout_ns) {
+            if (o->moving && (!ucx_sends_pending(o) || now_ns - o->retired_ns > e->timeout_ns)) {
                 /* Nobody took its messages within timeout_ms: stop busy-polling for them. */
                 o->moving = false;
                 e->nmoving--;

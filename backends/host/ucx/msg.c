@@ -57,8 +57,10 @@ void ucx_msg_done(ucx_engine *e, ucx_msg *m)
 static void drop(ucx_engine *e, ucx_msg *m, bool fresh)
 {
     e->dropped++;
-    if (fresh)
+    if (fresh && m->ucx_data) { /* UCX's own buffer: neither ours to free nor to release */
         m->ucx_data = false;
+        m->data = NULL;
+    }
     ucx_msg_done(e, m);
 }
 
@@ -193,7 +195,8 @@ static bool comm_route(ucx_comm *c, ucx_msg *m, bool fresh)
             size_t n = m->state == MSG_EAGER && m->len < sizeof text ? m->len : 0;
             memcpy(text, m->data, n);
             text[n < sizeof text ? n : sizeof text - 1] = '\0';
-            c->failed = CCQ_ERR_MISMATCH;
+            c->failed = m->hdr.status ? -(ccq_status)m->hdr.status : CCQ_ERR_MISMATCH;
+            c->failed_remote = true;
             snprintf(c->failed_detail, sizeof c->failed_detail,
                      "%.340s (reported by process %u after sequence %" PRIu64
                      " completed here; the communicator is no longer usable)",

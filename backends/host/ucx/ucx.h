@@ -110,14 +110,15 @@ struct ucx_engine {
     uint32_t ngone;
     ucx_op *background; /* ended operations whose messages UCX still holds */
     uint32_t nbackground;
-    uint32_t nmoving;          /* ...of which done or detached here, their last sends still moving:
-                                  they need progress (the others, failed, only need freeing) */
-    uint32_t inflight;         /* operations started and not ended */
-    uint64_t dropped;          /* messages discarded (aborted comm, failed op, malformed) */
-    uint64_t last_activity_ns; /* the last arrival or start (the poll interval's clock) */
-    size_t ring_bytes, seg_bytes; /* schedule thresholds (ucx/select.c) */
-    uint32_t idle_polls;          /* progress calls in a row that moved nothing */
-    ucx_msg *free_msgs;           /* recycled arrival records */
+    uint32_t nmoving;  /* ...of which have sends still to leave (up to timeout_ms): they need
+                          progress; the others only wait to be freed */
+    uint32_t inflight; /* operations started and not ended */
+    uint64_t dropped;  /* messages discarded (aborted comm, failed op, malformed) */
+    uint64_t last_activity_ns;         /* the last arrival or start (the poll interval's clock) */
+    size_t ring_bytes, seg_bytes;      /* schedule thresholds (ucx/select.c) */
+    uint32_t idle_polls;               /* progress calls in a row that moved nothing */
+    uint32_t peers_failed, peers_seen; /* peer errors so far, and those check_peers handled */
+    ucx_msg *free_msgs;                /* recycled arrival records */
     struct {
         void *p;
         size_t cap;
@@ -140,6 +141,7 @@ struct ucx_comm {
     uint64_t next_seq[3]; /* per channel (0, 1, 2): operations started so far */
     ucx_op *ops;          /* operations in flight on it (for arrivals) */
     ccq_status failed;    /* CCQ_OK, or why it can no longer be used (sticky) */
+    bool failed_remote;   /* ...as a member told this process */
     char failed_detail[CCQ_DETAIL_LEN];
     uint32_t refs; /* 1 for the communicator + operations still referring to it */
     bool destroyed;
@@ -209,7 +211,8 @@ struct ucx_op {
     uint32_t x[8];                /* algorithm-private counters */
     uint32_t wait_src, wait_step; /* what it waits for now, for details */
     bool detached;                /* a send reported complete at once (host backend's detach) */
-    bool moving;  /* in the background, done here, sends still moving (e->nmoving) */
+    bool moving;                  /* in the background with sends still to leave (e->nmoving) */
+    uint64_t retired_ns;
     bool noticed; /* the members were told of its failure (or told us of it) */
 };
 
