@@ -325,6 +325,13 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
         atomic_init(&rt->buckets[i], NULL);
     rt->timeout_ns = cfg.timeout_ms == 0 ? UINT64_MAX : cfg.timeout_ms * 1000000ull;
     rt->spin_ns = (uint64_t)cfg.spin_us * 1000u;
+    atomic_init(&rt->engine_polling, 0);
+    {
+        /* Measurements only (docs/performance.md): fence waiters spin even while the
+         * scheduler busy-polls an engine. */
+        const char *fs = getenv("CCQ_FENCE_SPIN");
+        rt->fence_spin_always = fs != NULL && strcmp(fs, "1") == 0;
+    }
     rt->fault = fault;
     if (ccq_trace_init(&rt->trace, cfg.trace_capacity, cfg.trace_file) != 0) {
         ccq_trace_fini(&rt->trace);

@@ -586,6 +586,11 @@ static void test_world_from_env(void **state)
     setenv("SLURM_NTASKS", "6", 1);
     assert_int_equal(ccq_boot_world_from_env(&rank, &size, &err), CCQ_OK);
     assert_true(rank == 5 && size == 6);
+    /* A child of torchrun started by srun: torchrun's variables are its own. */
+    setenv("TORCHELASTIC_RUN_ID", "job7", 1);
+    assert_int_equal(ccq_boot_world_from_env(&rank, &size, &err), CCQ_OK);
+    assert_true(rank == 3 && size == 8);
+    unsetenv("TORCHELASTIC_RUN_ID");
     setenv("SLURM_PROCID", "6", 1);
     assert_int_equal(ccq_boot_world_from_env(&rank, &size, &err), CCQ_ERR_INVALID_ARGUMENT);
     assert_string_equal(err, "SLURM_PROCID: must be below SLURM_NTASKS");

@@ -148,7 +148,16 @@ ccq_status ccq_boot_world_from_env(uint32_t *rank, uint32_t *size, const char **
     };
     const char *msg = NULL;
 
-    for (size_t f = 0; f < sizeof fam / sizeof fam[0]; f++) {
+    /* Most specific first: ccq's own, then the launcher that started this very process.
+     * A child of torchrun (which sets TORCHELASTIC_RUN_ID) reads torchrun's before the MPI
+     * launchers' and Slurm's: under srun, those describe the torchrun agent (one per node),
+     * not its children. */
+    const size_t nfam = sizeof fam / sizeof fam[0], torch = nfam - 1;
+    const char *te = getenv("TORCHELASTIC_RUN_ID");
+    bool torch_child = te != NULL && *te != '\0';
+
+    for (size_t k = 0; k < nfam; k++) {
+        size_t f = !torch_child ? k : k == 0 ? 0 : k == 1 ? torch : k - 1;
         uint32_t r = 0, s = 0;
         bool rbad, sbad;
         bool have_r = env_u31(fam[f].rank, &r, &rbad);

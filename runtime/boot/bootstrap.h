@@ -143,13 +143,16 @@ ccq_status ccq_boot_watch_peers(ccq_boot *boot,
 /* Every MPI call here is made holding ccq's one MPI lock (common/mpi_lock.h). */
 
 /*
- * This process's place in the world from the environment: CCQ_WORLD_RANK and CCQ_WORLD_SIZE;
- * else the launcher's OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE (Open MPI's mpirun); else
- * PMI_RANK / PMI_SIZE (MPICH's hydra, Intel MPI). The first family with either variable set is
- * used, and must have both. Writes *rank and *size only when a family is found (so callers
- * keep their defaults, 0 and 1, otherwise). Returns CCQ_OK, or CCQ_ERR_INVALID_ARGUMENT with
- * *err set (if it was NULL) to a static message naming the variable: a value that is not a
- * decimal integer, a size of 0 or above 2^31, a rank >= size, half of a family.
+ * This process's place in the world from the environment, most specific first: CCQ_WORLD_RANK
+ * and CCQ_WORLD_SIZE; else the launcher's: OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE (Open
+ * MPI's mpirun), PMI_RANK / PMI_SIZE (MPICH's hydra, Intel MPI), SLURM_PROCID / SLURM_NTASKS
+ * (srun), RANK / WORLD_SIZE (torchrun) — torchrun's right after ccq's for a child of torchrun
+ * (TORCHELASTIC_RUN_ID set), whose srun or mpirun variables describe torchrun itself. The
+ * first family with either variable set is used, and must have both. Writes *rank and *size
+ * only when a family is found (so callers keep their defaults, 0 and 1, otherwise). Returns
+ * CCQ_OK, or CCQ_ERR_INVALID_ARGUMENT with *err set (if it was NULL) to a static message naming
+ * the variable: a value that is not a decimal integer, a size of 0 or above 2^31, a rank >=
+ * size, half of a family.
  */
 ccq_status ccq_boot_world_from_env(uint32_t *rank, uint32_t *size, const char **err);
 

@@ -67,8 +67,9 @@ typedef struct tcp_boot {
     int fd;        /* connection to the rendezvous, -1 */
     int listen_fd; /* rank 0: the listening socket, -1 */
     ccq_tcp_server *srv;
-    int *srv_fd;    /* [conns_max]: the socket of each server connection id */
-    ccq_tcp_buf in; /* client: bytes received, not parsed yet */
+    int *srv_fd;      /* [conns_max]: the socket of each server connection id */
+    size_t peak_held; /* the most the server held (CCQ_TCP_STATS prints it) */
+    ccq_tcp_buf in;   /* client: bytes received, not parsed yet */
     ccq_tcp_buf hello;
     uint64_t retry_at, retry_ns;
     /* Shared, under mu. */
@@ -537,6 +538,8 @@ static void *io_main(void *arg)
         if (t->srv != NULL) {
             int gone[64];
             uint64_t when;
+            size_t held = ccq_tcp_server_memory(t->srv);
+            t->peak_held = held > t->peak_held ? held : t->peak_held;
             size_t k = ccq_tcp_server_tick(t->srv, now, gone, 64, &when);
             for (size_t j = 0; j < k; j++)
                 server_close_conn(t, gone[j]);
@@ -705,6 +708,9 @@ static void tcp_close(ccq_boot *b)
         wake_thread(t);
         pthread_join(t->thread, NULL);
     }
+    if (t->srv != NULL && getenv("CCQ_TCP_STATS") != NULL) /* measurements (performance.md) */
+        fprintf(stderr, "ccq tcp rendezvous %s: world of %u, peak %zu bytes held by the server\n",
+                t->spec, t->size, t->peak_held);
     client_drop(t);
     if (t->listen_fd >= 0)
         close(t->listen_fd);
