@@ -35,9 +35,16 @@ fn main() {
     let repo = manifest.join("../../..");
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=src");
-    for v in
-        ["CCQ_LIB_DIR", "CCQ_INCLUDE_DIR", "CCQ_STATIC", "CCQ_WITH_NCCL", "CCQ_WITH_MPI", "CCQ_WITH_UCX", "PKG_CONFIG_PATH", "CC"]
-    {
+    for v in [
+        "CCQ_LIB_DIR",
+        "CCQ_INCLUDE_DIR",
+        "CCQ_STATIC",
+        "CCQ_WITH_NCCL",
+        "CCQ_WITH_MPI",
+        "CCQ_WITH_UCX",
+        "PKG_CONFIG_PATH",
+        "CC",
+    ] {
         println!("cargo:rerun-if-env-changed={v}");
     }
 
