@@ -29,6 +29,7 @@
 #include "runtime/boot/boot_impl.h"
 #include "runtime/boot/bootstrap.h"
 #include "runtime/boot/tcp_proto.h"
+#include "procs.h"
 
 #define MAXP 8
 
@@ -68,31 +69,11 @@ static unsigned free_port(void)
     return ntohs(a.sin_port);
 }
 
-typedef int (*child_fn)(uint32_t rank, uint32_t size, void *arg);
-
-/* Fork n children; returns how many did not exit 0 (killed after 60 s). */
-static int run_procs(uint32_t n, uint32_t size, child_fn fn, void *arg)
+/* Fork n children (procs.h); how many did not exit 0 (killed after 60 s). */
+static int run_procs(unsigned n, procs_fn fn, void *arg)
 {
-    pid_t pids[MAXP];
-    int failed = 0;
-    fflush(NULL);
-    for (uint32_t r = 0; r < n; r++) {
-        pids[r] = fork();
-        assert_true(pids[r] >= 0);
-        if (pids[r] == 0) {
-            alarm(60);
-            _exit(fn(r, size, arg));
-        }
-    }
-    for (uint32_t r = 0; r < n; r++) {
-        int ws = 0;
-        assert_int_equal(waitpid(pids[r], &ws, 0), pids[r]);
-        if (!WIFEXITED(ws) || WEXITSTATUS(ws) != 0) {
-            fprintf(stderr, "rank %u failed (status 0x%x)\n", r, ws);
-            failed++;
-        }
-    }
-    return failed;
+    int status[MAXP];
+    return procs_run(n, fn, arg, 60, status);
 }
 
 static char spec[64];
@@ -109,7 +90,7 @@ static uint64_t value_of(uint32_t rank, uint32_t round)
 
 /* ---- worlds ------------------------------------------------------------------------------- */
 
-static int world_child(uint32_t rank, uint32_t size, void *arg)
+static int world_child(unsigned rank, unsigned size, void *arg)
 {
     ccq_boot *b;
     ccq_errbuf err = {{0}};
@@ -163,16 +144,16 @@ static void test_tcp_worlds(void **state)
     (void)state;
     for (uint32_t n = 1; n <= 4; n++) {
         snprintf(spec, sizeof spec, "tcp://127.0.0.1:%u", free_port());
-        assert_int_equal(run_procs(n, n, world_child, NULL), 0);
+        assert_int_equal(run_procs(n, world_child, NULL), 0);
     }
     /* A second bootstrap after the first in every process (generation 1 meets generation 1),
      * process 0 serving every interface. */
     snprintf(spec, sizeof spec, "tcp://127.0.0.1:%u", free_port());
-    assert_int_equal(run_procs(3, 3, world_child, &two), 0);
+    assert_int_equal(run_procs(3, world_child, &two), 0);
 }
 
 /* Process 0 on "*", the others on its address. */
-static int any_child(uint32_t rank, uint32_t size, void *arg)
+static int any_child(unsigned rank, unsigned size, void *arg)
 {
     char s[64];
     ccq_boot *b;
@@ -194,13 +175,13 @@ static void test_tcp_any_interface(void **state)
 {
     unsigned port = free_port();
     (void)state;
-    assert_int_equal(run_procs(2, 2, any_child, &port), 0);
+    assert_int_equal(run_procs(2, any_child, &port), 0);
 }
 
 /* ---- refusals ----------------------------------------------------------------------------- */
 
 /* Rank 1 of another job comes first (and is refused, for good), then the real one. */
-static int job_child(uint32_t rank, uint32_t size, void *arg)
+static int job_child(unsigned rank, unsigned size, void *arg)
 {
     ccq_boot *b;
     ccq_errbuf err = {{0}};
@@ -208,6 +189,7 @@ static int job_child(uint32_t rank, uint32_t size, void *arg)
     uint64_t mine = rank, out[2];
     ccq_status st;
     (void)arg;
+    size = 2;        /* a world of 2, and a third process: */
     if (rank == 2) { /* the impostor: rank 1 of job "other" */
         setenv("CCQ_JOB_ID", "other", 1);
         CHILD_CHECK(open_tcp(1, size, &b, &err) == CCQ_OK, "open: %s", err.msg);
@@ -230,7 +212,7 @@ static int job_child(uint32_t rank, uint32_t size, void *arg)
 }
 
 /* A process that thinks the world has 3 processes. */
-static int size_child(uint32_t rank, uint32_t size, void *arg)
+static int size_child(unsigned rank, unsigned size, void *arg)
 {
     ccq_boot *b;
     ccq_errbuf err = {{0}};
@@ -262,9 +244,9 @@ static void test_tcp_refusals(void **state)
     (void)state;
 
     snprintf(spec, sizeof spec, "tcp://127.0.0.1:%u", free_port());
-    assert_int_equal(run_procs(3, 2, job_child, NULL), 0);
+    assert_int_equal(run_procs(3, job_child, NULL), 0);
     snprintf(spec, sizeof spec, "tcp://127.0.0.1:%u", free_port());
-    assert_int_equal(run_procs(2, 2, size_child, NULL), 0);
+    assert_int_equal(run_procs(2, size_child, NULL), 0);
 
     /* Specs. */
     const char *bad[] = {"tcp://",           "tcp://host", "tcp://host:",   "tcp://host:0",
@@ -350,7 +332,7 @@ static void frame(int fd, uint16_t type, uint16_t version, uint32_t len, const v
 }
 
 /* Ranks 0 and 1 exchange repeatedly while the parent attacks the server. */
-static int steady_child(uint32_t rank, uint32_t size, void *arg)
+static int steady_child(unsigned rank, unsigned size, void *arg)
 {
     ccq_boot *b;
     ccq_errbuf err = {{0}};
@@ -473,7 +455,7 @@ static void watcher(void *arg, uint32_t rank, ccq_boot_peer st)
 }
 
 /* Rank 1 dies without closing; rank 2 closes cleanly; ranks 0 and 3 watch. */
-static int peers_child(uint32_t rank, uint32_t size, void *arg)
+static int peers_child(unsigned rank, unsigned size, void *arg)
 {
     ccq_boot *b;
     ccq_errbuf err = {{0}};
@@ -533,7 +515,7 @@ static void test_tcp_peers(void **state)
 {
     (void)state;
     snprintf(spec, sizeof spec, "tcp://127.0.0.1:%u", free_port());
-    assert_int_equal(run_procs(4, 4, peers_child, NULL), 0);
+    assert_int_equal(run_procs(4, peers_child, NULL), 0);
 }
 
 /* ---- the server's logic alone ----------------------------------------------------------- */

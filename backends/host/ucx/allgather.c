@@ -10,19 +10,21 @@
 
 #include "backends/host/ucx/ucx.h"
 
-static size_t block_off(const ucx_op *o, uint32_t p)
-{
-    return (size_t)o->c->fr[p] * o->count;
-}
-
-static size_t block_len(const ucx_op *o, uint32_t p)
-{
-    return (size_t)ucx_nl(o, p) * o->count;
-}
-
 /* ---- direct ---------------------------------------------------------------------------- */
 
-/* x[0]: blocks received so far; BUF_AUX: one flag per member. */
+/* Sends: this process's block to everyone; receives: p's block where it belongs. */
+static void mine_out(const ucx_op *o, uint32_t q, char **at, size_t *len)
+{
+    (void)q;
+    *at = (char *)o->buf[BUF_RES] + ucx_block_off(o, o->me) * o->es;
+    *len = ucx_block_len(o, o->me) * o->es;
+}
+
+static void block_in(const ucx_op *o, uint32_t p, char **at, size_t *len)
+{
+    *at = (char *)o->buf[BUF_RES] + ucx_block_off(o, p) * o->es;
+    *len = ucx_block_len(o, p) * o->es;
+}
 
 static ccq_status direct_init(ucx_op *o, ccq_errbuf *err)
 {
@@ -37,61 +39,26 @@ static ccq_status direct_init(ucx_op *o, ccq_errbuf *err)
 
 static ccq_status direct_advance(ucx_op *o, ccq_errbuf *err)
 {
-    char *res = o->buf[BUF_RES], *got = o->buf[BUF_AUX];
-    size_t es = o->es;
-    ccq_status st;
-
-    if (!o->sent) {
-        for (uint32_t s = 1; s < o->P; s++) {
-            uint32_t q = (o->me + s) % o->P;
-            st = ucx_send_step(o, q, 0, res + block_off(o, o->me) * es, block_len(o, o->me) * es, 0,
-                               err);
-            if (st != CCQ_OK)
-                return st;
-        }
-        o->sent = true;
-    }
-    for (uint32_t s = 1; s < o->P && o->x[0] < o->P - 1; s++) {
-        uint32_t p = (o->me + o->P - s) % o->P;
-        char *land = res + block_off(o, p) * es;
-        ucx_msg *m;
-        if (got[p])
-            continue;
-        st = ucx_recv_step(o, p, 0, land, block_len(o, p) * es, &m, err);
-        if (st == CCQ_IN_PROGRESS)
-            continue;
-        if (st != CCQ_OK)
-            return st;
-        if (m->buf != land)
-            memcpy(land, m->buf, block_len(o, p) * es);
-        ucx_msg_done(o->e, m);
-        got[p] = 1;
-        o->x[0]++;
-    }
-    return o->x[0] == o->P - 1 ? CCQ_OK : CCQ_IN_PROGRESS;
+    return ucx_exchange_all(o, mine_out, block_in, o->buf[BUF_AUX], err);
 }
 
 const ucx_alg ucx_allgather_direct = {"direct", direct_init, direct_advance};
 
 /* ---- ring ------------------------------------------------------------------------------ */
 
-/* Segment g of block p: ucx_block(block_len(p), nseg, g). */
+/* Segment g of block p: ucx_block(ucx_block_len(p), nseg, g). */
 
 static ccq_status ring_init(ucx_op *o, ccq_errbuf *err)
 {
     size_t biggest = 0;
-    ccq_status st;
     for (uint32_t p = 0; p < o->P; p++)
-        biggest = block_len(o, p) > biggest ? block_len(o, p) : biggest;
-    st = ucx_segments(o, biggest, 0, ucx_window(), err);
-    if (st == CCQ_OK) /* every block in the same number of segments */
-        o->x[0] = o->nseg;
-    return st;
+        biggest = ucx_block_len(o, p) > biggest ? ucx_block_len(o, p) : biggest;
+    return ucx_segments(o, biggest, 0, ucx_window(), err); /* every block in nseg segments */
 }
 
 static ccq_status ring_seg(ucx_op *o, uint32_t g, ccq_errbuf *err)
 {
-    uint32_t P = o->P, me = o->me, next = (me + 1) % P, prev = (me + P - 1) % P;
+    uint32_t P = o->P, me = o->me;
     char *res = o->buf[BUF_RES];
     size_t es = o->es;
     ucx_seg *s = &o->seg[g];
@@ -100,24 +67,12 @@ static ccq_status ring_seg(ucx_op *o, uint32_t g, ccq_errbuf *err)
     while (s->step < P - 1) {
         uint32_t k = s->step, sb = (me + P - k) % P, rb = (me + 2 * P - k - 1) % P;
         size_t so, sl, ro, rl;
-        ucx_msg *m;
-        ucx_block(block_len(o, sb), o->nseg, g, &so, &sl);
-        ucx_block(block_len(o, rb), o->nseg, g, &ro, &rl);
-        if (!s->sent) {
-            st = ucx_send_step(o, next, g * P + k, res + (block_off(o, sb) + so) * es, sl * es, g,
-                               err);
-            if (st != CCQ_OK)
-                return st;
-            s->sent = 1;
-        }
-        char *land = res + (block_off(o, rb) + ro) * es;
-        if ((st = ucx_recv_step(o, prev, g * P + k, land, rl * es, &m, err)) != CCQ_OK)
+        ucx_block(ucx_block_len(o, sb), o->nseg, g, &so, &sl);
+        ucx_block(ucx_block_len(o, rb), o->nseg, g, &ro, &rl);
+        st = ucx_ring_step(o, g, g * P + k, res + (ucx_block_off(o, sb) + so) * es, sl * es,
+                           res + (ucx_block_off(o, rb) + ro) * es, rl * es, NULL, err);
+        if (st != CCQ_OK)
             return st;
-        if (m->buf != land)
-            memcpy(land, m->buf, rl * es);
-        ucx_msg_done(o->e, m);
-        s->step++;
-        s->sent = 0;
     }
     return CCQ_OK;
 }

@@ -9,6 +9,7 @@
  * every process ends with the same bits. A segment keeps one send in flight at a time
  * (each step's send needs the previous step's receipt anyway), which also means a block is
  * never landed into while a send still reads it. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -31,20 +32,19 @@ static ccq_status ring_init(ucx_op *o, ccq_errbuf *err)
 
 static ccq_status ring_seg(ucx_op *o, uint32_t g, ccq_errbuf *err)
 {
-    uint32_t P = o->P, me = o->me, next = (me + 1) % P, prev = (me + P - 1) % P;
+    uint32_t P = o->P, me = o->me;
     size_t off0 = (size_t)g * o->seg_elems, es = o->es;
     size_t len = o->count - off0 < o->seg_elems ? o->count - off0 : o->seg_elems;
     char *res = (char *)o->buf[BUF_RES] + off0 * es;
     char *slot = (char *)o->buf[BUF_TMP] + (size_t)(g % o->window) * o->x[0] * es;
     ucx_seg *s = &o->seg[g];
-    ccq_status st = CCQ_OK;
+    ccq_status st;
 
     while (s->step < 2 * P - 2) {
-        uint32_t k = s->step, sb, rb, id = g * (2 * P) + k;
+        uint32_t k = s->step, sb, rb;
         size_t so, sl, ro, rl;
-        ucx_msg *m;
-        char *land;
-        if (k < P - 1) {
+        bool scatter = k < P - 1; /* the reduce-scatter half, then the all-gather half */
+        if (scatter) {
             sb = (me + 2 * P - k) % P;
             rb = (me + 2 * P - k - 1) % P;
         } else {
@@ -54,27 +54,11 @@ static ccq_status ring_seg(ucx_op *o, uint32_t g, ccq_errbuf *err)
         }
         ucx_block(len, P, sb, &so, &sl);
         ucx_block(len, P, rb, &ro, &rl);
-        if (!s->sent) {
-            if (!ucx_sends_done(o, g, &st, err))
-                return st != CCQ_OK ? st : CCQ_IN_PROGRESS;
-            if (st != CCQ_OK)
-                return st;
-            if ((st = ucx_send_step(o, next, id, res + so * es, sl * es, g, err)) != CCQ_OK)
-                return st;
-            s->sent = 1;
-        }
-        land = k < P - 1 ? slot : res + ro * es;
-        if ((st = ucx_recv_step(o, prev, id, land, rl * es, &m, err)) != CCQ_OK)
+        st = ucx_ring_step(o, g, g * (2 * P) + k, res + so * es, sl * es,
+                           scatter ? slot : res + ro * es, rl * es, scatter ? res + ro * es : NULL,
+                           err);
+        if (st != CCQ_OK)
             return st;
-        if (k < P - 1) {
-            const void *src[2] = {m->buf, res + ro * es};
-            ucx_reduce(o, 2, src, res + ro * es, rl);
-        } else if (m->buf != land) {
-            memcpy(land, m->buf, rl * es);
-        }
-        ucx_msg_done(o->e, m);
-        s->step++;
-        s->sent = 0;
     }
     return CCQ_OK;
 }

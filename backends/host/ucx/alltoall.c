@@ -38,47 +38,33 @@ static ccq_status a2a_init(ucx_op *o, ccq_errbuf *err)
     return CCQ_OK;
 }
 
+/* To q: the packed blocks for q; from p: where p's blocks are unpacked from. */
+static void packed_out(const ucx_op *o, uint32_t q, char **at, size_t *len)
+{
+    size_t blk = o->count * o->es, nl = ucx_nl(o, o->me);
+    *at = (char *)o->buf[BUF_AUX] + nl * o->c->fr[q] * blk;
+    *len = nl * ucx_nl(o, q) * blk;
+}
+
+static void packed_in(const ucx_op *o, uint32_t p, char **at, size_t *len)
+{
+    size_t blk = o->count * o->es, nl = ucx_nl(o, o->me);
+    *at = (char *)o->buf[BUF_RES] + (size_t)o->c->fr[p] * nl * blk;
+    *len = (size_t)ucx_nl(o, p) * nl * blk;
+}
+
 static ccq_status a2a_advance(ucx_op *o, ccq_errbuf *err)
 {
     const ccq_be_op *op = o->op;
     uint32_t nl = ucx_nl(o, o->me);
     size_t blk = o->count * o->es;
-    char *sb = o->buf[BUF_AUX], *rb = o->buf[BUF_RES], *got = o->buf[BUF_TMP];
-    ccq_status st;
+    ccq_status st = ucx_exchange_all(o, packed_out, packed_in, o->buf[BUF_TMP], err);
 
-    if (!o->sent) {
-        for (uint32_t s = 1; s < o->P; s++) {
-            uint32_t q = (o->me + s) % o->P;
-            st = ucx_send_step(o, q, 0, sb + (size_t)nl * o->c->fr[q] * blk,
-                               (size_t)nl * ucx_nl(o, q) * blk, 0, err);
-            if (st != CCQ_OK)
-                return st;
-        }
-        o->sent = true;
-    }
-    for (uint32_t s = 1; s < o->P && o->x[0] < o->P - 1; s++) {
-        uint32_t p = (o->me + o->P - s) % o->P;
-        size_t len = (size_t)ucx_nl(o, p) * nl * blk;
-        char *land = rb + (size_t)o->c->fr[p] * nl * blk;
-        ucx_msg *m;
-        if (got[p])
-            continue;
-        st = ucx_recv_step(o, p, 0, land, len, &m, err);
-        if (st == CCQ_IN_PROGRESS)
-            continue;
-        if (st != CCQ_OK)
-            return st;
-        if (m->buf != land)
-            memcpy(land, m->buf, len);
-        ucx_msg_done(o->e, m);
-        got[p] = 1;
-        o->x[0]++;
-    }
-    if (o->x[0] < o->P - 1)
-        return CCQ_IN_PROGRESS;
+    if (st != CCQ_OK)
+        return st;
     /* Unpack into every local rank's output. */
     for (uint32_t p = 0; p < o->P; p++) {
-        const char *r = rb + (size_t)o->c->fr[p] * nl * blk;
+        const char *r = (const char *)o->buf[BUF_RES] + (size_t)o->c->fr[p] * nl * blk;
         for (uint32_t i = 0; i < ucx_nl(o, p); i++)
             for (uint32_t j = 0; j < nl; j++, r += blk)
                 memcpy((char *)op->parts[j].dst + (size_t)(o->c->fr[p] + i) * blk, r, blk);

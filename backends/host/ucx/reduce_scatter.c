@@ -13,25 +13,26 @@
 
 #include "backends/host/ucx/ucx.h"
 
-static size_t block_off(const ucx_op *o, uint32_t p)
-{
-    return (size_t)o->c->fr[p] * o->count;
-}
-
-static size_t block_len(const ucx_op *o, uint32_t p)
-{
-    return (size_t)ucx_nl(o, p) * o->count;
-}
-
 /* ---- direct ---------------------------------------------------------------------------- */
 
 /* BUF_TMP: P slots of this process's block, where every version lands (a rendezvous) or is
- * copied (an eager message, released at once); BUF_AUX: one flag per member; x[0] =
- * versions received. Once all arrived they are reduced in process order. */
+ * copied (an eager message, released at once); BUF_AUX: one flag per member. */
+
+static void block_out(const ucx_op *o, uint32_t q, char **at, size_t *len)
+{
+    *at = (char *)o->buf[BUF_RES] + ucx_block_off(o, q) * o->es;
+    *len = ucx_block_len(o, q) * o->es;
+}
+
+static void slot_in(const ucx_op *o, uint32_t p, char **at, size_t *len)
+{
+    *len = ucx_block_len(o, o->me) * o->es;
+    *at = (char *)o->buf[BUF_TMP] + (size_t)p * *len;
+}
 
 static ccq_status direct_init(ucx_op *o, ccq_errbuf *err)
 {
-    size_t mine = block_len(o, o->me) * o->es;
+    size_t mine = ucx_block_len(o, o->me) * o->es;
     if (ucx_scratch(o, BUF_TMP, mine * o->P) == NULL || ucx_scratch(o, BUF_AUX, o->P) == NULL) {
         snprintf(err->msg, sizeof err->msg, "out of memory for UCX scratch");
         return CCQ_ERR_NO_MEMORY;
@@ -43,54 +44,26 @@ static ccq_status direct_init(ucx_op *o, ccq_errbuf *err)
 
 static ccq_status direct_advance(ucx_op *o, ccq_errbuf *err)
 {
-    char *res = o->buf[BUF_RES], *tmp = o->buf[BUF_TMP], *got = o->buf[BUF_AUX];
-    size_t es = o->es, mine = block_len(o, o->me);
-    ccq_status st;
+    const void *src[CCQ_MAX_DEVICES];
+    const void **srcs;
+    size_t mine = ucx_block_len(o, o->me);
+    char *out = (char *)o->buf[BUF_RES] + ucx_block_off(o, o->me) * o->es;
+    ccq_status st = ucx_exchange_all(o, block_out, slot_in, o->buf[BUF_AUX], err);
 
-    if (!o->sent) {
-        for (uint32_t s = 1; s < o->P; s++) {
-            uint32_t q = (o->me + s) % o->P;
-            st = ucx_send_step(o, q, 0, res + block_off(o, q) * es, block_len(o, q) * es, 0, err);
-            if (st != CCQ_OK)
-                return st;
-        }
-        o->sent = true;
-    }
-    for (uint32_t s = 1; s < o->P && o->x[0] < o->P - 1; s++) {
-        uint32_t p = (o->me + o->P - s) % o->P;
-        char *land = tmp + (size_t)p * mine * es;
-        ucx_msg *m;
-        if (got[p])
-            continue;
-        st = ucx_recv_step(o, p, 0, land, mine * es, &m, err);
-        if (st == CCQ_IN_PROGRESS)
-            continue;
-        if (st != CCQ_OK)
-            return st;
-        if (m->buf != land)
-            memcpy(land, m->buf, mine * es);
-        ucx_msg_done(o->e, m);
-        got[p] = 1;
-        o->x[0]++;
-    }
-    if (o->x[0] < o->P - 1)
-        return CCQ_IN_PROGRESS;
+    if (st != CCQ_OK)
+        return st;
     /* Every version here: reduce in process order into this process's block (its own sends
      * read the other blocks of res, never this one). */
-    {
-        const void *src[CCQ_MAX_DEVICES];
-        const void **srcs = o->P <= CCQ_MAX_DEVICES ? src : malloc(o->P * sizeof *srcs);
-        char *out = res + block_off(o, o->me) * es;
-        if (srcs == NULL) {
-            snprintf(err->msg, sizeof err->msg, "out of memory");
-            return CCQ_ERR_NO_MEMORY;
-        }
-        for (uint32_t p = 0; p < o->P; p++)
-            srcs[p] = p == o->me ? out : tmp + (size_t)p * mine * es;
-        ucx_reduce(o, o->P, srcs, out, mine);
-        if (srcs != src)
-            free(srcs);
+    srcs = o->P <= CCQ_MAX_DEVICES ? src : malloc(o->P * sizeof *srcs);
+    if (srcs == NULL) {
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        return CCQ_ERR_NO_MEMORY;
     }
+    for (uint32_t p = 0; p < o->P; p++)
+        srcs[p] = p == o->me ? out : (char *)o->buf[BUF_TMP] + (size_t)p * mine * o->es;
+    ucx_reduce(o, o->P, srcs, out, mine);
+    if (srcs != src)
+        free(srcs);
     return CCQ_OK;
 }
 
@@ -105,7 +78,7 @@ static ccq_status ring_init(ucx_op *o, ccq_errbuf *err)
     size_t biggest = 0;
     ccq_status st;
     for (uint32_t p = 0; p < o->P; p++)
-        biggest = block_len(o, p) > biggest ? block_len(o, p) : biggest;
+        biggest = ucx_block_len(o, p) > biggest ? ucx_block_len(o, p) : biggest;
     st = ucx_segments(o, biggest, 0, ucx_window(), err);
     if (st != CCQ_OK)
         return st;
@@ -119,40 +92,22 @@ static ccq_status ring_init(ucx_op *o, ccq_errbuf *err)
 
 static ccq_status ring_seg(ucx_op *o, uint32_t g, ccq_errbuf *err)
 {
-    uint32_t P = o->P, me = o->me, next = (me + 1) % P, prev = (me + P - 1) % P;
+    uint32_t P = o->P, me = o->me;
     char *res = o->buf[BUF_RES];
     char *slot = (char *)o->buf[BUF_TMP] + (size_t)(g % o->window) * o->x[0] * o->es;
     size_t es = o->es;
     ucx_seg *s = &o->seg[g];
-    ccq_status st = CCQ_OK;
+    ccq_status st;
 
     while (s->step < P - 1) {
         uint32_t k = s->step, sb = (me + 2 * P - k - 1) % P, rb = (me + 2 * P - k - 2) % P;
         size_t so, sl, ro, rl;
-        ucx_msg *m;
-        ucx_block(block_len(o, sb), o->nseg, g, &so, &sl);
-        ucx_block(block_len(o, rb), o->nseg, g, &ro, &rl);
-        if (!s->sent) {
-            if (!ucx_sends_done(o, g, &st, err))
-                return st != CCQ_OK ? st : CCQ_IN_PROGRESS;
-            if (st != CCQ_OK)
-                return st;
-            st = ucx_send_step(o, next, g * P + k, res + (block_off(o, sb) + so) * es, sl * es, g,
-                               err);
-            if (st != CCQ_OK)
-                return st;
-            s->sent = 1;
-        }
-        if ((st = ucx_recv_step(o, prev, g * P + k, slot, rl * es, &m, err)) != CCQ_OK)
+        ucx_block(ucx_block_len(o, sb), o->nseg, g, &so, &sl);
+        ucx_block(ucx_block_len(o, rb), o->nseg, g, &ro, &rl);
+        st = ucx_ring_step(o, g, g * P + k, res + (ucx_block_off(o, sb) + so) * es, sl * es, slot,
+                           rl * es, res + (ucx_block_off(o, rb) + ro) * es, err);
+        if (st != CCQ_OK)
             return st;
-        {
-            char *acc = res + (block_off(o, rb) + ro) * es;
-            const void *src[2] = {m->buf, acc};
-            ucx_reduce(o, 2, src, acc, rl);
-        }
-        ucx_msg_done(o->e, m);
-        s->step++;
-        s->sent = 0;
     }
     return CCQ_OK;
 }

@@ -112,3 +112,74 @@ ccq_status ucx_run_segments(ucx_op *o, ccq_status (*step)(ucx_op *o, uint32_t g,
     } while (o->active_lo != lo && o->active_lo < o->nseg);
     return o->active_lo == o->nseg ? CCQ_OK : CCQ_IN_PROGRESS;
 }
+
+ccq_status ucx_exchange_all(ucx_op *o, ucx_place_fn out, ucx_place_fn in, char *got,
+                            ccq_errbuf *err)
+{
+    ccq_status st;
+
+    if (!o->sent) {
+        for (uint32_t s = 1; s < o->P; s++) {
+            uint32_t q = (o->me + s) % o->P;
+            char *at;
+            size_t len;
+            out(o, q, &at, &len);
+            if ((st = ucx_send_step(o, q, 0, at, len, 0, err)) != CCQ_OK)
+                return st;
+        }
+        o->sent = true;
+    }
+    for (uint32_t s = 1; s < o->P && o->x[0] < o->P - 1; s++) {
+        uint32_t p = (o->me + o->P - s) % o->P;
+        char *land;
+        size_t len;
+        ucx_msg *m;
+        if (got[p])
+            continue;
+        in(o, p, &land, &len);
+        st = ucx_recv_step(o, p, 0, land, len, &m, err);
+        if (st == CCQ_IN_PROGRESS)
+            continue;
+        if (st != CCQ_OK)
+            return st;
+        if (m->buf != land)
+            memcpy(land, m->buf, len);
+        ucx_msg_done(o->e, m);
+        got[p] = 1;
+        o->x[0]++;
+    }
+    return o->x[0] == o->P - 1 ? CCQ_OK : CCQ_IN_PROGRESS;
+}
+
+ccq_status ucx_ring_step(ucx_op *o, uint32_t g, uint32_t id, const char *send, size_t send_len,
+                         char *land, size_t recv_len, char *reduce_into, ccq_errbuf *err)
+{
+    uint32_t next = (o->me + 1) % o->P, prev = (o->me + o->P - 1) % o->P;
+    ucx_seg *s = &o->seg[g];
+    ccq_status st = CCQ_OK;
+    ucx_msg *m;
+
+    if (!s->sent) {
+        /* One send in flight per segment: the previous step's has left, so nothing this
+         * step lands into is still being read. */
+        if (!ucx_sends_done(o, g, &st, err))
+            return st != CCQ_OK ? st : CCQ_IN_PROGRESS;
+        if (st != CCQ_OK)
+            return st;
+        if ((st = ucx_send_step(o, next, id, send, send_len, g, err)) != CCQ_OK)
+            return st;
+        s->sent = 1;
+    }
+    if ((st = ucx_recv_step(o, prev, id, land, recv_len, &m, err)) != CCQ_OK)
+        return st;
+    if (reduce_into != NULL) { /* the incoming partial first, then this process's */
+        const void *src[2] = {m->buf, reduce_into};
+        ucx_reduce(o, 2, src, reduce_into, recv_len / o->es);
+    } else if (m->buf != land) {
+        memcpy(land, m->buf, recv_len);
+    }
+    ucx_msg_done(o->e, m);
+    s->step++;
+    s->sent = 0;
+    return CCQ_OK;
+}

@@ -281,6 +281,30 @@ static inline uint32_t ucx_nl(const ucx_op *o, uint32_t p)
     return o->c->fr[p + 1] - o->c->fr[p];
 }
 
+/* Where an everyone-to-everyone step puts member p's part: *at, *len bytes. */
+typedef void (*ucx_place_fn)(const ucx_op *o, uint32_t p, char **at, size_t *len);
+/* Every member sends out(o, q) to every other member q and lands what p sends at in(o, p),
+ * one message each way, all posted at once (step 0); got (P flags) and x[0] count arrivals.
+ * CCQ_OK once every part arrived. */
+ccq_status ucx_exchange_all(ucx_op *o, ucx_place_fn out, ucx_place_fn in, char *got,
+                            ccq_errbuf *err);
+/* One step of a ring in segment g (step id `id`): send to the next member, take the previous
+ * one's message into land (recv_len bytes), then add it to reduce_into (the incoming partial
+ * first) or, when NULL, leave it at land. Advances seg[g].step when done. */
+ccq_status ucx_ring_step(ucx_op *o, uint32_t g, uint32_t id, const char *send, size_t send_len,
+                         char *land, size_t recv_len, char *reduce_into, ccq_errbuf *err);
+/* Process p's block of a per-process layout (its ranks' count elements each): offset and
+ * length in elements. */
+static inline size_t ucx_block_off(const ucx_op *o, uint32_t p)
+{
+    return (size_t)o->c->fr[p] * o->count;
+}
+
+static inline size_t ucx_block_len(const ucx_op *o, uint32_t p)
+{
+    return (size_t)(o->c->fr[p + 1] - o->c->fr[p]) * o->count;
+}
+
 /* Segmentation of the pipelined schedules: segments of at most seg_bytes (or
  * CCQ_UCX_SEG_BYTES), `window` at once; fills nseg, seg_elems, window, seg[]. */
 ccq_status ucx_segments(ucx_op *o, size_t elems, size_t seg_bytes, uint32_t window,
