@@ -132,6 +132,10 @@ typedef struct ccq_be_submit {
 typedef struct ccq_be_hooks {
     void (*notify)(void *arg);
     void *notify_arg;
+    /* An engine that learns that a peer process failed (UCX's peer error handling, a closed
+     * connection) calls peer_failed(notify_arg, its world rank), from any thread: the runtime
+     * declares it lost (job health), and every survivor learns it. NULL-safe to skip. */
+    void (*peer_failed)(void *arg, uint32_t world_rank);
 } ccq_be_hooks;
 
 typedef struct ccq_backend_ops {
@@ -180,6 +184,21 @@ typedef struct ccq_backend_ops {
     /* Abort a communicator: issued work on it must still come back through poll() (failed
      * with CCQ_ERR_ABORTED) once the backend no longer touches its buffers. */
     void (*abort)(ccq_backend *be, ccq_be_comm *comm);
+    /* Optional: a member process of comm was lost (the runtime's job health). As abort (issued
+     * work comes back failed once its buffers are no longer touched; nothing more is issued on
+     * it), but the backend may keep it as the parent of comm_shrink. NULL: abort. */
+    void (*revoke)(ccq_backend *be, ccq_be_comm *comm);
+    /* Optional, with revoke: whether the survivors can make a communicator by shrinking this
+     * revoked one (answered the same way in every member process). */
+    bool (*comm_shrinkable)(ccq_backend *be, ccq_be_comm *parent);
+    /* Optional: create the communicator of desc by shrinking `parent` (NCCL: ncclCommShrink),
+     * leaving out the parent's ranks in exclude[0..nexclude) (ascending), which are all ranks
+     * of lost processes; every other rank's process calls it with the same parent and
+     * exclusions. Ranks keep their order. As comm_create: CCQ_OK, CCQ_IN_PROGRESS (poll
+     * comm_test), or an error. */
+    ccq_status (*comm_shrink)(ccq_backend *be, ccq_be_comm *parent, const uint32_t *exclude,
+                              uint32_t nexclude, const struct ccq_be_comm_desc *desc,
+                              ccq_be_comm **out, ccq_errbuf *err);
     /* If nonzero, the scheduler polls at this interval while batches are in flight
      * (for backends that cannot notify); 0 when notify() is always called. */
     uint64_t poll_interval_ns;

@@ -11,21 +11,8 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "bench_common.h"
 #include "ccq.h"
-
-static double cpu_s(void)
-{
-    struct rusage u;
-    getrusage(RUSAGE_SELF, &u);
-    return (double)u.ru_utime.tv_sec + (double)u.ru_stime.tv_sec +
-           ((double)u.ru_utime.tv_usec + (double)u.ru_stime.tv_usec) / 1e6;
-}
-
-static void sleep_s(double s)
-{
-    struct timespec t = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
-    nanosleep(&t, NULL);
-}
 
 int main(void)
 {
@@ -56,17 +43,17 @@ int main(void)
     ccq_comm_init(rt, devs, ccq_device_count(rt));
     ccq_all_reduce(rt, first, 0, x, y, 1024, CCQ_FLOAT32, CCQ_SUM, devs, ccq_device_count(rt));
     ccq_sync_collective(rt, first, 0);
-    sleep_s(0.2); /* past the scheduler's spin_us */
-    double c0 = cpu_s();
-    sleep_s(1.0);
-    double idle = cpu_s() - c0;
+    bench_sleep_s(0.2); /* past the scheduler's spin_us */
+    double c0 = bench_cpu_s();
+    bench_sleep_s(1.0);
+    double idle = bench_cpu_s() - c0;
     /* One all_reduce in flight that cannot finish (process 1 submits its part late). */
     if (rank == 0)
         ccq_all_reduce(rt, first, 0, x, y, 1024, CCQ_FLOAT32, CCQ_SUM, devs, ccq_device_count(rt));
-    sleep_s(0.2);
-    c0 = cpu_s();
-    sleep_s(1.0);
-    double busy = cpu_s() - c0;
+    bench_sleep_s(0.2);
+    c0 = bench_cpu_s();
+    bench_sleep_s(1.0);
+    double busy = bench_cpu_s() - c0;
     if (rank == 1)
         ccq_all_reduce(rt, first, 0, x, y, 1024, CCQ_FLOAT32, CCQ_SUM, devs, ccq_device_count(rt));
     ccq_sync_collective(rt, first, 0);

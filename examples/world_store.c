@@ -48,13 +48,17 @@ static ccq_status store_set(void *ctx, const char *key, const void *value, size_
     if (strlen(key) >= KEY_LEN || len > VAL_LEN)
         return CCQ_ERR_INVALID_ARGUMENT;
     lock(s);
-    if (s->n == KEYS) {
+    /* A key set again replaces its value (ccq sets its heartbeat key at every beat). */
+    uint32_t i = 0;
+    while (i < s->n && strcmp(s->e[i].key, key) != 0)
+        i++;
+    if (i == KEYS) {
         st = CCQ_ERR_NO_MEMORY;
     } else {
-        snprintf(s->e[s->n].key, KEY_LEN, "%s", key);
-        memcpy(s->e[s->n].val, value, len);
-        s->e[s->n].len = len;
-        s->n++;
+        snprintf(s->e[i].key, KEY_LEN, "%s", key);
+        memcpy(s->e[i].val, value, len);
+        s->e[i].len = len;
+        s->n += i == s->n;
     }
     unlock(s);
     return st;

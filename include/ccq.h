@@ -56,7 +56,8 @@ extern "C" {
     X(CCQ_ERR_BACKEND, -7, "backend error")                                                        \
     X(CCQ_ERR_ABORTED, -8, "communicator aborted")                                                 \
     X(CCQ_ERR_SHUTDOWN, -9, "runtime is shutting down")                                            \
-    X(CCQ_ERR_UNSUPPORTED, -10, "unsupported")
+    X(CCQ_ERR_UNSUPPORTED, -10, "unsupported")                                                     \
+    X(CCQ_ERR_PROCESS_LOST, -11, "a member process was lost")
 
 /**
  * Status codes (from CCQ_STATUS_MAP). Negative values are errors; CCQ_IN_PROGRESS (positive)
@@ -78,6 +79,7 @@ extern "C" {
  * | CCQ_ERR_ABORTED | -8 | the communicator was aborted |
  * | CCQ_ERR_SHUTDOWN | -9 | the runtime is shutting down (cancelled, or refused) |
  * | CCQ_ERR_UNSUPPORTED | -10 | not possible with this backend, build or driver |
+ * | CCQ_ERR_PROCESS_LOST | -11 | a member process died or was declared lost (the detail names it) |
  */
 typedef enum ccq_status {
 #define CCQ_STATUS_ENUM_(name, value, text) name = value,
@@ -129,18 +131,21 @@ typedef struct ccq_runtime ccq_runtime;
  *
  * Keys are NUL-terminated strings that ccq builds as "ccq/<job>/<generation>/<tag>/<rank>"
  * (docs/multiprocess.md); every process of the world must see the values the others set.
- * Values are small binary records (tens to hundreds of bytes) and are written once: ccq
- * never sets a key twice and never deletes one (the store's owner drops them with the job).
+ * Values are small binary records (tens to hundreds of bytes). Exchange records are written
+ * once; the heartbeat keys ("ccq/<job>/<generation>/~hb/<rank>", one per process, see
+ * ccq_config.heartbeat_ms) are set again every heartbeat: the store must accept a key set
+ * again, and get returns the last value set (last write wins). ccq never deletes a key (the
+ * store's owner drops them with the job).
  *
  * Ownership: ccq copies this struct; @p ctx and the functions must stay valid until
  * ccq_runtime_destroy() of every runtime using the store has returned.
  *
- * Threads: ccq calls set and get from the thread calling ccq_runtime_create and from the
- * runtime's scheduler thread, but never two calls at once for one runtime (a lock of the
- * runtime serialises them). Several runtimes sharing one store, in one process, can call it
- * concurrently: such a store must be thread-safe. The callbacks must not call ccq, and get
- * must not wait for the key: ccq polls it, sleeping in between (about once a millisecond),
- * until it appears or timeout_ms ends.
+ * Threads: ccq calls set and get from the thread calling ccq_runtime_create, the runtime's
+ * scheduler thread and its health monitor thread (heartbeats), but never two calls at once for
+ * one runtime (a lock of the runtime serialises them). Several runtimes sharing one store, in one
+ * process, can call it concurrently: such a store must be thread-safe. The callbacks must not call
+ * ccq, and get must not wait for the key: ccq polls it, sleeping in between (about once a
+ * millisecond), until it appears or timeout_ms ends.
  */
 typedef struct ccq_store {
     void *ctx; /**< Passed back to set and get as their first argument. */
@@ -232,7 +237,17 @@ typedef struct ccq_config {
      * instead of hanging or corrupting data. Costs a bootstrap round trip per operation
      * (docs/tracing.md); 0 (default) = off. Env: CCQ_CHECK_SIGNATURES=1. */
     uint32_t check_signatures;
-    /* ---- appended after 0.2.0 ---- */
+    /* ---- appended in 0.3: job health (docs/multiprocess.md, "When a process dies") ---- */
+    /** How often this process publishes its heartbeat (a small record with its progress)
+     * through the bootstrap, in a world of several processes: default 1000; 0 = no
+     * heartbeats (then a lost process is found only by timeout_ms). The "mpi" bootstrap has
+     * none (under mpirun the launcher ends the job when a process dies). Env:
+     * CCQ_HEARTBEAT_MS. */
+    uint32_t heartbeat_ms;
+    /** A process whose heartbeat is older than this is declared lost (0 = the default,
+     * 10 x heartbeat_ms). Env: CCQ_HEARTBEAT_TIMEOUT_MS. */
+    uint32_t heartbeat_timeout_ms;
+    /* ---- appended after job health ---- */
     /** Host backend across processes: the engine that moves data between them. "ucx" (UCX's
      * UCP: shared memory, TCP, InfiniBand; ccq's own schedules, every message checked), "mpi"
      * (needs MPI initialised: launch under mpirun), or NULL (the default) = "ucx" when this
@@ -323,6 +338,63 @@ CCQ_API uint32_t ccq_world_size(const ccq_runtime *rt);
  */
 CCQ_API ccq_status ccq_local_devices(const ccq_runtime *rt, ccq_device_id *first, uint32_t *count);
 
+/* ------------------------------------------------------------------------------------ */
+/* Job health: lost processes and live progress (docs/multiprocess.md)                  */
+/* ------------------------------------------------------------------------------------ */
+
+/** What this process knows of another process of the world (ccq_world_process_state). */
+typedef enum ccq_process_state {
+    CCQ_PROCESS_ALIVE = 0, /**< Heartbeats arrive (or heartbeats are off). */
+    CCQ_PROCESS_LOST = 1,  /**< Died, or silent past heartbeat_timeout_ms: excluded for good.
+                                Every process of the world agrees on it. */
+    CCQ_PROCESS_LEFT = 2   /**< Destroyed its runtime cleanly. */
+} ccq_process_state;
+
+/**
+ * The state of world rank @p process as this process knows it. A process declared lost while
+ * it was in fact alive (stopped, cut off) learns it within heartbeat_timeout_ms of running
+ * again and then reads its own state as CCQ_PROCESS_LOST. Thread-safe, never blocks.
+ * @param[in]  rt       The runtime.
+ * @param[in]  process  A world rank (this process's own included).
+ * @param[out] out      Its state.
+ * @return CCQ_OK; CCQ_ERR_INVALID_ARGUMENT (NULL, process >= world_size).
+ */
+CCQ_API ccq_status ccq_world_process_state(ccq_runtime *rt, uint32_t process,
+                                           ccq_process_state *out);
+
+/** Live progress: one record per (process, communicator spanning processes), from the
+ * latest heartbeat of that process (this process's own are current). Fields are only ever
+ * appended. */
+typedef struct ccq_progress {
+    uint32_t struct_size;      /**< Set by the caller in out[0] (the element size), as in
+                                    ccq_trace_snapshot. */
+    uint32_t process;          /**< World rank. */
+    uint32_t state;            /**< ccq_process_state. */
+    uint32_t comm;             /**< Communicator id (this process's, as in events). */
+    uint64_t submitted;        /**< Operations that process submitted on it (its next
+                                    sequence number). */
+    uint64_t completed;        /**< Operations it completed. */
+    uint32_t pending_kind;     /**< ccq_kind of its oldest pending operation, or UINT32_MAX. */
+    uint64_t pending_seq;      /**< That operation's sequence number. */
+    uint64_t pending_age_ns;   /**< How long it had been pending when the record was made. */
+    uint64_t heartbeat_age_ns; /**< Age of the record this answer comes from (0 for this
+                                    process's own). */
+} ccq_progress;
+
+/**
+ * The latest progress records of every process for the communicators spanning processes
+ * that this process also belongs to, this process's own included (current), in process
+ * order. Thread-safe; waits at most a scheduler pass for this process's own records.
+ * @param[in]     rt   The runtime.
+ * @param[in,out] out  An array of @p cap records: set out[0].struct_size = sizeof(ccq_progress)
+ *                     (may be NULL when cap is 0).
+ * @param[in]     cap  Records @p out has room for (0: only count them).
+ * @param[out]    n    Records available; min(cap, *n) are copied.
+ * @return CCQ_OK; CCQ_ERR_INVALID_ARGUMENT (NULL n, NULL out with cap > 0, a struct_size
+ *         that is not a released ccq_progress size).
+ */
+CCQ_API ccq_status ccq_world_progress(ccq_runtime *rt, ccq_progress *out, size_t cap, size_t *n);
+
 /** Name of the runtime's backend ("host", "nccl"); "" for NULL. Thread-safe. */
 CCQ_API const char *ccq_backend_name(const ccq_runtime *rt);
 
@@ -366,7 +438,9 @@ CCQ_API const char *ccq_last_error_detail(void);
  * @param[in] n        Number of devices (>= 1).
  * @return CCQ_OK; CCQ_ERR_INVALID_ARGUMENT (unknown or duplicate device, n == 0, NULL);
  *         CCQ_ERR_BACKEND when the backend could not create it (detail has its message);
- *         CCQ_ERR_TIMEOUT; CCQ_ERR_SHUTDOWN.
+ *         CCQ_ERR_TIMEOUT; CCQ_ERR_SHUTDOWN; CCQ_ERR_PROCESS_LOST at once when the set holds a
+ *         device of a lost process (also if it had formed before), or spans processes while
+ *         this one was declared lost (ccq_world_process_state).
  */
 CCQ_API ccq_status ccq_comm_init(ccq_runtime *rt, const ccq_device_id *devices, size_t n);
 
@@ -390,7 +464,8 @@ CCQ_API ccq_status ccq_comm_init(ccq_runtime *rt, const ccq_device_id *devices, 
  *         never passed to ccq_comm_init; a pair's communicator also exists once ccq_send or
  *         ccq_recv between the two devices created it); CCQ_ERR_QUEUE_FULL (non-blocking
  *         mode, or the stream stayed full for timeout_ms); CCQ_ERR_ABORTED (the
- *         communicator was aborted); CCQ_ERR_SHUTDOWN. On any error nothing is queued.
+ *         communicator was aborted); CCQ_ERR_PROCESS_LOST (a member process was lost);
+ *         CCQ_ERR_SHUTDOWN. On any error nothing is queued.
  */
 CCQ_API ccq_status ccq_all_reduce(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream,
                                   const void *src, void *dst, size_t count, ccq_dtype dtype,
@@ -569,20 +644,23 @@ CCQ_API ccq_status ccq_get_stats(ccq_runtime *rt, ccq_stats *out);
 
 /** What an event records. */
 typedef enum ccq_event_type {
-    CCQ_EV_SUBMITTED,   /**< A command was queued (time = the submitting call). */
-    CCQ_EV_MATCHED,     /**< Every part of an operation has been queued and they agree. */
-    CCQ_EV_ISSUED,      /**< A command went to the backend in batch `batch`. */
-    CCQ_EV_COMPLETED,   /**< A command completed successfully. */
-    CCQ_EV_FAILED,      /**< A command ended with an error (`status`): mismatch, timeout,
-                             abort, backend error, cancellation by shutdown. */
-    CCQ_EV_BATCH,       /**< The scheduler issued batch `id` of `count` operations; `bytes`
-                             holds how long issuing took (ns). */
-    CCQ_EV_BATCH_DONE,  /**< Batch `id` came back from the backend (`status`). */
-    CCQ_EV_FENCE_BEGIN, /**< ccq_sync_collective was called on (device, stream). */
-    CCQ_EV_FENCE_END,   /**< ... and returned `status`. */
-    CCQ_EV_WATCHDOG,    /**< The watchdog failed operation `seq` of communicator `comm`. */
-    CCQ_EV_ABORT,       /**< Communicator `comm` was aborted (`status`). */
-    CCQ_EV_TYPE_COUNT_  /**< Not a type: the number of types. */
+    CCQ_EV_SUBMITTED,    /**< A command was queued (time = the submitting call). */
+    CCQ_EV_MATCHED,      /**< Every part of an operation has been queued and they agree. */
+    CCQ_EV_ISSUED,       /**< A command went to the backend in batch `batch`. */
+    CCQ_EV_COMPLETED,    /**< A command completed successfully. */
+    CCQ_EV_FAILED,       /**< A command ended with an error (`status`): mismatch, timeout,
+                              abort, backend error, cancellation by shutdown. */
+    CCQ_EV_BATCH,        /**< The scheduler issued batch `id` of `count` operations; `bytes`
+                              holds how long issuing took (ns). */
+    CCQ_EV_BATCH_DONE,   /**< Batch `id` came back from the backend (`status`). */
+    CCQ_EV_FENCE_BEGIN,  /**< ccq_sync_collective was called on (device, stream). */
+    CCQ_EV_FENCE_END,    /**< ... and returned `status`. */
+    CCQ_EV_WATCHDOG,     /**< The watchdog failed operation `seq` of communicator `comm`. */
+    CCQ_EV_ABORT,        /**< Communicator `comm` was aborted (`status`). */
+    CCQ_EV_PROCESS_LOST, /**< Process `peer` (a world rank; peer_valid 1) was lost: it died or
+                              was silent past heartbeat_timeout_ms. `status` is
+                              CCQ_ERR_PROCESS_LOST, `device` its first device, `comm` ~0. */
+    CCQ_EV_TYPE_COUNT_   /**< Not a type: the number of types. */
 } ccq_event_type;
 
 /** Kinds of commands in events. */

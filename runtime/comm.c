@@ -108,6 +108,7 @@ static ccq_comm *comm_new(ccq_runtime *rt, const ccq_device_id *sorted, uint32_t
     atomic_init(&c->next, NULL);
     atomic_init(&c->state, CCQ_COMM_PENDING);
     atomic_init(&c->aborted, 0);
+    atomic_init(&c->lost, 0);
     atomic_init(&c->requested, 0);
     ccq_signal_init(&c->ev);
     for (int i = 0; i < CCQ_CHAN_COUNT; i++) {

@@ -22,6 +22,11 @@ typedef struct form_hello {
     uint32_t first_device, last_device;
     uint32_t blob_len;
     uint8_t blob[CCQ_BE_ROOT_BLOB_MAX];
+    /* The communicator this process would shrink to make this one (a communicator that lost
+     * member processes, whose other devices are all theirs: see shrink_parent), 0 if none.
+     * When every member names the same one, it is shrunk (NCCL: ncclCommShrink). */
+    uint64_t parent_hash;
+    uint32_t parent_n, parent_first, parent_last, reserved;
 } form_hello;
 
 static ccq_status form_fail(ccq_comm *c, ccq_status st, const char *fmt, ...)
@@ -55,6 +60,98 @@ static void proc_first_ranks(const ccq_runtime *rt, const ccq_comm *c, uint32_t 
     out[c->nprocs] = c->n;
 }
 
+/* The communicator c can be shrunk from (runtime/health/): one that lost member processes,
+ * that the backend revoked rather than aborted, whose devices are c's plus only devices of lost
+ * processes (so every rank it keeps belongs to a member of c); the smallest such, the same
+ * choice in every member. NULL: none (c is made by a fresh init). Scheduler thread. */
+static ccq_comm *shrink_parent(ccq_runtime *rt, const ccq_comm *c)
+{
+    ccq_comm *best = NULL;
+
+    if (rt->be_ops->comm_shrink == NULL || rt->be_ops->comm_shrinkable == NULL ||
+        rt->health == NULL)
+        return NULL;
+    pthread_mutex_lock(&rt->comm_lock);
+    uint32_t n = atomic_load_explicit(&rt->ncomms, memory_order_acquire);
+    for (uint32_t k = 0; k < n; k++) {
+        ccq_comm *p = rt->comms[k];
+        uint32_t j = 0;
+        bool ok = true;
+        if (p == c || p->be == NULL || p->n <= c->n || p->nprocs < 2 ||
+            !atomic_load_explicit(&p->lost, memory_order_relaxed) ||
+            !rt->be_ops->comm_shrinkable(rt->be, p->be))
+            continue;
+        for (uint32_t r = 0; r < p->n && ok; r++) {
+            if (j < c->n && c->devices[j] == p->devices[r])
+                j++;
+            else
+                ok = ccq_health_state(rt, ccq_world_owner(&rt->world, p->devices[r])) ==
+                     CCQ_PROCESS_LOST;
+        }
+        if (ok && j == c->n &&
+            (best == NULL || p->n < best->n || (p->n == best->n && p->hash < best->hash)))
+            best = p;
+    }
+    pthread_mutex_unlock(&rt->comm_lock);
+    return best;
+}
+
+/* The backend's description of c (local devices into `local`, the member processes' first
+ * ranks into pf[nprocs + 1]). */
+static void comm_desc(ccq_runtime *rt, const ccq_comm *c, ccq_device_id *local, uint32_t *pf,
+                      ccq_be_comm_desc *d)
+{
+    proc_first_ranks(rt, c, pf);
+    for (uint32_t i = 0; i < c->nlocal; i++)
+        local[i] = ccq_backend_device(rt, c->devices[c->first_local + i]);
+    memset(d, 0, sizeof *d);
+    d->nranks = c->n;
+    d->first_rank = c->first_local;
+    d->nlocal = c->nlocal;
+    d->local_devices = local;
+    d->nprocs = c->nprocs;
+    d->procs = c->procs;
+    d->proc_first = pf;
+    d->world_rank = rt->world.rank;
+}
+
+/* Shrink parent p into c: its ranks whose devices are not c's are left out. */
+static ccq_status form_shrink(ccq_runtime *rt, ccq_comm *c, ccq_comm *p)
+{
+    ccq_device_id local[CCQ_MAX_DEVICES];
+    uint32_t *exclude = malloc(p->n * sizeof *exclude), nexcl = 0, j = 0;
+    uint32_t *pf = malloc((c->nprocs + 1) * sizeof *pf);
+    ccq_be_comm_desc d;
+    ccq_errbuf err = {{0}};
+    ccq_status st;
+
+    if (exclude == NULL || pf == NULL) {
+        free(exclude);
+        free(pf);
+        return form_fail(c, CCQ_ERR_NO_MEMORY, "out of memory");
+    }
+    for (uint32_t r = 0; r < p->n; r++) {
+        if (j < c->n && c->devices[j] == p->devices[r])
+            j++;
+        else
+            exclude[nexcl++] = r;
+    }
+    comm_desc(rt, c, local, pf, &d);
+    st = rt->be_ops->comm_shrink(rt->be, p->be, exclude, nexcl, &d, &c->be, &err);
+    free(exclude);
+    free(pf);
+    if (st == CCQ_IN_PROGRESS) {
+        c->form_step = CCQ_FORM_BACKEND;
+        return st;
+    }
+    if (st != CCQ_OK) {
+        c->be = NULL;
+        return form_fail(c, st, "shrinking the communicator it survives: %s", err.msg);
+    }
+    c->form_step = CCQ_FORM_DONE;
+    return CCQ_OK;
+}
+
 /* Ask the backend; CCQ_IN_PROGRESS leaves it to ccq_comm_form_test. */
 static ccq_status form_backend(ccq_runtime *rt, ccq_comm *c, const void *blob, size_t blob_len)
 {
@@ -66,18 +163,7 @@ static ccq_status form_backend(ccq_runtime *rt, ccq_comm *c, const void *blob, s
 
     if (pf == NULL)
         return form_fail(c, CCQ_ERR_NO_MEMORY, "out of memory forming a communicator");
-    proc_first_ranks(rt, c, pf);
-    for (uint32_t i = 0; i < c->nlocal; i++)
-        local[i] = ccq_backend_device(rt, c->devices[c->first_local + i]);
-    memset(&d, 0, sizeof d);
-    d.nranks = c->n;
-    d.first_rank = c->first_local;
-    d.nlocal = c->nlocal;
-    d.local_devices = local;
-    d.nprocs = c->nprocs;
-    d.procs = c->procs;
-    d.proc_first = pf;
-    d.world_rank = rt->world.rank;
+    comm_desc(rt, c, local, pf, &d);
     d.root_blob = blob;
     d.root_blob_len = blob_len;
     st = rt->be_ops->comm_create(rt->be, &d, &c->be, &err);
@@ -105,12 +191,14 @@ void ccq_comm_tag(const ccq_comm *c, char *tag, size_t len)
 ccq_status ccq_comm_form_start(ccq_runtime *rt, ccq_comm *c, uint64_t now)
 {
     form_hello mine;
-    char tag[96];
+    char tag[96], why[CCQ_DETAIL_LEN];
     ccq_status st;
 
     c->form_deadline = ccq_add_sat(now, rt->timeout_ns);
     if (c->nprocs <= 1)
         return form_backend(rt, c, NULL, 0);
+    if (ccq_health_comm_lost(rt, c, why, sizeof why)) /* a member is gone: never meets */
+        return form_fail(c, CCQ_ERR_PROCESS_LOST, "%s", why);
     if (rt->span_status != CCQ_OK) /* the backend said so at world_ready: no meeting */
         return form_fail(c, rt->span_status, "%s", rt->span_detail);
     if (rt->be_ops->comm_root_blob == NULL)
@@ -139,6 +227,13 @@ ccq_status ccq_comm_form_start(ccq_runtime *rt, ccq_comm *c, uint64_t now)
         if (st != CCQ_OK)
             return form_fail(c, st, "%s", err.msg);
         mine.blob_len = (uint32_t)len;
+    }
+    c->shrink_from = shrink_parent(rt, c);
+    if (c->shrink_from != NULL) {
+        mine.parent_hash = c->shrink_from->hash;
+        mine.parent_n = c->shrink_from->n;
+        mine.parent_first = c->shrink_from->devices[0];
+        mine.parent_last = c->shrink_from->devices[c->shrink_from->n - 1];
     }
     ccq_comm_tag(c, tag, sizeof tag);
     ccq_errbuf err = {{0}};
@@ -175,11 +270,16 @@ static ccq_status form_meet_test(ccq_runtime *rt, ccq_comm *c, uint64_t now)
             return CCQ_IN_PROGRESS;
         form_missing(c, who, sizeof who);
         ccq_describe_comm(set, sizeof set, c);
+        /* How the members are doing, from their heartbeats (runtime/health/): alive and
+         * elsewhere, or gone. */
+        char health[CCQ_DETAIL_LEN / 2];
+        health[0] = '\0';
+        ccq_health_describe_members(rt, c, 0, health, sizeof health);
         return form_fail(c, CCQ_ERR_TIMEOUT,
                          "communicator %s spanning processes of world ranks %" PRIu32 "..%" PRIu32
                          ": %s never joined it within timeout_ms (did they call ccq_comm_init, or "
-                         "send/recv with this process?)",
-                         set, c->procs[0], c->procs[c->nprocs - 1], who);
+                         "send/recv with this process?)%s",
+                         set, c->procs[0], c->procs[c->nprocs - 1], who, health);
     }
     if (st != CCQ_OK) {
         free(all);
@@ -197,6 +297,17 @@ static ccq_status form_meet_test(ccq_runtime *rt, ccq_comm *c, uint64_t now)
     }
     ccq_boot_xchg_free(c->xchg);
     c->xchg = NULL;
+    /* Every member names the same parent: shrink it (the same decision in every member, made
+     * from the same records); otherwise a fresh init with the lowest member's blob. */
+    bool shrink = c->shrink_from != NULL;
+    for (uint32_t p = 0; p < c->nprocs && shrink; p++)
+        shrink = all[p].parent_hash == all[0].parent_hash && all[p].parent_n == all[0].parent_n &&
+                 all[p].parent_first == all[0].parent_first &&
+                 all[p].parent_last == all[0].parent_last && all[p].parent_hash != 0;
+    if (shrink) {
+        free(all);
+        return form_shrink(rt, c, c->shrink_from);
+    }
     if (all[0].blob_len > CCQ_BE_ROOT_BLOB_MAX) {
         free(all);
         return form_fail(c, CCQ_ERR_BACKEND, "bad blob from process %" PRIu32, c->procs[0]);
@@ -211,6 +322,15 @@ ccq_status ccq_comm_form_test(ccq_runtime *rt, ccq_comm *c, uint64_t now)
     ccq_errbuf err = {{0}};
     ccq_status st;
 
+    /* A member process lost while it forms: it never will (runtime/health/). */
+    if ((c->form_step == CCQ_FORM_MEET || c->form_step == CCQ_FORM_BACKEND) &&
+        ccq_health_comm_lost(rt, c, err.msg, sizeof err.msg)) {
+        if (c->form_step == CCQ_FORM_BACKEND && c->be != NULL) {
+            rt->be_ops->comm_destroy(rt->be, c->be);
+            c->be = NULL;
+        }
+        return form_fail(c, CCQ_ERR_PROCESS_LOST, "%s", err.msg);
+    }
     switch (c->form_step) {
     case CCQ_FORM_MEET:
         return form_meet_test(rt, c, now);

@@ -16,6 +16,7 @@
 #include "queue/mpsc.h"
 #include "queue/wake.h"
 #include "runtime/fault.h"
+#include "runtime/health/health.h"
 #include "runtime/stream.h"
 #include "runtime/trace/trace.h"
 #include "runtime/world.h"
@@ -124,6 +125,11 @@ typedef struct ccq_comm {
     uint32_t *procs;
     _Atomic uint32_t state; /* ccq_comm_state */
     _Atomic uint32_t aborted;
+    /* A member process was lost (runtime/health/): set (release) after lost_detail, together
+     * with aborted, so every path that fails an aborted communicator fails this one with
+     * CCQ_ERR_PROCESS_LOST and lost_detail instead. */
+    _Atomic uint32_t lost;
+    char lost_detail[CCQ_DETAIL_LEN];
     _Atomic uint32_t requested; /* pushed on the scheduler's init list */
     ccq_mpsc_node req_node;
     ccq_signal ev; /* state changes */
@@ -136,10 +142,12 @@ typedef struct ccq_comm {
     /* Scheduler only. */
     ccq_chan chan[CCQ_CHAN_COUNT];
     uint64_t *coll_done; /* [n] collectives ended per rank (desync reports) */
+    uint64_t p2p_done;   /* send/recv operations ended (heartbeat progress) */
     /* Formation (scheduler only): meeting the other member processes, then the backend. */
     struct ccq_comm *forming_next; /* on the scheduler's list of communicators forming */
     struct ccq_boot_xchg *xchg;    /* the exchange with the member processes, while it runs */
     uint64_t form_deadline;        /* it fails with CCQ_ERR_TIMEOUT after this */
+    struct ccq_comm *shrink_from;  /* the lost communicator it may be shrunk from (comm_form.c) */
     uint8_t form_step;             /* CCQ_FORM_* */
 } ccq_comm;
 
@@ -168,6 +176,8 @@ typedef struct ccq_inst {
     uint64_t batch_pass;    /* batch pass whose batch holds it */
     uint64_t blocked_pass;  /* batch pass in which it was found blocked */
     bool stage;             /* send/recv: the send's src is overwritten later in its batch */
+    bool cut;               /* in flight when a member process was lost: fails whatever the
+                               backend says (the abort or revoke may have ended it early) */
     uint64_t refuse_pass;   /* batch pass that first found it cannot be staged (0: none) */
     ccq_status fail_status; /* when FAILED: what late parts get */
     char *fail_detail;
@@ -243,7 +253,8 @@ struct ccq_runtime {
     pthread_mutex_t shutdown_lock;
 
     ccq_stats_atomic stats;
-    ccq_trace trace; /* flight recorder and metrics */
+    ccq_trace trace;    /* flight recorder and metrics */
+    ccq_health *health; /* job health (runtime/health/); NULL in a world of one */
 
     /* Scheduler-only state. */
     struct ccq_sched *sched;

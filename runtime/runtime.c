@@ -63,6 +63,8 @@ static void config_defaults(ccq_config *cfg)
     cfg->bootstrap = NULL;
     cfg->store = NULL;
     cfg->mpi_comm = -1;
+    cfg->heartbeat_ms = CCQ_HEARTBEAT_MS_DEFAULT;
+    cfg->heartbeat_timeout_ms = 0; /* 10 x heartbeat_ms */
     cfg->host_engine = NULL;
 
     b = getenv("CCQ_BACKEND");
@@ -105,6 +107,13 @@ static void config_defaults(ccq_config *cfg)
         cfg->trace_signal = (uint32_t)v;
     if (env_u64("CCQ_CHECK_SIGNATURES", 0, 1, &v, &err, "CCQ_CHECK_SIGNATURES: expected 0 or 1"))
         cfg->check_signatures = (uint32_t)v;
+    if (env_u64("CCQ_HEARTBEAT_MS", 0, 3600000, &v, &err,
+                "CCQ_HEARTBEAT_MS: expected milliseconds in [0, 3600000] (0 = no heartbeats)"))
+        cfg->heartbeat_ms = (uint32_t)v;
+    if (env_u64("CCQ_HEARTBEAT_TIMEOUT_MS", 0, 36000000, &v, &err,
+                "CCQ_HEARTBEAT_TIMEOUT_MS: expected milliseconds in [0, 36000000] (0 = 10 x "
+                "heartbeat_ms)"))
+        cfg->heartbeat_timeout_ms = (uint32_t)v;
     if (env_u64("CCQ_NONBLOCKING_SUBMIT", 0, 1, &v, &err,
                 "CCQ_NONBLOCKING_SUBMIT: expected 0 or 1"))
         cfg->flags = v ? (cfg->flags | CCQ_FLAG_NONBLOCKING_SUBMIT)
@@ -219,6 +228,23 @@ static ccq_status config_validate(const ccq_config *c, ccq_fault_plan *fault)
     if (c->spin_us > 1000000)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
                         "ccq_config.spin_us is %" PRIu32 "; expected at most 1000000", c->spin_us);
+    if (c->heartbeat_ms > 3600000)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "ccq_config.heartbeat_ms is %" PRIu32
+                        "; expected at most 3600000 (0 = off)",
+                        c->heartbeat_ms);
+    if (c->heartbeat_timeout_ms > 36000000)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "ccq_config.heartbeat_timeout_ms is %" PRIu32
+                        "; expected at most 36000000 (0 = 10 x heartbeat_ms)",
+                        c->heartbeat_timeout_ms);
+    if (c->heartbeat_ms > 0 && c->heartbeat_timeout_ms > 0 &&
+        c->heartbeat_timeout_ms < 2 * c->heartbeat_ms)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "ccq_config.heartbeat_timeout_ms is %" PRIu32
+                        " but heartbeat_ms is %" PRIu32
+                        ": the timeout must span at least two heartbeats",
+                        c->heartbeat_timeout_ms, c->heartbeat_ms);
     if (ccq_fault_parse(c->fault, fault, ferr, sizeof ferr) != 0)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "ccq_config.fault (CCQ_FAULT): %s", ferr);
     if (c->flags & ~CCQ_FLAG_NONBLOCKING_SUBMIT)
@@ -249,6 +275,9 @@ static void runtime_free(ccq_runtime *rt)
 {
     uint32_t nstreams = rt->ndev * rt->max_streams;
 
+    /* First the health monitor (its last record says this process left; it must not outlive
+     * the scheduler's state or the bootstrap it publishes through). */
+    ccq_health_destroy(rt);
     ccq_sched_destroy(rt);
     ccq_trace_fini(&rt->trace);
     ccq_comm_free_all(rt);
@@ -263,6 +292,12 @@ static void runtime_free(ccq_runtime *rt)
     pthread_mutex_destroy(&rt->comm_lock);
     pthread_mutex_destroy(&rt->shutdown_lock);
     free(rt);
+}
+
+/* An engine's word that a peer process failed (job health: runtime/health/). */
+static void backend_peer_failed(void *arg, uint32_t world_rank)
+{
+    ccq_health_peer_failed(arg, world_rank);
 }
 
 static void backend_notify(void *arg)
@@ -347,6 +382,7 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
 
     hooks.notify = backend_notify;
     hooks.notify_arg = rt;
+    hooks.peer_failed = backend_peer_failed;
     st = ops->create(&rt->cfg, &hooks, &rt->be, &err);
     if (st != CCQ_OK) {
         rt->be = NULL;
@@ -414,12 +450,21 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
         runtime_free(rt);
         return ccq_fail(st, "out of memory creating the scheduler");
     }
+    st = ccq_health_create(rt); /* the process table (a world of several) */
+    if (st != CCQ_OK) {
+        char why[CCQ_DETAIL_LEN];
+        snprintf(why, sizeof why, "%s", ccq_last_error_detail());
+        runtime_free(rt);
+        return ccq_fail(st, "%s", why);
+    }
     if (pthread_create(&rt->thread, NULL, ccq_sched_main, rt) != 0) {
         runtime_free(rt);
         return ccq_fail(CCQ_ERR_NO_MEMORY, "cannot start the scheduler thread");
     }
     rt->thread_started = true;
     st = ccq_trace_attach(rt, cfg.trace_signal != 0); /* SIGUSR1 dumps (runtime/trace/signal.c) */
+    if (st == CCQ_OK)
+        st = ccq_health_start(rt); /* heartbeats (runtime/health/) */
     if (st != CCQ_OK) {
         char why[CCQ_DETAIL_LEN];
         snprintf(why, sizeof why, "%s", ccq_last_error_detail());
@@ -577,6 +622,9 @@ static ccq_status comm_status(ccq_comm *c, const char *fn)
     char set[128];
     if (atomic_load_explicit(&c->aborted, memory_order_acquire)) {
         ccq_describe_comm(set, sizeof set, c);
+        if (atomic_load_explicit(&c->lost, memory_order_acquire))
+            return ccq_fail(CCQ_ERR_PROCESS_LOST, "%s: communicator %s lost a member process: %s",
+                            fn, set, c->lost_detail);
         return ccq_fail(CCQ_ERR_ABORTED, "%s: communicator %s was aborted: %s", fn, set,
                         c->init_detail);
     }
@@ -610,6 +658,10 @@ CCQ_API ccq_status ccq_comm_init(ccq_runtime *rt, const ccq_device_id *devices, 
                         "ccq_comm_init: this process (world rank %u, devices %u..%u) owns no "
                         "device of the set; only the processes that own its devices call it",
                         rt->world.rank, rt->dev_first, rt->dev_first + rt->ndev - 1);
+    /* A set with a lost process's device never forms again (runtime/health/). */
+    st = ccq_health_check_set(rt, "ccq_comm_init", sorted, (uint32_t)n);
+    if (st != CCQ_OK)
+        return st;
     st = ccq_comm_get_or_create(rt, sorted, (uint32_t)n, &c);
     if (st != CCQ_OK)
         return st;

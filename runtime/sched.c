@@ -288,7 +288,7 @@ static bool work_visible(ccq_runtime *rt)
     ccq_sched *S = rt->sched;
 
     if (!ccq_mpsc_empty(&rt->new_streams) || !ccq_mpsc_empty(&rt->comm_reqs) ||
-        ccq_trace_requested(&rt->trace))
+        ccq_trace_requested(&rt->trace) || (rt->health != NULL && ccq_health_due(rt)))
         return true;
     if (!S->closing && atomic_load_explicit(&rt->closing, memory_order_acquire))
         return true;
@@ -339,6 +339,8 @@ void *ccq_sched_main(void *arg)
         uint64_t now, deadline;
 
         progress |= ccq_trace_serve(&rt->trace);
+        if (rt->health != NULL && ccq_health_due(rt)) /* losses to apply, progress asked */
+            progress |= ccq_health_serve(rt);
         progress |= sched_drain(rt);
         if (S->forming != NULL)
             progress |= sched_comms_progress(rt, ccq_now_ns());

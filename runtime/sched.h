@@ -88,6 +88,9 @@ bool sched_build_and_issue(ccq_runtime *rt);
 /* sched_watchdog.c */
 void sched_abort_batch(ccq_runtime *rt, ccq_batch *b, const char *why);
 void sched_abort_comm(ccq_runtime *rt, ccq_comm *comm, const char *why);
+/* A member process of comm was lost (runtime/health/): fail everything on it with
+ * CCQ_ERR_PROCESS_LOST and `why`, now and later. */
+void sched_lose_comm(ccq_runtime *rt, ccq_comm *comm, const char *why);
 bool sched_watchdog(ccq_runtime *rt, uint64_t now);
 
 #endif /* CCQ_RUNTIME_SCHED_H */

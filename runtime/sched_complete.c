@@ -103,6 +103,14 @@ void sched_batch_done(ccq_runtime *rt, ccq_batch *b)
     ccq_sched *S = rt->sched;
     uint64_t now = ccq_now_ns();
 
+    /* An engine error on a communicator spanning processes may be a member process that
+     * died: ask the OS now, so the failure is reported as the loss it is (runtime/health/). */
+    for (uint32_t k = 0; k < b->be.nops && rt->health != NULL; k++) {
+        ccq_inst *i = b->insts[k];
+        if ((i->op.status != CCQ_OK || b->be.status != CCQ_OK) && i->chan->comm->nprocs > 1 &&
+            !atomic_load_explicit(&i->chan->comm->lost, memory_order_relaxed))
+            ccq_health_probe(rt, i->chan->comm);
+    }
     /* Communicators the backend aborted on its own (an asynchronous error): fail what is
      * queued on them and refuse new work, as the watchdog's aborts do. */
     for (uint32_t k = 0; k < b->be.nops; k++) {
@@ -127,11 +135,19 @@ void sched_batch_done(ccq_runtime *rt, ccq_batch *b)
          * one while the backend runs), so the outcome does not depend on that race. */
         if (st == CCQ_OK && b->aborting)
             st = CCQ_ERR_ABORTED;
+        /* A member process was lost: what did not complete, and what was in flight then,
+         * fails as that loss. */
+        if ((st != CCQ_OK || i->cut) && atomic_load_explicit(&comm->lost, memory_order_relaxed))
+            st = CCQ_ERR_PROCESS_LOST;
+        if (i->chan->id != CCQ_CHAN_COLL)
+            comm->p2p_done++;
         for (uint32_t p = 0; p < i->chan->nparts; p++) {
             ccq_cmd *c = i->cmds[p];
             c->status = st;
-            if (st == CCQ_ERR_ABORTED &&
-                atomic_load_explicit(&comm->aborted, memory_order_relaxed)) {
+            if (st == CCQ_ERR_PROCESS_LOST) {
+                sched_set_detail(c, comm->lost_detail);
+            } else if (st == CCQ_ERR_ABORTED &&
+                       atomic_load_explicit(&comm->aborted, memory_order_relaxed)) {
                 /* Say why it was aborted (the watchdog's or the backend's reason). */
                 char reason[CCQ_DETAIL_LEN];
                 ccq_format(reason, sizeof reason, "communicator aborted: %s", comm->init_detail);

@@ -418,6 +418,10 @@ void sched_arrive(ccq_runtime *rt, ccq_cmd *c)
     if (comm->form_step == CCQ_FORM_IDLE)
         comm_form(rt, comm, c->submit_ns);
     if (atomic_load_explicit(&comm->aborted, memory_order_acquire)) {
+        if (atomic_load_explicit(&comm->lost, memory_order_acquire)) {
+            sched_fail_cmd(c, CCQ_ERR_PROCESS_LOST, comm->lost_detail, false);
+            return;
+        }
         ccq_format(detail, sizeof detail, "communicator aborted: %s", comm->init_detail);
         sched_fail_cmd(c, CCQ_ERR_ABORTED, detail, false);
         return;

@@ -115,7 +115,8 @@ static size_t describe_missing(ccq_inst *i, const ccq_cmd *c, char *buf, size_t 
 }
 
 /* Why an instance waits: its missing parts, or what its parts wait behind. */
-static void describe_wait(ccq_inst *i, ccq_cmd *c, uint64_t now, char *buf, size_t len)
+static void describe_wait(ccq_runtime *rt, ccq_inst *i, ccq_cmd *c, uint64_t now, char *buf,
+                          size_t len)
 {
     ccq_chan *ch = i->chan;
     ccq_comm *comm = ch->comm;
@@ -130,10 +131,12 @@ static void describe_wait(ccq_inst *i, ccq_cmd *c, uint64_t now, char *buf, size
         return;
     }
     if (atomic_load_explicit(&comm->state, memory_order_relaxed) == CCQ_COMM_PENDING) {
-        ccq_format(buf + w, len - w,
-                   "; its communicator is still forming (member processes of world ranks %u..%u "
-                   "must all call ccq_comm_init, or send/recv with this process)",
-                   comm->procs[0], comm->procs[comm->nprocs - 1]);
+        w += ccq_format(buf + w, len - w,
+                        "; its communicator is still forming (member processes of world ranks "
+                        "%u..%u must all call ccq_comm_init, or send/recv with this process)",
+                        comm->procs[0], comm->procs[comm->nprocs - 1]);
+        /* How each of them is doing, from its heartbeats (runtime/health/). */
+        ccq_health_describe_members(rt, comm, c->seq, buf + w, len - w);
         return;
     }
     if (i->state == CCQ_INST_WAITING) {
@@ -189,17 +192,18 @@ static void describe_wait(ccq_inst *i, ccq_cmd *c, uint64_t now, char *buf, size
                "the same stream that cannot complete first");
 }
 
-void sched_abort_comm(ccq_runtime *rt, ccq_comm *comm, const char *why)
+/* Abort a communicator: st CCQ_ERR_ABORTED (the watchdog, the backend) or
+ * CCQ_ERR_PROCESS_LOST (a member process was lost: `why` names it, and the backend may keep
+ * the communicator as the parent of a shrink). */
+static void abort_comm(ccq_runtime *rt, ccq_comm *comm, ccq_status st, const char *why)
 {
     ccq_sched *S = rt->sched;
     char detail[CCQ_DETAIL_LEN];
 
-    if (atomic_load_explicit(&comm->aborted, memory_order_relaxed))
-        return;
     snprintf(comm->init_detail, sizeof comm->init_detail, "%s", why);
     atomic_store_explicit(&comm->aborted, 1, memory_order_release);
     if (ccq_trace_on(&rt->trace))
-        sched_ev_misc(rt, ccq_now_ns(), CCQ_EV_ABORT, 0, comm->id, 0, 0, 0, CCQ_ERR_ABORTED);
+        sched_ev_misc(rt, ccq_now_ns(), CCQ_EV_ABORT, 0, comm->id, 0, 0, 0, st);
     {
         char note[CCQ_DETAIL_LEN];
         size_t w = ccq_format(note, sizeof note, "communicator ");
@@ -208,9 +212,17 @@ void sched_abort_comm(ccq_runtime *rt, ccq_comm *comm, const char *why)
         ccq_trace_note(&rt->trace, CCQ_EV_ABORT, note);
     }
     S->error_seen = true;
-    if (comm->be != NULL)
-        rt->be_ops->abort(rt->be, comm->be);
+    if (comm->be != NULL) {
+        if (st == CCQ_ERR_PROCESS_LOST && rt->be_ops->revoke != NULL)
+            rt->be_ops->revoke(rt->be, comm->be);
+        else
+            rt->be_ops->abort(rt->be, comm->be);
+    }
     /* Everything still queued on it fails fast. */
+    if (st == CCQ_ERR_PROCESS_LOST)
+        snprintf(detail, sizeof detail, "%s", why);
+    else
+        ccq_format(detail, sizeof detail, "communicator aborted: %s", why);
     for (int k = 0; k < CCQ_CHAN_COUNT; k++) {
         ccq_chan *ch = &comm->chan[k];
         /* Fixed bounds: failing the head instance advances the head under us. */
@@ -218,12 +230,43 @@ void sched_abort_comm(ccq_runtime *rt, ccq_comm *comm, const char *why)
             ccq_inst *i = sched_win_get(ch, q);
             if (i == NULL || i->state == CCQ_INST_ISSUED || i->state == CCQ_INST_FAILED)
                 continue;
-            ccq_format(detail, sizeof detail, "communicator aborted: %s", why);
-            sched_fail_inst(S, i, CCQ_ERR_ABORTED, detail, false);
+            sched_fail_inst(S, i, st, detail, false);
         }
-        ch->late_status = CCQ_ERR_ABORTED;
+        ch->late_status = st;
         sched_chan_advance(S, ch);
     }
+}
+
+void sched_abort_comm(ccq_runtime *rt, ccq_comm *comm, const char *why)
+{
+    if (atomic_load_explicit(&comm->aborted, memory_order_relaxed))
+        return;
+    abort_comm(rt, comm, CCQ_ERR_ABORTED, why);
+}
+
+void sched_lose_comm(ccq_runtime *rt, ccq_comm *comm, const char *why)
+{
+    bool was_aborted = atomic_load_explicit(&comm->aborted, memory_order_relaxed);
+
+    if (atomic_load_explicit(&comm->lost, memory_order_relaxed))
+        return;
+    snprintf(comm->lost_detail, sizeof comm->lost_detail, "%s", why);
+    atomic_store_explicit(&comm->lost, 1, memory_order_release);
+    /* Its operations in flight fail, also one the backend reports done: the revoke or abort
+     * ends kernels that wait for the lost process, and their completion says nothing about
+     * their data (as the watchdog's aborts, the outcome does not depend on that race). */
+    for (ccq_batch *b = rt->sched->inflight; b != NULL; b = b->next)
+        for (uint32_t k = 0; k < b->be.nops; k++)
+            if (b->insts[k]->chan->comm == comm)
+                b->insts[k]->cut = true;
+    if (!was_aborted) {
+        abort_comm(rt, comm, CCQ_ERR_PROCESS_LOST, why);
+        return;
+    }
+    /* Aborted before (the watchdog, an engine error): what was queued failed then; what comes
+     * now fails with the loss (sched_arrive, comm_status read `lost`). */
+    for (int k = 0; k < CCQ_CHAN_COUNT; k++)
+        comm->chan[k].late_status = CCQ_ERR_PROCESS_LOST;
 }
 
 void sched_abort_batch(ccq_runtime *rt, ccq_batch *b, const char *why)
@@ -255,7 +298,7 @@ bool sched_watchdog(ccq_runtime *rt, uint64_t now)
                 next = min_u64(next, dl);
                 break;
             }
-            describe_wait(q->inst, q, now, detail, sizeof detail);
+            describe_wait(rt, q->inst, q, now, detail, sizeof detail);
             if (ccq_trace_on(&rt->trace))
                 sched_ev_misc(rt, ccq_now_ns(), CCQ_EV_WATCHDOG, q->trace_id, q->comm->id, q->seq,
                               q->count, 0, CCQ_ERR_TIMEOUT);
@@ -273,10 +316,23 @@ bool sched_watchdog(ccq_runtime *rt, uint64_t now)
             next = min_u64(next, dl);
             continue;
         }
-        snprintf(detail, sizeof detail,
-                 "batch %" PRIu64 " (%u ops) issued %.0f ms ago did not complete within "
-                 "timeout_ms; the watchdog aborted its communicators",
-                 b->be.id, b->be.nops, (double)(now - b->issue_ns) / 1e6);
+        size_t w = ccq_format(detail, sizeof detail,
+                              "batch %" PRIu64 " (%u ops) issued %.0f ms ago did not complete "
+                              "within timeout_ms; the watchdog aborted its communicators",
+                              b->be.id, b->be.nops, (double)(now - b->issue_ns) / 1e6);
+        /* Communicators spanning processes: how each other member process is doing, from
+         * its heartbeats (runtime/health/). */
+        for (uint32_t k = 0; k < b->be.nops && rt->health != NULL && w + 1 < sizeof detail; k++) {
+            ccq_inst *i = b->insts[k];
+            if (i->chan->comm->nprocs <= 1)
+                continue;
+            w += ccq_format(detail + w, sizeof detail - w, "; on comm ");
+            w += ccq_describe_comm(detail + w, sizeof detail - w, i->chan->comm);
+            w += ccq_format(detail + w, sizeof detail - w, " this process waits at #%" PRIu64,
+                            i->seq);
+            w += ccq_health_describe_members(rt, i->chan->comm, i->seq, detail + w,
+                                             sizeof detail - w);
+        }
         sched_abort_batch(rt, b, detail);
         any = true;
     }

@@ -20,6 +20,7 @@ typedef struct world_hello {
     char backend[16];
     uint32_t blob_len; /* this process's backend blob (the second exchange carries it) */
     uint32_t reserved;
+    ccq_world_proc proc; /* who it is (job health) */
 } world_hello;
 
 uint32_t ccq_world_owner(const ccq_world *w, ccq_device_id d)
@@ -152,10 +153,12 @@ ccq_status ccq_world_setup(ccq_world *w, const ccq_config *cfg, const char *back
     mine.local_devices = local_devices;
     snprintf(mine.backend, sizeof mine.backend, "%s", backend);
     mine.blob_len = (uint32_t)blob_len;
+    ccq_health_identity(&mine.proc);
     all = calloc(w->size, sizeof *all);
     members = malloc(w->size * sizeof *members);
     w->first = malloc((w->size + 1) * sizeof *w->first);
-    if (all == NULL || members == NULL || w->first == NULL) {
+    w->procs = calloc(w->size, sizeof *w->procs);
+    if (all == NULL || members == NULL || w->first == NULL || w->procs == NULL) {
         st = ccq_fail(CCQ_ERR_NO_MEMORY, "out of memory for a world of %" PRIu32 " processes",
                       w->size);
         goto fail;
@@ -200,6 +203,7 @@ ccq_status ccq_world_setup(ccq_world *w, const ccq_config *cfg, const char *back
         }
         w->first[p] = (uint32_t)total;
         total += h->local_devices;
+        w->procs[p] = h->proc;
     }
     if (total > CCQ_MAX_DEVICES * (uint64_t)64) {
         st = ccq_fail(CCQ_ERR_INVALID_ARGUMENT, "the world has %" PRIu64 " devices; too many",
@@ -231,5 +235,6 @@ void ccq_world_fini(ccq_world *w)
     if (w->boot != NULL)
         ccq_boot_close(w->boot);
     free(w->first);
+    free(w->procs);
     memset(w, 0, sizeof *w);
 }

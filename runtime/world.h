@@ -10,9 +10,18 @@
 
 struct ccq_boot;
 
+/* Who a process is, as it said when the world formed: job health watches the processes of
+ * this host through it from the start (runtime/health/oswatch.c). */
+typedef struct ccq_world_proc {
+    uint32_t pid;
+    uint64_t host_id;    /* boot id and pid namespace; 0 = unknown */
+    uint64_t start_time; /* clock ticks since boot */
+} ccq_world_proc;
+
 typedef struct ccq_world {
     uint32_t rank, size;
     uint32_t *first;       /* [size + 1]: prefix sums of the processes' local device counts */
+    ccq_world_proc *procs; /* [size] (NULL in a world of one) */
     struct ccq_boot *boot; /* how processes meet; NULL in a world of one */
     /* Every process's backend blob (world_blob), until ccq_world_drop_blobs: blob[p] has
      * blob_len[p] bytes (NULL when no process has one). */

@@ -57,3 +57,35 @@ ccq_build_targets() {
         return 1
     fi
 }
+
+# Python: a virtual environment with what the Python bindings' build and tests need, from PyPI
+# (pip); Debian's python3-venv and python3-dev when the python3 on PATH lacks venv or Python.h.
+# Usage: ccq_python_env <venv-dir>
+CCQ_PY_PACKAGES="setuptools>=64 wheel numpy pytest pytest-timeout ml_dtypes"
+ccq_python_env() {
+    local venv=$1
+    command -v python3 >/dev/null || ccq_install_deps python3 || return 1
+    if ! python3 -c 'import ensurepip, os, sys, sysconfig, venv
+sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+        2>/dev/null; then
+        ccq_install_deps python3-venv python3-dev || return 1
+    fi
+    [ -x "$venv/bin/python" ] || python3 -m venv "$venv" || return 1
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check $CCQ_PY_PACKAGES
+}
+
+# pytest, bounded in time; its "no tests collected" (exit code 5) is reported, not fatal: the
+# suite's own files decide what runs (a missing module skips, never fails the build).
+# Usage: ccq_pytest <venv-dir> <seconds> [pytest args...]
+ccq_pytest() {
+    local venv=$1 limit=$2 rc=0
+    shift 2
+    (cd "$CCQ_ROOT/bindings/python" &&
+        OPENBLAS_NUM_THREADS=1 timeout "$limit" "$venv/bin/python" -m pytest -p no:cacheprovider \
+            -q -rs "$@") || rc=$?
+    if [ "$rc" = 5 ]; then
+        echo "== pytest collected no tests (bindings/python/tests)"
+        return 0
+    fi
+    return "$rc"
+}

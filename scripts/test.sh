@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run the whole test suite (ctest); exits non-zero on any failure.
+# Run the whole test suite (ctest, then the Rust and Python bindings against the library just
+# built); exits non-zero on any failure.
 # Usage: ./scripts/test.sh [build-dir]      (CCQ_SANITIZE=address|thread|... for a sanitizer build)
 set -euo pipefail
 . "$(dirname "$0")/common.sh"
@@ -8,6 +9,7 @@ dir=${1:-$CCQ_ROOT/build}
 args=(-DCCQ_WERROR=ON)
 [ -n "${CCQ_SANITIZE:-}" ] && args+=(-DCCQ_SANITIZE="$CCQ_SANITIZE" -DCMAKE_BUILD_TYPE=Debug)
 ccq_build "$dir" "${args[@]}"
+dir=$(cd "$dir" && pwd)
 cd "$dir"
 ctest --output-on-failure -j"$(nproc)"
 
@@ -26,4 +28,11 @@ if [ -n "$cargo" ] && [ -z "${CCQ_SANITIZE:-}" ]; then
     if cargo clippy --version >/dev/null 2>&1; then cargo clippy -q --all-targets -- -D warnings; fi
 elif [ -z "$cargo" ]; then
     echo "== cargo not found: Rust bindings not tested"
+fi
+
+# The Python bindings (bindings/python) against the library just built: pip builds the package
+# in a virtual environment in the build directory, then pytest (scripts/python.sh). Skipped in
+# sanitizer builds, as the Rust part (the interpreter cannot load a sanitized libccq first).
+if [ -z "${CCQ_SANITIZE:-}" ]; then
+    "$CCQ_ROOT/scripts/python.sh" "$dir"
 fi

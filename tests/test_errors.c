@@ -544,6 +544,7 @@ static void test_status_strings(void **state)
         {CCQ_ERR_ABORTED, -8, "CCQ_ERR_ABORTED", "communicator aborted"},
         {CCQ_ERR_SHUTDOWN, -9, "CCQ_ERR_SHUTDOWN", "runtime is shutting down"},
         {CCQ_ERR_UNSUPPORTED, -10, "CCQ_ERR_UNSUPPORTED", "unsupported"},
+        {CCQ_ERR_PROCESS_LOST, -11, "CCQ_ERR_PROCESS_LOST", "a member process was lost"},
     };
     const size_t n = sizeof table / sizeof table[0];
 
@@ -556,7 +557,7 @@ static void test_status_strings(void **state)
             assert_string_not_equal(ccq_status_name(table[i].s), ccq_status_name(table[j].s));
         }
     }
-    const int unknown[] = {2, -11, 42, -1000, INT32_MIN};
+    const int unknown[] = {2, -12, 42, -1000, INT32_MIN};
     for (size_t k = 0; k < sizeof unknown / sizeof unknown[0]; k++) {
         ccq_status s = (ccq_status)unknown[k];
         assert_string_equal(ccq_status_string(s), "unknown status");

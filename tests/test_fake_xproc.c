@@ -692,6 +692,7 @@ static int child_exiting_peer(int proc, const job *j)
         CHECK(ncclAllReduce(x, x, COUNT, ncclFloat32, ncclSum, comm, s) == ncclSuccess);
     else
         CHECK(ncclSend(x, COUNT, ncclFloat32, 1, comm, s) == ncclSuccess);
+    CHECK(cudaEventRecord(ev, s) == cudaSuccess);
     deadline = t0 + 10000;
     do {
         CHECK(ncclCommGetAsyncError(comm, &st) == ncclSuccess);
@@ -700,7 +701,13 @@ static int child_exiting_peer(int proc, const job *j)
     } while (st == ncclSuccess && now_ms() < deadline);
     CHECK(st == ncclRemoteError);
     CHECK(now_ms() - t0 < 10000);
+    /* As NCCL's kernels of a failed collective, the call never finishes by itself: the event
+     * after it completes only once the communicator is aborted. */
+    CHECK(cudaEventQuery(ev) == cudaErrorNotReady);
+    nap();
+    CHECK(cudaEventQuery(ev) == cudaErrorNotReady);
     CHECK(ncclCommAbort(comm) == ncclSuccess);
+    CHECK(cudaEventQuery(ev) == cudaSuccess);
     check_no_fake_errors();
     return 0;
 }

@@ -130,6 +130,23 @@ ROW(env_timeout_word, env_create(f, "CCQ_TIMEOUT_MS", "soon", true))
 ROW(env_workers_word, env_create(f, "CCQ_HOST_WORKERS", "many", true))
 ROW(env_spin_big, env_create(f, "CCQ_SPIN_US", "2000000", true))
 ROW(env_stream_suffix, env_create(f, "CCQ_HOST_STREAM_BYTES", "64M", true))
+CONFIG_ROW(create_hb_big, cfg.heartbeat_ms = 3600001)
+CONFIG_ROW(create_hb_timeout_short, (cfg.heartbeat_ms = 500, cfg.heartbeat_timeout_ms = 900))
+ROW(env_hb_word, env_create(f, "CCQ_HEARTBEAT_MS", "often", true))
+ROW(env_hb_timeout_neg, env_create(f, "CCQ_HEARTBEAT_TIMEOUT_MS", "-5", true))
+ROW(pstate_null_rt, ccq_world_process_state(NULL, 0, &(ccq_process_state){0}))
+ROW(pstate_null_out, ccq_world_process_state(f->rt, 0, NULL))
+ROW(pstate_process_1, ccq_world_process_state(f->rt, 1, &(ccq_process_state){0}))
+ROW(progress_null_rt, ccq_world_progress(NULL, NULL, 0, &(size_t){0}))
+ROW(progress_null_n, ccq_world_progress(f->rt, NULL, 0, NULL))
+ROW(progress_null_out, ccq_world_progress(f->rt, NULL, 4, &(size_t){0}))
+static ccq_status progress_size_0(fixture *f)
+{
+    ccq_progress p[2];
+    size_t n;
+    memset(p, 0, sizeof p);
+    return ccq_world_progress(f->rt, p, 2, &n);
+}
 ROW(env_nonblock_2, env_create(f, "CCQ_NONBLOCKING_SUBMIT", "2", false))
 ROW(env_fault_bad, env_create(f, "CCQ_FAULT", "drop:rank=x", false))
 ROW(env_backend_unknown, env_create(f, "CCQ_BACKEND", "quantum", false))
@@ -309,6 +326,10 @@ static const vcase cases[] = {
     {"ccq_runtime_create", "malformed env var", "CCQ_HOST_WORKERS=many", E_ARG, "CCQ_HOST_WORKERS", env_workers_word},
     {"ccq_runtime_create", "malformed env var", "CCQ_SPIN_US=2000000", E_ARG, "CCQ_SPIN_US", env_spin_big},
     {"ccq_runtime_create", "malformed env var", "CCQ_HOST_STREAM_BYTES=64M", E_ARG, "CCQ_HOST_STREAM_BYTES", env_stream_suffix},
+    {"ccq_runtime_create", "bad config field", "`heartbeat_ms` = 3600001", E_ARG, "heartbeat_ms is 3600001", create_hb_big},
+    {"ccq_runtime_create", "bad config field", "`heartbeat_ms` = 500, `heartbeat_timeout_ms` = 900 (less than two heartbeats)", E_ARG, "at least two heartbeats", create_hb_timeout_short},
+    {"ccq_runtime_create", "malformed env var", "CCQ_HEARTBEAT_MS=often", E_ARG, "CCQ_HEARTBEAT_MS", env_hb_word},
+    {"ccq_runtime_create", "malformed env var", "CCQ_HEARTBEAT_TIMEOUT_MS=-5", E_ARG, "CCQ_HEARTBEAT_TIMEOUT_MS", env_hb_timeout_neg},
     {"ccq_runtime_create", "malformed env var", "CCQ_NONBLOCKING_SUBMIT=2, `cfg` = NULL", E_ARG, "CCQ_NONBLOCKING_SUBMIT", env_nonblock_2},
     {"ccq_runtime_create", "malformed env var", "CCQ_FAULT=drop:rank=x, `cfg` = NULL", E_ARG, "fault spec", env_fault_bad},
     {"ccq_runtime_create", "unknown backend", "CCQ_BACKEND=quantum, `cfg` = NULL", E_ARG, "unknown backend \"quantum\"", env_backend_unknown},
@@ -373,6 +394,15 @@ static const vcase cases[] = {
     {"ccq_recv", "unknown device", "`peer` = 4", E_ARG, "peer device 4 does not exist", recv_peer_4},
     {"ccq_recv", "after shutdown", "valid call, runtime shut down", E_DOWN, "shutting down", recv_down},
 
+    {"ccq_world_process_state", "NULL handle", "`rt` = NULL", E_ARG, "rt is NULL", pstate_null_rt},
+    {"ccq_world_process_state", "NULL pointer", "`out` = NULL", E_ARG, "out is NULL", pstate_null_out},
+    {"ccq_world_process_state", "unknown process", "`process` = 1 (a world of one)", E_ARG, "process 1 is not below world_size 1", pstate_process_1},
+
+    {"ccq_world_progress", "NULL handle", "`rt` = NULL", E_ARG, "rt is NULL", progress_null_rt},
+    {"ccq_world_progress", "NULL pointer", "`n` = NULL", E_ARG, "n is NULL", progress_null_n},
+    {"ccq_world_progress", "NULL pointer", "`out` = NULL, `cap` = 4", E_ARG, "out is NULL", progress_null_out},
+    {"ccq_world_progress", "struct_size", "`out[0].struct_size` = 0", E_ARG, "struct_size is 0", progress_size_0},
+
     {"ccq_sync_collective", "NULL handle", "`rt` = NULL", E_ARG, "rt is NULL", sync_null_rt},
     {"ccq_sync_collective", "unknown device", "`device` = 4", E_ARG, "device 4 does not exist", sync_dev_4},
     {"ccq_sync_collective", "stream out of range", "`stream` = 64", E_ARG, "stream 64 out of range", sync_stream_64},
@@ -420,7 +450,8 @@ static const char *const env_names[] = {
     "CCQ_BACKEND",      "CCQ_HOST_DEVICES",      "CCQ_MAX_STREAMS",
     "CCQ_QUEUE_DEPTH",  "CCQ_MAX_BATCH_OPS",     "CCQ_TIMEOUT_MS",
     "CCQ_HOST_WORKERS", "CCQ_SPIN_US",           "CCQ_NONBLOCKING_SUBMIT",
-    "CCQ_FAULT",        "CCQ_HOST_STREAM_BYTES",
+    "CCQ_FAULT",        "CCQ_HOST_STREAM_BYTES", "CCQ_HEARTBEAT_MS",
+    "CCQ_HEARTBEAT_TIMEOUT_MS",
 };
 
 static ccq_runtime *make_rt(void)

@@ -36,6 +36,14 @@
 #else
 #define NCCL_HAS_FP8 0
 #endif
+/* ncclCommRevoke and ncclCommShrink (fault tolerance) appeared in NCCL 2.28: with older
+ * headers, or an older library at run time, a communicator that lost a member process is
+ * aborted and the survivors' communicator is a fresh init. */
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+#define NCCL_HAS_SHRINK 1
+#else
+#define NCCL_HAS_SHRINK 0
+#endif
 
 /* How long a failed batch waits for the GPU to drain its work (and for its communicators'
  * aborts to finish) when timeout_ms is 0; otherwise timeout_ms. */
@@ -74,9 +82,20 @@ typedef struct nccl_comm {
     ncclComm_t *comms;            /* one per local rank */
     bool aborted;                 /* scheduler only: set when the abort is queued; from then on the
                                      scheduler makes no NCCL call on this communicator */
-    _Atomic bool abort_done;      /* the abort thread finished ncclCommAbort of every rank */
+    _Atomic bool abort_done;      /* the abort thread finished ncclCommAbort of every rank (or,
+                                     revoked, ncclCommRevoke and its quiescence) */
     struct nccl_comm *abort_next; /* the abort thread's queue (under abort_lock) */
     uint64_t init_deadline;       /* ncclCommInitRankConfig must have finished by then */
+    /* A member process was lost (the runtime's revoke): ncclCommRevoke instead of abort, so
+     * it can be the parent of the survivors' communicator (ncclCommShrink). */
+    bool revoked;
+    _Atomic bool revoke_failed; /* ncclCommRevoke failed or never went quiescent: aborted */
+    /* A communicator made by shrinking `parent` (nccl_comm_shrink): the shrink starts once the
+     * parent's revoke is done (shrink_pending until then). */
+    struct nccl_comm *parent;
+    int *exclude;
+    int nexclude;
+    bool shrink_pending;
 } nccl_comm;
 
 /* Per ccq stream. `user` and `slot_events` are written by bind (a user thread, while the
@@ -211,11 +230,39 @@ static void sleep_ns(long ns)
 /* Aborts, off the scheduler thread                                                      */
 /* ------------------------------------------------------------------------------------ */
 
+static ncclResult_t wait_comms(ncclComm_t *comms, uint32_t n, uint64_t timeout_ns,
+                               ncclComm_t *failed);
+static ccq_status shrink_start(nccl_be *h, nccl_comm *c, ccq_errbuf *err);
+
 static void comm_free(nccl_comm *c)
 {
     free(c->devs);
     free(c->comms);
+    free(c->exclude);
     free(c);
+}
+
+/* Revoke every rank, then wait (bounded) until NCCL says it is quiescent; on failure abort
+ * it instead (it then cannot be shrunk). Abort thread. */
+static void revoke_ranks(nccl_be *h, nccl_comm *c)
+{
+#if NCCL_HAS_SHRINK
+    bool ok = true;
+    for (uint32_t i = 0; i < c->n && ok; i++)
+        ok = c->comms[i] == NULL || ncclCommRevoke(c->comms[i], NCCL_REVOKE_DEFAULT) == ncclSuccess;
+    if (ok) {
+        ncclComm_t failed = NULL;
+        ok = wait_comms(c->comms, c->n, h->timeout_ns, &failed) == ncclSuccess;
+    }
+    if (ok)
+        return;
+    atomic_store_explicit(&c->revoke_failed, true, memory_order_release);
+#else
+    (void)h;
+#endif
+    for (uint32_t i = 0; i < c->n; i++)
+        if (c->comms[i] != NULL)
+            ncclCommAbort(c->comms[i]);
 }
 
 /*
@@ -245,9 +292,13 @@ static void *abort_main(void *arg)
         if (h->abort_head == NULL)
             h->abort_tail = NULL;
         pthread_mutex_unlock(&h->abort_lock);
-        for (uint32_t i = 0; i < c->n; i++)
-            if (c->comms[i] != NULL)
-                ncclCommAbort(c->comms[i]);
+        if (c->revoked) {
+            revoke_ranks(h, c);
+        } else {
+            for (uint32_t i = 0; i < c->n; i++)
+                if (c->comms[i] != NULL)
+                    ncclCommAbort(c->comms[i]);
+        }
         atomic_store_explicit(&c->abort_done, true, memory_order_release);
         if (h->hooks.notify != NULL)
             h->hooks.notify(h->hooks.notify_arg);
@@ -521,7 +572,24 @@ static ccq_status nccl_comm_test(ccq_backend *be, ccq_be_comm *comm, ccq_errbuf 
     nccl_comm *c = (nccl_comm *)comm;
     ccq_status st;
     bool pending = false;
-    (void)be;
+
+    if (c->shrink_pending) { /* a shrink waiting for its parent's revoke */
+        if (!atomic_load_explicit(&c->parent->abort_done, memory_order_acquire)) {
+            if (ccq_now_ns() < c->init_deadline)
+                return CCQ_IN_PROGRESS;
+            snprintf(err->msg, sizeof err->msg,
+                     "the parent's ncclCommRevoke did not finish within timeout_ms");
+            c->aborted = true;
+            atomic_store_explicit(&c->abort_done, true, memory_order_release);
+            return CCQ_ERR_TIMEOUT;
+        }
+        st = shrink_start(to_nccl(be), c, err);
+        if (st != CCQ_IN_PROGRESS) {
+            c->aborted = true;
+            atomic_store_explicit(&c->abort_done, true, memory_order_release);
+            return st;
+        }
+    }
     /* Ask every rank each round (a rank still initialising does not hide another's error). */
     for (uint32_t i = 0; i < c->n; i++) {
         ncclResult_t state = ncclInProgress, r = ncclCommGetAsyncError(c->comms[i], &state);
@@ -567,6 +635,11 @@ static void nccl_comm_destroy(ccq_backend *be, ccq_be_comm *comm)
     if (c->aborted) {
         while (!atomic_load_explicit(&c->abort_done, memory_order_acquire))
             sleep_ns(100000);
+        /* A revoked communicator is quiescent but alive (a shrink's parent): its end is an
+         * abort (a member process is gone, so no destroy that could wait for it). */
+        for (uint32_t i = 0; c->revoked && !atomic_load(&c->revoke_failed) && i < c->n; i++)
+            if (c->comms[i] != NULL)
+                ncclCommAbort(c->comms[i]);
         comm_free(c);
         return;
     }
@@ -590,6 +663,119 @@ static void nccl_comm_destroy(ccq_backend *be, ccq_be_comm *comm)
 static void nccl_abort(ccq_backend *be, ccq_be_comm *comm)
 {
     abort_comm(to_nccl(be), (nccl_comm *)comm);
+}
+
+/* A member process was lost: with NCCL >= 2.28 (headers and library), ncclCommRevoke on the
+ * abort thread instead of ncclCommAbort (issued work stops and comes back failed the same
+ * way), so the survivors can shrink it; else an abort. */
+static void nccl_revoke(ccq_backend *be, ccq_be_comm *comm)
+{
+    nccl_be *h = to_nccl(be);
+    nccl_comm *c = (nccl_comm *)comm;
+    if (!c->aborted && NCCL_HAS_SHRINK && h->version >= NCCL_VERSION(2, 28, 0))
+        c->revoked = true;
+    abort_comm(h, c);
+}
+
+/* Whether the survivors can make their communicator by shrinking this one: it was revoked
+ * (decided at the revoke, the same way in every survivor). */
+static bool nccl_comm_shrinkable(ccq_backend *be, ccq_be_comm *comm)
+{
+    (void)be;
+    return ((nccl_comm *)comm)->revoked;
+}
+
+/* The shrink itself, once the parent is quiescent: one group of ncclCommShrink, one per local
+ * rank (this process's ranks of the parent are all in the new communicator, in order). */
+static ccq_status shrink_start(nccl_be *h, nccl_comm *c, ccq_errbuf *err)
+{
+#if NCCL_HAS_SHRINK
+    nccl_comm *p = c->parent;
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    ccq_status st = CCQ_OK;
+    bool group_open = false;
+
+    c->shrink_pending = false;
+    if (atomic_load_explicit(&p->revoke_failed, memory_order_acquire)) {
+        snprintf(err->msg, sizeof err->msg,
+                 "the parent communicator could not be revoked (ncclCommRevoke failed or did not "
+                 "go quiescent within timeout_ms), so it cannot be shrunk");
+        return CCQ_ERR_BACKEND;
+    }
+    config.blocking = 0;
+    NCCL_CHECK_GOTO(ncclGroupStart(), err, st, fail);
+    group_open = true;
+    for (uint32_t i = 0; i < c->n; i++) {
+        CUDA_CHECK_GOTO(cudaSetDevice(c->devs[i]), err, st, fail);
+        NCCL_CHECK_GOTO(ncclCommShrink(p->comms[i], c->exclude, c->nexclude, &c->comms[i], &config,
+                                       NCCL_SHRINK_DEFAULT),
+                        err, st, fail);
+    }
+    group_open = false;
+    NCCL_CHECK_GOTO(ncclGroupEnd(), err, st, fail);
+    c->init_deadline = ccq_deadline_in(h->timeout_ns);
+    return CCQ_IN_PROGRESS;
+fail:
+    if (group_open)
+        ncclGroupEnd();
+    for (uint32_t i = 0; i < c->n; i++)
+        if (c->comms[i] != NULL) {
+            ncclCommAbort(c->comms[i]);
+            c->comms[i] = NULL;
+        }
+    return st == CCQ_OK ? CCQ_ERR_BACKEND : st;
+#else
+    (void)h;
+    (void)c;
+    snprintf(err->msg, sizeof err->msg, "ncclCommShrink needs NCCL 2.28");
+    return CCQ_ERR_UNSUPPORTED;
+#endif
+}
+
+/* The survivors' communicator from `parent` minus its ranks in exclude (nccl_comm_test polls
+ * it: the shrink starts once the parent's revoke is done). */
+static ccq_status nccl_comm_shrink(ccq_backend *be, ccq_be_comm *parent, const uint32_t *exclude,
+                                   uint32_t nexclude, const ccq_be_comm_desc *d, ccq_be_comm **out,
+                                   ccq_errbuf *err)
+{
+    nccl_be *h = to_nccl(be);
+    nccl_comm *p = (nccl_comm *)parent, *c = calloc(1, sizeof *c);
+    uint32_t n = d->nlocal;
+
+    if (c == NULL || (c->devs = calloc(n, sizeof *c->devs)) == NULL ||
+        (c->comms = calloc(n, sizeof *c->comms)) == NULL ||
+        (c->exclude = calloc(nexclude ? nexclude : 1, sizeof *c->exclude)) == NULL) {
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        if (c != NULL)
+            comm_free(c);
+        return CCQ_ERR_NO_MEMORY;
+    }
+    if (!p->revoked || p->n != n) {
+        snprintf(err->msg, sizeof err->msg,
+                 "cannot shrink: the parent is not revoked, or has other local ranks");
+        comm_free(c);
+        return CCQ_ERR_BACKEND;
+    }
+    c->n = n;
+    c->first = d->first_rank;
+    c->nranks = d->nranks;
+    for (uint32_t i = 0; i < n; i++)
+        c->devs[i] = (int)d->local_devices[i];
+    for (uint32_t i = 0; i < nexclude; i++)
+        c->exclude[i] = (int)exclude[i];
+    c->nexclude = (int)nexclude;
+    c->parent = p;
+    c->shrink_pending = true;
+    c->init_deadline = ccq_deadline_in(h->timeout_ns);
+    *out = (ccq_be_comm *)c;
+    if (!atomic_load_explicit(&p->abort_done, memory_order_acquire))
+        return CCQ_IN_PROGRESS;
+    ccq_status st = shrink_start(h, c, err);
+    if (st != CCQ_IN_PROGRESS) {
+        comm_free(c);
+        *out = NULL;
+    }
+    return st;
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -1437,6 +1623,11 @@ static bool batch_poll(nccl_be *h, nccl_batch *nb)
                 enqueuing = true;
             } else if (st != ncclSuccess) {
                 nccl_msg(&err, "asynchronous error", st, c->comms[i]);
+                /* A peer process gone (or unreachable): revoked rather than aborted, so the
+                 * survivors can shrink it (runtime/health/ tells them it is lost). */
+                if (st == ncclRemoteError && NCCL_HAS_SHRINK &&
+                    h->version >= NCCL_VERSION(2, 28, 0))
+                    c->revoked = true;
                 batch_fail(h, nb, nccl_status(st) == CCQ_OK ? CCQ_ERR_BACKEND : nccl_status(st),
                            err.msg);
                 return batch_drained(nb, h);
@@ -1548,6 +1739,9 @@ const ccq_backend_ops ccq_nccl_backend_ops = {
     .issue = nccl_issue,
     .poll = nccl_poll,
     .abort = nccl_abort,
+    .revoke = nccl_revoke,
+    .comm_shrink = nccl_comm_shrink,
+    .comm_shrinkable = nccl_comm_shrinkable,
     .poll_interval_ns = NCCL_POLL_INTERVAL_NS,
     .check = nccl_check,
     .submit = nccl_submit,

@@ -96,10 +96,23 @@ typedef struct ccq_boot_mech {
     /* Optional: x is being freed. */
     void (*xchg_free)(ccq_boot *b, ccq_boot_xchg *x);
     void (*close)(ccq_boot *b);
+    /* Job health (runtime/health/), optional: NULL when the mechanism carries no heartbeats
+     * (MPI). Publish this process's heartbeat record, replacing the previous one (file:
+     * rewritten in place; store: the key set again; tcp: over its open connection). */
+    ccq_status (*beat_publish)(ccq_boot *b, const void *rec, size_t len, ccq_errbuf *err);
+    /* The latest heartbeat record of `rank`: CCQ_OK with *rec (malloc'd; the caller frees it)
+     * and *len, CCQ_IN_PROGRESS while it has none, or an error. */
+    ccq_status (*beat_fetch)(ccq_boot *b, uint32_t rank, void **rec, size_t *len, ccq_errbuf *err);
+    /* Optional: the processes whose connection closed (the OS says they are gone; tcp):
+     * writes up to cap world ranks, returns how many there are. Each is reported once. */
+    size_t (*closed_peers)(ccq_boot *b, uint32_t *ranks, size_t cap);
     /* Optional (tcp): ccq_boot_peer_state and ccq_boot_watch_peers. */
     ccq_boot_peer (*peer_state)(ccq_boot *b, uint32_t rank);
     ccq_status (*watch_peers)(ccq_boot *b, void (*fn)(void *, uint32_t, ccq_boot_peer), void *arg);
 } ccq_boot_mech;
+
+/* The largest heartbeat record a mechanism carries (runtime/health/record.h stays below). */
+#define CCQ_BOOT_BEAT_MAX (64u * 1024u)
 
 /* Mechanism constructors: fill b->mech and b->impl, or fail with err. */
 ccq_status ccq_boot_file_open(ccq_boot *b, const char *dir, ccq_errbuf *err);

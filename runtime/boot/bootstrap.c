@@ -808,3 +808,75 @@ ccq_status ccq_boot_exchange(ccq_boot *b, const char *tag, const uint32_t *membe
     ccq_boot_xchg_free(x);
     return st;
 }
+
+/* ------------------------------------------------------------------------------------ */
+/* Heartbeats (runtime/health/)                                                          */
+/* ------------------------------------------------------------------------------------ */
+
+bool ccq_boot_has_heartbeats(const ccq_boot *b)
+{
+    return b->mech->beat_publish != NULL && b->mech->beat_fetch != NULL;
+}
+
+ccq_status ccq_boot_beat_publish(ccq_boot *b, const void *rec, size_t len, ccq_errbuf *err)
+{
+    ccq_status st;
+
+    if (!ccq_boot_has_heartbeats(b)) {
+        ccq_boot_err(err, "bootstrap %s carries no heartbeats", b->name);
+        return CCQ_ERR_UNSUPPORTED;
+    }
+    if (len > CCQ_BOOT_BEAT_MAX) {
+        ccq_boot_err(err, "heartbeat record of %zu bytes (at most %u)", len, CCQ_BOOT_BEAT_MAX);
+        return CCQ_ERR_INVALID_ARGUMENT;
+    }
+    pthread_mutex_lock(&b->lock);
+    st = b->mech->beat_publish(b, rec, len, err);
+    pthread_mutex_unlock(&b->lock);
+    return st;
+}
+
+ccq_status ccq_boot_beat_fetch(ccq_boot *b, uint32_t rank, void **rec, size_t *len, ccq_errbuf *err)
+{
+    ccq_status st;
+
+    *rec = NULL;
+    *len = 0;
+    if (!ccq_boot_has_heartbeats(b) || rank >= b->size) {
+        ccq_boot_err(err, "no heartbeat of process %u here", rank);
+        return CCQ_ERR_INVALID_ARGUMENT;
+    }
+    pthread_mutex_lock(&b->lock);
+    st = b->mech->beat_fetch(b, rank, rec, len, err);
+    pthread_mutex_unlock(&b->lock);
+    return st;
+}
+
+size_t ccq_boot_closed_peers(ccq_boot *b, uint32_t *ranks, size_t cap)
+{
+    size_t n = 0;
+
+    if (b->mech->closed_peers == NULL)
+        return 0;
+    pthread_mutex_lock(&b->lock);
+    n = b->mech->closed_peers(b, ranks, cap);
+    pthread_mutex_unlock(&b->lock);
+    return n;
+}
+
+uint64_t ccq_boot_nonce(const ccq_boot *b)
+{
+    return b->nonce;
+}
+
+uint64_t ccq_boot_peer_nonce(ccq_boot *b, uint32_t rank)
+{
+    uint64_t n;
+
+    if (rank >= b->size)
+        return 0;
+    pthread_mutex_lock(&b->lock);
+    n = rank == b->rank ? b->nonce : b->nonces[rank];
+    pthread_mutex_unlock(&b->lock);
+    return n;
+}

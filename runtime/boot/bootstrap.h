@@ -5,6 +5,7 @@
 #ifndef CCQ_RUNTIME_BOOTSTRAP_H
 #define CCQ_RUNTIME_BOOTSTRAP_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -139,6 +140,27 @@ ccq_boot_peer ccq_boot_peer_state(ccq_boot *boot, uint32_t rank);
 ccq_status ccq_boot_watch_peers(ccq_boot *boot,
                                 void (*fn)(void *arg, uint32_t rank, ccq_boot_peer state),
                                 void *arg);
+
+/* ---- Job health (runtime/health/): heartbeat records, one per process, last write wins ---- */
+
+/* Whether this mechanism carries heartbeats (file, store, tcp; not MPI). */
+bool ccq_boot_has_heartbeats(const ccq_boot *boot);
+/* Publish this process's heartbeat record (at most CCQ_BOOT_BEAT_MAX bytes), replacing the
+ * previous one. */
+ccq_status ccq_boot_beat_publish(ccq_boot *boot, const void *rec, size_t len, ccq_errbuf *err);
+/* The latest heartbeat record of world rank `rank`: CCQ_OK with *rec (malloc'd; free it) and
+ * *len, CCQ_IN_PROGRESS while there is none yet, or an error (err filled). */
+ccq_status ccq_boot_beat_fetch(ccq_boot *boot, uint32_t rank, void **rec, size_t *len,
+                               ccq_errbuf *err);
+/* Processes whose connection to this one closed since the last call (the OS says they are
+ * gone; only connection-based mechanisms report any): up to cap world ranks into ranks,
+ * returns how many were written. */
+size_t ccq_boot_closed_peers(ccq_boot *boot, uint32_t *ranks, size_t cap);
+/* This handle's nonce (random per open), and the nonce world rank `rank` used in the
+ * records this handle took from it (0 when none yet): a heartbeat record carries its
+ * writer's, so one of an earlier job with the same id is told apart. */
+uint64_t ccq_boot_nonce(const ccq_boot *boot);
+uint64_t ccq_boot_peer_nonce(ccq_boot *boot, uint32_t rank);
 
 /* Every MPI call here is made holding ccq's one MPI lock (common/mpi_lock.h). */
 

@@ -151,17 +151,16 @@ static ccq_status file_publish(ccq_boot *b, ccq_boot_xchg *x, ccq_errbuf *err)
     return CCQ_OK;
 }
 
-static ccq_status file_fetch(ccq_boot *b, ccq_boot_xchg *x, uint32_t rank, void **rec, size_t *len,
-                             ccq_errbuf *err)
+/* Read the file `name` of the directory whole: CCQ_IN_PROGRESS while it does not exist. */
+static ccq_status read_record(const file_boot *f, const char *name, size_t max, void **rec,
+                              size_t *len, ccq_errbuf *err)
 {
-    file_boot *f = b->impl;
-    char name[320], path[4096];
+    char path[4096];
     struct stat sb;
     unsigned char *buf;
     size_t got = 0, size;
     int fd;
 
-    record_name(f, x->tag, rank, name, sizeof name);
     snprintf(path, sizeof path, "%s/%s", f->dir, name);
     fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
@@ -170,10 +169,8 @@ static ccq_status file_fetch(ccq_boot *b, ccq_boot_xchg *x, uint32_t rank, void 
         ccq_boot_err(err, "cannot open %s: %s", path, strerror(errno));
         return CCQ_ERR_BACKEND;
     }
-    if (fstat(fd, &sb) != 0 || sb.st_size < 0 ||
-        (uint64_t)sb.st_size > sizeof(ccq_boot_hdr) + CCQ_BOOT_TAG_MAX + CCQ_BOOT_VALUE_MAX) {
-        ccq_boot_err(err, "%s: not a record of this exchange (size %lld)", path,
-                     (long long)sb.st_size);
+    if (fstat(fd, &sb) != 0 || sb.st_size < 0 || (uint64_t)sb.st_size > max) {
+        ccq_boot_err(err, "%s: not a ccq record (size %lld)", path, (long long)sb.st_size);
         close(fd);
         return CCQ_ERR_BACKEND;
     }
@@ -196,6 +193,44 @@ static ccq_status file_fetch(ccq_boot *b, ccq_boot_xchg *x, uint32_t rank, void 
     *rec = buf;
     *len = got; /* a short read shows up as a truncated record */
     return CCQ_OK;
+}
+
+static ccq_status file_fetch(ccq_boot *b, ccq_boot_xchg *x, uint32_t rank, void **rec, size_t *len,
+                             ccq_errbuf *err)
+{
+    file_boot *f = b->impl;
+    char name[320];
+
+    record_name(f, x->tag, rank, name, sizeof name);
+    return read_record(f, name, sizeof(ccq_boot_hdr) + CCQ_BOOT_TAG_MAX + CCQ_BOOT_VALUE_MAX, rec,
+                       len, err);
+}
+
+/* Heartbeats: "ccq.<job>.<gen>.~hb.r<rank>", rewritten in place (a temporary file renamed
+ * over it, so a reader sees one whole record), removed with the rest of the job's files by
+ * the last process to close. '~' is never in an escaped tag, so no exchange can collide. */
+static void beat_name(const file_boot *f, uint32_t rank, char *out, size_t len)
+{
+    snprintf(out, len, "%s~hb.r%u", f->prefix, rank);
+}
+
+static ccq_status file_beat_publish(ccq_boot *b, const void *rec, size_t len, ccq_errbuf *err)
+{
+    file_boot *f = b->impl;
+    char name[200];
+
+    beat_name(f, b->rank, name, sizeof name);
+    return write_atomic(b, f, name, rec, len, err);
+}
+
+static ccq_status file_beat_fetch(ccq_boot *b, uint32_t rank, void **rec, size_t *len,
+                                  ccq_errbuf *err)
+{
+    file_boot *f = b->impl;
+    char name[200];
+
+    beat_name(f, rank, name, sizeof name);
+    return read_record(f, name, CCQ_BOOT_BEAT_MAX, rec, len, err);
 }
 
 /* Count the files named prefix...suffix (suffix NULL: any suffix), removing them when
@@ -249,6 +284,8 @@ static const ccq_boot_mech file_mech = {
     .publish = file_publish,
     .fetch = file_fetch,
     .close = file_close,
+    .beat_publish = file_beat_publish,
+    .beat_fetch = file_beat_fetch,
 };
 
 /* Create dir and any missing parents, each 0700 (a job's records are nobody else's

@@ -33,18 +33,13 @@ static ccq_status store_publish(ccq_boot *b, ccq_boot_xchg *x, ccq_errbuf *err)
     return st < 0 ? st : CCQ_ERR_BACKEND;
 }
 
-static ccq_status store_fetch(ccq_boot *b, ccq_boot_xchg *x, uint32_t rank, void **rec, size_t *len,
-                              ccq_errbuf *err)
+/* Get the value under key: first with room for `room` bytes, then (once) with room for its
+ * whole size up to max. CCQ_IN_PROGRESS while the key is absent. */
+static ccq_status get_value(store_boot *s, const char *key, size_t room, size_t max, void **rec,
+                            size_t *len, ccq_errbuf *err)
 {
-    store_boot *s = b->impl;
-    char key[CCQ_BOOT_TAG_MAX + 320];
-    const size_t max = sizeof(ccq_boot_hdr) + CCQ_BOOT_TAG_MAX + CCQ_BOOT_VALUE_MAX;
-    /* Room for the record every member writes (same header, tag and len as ours) and one
-     * byte more, so that a longer value is seen as one (and refused by the checks). */
-    size_t room = x->rec_len + 1;
     ccq_status st;
 
-    store_key(b, x->tag, rank, key, sizeof key);
     for (int attempt = 0; attempt < 2; attempt++) {
         size_t got = room;
         unsigned char *buf = malloc(room);
@@ -81,6 +76,44 @@ static ccq_status store_fetch(ccq_boot *b, ccq_boot_xchg *x, uint32_t rank, void
     return CCQ_ERR_BACKEND;
 }
 
+static ccq_status store_fetch(ccq_boot *b, ccq_boot_xchg *x, uint32_t rank, void **rec, size_t *len,
+                              ccq_errbuf *err)
+{
+    char key[CCQ_BOOT_TAG_MAX + 320];
+
+    store_key(b, x->tag, rank, key, sizeof key);
+    /* Room for the record every member writes (same header, tag and len as ours) and one
+     * byte more, so that a longer value is seen as one (and refused by the checks). */
+    return get_value(b->impl, key, x->rec_len + 1,
+                     sizeof(ccq_boot_hdr) + CCQ_BOOT_TAG_MAX + CCQ_BOOT_VALUE_MAX, rec, len, err);
+}
+
+/* Heartbeats: the key "ccq/<job>/<gen>/~hb/<rank>", set again at every beat (ccq_store's
+ * contract: last write wins for these keys). '~' never starts an exchange's tag. */
+static ccq_status store_beat_publish(ccq_boot *b, const void *rec, size_t len, ccq_errbuf *err)
+{
+    store_boot *s = b->impl;
+    char key[320];
+    ccq_status st;
+
+    store_key(b, "~hb", b->rank, key, sizeof key);
+    st = s->store.set(s->store.ctx, key, rec, len);
+    if (st == CCQ_OK)
+        return CCQ_OK;
+    ccq_boot_err(err, "the store's set of key \"%s\" failed: %s (%s)", key, ccq_status_name(st),
+                 ccq_status_string(st));
+    return st < 0 ? st : CCQ_ERR_BACKEND;
+}
+
+static ccq_status store_beat_fetch(ccq_boot *b, uint32_t rank, void **rec, size_t *len,
+                                   ccq_errbuf *err)
+{
+    char key[320];
+
+    store_key(b, "~hb", rank, key, sizeof key);
+    return get_value(b->impl, key, 1024, CCQ_BOOT_BEAT_MAX, rec, len, err);
+}
+
 static void store_close(ccq_boot *b)
 {
     free(b->impl);
@@ -92,6 +125,8 @@ static const ccq_boot_mech store_mech = {
     .publish = store_publish,
     .fetch = store_fetch,
     .close = store_close,
+    .beat_publish = store_beat_publish,
+    .beat_fetch = store_beat_fetch,
 };
 
 ccq_status ccq_boot_store_open(ccq_boot *b, const ccq_store *store, ccq_errbuf *err)

@@ -386,6 +386,17 @@ static void emit_error(jw *w, const ccq_event *e)
             e->seq, ccq_status_name((ccq_status)e->status));
 }
 
+/* A lost process (runtime/health/): a global instant naming it. */
+static void emit_lost(jw *w, const ccq_event *e)
+{
+    fprintf(w->f,
+            "%s{\"ph\":\"i\",\"s\":\"g\",\"cat\":\"error\",\"name\":\"process %u lost\","
+            "\"pid\":%u,\"tid\":1,\"ts\":%.3f,\"args\":{\"process\":%u,\"device\":%u,"
+            "\"status\":\"%s\"}}",
+            sep(w), e->peer, w->sched_pid, us(e->time_ns, w->t0), e->peer, e->device,
+            ccq_status_name((ccq_status)e->status));
+}
+
 static void emit_event(jw *w, size_t k)
 {
     const ccq_event *e = &w->v->ev[k];
@@ -413,6 +424,9 @@ static void emit_event(jw *w, size_t k)
     case CCQ_EV_WATCHDOG:
     case CCQ_EV_ABORT:
         emit_error(w, e);
+        break;
+    case CCQ_EV_PROCESS_LOST:
+        emit_lost(w, e);
         break;
     default: /* BATCH_DONE, FENCE_END: shown through the slices above */
         break;

@@ -287,7 +287,7 @@ void ccq_trace_tick(ccq_trace *t, uint64_t now, uint64_t ended)
 
 static const char *const ev_names[CCQ_EV_TYPE_COUNT_] = {
     "submitted",  "matched",     "issued",    "completed", "failed", "batch",
-    "batch_done", "fence_begin", "fence_end", "watchdog",  "abort",
+    "batch_done", "fence_begin", "fence_end", "watchdog",  "abort",  "process_lost",
 };
 
 CCQ_API const char *ccq_event_type_name(uint32_t type)

@@ -59,6 +59,8 @@ struct ncclComm {
     bool launching; /* in a group whose ncclGroupEnd returned ncclInProgress, until
                        ncclCommGetAsyncError reports the launch finished */
     bool blocking;  /* config->blocking (fake_xproc.c's joins wait when set) */
+    bool revoked;   /* ncclCommRevoke: no more work on it; it can still be shrunk */
+    int shrinks;    /* ncclCommShrink calls on it (the k-th makes the same id everywhere) */
     struct ncclComm *next;
 };
 
@@ -659,52 +661,46 @@ static void grp_add(const fake_op *op)
     grp.ops[grp.n++] = *op;
 }
 
-ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank,
-                                    ncclConfig_t *config)
+/* A rank of the clique of `id` on `device` (ncclCommInitRankConfig, ncclCommShrink). Lock
+ * held; c is the call being logged. */
+static int init_rank(fake_call *c, ncclComm_t *comm, int nranks, const ncclUniqueId *id, int rank,
+                     int device, bool blocking)
 {
-    int r;
-    fake_call *c;
+    int r = ncclSuccess;
     fake_clique *q;
     struct ncclComm *cm;
 
-    c = enter("ncclCommInitRankConfig", &r);
-
     c->nranks = nranks;
     c->rank = rank;
-    c->value = config != NULL ? config->blocking : 1;
-    if (r == ncclSuccess && (nranks < 1 || nranks > FAKE_MAX_RANKS || rank < 0 || rank >= nranks))
-        r = ncclInvalidArgument;
-    if (r != ncclSuccess)
-        goto out;
-    for (q = F.cliques; q != NULL && memcmp(&q->id, &id, sizeof id) != 0; q = q->next)
+    if (nranks < 1 || nranks > FAKE_MAX_RANKS || rank < 0 || rank >= nranks)
+        return ncclInvalidArgument;
+    for (q = F.cliques; q != NULL && memcmp(&q->id, id, sizeof *id) != 0; q = q->next)
         ;
     if (q == NULL) {
         q = calloc(1, sizeof *q);
         if (q == NULL)
             abort();
-        q->id = id;
+        q->id = *id;
         q->nranks = nranks;
         q->next = F.cliques;
         F.cliques = q;
     }
     if (q->nranks != nranks || q->ranks[rank] != NULL) {
-        fake_error("ncclCommInitRankConfig: rank %d of %d does not fit its clique", rank, nranks);
-        r = ncclInvalidArgument;
-        goto out;
+        fake_error("%s: rank %d of %d does not fit its clique", c->fn, rank, nranks);
+        return ncclInvalidArgument;
     }
     for (int k = 0; k < nranks; k++)
-        if (q->ranks[k] != NULL && q->ranks[k]->device == cur_dev)
-            fake_error("ncclCommInitRankConfig: ranks %d and %d on the same device %d", k, rank,
-                       cur_dev);
+        if (q->ranks[k] != NULL && q->ranks[k]->device == device)
+            fake_error("%s: ranks %d and %d on the same device %d", c->fn, k, rank, device);
     cm = calloc(1, sizeof *cm);
     if (cm == NULL)
         abort();
     cm->clique = q;
     cm->rank = rank;
-    cm->device = cur_dev;
+    cm->device = device;
     cm->pending = F.pending;
     cm->async = take_async(rank);
-    cm->blocking = config == NULL || config->blocking != 0;
+    cm->blocking = blocking;
     cm->next = F.comms;
     F.comms = cm;
     q->ranks[rank] = cm;
@@ -713,13 +709,14 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId i
         grp_add(&(fake_op){.kind = OP_INIT, .comm = cm});
     else if ((r = xp_join(cm, false)) == ncclSuccess || r == ncclInProgress)
         r = cm->blocking ? xp_join(cm, true) : r;
-out:
-    if (r != ncclSuccess && grp.depth > 0 && grp.err == ncclSuccess)
-        grp.err = (ncclResult_t)r;
-    r = leave(c, r);
-    /* A test hook, not NCCL behaviour: once the last rank of a clique exists, hold the
-     * calling thread (the scheduler, which forms communicators) so that a test can queue
-     * work that must all be found in one pass. */
+    return r;
+}
+
+/* A test hook, not NCCL behaviour: once the last rank of a clique exists, hold the calling
+ * thread (the scheduler, which forms communicators) so that a test can queue work that must
+ * all be found in one pass. */
+static void init_hold(int r, int rank, int nranks)
+{
     if (r == ncclSuccess && rank == nranks - 1) {
         lock();
         F.inits_blocked++;
@@ -728,6 +725,131 @@ out:
         F.inits_blocked--;
         unlock();
     }
+}
+
+ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank,
+                                    ncclConfig_t *config)
+{
+    int r;
+    fake_call *c = enter("ncclCommInitRankConfig", &r);
+
+    c->value = config != NULL ? config->blocking : 1;
+    if (r == ncclSuccess)
+        r = init_rank(c, comm, nranks, &id, rank, cur_dev, config == NULL || config->blocking != 0);
+    else
+        c->nranks = nranks, c->rank = rank;
+    if (r != ncclSuccess && grp.depth > 0 && grp.err == ncclSuccess)
+        grp.err = (ncclResult_t)r;
+    r = leave(c, r);
+    init_hold(r, rank, nranks);
+    return (ncclResult_t)r;
+}
+
+/* NCCL 2.28's fault-tolerance calls: an older library does not have them. Lock held. */
+static bool has_228(fake_call *c)
+{
+    if (F.version >= NCCL_VERSION(2, 28, 0))
+        return true;
+    fake_error("%s called, but the emulated NCCL %d does not have it (added in 2.28)", c->fn,
+               F.version);
+    return false;
+}
+
+/* The aborted or revoked rank's kernels exit, so its device's streams drain. Lock held. */
+static void drain_device(int device)
+{
+    memops_abort_locked(device, F.abort_keeps);
+    for (struct CUevent_st *e = F.events; e != NULL; e = e->next)
+        if (e->device == device && e->recorded) {
+            e->complete |= !F.abort_keeps;
+            e->stuck = false;
+        }
+}
+
+ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags)
+{
+    int r;
+    fake_call *c = enter("ncclCommRevoke", &r);
+    set_comm(c, comm);
+    c->value = revokeFlags;
+    if (r == ncclSuccess && !has_228(c))
+        r = ncclInvalidUsage;
+    if (r == ncclSuccess && (!comm_ok(comm, c->fn) || revokeFlags != NCCL_REVOKE_DEFAULT))
+        r = ncclInvalidArgument;
+    if (r == ncclSuccess) {
+        /* In-flight work stops (its cross-process part is dropped, its events complete); the
+         * state is ncclInProgress until quiescent (one poll here), then ncclSuccess. */
+        if (comm->clique->xp != NULL)
+            fake_xp_leave(comm->clique->xp, comm->rank);
+        drain_device(comm->device);
+        comm->revoked = true;
+        comm->async = ncclSuccess;
+        comm->pending = 1;
+    }
+    return (ncclResult_t)leave(c, r);
+}
+
+ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeRanksCount,
+                            ncclComm_t *newcomm, ncclConfig_t *config, int shrinkFlags)
+{
+    int r, newrank = 0, nranks = 0;
+    uint32_t excluded = 0;
+    ncclUniqueId id;
+    uint64_t h = 1469598103934665603ull;
+    fake_call *c = enter("ncclCommShrink", &r);
+
+    set_comm(c, comm);
+    c->value = shrinkFlags;
+    if (r == ncclSuccess && !has_228(c))
+        r = ncclInvalidUsage;
+    if (r == ncclSuccess &&
+        (!comm_ok(comm, c->fn) || newcomm == NULL || excludeRanksCount < 0 ||
+         (excludeRanksCount > 0 && excludeRanksList == NULL) ||
+         (shrinkFlags != NCCL_SHRINK_DEFAULT && shrinkFlags != NCCL_SHRINK_ABORT)))
+        r = ncclInvalidArgument;
+    for (int k = 0; r == ncclSuccess && k < excludeRanksCount; k++) {
+        int x = excludeRanksList[k];
+        if (x < 0 || x >= comm->clique->nranks || x == comm->rank || (excluded & (1u << x))) {
+            fake_error("ncclCommShrink: excluded rank %d of %d is invalid, repeated or the "
+                       "caller's own (%d)",
+                       x, comm->clique->nranks, comm->rank);
+            r = ncclInvalidArgument;
+        }
+        excluded |= 1u << x;
+    }
+    /* The parent's work must be over: revoked (and quiescent), or NCCL_SHRINK_ABORT, or a
+     * healthy communicator (NCCL_SHRINK_DEFAULT waits for its work). */
+    if (r == ncclSuccess && !comm->revoked && shrinkFlags == NCCL_SHRINK_DEFAULT &&
+        (comm->async != ncclSuccess || comm->pending > 0)) {
+        fake_error("ncclCommShrink of rank %d in error or still ncclInProgress without "
+                   "NCCL_SHRINK_ABORT (it would wait for work that never finishes)",
+                   comm->rank);
+        r = ncclInvalidUsage;
+    }
+    if (r == ncclSuccess) {
+        /* Every remaining rank computes the same new id: the parent's, the how-manieth shrink
+         * of it, and what is excluded. Ranks keep their order. */
+        for (size_t i = 0; i < sizeof comm->clique->id.internal; i++)
+            h = (h ^ (unsigned char)comm->clique->id.internal[i]) * 1099511628211ull;
+        memset(&id, 0, sizeof id);
+        snprintf(id.internal, sizeof id.internal, "fake-shrink-%016llx-%d-%08x",
+                 (unsigned long long)h, ++comm->shrinks, excluded);
+        for (int k = 0; k < comm->clique->nranks; k++) {
+            if (excluded & (1u << k))
+                continue;
+            if (k < comm->rank)
+                newrank++;
+            nranks++;
+        }
+        if (shrinkFlags == NCCL_SHRINK_ABORT && comm->clique->xp != NULL && !comm->revoked)
+            fake_xp_leave(comm->clique->xp, comm->rank);
+        r = init_rank(c, newcomm, nranks, &id, newrank, comm->device,
+                      config != NULL ? config->blocking != 0 : comm->blocking);
+    }
+    if (r != ncclSuccess && grp.depth > 0 && grp.err == ncclSuccess)
+        grp.err = (ncclResult_t)r;
+    r = leave(c, r);
+    init_hold(r, newrank, nranks);
     return (ncclResult_t)r;
 }
 
@@ -746,7 +868,8 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async_error)
             comm->pending--;
             st = ncclInProgress;
         }
-        if (st == ncclSuccess && comm->clique->xp != NULL &&
+        /* (A revoked rank left its clique: its earlier cross-process error is over.) */
+        if (st == ncclSuccess && comm->clique->xp != NULL && !comm->revoked &&
             (st = fake_xp_poll(comm->clique->xp, comm->rank)) != ncclInProgress)
             comm->async = st;
         if (st != ncclInProgress)
@@ -815,15 +938,10 @@ ncclResult_t ncclCommAbort(ncclComm_t comm)
         fake_xp_leave(comm->clique->xp, comm->rank); /* its cross-process work is dropped */
     if (r == ncclSuccess) {
         comm->aborted = true;
-        memops_abort_locked(comm->device, F.abort_keeps);
         /* The aborted kernels exit, so the device's streams drain: its recorded events
          * complete, unless the test keeps them (work stuck elsewhere, e.g. behind a user
          * stream). */
-        for (struct CUevent_st *e = F.events; e != NULL; e = e->next)
-            if (e->device == comm->device && e->recorded) {
-                e->complete |= !F.abort_keeps;
-                e->stuck = false;
-            }
+        drain_device(comm->device);
     }
     return (ncclResult_t)leave(c, r);
 }
@@ -1341,6 +1459,10 @@ static int add_op(fake_call *c, int r, const fake_op *op, cudaStream_t stream)
     }
     if (r == ncclSuccess && (!comm_ok(comm, c->fn) || !stream_ok(stream, c->fn)))
         r = ncclInvalidArgument;
+    if (r == ncclSuccess && comm->revoked) {
+        fake_error("%s on a revoked communicator (rank %d)", c->fn, comm->rank);
+        r = ncclInvalidUsage;
+    }
     if (r == ncclSuccess &&
         ((unsigned)op->dtype >= ncclNumTypes ||
          (coll && coll_info[op->kind].reduces && (unsigned)op->redop >= ncclNumOps) ||

@@ -89,8 +89,10 @@ ncclResult_t ncclGroupEnd(void);
  *   is a fake error, and the call's rank gets ncclInvalidUsage as its asynchronous error.
  *   A peer whose process is gone gives ncclRemoteError at once; a peer that has not
  *   joined, or done its part, within the fake's timeout (fake_set_xproc_timeout_ms) gives
- *   ncclSystemError; neither is a fake error (nobody here misused anything); the failed
- *   call is dropped, so its events complete. A launch on a stream with unfinished
+ *   ncclSystemError; neither is a fake error (nobody here misused anything). As NCCL's
+ *   kernels of a failed collective, the failed call never finishes: the events recorded
+ *   after it on its stream stay incomplete until its rank is aborted or destroyed (later
+ *   launches on the stream do not wait for it). A launch on a stream with unfinished
  *   cross-process work waits for it first (stream order: its input may be that output).
  *   The last process whose communicators are destroyed or aborted unlinks the segment and
  *   its files; a process that dies leaves them to fake_xproc_cleanup(). A clique has 256

@@ -99,6 +99,9 @@ typedef struct xp_pend {
     uint64_t seq, ticket;
     long long deadline;
     bool published; /* its input is in the segment (a recv has none to publish) */
+    bool failed;    /* it failed (its rank holds the error): as NCCL's kernels of a failed
+                       collective, it never finishes, and the events after it never complete,
+                       until its rank is aborted or destroyed (fake_xp_leave) */
     struct xp_pend *next;
 } xp_pend;
 
@@ -692,14 +695,18 @@ static int publish(fake_xp_clique *q, xp_pend *p)
     return 1;
 }
 
-/* Publish what can be, finish every launched call whose peers have done their part; drop
- * failed ones (their rank holds the error). */
+/* Publish what can be, finish every launched call whose peers have done their part; failed
+ * ones stay, stuck, until their rank leaves (their rank holds the error). */
 static void progress(void)
 {
     for (xp_pend **pp = &X.pend; *pp != NULL;) {
         xp_pend *p = *pp;
         fake_xp_clique *q = p->op.q;
         bool finished = q->h == NULL;
+        if (p->failed && !finished) {
+            pp = &p->next;
+            continue;
+        }
         int pub = finished || p->published || p->op.kind == FAKE_XP_RECV ? 1 : publish(q, p);
         if (pub < 0) {
             finished = true;
@@ -721,7 +728,10 @@ static void progress(void)
                 break;
             }
         }
-        if (finished) {
+        if (finished && q->h != NULL && q->r[p->op.rank].err != ncclSuccess) {
+            p->failed = true; /* stuck until ncclCommAbort / ncclCommDestroy of its rank */
+            pp = &p->next;
+        } else if (finished) {
             *pp = p->next;
             free(p);
         } else {
@@ -837,10 +847,12 @@ bool fake_xp_joining(const fake_xp_clique *q, int rank)
     return q->r[rank].joining;
 }
 
+/* Cross-process work of the stream that can still finish (a failed call never will: later
+ * launches do not wait for it, but the events after it stay incomplete). */
 static bool stream_busy(const void *stream)
 {
     for (const xp_pend *p = X.pend; p != NULL; p = p->next)
-        if (p->op.stream == stream)
+        if (p->op.stream == stream && !p->failed)
             return true;
     return false;
 }
@@ -867,7 +879,7 @@ ncclResult_t fake_xp_launch(const fake_xp_op *ops, size_t n, const void *const *
     /* Stream order: a call reads what the calls before it on its stream wrote. */
     for (size_t i = 0; i < nstreams; i++) {
         for (const xp_pend *p = X.pend; p != NULL; p = p->next) {
-            if (p->op.stream != streams[i])
+            if (p->op.stream != streams[i] || p->failed)
                 continue;
             if (!wait_while(p->op.q->h, stream_busy, streams[i], deadline)) {
                 fprintf(stderr, "fake_cuda_nccl: a launch waited for its stream's "

@@ -31,6 +31,9 @@ pub struct ccq_config {
     /// 1: a SIGUSR1 handler makes every runtime of the process dump its trace file.
     pub trace_signal: u32,
     pub check_signatures: u32,
+    /// Job health: heartbeat period (0 = none) and the age that makes a process lost.
+    pub heartbeat_ms: u32,
+    pub heartbeat_timeout_ms: u32,
     /// The host backend's engine across processes: `"ucx"`, `"mpi"`, or NULL (ucx when
     /// built in, else mpi when MPI is initialised).
     pub host_engine: *const c_char,

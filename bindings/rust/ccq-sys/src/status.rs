@@ -18,6 +18,7 @@ pub const CCQ_ERR_BACKEND: ccq_status = -7;
 pub const CCQ_ERR_ABORTED: ccq_status = -8;
 pub const CCQ_ERR_SHUTDOWN: ccq_status = -9;
 pub const CCQ_ERR_UNSUPPORTED: ccq_status = -10;
+pub const CCQ_ERR_PROCESS_LOST: ccq_status = -11;
 
 extern "C" {
     pub fn ccq_status_string(s: ccq_status) -> *const c_char;

@@ -17,7 +17,8 @@ pub const CCQ_EV_FENCE_BEGIN: ccq_event_type = 7;
 pub const CCQ_EV_FENCE_END: ccq_event_type = 8;
 pub const CCQ_EV_WATCHDOG: ccq_event_type = 9;
 pub const CCQ_EV_ABORT: ccq_event_type = 10;
-pub const CCQ_EV_TYPE_COUNT_: ccq_event_type = 11;
+pub const CCQ_EV_PROCESS_LOST: ccq_event_type = 11;
+pub const CCQ_EV_TYPE_COUNT_: ccq_event_type = 12;
 
 /// `enum ccq_kind`.
 pub type ccq_kind = c_uint;

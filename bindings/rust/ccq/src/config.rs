@@ -174,6 +174,19 @@ impl Config {
         self.raw.check_signatures = on.into();
         self
     }
+    /// Job health, in a world of several processes: how often this process publishes its
+    /// heartbeat (with its progress) through the bootstrap; 0 = no heartbeats. Default 1000.
+    /// Env: `CCQ_HEARTBEAT_MS`.
+    pub fn heartbeat_ms(mut self, ms: u32) -> Self {
+        self.raw.heartbeat_ms = ms;
+        self
+    }
+    /// A process whose heartbeat is older than this is declared lost (0 = 10 x
+    /// heartbeat_ms, the default). Env: `CCQ_HEARTBEAT_TIMEOUT_MS`.
+    pub fn heartbeat_timeout_ms(mut self, ms: u32) -> Self {
+        self.raw.heartbeat_timeout_ms = ms;
+        self
+    }
     /// Host backend: operations moving at least this many bytes use streaming stores
     /// (0 = default, 64 MiB; `u64::MAX` = never). Env: `CCQ_HOST_STREAM_BYTES`.
     pub fn host_stream_bytes(mut self, bytes: u64) -> Self {
@@ -266,6 +279,14 @@ impl Config {
     /// Whether the cross-process signature check is asked for.
     pub fn get_check_signatures(&self) -> bool {
         self.raw.check_signatures != 0
+    }
+    /// Heartbeat period (0 = none).
+    pub fn get_heartbeat_ms(&self) -> u32 {
+        self.raw.heartbeat_ms
+    }
+    /// Heartbeat age that makes a process lost (0 = 10 x heartbeat_ms).
+    pub fn get_heartbeat_timeout_ms(&self) -> u32 {
+        self.raw.heartbeat_timeout_ms
     }
     /// Streaming-store threshold.
     pub fn get_host_stream_bytes(&self) -> u64 {

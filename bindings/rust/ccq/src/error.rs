@@ -28,6 +28,9 @@ pub enum Status {
     Shutdown,
     /// `CCQ_ERR_UNSUPPORTED`.
     Unsupported,
+    /// `CCQ_ERR_PROCESS_LOST`: a member process of the communicator died or was declared
+    /// lost (the detail names it, its devices, who saw it and how).
+    ProcessLost,
     /// A status this crate does not know (a newer libccq).
     Other(i32),
 }
@@ -46,6 +49,7 @@ impl Status {
             sys::CCQ_ERR_ABORTED => Status::Aborted,
             sys::CCQ_ERR_SHUTDOWN => Status::Shutdown,
             sys::CCQ_ERR_UNSUPPORTED => Status::Unsupported,
+            sys::CCQ_ERR_PROCESS_LOST => Status::ProcessLost,
             r if r >= 0 => return None,
             r => Status::Other(r),
         })
@@ -64,6 +68,7 @@ impl Status {
             Status::Aborted => sys::CCQ_ERR_ABORTED,
             Status::Shutdown => sys::CCQ_ERR_SHUTDOWN,
             Status::Unsupported => sys::CCQ_ERR_UNSUPPORTED,
+            Status::ProcessLost => sys::CCQ_ERR_PROCESS_LOST,
             Status::Other(r) => r,
         }
     }

@@ -98,7 +98,7 @@ pub use scope::Scope;
 pub use stats::{Metrics, Stats};
 pub use trace::{Event, EventType, Kind};
 pub use types::{DType, DeviceId, Element, ReduceOp, StreamId, BF16, F16, F8E4M3, F8E5M2};
-pub use world::{Bootstrap, Store};
+pub use world::{Bootstrap, ProcessState, Progress, Store};
 
 /// The version of the libccq headers the bindings were written against (`CCQ_VERSION_STRING`).
 pub const VERSION: &str = sys::CCQ_VERSION_STRING;

@@ -32,6 +32,8 @@ pub enum EventType {
     Watchdog,
     /// Communicator `comm` was aborted.
     Abort,
+    /// Process `peer` (a world rank) was lost; `device` is its first device.
+    ProcessLost,
     /// A type this crate does not know (a newer libccq).
     Other(u32),
 }
@@ -51,6 +53,7 @@ impl EventType {
             sys::CCQ_EV_FENCE_END => EventType::FenceEnd,
             sys::CCQ_EV_WATCHDOG => EventType::Watchdog,
             sys::CCQ_EV_ABORT => EventType::Abort,
+            sys::CCQ_EV_PROCESS_LOST => EventType::ProcessLost,
             r => EventType::Other(r),
         }
     }

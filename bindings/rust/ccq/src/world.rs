@@ -78,11 +78,14 @@ impl std::fmt::Debug for Bootstrap {
 /// ([`Bootstrap::Store`]; C's `ccq_store`).
 ///
 /// Keys are `ccq/<job>/<generation>/<tag>/<rank>`; every process of the world must see the
-/// values the others set. Values are small binary records (tens to hundreds of bytes), each
-/// set once and never deleted by ccq (the store's owner drops them with the job).
+/// values the others set. Values are small binary records (tens to hundreds of bytes),
+/// never deleted by ccq (the store's owner drops them with the job). Exchange records are set
+/// once; each process's heartbeat key (`ccq/<job>/<generation>/~hb/<rank>`) is set again at
+/// every heartbeat: `set` replaces the value and `get` returns the last one (last write wins).
 ///
-/// Threads (ccq.h's rule): ccq calls `set` and `get` from the thread creating the runtime
-/// and from the runtime's scheduler thread, never two calls at once for one runtime; several
+/// Threads (ccq.h's rule): ccq calls `set` and `get` from the thread creating the runtime,
+/// the runtime's scheduler thread and its health monitor thread (heartbeats), never two calls
+/// at once for one runtime; several
 /// runtimes sharing one store (threads of one process each playing a world rank) call it
 /// concurrently: hence `Send + Sync`. The methods must not call ccq (a runtime they reach
 /// refuses the calls that wait), and `get` must not wait for the key: ccq polls it, about
@@ -261,6 +264,87 @@ impl Runtime {
     pub fn is_local(&self, device: DeviceId) -> bool {
         self.local_devices().contains(&device)
     }
+
+    /// What this process knows of world rank `process` (job health): alive, lost (died, or
+    /// silent past `heartbeat_timeout_ms`; every survivor agrees) or left (destroyed its
+    /// runtime cleanly). A process declared lost while it was in fact alive reads its own
+    /// state as lost once it learns it.
+    pub fn process_state(&self, process: u32) -> crate::Result<ProcessState> {
+        let mut st = sys::CCQ_PROCESS_ALIVE;
+        // SAFETY: live runtime; valid out-pointer.
+        crate::error::check(unsafe { sys::ccq_world_process_state(self.as_ptr(), process, &mut st) })?;
+        Ok(match st {
+            sys::CCQ_PROCESS_LOST => ProcessState::Lost,
+            sys::CCQ_PROCESS_LEFT => ProcessState::Left,
+            _ => ProcessState::Alive,
+        })
+    }
+
+    /// The latest progress of every process on the communicators spanning processes this
+    /// process belongs to, from their heartbeats (this process's own is current).
+    pub fn world_progress(&self) -> crate::Result<Vec<Progress>> {
+        let mut n = 0usize;
+        // SAFETY: live runtime; cap 0 with a NULL array only counts.
+        crate::error::check(unsafe { sys::ccq_world_progress(self.as_ptr(), std::ptr::null_mut(), 0, &mut n) })?;
+        let mut raw = vec![sys::ccq_progress::default(); n + 8]; // room for a few more meanwhile
+        raw[0].struct_size = std::mem::size_of::<sys::ccq_progress>() as u32;
+        // SAFETY: `raw` has raw.len() elements of the size declared in raw[0].
+        crate::error::check(unsafe { sys::ccq_world_progress(self.as_ptr(), raw.as_mut_ptr(), raw.len(), &mut n) })?;
+        raw.truncate(n.min(raw.len()));
+        Ok(raw
+            .into_iter()
+            .map(|p| Progress {
+                process: p.process,
+                state: match p.state {
+                    sys::CCQ_PROCESS_LOST => ProcessState::Lost,
+                    sys::CCQ_PROCESS_LEFT => ProcessState::Left,
+                    _ => ProcessState::Alive,
+                },
+                comm: p.comm,
+                submitted: p.submitted,
+                completed: p.completed,
+                pending: (p.pending_kind != u32::MAX).then(|| {
+                    (
+                        crate::Kind::from_raw(p.pending_kind),
+                        p.pending_seq,
+                        std::time::Duration::from_nanos(p.pending_age_ns),
+                    )
+                }),
+                heartbeat_age: std::time::Duration::from_nanos(p.heartbeat_age_ns),
+            })
+            .collect())
+    }
+}
+
+/// What a process knows of another one ([`Runtime::process_state`]; `ccq_process_state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ProcessState {
+    /// Its heartbeats arrive (or heartbeats are off).
+    Alive,
+    /// Died, or silent past `heartbeat_timeout_ms`: excluded for good.
+    Lost,
+    /// Destroyed its runtime cleanly.
+    Left,
+}
+
+/// One process's progress on one communicator spanning processes ([`Runtime::world_progress`];
+/// `ccq_progress`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Progress {
+    /// World rank.
+    pub process: u32,
+    /// Its state as this process knows it.
+    pub state: ProcessState,
+    /// The communicator's id (this process's, as in events).
+    pub comm: u32,
+    /// Operations it submitted on the communicator (its next sequence number).
+    pub submitted: u64,
+    /// Operations it completed.
+    pub completed: u64,
+    /// Its oldest pending operation: kind, sequence number, how long it had been pending.
+    pub pending: Option<(crate::Kind, u64, std::time::Duration)>,
+    /// Age of the heartbeat this comes from (zero for this process's own).
+    pub heartbeat_age: std::time::Duration,
 }
 
 /// `Runtime::new`'s error, with what the store said when it failed.

@@ -138,6 +138,35 @@ fn two_ranks_on_threads_meet_through_a_rust_store() {
     assert_eq!(Arc::strong_count(&store), 1);
 }
 
+#[test]
+fn a_rank_that_destroys_its_runtime_reads_as_left() {
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    fresh("health");
+    let store = Arc::new(MemStore::default());
+    let c = |r| cfg(r, 1, Bootstrap::Store(store.clone())).heartbeat_ms(50).heartbeat_timeout_ms(500);
+    assert_eq!((c(0).get_heartbeat_ms(), c(0).get_heartbeat_timeout_ms()), (50, 500));
+    let (r0, r1) = pair(c(0), c(1));
+    let (r0, r1) = (r0.unwrap(), r1.unwrap());
+    for rt in [&r0, &r1] {
+        assert_eq!(rt.process_state(0).unwrap(), ProcessState::Alive);
+        assert_eq!(rt.process_state(1).unwrap(), ProcessState::Alive);
+        assert_eq!(rt.process_state(2).unwrap_err().status(), Status::InvalidArgument);
+        // No communicator spans the two (the host backend needs MPI for that): no records.
+        assert!(rt.world_progress().unwrap().is_empty());
+    }
+    drop(r1);
+    let t0 = std::time::Instant::now();
+    while r0.process_state(1).unwrap() != ProcessState::Left {
+        assert!(t0.elapsed() < std::time::Duration::from_secs(5), "rank 1 never read as left");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    // Past its heartbeat timeout it is still left, never lost.
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    assert_eq!(r0.process_state(1).unwrap(), ProcessState::Left);
+    assert_eq!(Status::from_raw(sys::CCQ_ERR_PROCESS_LOST), Some(Status::ProcessLost));
+    assert_eq!(EventType::from_raw(sys::CCQ_EV_PROCESS_LOST), EventType::ProcessLost);
+}
+
 /// A store whose get fails, or panics, for keys of rank 1.
 struct BadStore {
     inner: MemStore,

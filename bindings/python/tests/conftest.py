@@ -1,0 +1,33 @@
+"""Shared fixtures of ccq's Python tests: runtimes that are always closed, and paths."""
+
+import os
+
+import pytest
+
+import ccq
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+#: The repository's include/ (for the header checks), when the tests run from a checkout.
+INCLUDE = os.environ.get("CCQ_INCLUDE_DIR") or os.path.join(HERE, "..", "..", "..", "include")
+DEVS = [0, 1, 2, 3]
+
+
+@pytest.fixture
+def rt():
+    """A host runtime of 4 devices with a 20 s deadline (no test waits for it on success)."""
+    with ccq.Runtime(backend="host", host_devices=4, timeout_ms=20000) as r:
+        r.comm_init(DEVS)
+        yield r
+
+
+@pytest.fixture(scope="module")
+def shared_rt():
+    """One runtime for a module's many small cases (the collective matrix)."""
+    with ccq.Runtime(backend="host", host_devices=4, timeout_ms=20000) as r:
+        r.comm_init(DEVS)
+        yield r
+
+
+def fence_all(rt, devices, stream=0):
+    for d in devices:
+        rt.sync(d, stream)

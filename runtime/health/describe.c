@@ -1,0 +1,68 @@
+/* The words of job health: what every command failed by a loss says, and how a loss was
+ * seen. Details name "process P" and its devices first (tests and tools look for them). */
+#include <inttypes.h>
+#include <stdio.h>
+
+#include "runtime/health/health_impl.h"
+#include "runtime/internal.h"
+
+const char *ccq_health_how_name(uint32_t how)
+{
+    switch (how) {
+    case CCQ_HOW_HEARTBEAT:
+        return "its heartbeat stopped";
+    case CCQ_HOW_EXITED:
+        return "its process exited";
+    case CCQ_HOW_CLOSED:
+        return "its rendezvous connection closed";
+    case CCQ_HOW_ENGINE:
+        return "the data engine reported it failed";
+    default:
+        return "?";
+    }
+}
+
+/* "devices 4..5", "device 4", "no devices". */
+static size_t fmt_devices(const ccq_health *h, uint32_t p, char *buf, size_t len)
+{
+    const ccq_world *w = &h->rt->world;
+    uint32_t first = w->first[p], end = w->first[p + 1];
+    if (end == first)
+        return ccq_format(buf, len, "no devices");
+    if (end - first == 1)
+        return ccq_format(buf, len, "device %u", first);
+    return ccq_format(buf, len, "devices %u..%u", first, end - 1);
+}
+
+size_t ccq_health_describe_loss(const ccq_health *h, uint32_t p, char *buf, size_t len)
+{
+    const hpeer *q = &h->peers[p];
+    uint64_t now = ccq_now_ns();
+    double ago = (double)(now - q->lost_ns) / 1e9;
+    size_t w;
+    char devs[64];
+
+    fmt_devices(h, p, devs, sizeof devs);
+    if (p == h->rank) {
+        /* Fenced off: it ran on while the others had given it up. */
+        w = ccq_format(
+            buf, len,
+            "process %" PRIu32 " (this process, %s) was declared lost by process %" PRIu32
+            " (%s; its last heartbeat %.1f s old then), which it learned %.1f s ago "
+            "(it was stopped or cut off meanwhile): it is fenced off, its communicators "
+            "spanning processes fail and nothing it sends reaches the others",
+            p, devs, q->by, ccq_health_how_name(q->how), (double)q->hb_age_ns / 1e9, ago);
+        return w;
+    }
+    w = ccq_format(buf, len, "process %" PRIu32 " (%s) was lost %.1f s ago: ", p, devs, ago);
+    if (q->by == h->rank)
+        w += ccq_format(buf + w, len - w, "this process (%" PRIu32 ") saw that %s", h->rank,
+                        ccq_health_how_name(q->how));
+    else
+        w += ccq_format(buf + w, len - w, "process %" PRIu32 " saw that %s", q->by,
+                        ccq_health_how_name(q->how));
+    if (h->records) /* (the MPI bootstrap carries no heartbeats: only the OS tells) */
+        w += ccq_format(buf + w, len - w, " (its last heartbeat %.1f s old then)",
+                        (double)q->hb_age_ns / 1e9);
+    return w;
+}
