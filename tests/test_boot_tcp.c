@@ -454,17 +454,45 @@ static void watcher(void *arg, uint32_t rank, ccq_boot_peer st)
         s->left[rank]++;
 }
 
-/* Rank 1 dies without closing; rank 2 closes cleanly; ranks 0 and 3 watch. */
+/* Wait until rank q's latest heartbeat record is `want` (job health's records). */
+static bool beat_is(ccq_boot *b, uint32_t q, const char *want)
+{
+    for (int k = 0; k < 500; k++) {
+        void *rec = NULL;
+        size_t len = 0;
+        ccq_errbuf err = {{0}};
+        ccq_status st = ccq_boot_beat_fetch(b, q, &rec, &len, &err);
+        bool same = st == CCQ_OK && len == strlen(want) + 1 && memcmp(rec, want, len) == 0;
+        free(rec);
+        if (same)
+            return true;
+        sleep_ms(10);
+    }
+    return false;
+}
+
+/* Rank 1 dies without closing; rank 2 closes cleanly; ranks 0 and 3 watch. Each publishes a
+ * heartbeat record first: every other process reads it, also after its writer went. */
 static int peers_child(unsigned rank, unsigned size, void *arg)
 {
     ccq_boot *b;
     ccq_errbuf err = {{0}};
-    uint32_t all[4] = {0, 1, 2, 3}, two[2] = {0, 3};
+    uint32_t all[4] = {0, 1, 2, 3}, two[2] = {0, 3}, closed[4];
     uint64_t mine = rank, out[4];
+    char beat[32];
     static seen s;
     (void)arg;
     CHILD_CHECK(open_tcp(rank, size, &b, &err) == CCQ_OK, "open: %s", err.msg);
     CHILD_CHECK(ccq_boot_watch_peers(b, watcher, &s) == CCQ_OK, "watch");
+    CHILD_CHECK(ccq_boot_has_heartbeats(b), "tcp carries heartbeats");
+    snprintf(beat, sizeof beat, "beat %u.1", rank);
+    CHILD_CHECK(ccq_boot_beat_publish(b, beat, strlen(beat) + 1, &err) == CCQ_OK, "beat: %s",
+                err.msg);
+    for (uint32_t q = 0; q < size; q++) {
+        char want[32];
+        snprintf(want, sizeof want, "beat %u.1", q);
+        CHILD_CHECK(q == rank || beat_is(b, q, want), "process %u's beat not read", q);
+    }
     CHILD_CHECK(ccq_boot_exchange(b, "w", all, 4, &mine, 8, out, deadline_ms(20000), &err) ==
                     CCQ_OK,
                 "w: %s", err.msg);
@@ -485,6 +513,15 @@ static int peers_child(unsigned rank, unsigned size, void *arg)
                 ccq_boot_peer_state(b, 2));
     CHILD_CHECK(s.lost[1] == 1 && s.left[2] == 1 && s.lost[2] == 0, "watcher: %d %d %d", s.lost[1],
                 s.left[2], s.lost[2]);
+    /* Job health's closed connections: the lost one, once; not the one that left. */
+    CHILD_CHECK(ccq_boot_closed_peers(b, closed, 4) == 1 && closed[0] == 1, "closed: 1");
+    CHILD_CHECK(ccq_boot_closed_peers(b, closed, 4) == 0, "closed: reported once");
+    /* The last records of those gone stay readable; a new beat replaces the old one. */
+    CHILD_CHECK(beat_is(b, 1, "beat 1.1") && beat_is(b, 2, "beat 2.1"), "last beats");
+    snprintf(beat, sizeof beat, "beat %u.2", rank);
+    CHILD_CHECK(ccq_boot_beat_publish(b, beat, strlen(beat) + 1, &err) == CCQ_OK, "beat: %s",
+                err.msg);
+    CHILD_CHECK(beat_is(b, 3 - rank, rank == 0 ? "beat 3.2" : "beat 0.2"), "second beat");
     /* The survivors still meet. */
     mine = rank + 100;
     CHILD_CHECK(ccq_boot_exchange(b, "after", two, 2, &mine, 8, out, deadline_ms(20000), &err) ==
@@ -499,6 +536,7 @@ static int peers_child(unsigned rank, unsigned size, void *arg)
         sleep_ms(10);
     CHILD_CHECK(ccq_boot_peer_state(b, 0) == CCQ_BOOT_PEER_LOST, "0: %d",
                 ccq_boot_peer_state(b, 0));
+    CHILD_CHECK(ccq_boot_closed_peers(b, closed, 4) == 1 && closed[0] == 0, "closed: 0");
     /* An exchange needing the rendezvous now fails at once, saying why. */
     {
         uint32_t only[2] = {2, 3};
@@ -608,12 +646,73 @@ static void test_tcp_server_memory(void **state)
     ccq_tcp_server_free(s);
 }
 
+/* Heartbeats through the server: each process's latest goes to every other one; a reader
+ * that does not read is sent only the newest of each (its queue stays one frame per process);
+ * the records are bounded like the others. */
+static void test_tcp_server_beats(void **state)
+{
+    ccq_tcp_limits lim;
+    ccq_tcp_server *s;
+    int id[3];
+    uint8_t rec[1000];
+    const uint8_t *p;
+    size_t len, held;
+    (void)state;
+
+    ccq_tcp_default_limits(&lim, 3);
+    s = ccq_tcp_server_new("job", 3, 0, &lim);
+    assert_non_null(s);
+    for (uint32_t r = 0; r < 3; r++) {
+        id[r] = ccq_tcp_server_open(s, 0);
+        put_hello(s, id[r], r);
+        drain(s, id[r]);
+    }
+    held = ccq_tcp_server_memory(s);
+    for (int k = 0; k < 1000; k++) {
+        ccq_tcp_buf b = {0};
+        memset(rec, k & 0xff, sizeof rec);
+        ccq_tcp_put_frame(&b, SIZE_MAX, CCQ_TCP_BEAT, rec, sizeof rec, NULL, 0, NULL, 0);
+        assert_true(ccq_tcp_server_input(s, id[0], b.p, b.len, 2));
+        ccq_tcp_buf_free(&b);
+        drain(s, id[1]); /* process 1 reads; process 2 does not */
+    }
+    /* Process 2 holds the first beat queued and the newest due, nothing more. */
+    ccq_tcp_server_output(s, id[2], &p, &len);
+    assert_int_equal(len, 12 + 4 + sizeof rec);
+    assert_int_equal(p[12 + 4], 0); /* the first beat */
+    ccq_tcp_server_sent(s, id[2], len, 3);
+    ccq_tcp_server_output(s, id[2], &p, &len);
+    assert_int_equal(len, 12 + 4 + sizeof rec);
+    assert_int_equal(p[12 + 4], 999 & 0xff); /* then the newest */
+    ccq_tcp_server_sent(s, id[2], len, 3);
+    ccq_tcp_server_output(s, id[2], &p, &len);
+    assert_int_equal(len, 0);
+    /* The server holds one record per process (and the buffers it had). */
+    assert_true(ccq_tcp_server_memory(s) <= held + sizeof rec + 64 * 1024);
+    /* A process that went cannot come back as the same world rank (a restarted process joins
+     * a new job). */
+    ccq_tcp_server_closed(s, id[2], 4);
+    {
+        ccq_tcp_buf b = {0};
+        uint32_t v[4] = {2, 3, 0, 0};
+        uint64_t nonce = 9;
+        id[2] = ccq_tcp_server_open(s, 5);
+        ccq_tcp_put_frame(&b, SIZE_MAX, CCQ_TCP_HELLO, v, 16, &nonce, 8, "job", 3);
+        assert_false(ccq_tcp_server_input(s, id[2], b.p, b.len, 5));
+        ccq_tcp_buf_free(&b);
+        ccq_tcp_server_output(s, id[2], &p, &len);
+        assert_true(len > 12 && memmem(p, len, "was here", 8) != NULL);
+    }
+    ccq_tcp_server_free(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_tcp_worlds),   cmocka_unit_test(test_tcp_any_interface),
-        cmocka_unit_test(test_tcp_refusals), cmocka_unit_test(test_tcp_hostile_clients),
-        cmocka_unit_test(test_tcp_peers),    cmocka_unit_test(test_tcp_server_memory),
+        cmocka_unit_test(test_tcp_worlds),       cmocka_unit_test(test_tcp_any_interface),
+        cmocka_unit_test(test_tcp_refusals),     cmocka_unit_test(test_tcp_hostile_clients),
+        cmocka_unit_test(test_tcp_peers),        cmocka_unit_test(test_tcp_server_memory),
+        cmocka_unit_test(test_tcp_server_beats),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -400,8 +400,10 @@ int main(void)
             while (st == CCQ_ERR_TIMEOUT &&
                    strstr(ccq_last_error_detail(), "commands it covers still pending"))
                 st = ccq_sync_collective(rt, first, 0);
-            /* (UCX: or the mismatching process's departure, seen first) */
-            CHECK(st == CCQ_ERR_TIMEOUT || st == CCQ_ERR_ABORTED || st == CCQ_ERR_BACKEND,
+            /* (UCX: or the mismatching process's departure, seen first; job health may
+             * call it a loss when the process exited before its "left" record was read) */
+            CHECK(st == CCQ_ERR_TIMEOUT || st == CCQ_ERR_ABORTED || st == CCQ_ERR_BACKEND ||
+                      st == CCQ_ERR_PROCESS_LOST,
                   "partner of a mismatch: %s", ccq_status_name(st));
         }
         /* The processes that found the mismatch stay while the others still form and wait:

@@ -79,6 +79,11 @@ typedef struct ccq_host_engine_ops {
 /* The base every engine struct embeds first. */
 struct ccq_host_engine {
     const ccq_host_engine_ops *ops;
+    /* Set by the host backend after create (NULL until then): an engine that learns that a
+     * peer process failed (UCX's peer error) calls it with that process's world rank, from
+     * inside one of its functions; the runtime's job health declares the process lost. */
+    void (*peer_failed)(void *arg, uint32_t world_rank);
+    void *peer_failed_arg;
 };
 
 /* Engines built into this library (NULL when this build has none of that kind). */

@@ -385,6 +385,10 @@ static ccq_status host_create(const ccq_config *cfg, const ccq_be_hooks *hooks, 
     h->timeout_ns = cfg->timeout_ms ? cfg->timeout_ms * 1000000ull : UINT64_MAX;
     if (cfg->world_size > 1)
         engine_open(h, cfg);
+    if (h->engine != NULL) { /* a peer error the engine sees: the runtime's job health */
+        h->engine->peer_failed = hooks->peer_failed;
+        h->engine->peer_failed_arg = hooks->notify_arg;
+    }
     atomic_init(&h->pending, 0);
     ccq_mpsc_init(&h->done);
     pthread_mutex_init(&h->mu, NULL);

@@ -4,7 +4,10 @@
  * (GET); rank 0's server relays them (tcp_server.c holds the protocol and its limits). A
  * closed connection is how rank 0 learns that a process died, and how the others learn that
  * rank 0 did; rank 0 tells everyone of the others (ccq_boot_peer_state,
- * ccq_boot_watch_peers).
+ * ccq_boot_watch_peers, and for job health ccq_boot_closed_peers: each process whose
+ * connection closed without a goodbye, once). Heartbeat records (runtime/health/) travel
+ * over the same connection: each process sends its own, rank 0 passes on the latest of
+ * each to every other process, which keeps the latest of each here.
  *
  * Threads: each handle runs one I/O thread, asleep in poll() while nothing moves. It owns the
  * sockets; the bootstrap's calls (with the handle's lock held) only queue output and read
@@ -80,7 +83,12 @@ typedef struct tcp_boot {
     ccq_tcp_buf out;    /* frames for the server, sent once WELCOMEd */
     mail *mail;
     dead_tag *dead;
-    uint8_t *peer; /* [size] ccq_boot_peer */
+    uint8_t *peer;     /* [size] ccq_boot_peer */
+    uint8_t *reported; /* [size] LOST told by closed_peers already */
+    struct {
+        uint8_t *rec; /* NULL: none yet */
+        size_t len;
+    } * beats; /* [size]: each process's latest heartbeat record */
     void (*watch)(void *, uint32_t, ccq_boot_peer);
     void *watch_arg;
     bool stop;
@@ -317,6 +325,25 @@ static void client_frame(tcp_boot *t, const ccq_tcp_frame *f)
         pthread_mutex_lock(&t->mu);
         d->next = t->dead;
         t->dead = d;
+        pthread_mutex_unlock(&t->mu);
+        break;
+    }
+    case CCQ_TCP_BEATS: {
+        uint8_t *m;
+        size_t n;
+        if (f->len < 5 || f->len - 4 > CCQ_BOOT_BEAT_MAX)
+            break;
+        memcpy(&u[0], p, 4);
+        if (u[0] >= t->size || u[0] == t->rank)
+            break;
+        n = f->len - 4u;
+        if ((m = malloc(n)) == NULL)
+            break; /* this beat is missed; the next one replaces it */
+        memcpy(m, p + 4, n);
+        pthread_mutex_lock(&t->mu);
+        free(t->beats[u[0]].rec);
+        t->beats[u[0]].rec = m;
+        t->beats[u[0]].len = n;
         pthread_mutex_unlock(&t->mu);
         break;
     }
@@ -739,6 +766,10 @@ static void tcp_close(ccq_boot *b)
     close(t->wake[0]);
     close(t->wake[1]);
     pthread_mutex_destroy(&t->mu);
+    for (uint32_t r = 0; t->beats != NULL && r < t->size; r++)
+        free(t->beats[r].rec);
+    free(t->beats);
+    free(t->reported);
     free(t->peer);
     free(t);
 }
@@ -773,6 +804,62 @@ static ccq_status tcp_watch(ccq_boot *b, void (*fn)(void *, uint32_t, ccq_boot_p
     return CCQ_OK;
 }
 
+static ccq_status tcp_beat_publish(ccq_boot *b, const void *rec, size_t len, ccq_errbuf *err)
+{
+    tcp_boot *t = b->impl;
+    bool ok;
+
+    pthread_mutex_lock(&t->mu);
+    ok = ccq_tcp_put_frame(&t->out, CLIENT_OUT_MAX, CCQ_TCP_BEAT, rec, len, NULL, 0, NULL, 0);
+    pthread_mutex_unlock(&t->mu);
+    if (!ok) {
+        ccq_boot_err(err, "more than %u bytes waiting for the rendezvous (or out of memory)",
+                     CLIENT_OUT_MAX);
+        return CCQ_ERR_NO_MEMORY;
+    }
+    wake_thread(t);
+    return CCQ_OK;
+}
+
+static ccq_status tcp_beat_fetch(ccq_boot *b, uint32_t rank, void **rec, size_t *len,
+                                 ccq_errbuf *err)
+{
+    tcp_boot *t = b->impl;
+    ccq_status st = CCQ_IN_PROGRESS;
+
+    pthread_mutex_lock(&t->mu);
+    if (t->beats[rank].rec != NULL) {
+        *rec = malloc(t->beats[rank].len);
+        if (*rec == NULL) {
+            ccq_boot_err(err, "bootstrap: out of memory");
+            st = CCQ_ERR_NO_MEMORY;
+        } else {
+            memcpy(*rec, t->beats[rank].rec, t->beats[rank].len);
+            *len = t->beats[rank].len;
+            st = CCQ_OK;
+        }
+    }
+    pthread_mutex_unlock(&t->mu);
+    return st;
+}
+
+/* Processes whose connection closed without a goodbye (rank 0 saw it and told everyone; or,
+ * for rank 0 itself, this process's connection to it), each reported once. */
+static size_t tcp_closed_peers(ccq_boot *b, uint32_t *ranks, size_t cap)
+{
+    tcp_boot *t = b->impl;
+    size_t n = 0;
+
+    pthread_mutex_lock(&t->mu);
+    for (uint32_t r = 0; r < t->size && n < cap; r++)
+        if (t->peer[r] == CCQ_BOOT_PEER_LOST && !t->reported[r]) {
+            t->reported[r] = 1;
+            ranks[n++] = r;
+        }
+    pthread_mutex_unlock(&t->mu);
+    return n;
+}
+
 static const ccq_boot_mech tcp_mech = {
     .name = "tcp",
     /* A test is a look at what the I/O thread already received (no system call). */
@@ -781,6 +868,9 @@ static const ccq_boot_mech tcp_mech = {
     .fetch = tcp_fetch,
     .xchg_free = tcp_xchg_free,
     .close = tcp_close,
+    .beat_publish = tcp_beat_publish,
+    .beat_fetch = tcp_beat_fetch,
+    .closed_peers = tcp_closed_peers,
     .peer_state = tcp_peer_state,
     .watch_peers = tcp_watch,
 };
@@ -902,8 +992,10 @@ ccq_status ccq_boot_tcp_open(ccq_boot *b, const char *spec, ccq_errbuf *err)
     ccq_tcp_default_limits(&t->lim, b->size);
     pthread_mutex_init(&t->mu, NULL);
     t->peer = calloc(b->size, 1);
+    t->reported = calloc(b->size, 1);
+    t->beats = calloc(b->size, sizeof *t->beats);
     st = parse_spec(spec, t->host, sizeof t->host, t->port, sizeof t->port, err);
-    if (st == CCQ_OK && t->peer == NULL) {
+    if (st == CCQ_OK && (t->peer == NULL || t->reported == NULL || t->beats == NULL)) {
         ccq_boot_err(err, "bootstrap: out of memory");
         st = CCQ_ERR_NO_MEMORY;
     }
@@ -942,6 +1034,8 @@ ccq_status ccq_boot_tcp_open(ccq_boot *b, const char *spec, ccq_errbuf *err)
         ccq_tcp_server_free(t->srv);
         free(t->srv_fd);
         free(t->peer);
+        free(t->reported);
+        free(t->beats);
         pthread_mutex_destroy(&t->mu);
         free(t);
         return st;

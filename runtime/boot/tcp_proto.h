@@ -10,7 +10,9 @@
  * every other member's record of that exchange, sent as REC when it arrives. A record leaves
  * the server's memory once every member took it. BYE says the process leaves cleanly; the
  * server tells every other process when one LEFT or was LOST (its connection closed without
- * BYE), as PEER. */
+ * BYE), as PEER. Job health (runtime/health/): BEAT replaces this process's heartbeat record
+ * at the server, which passes the latest of each process to every other one as BEATS (a
+ * reader that falls behind gets only the newest: at most one record per process queued). */
 #ifndef CCQ_RUNTIME_BOOT_TCP_PROTO_H
 #define CCQ_RUNTIME_BOOT_TCP_PROTO_H
 
@@ -34,6 +36,8 @@ enum {
     CCQ_TCP_BYE = 7,     /* c->s: nothing */
     CCQ_TCP_PEER = 8,    /* s->c: u32 rank, u32 state (CCQ_BOOT_PEER_*) */
     CCQ_TCP_ERR = 9,     /* s->c: u16 tag length, tag, text: a PUT or GET of it refused */
+    CCQ_TCP_BEAT = 10,   /* c->s: this process's heartbeat record (CCQ_BOOT_BEAT_MAX at most) */
+    CCQ_TCP_BEATS = 11,  /* s->c: u32 rank, that process's latest heartbeat record */
 };
 
 /* REFUSE codes: final, or "try again" (the server serves another generation of the job: the
@@ -107,7 +111,8 @@ size_t ccq_tcp_server_tick(ccq_tcp_server *s, uint64_t now_ns, int *ids, size_t 
                            uint64_t *next_ns);
 /* The server's own process leaves cleanly: tell every connection it is LEFT. */
 void ccq_tcp_server_leaving(ccq_tcp_server *s, uint32_t rank, uint64_t now_ns);
-/* Bytes the server holds (records, queued output, input buffers): bounded by the limits. */
+/* Bytes the server holds (records, heartbeats, queued output, input buffers): bounded by the
+ * limits. */
 size_t ccq_tcp_server_memory(const ccq_tcp_server *s);
 /* How many connections it has (ids are below this bound). */
 int ccq_tcp_server_conn_bound(const ccq_tcp_server *s);

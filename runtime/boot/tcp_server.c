@@ -5,7 +5,9 @@
  * What it keeps: per connection an input buffer (at most one frame) and an output queue (at
  * most out_max); per exchange (tag) the records received and who asked for them. A record is
  * sent to every process that asked (GET) as soon as both are there; the exchange is
- * forgotten once its nmembers records each reached nmembers - 1 askers. */
+ * forgotten once its nmembers records each reached nmembers - 1 askers. Per process the latest
+ * heartbeat record, and per connection which processes' records it has not been sent yet
+ * (queued when its output is empty: a slow reader holds at most one frame of each). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -138,6 +140,8 @@ void ccq_tcp_default_limits(ccq_tcp_limits *lim, uint32_t world_size)
     uint64_t ms;
     lim->frame_max = CCQ_TCP_HDR + 8 + 2 + CCQ_BOOT_TAG_MAX + sizeof(ccq_boot_hdr) +
                      CCQ_BOOT_TAG_MAX + CCQ_BOOT_VALUE_MAX;
+    if (lim->frame_max < CCQ_TCP_HDR + 4 + CCQ_BOOT_BEAT_MAX)
+        lim->frame_max = CCQ_TCP_HDR + 4 + CCQ_BOOT_BEAT_MAX;
     lim->mem_max = 256u << 20;
     lim->out_max = 16u << 20;
     lim->conns_max = world_size + 64;
@@ -173,7 +177,14 @@ typedef struct conn {
     uint32_t rank;
     uint64_t opened_ns, partial_since, out_since;
     ccq_tcp_buf in, out;
+    uint8_t *beat_due; /* [world_size]: that process's latest heartbeat not sent here yet */
+    uint32_t nbeat_due;
 } conn;
+
+typedef struct beat {
+    uint8_t *bytes; /* NULL: none yet */
+    size_t len;
+} beat;
 
 struct ccq_tcp_server {
     ccq_tcp_limits lim;
@@ -185,7 +196,8 @@ struct ccq_tcp_server {
     uint8_t *state; /* [world_size]: CCQ_BOOT_PEER_* */
     tag_entry *tags;
     uint32_t ntags;
-    size_t held; /* bytes of records held */
+    beat *beats; /* [world_size] */
+    size_t held; /* bytes of records and heartbeats held */
 };
 
 ccq_tcp_server *ccq_tcp_server_new(const char *job, uint32_t world_size, uint32_t gen,
@@ -201,7 +213,8 @@ ccq_tcp_server *ccq_tcp_server_new(const char *job, uint32_t world_size, uint32_
     s->conns = calloc(lim->conns_max, sizeof *s->conns);
     s->by_rank = malloc(world_size * sizeof *s->by_rank);
     s->state = calloc(world_size, 1);
-    if (s->conns == NULL || s->by_rank == NULL || s->state == NULL) {
+    s->beats = calloc(world_size, sizeof *s->beats);
+    if (s->conns == NULL || s->by_rank == NULL || s->state == NULL || s->beats == NULL) {
         ccq_tcp_server_free(s);
         return NULL;
     }
@@ -235,7 +248,11 @@ void ccq_tcp_server_free(ccq_tcp_server *s)
     for (int i = 0; s->conns != NULL && i < s->nconns; i++) {
         ccq_tcp_buf_free(&s->conns[i].in);
         ccq_tcp_buf_free(&s->conns[i].out);
+        free(s->conns[i].beat_due);
     }
+    for (uint32_t r = 0; s->beats != NULL && r < s->world_size; r++)
+        free(s->beats[r].bytes);
+    free(s->beats);
     free(s->conns);
     free(s->by_rank);
     free(s->state);
@@ -467,6 +484,61 @@ static void on_get(ccq_tcp_server *s, conn *c, const uint8_t *p, uint32_t n, uin
     maybe_forget(s, t);
 }
 
+/* Queue the heartbeats c has not been sent, while its output is empty (a reader that falls
+ * behind is sent only the newest of each process, when it caught up). */
+static void send_beats(ccq_tcp_server *s, conn *c, uint64_t now)
+{
+    if (c->beat_due == NULL || c->nbeat_due == 0 || c->closing || c->out.len != c->out.off)
+        return;
+    for (uint32_t r = 0; r < s->world_size && c->nbeat_due > 0; r++) {
+        if (!c->beat_due[r])
+            continue;
+        c->beat_due[r] = 0;
+        c->nbeat_due--;
+        if (s->beats[r].bytes != NULL)
+            send_frame(s, c, CCQ_TCP_BEATS, &r, 4, s->beats[r].bytes, s->beats[r].len, NULL, 0,
+                       now);
+    }
+}
+
+static void beat_due(ccq_tcp_server *s, conn *c, uint32_t rank, uint64_t now)
+{
+    if (c->beat_due == NULL || c->rank == rank)
+        return;
+    if (!c->beat_due[rank]) {
+        c->beat_due[rank] = 1;
+        c->nbeat_due++;
+    }
+    send_beats(s, c, now);
+}
+
+/* BEAT: this process's heartbeat record, replacing its previous one. */
+static void on_beat(ccq_tcp_server *s, conn *c, const uint8_t *p, uint32_t n, uint64_t now)
+{
+    beat *b = &s->beats[c->rank];
+    uint8_t *m;
+
+    if (n == 0 || n > CCQ_BOOT_BEAT_MAX) {
+        refuse(s, c, CCQ_TCP_REFUSE_FINAL, "malformed BEAT", now);
+        return;
+    }
+    /* Over the memory bound the beat is dropped: the others see this process's beat late,
+     * as they would any process that cannot publish. */
+    if (s->held - b->len + n > s->lim.mem_max)
+        return;
+    if (n != b->len) {
+        if ((m = realloc(b->bytes, n)) == NULL)
+            return;
+        s->held = s->held - b->len + n;
+        b->bytes = m;
+        b->len = n;
+    }
+    memcpy(b->bytes, p, n);
+    for (int i = 0; i < s->nconns; i++)
+        if (s->conns[i].used && s->conns[i].hello)
+            beat_due(s, &s->conns[i], c->rank, now);
+}
+
 /* HELLO: u32 rank, u32 size, u32 gen, u32 0, u64 nonce, job. */
 static void on_hello(ccq_tcp_server *s, conn *c, int id, const uint8_t *p, uint32_t n, uint64_t now)
 {
@@ -507,12 +579,25 @@ static void on_hello(ccq_tcp_server *s, conn *c, int id, const uint8_t *p, uint3
         refuse(s, c, CCQ_TCP_REFUSE_RETRY, why, now);
         return;
     }
+    if (s->state[rank] >= 2) { /* CCQ_BOOT_PEER_LEFT, CCQ_BOOT_PEER_LOST */
+        snprintf(why, sizeof why,
+                 "world rank %u was here and %s: a process cannot rejoin a job as a rank that "
+                 "went (start a new job: another CCQ_JOB_ID)",
+                 rank, s->state[rank] == 2 ? "left" : "was lost");
+        refuse(s, c, CCQ_TCP_REFUSE_FINAL, why, now);
+        return;
+    }
     if (s->by_rank[rank] >= 0) {
         snprintf(why, sizeof why,
                  "world rank %u is connected already (two processes with one "
                  "world rank?)",
                  rank);
         refuse(s, c, CCQ_TCP_REFUSE_FINAL, why, now);
+        return;
+    }
+    c->beat_due = calloc(s->world_size, 1);
+    if (c->beat_due == NULL) {
+        refuse(s, c, CCQ_TCP_REFUSE_RETRY, "the rendezvous server is out of memory", now);
         return;
     }
     c->hello = true;
@@ -526,6 +611,10 @@ static void on_hello(ccq_tcp_server *s, conn *c, int id, const uint8_t *p, uint3
             uint32_t v[2] = {r, s->state[r]};
             send_frame(s, c, CCQ_TCP_PEER, v, sizeof v, NULL, 0, NULL, 0, now);
         }
+    /* And of the heartbeats so far (once this output drained). */
+    for (uint32_t r = 0; r < s->world_size; r++)
+        if (s->beats[r].bytes != NULL)
+            beat_due(s, c, r, now);
 }
 
 bool ccq_tcp_server_input(ccq_tcp_server *s, int id, const void *data, size_t len, uint64_t now_ns)
@@ -590,6 +679,9 @@ bool ccq_tcp_server_input(ccq_tcp_server *s, int id, const void *data, size_t le
         case CCQ_TCP_GET:
             on_get(s, c, f.payload, f.len, now_ns);
             break;
+        case CCQ_TCP_BEAT:
+            on_beat(s, c, f.payload, f.len, now_ns);
+            break;
         case CCQ_TCP_BYE:
             c->bye = true;
             break;
@@ -620,6 +712,7 @@ void ccq_tcp_server_sent(ccq_tcp_server *s, int id, size_t n, uint64_t now_ns)
         return;
     ccq_tcp_buf_consume(&c->out, n);
     c->out_since = now_ns;
+    send_beats(s, c, now_ns);
 }
 
 bool ccq_tcp_server_closing(const ccq_tcp_server *s, int id)
@@ -646,6 +739,7 @@ void ccq_tcp_server_closed(ccq_tcp_server *s, int id, uint64_t now_ns)
     }
     ccq_tcp_buf_free(&c->in);
     ccq_tcp_buf_free(&c->out);
+    free(c->beat_due);
     memset(c, 0, sizeof *c);
     while (s->nconns > 0 && !s->conns[s->nconns - 1].used)
         s->nconns--;
@@ -691,6 +785,6 @@ size_t ccq_tcp_server_memory(const ccq_tcp_server *s)
 {
     size_t m = s->held;
     for (int i = 0; i < s->nconns; i++)
-        m += s->conns[i].in.cap + s->conns[i].out.cap;
+        m += s->conns[i].in.cap + s->conns[i].out.cap + (s->conns[i].beat_due ? s->world_size : 0);
     return m;
 }

@@ -45,6 +45,13 @@ SEEDS = {
     # A duplicate rank and another world size.
     "seed-duplicate": world(1) + bytes([OPEN, HELLO, 1, 0, READ, 1]) +
                       raw(0, frame(1, struct.pack("<IIIIQ", 1, 9, 0, 0, 1) + b"fuzz")),
+    # Heartbeats: every process beats, twice, one reads and one never does (only the newest
+    # of each is queued for it); an empty and an oversized BEAT.
+    "seed-beats": world(3) + b"".join(raw(k, frame(10, bytes([k]) * 40)) for k in range(3)) +
+                  bytes([READ, 0]) + b"".join(raw(k, frame(10, bytes([k + 1]) * 60)) for k in range(3)) +
+                  bytes([READ, 0, READ, 2, CLOSE, 1, READ, 0]),
+    "seed-beat-bad": world(1) + raw(0, frame(10, b"")) + bytes([READ, 0]) + bytes([OPEN, HELLO, 1, 1]) +
+                     raw(1, struct.pack("<IHHI", 0x54514343, 1, 10, 65537)) + bytes([READ, 1]),
     # A PUT that lies about its record (rank, length).
     "seed-bad-put": world(1) + raw(0, frame(4, b"\x02\x00t1" + b"\x00" * 40)) + bytes([READ, 0]),
 }

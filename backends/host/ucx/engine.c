@@ -182,7 +182,11 @@ static void peer_error(void *arg, ucp_ep_h ep, ucs_status_t status)
 }
 
 /* A peer failed: every communicator it is a member of fails, so that operations on them end
- * now, whoever they wait for (a process waiting on a survivor that waits on the dead one). */
+ * now, whoever they wait for (a process waiting on a survivor that waits on the dead one).
+ * The runtime's job health hears of it (base.peer_failed) when it cut an operation in
+ * flight: a process that destroyed its runtime cleanly and exited also ends in a peer error
+ * here, sometimes before its "left" heartbeat is read, and only work that still needed it
+ * makes that a loss. */
 static void check_peers(ucx_engine *e)
 {
     if (e->peers_failed == e->peers_seen)
@@ -198,6 +202,10 @@ static void check_peers(ucx_engine *e)
                      "process %u failed (UCX: %s): a member of this communicator (this is "
                      "process %u)",
                      c->procs[p], ucs_status_string(peer->failed), e->world_rank);
+            if (c->ops != NULL && !peer->reported && e->base.peer_failed != NULL) {
+                peer->reported = true;
+                e->base.peer_failed(e->base.peer_failed_arg, c->procs[p]);
+            }
             comm_fail(c, CCQ_ERR_BACKEND, why, false);
         }
     }

@@ -80,6 +80,7 @@ typedef struct ucx_peer {
     const void *addr; /* its worker address (a copy held by the engine) */
     size_t addr_len;
     ucs_status_t failed; /* UCS_OK, or what UCX's error callback said about it */
+    bool reported;       /* told to the runtime (base.peer_failed) */
     struct ucx_peer_err *cb_arg;
 } ucx_peer;
 
