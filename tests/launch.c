@@ -8,14 +8,18 @@
  * LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT=PORT and
  * TORCHELASTIC_RUN_ID (no CCQ_* variable). --expect-killed R: process R is meant to die
  * (killed by a signal); its status is not a failure, and the test fails if it exits.
+ * "@PORT@" in an --env value, and --torchrun @PORT@, stand for a TCP port free on 127.0.0.1
+ * (the kernel's pick, one per launch): tests that run at the same time never share one.
  * Exit status: 0 when every process exited 0; else the first failure's status (128 +
  * signal), 124 when the time ran out (every process is then killed). */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -27,6 +31,38 @@ static double now_s(void)
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* A port nobody listens on now (free again once closed; the world's process 0 binds it). */
+static int free_port(void)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof sa;
+    int fd = socket(AF_INET, SOCK_STREAM, 0), port = -1;
+
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+        getsockname(fd, (struct sockaddr *)&sa, &sl) == 0)
+        port = ntohs(sa.sin_port);
+    if (fd >= 0)
+        close(fd);
+    if (port < 0) {
+        perror("launch: choosing a free port");
+        exit(1);
+    }
+    return port;
+}
+
+/* s with "@PORT@" replaced by port (a new string), or s itself. */
+static char *with_port(char *s, int port)
+{
+    char *at = strstr(s, "@PORT@"), *out;
+    if (at == NULL)
+        return s;
+    if (asprintf(&out, "%.*s%d%s", (int)(at - s), s, port, at + 6) < 0) {
+        perror("launch");
+        exit(1);
+    }
+    return out;
 }
 
 static void usage(void)
@@ -69,6 +105,13 @@ int main(int argc, char **argv)
     }
     if (n < 1 || n > MAXP || a >= argc)
         usage();
+    {
+        int port = free_port();
+        char *tp = torch_port != NULL ? with_port((char *)torch_port, port) : NULL;
+        torch_port = tp;
+        for (int k = 0; k < nenv; k++)
+            envs[k] = with_port(envs[k], port);
+    }
     fflush(NULL);
     for (int r = 0; r < n; r++) {
         pid[r] = fork();
