@@ -51,6 +51,14 @@ typedef struct ccq_be_comm ccq_be_comm; /* a backend's communicator (opaque to t
 #define CCQ_BE_ROOT_BLOB_MAX 256
 /* Largest per-process blob of the world's meeting (world_blob). */
 #define CCQ_BE_WORLD_BLOB_MAX 65536u
+/* What one member process tells the others about its part of a communicator when they meet
+ * (comm_member_blob), e.g. the NCCL backend's lowest compute capability. */
+#define CCQ_BE_MEMBER_BLOB_MAX 32
+typedef struct ccq_be_member_blob {
+    uint32_t len;
+    uint8_t bytes[CCQ_BE_MEMBER_BLOB_MAX];
+} ccq_be_member_blob;
+
 typedef struct ccq_be_comm_desc {
     uint32_t nranks;                    /* ranks in all processes */
     uint32_t first_rank;                /* rank of this process's first device in it */
@@ -64,6 +72,9 @@ typedef struct ccq_be_comm_desc {
     uint32_t world_rank;                /* this process's */
     const void *root_blob;              /* nprocs > 1: what comm_root_blob gave on the lowest */
     size_t root_blob_len;               /*   member process, the same bytes in every member */
+    /* nprocs > 1: [nprocs], what comm_member_blob gave in each member process (procs
+     * order; len 0 without the hook), the same in every member. NULL otherwise. */
+    const ccq_be_member_blob *member_blobs;
 } ccq_be_comm_desc;
 
 /* An operation as the backend sees it. Owned by the runtime; valid from issue() until the
@@ -93,6 +104,13 @@ typedef struct ccq_be_op {
                              the sender's stream in this batch writes the send's src (an
                              in-place exchange or ring shift: stream order says the send reads
                              the old data). Read src before any op of the batch writes. */
+    uint8_t done_early;   /* Backends whose operations complete independently of their batch
+                             (the host backend's engine operations across processes) set it,
+                             with status, when this op has finished (its buffers no longer
+                             touched) before the batch comes back, and count it in the batch's
+                             ndone_early: the runtime then ends its commands at once, in stream
+                             order, so one operation waiting for another process never holds
+                             the streams of the others (nor what they queue next). */
 } ccq_be_op;
 
 /* A batch: what the runtime found ready in one pass, issued as one backend group. */
@@ -104,6 +122,7 @@ typedef struct ccq_be_batch {
     ccq_errbuf detail;              /* the backend's message when status != CCQ_OK */
     struct ccq_be_batch *next_done; /* link for poll()'s list; owned by the backend meanwhile */
     void *be_priv;                  /* backend scratch */
+    uint32_t ndone_early;           /* ops of it with done_early set (the backend counts them) */
 } ccq_be_batch;
 
 typedef struct ccq_backend ccq_backend;
@@ -125,6 +144,9 @@ typedef struct ccq_be_submit {
     const ccq_device_id *devices;
     uint32_t ndevices;
     ccq_device_id device_first;
+    /* The communicator's backend handle once it formed (what comm_create gave), NULL while
+     * it forms: a check that depends on every rank (member processes included). Read-only. */
+    const ccq_be_comm *comm;
 } ccq_be_submit;
 
 /* Completion notification: a backend calls notify(notify_arg) from any thread when it has
@@ -151,6 +173,13 @@ typedef struct ccq_backend_ops {
      * CCQ_BE_ROOT_BLOB_MAX. NULL for a backend that cannot span processes. */
     ccq_status (*comm_root_blob)(ccq_backend *be, const struct ccq_be_comm_desc *desc, void *blob,
                                  size_t *len, ccq_errbuf *err);
+    /* Optional, communicators spanning processes: in every member process, the bytes it
+     * contributes to the meeting (at most CCQ_BE_MEMBER_BLOB_MAX; desc->local_devices are
+     * its devices of the communicator); comm_create gets every member's in
+     * desc->member_blobs. For what the backend must know of all ranks before any operation
+     * (NCCL refuses fp8 reductions by the lowest compute capability of all ranks). */
+    ccq_status (*comm_member_blob)(ccq_backend *be, const struct ccq_be_comm_desc *desc,
+                                   ccq_be_member_blob *blob, ccq_errbuf *err);
     /* Start creating a communicator: CCQ_OK when it is ready, CCQ_IN_PROGRESS when comm_test
      * must be polled until it is (*out is set either way), or an error. Must not block. */
     ccq_status (*comm_create)(ccq_backend *be, const struct ccq_be_comm_desc *desc,
@@ -210,6 +239,16 @@ typedef struct ccq_backend_ops {
     /* True if the backend honours ccq_be_op.stage_src. Without it, a send whose src a later
      * command of its stream in the same group overwrites is refused (CCQ_ERR_UNSUPPORTED). */
     bool stages_sends;
+    /* Grouping across processes (DESIGN.md): the collectives of one communicator spanning
+     * processes a batch may hold, unless its member processes agreed on a grouping (the
+     * runtime's ccq_comm.group_limit starts at this). 1 for a backend whose engine plans a
+     * group per communicator from all its collectives together, so that each process's
+     * cut of the same sequence must be the same (NCCL: algorithm, protocol and channels of
+     * a collective depend on the others in its group); 0 = no limit, for engines that run
+     * every operation on its own (the host backend's MPI and UCX). Send/recv halves are
+     * not limited: NCCL matches them per peer in order whatever the grouping, and an
+     * exchange between processes needs both directions in one group. */
+    uint32_t span_group_limit;
 
     /* ---- Optional hooks called on user threads (NULL when unused). They must be
      * thread-safe and must not call into anything that is not (no NCCL calls): they exist
@@ -263,11 +302,10 @@ struct ccq_backend {
 
 #define ccq_container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
 
-/* Built-in backends. */
+/* The backends' tables: the host backend is part of libccq; the NCCL backend is a module
+ * (backends/module.h), reached through ccq_module_get("nccl") only. */
 extern const ccq_backend_ops ccq_host_backend_ops;
-#ifdef CCQ_HAVE_NCCL
 extern const ccq_backend_ops ccq_nccl_backend_ops;
-#endif
 
 #ifdef __cplusplus
 }

@@ -5,6 +5,14 @@
 # timeout and the whole run stays within CCQ_GPU_CHECK_BUDGET seconds (default 570).
 # Without a GPU the tests and the benchmark report "skipped" and the script exits 0.
 #
+# Also what only a GPU settles (issue 26): gpu_stream_wait (GPU-side waits, alternating
+# buffers so consecutive all_reduces could share a batch) again with
+# CUDA_DEVICE_MAX_CONNECTIONS=1 (one hardware queue per GPU, as Megatron-LM sets), and
+# bench/gpu_launch_latency (small-op latency when launches wait for each other). For a
+# before/after of the latter, CCQ_GPU_CHECK_BASE=<git rev> (needs git and the repository)
+# or CCQ_GPU_CHECK_BASE_SRC=<dir> (a source tree of the older version, e.g. carried) builds
+# that version's libccq into build-gpu-base/ and runs the same program against it.
+#
 # Usage, in the repo root:   bash bench/gpu-check.sh
 # With $OUT set, the summary is also written to $OUT/gpu-check.txt and the whole log to
 # $OUT/gpu-check-log.txt.
@@ -99,6 +107,27 @@ find_nccl() {
         done
     done
     return 1
+}
+
+# bench/gpu_launch_latency against this tree's libccq, or (LD_LIBRARY_PATH=$2) another one's.
+run_latency() {
+    local label=${1:+, $1} libdir=$2 log rc to
+    log="$BUILD/gpu_launch_latency${libdir:+-base}.log"
+    to=$(step_time 90 60)
+    if ((to < 20)); then
+        fail_row "latency$label" "not run: the time budget is spent"
+        return
+    fi
+    LD_LIBRARY_PATH="${libdir}${libdir:+:}${LD_LIBRARY_PATH:-}" timeout -k 10 "$to" \
+        "$BUILD/bench/gpu_launch_latency" 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]}
+    if ((rc == 0)); then
+        row "latency$label" "$(sed -nE 's/^launch latency \(us, median \/ p90\): //p' "$log" | head -1)"
+    elif ((rc == 77)); then
+        row "latency$label" "skip: $(sed -nE 's/.*SKIP [^:]*: //p' "$log" | head -1 | cut -c1-110)"
+    else
+        fail_row "latency$label" "status $rc; $(grep -m1 -E '^FAIL |self-timeout' "$log" | cut -c1-110)"
+    fi
 }
 
 main() {
@@ -196,7 +225,8 @@ main() {
     say "build (-j$(nproc))"
     to=$(step_time 300 200)
     # Only what this check runs: other targets cannot fail it.
-    timeout -k 10 "$to" cmake --build "$BUILD" -j"$(nproc)" --target ccq "${TESTS[@]}" gpu_overhead
+    timeout -k 10 "$to" cmake --build "$BUILD" -j"$(nproc)" --target ccq "${TESTS[@]}" gpu_overhead \
+        gpu_launch_latency
     rc=$?
     if ((rc != 0)); then
         fail_row build "build failed (status $rc$( ((rc == 124)) && echo ', timed out'))"
@@ -238,6 +268,55 @@ main() {
             nfail=$((nfail + 1))
         fi
     done
+
+    # ---- GPU-side waits with one hardware queue ------------------------------------------------
+    say "gpu_stream_wait with CUDA_DEVICE_MAX_CONNECTIONS=1"
+    log="$BUILD/gpu_stream_wait_conn1.log"
+    to=$(step_time 200 120)
+    if ((to < 20)); then
+        fail_row "wait, 1 queue" "not run: the time budget is spent"
+    else
+        CUDA_DEVICE_MAX_CONNECTIONS=1 timeout -k 10 "$to" "$BUILD/tests/gpu/gpu_stream_wait" 2>&1 |
+            tee "$log"
+        rc=${PIPESTATUS[0]}
+        if ((rc == 0)); then
+            row "wait, 1 queue" "pass"
+            while IFS= read -r l; do
+                SUMMARY+=("  $l")
+            done < <(sed -nE 's/^ok   ((GPU-side wait|blocking fence):.*)/\1/p' "$log")
+        elif ((rc == 77)); then
+            row "wait, 1 queue" "skip: $(sed -nE 's/.*SKIP [^:]*: //p' "$log" | head -1 | cut -c1-110)"
+        else
+            fail_row "wait, 1 queue" "status $rc$( ((rc == 124 || rc == 137)) && echo ' (timed out: a hang?)'); $(grep -m1 -E '^FAIL |self-timeout' "$log" | cut -c1-110)"
+        fi
+    fi
+
+    # ---- Launch latency, this tree and (optionally) an older one ---------------------------
+    say "bench/gpu_launch_latency"
+    run_latency "" ""
+    local base_src="${CCQ_GPU_CHECK_BASE_SRC:-}" base_build="$BUILD-base"
+    if [ -z "$base_src" ] && [ -n "${CCQ_GPU_CHECK_BASE:-}" ]; then
+        base_src="$base_build/src"
+        rm -rf "$base_build" && mkdir -p "$base_src"
+        if ! git -C "$ROOT" archive "$CCQ_GPU_CHECK_BASE" 2>/dev/null | tar -x -C "$base_src"; then
+            row "latency, base" "not run: git archive $CCQ_GPU_CHECK_BASE failed (no git or repository here? use CCQ_GPU_CHECK_BASE_SRC)"
+            base_src=""
+        fi
+    fi
+    if [ -n "$base_src" ]; then
+        say "libccq of $base_src (the base for the latency comparison)"
+        to=$(step_time 240 60)
+        mkdir -p "$base_build"
+        if timeout -k 10 "$to" cmake -S "$base_src" -B "$base_build/b" -DCMAKE_BUILD_TYPE=Release \
+            -DCCQ_WITH_NCCL=ON -DCCQ_BUILD_TESTS=OFF -DCCQ_BUILD_EXAMPLES=OFF -DCCQ_WERROR=OFF \
+            -DCUDAToolkit_ROOT="$CUDA_ROOT" "${NCCL_ARGS[@]}" >"$base_build/build.log" 2>&1 &&
+            timeout -k 10 "$to" cmake --build "$base_build/b" -j"$(nproc)" --target ccq \
+                >>"$base_build/build.log" 2>&1; then
+            run_latency base "$base_build/b"
+        else
+            row "latency, base" "not run: building the base failed (see $base_build/build.log)"
+        fi
+    fi
 
     # ---- Benchmark --------------------------------------------------------------------------
     say "bench/gpu_overhead"

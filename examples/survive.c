@@ -11,7 +11,9 @@
  * SIGKILL once it has done a few steps. With --stall P, process P stops submitting instead
  * (alive, its heartbeats go on) and the others wait for it: `ccq-trace status DIR` shows who
  * they wait for and where, live (docs/tracing.md). */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -247,12 +247,20 @@ typedef struct ccq_config {
     /** A process whose heartbeat is older than this is declared lost (0 = the default,
      * 10 x heartbeat_ms). Env: CCQ_HEARTBEAT_TIMEOUT_MS. */
     uint32_t heartbeat_timeout_ms;
-    /* ---- appended after job health ---- */
+    /* ---- appended in 0.3: NCCL stream priority ---- */
+    /** NCCL backend: 1 = its communication streams (where NCCL runs ccq's work) are created
+     * with the device's highest stream priority, so the GPU schedules communication kernels
+     * ahead of compute kernels waiting for SMs (as PyTorch's TORCH_NCCL_HIGH_PRIORITY=1);
+     * 0 (default) = the default priority. Other backends ignore it.
+     * Env: CCQ_NCCL_HIGH_PRIORITY=1. */
+    uint32_t nccl_high_priority;
+    /* ---- appended in 0.3: the host backend's engine across processes ---- */
     /** Host backend across processes: the engine that moves data between them. "ucx" (UCX's
      * UCP: shared memory, TCP, InfiniBand; ccq's own schedules, every message checked), "mpi"
-     * (needs MPI initialised: launch under mpirun), or NULL (the default) = "ucx" when this
-     * ccq has it, else "mpi" when MPI is initialised. docs/multiprocess-host.md. Env:
-     * CCQ_HOST_ENGINE. */
+     * (needs MPI initialised: launch under mpirun), or NULL (the default) = "ucx" when its
+     * module (libccq-ucx.so.0) loads and UCX starts, else "mpi" when MPI is initialised. Each
+     * engine is a module loaded on first need (README.md, Install). docs/multiprocess-host.md.
+     * Env: CCQ_HOST_ENGINE. */
     const char *host_engine;
 } ccq_config;
 

@@ -99,6 +99,7 @@ static ccq_comm *comm_new(ccq_runtime *rt, const ccq_device_id *sorted, uint32_t
         comm_free(c);
         return NULL;
     }
+    c->group_limit = c->nprocs > 1 ? rt->be_ops->span_group_limit : 0;
     for (uint32_t i = 0; i < n; i++)
         atomic_init(&c->coll_seq[i].v, 0);
     for (int i = 0; i < 2; i++) {

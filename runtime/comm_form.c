@@ -22,6 +22,7 @@ typedef struct form_hello {
     uint32_t first_device, last_device;
     uint32_t blob_len;
     uint8_t blob[CCQ_BE_ROOT_BLOB_MAX];
+    ccq_be_member_blob member; /* the backend's comm_member_blob, from every member */
     /* The communicator this process would shrink to make this one (a communicator that lost
      * member processes, whose other devices are all theirs: see shrink_parent), 0 if none.
      * When every member names the same one, it is shrunk (NCCL: ncclCommShrink). */
@@ -115,8 +116,10 @@ static void comm_desc(ccq_runtime *rt, const ccq_comm *c, ccq_device_id *local, 
     d->world_rank = rt->world.rank;
 }
 
-/* Shrink parent p into c: its ranks whose devices are not c's are left out. */
-static ccq_status form_shrink(ccq_runtime *rt, ccq_comm *c, ccq_comm *p)
+/* Shrink parent p into c: its ranks whose devices are not c's are left out (members: what
+ * each member process told the others when they met, as for a fresh init). */
+static ccq_status form_shrink(ccq_runtime *rt, ccq_comm *c, ccq_comm *p,
+                              const ccq_be_member_blob *members)
 {
     ccq_device_id local[CCQ_MAX_DEVICES];
     uint32_t *exclude = malloc(p->n * sizeof *exclude), nexcl = 0, j = 0;
@@ -137,6 +140,7 @@ static ccq_status form_shrink(ccq_runtime *rt, ccq_comm *c, ccq_comm *p)
             exclude[nexcl++] = r;
     }
     comm_desc(rt, c, local, pf, &d);
+    d.member_blobs = members;
     st = rt->be_ops->comm_shrink(rt->be, p->be, exclude, nexcl, &d, &c->be, &err);
     free(exclude);
     free(pf);
@@ -153,7 +157,8 @@ static ccq_status form_shrink(ccq_runtime *rt, ccq_comm *c, ccq_comm *p)
 }
 
 /* Ask the backend; CCQ_IN_PROGRESS leaves it to ccq_comm_form_test. */
-static ccq_status form_backend(ccq_runtime *rt, ccq_comm *c, const void *blob, size_t blob_len)
+static ccq_status form_backend(ccq_runtime *rt, ccq_comm *c, const void *blob, size_t blob_len,
+                               const ccq_be_member_blob *members)
 {
     ccq_device_id local[CCQ_MAX_DEVICES];
     ccq_be_comm_desc d;
@@ -166,6 +171,7 @@ static ccq_status form_backend(ccq_runtime *rt, ccq_comm *c, const void *blob, s
     comm_desc(rt, c, local, pf, &d);
     d.root_blob = blob;
     d.root_blob_len = blob_len;
+    d.member_blobs = members;
     st = rt->be_ops->comm_create(rt->be, &d, &c->be, &err);
     free(pf);
     if (st == CCQ_IN_PROGRESS) {
@@ -196,7 +202,7 @@ ccq_status ccq_comm_form_start(ccq_runtime *rt, ccq_comm *c, uint64_t now)
 
     c->form_deadline = ccq_add_sat(now, rt->timeout_ns);
     if (c->nprocs <= 1)
-        return form_backend(rt, c, NULL, 0);
+        return form_backend(rt, c, NULL, 0, NULL);
     if (ccq_health_comm_lost(rt, c, why, sizeof why)) /* a member is gone: never meets */
         return form_fail(c, CCQ_ERR_PROCESS_LOST, "%s", why);
     if (rt->span_status != CCQ_OK) /* the backend said so at world_ready: no meeting */
@@ -212,22 +218,35 @@ ccq_status ccq_comm_form_start(ccq_runtime *rt, ccq_comm *c, uint64_t now)
     mine.hash = c->hash;
     mine.first_device = c->devices[0];
     mine.last_device = c->devices[c->n - 1];
+    ccq_device_id local[CCQ_MAX_DEVICES];
+    ccq_be_comm_desc d;
+    uint32_t *pf = malloc((c->nprocs + 1) * sizeof *pf);
+    if (pf == NULL)
+        return form_fail(c, CCQ_ERR_NO_MEMORY, "out of memory forming a communicator");
+    comm_desc(rt, c, local, pf, &d);
     if (rt->world.rank == c->procs[0]) {
-        ccq_be_comm_desc d;
-        memset(&d, 0, sizeof d);
-        d.nranks = c->n;
-        d.first_rank = c->first_local;
-        d.nlocal = c->nlocal;
-        d.nprocs = c->nprocs;
-        d.procs = c->procs;
-        d.world_rank = rt->world.rank;
         ccq_errbuf err = {{0}};
         size_t len = sizeof mine.blob;
         st = rt->be_ops->comm_root_blob(rt->be, &d, mine.blob, &len, &err);
-        if (st != CCQ_OK)
+        if (st != CCQ_OK) {
+            free(pf);
             return form_fail(c, st, "%s", err.msg);
+        }
         mine.blob_len = (uint32_t)len;
     }
+    if (rt->be_ops->comm_member_blob != NULL) {
+        ccq_errbuf err = {{0}};
+        st = rt->be_ops->comm_member_blob(rt->be, &d, &mine.member, &err);
+        if (st == CCQ_OK && mine.member.len > CCQ_BE_MEMBER_BLOB_MAX) {
+            st = CCQ_ERR_BACKEND;
+            snprintf(err.msg, sizeof err.msg, "the backend's member blob is too long");
+        }
+        if (st != CCQ_OK) {
+            free(pf);
+            return form_fail(c, st, "%s", err.msg);
+        }
+    }
+    free(pf);
     c->shrink_from = shrink_parent(rt, c);
     if (c->shrink_from != NULL) {
         mine.parent_hash = c->shrink_from->hash;
@@ -297,6 +316,20 @@ static ccq_status form_meet_test(ccq_runtime *rt, ccq_comm *c, uint64_t now)
     }
     ccq_boot_xchg_free(c->xchg);
     c->xchg = NULL;
+    ccq_be_member_blob *members = malloc(c->nprocs * sizeof *members);
+    if (members == NULL) {
+        free(all);
+        return form_fail(c, CCQ_ERR_NO_MEMORY, "out of memory");
+    }
+    for (uint32_t p = 0; p < c->nprocs; p++) {
+        members[p] = all[p].member;
+        if (members[p].len > CCQ_BE_MEMBER_BLOB_MAX) {
+            free(members);
+            free(all);
+            return form_fail(c, CCQ_ERR_BACKEND, "bad member blob from process %" PRIu32,
+                             c->procs[p]);
+        }
+    }
     /* Every member names the same parent: shrink it (the same decision in every member, made
      * from the same records); otherwise a fresh init with the lowest member's blob. */
     bool shrink = c->shrink_from != NULL;
@@ -306,13 +339,17 @@ static ccq_status form_meet_test(ccq_runtime *rt, ccq_comm *c, uint64_t now)
                  all[p].parent_last == all[0].parent_last && all[p].parent_hash != 0;
     if (shrink) {
         free(all);
-        return form_shrink(rt, c, c->shrink_from);
+        st = form_shrink(rt, c, c->shrink_from, members);
+        free(members);
+        return st;
     }
     if (all[0].blob_len > CCQ_BE_ROOT_BLOB_MAX) {
+        free(members);
         free(all);
         return form_fail(c, CCQ_ERR_BACKEND, "bad blob from process %" PRIu32, c->procs[0]);
     }
-    st = form_backend(rt, c, all[0].blob, all[0].blob_len);
+    st = form_backend(rt, c, all[0].blob, all[0].blob_len, members);
+    free(members);
     free(all);
     return st;
 }

@@ -72,6 +72,13 @@ static ccq_status fwd_comm_root_blob(ccq_backend *be, const ccq_be_comm_desc *d,
     return f->inner_ops->comm_root_blob(f->inner, d, blob, len, err);
 }
 
+static ccq_status fwd_comm_member_blob(ccq_backend *be, const ccq_be_comm_desc *d,
+                                       ccq_be_member_blob *blob, ccq_errbuf *err)
+{
+    fault_be *f = to_fault(be);
+    return f->inner_ops->comm_member_blob(f->inner, d, blob, err);
+}
+
 static ccq_status fwd_world_blob(ccq_backend *be, void *blob, size_t *len, ccq_errbuf *err)
 {
     fault_be *f = to_fault(be);
@@ -335,6 +342,7 @@ ccq_status ccq_fault_wrap(const ccq_fault_plan *plan, const ccq_backend_ops **op
         .destroy = fwd_destroy,
         .device_count = fwd_device_count,
         .comm_root_blob = in->comm_root_blob ? fwd_comm_root_blob : NULL,
+        .comm_member_blob = in->comm_member_blob ? fwd_comm_member_blob : NULL,
         .world_blob = in->world_blob ? fwd_world_blob : NULL,
         .world_ready = in->world_ready ? fwd_world_ready : NULL,
         .comm_create = fwd_comm_create,
@@ -344,6 +352,7 @@ ccq_status ccq_fault_wrap(const ccq_fault_plan *plan, const ccq_backend_ops **op
         .poll = fault_poll,
         .abort = fault_abort,
         .stages_sends = in->stages_sends, /* ops reach the inner backend as they are */
+        .span_group_limit = in->span_group_limit,
         .poll_interval_ns = in->poll_interval_ns && in->poll_interval_ns < FAULT_POLL_INTERVAL_NS
                                 ? in->poll_interval_ns
                                 : FAULT_POLL_INTERVAL_NS,

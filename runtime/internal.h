@@ -32,6 +32,8 @@ enum ccq_cmd_state {
     CCQ_CMD_INCLUDED, /* tentatively in the batch being built */
     CCQ_CMD_ISSUED,   /* in the batch in flight for its stream */
     CCQ_CMD_FAILED,   /* failed (mismatch, timeout, abort); ends when it reaches the head */
+    CCQ_CMD_DONE,     /* its operation came back before its batch (ccq_be_op.done_early):
+                         ends when it reaches the head */
 };
 
 /* Communicator channels: collectives are matched per (comm, rank) sequence; each
@@ -74,6 +76,7 @@ typedef struct ccq_cmd {
     char *pre_detail;      /* its message (malloc'd by the submitter, freed by the scheduler) */
     uint32_t slot;         /* index in the ring; fixed when the ring is allocated */
     uint32_t thread;       /* submitting thread (for the event log) */
+    uint64_t gw_mark;      /* GPU-side wait barriers its stream had at submission (gpu_wait.h) */
     /* ---- scheduler only ---- */
     struct ccq_cmd *fifo_next;
     struct ccq_inst *inst;
@@ -104,6 +107,8 @@ typedef struct ccq_chan {
     struct ccq_inst **win; /* win[seq & (cap-1)] for head <= seq < head + cap */
     uint64_t build_seq;    /* batch building: next seq to include (valid in pass build_pass) */
     uint64_t build_pass;
+    uint32_t build_ops;              /* batch building: its instances in the batch (same pass) */
+    uint32_t undo_ops;               /* build_ops before the current attempt */
     uint64_t attempt_seen, undo_seq; /* attempt that last moved build_seq, and it before */
     struct ccq_chan *undo_next;
     bool listed; /* in the scheduler's list of channels with work */
@@ -123,6 +128,15 @@ typedef struct ccq_comm {
     uint32_t nlocal;
     uint32_t nprocs; /* member processes, and their world ranks (ascending) */
     uint32_t *procs;
+    /* Grouping across processes (DESIGN.md): the collectives of this communicator one batch
+     * (one backend group) may hold; 0 = no limit. Set at creation: the backend's
+     * span_group_limit when the communicator spans processes (each process's scheduler cuts
+     * its batches alone, and an engine that plans a group per communicator needs every
+     * process to hand it the same collectives), 0 otherwise. A mechanism by which the
+     * member processes agree on a grouping (a rule depending only on the sequence of
+     * operations, or an agreement over the engine) may raise or lift it from the scheduler
+     * thread. Written before the communicator is published; scheduler only afterwards. */
+    uint32_t group_limit;
     _Atomic uint32_t state; /* ccq_comm_state */
     _Atomic uint32_t aborted;
     /* A member process was lost (runtime/health/): set (release) after lost_detail, together
@@ -176,6 +190,7 @@ typedef struct ccq_inst {
     uint64_t batch_pass;    /* batch pass whose batch holds it */
     uint64_t blocked_pass;  /* batch pass in which it was found blocked */
     bool stage;             /* send/recv: the send's src is overwritten later in its batch */
+    bool ended;             /* issued: its op came back and its commands took its status */
     bool cut;               /* in flight when a member process was lost: fails whatever the
                                backend says (the abort or revoke may have ended it early) */
     uint64_t refuse_pass;   /* batch pass that first found it cannot be staged (0: none) */
@@ -198,6 +213,7 @@ typedef struct ccq_batch {
     ccq_stream *streams; /* streams with commands in this batch (batch_next links) */
     struct ccq_batch *next;
     bool aborting;
+    uint32_t seen_early; /* be.ndone_early when its early completions were last taken */
 } ccq_batch;
 
 /* Comm registry: lock-free lookup, insertion under a mutex; never shrinks while live. */
@@ -240,6 +256,10 @@ struct ccq_runtime {
 
     /* Communicators. */
     pthread_mutex_t comm_lock; /* serialises registry insertion */
+    /* Streams ever bound to a CUDA stream (runtime/gpu_wait.c): pushed under bound_lock,
+     * read by any thread. */
+    pthread_mutex_t bound_lock;
+    ccq_stream *_Atomic bound_head;
     ccq_comm *_Atomic buckets[CCQ_COMM_BUCKETS];
     ccq_comm **comms; /* by id; scheduler reads entries < ncomms */
     _Atomic uint32_t ncomms;
@@ -310,7 +330,8 @@ void *ccq_sched_main(void *arg);
 
 /* ---- runtime/trace/recorder.c ---- */
 ccq_status ccq_trace_write_file(ccq_runtime *rt, const char *path);
-void ccq_trace_autodump(ccq_runtime *rt, bool force);
+/* Write trace_file now if one is configured (reason: "destroy", "error", ...). */
+void ccq_trace_autodump(ccq_runtime *rt, const char *reason);
 
 /* Set while the calling thread is ccq's scheduler (of any runtime) or runs an event
  * callback (scheduler or fencing thread). A call that would wait for a scheduler there

@@ -8,6 +8,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include "backends/module.h"
 #include "ccq/ccq_nccl.h"
 #include "common/env.h"
 #include "runtime/boot/bootstrap.h"
@@ -114,6 +115,9 @@ static void config_defaults(ccq_config *cfg)
                 "CCQ_HEARTBEAT_TIMEOUT_MS: expected milliseconds in [0, 36000000] (0 = 10 x "
                 "heartbeat_ms)"))
         cfg->heartbeat_timeout_ms = (uint32_t)v;
+    if (env_u64("CCQ_NCCL_HIGH_PRIORITY", 0, 1, &v, &err,
+                "CCQ_NCCL_HIGH_PRIORITY: expected 0 or 1"))
+        cfg->nccl_high_priority = (uint32_t)v;
     if (env_u64("CCQ_NONBLOCKING_SUBMIT", 0, 1, &v, &err,
                 "CCQ_NONBLOCKING_SUBMIT: expected 0 or 1"))
         cfg->flags = v ? (cfg->flags | CCQ_FLAG_NONBLOCKING_SUBMIT)
@@ -219,8 +223,12 @@ static ccq_status config_validate(const ccq_config *c, ccq_fault_plan *fault)
         strcmp(c->host_engine, "mpi") != 0)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
                         "ccq_config.host_engine (CCQ_HOST_ENGINE) is \"%.64s\"; expected \"ucx\", "
-                        "\"mpi\" or NULL (ucx when built in, else mpi)",
+                        "\"mpi\" or NULL (ucx when its module loads, else mpi)",
                         c->host_engine);
+    if (c->nccl_high_priority > 1)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "ccq_config.nccl_high_priority is %" PRIu32 "; expected 0 or 1",
+                        c->nccl_high_priority);
     if (c->trace_capacity > (1u << 26))
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
                         "ccq_config.trace_capacity is %" PRIu32 "; expected at most 67108864",
@@ -253,18 +261,29 @@ static ccq_status config_validate(const ccq_config *c, ccq_fault_plan *fault)
     return CCQ_OK;
 }
 
-static const ccq_backend_ops *find_backend(const char *name)
+/* The host backend is part of libccq; "nccl" is a module (libccq-nccl.so), loaded here the
+ * first time a runtime asks for it. */
+static ccq_status find_backend(const char *name, const ccq_backend_ops **out)
 {
-    static const ccq_backend_ops *const builtin[] = {
-        &ccq_host_backend_ops,
-#ifdef CCQ_HAVE_NCCL
-        &ccq_nccl_backend_ops,
-#endif
-    };
-    for (size_t i = 0; i < sizeof builtin / sizeof builtin[0]; i++)
-        if (strcmp(builtin[i]->name, name) == 0)
-            return builtin[i];
-    return NULL;
+    const ccq_module *m;
+    ccq_errbuf err;
+    ccq_status st;
+
+    *out = NULL;
+    if (strcmp(name, "host") == 0) {
+        *out = &ccq_host_backend_ops;
+        return CCQ_OK;
+    }
+    if (strcmp(name, "nccl") != 0)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "unknown backend \"%s\" (expected \"host\" or \"nccl\")", name);
+    st = ccq_module_get("nccl", "the nccl backend", &m, &err);
+    if (st == CCQ_OK && m->backend == NULL)
+        return ccq_fail(CCQ_ERR_UNSUPPORTED, "ccq's nccl module has no backend");
+    if (st != CCQ_OK)
+        return ccq_fail(st, "%s", err.msg);
+    *out = m->backend;
+    return CCQ_OK;
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -290,6 +309,7 @@ static void runtime_free(ccq_runtime *rt)
         free(rt->streams);
     }
     pthread_mutex_destroy(&rt->comm_lock);
+    pthread_mutex_destroy(&rt->bound_lock);
     pthread_mutex_destroy(&rt->shutdown_lock);
     free(rt);
 }
@@ -328,17 +348,8 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
     st = config_validate(&cfg, &fault);
     if (st != CCQ_OK)
         return st;
-    if (ops == NULL) {
-        ops = find_backend(cfg.backend);
-        if (ops == NULL)
-            return ccq_fail(strcmp(cfg.backend, "nccl") == 0 ? CCQ_ERR_UNSUPPORTED
-                                                             : CCQ_ERR_INVALID_ARGUMENT,
-                            strcmp(cfg.backend, "nccl") == 0
-                                ? "backend \"nccl\" is not built into this ccq (configure with "
-                                  "CUDA and NCCL found, CCQ_WITH_NCCL=ON)"
-                                : "unknown backend \"%s\" (expected \"host\" or \"nccl\")",
-                            cfg.backend);
-    }
+    if (ops == NULL && (st = find_backend(cfg.backend, &ops)) != CCQ_OK)
+        return st;
 
     rt = ccq_alloc_lines(sizeof *rt);
     if (rt == NULL)
@@ -348,6 +359,8 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
     rt->cfg.env_error = NULL;
     rt->be_ops = ops;
     pthread_mutex_init(&rt->comm_lock, NULL);
+    pthread_mutex_init(&rt->bound_lock, NULL);
+    atomic_init(&rt->bound_head, NULL);
     pthread_mutex_init(&rt->shutdown_lock, NULL);
     ccq_wake_init(&rt->wake);
     ccq_signal_init(&rt->exit_ev);
@@ -371,6 +384,7 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
     if (ccq_trace_init(&rt->trace, cfg.trace_capacity, cfg.trace_file) != 0) {
         ccq_trace_fini(&rt->trace);
         pthread_mutex_destroy(&rt->comm_lock);
+        pthread_mutex_destroy(&rt->bound_lock);
         pthread_mutex_destroy(&rt->shutdown_lock);
         free(rt);
         return ccq_fail(CCQ_ERR_NO_MEMORY,
@@ -520,7 +534,7 @@ CCQ_API ccq_status ccq_runtime_destroy(ccq_runtime *rt)
     ccq_runtime_shutdown(rt);
     if (rt->thread_started)
         pthread_join(rt->thread, NULL);
-    ccq_trace_autodump(rt, true); /* trace_file: the whole story, at the end */
+    ccq_trace_autodump(rt, "destroy"); /* trace_file: the whole story, at the end */
     runtime_free(rt);
     return CCQ_OK;
 }
@@ -860,6 +874,10 @@ static ccq_status submit(ccq_runtime *rt, const char *fn, const submit_args *a,
     be_sub.devices = sorted + comm->first_local;
     be_sub.ndevices = comm->nlocal;
     be_sub.device_first = rt->dev_first;
+    /* The backend's handle once formed (set before the state is published READY). */
+    be_sub.comm = atomic_load_explicit(&comm->state, memory_order_acquire) == CCQ_COMM_READY
+                      ? comm->be
+                      : NULL;
     if (rt->be_ops->check != NULL) {
         ccq_errbuf err = {{0}};
         st = rt->be_ops->check(rt->be, &be_sub, &err);
@@ -909,6 +927,9 @@ static ccq_status submit(ccq_runtime *rt, const char *fn, const submit_args *a,
         if (c->pre_status != CCQ_OK)
             c->pre_detail = strdup(err.msg);
     }
+    /* After its event was recorded on the bound stream: the GPU-side waits queued there
+     * before it, which the scheduler must respect (runtime/gpu_wait.h). */
+    c->gw_mark = ccq_gw_mark(s);
     seq = atomic_fetch_add_explicit(counter, 1, memory_order_relaxed);
     c->seq = seq;
     ccq_mpsc_push_mpsc(&s->q, &c->qnode);
@@ -1064,7 +1085,7 @@ CCQ_API ccq_status ccq_nccl_bind_stream(ccq_runtime *rt, ccq_device_id device, c
                                  &err);
     if (st != CCQ_OK)
         return ccq_fail(st, "ccq_nccl_bind_stream: %s", err.msg);
-    return CCQ_OK;
+    return ccq_gw_bind(rt, s, cuda_stream);
 }
 
 /* ------------------------------------------------------------------------------------ */

@@ -275,7 +275,8 @@ static bool shutdown_step(ccq_runtime *rt, uint64_t now, bool *progress)
         S->shutdown_aborted = true;
         *progress = true;
     }
-    return S->cancelled_incomplete && S->nactive == 0 && S->ninflight == 0 && S->done == NULL;
+    return S->cancelled_incomplete && S->nactive == 0 && S->ninflight == 0 && S->done == NULL &&
+           S->held == NULL;
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -288,7 +289,8 @@ static bool work_visible(ccq_runtime *rt)
     ccq_sched *S = rt->sched;
 
     if (!ccq_mpsc_empty(&rt->new_streams) || !ccq_mpsc_empty(&rt->comm_reqs) ||
-        ccq_trace_requested(&rt->trace) || (rt->health != NULL && ccq_health_due(rt)))
+        ccq_trace_requested(&rt->trace) || ccq_trace_dump_requested(&rt->trace) ||
+        (rt->health != NULL && ccq_health_due(rt)))
         return true;
     if (!S->closing && atomic_load_explicit(&rt->closing, memory_order_acquire))
         return true;
@@ -352,10 +354,21 @@ void *ccq_sched_main(void *arg)
         now = ccq_now_ns();
         progress |= sched_watchdog(rt, now);
         ccq_trace_tick(&rt->trace, now, S->completed + S->failed + S->cancelled);
-        if (S->error_seen) { /* trace_file: keep the story of what went wrong */
-            S->error_seen = false;
-            ccq_trace_autodump(rt, false);
+        if (S->held != NULL && (now >= S->dump_after || S->closing)) {
+            /* trace_file: the story of what went wrong is on disk before any fence or test
+             * can report it (the failures were held back for it). A dump of a full ring
+             * takes long (65536 events: 0.4-1 s here), so the next one waits 4 times as long
+             * as this one took, at most 1 s: dumps take at most a fifth of the scheduler's
+             * time however often commands fail, and a failure waits at most that for its
+             * dump. */
+            uint64_t t0 = ccq_now_ns(), t1;
+            ccq_trace_autodump(rt, sched_held_reason(rt));
+            t1 = ccq_now_ns();
+            S->dump_after = ccq_add_sat(t1, min_u64(4 * (t1 - t0), CCQ_DUMP_GAP_MAX_NS));
+            sched_release_held(rt);
+            progress = true;
         }
+        progress |= ccq_trace_serve_dump(rt);
         if (S->closing || atomic_load_explicit(&rt->closing, memory_order_acquire)) {
             if (shutdown_step(rt, now, &progress))
                 break;
@@ -385,6 +398,8 @@ void *ccq_sched_main(void *arg)
         }
         if (S->forming != NULL || S->checking != NULL) /* the bootstrap cannot wake us */
             deadline = min_u64(deadline, ccq_add_sat(now, CCQ_FORM_POLL_NS));
+        if (S->held != NULL) /* failures waiting for their dump */
+            deadline = min_u64(deadline, S->dump_after);
         uint32_t seq = ccq_wake_prepare(&rt->wake);
         if (work_visible(rt)) {
             ccq_wake_cancel(&rt->wake);
@@ -436,7 +451,7 @@ void ccq_sched_dump(ccq_runtime *rt)
 {
     ccq_sched *S = rt->sched;
     char buf[CCQ_DETAIL_LEN];
-    static const char *const st[] = {"QUEUED", "INCLUDED", "ISSUED", "FAILED"};
+    static const char *const st[] = {"QUEUED", "INCLUDED", "ISSUED", "FAILED", "DONE"};
     static const char *const ist[] = {"WAITING", "READY", "FAILED", "ISSUED"};
 
     fprintf(stderr, "sched: pass %llu, %u active streams, %u in flight\n",

@@ -17,7 +17,8 @@ typedef struct ccq_sched {
     uint32_t inst_parts;  /* parts every instance can hold: max(2, ndev) */
     uint64_t *drop_seen;  /* fault injection: commands seen per device (drop:rank=R) */
     uint64_t next_cmd_id; /* event-log ids */
-    bool error_seen;      /* a command failed this pass (automatic trace dumps) */
+    ccq_stream *held;     /* streams whose failures wait for the dump (held_next links) */
+    uint64_t dump_after;  /* when the next dump of held failures may be written */
     ccq_batch *batch_free;
     ccq_batch *inflight; /* batches issued and not returned (next links) */
     uint32_t ninflight;
@@ -32,6 +33,8 @@ typedef struct ccq_sched {
     ccq_chan *undo_chans;
     ccq_stream *pass_streams; /* streams with commands in the batch being built */
     const ccq_cmd *refuse;    /* the attempt met a send the backend cannot stage */
+    bool cut;                 /* this pass left ready work out that another batch can take
+                                 now (a communicator's group_limit): build it at once */
     bool refuse_retry;        /* a refusal was deferred or made: loop again without sleeping */
     uint64_t wd_next;         /* earliest watchdog deadline (UINT64_MAX: none) */
     /* Shutdown. */
@@ -40,6 +43,9 @@ typedef struct ccq_sched {
     /* Counters (published to rt->stats). */
     uint64_t completed, failed, cancelled;
 } ccq_sched;
+
+/* The longest wait between two dumps of failures (see ccq_sched_main). */
+#define CCQ_DUMP_GAP_MAX_NS 1000000000ull
 
 /* How often communicators that are forming are polled while the scheduler is otherwise idle. */
 #define CCQ_FORM_POLL_NS 1000000u
@@ -82,6 +88,13 @@ ccq_inst *sched_win_get(ccq_chan *ch, uint64_t seq);
 void sched_batch_done(ccq_runtime *rt, ccq_batch *b);
 void sched_batch_release(ccq_sched *S, ccq_batch *b);
 bool sched_end_failed_heads(ccq_runtime *rt);
+/* n more commands of s ended: publish them (held back while a failure of s waits for the
+ * dump). */
+void sched_publish_ended(ccq_runtime *rt, ccq_stream *s, uint64_t n);
+/* The dump's reason for the held failures: "process_lost" if one is a loss, else "error". */
+const char *sched_held_reason(ccq_runtime *rt);
+/* After the dump: publish the held failures and what ended with them. */
+void sched_release_held(ccq_runtime *rt);
 bool sched_reap(ccq_runtime *rt);
 /* sched_batch.c */
 bool sched_build_and_issue(ccq_runtime *rt);

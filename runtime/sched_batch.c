@@ -65,6 +65,7 @@ static uint64_t chan_build_seq(ccq_sched *S, ccq_chan *ch)
     if (ch->build_pass != S->pass) {
         ch->build_pass = S->pass;
         ch->build_seq = ch->head;
+        ch->build_ops = 0;
         ch->attempt_seen = 0;
     }
     return ch->build_seq;
@@ -76,6 +77,7 @@ static void chan_touch(ccq_sched *S, ccq_chan *ch)
     if (ch->attempt_seen != S->attempt) {
         ch->attempt_seen = S->attempt;
         ch->undo_seq = ch->build_seq;
+        ch->undo_ops = ch->build_ops;
         ch->undo_next = S->undo_chans;
         S->undo_chans = ch;
     }
@@ -90,8 +92,10 @@ static void attempt_undo(ccq_sched *S)
         s->build_rd = s->undo_rd;
         s->build_wr = s->undo_wr;
     }
-    for (ccq_chan *ch = S->undo_chans; ch != NULL; ch = ch->undo_next)
+    for (ccq_chan *ch = S->undo_chans; ch != NULL; ch = ch->undo_next) {
         ch->build_seq = ch->undo_seq;
+        ch->build_ops = ch->undo_ops;
+    }
     for (uint32_t k = 0; k < S->ntent; k++)
         S->tent[k]->attempt_seen = 0;
 }
@@ -120,7 +124,6 @@ static void refuse_group(ccq_runtime *rt, const ccq_cmd *send)
     attempt_undo(S);
     for (uint32_t k = 0; k < S->ntent; k++)
         sched_fail_inst(S, S->tent[k], CCQ_ERR_UNSUPPORTED, detail, false);
-    S->error_seen = true;
     S->refuse_retry = true; /* progress: the loop runs again and ends the failed heads now */
 }
 
@@ -155,6 +158,17 @@ static int try_add(ccq_runtime *rt, ccq_batch *b, ccq_inst *root)
             goto blocked;
         /* Channel order: every earlier sequence number is in (or resolved). */
         chan_touch(S, ch);
+        /* Grouping across processes: a communicator spanning processes contributes at most
+         * group_limit collectives to a batch (ccq_comm.group_limit); the next one goes in
+         * the next batch, built at once (S->cut). Only collectives count: a send/recv half
+         * (its own channels) is matched per peer by the engine whatever the grouping. */
+        if (ch->id == CCQ_CHAN_COLL && ch->comm->group_limit != 0) {
+            if (ch->build_ops >= ch->comm->group_limit) {
+                S->cut = true;
+                goto blocked;
+            }
+            ch->build_ops++;
+        }
         for (uint64_t q = ch->build_seq; q < x->seq; q++) {
             ccq_inst *y = sched_win_get(ch, q);
             if (y == NULL || y->state == CCQ_INST_WAITING || y->state == CCQ_INST_CHECKING)
@@ -178,6 +192,13 @@ static int try_add(ccq_runtime *rt, ccq_batch *b, ccq_inst *root)
                     ccq_inst *y = q->inst;
                     if (y->state != CCQ_INST_READY)
                         goto blocked;
+                    /* Submitted after a GPU-side wait on its bound CUDA stream: only once the
+                     * commands the wait covers were issued in an earlier batch (gpu_wait.h),
+                     * which may be the one this pass issues: build again (S->cut). */
+                    if (q->gw_mark != 0 && !ccq_gw_clear(rt, s, q->gw_mark)) {
+                        S->cut = true;
+                        goto blocked;
+                    }
                     /* Exact scan only when the boxes overlap: O(1) for the common case
                      * of independent buffers, O(commands in the batch) otherwise. */
                     if (may_conflict(s, q))
@@ -267,6 +288,8 @@ static ccq_batch *batch_get(ccq_sched *S)
     b->be.detail.msg[0] = '\0';
     b->be.next_done = NULL;
     b->be.be_priv = NULL;
+    b->be.ndone_early = 0;
+    b->seen_early = 0;
     b->streams = NULL;
     b->next = NULL;
     b->aborting = false;
@@ -313,6 +336,8 @@ static void issue(ccq_runtime *rt, ccq_batch *b)
         i->op.comm = i->chan->comm->be;
         i->op.status = CCQ_OK;
         i->op.comm_aborted = 0;
+        i->op.done_early = 0;
+        i->ended = false;
         i->op.stage_src = i->stage && rt->be_ops->stages_sends;
         b->ops[k] = &i->op;
     }
@@ -338,6 +363,7 @@ static void issue(ccq_runtime *rt, ccq_batch *b)
         s->batch_done = s->ending;
         for (ccq_cmd *q = s->fifo_head; q != s->build_next; q = q->fifo_next)
             s->batch_done++;
+        ccq_gw_passed(s, s->batch_done); /* issued: GPU-side wait barriers on it are met */
         s->cursor = s->build_next;
         s->inflight = true;
         atomic_store_explicit(&s->issued_ns, b->issue_ns, memory_order_release);
@@ -387,6 +413,7 @@ bool sched_build_and_issue(ccq_runtime *rt)
 
         S->pass++;
         S->pass_streams = NULL;
+        S->cut = false;
         for (ccq_chan **pp = &S->chans; *pp != NULL && !full;) {
             ccq_chan *ch = *pp;
             ccq_inst *i = sched_win_get(ch, ch->head);
@@ -423,7 +450,9 @@ bool sched_build_and_issue(ccq_runtime *rt)
         }
         issue(rt, b);
         any = true;
-        if (!full)
+        /* A full batch, or one that a group limit cut, leaves ready work: another pass
+         * (one with nothing to add ends the loop above). */
+        if (!full && !S->cut)
             break;
     }
     any |= S->refuse_retry;

@@ -273,7 +273,6 @@ bool sched_checks_progress(ccq_runtime *rt)
         ccq_trace_note(&rt->trace, CCQ_EV_FAILED, note);
         i->state = CCQ_INST_READY; /* off the list already: fail it as a matched one */
         sched_fail_inst(S, i, st, why, false);
-        S->error_seen = true;
     }
     return any;
 }
@@ -305,8 +304,6 @@ void sched_comm_settle(ccq_runtime *rt, ccq_comm *c, ccq_status st)
         ch->late_status = c->init_status;
         sched_chan_advance(S, ch);
     }
-    if (st != CCQ_OK)
-        S->error_seen = true;
 }
 
 /* Start forming a communicator (scheduler thread only: NCCL requires it). While shutting

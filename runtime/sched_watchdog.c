@@ -186,6 +186,23 @@ static void describe_wait(ccq_runtime *rt, ccq_inst *i, ccq_cmd *c, uint64_t now
                 return;
             }
         }
+        for (ccq_cmd *q = s->cursor; q != NULL; q = q->fifo_next) {
+            uint32_t xi = 0;
+            uint64_t t = 0;
+            if (q->state == CCQ_CMD_QUEUED && q->gw_mark != 0 &&
+                ccq_gw_blocker(rt, s, q->gw_mark, &xi, &t)) {
+                const ccq_stream *x = &rt->streams[xi];
+                w += ccq_format(buf + w, len - w,
+                                "; matched, but a command of device %u stream %u was submitted "
+                                "after a GPU-side wait (ccq_nccl_stream_wait) on its bound CUDA "
+                                "stream for the first %" PRIu64 " commands of device %u stream "
+                                "%u, which are not all issued: it runs only after them",
+                                s->device, s->id, t, x->device, x->id);
+                return;
+            }
+            if (q == part)
+                break;
+        }
     }
     ccq_format(buf + w, len - w,
                "; matched, but its buffers overlap an earlier command of "
@@ -211,7 +228,6 @@ static void abort_comm(ccq_runtime *rt, ccq_comm *comm, ccq_status st, const cha
         ccq_format(note + w, sizeof note - w, " aborted: %s", why);
         ccq_trace_note(&rt->trace, CCQ_EV_ABORT, note);
     }
-    S->error_seen = true;
     if (comm->be != NULL) {
         if (st == CCQ_ERR_PROCESS_LOST && rt->be_ops->revoke != NULL)
             rt->be_ops->revoke(rt->be, comm->be);
@@ -304,7 +320,6 @@ bool sched_watchdog(ccq_runtime *rt, uint64_t now)
                               q->count, 0, CCQ_ERR_TIMEOUT);
             ccq_trace_note(&rt->trace, CCQ_EV_WATCHDOG, detail);
             sched_fail_inst(S, q->inst, CCQ_ERR_TIMEOUT, detail, false);
-            S->error_seen = true;
             any = true;
         }
     }

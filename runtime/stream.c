@@ -17,6 +17,9 @@ void ccq_stream_init(ccq_stream *s, ccq_device_id device, ccq_stream_id id, uint
     atomic_init(&s->ended, 0);
     atomic_init(&s->errw, 0);
     atomic_init(&s->issued_ns, 0);
+    atomic_init(&s->passed_pub, 0);
+    atomic_init(&s->bound, NULL);
+    atomic_init(&s->gw, NULL);
     ccq_signal_init(&s->ev);
     pthread_mutex_init(&s->err_lock, NULL);
     s->device = device;
@@ -29,9 +32,13 @@ void ccq_stream_fini(ccq_stream *s)
     free(atomic_load_explicit(&s->ring, memory_order_relaxed));
     free(s->err_detail);
     free(s->last_detail);
+    for (uint32_t i = 0; i < s->nheld; i++)
+        free(s->held_errs[i].detail);
+    free(s->held_errs);
     for (uint32_t i = 0; s->hist != NULL && i < CCQ_FENCE_HISTORY; i++)
         free(s->hist[i].detail);
     free(s->hist);
+    ccq_gw_free(s);
     pthread_mutex_destroy(&s->err_lock);
 }
 
@@ -438,6 +445,9 @@ static ccq_status report_and_clear(ccq_stream *s)
     return err;
 }
 
+/* How long a fence that times out waits for the dump it asks for. */
+#define CCQ_FENCE_DUMP_NS 2000000000ull
+
 /* Begin + wait (with the watchdog's grace) + report-then-clear. */
 static ccq_status sync_collective(ccq_runtime *rt, ccq_device_id device, ccq_stream_id stream)
 {
@@ -466,6 +476,12 @@ static ccq_status sync_collective(ccq_runtime *rt, ccq_device_id device, ccq_str
         uint64_t verdict = ccq_add_sat(issued, ccq_add_sat(rt->timeout_ns, grace));
         if (!ok && issued != 0 && deadline != UINT64_MAX && verdict > deadline)
             ok = ccq_signal_wait_spin(&s->ev, fence_done, &w, verdict, 0);
+        if (!ok && (uint32_t)atomic_load_explicit(&s->errw, memory_order_acquire) == 0) {
+            /* A failure of this fence's own: with trace_file set, the dump is on disk before
+             * it is reported (a user prints the error and exits), bounded by CCQ_FENCE_DUMP_NS
+             * (a scheduler stuck in a call never writes it). */
+            ccq_trace_request_dump(rt, ccq_deadline_in(CCQ_FENCE_DUMP_NS));
+        }
         if (!ok) {
             uint64_t e = atomic_load_explicit(&s->ended, memory_order_acquire);
             if ((uint32_t)atomic_load_explicit(&s->errw, memory_order_acquire) == 0)
@@ -541,7 +557,15 @@ CCQ_API ccq_status ccq_nccl_stream_wait(ccq_runtime *rt, ccq_device_id device, c
                         "cannot be a wait's target here; pass a stream you created)");
     /* As ccq_fence_begin: every command whose submission returned before this load. */
     uint64_t target = atomic_load_explicit(&s->tickets, memory_order_acquire) & ~CCQ_TICKET_CLOSED;
-    st = rt->be_ops->stream_wait(rt->be, device, s->index, cuda_stream, target, &s->ended, &err);
+    /* Commands submitted after this on a stream bound to cuda_stream must not run with (or
+     * before) the ones the wait covers: a barrier, before the wait is queued. */
+    st = ccq_gw_before_wait(rt, s, cuda_stream, target, "ccq_nccl_stream_wait");
+    if (st != CCQ_OK)
+        return st;
+    /* The backend's own device, as every other hook gets (in any process but the first of
+     * a world the global id is past the end of its tables). */
+    st = rt->be_ops->stream_wait(rt->be, ccq_backend_device(rt, device), s->index, cuda_stream,
+                                 target, &s->ended, &err);
     if (st != CCQ_OK)
         return ccq_fail(st, "ccq_nccl_stream_wait: %s", err.msg);
     return CCQ_OK;

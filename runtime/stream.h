@@ -15,6 +15,7 @@
 #include "ccq.h"
 #include "queue/mpsc.h"
 #include "queue/wake.h"
+#include "runtime/gpu_wait.h"
 #include "runtime/span.h"
 
 #define CCQ_CACHELINE 64
@@ -40,7 +41,8 @@ typedef struct ccq_stream {
     /* (clear epoch << 32) | the current epoch's first error as (uint32_t)ccq_status, 0 if
      * none: one word, so a fence test reads "no error since my epoch began" in one load. */
     _Atomic uint64_t errw;
-    _Atomic uint64_t issued_ns; /* when its batch in flight was issued; 0 when none */
+    _Atomic uint64_t issued_ns;  /* when its batch in flight was issued; 0 when none */
+    _Atomic uint64_t passed_pub; /* commands issued or ended (`passed`), for waiting threads */
     /* Scheduler only. */
     alignas(CCQ_CACHELINE) struct ccq_cmd *fifo_head; /* commands received and not ended */
     struct ccq_cmd *fifo_tail;
@@ -62,6 +64,14 @@ typedef struct ccq_stream {
     uint64_t listed_pass;          /* batch pass whose pass_streams list holds it */
     struct ccq_stream *pass_next;  /* streams with commands in the batch being built */
     struct ccq_stream *batch_next; /* streams of a batch in flight */
+    /* Failures held back until a dump holding them is on disk (trace_file): their error
+     * records and the `ended` count that covers them are published after the dump. */
+    struct ccq_held_err *held_errs; /* [nheld] in end order */
+    uint32_t nheld, capheld;
+    uint64_t held_n;              /* ended commands not published yet */
+    bool held;                    /* on the scheduler's list of held streams */
+    struct ccq_stream *held_next; /* that list */
+    uint64_t passed;               /* commands issued (in batches handed over) or ended */
     /* Cold. */
     ccq_mpsc_node new_node; /* on rt->new_streams when first used */
     ccq_device_id device;
@@ -75,8 +85,19 @@ typedef struct ccq_stream {
                                     first clear */
     ccq_status last_status;
     char *last_detail; /* malloc'd or NULL */
+    /* GPU-side waits on bound streams (runtime/gpu_wait.h): the CUDA stream bound to it, its
+     * barrier log (made at the first bind), the runtime's list of streams ever bound. */
+    void *_Atomic bound;
+    ccq_gw_log *_Atomic gw;
+    struct ccq_stream *bound_next;
 } ccq_stream;
 
+/* A failure ended on a stream whose publication waits for the dump (see ccq_stream.held). */
+typedef struct ccq_held_err {
+    uint64_t pos;
+    ccq_status status;
+    char *detail; /* malloc'd */
+} ccq_held_err;
 /* Clear epochs a fence value can be older than: ccq_fence_test on a value whose epoch had
  * more error reports (ccq_sync_collective clears) after it returns CCQ_ERR_INVALID_ARGUMENT. */
 #define CCQ_FENCE_HISTORY 16u

@@ -2,8 +2,10 @@
  * runtime: a world of P processes, process p holding 1 + p % 2 local ranks (uneven), every
  * kind x dtype x op against tests/ref.h across processes, roots in every process, the
  * in-place forms, a communicator over a subset of the processes, send/recv halves between
- * every pair of processes, and a member that does not arrive (the operation stays pending,
- * other communicators keep working, the abandoned request is freed once it completes).
+ * every pair of processes and every collective on a pair (over point-to-point messages), a
+ * member that does not arrive (the operation stays pending, other communicators keep working,
+ * the abandoned request is freed once it completes), and mismatches across processes (found
+ * before any data moves, on every member).
  *
  * Inputs are chosen so that every association order gives the same bits (MPI combines the
  * per-process partials in an order of its own): integers wrap (associative), and floats
@@ -36,9 +38,12 @@ static uint64_t now_ns(void)
  * process procs[i] holding nl_of(procs[i]) ranks. */
 typedef struct tcomm {
     ccq_hmpi_comm *c;
-    uint32_t np, procs[16];
+    uint32_t np, procs[16], nl[16]; /* members, their world ranks and local rank counts */
     uint32_t nranks, first, nlocal;
+    uint64_t seq; /* the next operation's sequence number (as the runtime's, per channel) */
 } tcomm;
+
+static ccq_hmpi_world *world; /* the world's duplicate, made at the start (as world_ready) */
 
 static uint32_t nl_of(uint32_t p)
 {
@@ -57,6 +62,7 @@ static void tcomm_make(tcomm *t, const uint32_t *procs, uint32_t np, uint32_t cr
     t->np = np;
     memcpy(t->procs, procs, np * sizeof *procs);
     for (uint32_t i = 0; i < np; i++) {
+        t->nl[i] = nl_of(procs[i]);
         if (procs[i] == (uint32_t)wrank) {
             t->first = t->nranks;
             t->nlocal = nl_of(procs[i]);
@@ -75,7 +81,36 @@ static void tcomm_make(tcomm *t, const uint32_t *procs, uint32_t np, uint32_t cr
     d.world_rank = (uint32_t)wrank;
     d.root_blob = blob;
     d.root_blob_len = sizeof blob;
-    assert_int_equal(ccq_hmpi_comm_create(&d, -1, blob, sizeof blob, &t->c, &err), CCQ_OK);
+    assert_int_equal(ccq_hmpi_comm_create(&d, world, blob, sizeof blob, &t->c, &err), CCQ_OK);
+}
+
+/* A pair: one rank in each of two processes, as the runtime makes for two devices in two
+ * processes (point-to-point on the world's duplicate; no communicator of its own). */
+static void tpair_make(tcomm *t, uint32_t p, uint32_t q, uint32_t creator_blob)
+{
+    ccq_be_comm_desc d;
+    ccq_device_id dev = 0;
+    ccq_errbuf err = {{0}};
+    uint32_t v[2] = {p, creator_blob};
+
+    memset(t, 0, sizeof *t);
+    t->np = 2;
+    t->procs[0] = p;
+    t->procs[1] = q;
+    t->nl[0] = t->nl[1] = 1;
+    t->nranks = 2;
+    t->first = p == (uint32_t)wrank ? 0 : 1;
+    t->nlocal = 1;
+    d.nranks = 2;
+    d.first_rank = t->first;
+    d.nlocal = 1;
+    d.local_devices = &dev;
+    d.nprocs = 2;
+    d.procs = t->procs;
+    d.world_rank = (uint32_t)wrank;
+    d.root_blob = v;
+    d.root_blob_len = sizeof v;
+    assert_int_equal(ccq_hmpi_pair_create(&d, world, v, sizeof v, &t->c, &err), CCQ_OK);
 }
 
 /* Run op to completion. */
@@ -120,7 +155,7 @@ static void check_one(tcomm *t, ccq_kind kind, ccq_dtype dt, ccq_reduce_op ro, u
     op.comm_size = t->nranks;
     op.nparts = t->nlocal;
     op.parts = parts;
-    op.seq = seed;
+    op.seq = t->seq++;
     for (uint32_t k = 0; k < t->nlocal; k++) {
         uint32_t r = t->first + k;
         bool is_root = r == root;
@@ -187,7 +222,7 @@ static void all_kinds(tcomm *t, size_t count, bool every_dtype)
                 if (ki->rooted) {
                     roots[nroots++] = 0;
                     for (uint32_t p = 0; p < t->np; p++) {
-                        r0 += nl_of(t->procs[p]);
+                        r0 += t->nl[p];
                         roots[nroots++] = r0 - 1;
                     }
                 } else {
@@ -251,31 +286,12 @@ static void test_pairs(void **state)
     ccq_errbuf err = {{0}};
     (void)state;
 
-    /* Every process makes its pairs in the same global order (create_group blocks). */
+    /* Pairs never block to form (no communicator of their own): any order will do. */
     for (int p = 0; p < wsize; p++)
         for (int q = p + 1; q < wsize; q++) {
-            uint32_t pr[2] = {(uint32_t)p, (uint32_t)q};
             if (p != wrank && q != wrank)
                 continue;
-            /* A pair communicator: one rank per process. */
-            ccq_be_comm_desc d;
-            ccq_device_id dev = 0;
-            uint32_t v[2] = {(uint32_t)p, 100u + (uint32_t)(p * wsize + q)};
-            memset(&pc[npairs], 0, sizeof pc[npairs]);
-            pc[npairs].np = 2;
-            memcpy(pc[npairs].procs, pr, sizeof pr);
-            pc[npairs].nranks = 2;
-            pc[npairs].first = p == wrank ? 0 : 1;
-            pc[npairs].nlocal = 1;
-            d.nranks = 2;
-            d.first_rank = pc[npairs].first;
-            d.nlocal = 1;
-            d.local_devices = &dev;
-            d.nprocs = 2;
-            d.procs = pc[npairs].procs;
-            d.world_rank = (uint32_t)wrank;
-            assert_int_equal(ccq_hmpi_comm_create(&d, -1, v, sizeof v, &pc[npairs].c, &err),
-                             CCQ_OK);
+            tpair_make(&pc[npairs], (uint32_t)p, (uint32_t)q, 100u + (uint32_t)(p * wsize + q));
             peer_of[npairs] = (uint32_t)(p == wrank ? q : p);
             npairs++;
         }
@@ -333,21 +349,36 @@ static void test_pairs(void **state)
             free(sbuf[i][m]);
             free(rbuf[i][m]);
         }
-        ccq_hmpi_comm_destroy(pc[i].c);
     }
+    /* Every collective on every pair (over point-to-point messages), pairs in turn. */
+    for (uint32_t i = 0; i < npairs; i++)
+        all_kinds(&pc[i], (pc[i].procs[0] + pc[i].procs[1]) % 2 ? 17 : 5003,
+                  pc[i].procs[0] == 0 && pc[i].procs[1] == 1);
+    /* beyond 128 KiB: all_reduce in two exchanges (each side reduces half), rendezvous */
+    for (uint32_t i = 0; i < npairs; i++)
+        if (pc[i].procs[0] == 0 && pc[i].procs[1] == 1)
+            all_kinds(&pc[i], 70001, false);
+    for (uint32_t i = 0; i < npairs; i++)
+        ccq_hmpi_comm_destroy(pc[i].c);
+    while (ccq_hmpi_reap(now_ns(), UINT64_MAX) > 0) /* the detached sends */
+        ;
 }
 
-/* Process 1 does not arrive at an all_reduce on a communicator: process 0's stays pending
- * (no hang: test returns CCQ_IN_PROGRESS), the detail names the MPI call, the sequence and
- * the processes; another communicator keeps working meanwhile; once abandoned, the engine
- * frees the request when it completes (process 1 arrives late, as a restarted peer cannot). */
+/* A member that does not submit, on a communicator over member processes. Sequence 41:
+ * process 1 submits it, lets its record go, then stops testing: the others' check passes, their
+ * MPI_Iallreduce is posted and stays pending (no hang: test returns CCQ_IN_PROGRESS), the
+ * detail names the MPI call, the sequence and the processes; they give it up; another
+ * communicator keeps working meanwhile; once process 1 goes on (as a late peer would), their
+ * abandoned requests complete and are freed. Sequence 42: process 1 never submits it: the
+ * others never post anything (no data moves before every member submitted), the detail names
+ * process 1, and giving it up leaves nothing behind. */
 static void test_missing_member(void **state)
 {
     tcomm a, b;
     ccq_be_op op;
     ccq_be_part parts[2];
     float src[2][64], dst[2][64];
-    ccq_hmpi_op *h = NULL;
+    ccq_hmpi_op *h = NULL, *late = NULL;
     ccq_errbuf err = {{0}};
     uint64_t t0;
     (void)state;
@@ -370,6 +401,11 @@ static void test_missing_member(void **state)
         parts[k].dst = dst[k];
         parts[k].rank = a.first + k;
     }
+    if (wrank == 1) {
+        assert_int_equal(ccq_hmpi_start(a.c, &op, now_ns(), &late, &err), CCQ_OK);
+        (void)ccq_hmpi_test(late, &err); /* its record leaves */
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
     if (wrank != 1) {
         assert_int_equal(ccq_hmpi_start(a.c, &op, now_ns(), &h, &err), CCQ_OK);
         t0 = now_ns();
@@ -382,15 +418,33 @@ static void test_missing_member(void **state)
             assert_non_null(strstr(err.msg, wsize == 2 ? "among processes 0 and 1 (3 ranks"
                                                        : "among processes 0, 1"));
             assert_non_null(strstr(err.msg, "still pending after"));
+            assert_null(strstr(err.msg, "not started"));
+        }
+        ccq_hmpi_abandon(h);
+        /* 42: process 1 never submits it */
+        op.seq = 42;
+        assert_int_equal(ccq_hmpi_start(a.c, &op, now_ns(), &h, &err), CCQ_OK);
+        t0 = now_ns();
+        while (now_ns() - t0 < 50000000u)
+            assert_int_equal(ccq_hmpi_test(h, &err), CCQ_IN_PROGRESS);
+        ccq_hmpi_describe(h, now_ns(), &err);
+        if (wrank == 0) {
+            assert_non_null(strstr(err.msg, "sequence 42"));
+            assert_non_null(strstr(err.msg, "not started after"));
+            assert_non_null(strstr(err.msg, "ms: process 1 never submitted it"));
         }
         ccq_hmpi_abandon(h);
     }
     /* The other communicator works while `a` has a pending collective. */
     all_kinds(&b, 9, false);
     MPI_Barrier(MPI_COMM_WORLD);
-    if (wrank == 1) { /* arrives late: the others' abandoned requests can complete */
-        run_op(&a, &op);
-    } else {
+    if (wrank == 1) { /* goes on late: the others' abandoned requests can complete */
+        ccq_status st;
+        while ((st = ccq_hmpi_test(late, &err)) == CCQ_IN_PROGRESS)
+            ;
+        assert_int_equal(st, CCQ_OK);
+    }
+    {
         uint64_t t1 = now_ns();
         while (ccq_hmpi_reap(now_ns(), UINT64_MAX) > 0)
             assert_true(now_ns() - t1 < 20000000000ull);
@@ -398,6 +452,111 @@ static void test_missing_member(void **state)
     MPI_Barrier(MPI_COMM_WORLD);
     ccq_hmpi_comm_destroy(a.c);
     ccq_hmpi_comm_destroy(b.c);
+}
+
+/* Mismatches across processes never reach MPI: every member fails the operation with
+ * CCQ_ERR_MISMATCH naming the processes, ranks and field, and the next operation runs. On a
+ * communicator over member processes (the last process passes another count) and on a pair
+ * (a collective's op, a send/recv's count: the receiver fails, its buffer untouched). */
+static ccq_status run_status(tcomm *t, ccq_be_op *op, char *detail, size_t len)
+{
+    ccq_hmpi_op *h = NULL;
+    ccq_errbuf err = {{0}};
+    ccq_status st = ccq_hmpi_start(t->c, op, now_ns(), &h, &err);
+    if (st != CCQ_OK)
+        fail_msg("start: %s", err.msg);
+    while ((st = ccq_hmpi_test(h, &err)) == CCQ_IN_PROGRESS)
+        ;
+    snprintf(detail, len, "%s", err.msg);
+    return st;
+}
+
+static void test_mismatch(void **state)
+{
+    tcomm t;
+    ccq_be_op op;
+    ccq_be_part parts[2];
+    float src[2][256], dst[2][256];
+    char detail[512];
+    (void)state;
+
+    tcomm_make(&t, world_procs, (uint32_t)wsize, 5);
+    memset(&op, 0, sizeof op);
+    op.kind = CCQ_KIND_ALL_REDUCE;
+    op.dtype = CCQ_FLOAT32;
+    op.redop = CCQ_SUM;
+    op.comm_size = t.nranks;
+    op.nparts = t.nlocal;
+    op.parts = parts;
+    for (uint32_t k = 0; k < t.nlocal; k++) {
+        for (int e = 0; e < 256; e++)
+            src[k][e] = 1.0f, dst[k][e] = -3.0f;
+        parts[k].src = src[k];
+        parts[k].dst = dst[k];
+        parts[k].rank = t.first + k;
+    }
+    op.count = wrank == wsize - 1 ? 128 : 64;
+    op.seq = t.seq++;
+    assert_int_equal(run_status(&t, &op, detail, sizeof detail), CCQ_ERR_MISMATCH);
+    assert_non_null(strstr(detail, "count: process 0 (rank"));
+    assert_non_null(strstr(detail, ") 64, process"));
+    assert_non_null(strstr(detail, ") 128"));
+    for (uint32_t k = 0; k < t.nlocal; k++)
+        assert_true(dst[k][0] == -3.0f && dst[k][255] == -3.0f); /* nothing written */
+    op.count = 64;
+    op.seq = t.seq++;
+    assert_int_equal(run_status(&t, &op, detail, sizeof detail), CCQ_OK);
+    for (uint32_t k = 0; k < t.nlocal; k++)
+        assert_true(dst[k][0] == (float)t.nranks);
+    ccq_hmpi_comm_destroy(t.c);
+
+    /* a pair of processes 0 and 1 */
+    if (wrank < 2) {
+        tcomm p;
+        tpair_make(&p, 0, 1, 6);
+        op.comm_size = 2;
+        op.nparts = 1;
+        parts[0].rank = p.first;
+        op.redop = wrank == 0 ? CCQ_MAX : CCQ_SUM;
+        op.seq = p.seq++;
+        assert_int_equal(run_status(&p, &op, detail, sizeof detail), CCQ_ERR_MISMATCH);
+        assert_non_null(strstr(detail, "op: process 0 (rank 0) max, process 1 (rank 1) sum"));
+        op.redop = CCQ_SUM;
+        op.seq = p.seq++;
+        assert_int_equal(run_status(&p, &op, detail, sizeof detail), CCQ_OK);
+        assert_true(dst[0][0] == 2.0f);
+        /* send/recv counts */
+        memset(&op, 0, sizeof op);
+        op.dtype = CCQ_FLOAT32;
+        op.comm_size = 2;
+        op.nparts = 1;
+        op.parts = parts;
+        op.peer = 1 - p.first;
+        op.seq = 0;
+        op.kind = wrank == 0 ? CCQ_KIND_SEND : CCQ_KIND_RECV;
+        op.count = wrank == 0 ? 200 : 100;
+        for (int e = 0; e < 256; e++)
+            dst[0][e] = -5.0f;
+        parts[0].src = wrank == 0 ? src[0] : NULL;
+        parts[0].dst = wrank == 0 ? NULL : dst[0];
+        {
+            ccq_status st = run_status(&p, &op, detail, sizeof detail);
+            if (wrank == 1) {
+                assert_int_equal(st, CCQ_ERR_MISMATCH);
+                assert_non_null(strstr(detail, "count: process 0 (rank 0) 200, process 1"));
+                assert_true(dst[0][0] == -5.0f && dst[0][99] == -5.0f);
+            } else {
+                assert_int_equal(st, CCQ_OK);
+            }
+        }
+        op.count = 100;
+        op.seq = 1;
+        assert_int_equal(run_status(&p, &op, detail, sizeof detail), CCQ_OK);
+        if (wrank == 1)
+            assert_true(dst[0][0] == 1.0f && dst[0][99] == 1.0f);
+        ccq_hmpi_comm_destroy(p.c);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
 }
 
 /* Without MPI_THREAD_SERIALIZED the engine refuses, saying why. */
@@ -414,7 +573,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ready),          cmocka_unit_test(test_world_every_kind),
         cmocka_unit_test(test_subset),         cmocka_unit_test(test_pairs),
-        cmocka_unit_test(test_missing_member),
+        cmocka_unit_test(test_missing_member), cmocka_unit_test(test_mismatch),
     };
     MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &wrank);
@@ -426,7 +585,22 @@ int main(int argc, char **argv)
     }
     for (int p = 0; p < wsize; p++)
         world_procs[p] = (uint32_t)p;
+    {
+        ccq_errbuf err = {{0}};
+        ccq_status st;
+        if (ccq_hmpi_world_post(-1, &world, &err) != CCQ_OK) {
+            fprintf(stderr, "world: %s\n", err.msg);
+            return 1;
+        }
+        while ((st = ccq_hmpi_world_test(world, &err)) == CCQ_IN_PROGRESS)
+            ;
+        if (st != CCQ_OK) {
+            fprintf(stderr, "world: %s\n", err.msg);
+            return 1;
+        }
+    }
     rc = cmocka_run_group_tests(tests, NULL, NULL);
+    ccq_hmpi_world_free(world);
     MPI_Finalize();
     return rc;
 }

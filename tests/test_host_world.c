@@ -365,8 +365,15 @@ int main(void)
         a_done:
             for (uint32_t k = 1; k < cnt; k++)
                 CHECK(ccq_sync_collective(rt, first + k, 0) != CCQ_OK, "A fails on every part");
-        } else if (wsize == 1 + 1 && wrank == 1) {
-            /* world of 2: B is process 0 alone, nothing to do here */
+        } else {
+            /* The last process: the others wait about timeout_ms for A to fail before they
+             * destroy their runtime and meet again below, where everyone waits timeout_ms
+             * for the others. Leaving now, it would arrive that much ahead of them and its
+             * wait could end first on a loaded machine: wait as they do. */
+            struct timespec ts = {(time_t)(cfg.timeout_ms / 1000),
+                                  (long)(cfg.timeout_ms % 1000) * 1000000L};
+            while (nanosleep(&ts, &ts) != 0)
+                ;
         }
         /* The others spend about timeout_ms on A: the silent one waits as long before it
          * moves on, so that all of them create the next runtime at about the same time
@@ -380,8 +387,12 @@ int main(void)
 
     /* A mismatch between this process's own parts of a communicator spanning processes is
      * still found here, at once (matching is local): a process with two devices submits
-     * counts 16 and 8; the others, whose MPI operation then never gets a partner, end with
-     * the engine's timeout. */
+     * counts 16 and 8; the others, whose operation then never gets that process's record for
+     * the engine's check, end with the engine's timeout ("not started ... never submitted
+     * it"). The last process left the previous runtime at once, the others only after their
+     * 1.5 s timeout: a longer timeout_ms here, or its ccq_runtime_create could give up on
+     * them before they come. */
+    cfg.timeout_ms = 4000;
     CHECK(ccq_runtime_create(&cfg, &rt) == CCQ_OK, "third runtime");
     {
         float x[2][16] = {{0}}, y[2][16];

@@ -206,8 +206,9 @@ static void test_wait_holds_back_until_done(void **state)
         assert_int_equal(ccq_sync_collective(rt, d, 0), CCQ_OK);
 }
 
-/* Each wait's value is the number of commands submitted on its stream before the call, and
- * each batch's write is the number ended once it is done. */
+/* Each counter wait's value is the number of commands submitted on its stream before the
+ * call, and each batch's write is the number ended once it is done. (Each wait here covers
+ * a command not launched yet, its last part still to come: see test_wait_policy.) */
 static void test_ticket_arithmetic(void **state)
 {
     (void)state;
@@ -218,29 +219,36 @@ static void test_ticket_arithmetic(void **state)
 
     assert_int_equal(ccq_comm_init(rt, ALL, NDEV), CCQ_OK);
     fill(in, want, 3);
-    assert_int_equal(ccq_nccl_stream_wait(rt, 0, 1, us), CCQ_OK); /* idle: value 0 */
-    assert_int_equal(fake_stream_pending(us), 0);
     for (int r = 0; r < 3; r++) {
-        for (ccq_device_id d = 0; d < NDEV; d++)
+        for (ccq_device_id d = 0; d + 1 < NDEV; d++)
             assert_int_equal(
                 ccq_all_reduce(rt, d, 1, in[d], out[d], N, CCQ_FLOAT32, CCQ_SUM, ALL, NDEV),
                 CCQ_OK);
         assert_int_equal(ccq_nccl_stream_wait(rt, 0, 1, us), CCQ_OK);
+        assert_int_equal(ccq_all_reduce(rt, NDEV - 1, 1, in[NDEV - 1], out[NDEV - 1], N,
+                                        CCQ_FLOAT32, CCQ_SUM, ALL, NDEV),
+                         CCQ_OK);
         assert_int_equal(ccq_fence_wait(rt, 0, 1, begin(rt, 0, 1), 10000), CCQ_OK);
     }
     /* A wait on device 1 counts device 1's commands on that stream. */
     cudaStream_t us1 = fake_user_stream(1);
+    for (ccq_device_id d = 1; d < NDEV; d++)
+        assert_int_equal(
+            ccq_all_reduce(rt, d, 1, in[d], out[d], N, CCQ_FLOAT32, CCQ_SUM, ALL, NDEV), CCQ_OK);
     assert_int_equal(ccq_nccl_stream_wait(rt, 1, 1, us1), CCQ_OK);
     assert_int_equal(values_on("cuStreamWaitValue64", us1, v, 16), 1);
-    assert_int_equal(v[0], 3);
-    assert_int_equal(values_on("cuStreamWaitValue64", us, v, 16), 4);
-    for (int k = 0; k < 4; k++)
-        assert_int_equal(v[k], (uint64_t)k);
+    assert_int_equal(v[0], 4);
+    assert_int_equal(ccq_all_reduce(rt, 0, 1, in[0], out[0], N, CCQ_FLOAT32, CCQ_SUM, ALL, NDEV),
+                     CCQ_OK);
+    assert_int_equal(values_on("cuStreamWaitValue64", us, v, 16), 3);
+    for (int k = 0; k < 3; k++)
+        assert_int_equal(v[k], (uint64_t)k + 1);
     assert_true(drains(us));
-    /* One batch per round: writes 1, 2, 3 on device 0's NCCL stream. */
+    assert_true(drains(us1));
+    /* One batch per round: writes 1, 2, 3, 4 on device 0's NCCL stream. */
     cudaStream_t cs = nccl_stream_of_rank(0, 0);
     size_t nw = values_on("cuStreamWriteValue64", cs, v, 16);
-    assert_int_equal(nw, 3);
+    assert_int_equal(nw, 4);
     for (size_t k = 0; k < nw; k++)
         assert_int_equal(v[k], k + 1);
     for (ccq_device_id d = 0; d < NDEV; d++)
@@ -482,6 +490,7 @@ static void test_unsupported_fallback(void **state)
 
 /* Many threads queue waits on the same ccq stream while others submit: every wait is
  * released once the work is done, and the values never exceed what was submitted. */
+
 typedef struct waiter_arg {
     ccq_runtime *rt;
     cudaStream_t us;
@@ -530,8 +539,14 @@ static void test_concurrent_waits(void **state)
     uint64_t v[256];
     for (int i = 0; i < WAITERS; i++) {
         assert_true(drains(wa[i].us));
+        /* Each call queued a counter wait (its commands not launched yet), an event wait
+         * (launched) or nothing (ended): never more than one. */
         size_t n = values_on("cuStreamWaitValue64", wa[i].us, v, 256);
-        assert_int_equal(n, 200);
+        size_t ev = 0;
+        for (long j = fake_log_find("cudaStreamWaitEvent", 0); j >= 0;
+             j = fake_log_find("cudaStreamWaitEvent", (size_t)j + 1))
+            ev += entry((size_t)j).stream == wa[i].us;
+        assert_true(n + ev <= 200);
         for (size_t k = 0; k < n; k++) {
             assert_true(v[k] <= ROUNDS);
             assert_true(k == 0 || v[k] >= v[k - 1]); /* ordered per thread */
@@ -574,10 +589,16 @@ static void test_fence_values_and_bound_stream(void **state)
 static void test_wait_without_current_context(void **state)
 {
     (void)state;
+    static float in[NDEV][N], out[NDEV][N], want[N];
     ccq_runtime *rt = make_rt(600000);
     cudaStream_t us = fake_user_stream(2);
 
+    assert_int_equal(ccq_comm_init(rt, ALL, NDEV), CCQ_OK);
+    fill(in, want, 13);
     assert_int_equal(ccq_nccl_stream_wait(rt, 2, 0, us), CCQ_OK); /* set up */
+    /* A command not launched yet (its other parts missing): a counter wait. */
+    assert_int_equal(ccq_all_reduce(rt, 2, 0, in[2], out[2], N, CCQ_FLOAT32, CCQ_SUM, ALL, NDEV),
+                     CCQ_OK);
     assert_int_equal(cudaSetDevice(1), cudaSuccess);
     size_t mark = fake_log_size();
     fake_script("cuStreamWaitValue64", CUDA_ERROR_INVALID_CONTEXT);
@@ -589,6 +610,316 @@ static void test_wait_without_current_context(void **state)
     assert_int_equal(entry((size_t)b).result, CUDA_SUCCESS);
     assert_int_equal(entry((size_t)b).device, 2);
     assert_int_equal(fake_current_device(), 1);
+    for (ccq_device_id d = 0; d < NDEV; d++)
+        if (d != 2)
+            assert_int_equal(
+                ccq_all_reduce(rt, d, 0, in[d], out[d], N, CCQ_FLOAT32, CCQ_SUM, ALL, NDEV),
+                CCQ_OK);
+    assert_true(drains(us));
+    for (ccq_device_id d = 0; d < NDEV; d++)
+        assert_int_equal(ccq_sync_collective(rt, d, 0), CCQ_OK);
+}
+
+typedef struct init_job {
+    ccq_runtime *rt;
+    const ccq_device_id *set;
+    uint32_t n;
+    ccq_status st;
+} init_job;
+
+static void *init_main(void *arg)
+{
+    init_job *j = arg;
+    j->st = ccq_comm_init(j->rt, j->set, j->n);
+    return NULL;
+}
+
+/* Hold the scheduler (inside the creation of a one-device communicator on `dev`) so that
+ * everything submitted until hold_end() is found in one pass. */
+static void hold_begin(ccq_runtime *rt, const ccq_device_id *dev, pthread_t *th, init_job *job)
+{
+    *job = (init_job){rt, dev, 1, CCQ_OK};
+    fake_hold_init(true);
+    assert_int_equal(pthread_create(th, NULL, init_main, job), 0);
+    for (int i = 0; i < 5000 && fake_inits_blocked() == 0; i++)
+        sleep_ms(1);
+    assert_int_equal(fake_inits_blocked(), 1);
+}
+
+static void hold_end(pthread_t th, const init_job *job)
+{
+    fake_hold_init(false);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    assert_int_equal(job->st, CCQ_OK);
+}
+
+/* The group (ncclGroupStart .. ncclGroupEnd) of the first ncclAllReduce on buffer src. */
+static long group_of(const void *src)
+{
+    long g = -1;
+    for (size_t i = 0;; i++) {
+        fake_call c;
+        if (!fake_log_get(i, &c))
+            return -1;
+        if (strcmp(c.fn, "ncclGroupStart") == 0)
+            g = (long)i;
+        if (strcmp(c.fn, "ncclAllReduce") == 0 && c.src == src)
+            return g;
+    }
+}
+
+/*
+ * A command submitted after ccq_nccl_stream_wait on a bound stream (variant 0: the waited
+ * stream itself; 1: another ccq stream bound to the same CUDA stream) records its event
+ * after the wait. Found in one pass with the command before the wait (the scheduler is
+ * held), it must not share its batch: the NCCL streams would wait for an event that waits
+ * for the batch's own counter write (the fake's event records and waits hold streams back,
+ * so that batch never runs and the watchdog ends it). Both run, one group after the other,
+ * and a kernel queued after the wait reads the first one's result.
+ */
+static void test_wait_then_submit_runs_after(void **state)
+{
+    (void)state;
+    static const ccq_device_id d3[1] = {3};
+    static float a[NDEV][N], b[NDEV][N], oa[NDEV][N], ob[NDEV][N], wa[N], wb[N];
+    char msg[256];
+
+    for (int variant = 0; variant < 2; variant++) {
+        ccq_runtime *rt = make_rt(1000);
+        cudaStream_t us = fake_user_stream(0);
+        ccq_stream_id s2 = variant == 0 ? 0 : 1;
+        kernel k = {0};
+        pthread_t th;
+        init_job job;
+
+        assert_int_equal(ccq_comm_init(rt, ALL, NDEV), CCQ_OK);
+        assert_int_equal(ccq_nccl_bind_stream(rt, 0, 0, us), CCQ_OK);
+        if (variant == 1)
+            assert_int_equal(ccq_nccl_bind_stream(rt, 0, 1, us), CCQ_OK);
+        fill(a, wa, 30u + (uint32_t)variant);
+        fill(b, wb, 40u + (uint32_t)variant);
+        hold_begin(rt, d3, &th, &job);
+        assert_int_equal(ccq_all_reduce(rt, 0, 0, a[0], oa[0], N, CCQ_FLOAT32, CCQ_SUM, ALL, NDEV),
+                         CCQ_OK);
+        assert_int_equal(ccq_nccl_stream_wait(rt, 0, 0, us), CCQ_OK);
+        k.src = oa[0];
+        fake_user_launch(us, kernel_fn, &k);
+        assert_int_equal(ccq_all_reduce(rt, 0, s2, b[0], ob[0], N, CCQ_FLOAT32, CCQ_SUM, ALL, NDEV),
+                         CCQ_OK);
+        for (ccq_device_id d = 1; d < NDEV; d++) {
+            assert_int_equal(
+                ccq_all_reduce(rt, d, 0, a[d], oa[d], N, CCQ_FLOAT32, CCQ_SUM, ALL, NDEV), CCQ_OK);
+            assert_int_equal(
+                ccq_all_reduce(rt, d, s2, b[d], ob[d], N, CCQ_FLOAT32, CCQ_SUM, ALL, NDEV), CCQ_OK);
+        }
+        hold_end(th, &job);
+        for (ccq_device_id d = 0; d < NDEV; d++) {
+            assert_int_equal(ccq_sync_collective(rt, d, 0), CCQ_OK);
+            assert_int_equal(ccq_sync_collective(rt, d, s2), CCQ_OK);
+            if (ref_compare(CCQ_FLOAT32, oa[d], wa, N, msg, sizeof msg) != 0 ||
+                ref_compare(CCQ_FLOAT32, ob[d], wb, N, msg, sizeof msg) != 0)
+                fail_msg("variant %d device %u: %s", variant, d, msg);
+        }
+        assert_true(drains(us));
+        assert_int_equal(k.runs, 1);
+        if (ref_compare(CCQ_FLOAT32, k.seen, wa, N, msg, sizeof msg) != 0)
+            fail_msg("the kernel after the wait read: %s", msg);
+        long ga = group_of(a[0]), gb = group_of(b[0]);
+        assert_true(ga >= 0 && gb >= 0);
+        assert_true(gb > ga); /* another group, after */
+        assert_int_equal(ccq_runtime_destroy(rt), CCQ_OK);
+        g_rt = NULL;
+        fake_reset();
+    }
+}
+
+/*
+ * A command held back by a GPU-side wait whose covered command never runs (a part missing):
+ * the watchdog fails it after timeout_ms, and the detail says why (the wait), not only
+ * "not issued"; the waiting stream is released. Both reach their deadline at about the same
+ * time: when the watchdog fails the covered command first (a slow machine, a sanitizer),
+ * the held one is free and runs, which is right too.
+ */
+static void test_wait_barrier_timeout_detail(void **state)
+{
+    (void)state;
+    static float a[NDEV][N], b[NDEV][N], oa[NDEV][N], ob[NDEV][N];
+    ccq_runtime *rt = make_rt(300);
+    cudaStream_t us = fake_user_stream(0);
+
+    assert_int_equal(ccq_comm_init(rt, ALL, NDEV), CCQ_OK);
+    assert_int_equal(ccq_comm_init(rt, P01, 2), CCQ_OK);
+    assert_int_equal(ccq_nccl_bind_stream(rt, 0, 0, us), CCQ_OK);
+    assert_int_equal(ccq_nccl_bind_stream(rt, 0, 1, us), CCQ_OK);
+    /* Device 3 never submits its part of the first all_reduce. */
+    for (ccq_device_id d = 0; d + 1 < NDEV; d++)
+        assert_int_equal(ccq_all_reduce(rt, d, 0, a[d], oa[d], N, CCQ_FLOAT32, CCQ_SUM, ALL, NDEV),
+                         CCQ_OK);
+    assert_int_equal(ccq_nccl_stream_wait(rt, 0, 0, us), CCQ_OK);
+    for (ccq_device_id d = 0; d < 2; d++)
+        assert_int_equal(ccq_all_reduce(rt, d, 1, b[d], ob[d], N, CCQ_FLOAT32, CCQ_SUM, P01, 2),
+                         CCQ_OK);
+    ccq_status held = fence_watchdog(rt, 0, 1, NULL, 0);
+    if (held == CCQ_ERR_TIMEOUT && strstr(ccq_last_error_detail(), "GPU-side wait") == NULL)
+        fail_msg("detail: %s", ccq_last_error_detail());
+    assert_true(held == CCQ_ERR_TIMEOUT || held == CCQ_OK);
+    assert_int_equal(fence_watchdog(rt, 0, 0, NULL, 0), CCQ_ERR_TIMEOUT);
+    assert_true(drains(us));
+    assert_int_equal(fence_watchdog(rt, 1, 1, NULL, 0), held);
+    for (ccq_device_id d = 1; d + 1 < NDEV; d++)
+        assert_int_equal(fence_watchdog(rt, d, 0, NULL, 0), CCQ_ERR_TIMEOUT);
+    assert_int_equal(ccq_nccl_bind_stream(rt, 0, 0, NULL), CCQ_OK);
+    assert_int_equal(ccq_nccl_bind_stream(rt, 0, 1, NULL), CCQ_OK);
+}
+
+/* Calls of fn on `stream` logged at or after `from`. */
+static size_t calls_on(const char *fn, cudaStream_t stream, size_t from)
+{
+    size_t n = 0;
+    for (long i = fake_log_find(fn, from); i >= 0; i = fake_log_find(fn, (size_t)i + 1))
+        n += entry((size_t)i).stream == stream;
+    return n;
+}
+
+/*
+ * How a wait is queued, by what its commands reached: all ended, nothing; all launched (the
+ * completion event after them recorded), cudaStreamWaitEvent on that event, a dependency
+ * CUDA sees; not launched yet (a part missing), the counter wait (CUDA_DEVICE_MAX_CONNECTIONS
+ * at its default, 8).
+ */
+static void test_wait_policy(void **state)
+{
+    (void)state;
+    static float in[NDEV][N], out[NDEV][N], want[N];
+    ccq_runtime *rt = make_rt(600000);
+    cudaStream_t us = fake_user_stream(0);
+    kernel k = {0};
+    char msg[256];
+
+    assert_int_equal(ccq_comm_init(rt, ALL, NDEV), CCQ_OK);
+    fill(in, want, 17);
+    /* Ended. */
+    for (ccq_device_id d = 0; d < NDEV; d++)
+        assert_int_equal(
+            ccq_all_reduce(rt, d, 0, in[d], out[d], N, CCQ_FLOAT32, CCQ_SUM, ALL, NDEV), CCQ_OK);
+    for (ccq_device_id d = 0; d < NDEV; d++)
+        assert_int_equal(ccq_sync_collective(rt, d, 0), CCQ_OK);
+    size_t mark = fake_log_size();
+    assert_int_equal(ccq_nccl_stream_wait(rt, 0, 0, us), CCQ_OK);
+    assert_int_equal(calls_on("cuStreamWaitValue64", us, mark), 0);
+    assert_int_equal(calls_on("cudaStreamWaitEvent", us, mark), 0);
+
+    /* Launched, not ended (events complete only when the test says). */
+    fake_set_manual_events(true);
+    memset(out, 0, sizeof out);
+    mark = fake_log_size();
+    for (ccq_device_id d = 0; d < NDEV; d++)
+        assert_int_equal(
+            ccq_all_reduce(rt, d, 0, in[d], out[d], N, CCQ_FLOAT32, CCQ_SUM, ALL, NDEV), CCQ_OK);
+    for (int i = 0; i < 5000 && fake_log_find("cudaEventRecord", mark) < 0; i++)
+        sleep_ms(1);
+    long rec = fake_log_find("cudaEventRecord", mark);
+    assert_true(rec >= 0);
+    sleep_ms(5); /* every stream's event recorded */
+    mark = fake_log_size();
+    assert_int_equal(ccq_nccl_stream_wait(rt, 0, 0, us), CCQ_OK);
+    assert_int_equal(calls_on("cuStreamWaitValue64", us, mark), 0);
+    assert_int_equal(calls_on("cudaStreamWaitEvent", us, mark), 1);
+    k.src = out[0];
+    fake_user_launch(us, kernel_fn, &k);
+    sleep_ms(20);
+    assert_int_equal(k.runs, 0); /* held by the event */
+    fake_complete_events();
+    assert_true(drains(us));
+    assert_int_equal(k.runs, 1);
+    if (ref_compare(CCQ_FLOAT32, k.seen, want, N, msg, sizeof msg) != 0)
+        fail_msg("the kernel after the event wait read: %s", msg);
+    for (ccq_device_id d = 0; d < NDEV; d++)
+        assert_int_equal(ccq_sync_collective(rt, d, 0), CCQ_OK);
+    fake_set_manual_events(false);
+
+    /* Not launched: device 3's part is missing. */
+    for (ccq_device_id d = 0; d + 1 < NDEV; d++)
+        assert_int_equal(
+            ccq_all_reduce(rt, d, 0, in[d], out[d], N, CCQ_FLOAT32, CCQ_SUM, ALL, NDEV), CCQ_OK);
+    mark = fake_log_size();
+    assert_int_equal(ccq_nccl_stream_wait(rt, 0, 0, us), CCQ_OK);
+    assert_int_equal(calls_on("cuStreamWaitValue64", us, mark), 1);
+    assert_int_equal(calls_on("cudaStreamWaitEvent", us, mark), 0);
+    assert_int_equal(ccq_all_reduce(rt, 3, 0, in[3], out[3], N, CCQ_FLOAT32, CCQ_SUM, ALL, NDEV),
+                     CCQ_OK);
+    assert_true(drains(us));
+    for (ccq_device_id d = 0; d < NDEV; d++)
+        assert_int_equal(ccq_sync_collective(rt, d, 0), CCQ_OK);
+}
+
+/* One device's thread of the documented example (docs/nccl.md): all_reduce, then
+ * ccq_nccl_stream_wait on its compute stream, then a kernel there reads the result. */
+typedef struct example_thread {
+    ccq_runtime *rt;
+    ccq_device_id dev;
+    cudaStream_t us;
+    const float *in;
+    float *out;
+    kernel k;
+    ccq_status st;
+} example_thread;
+
+static void *example_main(void *arg)
+{
+    example_thread *t = arg;
+    if (t->dev != 0)
+        sleep_ms(50); /* device 0's wait comes before the others' parts */
+    t->st = ccq_all_reduce(t->rt, t->dev, 0, t->in, t->out, N, CCQ_FLOAT32, CCQ_SUM, ALL, NDEV);
+    if (t->st == CCQ_OK)
+        t->st = ccq_nccl_stream_wait(t->rt, t->dev, 0, t->us);
+    t->k.src = t->out;
+    if (t->st == CCQ_OK)
+        fake_user_launch(t->us, kernel_fn, &t->k);
+    return NULL;
+}
+
+/*
+ * CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron-LM and TransformerEngine set it): every stream of
+ * a device shares one hardware queue, and a counter wait queued before the NCCL work it
+ * waits for would hold that work back behind it for good (the fake models the queues). The
+ * documented example, one thread per device, must finish: ccq waits on the host until the
+ * covered commands are launched, then queues a CUDA-visible event wait.
+ */
+static void test_wait_with_one_hardware_queue(void **state)
+{
+    (void)state;
+    static float in[NDEV][N], out[NDEV][N], want[N];
+    example_thread t[NDEV];
+    pthread_t th[NDEV];
+    char msg[256];
+
+    setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1", 1);
+    fake_reset(); /* the fake reads it too */
+    ccq_runtime *rt = make_rt(10000);
+    unsetenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    assert_int_equal(ccq_comm_init(rt, ALL, NDEV), CCQ_OK);
+    fill(in, want, 23);
+    for (ccq_device_id d = 0; d < NDEV; d++) {
+        t[d] = (example_thread){
+            .rt = rt, .dev = d, .us = fake_user_stream((int)d), .in = in[d], .out = out[d]};
+        assert_int_equal(pthread_create(&th[d], NULL, example_main, &t[d]), 0);
+    }
+    for (ccq_device_id d = 0; d < NDEV; d++) {
+        assert_int_equal(pthread_join(th[d], NULL), 0);
+        assert_int_equal(t[d].st, CCQ_OK);
+    }
+    for (ccq_device_id d = 0; d < NDEV; d++) {
+        if (!drains(t[d].us))
+            fail_msg("device %u's compute stream never ran the kernel after its wait (a wait "
+                     "holding back its own NCCL work in the one hardware queue)",
+                     d);
+        assert_int_equal(t[d].k.runs, 1);
+        if (ref_compare(CCQ_FLOAT32, t[d].k.seen, want, N, msg, sizeof msg) != 0)
+            fail_msg("device %u's kernel after the wait read: %s", d, msg);
+        assert_int_equal(ccq_sync_collective(rt, d, 0), CCQ_OK);
+    }
+    assert_int_equal(fake_log_count("cuStreamWaitValue64"), 0); /* host waits, then events */
 }
 
 int main(void)
@@ -606,6 +937,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_concurrent_waits, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fence_values_and_bound_stream, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wait_without_current_context, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_wait_then_submit_runs_after, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_wait_policy, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_wait_barrier_timeout_detail, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_wait_with_one_hardware_queue, setup, teardown),
     };
     return cmocka_run_group_tests_name("nccl_fence_fake", tests, NULL, NULL);
 }

@@ -1486,6 +1486,57 @@ static void test_trace_file(void **state)
     remove(p_cfg);
 }
 
+/* A fence that times out on its own (its commands still pending: here the scheduler is held
+ * inside an event callback) asks for a dump and waits for it, bounded: when it reports the
+ * timeout, trace_file is on disk. */
+static _Atomic int stall_once;
+
+static void stall_cb(const ccq_event *ev, void *user)
+{
+    (void)user;
+    if (ev->type == CCQ_EV_ISSUED && atomic_exchange(&stall_once, 0)) {
+        struct timespec ts = {0, 900000000}; /* past the fence's deadline (~0.5 s) */
+        nanosleep(&ts, NULL);
+    }
+}
+
+static void test_trace_file_fence_timeout(void **state)
+{
+    (void)state;
+    char path[256];
+    static float a[2][COUNT];
+    ccq_runtime *rt;
+    char *text;
+    ccq_status st;
+
+    temp_path(path, sizeof path, "fence");
+    rt = make_rt(65536, 300, NULL, path);
+    comm_init(rt, pair01, 2);
+    atomic_store(&stall_once, 1);
+    ok(ccq_set_event_callback(rt, stall_cb, NULL), "set callback");
+    ok(ccq_all_reduce(rt, 0, 0, a[0], a[0], COUNT, CCQ_FLOAT32, CCQ_SUM, pair01, 2), "ar 0");
+    ok(ccq_all_reduce(rt, 1, 0, a[1], a[1], COUNT, CCQ_FLOAT32, CCQ_SUM, pair01, 2), "ar 1");
+    st = ccq_sync_collective(rt, 0, 0);
+    /* The fence's own deadline passes while the scheduler sleeps in the callback: it asks
+     * for a dump and waits. When the scheduler is back, it writes it (and, its watchdog
+     * having passed too, aborts the batch): the fence reports its bare timeout, or the abort
+     * if it was published first (then after a dump of its own). Either way the file is
+     * there when the fence returns. */
+    assert_true(st == CCQ_ERR_TIMEOUT || st == CCQ_ERR_ABORTED);
+    text = read_trace(path);
+    assert_true(strstr(text, "\"reason\":\"fence timeout\"") != NULL ||
+                strstr(text, "\"reason\":\"error\"") != NULL);
+    free(text);
+    ok(ccq_set_event_callback(rt, NULL, NULL), "clear callback");
+    /* The stall outlasted timeout_ms: the watchdog may have aborted the batch meanwhile. */
+    for (ccq_device_id d = 0; d < 2; d++) {
+        st = ccq_sync_collective(rt, d, 0);
+        assert_true(st == CCQ_OK || st == CCQ_ERR_ABORTED || st == CCQ_ERR_TIMEOUT);
+    }
+    assert_int_equal(ccq_runtime_destroy(rt), CCQ_OK);
+    remove(path);
+}
+
 /* ------------------------------------------------------------------------------------ */
 /* (g) Live metrics                                                                     */
 /* ------------------------------------------------------------------------------------ */
@@ -1983,21 +2034,14 @@ static void test_v0_1_compat(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_known_workload),
-        cmocka_unit_test(test_overflow),
-        cmocka_unit_test(test_overflow_fences),
-        cmocka_unit_test(test_overflow_dump),
-        cmocka_unit_test(test_disabled),
-        cmocka_unit_test(test_callback),
-        cmocka_unit_test(test_failures),
-        cmocka_unit_test(test_abort_event),
-        cmocka_unit_test(test_trace_file),
-        cmocka_unit_test(test_metrics),
-        cmocka_unit_test(test_metrics_recorder_off),
-        cmocka_unit_test(test_metrics_rate),
-        cmocka_unit_test(test_concurrency),
-        cmocka_unit_test(test_event_struct_size),
-        cmocka_unit_test(test_v0_1_compat),
+        cmocka_unit_test(test_known_workload),    cmocka_unit_test(test_overflow),
+        cmocka_unit_test(test_overflow_fences),   cmocka_unit_test(test_overflow_dump),
+        cmocka_unit_test(test_disabled),          cmocka_unit_test(test_callback),
+        cmocka_unit_test(test_failures),          cmocka_unit_test(test_abort_event),
+        cmocka_unit_test(test_trace_file),        cmocka_unit_test(test_trace_file_fence_timeout),
+        cmocka_unit_test(test_metrics),           cmocka_unit_test(test_metrics_recorder_off),
+        cmocka_unit_test(test_metrics_rate),      cmocka_unit_test(test_concurrency),
+        cmocka_unit_test(test_event_struct_size), cmocka_unit_test(test_v0_1_compat),
     };
     return cmocka_run_group_tests_name("trace", tests, NULL, NULL);
 }

@@ -86,9 +86,11 @@ struct ccq_host_engine {
     void *peer_failed_arg;
 };
 
-/* Engines built into this library (NULL when this build has none of that kind). */
-const ccq_host_engine_ops *ccq_host_engine_mpi(void);
-const ccq_host_engine_ops *ccq_host_engine_ucx(void);
+/* The engines' tables. Each engine is a module (backends/module.h) whose entry names its table
+ * (modules/<name>.c): the host backend reaches one through ccq_module_get(name) only, never by
+ * this symbol, so libccq.so links no engine. */
+extern const ccq_host_engine_ops ccq_host_engine_mpi_ops;
+extern const ccq_host_engine_ops ccq_host_engine_ucx_ops;
 
 #ifdef __cplusplus
 }

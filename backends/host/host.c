@@ -13,6 +13,7 @@
 #include "backends/backend.h"
 #include "backends/host/reduce.h"
 #include "backends/host/engine.h"
+#include "backends/module.h"
 #include "queue/mpsc.h"
 #include "queue/wake.h"
 
@@ -41,6 +42,7 @@ typedef struct host_xbatch {
     struct host_xbatch *next;
     uint64_t deadline; /* the engine's own: a little before the runtime's watchdog */
     uint32_t pending;
+    void **staged;    /* [nops] or NULL: copies of stage_src sends' data */
     ccq_heng_op *h[]; /* [nops]: NULL once done (or for a local op) */
 } host_xbatch;
 
@@ -76,6 +78,7 @@ typedef struct host_be {
     /* Across processes; scheduler thread only. */
     ccq_host_engine *engine; /* NULL: this runtime cannot span processes (engine_err says why) */
     ccq_errbuf engine_err;
+    char ucx_why[320];     /* by default: why the ucx engine was passed over for mpi ("" if not) */
     uint64_t timeout_ns;   /* cfg->timeout_ms (UINT64_MAX: none) */
     host_xbatch *xbatches; /* batches with engine operations in flight */
     uint32_t background;   /* engine work given up on or detached, not yet ended */
@@ -313,39 +316,54 @@ static void host_destroy(ccq_backend *be)
 }
 
 /* The engine that reaches other processes (see engine.h): cfg->host_engine, or by default
- * UCX when this ccq has it and it starts, else MPI (which needs MPI initialised: its
- * world_ready says so). Without one, communicators spanning processes are refused with
- * engine_err. */
+ * UCX when its module loads and UCX starts, else MPI (which needs MPI initialised: its
+ * world_ready says so). Each engine is a module (libccq-ucx.so, libccq-mpi.so), loaded here:
+ * the first time a runtime of this process is in a world of several processes. Without one,
+ * communicators spanning processes are refused with engine_err. */
 static void engine_open(host_be *h, const ccq_config *cfg)
 {
+    static const char no_span[] = "the host backend cannot span processes: ";
     const char *want = cfg->host_engine;
-    const ccq_host_engine_ops *ucx = ccq_host_engine_ucx(), *mpi = ccq_host_engine_mpi();
-    ccq_errbuf ucx_err = {{0}};
+    const ccq_module *m = NULL;
+    ccq_errbuf why = {{0}};
 
     if (want == NULL || strcmp(want, "ucx") == 0) {
-        if (ucx != NULL && ucx->create(cfg, &h->engine, &ucx_err) == CCQ_OK)
-            return;
-        h->engine = NULL;
-        if (ucx == NULL)
-            snprintf(ucx_err.msg, sizeof ucx_err.msg,
-                     "this ccq was built without UCX (CCQ_WITH_UCX; Debian: libucx-dev)");
-        if (want != NULL || mpi == NULL) {
-            snprintf(h->engine_err.msg, sizeof h->engine_err.msg,
-                     "the host backend cannot span processes: its UCX engine is not available: "
-                     "%.300s%s",
-                     ucx_err.msg,
-                     want != NULL ? "" : "; nor is its MPI engine (built without MPI)");
-            return;
+        if (ccq_module_get("ucx", "the host backend cannot span processes: its ucx engine", &m,
+                           &why) == CCQ_OK) {
+            ccq_errbuf start = {{0}};
+            if (m->host_engine == NULL)
+                snprintf(why.msg, sizeof why.msg, "%sccq's ucx module has no engine", no_span);
+            else if (m->host_engine->create(cfg, &h->engine, &start) == CCQ_OK)
+                return;
+            else
+                snprintf(why.msg, sizeof why.msg, "%sits ucx engine cannot start: %.400s", no_span,
+                         start.msg);
         }
+        h->engine = NULL;
+        snprintf(h->engine_err.msg, sizeof h->engine_err.msg, "%s", why.msg);
+        if (want != NULL)
+            return;
+        /* The default goes on to MPI; what UCX said stays for a later refusal's detail. */
+        snprintf(h->ucx_why, sizeof h->ucx_why, "%.319s", why.msg + strlen(no_span));
     }
-    if (mpi == NULL) {
-        snprintf(h->engine_err.msg, sizeof h->engine_err.msg,
-                 "the host backend cannot span processes with host_engine \"mpi\": this ccq "
-                 "was built without MPI: rebuild with MPI (CCQ_WITH_MPI, Debian: libopenmpi-dev) "
-                 "and launch under mpirun with bootstrap \"mpi\"");
+    if (ccq_module_get("mpi", "the host backend cannot span processes: its mpi engine", &m, &why) !=
+        CCQ_OK) {
+        if (want == NULL) { /* neither: both reasons */
+            size_t n = (size_t)snprintf(h->engine_err.msg, sizeof h->engine_err.msg, "%s%s",
+                                        no_span, h->ucx_why);
+            if (n < sizeof h->engine_err.msg)
+                snprintf(h->engine_err.msg + n, sizeof h->engine_err.msg - n, "; %s",
+                         why.msg + strlen(no_span));
+        } else
+            snprintf(h->engine_err.msg, sizeof h->engine_err.msg, "%s", why.msg);
         return;
     }
-    if (mpi->create(cfg, &h->engine, &h->engine_err) != CCQ_OK)
+    if (m->host_engine == NULL) {
+        snprintf(h->engine_err.msg, sizeof h->engine_err.msg, "%sccq's mpi module has no engine",
+                 no_span);
+        return;
+    }
+    if (m->host_engine->create(cfg, &h->engine, &h->engine_err) != CCQ_OK)
         h->engine = NULL;
 }
 
@@ -429,6 +447,11 @@ static ccq_status host_world_ready(ccq_backend *be, uint32_t world_rank, uint32_
     }
     st = h->engine->ops->world_ready(h->engine, world_rank, world_size, blobs, blob_len, err);
     if (st != CCQ_OK) {
+        if (h->ucx_why[0] != '\0') { /* the default's fallback: say why not UCX too */
+            size_t n = strlen(err->msg);
+            snprintf(err->msg + n, sizeof err->msg - n, " (the ucx engine, tried first: %s)",
+                     h->ucx_why);
+        }
         snprintf(h->engine_err.msg, sizeof h->engine_err.msg, "%s", err->msg);
         h->engine->ops->destroy(h->engine);
         h->engine = NULL;
@@ -497,6 +520,40 @@ static ccq_status host_comm_root_blob(ccq_backend *be, const ccq_be_comm_desc *d
     return h->engine->ops->root_blob(h->engine, d, blob, len, err);
 }
 
+static void free_staged(void **staged, uint32_t nops)
+{
+    for (uint32_t k = 0; staged != NULL && k < nops; k++)
+        free(staged[k]);
+    free(staged);
+}
+
+/* Sends whose src a later command of their stream overwrites in this batch (stage_src)
+ * send a copy taken now, before any op of the batch runs or starts: what stream order
+ * promises. Cross-process batches need it as much as local ones: a local copy or an engine
+ * receive of the batch may write the buffer before an engine send reads it (an in-place
+ * shift across processes took the data of a neighbour's neighbour without it). */
+static ccq_status stage_sends(ccq_be_batch *b, void ***staged, ccq_errbuf *err)
+{
+    for (uint32_t k = 0; k < b->nops; k++) {
+        ccq_be_op *op = b->ops[k];
+        size_t bytes = op->count * ccq_dtype_size((ccq_dtype)op->dtype);
+        if (!op->stage_src || op->kind != CCQ_KIND_SEND || bytes == 0)
+            continue;
+        if (*staged == NULL && (*staged = calloc(b->nops, sizeof **staged)) == NULL)
+            goto oom;
+        if (((*staged)[k] = malloc(bytes)) == NULL)
+            goto oom;
+        memcpy((*staged)[k], op->parts[0].src, bytes);
+        op->parts[0].src = (*staged)[k];
+    }
+    return CCQ_OK;
+oom:
+    free_staged(*staged, b->nops);
+    *staged = NULL;
+    snprintf(err->msg, sizeof err->msg, "out of memory staging a send's data");
+    return CCQ_ERR_NO_MEMORY;
+}
+
 static ccq_heng_comm *op_eng(const ccq_be_op *op)
 {
     const host_comm *c = (const host_comm *)op->comm;
@@ -507,6 +564,15 @@ static void batch_fail_detail(ccq_be_batch *b, const ccq_errbuf *err)
 {
     if (b->detail.msg[0] == '\0')
         snprintf(b->detail.msg, sizeof b->detail.msg, "%s", err->msg);
+}
+
+/* An op of a batch across processes has ended (status set) while others of the batch may
+ * still wait for other processes: the runtime ends its commands now (ccq_be_op.done_early),
+ * so a stuck engine operation never holds the streams of unrelated ones. */
+static void op_ended(ccq_be_batch *b, ccq_be_op *op)
+{
+    op->done_early = 1;
+    b->ndone_early++;
 }
 
 /* A batch with operations across processes: local ones run now, on this thread; each of
@@ -523,6 +589,10 @@ static ccq_status xproc_issue(host_be *h, ccq_be_batch *b, ccq_errbuf *err)
         return CCQ_ERR_NO_MEMORY;
     }
     m->b = b;
+    if (stage_sends(b, &m->staged, err) != CCQ_OK) {
+        free(m);
+        return CCQ_ERR_NO_MEMORY;
+    }
     /* The engine's deadline comes a little before the watchdog's (issue time + timeout_ms),
      * so a stuck engine operation fails alone (CCQ_ERR_TIMEOUT naming what it waits for) and only
      * its communicator is aborted, not every communicator of the batch. */
@@ -541,6 +611,7 @@ static ccq_status xproc_issue(host_be *h, ccq_be_batch *b, ccq_errbuf *err)
         op->status = CCQ_OK;
         if (op_aborted(op)) {
             op->status = CCQ_ERR_ABORTED;
+            op_ended(b, op);
             continue;
         }
         if (mc == NULL && op->nparts < 2 && !ccq_kinds[op->kind].collective) {
@@ -552,22 +623,26 @@ static ccq_status xproc_issue(host_be *h, ccq_be_batch *b, ccq_errbuf *err)
                      "its communicator's engine side existed",
                      ccq_kinds[op->kind].name);
             batch_fail_detail(b, err);
+            op_ended(b, op);
             continue;
         }
         if (mc == NULL) {
             run_range(op, 0, op->count, h->stream_bytes);
+            op_ended(b, op);
             continue;
         }
         st = eng->ops->start(eng, mc, op, now, &m->h[k], &e);
         if (st != CCQ_OK) {
             op->status = st;
             batch_fail_detail(b, &e);
+            op_ended(b, op);
             continue;
         }
         if (op->kind == CCQ_KIND_SEND && eng->ops->detach(eng, m->h[k])) {
             /* it sends a copy: done here, the engine finishes it in the background */
             m->h[k] = NULL;
             h->background++;
+            op_ended(b, op);
             continue;
         }
         m->pending++;
@@ -612,18 +687,23 @@ static ccq_be_batch *xproc_poll(host_be *h, ccq_be_batch *list)
                 batch_fail_detail(b, &e);
             } else if (st != CCQ_OK) {
                 op->status = st;
-                op->comm_aborted = 1;
+                /* A mismatch across processes is found before any data moves and leaves
+                 * nothing pending: the communicator goes on with the next operation. Other
+                 * errors may leave MPI state behind: later work would queue behind it. */
+                op->comm_aborted = st != CCQ_ERR_MISMATCH;
                 batch_fail_detail(b, &e);
                 h->background++;
             }
             m->h[k] = NULL;
             m->pending--;
+            op_ended(b, op);
         }
         if (m->pending > 0) {
             pp = &m->next;
             continue;
         }
         *pp = m->next;
+        free_staged(m->staged, b->nops);
         free(m);
         b->be_priv = NULL;
         b->next_done = list;
@@ -640,37 +720,6 @@ static uint64_t host_poll_interval(const ccq_backend *be)
     /* The engine says: operations in flight, or background work only polling moves (a
      * send completed early whose data UCX or MPI still moves). */
     return h->engine->ops->poll_interval(h->engine, h->xbatches != NULL);
-}
-
-static void free_staged(host_job *j)
-{
-    for (uint32_t k = 0; j->staged != NULL && k < j->b->nops; k++)
-        free(j->staged[k]);
-    free(j->staged);
-    j->staged = NULL;
-}
-
-/* Sends whose src a later command of their stream overwrites in this batch (stage_src)
- * send a copy taken now, before any op of the batch runs: what stream order promises. */
-static ccq_status stage_sends(ccq_be_batch *b, host_job *j, ccq_errbuf *err)
-{
-    for (uint32_t k = 0; k < b->nops; k++) {
-        ccq_be_op *op = b->ops[k];
-        size_t bytes = op->count * ccq_dtype_size((ccq_dtype)op->dtype);
-        if (!op->stage_src || op->kind != CCQ_KIND_SEND || bytes == 0)
-            continue;
-        if (j->staged == NULL && (j->staged = calloc(b->nops, sizeof *j->staged)) == NULL)
-            goto oom;
-        if ((j->staged[k] = malloc(bytes)) == NULL)
-            goto oom;
-        memcpy(j->staged[k], op->parts[0].src, bytes);
-        op->parts[0].src = j->staged[k];
-    }
-    return CCQ_OK;
-oom:
-    free_staged(j);
-    snprintf(err->msg, sizeof err->msg, "out of memory staging a send's data");
-    return CCQ_ERR_NO_MEMORY;
 }
 
 static ccq_status host_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
@@ -702,7 +751,7 @@ static ccq_status host_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
     j->chunk_elems = j->first_chunk + b->nops + 1;
     j->stream_bytes = h->stream_bytes;
     j->staged = NULL;
-    if (stage_sends(b, j, err) != CCQ_OK) {
+    if (stage_sends(b, &j->staged, err) != CCQ_OK) {
         free(j);
         return CCQ_ERR_NO_MEMORY;
     }
@@ -767,7 +816,7 @@ static ccq_be_batch *host_poll(ccq_backend *be)
         ccq_mpsc_node *next = n->next;
         host_job *j = ccq_container_of(n, host_job, done_node);
         ccq_be_batch *b = j->b;
-        free_staged(j);
+        free_staged(j->staged, b->nops);
         free(j);
         b->be_priv = NULL;
         b->next_done = list;
@@ -842,19 +891,3 @@ const ccq_backend_ops ccq_host_backend_ops = {
     .mem_free = host_mem_free,
     .mem_copy = host_mem_copy,
 };
-
-#ifndef CCQ_HAVE_MPI
-/* This build has no MPI engine (the runtime then refuses communicators across processes
- * with engine_open's detail). */
-const ccq_host_engine_ops *ccq_host_engine_mpi(void)
-{
-    return NULL;
-}
-#endif
-#ifndef CCQ_HAVE_UCX
-/* Nor a UCX engine. */
-const ccq_host_engine_ops *ccq_host_engine_ucx(void)
-{
-    return NULL;
-}
-#endif

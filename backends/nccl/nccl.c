@@ -4,6 +4,7 @@
  * includes CUDA or NCCL headers. */
 #define _GNU_SOURCE
 #include <inttypes.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -86,6 +87,8 @@ typedef struct nccl_comm {
                                      revoked, ncclCommRevoke and its quiescence) */
     struct nccl_comm *abort_next; /* the abort thread's queue (under abort_lock) */
     uint64_t init_deadline;       /* ncclCommInitRankConfig must have finished by then */
+    int min_cc; /* lowest compute capability major of every rank, member processes included
+                   (exchanged when they met): NCCL's fp8 reduction check (comm->minCompCap) */
     /* A member process was lost (the runtime's revoke): ncclCommRevoke instead of abort, so
      * it can be the parent of the survivors' communicator (ncclCommShrink). */
     bool revoked;
@@ -107,7 +110,8 @@ typedef struct nccl_stream {
     cudaStream_t comm;        /* where NCCL runs this stream's work; created on first use */
     cudaEvent_t done;         /* recorded after each batch on `comm` */
     _Atomic uint32_t done_recorded;
-    uint64_t batch_mark; /* scheduler scratch: last batch that listed this stream */
+    _Atomic uint64_t done_upto; /* the stream_done of the last batch whose `done` is recorded */
+    uint64_t batch_mark;        /* scheduler scratch: last batch that listed this stream */
     /* GPU-side waits (see "GPU-side waits" below). */
     _Atomic uint32_t waited; /* a ccq_nccl_stream_wait was queued: keep its counter */
     uint64_t floor;          /* scheduler: the highest value the host wrote to the counter */
@@ -127,12 +131,16 @@ typedef struct nccl_memops {
     uint32_t nrepair;              /* scheduler: streams with `repair` set */
 } nccl_memops;
 
-enum { NB_ENQUEUING, NB_RUNNING };
+/* A batch's launch: ENQUEUING from ncclGroupStart until every communicator left
+ * ncclInProgress and the completion events are recorded, then RUNNING; WAITING before its
+ * group, while an earlier launch on a device it uses is in progress (launch_blocker);
+ * REFUSED: ended without a group (its ops carry why). */
+enum { NB_ENQUEUING, NB_RUNNING, NB_WAITING, NB_REFUSED };
 
 /* Per-batch state, in be_priv. */
 typedef struct nccl_batch {
     ccq_be_batch *b;
-    struct nccl_batch *next;
+    struct nccl_batch *next; /* h->inflight, in issue order */
     int state;
     bool failed;             /* batch_fail ran: now only waiting for the GPU to drain */
     uint64_t drain_deadline; /* when a failed batch is returned even if not drained */
@@ -142,17 +150,32 @@ typedef struct nccl_batch {
     nccl_comm **comms;     /* distinct communicators used */
 } nccl_batch;
 
+/* The calling thread's current CUDA context, kept to be put back after the backend made a
+ * device current on a user thread (see ctx_save). */
+typedef struct ctx_saved {
+    CUcontext ctx;
+    int dev;   /* fallback without the driver's entry points: cudaGetDevice's */
+    bool have; /* ctx is valid */
+} ctx_saved;
+
 typedef struct nccl_be {
     ccq_backend base;
     ccq_be_hooks hooks;
     int ndev;
     int *cc_major;
-    int version; /* ncclGetVersion(): all_to_all, gather and scatter need 2.28 */
+    /* cuCtxGetCurrent/cuCtxSetCurrent (driver entry points, resolved at create). */
+    PFN_cuCtxGetCurrent_v4000 ctx_get;
+    PFN_cuCtxSetCurrent_v4000 ctx_set;
+    bool high_priority; /* ccq_config.nccl_high_priority */
+    int connections;    /* CUDA_DEVICE_MAX_CONNECTIONS (CUDA's default 8): hardware queues */
+    int *prio;          /* [ndev]: the device's greatest stream priority (high_priority) */
+    int version;        /* ncclGetVersion(): all_to_all, gather and scatter need 2.28 */
     uint32_t max_streams, ring_size;
     uint64_t timeout_ns;  /* communicator creation and launch waits */
     uint64_t drain_ns;    /* how long a failed batch waits for the GPU (see batch_drained) */
     nccl_stream *streams; /* [ndev * max_streams] */
-    nccl_batch *inflight; /* scheduler only */
+    nccl_batch *inflight; /* scheduler only: issued and not returned, in issue order */
+    nccl_batch *inflight_tail;
     uint64_t batch_mark;
     nccl_memops mo;
     /* The abort thread (see abort_main): aborts queued by the scheduler. */
@@ -224,6 +247,30 @@ static void sleep_ns(long ns)
 {
     struct timespec ts = {0, ns};
     nanosleep(&ts, NULL);
+}
+
+/*
+ * A user thread's current CUDA context, saved before the backend makes one of its devices
+ * current and put back afterwards. cudaGetDevice + cudaSetDevice would not do: on a thread
+ * that had no context, cudaGetDevice says 0 and cudaSetDevice(0) then creates device 0's
+ * primary context and leaves it current; on a thread whose current context is not a
+ * primary one (cuCtxCreate, a green context), cudaSetDevice replaces it with the device's
+ * primary context. cuCtxSetCurrent(saved) restores exactly what was there, NULL included.
+ */
+static void ctx_save(const nccl_be *h, ctx_saved *s)
+{
+    s->have = h->ctx_get != NULL && h->ctx_get(&s->ctx) == CUDA_SUCCESS;
+    s->dev = -1;
+    if (!s->have && cudaGetDevice(&s->dev) != cudaSuccess)
+        s->dev = -1;
+}
+
+static void ctx_restore(const nccl_be *h, const ctx_saved *s)
+{
+    if (s->have)
+        (void)h->ctx_set(s->ctx);
+    else if (s->dev >= 0)
+        (void)cudaSetDevice(s->dev);
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -346,7 +393,7 @@ static void nccl_destroy(ccq_backend *be)
 {
     nccl_be *h = to_nccl(be);
     uint32_t nstreams = (uint32_t)h->ndev * h->max_streams;
-    int prev = -1;
+    ctx_saved prev;
 
     if (h->abort_thread_started) {
         /* Every comm_destroy waited for its abort: the queue is empty. */
@@ -358,7 +405,7 @@ static void nccl_destroy(ccq_backend *be)
     }
     pthread_cond_destroy(&h->abort_cond);
     pthread_mutex_destroy(&h->abort_lock);
-    (void)cudaGetDevice(&prev);
+    ctx_save(h, &prev);
     memops_fini(h);
 
     for (uint32_t i = 0; h->streams != NULL && i < nstreams; i++) {
@@ -376,10 +423,10 @@ static void nccl_destroy(ccq_backend *be)
         if (s->comm != NULL)
             cudaStreamDestroy(s->comm);
     }
-    if (prev >= 0)
-        cudaSetDevice(prev);
+    ctx_restore(h, &prev);
     free(h->streams);
     free(h->cc_major);
+    free(h->prio);
     free(h);
 }
 
@@ -408,6 +455,27 @@ static ccq_status nccl_create(const ccq_config *cfg, const ccq_be_hooks *hooks, 
     }
     h->base.ops = &ccq_nccl_backend_ops;
     memops_init(h);
+    {
+        /* cuCtxGetCurrent/cuCtxSetCurrent exist in every driver (CUDA 4.0); without them
+         * (an odd runtime), ctx_save falls back to the current device. */
+        enum cudaDriverEntryPointQueryResult q;
+        void *get = NULL, *set = NULL;
+        if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &get, 4000, cudaEnableDefault,
+                                             &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSuccess &&
+            cudaGetDriverEntryPointByVersion("cuCtxSetCurrent", &set, 4000, cudaEnableDefault,
+                                             &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSuccess && get != NULL && set != NULL) {
+            h->ctx_get = (PFN_cuCtxGetCurrent_v4000)get;
+            h->ctx_set = (PFN_cuCtxSetCurrent_v4000)set;
+        }
+    }
+    h->high_priority = cfg->nccl_high_priority != 0;
+    {
+        const char *env = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+        long n = env != NULL && *env != '\0' ? strtol(env, NULL, 10) : 8;
+        h->connections = n < 1 ? 1 : n > 32 ? 32 : (int)n;
+    }
     h->hooks = *hooks;
     h->ndev = ndev;
     h->version = version;
@@ -418,8 +486,9 @@ static ccq_status nccl_create(const ccq_config *cfg, const ccq_be_hooks *hooks, 
     pthread_mutex_init(&h->abort_lock, NULL);
     pthread_cond_init(&h->abort_cond, NULL);
     h->cc_major = calloc((size_t)ndev, sizeof *h->cc_major);
+    h->prio = calloc((size_t)ndev, sizeof *h->prio);
     h->streams = calloc((size_t)ndev * h->max_streams, sizeof *h->streams);
-    if (h->cc_major == NULL || h->streams == NULL) {
+    if (h->cc_major == NULL || h->prio == NULL || h->streams == NULL) {
         nccl_destroy(&h->base);
         snprintf(err->msg, sizeof err->msg, "out of memory");
         return CCQ_ERR_NO_MEMORY;
@@ -437,6 +506,8 @@ static ccq_status nccl_create(const ccq_config *cfg, const ccq_be_hooks *hooks, 
     }
     for (uint32_t i = 0; i < (uint32_t)ndev * h->max_streams; i++)
         atomic_init(&h->streams[i].user, NULL);
+    for (int d = 0; d < ndev; d++)
+        h->prio[d] = INT_MIN; /* not asked yet (stream_ready) */
     *out = &h->base;
     return CCQ_OK;
 }
@@ -450,7 +521,8 @@ static uint32_t nccl_device_count(const ccq_backend *be)
 /* Communicators                                                                         */
 /* ------------------------------------------------------------------------------------ */
 
-/* Wait (polling) until no communicator of the set is ncclInProgress; the first error wins. */
+/* Wait (polling) until no communicator of the set is ncclInProgress; the first error wins.
+ * Abort thread only (a revoke's quiescence): the scheduler never waits for NCCL. */
 static ncclResult_t wait_comms(ncclComm_t *comms, uint32_t n, uint64_t timeout_ns,
                                ncclComm_t *failed)
 {
@@ -502,6 +574,52 @@ fail:
     return st == CCQ_OK ? CCQ_ERR_BACKEND : st;
 }
 
+/* The lowest compute capability major of devs[0..n). */
+static int min_cc_of(const nccl_be *h, const ccq_device_id *devs, uint32_t n)
+{
+    int low = INT_MAX;
+    for (uint32_t i = 0; i < n; i++)
+        if (devs[i] < (ccq_device_id)h->ndev && h->cc_major[devs[i]] < low)
+            low = h->cc_major[devs[i]];
+    return low;
+}
+
+/* Every member process tells the others the lowest compute capability of its devices in
+ * the communicator: NCCL refuses an fp8 reduction when the lowest over *all* ranks is below
+ * 9.0 (init.cc computes comm->minCompCap from every peer; enqueue.cc's taskAppend checks
+ * it), so submission can refuse it in every process alike instead of failing inside a
+ * group and aborting the communicator. */
+static ccq_status nccl_comm_member_blob(ccq_backend *be, const ccq_be_comm_desc *d,
+                                        ccq_be_member_blob *blob, ccq_errbuf *err)
+{
+    int32_t low = min_cc_of(to_nccl(be), d->local_devices, d->nlocal);
+    (void)err;
+    memcpy(blob->bytes, &low, sizeof low);
+    blob->len = sizeof low;
+    return CCQ_OK;
+}
+
+/* c->min_cc: the lowest compute capability of its devices and of every member process's
+ * (d->member_blobs, from the meeting). */
+static ccq_status comm_min_cc(const nccl_be *h, nccl_comm *c, const ccq_be_comm_desc *d,
+                              ccq_errbuf *err)
+{
+    c->min_cc = min_cc_of(h, d->local_devices, d->nlocal);
+    for (uint32_t p = 0; d->member_blobs != NULL && p < d->nprocs; p++) {
+        int32_t low;
+        if (d->member_blobs[p].len != sizeof low) {
+            snprintf(err->msg, sizeof err->msg,
+                     "member process %" PRIu32 " sent no compute capability (a ccq without it?)",
+                     d->procs[p]);
+            return CCQ_ERR_INVALID_ARGUMENT;
+        }
+        memcpy(&low, d->member_blobs[p].bytes, sizeof low);
+        if (low < c->min_cc)
+            c->min_cc = low;
+    }
+    return CCQ_OK;
+}
+
 /* One non-blocking group of ncclCommInitRankConfig, one per local rank (global ranks
  * first_rank + i of nranks); nccl_comm_test polls it, so the scheduler never waits here. */
 static ccq_status nccl_comm_create(ccq_backend *be, const ccq_be_comm_desc *d, ccq_be_comm **out,
@@ -527,6 +645,11 @@ static ccq_status nccl_comm_create(ccq_backend *be, const ccq_be_comm_desc *d, c
     c->nranks = d->nranks;
     for (uint32_t i = 0; i < n; i++)
         c->devs[i] = (int)d->local_devices[i];
+    st = comm_min_cc(h, c, d, err);
+    if (st != CCQ_OK) {
+        comm_free(c);
+        return st;
+    }
     config.blocking = 0; /* so a hung peer can never block the scheduler */
 
     if (d->nprocs > 1) {
@@ -761,6 +884,10 @@ static ccq_status nccl_comm_shrink(ccq_backend *be, ccq_be_comm *parent, const u
     c->nranks = d->nranks;
     for (uint32_t i = 0; i < n; i++)
         c->devs[i] = (int)d->local_devices[i];
+    if (comm_min_cc(h, c, d, err) != CCQ_OK) {
+        comm_free(c);
+        return CCQ_ERR_INVALID_ARGUMENT;
+    }
     for (uint32_t i = 0; i < nexclude; i++)
         c->exclude[i] = (int)exclude[i];
     c->nexclude = (int)nexclude;
@@ -806,19 +933,30 @@ static ccq_status nccl_check(ccq_backend *be, const ccq_be_submit *s, ccq_errbuf
     }
     if (fp8 && reduces) {
         /* NCCL refuses an fp8 reduction unless every rank's device is sm90 or newer (it
-         * checks the communicator's lowest compute capability), so check the whole set. */
+         * checks the communicator's lowest compute capability), so check the whole set:
+         * the communicator's lowest over every member process once it formed, this
+         * process's devices while it forms (nccl_issue checks again then). */
+        const nccl_comm *c = (const nccl_comm *)s->comm;
         ccq_device_id low = s->device;
         for (uint32_t i = 0; i < s->ndevices; i++) {
             ccq_device_id d = s->devices[i] - s->device_first;
             if (d < (ccq_device_id)h->ndev && h->cc_major[d] < h->cc_major[low])
                 low = d;
         }
+        if (c != NULL && c->min_cc < 9 && h->cc_major[low] >= 9) {
+            snprintf(err->msg, sizeof err->msg,
+                     "NCCL reduces fp8 only on compute capability 9.0 (sm90) or newer on every "
+                     "device of the communicator; a device of another member process is %d.x "
+                     "(moving fp8 data without reducing it works everywhere)",
+                     c->min_cc);
+            return CCQ_ERR_UNSUPPORTED;
+        }
         if (h->cc_major[low] < 9) {
             snprintf(err->msg, sizeof err->msg,
                      "NCCL reduces fp8 only on compute capability 9.0 (sm90) or newer on every "
                      "device of the communicator; device %u is %d.x (moving fp8 data without "
                      "reducing it works everywhere)",
-                     low, h->cc_major[low]);
+                     low + s->device_first, h->cc_major[low]);
             return CCQ_ERR_UNSUPPORTED;
         }
     }
@@ -862,11 +1000,23 @@ static ccq_status nccl_bind_stream(ccq_backend *be, ccq_device_id device, uint32
     nccl_be *h = to_nccl(be);
     nccl_stream *st = &h->streams[stream_index];
     ccq_status status = CCQ_OK;
-    int prev = 0;
+    enum cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    ctx_saved prev;
 
     if (native == NULL) {
         atomic_store_explicit(&st->user, NULL, memory_order_release);
         return CCQ_OK;
+    }
+    /* Under CUDA Graph capture, the submission events ccq records on the stream would be
+     * captured into the graph instead of recorded, and the communication stream's waits on
+     * them would join (or invalidate) the capture: unsupported, refused. */
+    CUDA_CHECK_GOTO(cudaStreamIsCapturing((cudaStream_t)native, &capture), err, status, refuse);
+    if (capture != cudaStreamCaptureStatusNone) {
+        snprintf(err->msg, sizeof err->msg,
+                 "the stream is being captured into a CUDA Graph (cudaStreamIsCapturing: %s); "
+                 "binding a capturing stream is unsupported: bind before or after the capture",
+                 capture == cudaStreamCaptureStatusActive ? "active" : "invalidated");
+        return CCQ_ERR_UNSUPPORTED;
     }
     if (st->slot_events == NULL) {
         cudaEvent_t *ev = calloc(h->ring_size, sizeof *ev);
@@ -874,28 +1024,29 @@ static ccq_status nccl_bind_stream(ccq_backend *be, ccq_device_id device, uint32
             snprintf(err->msg, sizeof err->msg, "out of memory");
             return CCQ_ERR_NO_MEMORY;
         }
-        /* Events belong to the device current at creation: switch, then restore the
-         * caller's device. */
-        CUDA_CHECK_GOTO(cudaGetDevice(&prev), err, status, fail);
-        CUDA_CHECK_GOTO(cudaSetDevice((int)device), err, status, fail);
+        /* Events belong to the device current at creation: switch, then give the caller
+         * its context back (ctx_save). */
+        ctx_save(h, &prev);
+        CUDA_CHECK_GOTO(cudaSetDevice((int)device), err, status, fail_restore);
         for (uint32_t i = 0; i < h->ring_size; i++)
             CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&ev[i], cudaEventDisableTiming), err, status,
                             fail_restore);
-        cudaSetDevice(prev);
+        ctx_restore(h, &prev);
         st->slot_events = ev;
         goto bound;
     fail_restore:
         for (uint32_t i = 0; i < h->ring_size; i++)
             if (ev[i] != NULL)
                 cudaEventDestroy(ev[i]);
-        cudaSetDevice(prev);
-    fail:
+        ctx_restore(h, &prev);
         free(ev);
         return status;
     }
 bound:
     atomic_store_explicit(&st->user, (cudaStream_t)native, memory_order_release);
     return CCQ_OK;
+refuse:
+    return status;
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -1025,6 +1176,42 @@ static void memops_setup(nccl_be *h)
     atomic_store_explicit(&h->mo.state, 1, memory_order_release);
 }
 
+/*
+ * How the wait is queued, by what its covered commands (tickets below target) have reached:
+ *
+ * - all ended: nothing to wait for on the GPU (their completion events completed).
+ * - all launched (the completion event of the batch holding the last of them is recorded):
+ *   cudaStreamWaitEvent on that event, a dependency CUDA sees. A value wait would do too,
+ *   but CUDA's scheduling does not see it (cuda.h, cuStreamWaitValue64: work ordered by it
+ *   "should also have that order expressed with CUDA-visible dependencies").
+ * - not launched yet: a wait on the counter is the only way to wait for work not queued
+ *   yet, but it sits in the hardware queue of `native` before the NCCL kernel and the
+ *   counter write it waits for are queued. Streams share CUDA_DEVICE_MAX_CONNECTIONS
+ *   hardware queues (default 8; Megatron-LM and TransformerEngine set 1), and a wait that
+ *   is not satisfied holds back everything behind it in its queue: with one queue, always
+ *   the communication stream's work too, a GPU hang. So with fewer than the default 8
+ *   connections the caller waits on the host until they are launched (at most timeout_ms),
+ *   then as above; with 8 or more, the counter wait (the call returns at once), which
+ *   deadlocks only if the driver put `native` and the stream NCCL runs on in one queue
+ *   (docs/nccl.md says how to rule that out).
+ */
+static bool waits_on_host(const nccl_be *h)
+{
+    return h->connections < 8;
+}
+
+/* The covered commands all ended (*ended), or all launched (`done` recorded after them). */
+static bool covered_ended(const _Atomic uint64_t *ended, uint64_t target)
+{
+    return (int64_t)(atomic_load_explicit(ended, memory_order_acquire) - target) >= 0;
+}
+
+static bool covered_launched(const nccl_stream *st, uint64_t target)
+{
+    return atomic_load_explicit(&st->done_recorded, memory_order_acquire) &&
+           (int64_t)(atomic_load_explicit(&st->done_upto, memory_order_acquire) - target) >= 0;
+}
+
 /* User thread: queue the wait (see backend.h). */
 static ccq_status nccl_stream_wait(ccq_backend *be, ccq_device_id device, uint32_t stream_index,
                                    void *native, uint64_t target, const _Atomic uint64_t *ended,
@@ -1035,8 +1222,15 @@ static ccq_status nccl_stream_wait(ccq_backend *be, ccq_device_id device, uint32
 
     if (atomic_load_explicit(&h->mo.state, memory_order_acquire) == 0) {
         pthread_mutex_lock(&h->mo.lock);
-        if (atomic_load_explicit(&h->mo.state, memory_order_relaxed) == 0)
+        if (atomic_load_explicit(&h->mo.state, memory_order_relaxed) == 0) {
+            /* cudaHostAlloc needs a context: the wait's device's (the caller's is put back),
+             * not whatever the runtime would initialise on a thread without one. */
+            ctx_saved prev;
+            ctx_save(h, &prev);
+            (void)cudaSetDevice((int)device);
             memops_setup(h);
+            ctx_restore(h, &prev);
+        }
         pthread_mutex_unlock(&h->mo.lock);
     }
     if (atomic_load_explicit(&h->mo.state, memory_order_acquire) < 0) {
@@ -1055,6 +1249,33 @@ static ccq_status nccl_stream_wait(ccq_backend *be, ccq_device_id device, uint32
                  device);
         return CCQ_ERR_UNSUPPORTED;
     }
+    if (!covered_ended(ended, target) && !covered_launched(st, target) && waits_on_host(h)) {
+        uint64_t deadline = ccq_deadline_in(h->timeout_ns);
+        while (!covered_ended(ended, target) && !covered_launched(st, target)) {
+            if (ccq_now_ns() >= deadline) {
+                snprintf(err->msg, sizeof err->msg,
+                         "the commands it covers were not launched within timeout_ms (with "
+                         "CUDA_DEVICE_MAX_CONNECTIONS=%d, fewer than 8 hardware queues, ccq "
+                         "waits on the host until they are: a wait queued before them would "
+                         "hold back their own kernels; submit every part first)",
+                         h->connections);
+                return CCQ_ERR_TIMEOUT;
+            }
+            sleep_ns(20000);
+        }
+    }
+    if (covered_ended(ended, target))
+        return CCQ_OK;
+    if (covered_launched(st, target)) {
+        /* The latest record of `done`, at or after the batch that holds them. */
+        cudaError_t e = cudaStreamWaitEvent((cudaStream_t)native, st->done, 0);
+        if (e != cudaSuccess) {
+            snprintf(err->msg, sizeof err->msg, "cudaStreamWaitEvent on the given stream: %s (%s)",
+                     cudaGetErrorString(e), cudaGetErrorName(e));
+            return CCQ_ERR_BACKEND;
+        }
+        return CCQ_OK;
+    }
     _Atomic uint64_t *c = counter_of(h, stream_index);
     /* Arm, then read the count: either the scheduler sees the stream armed when it next
      * publishes (and writes), or this thread sees what it published (and writes it). */
@@ -1065,12 +1286,12 @@ static ccq_status nccl_stream_wait(ccq_backend *be, ccq_device_id device, uint32
     CUresult r = h->mo.wait((CUstream)native, addr, target, CU_STREAM_WAIT_VALUE_GEQ);
     if (r == CUDA_ERROR_INVALID_CONTEXT) {
         /* A thread that never used CUDA has no current context: make the device's primary
-         * context current for the call, then give the thread its device back. */
-        int prev = -1;
-        if (cudaGetDevice(&prev) == cudaSuccess && cudaSetDevice((int)device) == cudaSuccess) {
+         * context current for the call, then give the thread its (lack of) context back. */
+        ctx_saved prev;
+        ctx_save(h, &prev);
+        if (cudaSetDevice((int)device) == cudaSuccess)
             r = h->mo.wait((CUstream)native, addr, target, CU_STREAM_WAIT_VALUE_GEQ);
-            cudaSetDevice(prev);
-        }
+        ctx_restore(h, &prev);
     }
     if (r != CUDA_SUCCESS) {
         snprintf(err->msg, sizeof err->msg, "cuStreamWaitValue64 on the given stream: CUresult %d",
@@ -1150,14 +1371,28 @@ static void counters_repair(nccl_be *h)
 /* Issue and completion (scheduler thread)                                               */
 /* ------------------------------------------------------------------------------------ */
 
-/* The stream NCCL runs a ccq stream's work on, created on first use. */
-static ccq_status stream_ready(nccl_stream *st, int dev, ccq_errbuf *err)
+/* The stream NCCL runs a ccq stream's work on, created on first use; with
+ * ccq_config.nccl_high_priority, at the device's greatest priority (a lower number is a
+ * higher priority: cudaDeviceGetStreamPriorityRange), so the GPU's block scheduler starts
+ * communication kernels ahead of queued compute ones. */
+static ccq_status stream_ready(nccl_be *h, nccl_stream *st, int dev, ccq_errbuf *err)
 {
     ccq_status status = CCQ_OK;
     if (st->comm != NULL)
         return CCQ_OK;
     CUDA_CHECK_GOTO(cudaSetDevice(dev), err, status, fail);
-    CUDA_CHECK_GOTO(cudaStreamCreateWithFlags(&st->comm, cudaStreamNonBlocking), err, status, fail);
+    if (h->high_priority) {
+        int least = 0;
+        if (h->prio[dev] == INT_MIN)
+            CUDA_CHECK_GOTO(cudaDeviceGetStreamPriorityRange(&least, &h->prio[dev]), err, status,
+                            fail);
+        CUDA_CHECK_GOTO(
+            cudaStreamCreateWithPriority(&st->comm, cudaStreamNonBlocking, h->prio[dev]), err,
+            status, fail);
+    } else {
+        CUDA_CHECK_GOTO(cudaStreamCreateWithFlags(&st->comm, cudaStreamNonBlocking), err, status,
+                        fail);
+    }
     CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&st->done, cudaEventDisableTiming), err, status, fail);
     return CCQ_OK;
 fail:
@@ -1186,6 +1421,7 @@ static ccq_status record_done(nccl_be *h, nccl_batch *nb, ccq_errbuf *err)
         if (status != CCQ_OK)
             goto fail;
         CUDA_CHECK_GOTO(cudaEventRecord(st->done, st->comm), err, status, fail);
+        atomic_store_explicit(&st->done_upto, nb->stream_done[k], memory_order_release);
         atomic_store_explicit(&st->done_recorded, 1, memory_order_release);
     }
 fail:
@@ -1218,6 +1454,18 @@ static bool comms_share_device(const nccl_comm *a, const nccl_comm *b)
     return false;
 }
 
+static bool batch_poll(nccl_be *h, nccl_batch *nb);
+
+/* Whether two batches have a device in common. */
+static bool batches_overlap(const nccl_batch *a, const nccl_batch *b)
+{
+    for (uint32_t j = 0; j < a->ncomms; j++)
+        for (uint32_t k = 0; k < b->ncomms; k++)
+            if (comms_share_device(a->comms[j], b->comms[k]))
+                return true;
+    return false;
+}
+
 /*
  * Non-blocking communicators: while a group's launch is still in progress (ncclGroupEnd
  * returned ncclInProgress: an in-flight batch in NB_ENQUEUING, on other ccq streams, since a
@@ -1225,43 +1473,43 @@ static bool comms_share_device(const nccl_comm *a, const nccl_comm *b)
  * ncclInvalidArgument. And each non-blocking group is launched by its own NCCL thread
  * (group.cc, groupLaunchNonBlocking), so two groups launching at once on communicators that
  * share a device could enqueue their kernels in a different order on each GPU and deadlock
- * ("using multiple NCCL communicators concurrently" in NCCL's docs). So before nb is
- * launched, every in-flight batch still launching that shares a communicator or a device
- * with it must leave ncclInProgress (a launch takes microseconds to milliseconds), at most
- * timeout_ms: launches are serialized per device, not only per communicator.
+ * ("using multiple NCCL communicators concurrently" in NCCL's docs). So nb is launched only
+ * once no earlier batch sharing a device with it is still launching or waiting to: launches
+ * are serialized per device, in issue order.
+ *
+ * The scheduler never waits for that here: a launch can take long (with NCCL_RUNTIME_CONNECT,
+ * the default, the first launch of an algorithm or peer connects with blocking bootstrap
+ * exchanges on the launch thread: group.cc ncclPrepareTasksAndCollPreconnect,
+ * transport.cc), and until every member process launched its part, which may itself wait
+ * behind another launch there. The batch stays NB_WAITING instead, and each poll checks
+ * again (nccl_poll); meanwhile the scheduler serves everything else.
+ *
+ * A failed batch still launching counts until its communicators' aborts finished (the
+ * abort joins NCCL's launch thread). There is no deadline of its own: the watchdog aborts
+ * the earlier batch timeout_ms after it was issued, and this one then goes.
+ *
+ * Returns the earlier batch nb waits for, or NULL. Asks a launching batch's communicators
+ * once (batch_poll), never waits.
  */
-static ccq_status settle_comms(nccl_be *h, const nccl_batch *nb, ccq_errbuf *err)
+static bool aborts_done(const nccl_batch *a)
 {
-    for (const nccl_batch *a = h->inflight; a != NULL; a = a->next) {
-        bool overlaps = false;
-        if (a->state != NB_ENQUEUING || a->failed)
+    for (uint32_t k = 0; k < a->ncomms; k++)
+        if (!atomic_load_explicit(&a->comms[k]->abort_done, memory_order_acquire))
+            return false;
+    return true;
+}
+
+static const nccl_batch *launch_blocker(nccl_be *h, const nccl_batch *nb)
+{
+    for (nccl_batch *a = h->inflight; a != NULL && a != nb; a = a->next) {
+        if ((a->state != NB_WAITING && a->state != NB_ENQUEUING) || !batches_overlap(a, nb))
             continue;
-        for (uint32_t j = 0; j < a->ncomms && !overlaps; j++)
-            for (uint32_t k = 0; k < nb->ncomms && !overlaps; k++)
-                overlaps = comms_share_device(a->comms[j], nb->comms[k]);
-        if (!overlaps)
-            continue;
-        for (uint32_t j = 0; j < a->ncomms; j++) {
-            nccl_comm *c = a->comms[j];
-            if (c->aborted)
-                continue;
-            ncclComm_t failed = NULL;
-            ncclResult_t r = wait_comms(c->comms, c->n, h->timeout_ns, &failed);
-            if (r == ncclInProgress) {
-                snprintf(err->msg, sizeof err->msg,
-                         "batch %" PRIu64 " on a communicator sharing a device with this batch "
-                         "was still launching (ncclInProgress) after timeout_ms",
-                         a->b->id);
-                return CCQ_ERR_TIMEOUT;
-            }
-            if (r != ncclSuccess) {
-                ccq_status st = nccl_status(r);
-                nccl_msg(err, "asynchronous error", r, failed);
-                return st == CCQ_OK ? CCQ_ERR_BACKEND : st;
-            }
-        }
+        if (a->state == NB_ENQUEUING)
+            (void)batch_poll(h, a); /* records its events once its launch finished */
+        if (a->state == NB_WAITING || (a->state == NB_ENQUEUING && (!a->failed || !aborts_done(a))))
+            return a;
     }
-    return CCQ_OK;
+    return NULL;
 }
 
 /* The kinds this build can hand to NCCL (ncclAlltoAll, ncclGather, ncclScatter: 2.28). */
@@ -1283,6 +1531,13 @@ static bool kind_supported(unsigned kind)
     default:
         return false;
     }
+}
+
+/* An fp8 reduction (NCCL checks the communicator's lowest compute capability for those). */
+static bool fp8_reduction(const ccq_be_op *op)
+{
+    return (op->dtype == CCQ_FLOAT8E4M3 || op->dtype == CCQ_FLOAT8E5M2) &&
+           op->kind < CCQ_KIND_COUNT_ && ccq_kinds[op->kind].reduces;
 }
 
 /* What issue() can refuse before ncclGroupStart: a kind, dtype or op it cannot map. */
@@ -1424,15 +1679,107 @@ fail:
     return status == CCQ_OK ? CCQ_ERR_BACKEND : status;
 }
 
+/* The batch's group: ncclGroupStart, every op not refused, ncclGroupEnd; then its state
+ * (see NB_*). An error: nothing was started (ncclGroupStart failed). */
+static ccq_status batch_launch(nccl_be *h, nccl_batch *nb, ccq_errbuf *err)
+{
+    ccq_be_batch *b = nb->b;
+    ccq_status status = CCQ_OK;
+    int cur = -1; /* the device made current last (-1: not known) */
+    bool cuda_err = false;
+    ncclResult_t r;
+
+    /* The whole batch is one group: every local rank's part of each collective and both
+     * halves of each send/recv, so NCCL launches them together and rings cannot deadlock. */
+    NCCL_CHECK_GOTO(ncclGroupStart(), err, status, fail);
+    for (uint32_t k = 0; k < b->nops && status == CCQ_OK; k++)
+        if (b->ops[k]->status == CCQ_OK) /* not refused */
+            status = op_enqueue(h, b->ops[k], &cur, &cuda_err, err);
+    if (status != CCQ_OK && cuda_err && nb->ncomms > 0)
+        poison_group(nb->comms[0]);
+    r = ncclGroupEnd();
+    nb->state = NB_ENQUEUING;
+    if (status != CCQ_OK) {
+        /* Started: one-rank ops earlier in the group already queued their work at the call,
+         * and NCCL may leave the group's error on its communicators. */
+        batch_fail(h, nb, status, err->msg);
+    } else if (r == ncclInProgress) {
+        /* Non-blocking communicators: the launch completes in the background; poll()
+         * records the completion events once every communicator left ncclInProgress. */
+    } else if (r != ncclSuccess) {
+        ccq_status st = nccl_status(r);
+        nccl_msg(err, "ncclGroupEnd", r, NULL);
+        batch_fail(h, nb, st == CCQ_OK ? CCQ_ERR_BACKEND : st, err->msg);
+    } else {
+        status = record_done(h, nb, err);
+        if (status != CCQ_OK)
+            batch_fail(h, nb, status, err->msg);
+        else
+            nb->state = NB_RUNNING;
+    }
+    return CCQ_OK;
+fail:
+    return status == CCQ_OK ? CCQ_ERR_BACKEND : status;
+}
+
+/* A batch that ends without its group (nothing started): every op not already refused
+ * fails with st. */
+static void batch_refuse(nccl_batch *nb, ccq_status st, const char *msg)
+{
+    ccq_be_batch *b = nb->b;
+    b->status = st;
+    snprintf(b->detail.msg, sizeof b->detail.msg, "%s", msg);
+    for (uint32_t k = 0; k < b->nops; k++)
+        if (b->ops[k]->status == CCQ_OK)
+            b->ops[k]->status = st;
+    nb->state = NB_REFUSED;
+}
+
+/* A waiting batch's ops on communicators aborted since it was issued fail now (the
+ * scheduler makes no NCCL call on an aborted communicator); nb->comms keeps the others.
+ * False when none is left. */
+static bool waiting_prune(nccl_batch *nb)
+{
+    ccq_be_batch *b = nb->b;
+    bool any = false;
+    nb->ncomms = 0;
+    for (uint32_t k = 0; k < b->nops; k++) {
+        ccq_be_op *op = b->ops[k];
+        nccl_comm *c = (nccl_comm *)op->comm;
+        bool seen = false;
+        if (op->status != CCQ_OK)
+            continue;
+        if (c->aborted) {
+            op->status = CCQ_ERR_ABORTED;
+            op->comm_aborted = 1;
+            continue;
+        }
+        any = true;
+        for (uint32_t j = 0; j < nb->ncomms && !seen; j++)
+            seen = nb->comms[j] == c;
+        if (!seen)
+            nb->comms[nb->ncomms++] = c;
+    }
+    return any;
+}
+
+/* Append to the in-flight list (issue order). */
+static void inflight_add(nccl_be *h, nccl_batch *nb)
+{
+    nb->next = NULL;
+    if (h->inflight_tail != NULL)
+        h->inflight_tail->next = nb;
+    else
+        h->inflight = nb;
+    h->inflight_tail = nb;
+}
+
 static ccq_status nccl_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
 {
     nccl_be *h = to_nccl(be);
     nccl_batch *nb = calloc(1, sizeof *nb);
     ccq_status status = CCQ_OK;
     uint32_t nparts = 0;
-    int cur = -1; /* the device made current last (-1: not known) */
-    bool cuda_err = false;
-    ncclResult_t r;
 
     for (uint32_t k = 0; k < b->nops; k++)
         nparts += b->ops[k]->nparts;
@@ -1464,6 +1811,17 @@ static ccq_status nccl_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
         status = op_validate(op, err);
         if (status != CCQ_OK)
             goto fail;
+        if (fp8_reduction(op) && c->min_cc < 9) {
+            /* Submitted while the communicator formed (nccl_check did not know every
+             * member's devices yet): refused here, before the group, in every member
+             * process alike, so NCCL never sees it and the communicator stays usable. */
+            op->status = CCQ_ERR_UNSUPPORTED;
+            snprintf(b->detail.msg, sizeof b->detail.msg,
+                     "NCCL reduces fp8 only on compute capability 9.0 (sm90) or newer on every "
+                     "device of the communicator; its lowest is %d.x",
+                     c->min_cc);
+            continue;
+        }
         for (uint32_t j = 0; j < nb->ncomms && !seen; j++)
             seen = nb->comms[j] == c;
         if (!seen)
@@ -1472,7 +1830,7 @@ static ccq_status nccl_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
             const ccq_be_part *part = &op->parts[p];
             nccl_stream *st = &h->streams[part->stream_index];
             cudaStream_t user = atomic_load_explicit(&st->user, memory_order_acquire);
-            status = stream_ready(st, (int)part->device, err);
+            status = stream_ready(h, st, (int)part->device, err);
             if (status != CCQ_OK)
                 goto fail;
             if (st->batch_mark != h->batch_mark) {
@@ -1486,58 +1844,33 @@ static ccq_status nccl_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
         }
     }
 
-    status = settle_comms(h, nb, err);
+    /* An earlier launch on one of its devices still in progress: the group waits, and
+     * poll() launches it once that one finished (launch_blocker). */
+    b->be_priv = nb;
+    if (launch_blocker(h, nb) != NULL) {
+        nb->state = NB_WAITING;
+        inflight_add(h, nb);
+        return CCQ_OK;
+    }
+    status = batch_launch(h, nb, err);
     if (status != CCQ_OK)
         goto fail;
-
-    /* The whole batch is one group: every local rank's part of each collective and both
-     * halves of each send/recv, so NCCL launches them together and rings cannot deadlock. */
-    NCCL_CHECK_GOTO(ncclGroupStart(), err, status, fail);
-    for (uint32_t k = 0; k < b->nops && status == CCQ_OK; k++)
-        if (b->ops[k]->status == CCQ_OK) /* not refused above */
-            status = op_enqueue(h, b->ops[k], &cur, &cuda_err, err);
-    if (status != CCQ_OK && cuda_err && nb->ncomms > 0)
-        poison_group(nb->comms[0]);
-    r = ncclGroupEnd();
-    if (status != CCQ_OK) {
-        /* Started: one-rank ops earlier in the group already queued their work at the call,
-         * and NCCL may leave the group's error on its communicators. */
-        nb->state = NB_ENQUEUING;
-        batch_fail(h, nb, status, err->msg);
-    } else if (r == ncclInProgress) {
-        /* Non-blocking communicators: the launch completes in the background; poll()
-         * records the completion events once every communicator left ncclInProgress. */
-        nb->state = NB_ENQUEUING;
-    } else if (r != ncclSuccess) {
-        ccq_status st = nccl_status(r);
-        nccl_msg(err, "ncclGroupEnd", r, NULL);
-        nb->state = NB_ENQUEUING;
-        batch_fail(h, nb, st == CCQ_OK ? CCQ_ERR_BACKEND : st, err->msg);
-    } else {
-        nb->state = NB_ENQUEUING;
-        status = record_done(h, nb, err);
-        if (status != CCQ_OK)
-            batch_fail(h, nb, status, err->msg);
-        else
-            nb->state = NB_RUNNING;
-    }
     /* From ncclGroupStart on, the batch comes back only through poll(): a failed one once
      * its communicators are aborted and its streams drained (batch_drained). */
-    b->be_priv = nb;
-    nb->next = h->inflight;
-    h->inflight = nb;
+    inflight_add(h, nb);
     return CCQ_OK;
 
 fail:
     /* Before ncclGroupStart (or it failed): nothing was started. */
+    b->be_priv = NULL;
     nb_free(nb);
     return status == CCQ_OK ? CCQ_ERR_BACKEND : status;
 }
 
 /* Fail a batch whose group hit an error: abort every communicator it used (their other
  * work cannot be trusted), keep NCCL's message. The batch is returned only once the GPU no
- * longer touches its buffers (see batch_drained), so completion events are recorded now if
- * the group's launch had not got that far. */
+ * longer touches its buffers (see batch_drained); if the group's launch had not got as far
+ * as its completion events, batch_drained records them once the aborts finished. */
 static void batch_fail(nccl_be *h, nccl_batch *nb, ccq_status st, const char *msg)
 {
     ccq_be_batch *b = nb->b;
@@ -1551,11 +1884,6 @@ static void batch_fail(nccl_be *h, nccl_batch *nb, ccq_status st, const char *ms
     }
     nb->failed = true;
     nb->drain_deadline = ccq_deadline_in(h->drain_ns);
-    if (nb->state == NB_ENQUEUING) {
-        ccq_errbuf e;
-        if (record_done(h, nb, &e) == CCQ_OK)
-            nb->state = NB_RUNNING;
-    }
 }
 
 /*
@@ -1572,6 +1900,20 @@ static bool batch_drained(nccl_batch *nb, nccl_be *h)
     bool pending = false;
     for (uint32_t k = 0; k < nb->ncomms && !pending; k++)
         pending = !atomic_load_explicit(&nb->comms[k]->abort_done, memory_order_acquire);
+    /*
+     * A group still launching when it failed (ncclGroupEnd said ncclInProgress): NCCL's
+     * launch thread may still be enqueuing its kernels (group.cc, groupLaunchNonBlocking),
+     * and an event recorded before they are would complete ahead of them. Every
+     * communicator of a failed batch is aborted, and ncclCommAbort joins that thread
+     * (ncclGroupJobAbort): so the events are recorded once every abort finished, after
+     * whatever the launch enqueued. If they cannot be recorded, the batch is returned
+     * (nothing left to wait for that ccq can see).
+     */
+    if (!pending && nb->state == NB_ENQUEUING) {
+        ccq_errbuf e;
+        if (record_done(h, nb, &e) == CCQ_OK)
+            nb->state = NB_RUNNING;
+    }
     for (uint32_t k = 0; nb->state == NB_RUNNING && k < nb->nstreams && !pending; k++)
         pending = cudaEventQuery(h->streams[nb->streams[k]].done) == cudaErrorNotReady;
     if (!pending)
@@ -1602,6 +1944,21 @@ static bool batch_poll(nccl_be *h, nccl_batch *nb)
     ccq_errbuf err = {{0}};
     bool enqueuing = false;
 
+    if (nb->state == NB_REFUSED)
+        return true;
+    if (nb->state == NB_WAITING) {
+        if (!waiting_prune(nb)) {
+            batch_refuse(nb, CCQ_ERR_ABORTED, "the communicator was aborted");
+            return true;
+        }
+        if (launch_blocker(h, nb) != NULL)
+            return false;
+        ccq_status st = batch_launch(h, nb, &err);
+        if (st != CCQ_OK) {
+            batch_refuse(nb, st, err.msg);
+            return true;
+        }
+    }
     if (nb->failed)
         return batch_drained(nb, h);
     /* Completion first: an asynchronous error (or abort) of a communicator seen now may
@@ -1665,9 +2022,12 @@ static ccq_be_batch *nccl_poll(ccq_backend *be)
     if (h->mo.nrepair > 0)
         counters_repair(h);
 
+    /* In issue order, so a waiting batch launches after the earlier ones it waits for. */
+    h->inflight_tail = NULL;
     for (nccl_batch **pp = &h->inflight; *pp != NULL;) {
         nccl_batch *nb = *pp;
         if (!batch_poll(h, nb)) {
+            h->inflight_tail = nb;
             pp = &nb->next;
             continue;
         }
@@ -1687,43 +2047,41 @@ static ccq_be_batch *nccl_poll(ccq_backend *be)
 static ccq_status nccl_mem_alloc(ccq_backend *be, ccq_device_id device, size_t bytes, void **out,
                                  ccq_errbuf *err)
 {
+    const nccl_be *h = to_nccl(be);
     ccq_status status = CCQ_OK;
-    int prev = 0;
-    (void)be;
+    ctx_saved prev;
     *out = NULL;
-    CUDA_CHECK_GOTO(cudaGetDevice(&prev), err, status, done);
-    CUDA_CHECK_GOTO(cudaSetDevice((int)device), err, status, done);
+    ctx_save(h, &prev);
+    CUDA_CHECK_GOTO(cudaSetDevice((int)device), err, status, restore);
     CUDA_CHECK_GOTO(cudaMalloc(out, bytes ? bytes : 1), err, status, restore);
 restore:
-    cudaSetDevice(prev);
-done:
+    ctx_restore(h, &prev);
     return status;
 }
 
 static void nccl_mem_free(ccq_backend *be, ccq_device_id device, void *ptr)
 {
-    int prev = 0;
-    (void)be;
-    if (cudaGetDevice(&prev) == cudaSuccess && cudaSetDevice((int)device) == cudaSuccess) {
+    const nccl_be *h = to_nccl(be);
+    ctx_saved prev;
+    ctx_save(h, &prev);
+    if (cudaSetDevice((int)device) == cudaSuccess)
         cudaFree(ptr);
-        cudaSetDevice(prev);
-    }
+    ctx_restore(h, &prev);
 }
 
 static ccq_status nccl_mem_copy(ccq_backend *be, ccq_device_id device, void *dst, const void *src,
                                 size_t bytes, int to_device, ccq_errbuf *err)
 {
+    const nccl_be *h = to_nccl(be);
     ccq_status status = CCQ_OK;
-    int prev = 0;
-    (void)be;
-    CUDA_CHECK_GOTO(cudaGetDevice(&prev), err, status, done);
-    CUDA_CHECK_GOTO(cudaSetDevice((int)device), err, status, done);
+    ctx_saved prev;
+    ctx_save(h, &prev);
+    CUDA_CHECK_GOTO(cudaSetDevice((int)device), err, status, restore);
     CUDA_CHECK_GOTO(
         cudaMemcpy(dst, src, bytes, to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost),
         err, status, restore);
 restore:
-    cudaSetDevice(prev);
-done:
+    ctx_restore(h, &prev);
     return status;
 }
 
@@ -1733,6 +2091,7 @@ const ccq_backend_ops ccq_nccl_backend_ops = {
     .destroy = nccl_destroy,
     .device_count = nccl_device_count,
     .comm_root_blob = nccl_comm_root_blob,
+    .comm_member_blob = nccl_comm_member_blob,
     .comm_create = nccl_comm_create,
     .comm_test = nccl_comm_test,
     .comm_destroy = nccl_comm_destroy,
@@ -1743,6 +2102,10 @@ const ccq_backend_ops ccq_nccl_backend_ops = {
     .comm_shrink = nccl_comm_shrink,
     .comm_shrinkable = nccl_comm_shrinkable,
     .poll_interval_ns = NCCL_POLL_INTERVAL_NS,
+    /* NCCL plans each group per communicator from all its collectives (enqueue.cc: the
+     * aggregation of sizes within 4x for algorithm and protocol, the channel split by the
+     * group's traffic): one spanning collective per group unless the processes agree. */
+    .span_group_limit = 1,
     .check = nccl_check,
     .submit = nccl_submit,
     .fence = nccl_fence,

@@ -1,6 +1,6 @@
 /* The bootstrap's private parts: the handle, an exchange, the record every mechanism
  * carries, and the interface each mechanism (file.c, store.c, mpi.c, tcp.c)
- * implements. Only runtime/boot*.c include this. */
+ * implements. Only the files of runtime/boot/ and modules/mpi.c include this. */
 #ifndef CCQ_RUNTIME_BOOT_IMPL_H
 #define CCQ_RUNTIME_BOOT_IMPL_H
 
@@ -117,11 +117,19 @@ typedef struct ccq_boot_mech {
 /* Mechanism constructors: fill b->mech and b->impl, or fail with err. */
 ccq_status ccq_boot_file_open(ccq_boot *b, const char *dir, ccq_errbuf *err);
 ccq_status ccq_boot_store_open(ccq_boot *b, const ccq_store *store, ccq_errbuf *err);
+/* In libccq-mpi.so (modules/mpi.c), reached through its ccq_boot_module. */
 ccq_status ccq_boot_mpi_open(ccq_boot *b, int64_t mpi_comm, ccq_errbuf *err);
 /* spec: what follows "tcp://" ("HOST:PORT", "*:PORT", "[V6]:PORT"). */
 ccq_status ccq_boot_tcp_open(ccq_boot *b, const char *spec, ccq_errbuf *err);
 
-/* Shared helpers (bootstrap.c). */
+/* A mechanism in a module (backends/module.h: ccq_module.bootstrap): its constructor. The
+ * handle and exchange structs above, the record header and ccq_boot_mech cross the module
+ * boundary with it: changing them changes CCQ_MODULE_ABI. */
+typedef struct ccq_boot_module {
+    ccq_status (*open)(ccq_boot *b, int64_t mpi_comm, ccq_errbuf *err);
+} ccq_boot_module;
+
+/* Stateless helpers (helpers.c; the MPI module links its own copy). */
 void ccq_boot_err(ccq_errbuf *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 uint64_t ccq_boot_fnv1a(const void *p, size_t n, uint64_t h);
 #define CCQ_FNV_OFFSET 0xcbf29ce484222325ull

@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backends/module.h"
 #include "common/env.h"
 #include "runtime/boot/boot_impl.h"
 
@@ -50,27 +51,6 @@ static uint32_t generation(const char *job, uint32_t rank, bool take)
     }
     pthread_mutex_unlock(&gen_lock);
     return n;
-}
-
-void ccq_boot_err(ccq_errbuf *err, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (err == NULL)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-    va_end(ap);
-}
-
-uint64_t ccq_boot_fnv1a(const void *p, size_t n, uint64_t h)
-{
-    const unsigned char *c = p;
-    for (size_t i = 0; i < n; i++) {
-        h ^= c[i];
-        h *= 0x100000001b3ull;
-    }
-    return h;
 }
 
 uint64_t ccq_boot_now_ns(void)
@@ -288,8 +268,16 @@ ccq_status ccq_boot_open(const char *spec, const ccq_store *store, int64_t mpi_c
     b->gen = generation(b->job, world_rank, false);
 
     if (spec != NULL && strcmp(spec, "mpi") == 0) {
+        const ccq_module *m;
         snprintf(b->name, sizeof b->name, "mpi");
-        st = ccq_boot_mpi_open(b, mpi_comm, err);
+        /* The MPI mechanism lives in libccq-mpi.so, loaded now (backends/module.h). */
+        st = ccq_module_get("mpi", "bootstrap \"mpi\"", &m, err);
+        if (st == CCQ_OK && m->bootstrap == NULL) {
+            ccq_boot_err(err, "bootstrap \"mpi\": ccq's mpi module has no bootstrap");
+            st = CCQ_ERR_UNSUPPORTED;
+        }
+        if (st == CCQ_OK)
+            st = m->bootstrap->open(b, mpi_comm, err);
     } else if (spec != NULL && strncmp(spec, "file:", 5) == 0) {
         snprintf(b->name, sizeof b->name, "%s", spec);
         st = ccq_boot_file_open(b, spec + 5, err);

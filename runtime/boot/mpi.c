@@ -16,28 +16,15 @@
  * Every MPI call of ccq is made under one process-wide lock, so ccq's own threads never
  * call MPI at once: SERIALIZED suffices unless the application calls MPI concurrently
  * itself (then it must initialise MPI with MPI_THREAD_MULTIPLE first). */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <mpi.h>
+
 #include "common/mpi_lock.h"
 #include "runtime/boot/boot_impl.h"
-
-#ifndef CCQ_HAVE_MPI
-
-ccq_status ccq_boot_mpi_open(ccq_boot *b, int64_t mpi_comm, ccq_errbuf *err)
-{
-    (void)b;
-    (void)mpi_comm;
-    ccq_boot_err(err, "bootstrap \"mpi\": this ccq was built without MPI (CCQ_WITH_MPI=OFF, "
-                      "or no MPI found: install libopenmpi-dev or MPICH and rebuild)");
-    return CCQ_ERR_UNSUPPORTED;
-}
-
-#else /* CCQ_HAVE_MPI */
-
-#include <limits.h>
-#include <mpi.h>
 
 #define CCQ_MPI_TAG 0x6363 /* below the 32767 every MPI allows */
 
@@ -431,5 +418,3 @@ unlock:
     ccq_mpi_unlock();
     return st;
 }
-
-#endif /* CCQ_HAVE_MPI */

@@ -96,11 +96,9 @@ static void apply_losses(ccq_runtime *rt)
     if (!any)
         return;
     lose_comms(rt);
-    rt->sched->error_seen = true;
-    if (rt->trace.file != NULL && rt->trace.cap != 0) {
-        rt->trace.last_auto_ns = now;
-        ccq_trace_dump_to_file(rt, "process_lost");
-    }
+    /* The loss is on disk now; the failures it causes are, before any fence reports them
+     * (the scheduler holds them for their own dump). */
+    ccq_trace_autodump(rt, "process_lost");
 }
 
 /* ------------------------------------------------------------------------------------ */

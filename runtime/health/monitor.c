@@ -477,8 +477,10 @@ ccq_status ccq_health_start(ccq_runtime *rt)
     for (uint32_t q = 0; q < h->size; q++) {
         const ccq_world_proc *w = &rt->world.procs[q];
         h->peers[q].change_ns = now;
+        /* Gone already: a peer that met, did its work and destroyed its runtime while this
+         * one was still creating its own left cleanly (its record says so), not lost. */
         if (q != h->rank && !ccq_os_watch(h, &h->peers[q], w->pid, w->host_id, w->start_time))
-            ccq_health_declare(h, q, h->rank, CCQ_HOW_EXITED, 0, 0);
+            ccq_health_exited(h, q);
     }
     if (pthread_create(&h->thread, NULL, monitor_main, h) != 0)
         return ccq_fail(CCQ_ERR_NO_MEMORY, "job health: cannot start the monitor thread");

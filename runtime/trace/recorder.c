@@ -81,6 +81,9 @@ int ccq_trace_init(ccq_trace *t, uint32_t capacity, const char *file)
     pthread_mutex_init(&t->cb_lock, NULL);
     pthread_mutex_init(&t->note_lock, NULL);
     ccq_signal_init(&t->req_sig);
+    ccq_signal_init(&t->dump_sig);
+    atomic_init(&t->dump_asked, 0);
+    atomic_init(&t->dump_done, 0);
     atomic_init(&t->req_state, 0);
     atomic_init(&t->head_pub, 0);
     atomic_init(&t->cb, NULL);
@@ -627,16 +630,49 @@ CCQ_API ccq_status ccq_trace_dump(ccq_runtime *rt, const char *path)
     return ccq_trace_write_file(rt, path);
 }
 
-/* Scheduler side (or destroy): write trace_file if one is configured, at most once a second
- * unless forced. Failures are reported on stderr: there is no caller to return them to. */
-void ccq_trace_autodump(ccq_runtime *rt, bool force)
+/* Scheduler side (or destroy): write trace_file if one is configured. Failures are reported
+ * on stderr: there is no caller to return them to. */
+void ccq_trace_autodump(ccq_runtime *rt, const char *reason)
 {
     ccq_trace *t = &rt->trace;
-    uint64_t now = ccq_now_ns();
-    if (t->file == NULL || t->cap == 0 || (!force && now - t->last_auto_ns < 1000000000ull))
+    if (t->file == NULL || t->cap == 0)
         return;
-    t->last_auto_ns = now;
-    ccq_trace_dump_to_file(rt, force ? "destroy" : "error");
+    ccq_trace_dump_to_file(rt, reason);
+}
+
+bool ccq_trace_serve_dump(ccq_runtime *rt)
+{
+    ccq_trace *t = &rt->trace;
+    uint64_t asked = atomic_load_explicit(&t->dump_asked, memory_order_acquire);
+    if (asked == atomic_load_explicit(&t->dump_done, memory_order_relaxed))
+        return false;
+    ccq_trace_autodump(rt, "fence timeout");
+    atomic_store_explicit(&t->dump_done, asked, memory_order_release);
+    ccq_signal_notify(&t->dump_sig);
+    return true;
+}
+
+typedef struct dump_wait {
+    ccq_runtime *rt;
+    uint64_t ticket;
+} dump_wait;
+
+static bool dump_written(void *arg)
+{
+    dump_wait *w = arg;
+    return atomic_load_explicit(&w->rt->trace.dump_done, memory_order_acquire) >= w->ticket ||
+           atomic_load_explicit(&w->rt->sched_exited, memory_order_acquire);
+}
+
+void ccq_trace_request_dump(ccq_runtime *rt, uint64_t deadline_ns)
+{
+    ccq_trace *t = &rt->trace;
+    dump_wait w = {rt, 0};
+    if (t->file == NULL || t->cap == 0)
+        return;
+    w.ticket = atomic_fetch_add_explicit(&t->dump_asked, 1, memory_order_seq_cst) + 1;
+    ccq_wake_signal_fenced(&rt->wake);
+    ccq_signal_wait(&t->dump_sig, dump_written, &w, deadline_ns);
 }
 
 CCQ_API ccq_status ccq_get_metrics(ccq_runtime *rt, ccq_metrics *out)

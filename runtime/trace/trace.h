@@ -63,9 +63,12 @@ typedef struct ccq_trace {
     ccq_note notes[CCQ_TRACE_NOTES];
     uint64_t nhead;
 
-    /* Automatic dumps (trace_file): at destroy, and on watchdog/errors at most 1/s. */
+    /* Automatic dumps (trace_file): at destroy; by the scheduler in every pass that ends
+     * failed commands, before it publishes them; for a fence about to report its own timeout
+     * (dump_asked > dump_done: the scheduler writes it, dump_sig says when). */
     char *file;
-    uint64_t last_auto_ns;
+    _Atomic uint64_t dump_asked, dump_done;
+    ccq_signal dump_sig;
 
     /* Metrics (scheduler writes, anyone reads). */
     uint64_t start_ns;
@@ -136,7 +139,8 @@ uint64_t ccq_trace_next_tick(ccq_trace *t, uint64_t ended);
 /* Scheduler side: update the commands/s rate once a second. */
 void ccq_trace_tick(ccq_trace *t, uint64_t now, uint64_t ended);
 
-/* ---- dumps to trace_file (runtime/trace/recorder.c) and on SIGUSR1 (runtime/trace/signal.c) ---- */
+/* ---- dumps to trace_file (runtime/trace/recorder.c) and on SIGUSR1 (runtime/trace/signal.c) ----
+ */
 
 /* trace_file as a path for this process: "%r" becomes the world rank, "%p" the pid, "%%" a
  * "%"; without "%r", a world of several processes gets ".rank<R>" before the file name's
@@ -149,6 +153,18 @@ size_t ccq_trace_expand_path(char *out, size_t len, const char *tmpl, uint32_t r
 /* Write trace_file (expanded) now, with `reason` in its header ("destroy", "error",
  * "signal"); failures go to stderr. Any thread (the scheduler's too: ccq_trace_autodump). */
 void ccq_trace_dump_to_file(struct ccq_runtime *rt, const char *reason);
+
+/* A fence about to report a failure of its own (its timeout): ask the scheduler to write
+ * trace_file and wait until it did, the scheduler exited, or deadline_ns (the scheduler may
+ * be stuck: the wait is bounded). Nothing when no trace_file is set. Not on the scheduler. */
+void ccq_trace_request_dump(struct ccq_runtime *rt, uint64_t deadline_ns);
+static inline bool ccq_trace_dump_requested(ccq_trace *t)
+{
+    return atomic_load_explicit(&t->dump_asked, memory_order_acquire) !=
+           atomic_load_explicit(&t->dump_done, memory_order_relaxed);
+}
+/* Scheduler side: write the requested dump; true if one was asked for. */
+bool ccq_trace_serve_dump(struct ccq_runtime *rt);
 
 /* Once the scheduler runs (ccq_runtime_create): register the runtime for SIGUSR1 dumps if it
  * has a trace_file, and, if wants_signal (ccq_config.trace_signal), make sure the handler

@@ -47,7 +47,8 @@ typedef struct ccq_trace_header {
     const char *host;           /* NULL: not written */
     uint64_t dump_ns;           /* CLOCK_MONOTONIC when the copy was taken; 0 = unknown */
     int64_t realtime_offset_ns; /* CLOCK_REALTIME - CLOCK_MONOTONIC, measured at the dump */
-    const char *reason;         /* why it was written ("destroy", "error", "signal", "api"); NULL */
+    const char *reason; /* why it was written ("destroy", "error", "fence timeout", "signal",
+                           "api"); NULL */
 } ccq_trace_header;
 
 typedef struct ccq_trace_view {

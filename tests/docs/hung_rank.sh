@@ -29,7 +29,8 @@ while IFS= read -r line; do
     grep -qxF -- "$line" "$tmp/analysis" || { echo "FAIL: the analysis lacks: $line" >&2; bad=1; }
 done <"$tmp/want"
 # The fences, up to the time the engine waited.
-grep -E '^process [0-9]: fence: ' "$tmp/doc" | sed -e 's/ still pending after .*//' -e 's/, pending for .*//' >"$tmp/want"
+grep -E '^process [0-9]: fence: ' "$tmp/doc" | sed -e 's/ still pending after .*//' \
+    -e 's/ not started after .*//' -e 's/, pending for .*//' >"$tmp/want"
 while IFS= read -r line; do
     grep -qF -- "$line" "$tmp/run" || { echo "FAIL: the run lacks: $line" >&2; bad=1; }
 done <"$tmp/want"

@@ -20,6 +20,8 @@
  * crash. */
 struct CUstream_st {
     int device;
+    int priority; /* cudaStreamCreateWithPriority's (0: the default) */
+    int hwq;      /* its hardware queue on its device: creation order mod the connections */
     bool destroyed, user;
     bool mo_blocked;   /* memops pump: an earlier item of this stream cannot run yet */
     size_t mo_pending; /* items queued on it that have not run (stream memory operations) */
@@ -29,7 +31,8 @@ struct CUstream_st {
 struct CUevent_st {
     int device;
     bool recorded, complete, destroyed;
-    bool stuck; /* recorded behind work of a failed collective: completes only on abort */
+    bool stuck;  /* recorded behind work of a failed collective: completes only on abort */
+    bool queued; /* its record waits behind unfinished work of its stream (MO_RECORD) */
     struct CUevent_st *next;
 };
 
@@ -55,12 +58,22 @@ struct ncclComm {
     int rank, device, pending;
     ncclResult_t async; /* sticky, reported once pending reaches 0 */
     bool destroyed, aborted;
-    bool hung;      /* launched its part of a collective whose other parts never came */
-    bool launching; /* in a group whose ncclGroupEnd returned ncclInProgress, until
-                       ncclCommGetAsyncError reports the launch finished */
-    bool blocking;  /* config->blocking (fake_xproc.c's joins wait when set) */
-    bool revoked;   /* ncclCommRevoke: no more work on it; it can still be shrunk */
-    int shrinks;    /* ncclCommShrink calls on it (the k-th makes the same id everywhere) */
+    bool hung; /* launched its part of a collective whose other parts never came */
+    /* NCCL_RUNTIME_CONNECT: a rank of a clique with ranks in other processes connects to its
+     * peers in its first launch, which stays ncclInProgress until every rank launched one
+     * (fake_set_runtime_connect). */
+    bool connected, connecting;
+    long long launch_until;     /* a launch lasts until then (fake_set_launch_in_progress) */
+    long long connect_deadline; /* connecting: ncclSystemError after this (fake_xp_deadline) */
+    bool launching;             /* in a group whose ncclGroupEnd returned ncclInProgress, until
+                                   ncclCommGetAsyncError reports the launch finished */
+    /* The streams its launching group puts work on: NCCL's launch thread enqueues the
+     * kernels there later, so an event recorded there meanwhile does not cover them. */
+    cudaStream_t lstream[16];
+    int nlstream;
+    bool blocking; /* config->blocking (fake_xproc.c's joins wait when set) */
+    bool revoked;  /* ncclCommRevoke: no more work on it; it can still be shrunk */
+    int shrinks;   /* ncclCommShrink calls on it (the k-th makes the same id everywhere) */
     struct ncclComm *next;
 };
 
@@ -129,6 +142,20 @@ static _Thread_local struct {
     fake_op *ops;
     size_t n, cap;
 } grp;
+/* The calling thread's current context, as the driver keeps it (cuCtxGetCurrent): NULL
+ * (none yet), a device's primary context (cudaSetDevice, or the runtime's implicit
+ * initialisation on device 0), or a context the test made (fake_context_create). cur_dev
+ * follows it: the runtime API's current device (0 without a context, as cudaGetDevice
+ * says). Contexts live in static storage, so a thread's pointer survives fake_reset(). */
+struct CUctx_st {
+    int device;
+    bool primary;
+};
+#define FAKE_MAX_USER_CTX 16
+static struct CUctx_st primary_ctx[FAKE_MAX_DEV];
+static struct CUctx_st user_ctx[FAKE_MAX_USER_CTX];
+static int nuser_ctx;
+static _Thread_local CUcontext cur_ctx;
 static _Thread_local int cur_dev;
 
 /* Everything else is guarded by fake_lock, held for the whole of every call. */
@@ -136,12 +163,20 @@ static pthread_mutex_t fake_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t fake_abort_cond = PTHREAD_COND_INITIALIZER; /* abort_hold changed */
 typedef struct fake_state {
     bool inited, hold, manual, abort_keeps;
-    bool abort_hold;        /* ncclCommAbort blocks while set (fake_hold_abort) */
-    bool complete_at_group; /* fake_complete_events_at_next_group() */
-    int aborts_blocked;     /* ncclCommAbort calls waiting on abort_hold */
-    bool init_hold;         /* ncclCommInitRankConfig blocks while set (fake_hold_init) */
-    int inits_blocked;      /* ncclCommInitRankConfig calls waiting on init_hold */
+    bool abort_hold;                /* ncclCommAbort blocks while set (fake_hold_abort) */
+    bool complete_at_group;         /* fake_complete_events_at_next_group() */
+    int aborts_blocked;             /* ncclCommAbort calls waiting on abort_hold */
+    bool init_hold;                 /* ncclCommInitRankConfig blocks while set (fake_hold_init) */
+    bool no_runtime_connect;        /* fake_set_runtime_connect(false) */
+    bool launch_in_progress;        /* fake_set_launch_in_progress */
+    long long launch_ns;            /* how long such a launch lasts */
+    int connections;                /* hardware queues per device (CUDA_DEVICE_MAX_CONNECTIONS) */
+    int nstreams_dev[FAKE_MAX_DEV]; /* streams created per device (their queue: mod that) */
+    int inits_blocked;              /* ncclCommInitRankConfig calls waiting on init_hold */
     int ndev, cc[FAKE_MAX_DEV], version, pending;
+    bool primary_used[FAKE_MAX_DEV]; /* a thread made the device's primary context current */
+    bool capturing_all;              /* fake_set_capturing(NULL, true) */
+    struct CUstream_st *capturing;   /* the stream fake_set_capturing marked */
     char last_error[256];
     struct {
         char fn[40];
@@ -168,9 +203,36 @@ typedef struct fake_state {
 } fake_state;
 static fake_state F;
 
+static void ctx_make_current(CUcontext ctx)
+{
+    cur_ctx = ctx;
+    cur_dev = ctx != NULL ? ctx->device : 0;
+}
+
+/* A runtime call that needs a context on a thread without one initialises the runtime on
+ * the current device (0): its primary context becomes current, as with CUDA's lazy
+ * initialisation. Lock held. */
+static void ctx_need(void)
+{
+    if (cur_ctx == NULL) {
+        primary_ctx[cur_dev].device = cur_dev;
+        primary_ctx[cur_dev].primary = true;
+        F.primary_used[cur_dev] = true;
+        ctx_make_current(&primary_ctx[cur_dev]);
+    }
+}
+
 static void memops_reset_locked(void);
 static void memops_complete_locked(void);
 static void memops_abort_locked(int device, bool keep);
+/* Work queued on streams (the "Driver entry points and stream memory operations" section):
+ * whether an item queued on s now would wait (earlier work of s pending, or a wait blocking
+ * its hardware queue); queue an event record, a wait for an event's record, a group. */
+static bool stream_busy(cudaStream_t s);
+static void memop_record(cudaEvent_t e, cudaStream_t s);
+static void memop_evwait(cudaStream_t s, cudaEvent_t e);
+struct fake_op;
+static void memop_group(const struct fake_op *ops, size_t n);
 
 static void free_all_locked(void)
 {
@@ -205,6 +267,12 @@ static void free_all_locked(void)
     for (int d = 0; d < FAKE_MAX_DEV; d++)
         F.cc[d] = 9;
     F.version = NCCL_VERSION_CODE;
+    {
+        /* CUDA's default is 8 connections, at most 32. */
+        const char *env = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+        long n = env != NULL && *env != '\0' ? strtol(env, NULL, 10) : 8;
+        F.connections = n < 1 ? 1 : n > 32 ? 32 : (int)n;
+    }
 }
 
 static void lock(void)
@@ -342,8 +410,14 @@ cudaError_t cudaSetDevice(int device)
     c->device = device;
     if (r == cudaSuccess && (device < 0 || device >= F.ndev))
         r = cudaErrorInvalidDevice;
-    if (r == cudaSuccess)
-        cur_dev = device;
+    if (r == cudaSuccess) {
+        /* The device's primary context becomes the thread's current one (created on first
+         * use), replacing whatever context was current. */
+        primary_ctx[device].device = device;
+        primary_ctx[device].primary = true;
+        F.primary_used[device] = true;
+        ctx_make_current(&primary_ctx[device]);
+    }
     return (cudaError_t)leave(c, r);
 }
 
@@ -401,20 +475,75 @@ const char *cudaGetErrorString(cudaError_t error)
     return i < sizeof cuda_errors / sizeof cuda_errors[0] ? cuda_errors[i].text : "unknown error";
 }
 
+/* A new stream of the current device. Lock held. */
+static struct CUstream_st *stream_new(int priority)
+{
+    struct CUstream_st *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        abort();
+    ctx_need();
+    s->device = cur_dev;
+    s->priority = priority;
+    s->hwq = F.nstreams_dev[cur_dev]++ % F.connections;
+    s->next = F.streams;
+    F.streams = s;
+    return s;
+}
+
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags)
 {
     int r;
     fake_call *c = enter("cudaStreamCreateWithFlags", &r);
     c->value = (int)flags;
+    if (r == cudaSuccess)
+        *stream = c->stream = stream_new(0);
+    return (cudaError_t)leave(c, r);
+}
+
+/* The fake's priority range is an H100's: 0 (least, the default) to -5 (greatest). */
+enum { FAKE_PRIO_LEAST = 0, FAKE_PRIO_GREATEST = -5 };
+
+cudaError_t cudaDeviceGetStreamPriorityRange(int *leastPriority, int *greatestPriority)
+{
+    int r;
+    fake_call *c = enter("cudaDeviceGetStreamPriorityRange", &r);
     if (r == cudaSuccess) {
-        struct CUstream_st *s = calloc(1, sizeof *s);
-        if (s == NULL)
-            abort();
-        s->device = cur_dev;
-        s->next = F.streams;
-        F.streams = s;
-        *stream = c->stream = s;
+        if (leastPriority != NULL)
+            *leastPriority = FAKE_PRIO_LEAST;
+        if (greatestPriority != NULL)
+            *greatestPriority = FAKE_PRIO_GREATEST;
     }
+    return (cudaError_t)leave(c, r);
+}
+
+/* c->value: the priority asked for; count: the flags. As CUDA, a priority outside the
+ * range is clamped to it. */
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t *stream, unsigned int flags, int priority)
+{
+    int r;
+    fake_call *c = enter("cudaStreamCreateWithPriority", &r);
+    c->value = priority;
+    c->count = flags;
+    if (priority > FAKE_PRIO_LEAST)
+        priority = FAKE_PRIO_LEAST;
+    if (priority < FAKE_PRIO_GREATEST)
+        priority = FAKE_PRIO_GREATEST;
+    if (r == cudaSuccess)
+        *stream = c->stream = stream_new(priority);
+    return (cudaError_t)leave(c, r);
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus *pCaptureStatus)
+{
+    int r;
+    fake_call *c = enter("cudaStreamIsCapturing", &r);
+    c->stream = stream;
+    if (r == cudaSuccess && !stream_ok(stream, c->fn))
+        r = cudaErrorInvalidResourceHandle;
+    if (r == cudaSuccess)
+        *pCaptureStatus = F.capturing_all || (stream != NULL && stream == F.capturing)
+                              ? cudaStreamCaptureStatusActive
+                              : cudaStreamCaptureStatusNone;
     return (cudaError_t)leave(c, r);
 }
 
@@ -439,6 +568,11 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
     c->value = (int)flags;
     if (r == cudaSuccess && (!stream_ok(stream, c->fn) || !event_ok(event, c->fn)))
         r = cudaErrorInvalidResourceHandle;
+    /* What is queued on stream after this waits until the event completes (its record ran,
+     * the work before it finished, cross-process work before it included). */
+    if (r == cudaSuccess && stream != NULL && event->recorded &&
+        (event->queued || !event->complete || fake_xp_event_pending(event)))
+        memop_evwait(stream, event);
     return (cudaError_t)leave(c, r);
 }
 
@@ -451,6 +585,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags)
         struct CUevent_st *e = calloc(1, sizeof *e);
         if (e == NULL)
             abort();
+        ctx_need();
         e->device = cur_dev;
         e->next = F.events;
         F.events = e;
@@ -469,6 +604,30 @@ cudaError_t cudaEventDestroy(cudaEvent_t event)
     if (r == cudaSuccess)
         event->destroyed = true;
     return (cudaError_t)leave(c, r);
+}
+
+/* A stream the communicator's launching group puts work on. Lock held. */
+static void launch_stream_add(struct ncclComm *cm, cudaStream_t s)
+{
+    for (int k = 0; k < cm->nlstream; k++)
+        if (cm->lstream[k] == s)
+            return;
+    if (cm->nlstream < (int)(sizeof cm->lstream / sizeof cm->lstream[0]))
+        cm->lstream[cm->nlstream++] = s;
+}
+
+/* A communicator (not aborted or revoked: that joined the launch thread) whose non-blocking
+ * group is still launching work onto `s`, or NULL. Lock held. */
+static struct ncclComm *launching_on(cudaStream_t s)
+{
+    for (struct ncclComm *x = F.comms; x != NULL; x = x->next) {
+        if (!x->launching || x->aborted || x->revoked || x->destroyed)
+            continue;
+        for (int k = 0; k < x->nlstream; k++)
+            if (x->lstream[k] == s)
+                return x;
+    }
+    return NULL;
 }
 
 /* Whether work queued on `device` now never finishes by itself: a rank there belongs to a
@@ -493,7 +652,7 @@ static void complete_events_locked(void)
 {
     memops_complete_locked(); /* a stream's writes run before its later events complete */
     for (struct CUevent_st *e = F.events; e != NULL; e = e->next)
-        e->complete = e->recorded && (e->complete || !e->stuck);
+        e->complete = e->recorded && !e->queued && (e->complete || !e->stuck);
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
@@ -509,11 +668,28 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
                    stream->device);
         r = cudaErrorInvalidResourceHandle;
     }
+    /* NCCL's launch thread of a non-blocking group enqueues its kernels when the launch
+     * finishes (ncclCommGetAsyncError leaves ncclInProgress) or is aborted: an event
+     * recorded on one of its streams before that completes without waiting for them. */
+    struct ncclComm *lc = r == cudaSuccess && stream != NULL ? launching_on(stream) : NULL;
+    if (lc != NULL)
+        fake_error("cudaEventRecord on a stream of device %d while a non-blocking group of its "
+                   "rank %d is still launching there (ncclInProgress, not aborted): the event "
+                   "does not cover the group's kernels",
+                   stream->device, lc->rank);
     if (r == cudaSuccess) {
         event->recorded = true;
         event->stuck = device_stuck(event->device);
         event->complete = !F.manual && !event->stuck;
+        event->queued = false;
         fake_xp_event_record(event, stream);
+        /* Behind unfinished work of its stream (or a wait blocking its hardware queue), the
+         * record itself waits: the event completes once that work ran. */
+        if (stream != NULL && stream_busy(stream)) {
+            event->complete = false;
+            event->queued = true;
+            memop_record(event, stream);
+        }
     }
     return (cudaError_t)leave(c, r);
 }
@@ -556,6 +732,7 @@ cudaError_t cudaMalloc(void **ptr, size_t size)
         /* cudaMalloc aligns to 256 bytes; aligned_alloc wants a multiple of it. */
         if (m == NULL || (m->ptr = aligned_alloc(256, (size + 255) & ~(size_t)255)) == NULL)
             abort();
+        ctx_need();
         m->bytes = size;
         m->device = cur_dev;
         m->next = F.mems;
@@ -760,7 +937,7 @@ static void drain_device(int device)
 {
     memops_abort_locked(device, F.abort_keeps);
     for (struct CUevent_st *e = F.events; e != NULL; e = e->next)
-        if (e->device == device && e->recorded) {
+        if (e->device == device && e->recorded && !e->queued) {
             e->complete |= !F.abort_keeps;
             e->stuck = false;
         }
@@ -867,13 +1044,33 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async_error)
         } else if (comm->pending > 0) {
             comm->pending--;
             st = ncclInProgress;
+        } else if (comm->launching && fake_xp_now() < comm->launch_until) {
+            st = ncclInProgress;
+        }
+        if (st == ncclSuccess && comm->connecting) {
+            /* Its first launch connects to its peers: done once every rank launched one. */
+            if (fake_xp_all_launched(comm->clique->xp)) {
+                comm->connecting = false;
+                comm->connected = true;
+            } else if (fake_xp_now() >= comm->connect_deadline) {
+                comm->connecting = false;
+                comm->async = st = ncclSystemError;
+                fprintf(stderr,
+                        "fake_cuda_nccl: rank %d of %s: a peer never launched, so the "
+                        "first launch could not connect within the fake's timeout\n",
+                        comm->rank, comm->clique->id.internal);
+            } else {
+                st = ncclInProgress;
+            }
         }
         /* (A revoked rank left its clique: its earlier cross-process error is over.) */
         if (st == ncclSuccess && comm->clique->xp != NULL && !comm->revoked &&
             (st = fake_xp_poll(comm->clique->xp, comm->rank)) != ncclInProgress)
             comm->async = st;
-        if (st != ncclInProgress)
+        if (st != ncclInProgress) {
             comm->launching = false;
+            comm->nlstream = 0;
+        }
         *async_error = st;
         c->value = st;
     }
@@ -1103,26 +1300,41 @@ static void coll_execute(const fake_op *o, const fake_op *const *p, int n)
 }
 
 /* Run a matched group on host memory, in call order of each unit's first call. */
-static void grp_execute(void)
+static void ops_execute(const fake_op *ops, size_t nops)
 {
-    for (size_t i = 0; i < grp.n; i++) {
-        fake_op *o = &grp.ops[i];
+    for (size_t i = 0; i < nops; i++) {
+        const fake_op *o = &ops[i];
         if (!o->lead || o->ran)
             continue;
         if (is_coll(o->kind)) {
             int n = o->comm->clique->nranks;
             const fake_op *p[FAKE_MAX_RANKS];
             for (int rk = 0; rk < n; rk++)
-                p[rk] = &grp.ops[o->unit[rk]];
+                p[rk] = &ops[o->unit[rk]];
             coll_execute(o, p, n);
         } else {
-            const fake_op *snd = o->kind == OP_SEND ? o : &grp.ops[o->unit[0]];
-            const fake_op *rcv = o->kind == OP_RECV ? o : &grp.ops[o->unit[0]];
+            const fake_op *snd = o->kind == OP_SEND ? o : &ops[o->unit[0]];
+            const fake_op *rcv = o->kind == OP_RECV ? o : &ops[o->unit[0]];
             size_t bytes = o->count * ccq_dtype_size(to_ccq_dtype[o->dtype]);
             if (bytes > 0)
                 memmove(rcv->dst, snd->src, bytes);
         }
     }
+}
+
+/* The group's work: now, or (a stream of it has unfinished work queued, or a wait blocks
+ * its hardware queue) once every stream of it got there (memop_group). Lock held. */
+static void grp_execute(void)
+{
+    for (size_t i = 0; i < grp.n; i++) {
+        const fake_op *o = &grp.ops[i];
+        if (o->kind != OP_INIT && o->comm->clique->xp == NULL && o->stream != NULL &&
+            stream_busy(o->stream)) {
+            memop_group(grp.ops, grp.n);
+            return;
+        }
+    }
+    ops_execute(grp.ops, grp.n);
 }
 
 /*
@@ -1167,7 +1379,7 @@ static int xp_join(ncclComm_t cm, bool wait)
     if (q->xp == NULL && (q->xp = fake_xp_attach(&q->id, q->nranks)) == NULL)
         return ncclSystemError;
     if (!wait)
-        return fake_xp_join(q->xp, cm->rank, cm->device);
+        return fake_xp_join(q->xp, cm->rank, cm->device, F.cc[cm->device]);
     return cm->blocking ? fake_xp_join_wait(q->xp, cm->rank) : ncclSuccess;
 }
 
@@ -1279,24 +1491,54 @@ static int grp_end(int scripted)
     else if ((xr = xp_group()) != ncclSuccess)
         r = xr;
     else {
+        bool data = false;
+        for (size_t i = 0; i < grp.n && !data; i++)
+            data = grp.ops[i].kind != OP_INIT;
+        /* fake_set_launch_in_progress: every data group launches non-blocking. */
+        if (F.launch_in_progress && data && scripted == ncclSuccess)
+            scripted = r = ncclInProgress;
         grp_check_devices();
         grp_execute();
         for (size_t i = 0; i < grp.n; i++) {
             ncclComm_t cm = grp.ops[i].comm;
-            if (scripted == ncclInProgress && grp.ops[i].kind != OP_INIT)
+            if (scripted == ncclInProgress && grp.ops[i].kind != OP_INIT) {
                 cm->launching = true;
+                launch_stream_add(cm, grp.ops[i].stream);
+            }
             /* A new communicator took its armed error at creation. */
             ncclResult_t e = grp.ops[i].kind == OP_INIT ? ncclSuccess : take_async(cm->rank);
             if (e != ncclSuccess)
                 cm->async = e;
-            if (scripted == ncclInProgress)
+            if (scripted == ncclInProgress) {
                 cm->pending = F.pending;
+                cm->launch_until = fake_xp_now() + F.launch_ns;
+            }
             init_pending |= grp.ops[i].kind == OP_INIT && cm->pending > 0;
             init_pending |= grp.ops[i].kind == OP_INIT && cm->clique->xp != NULL &&
                             fake_xp_joining(cm->clique->xp, cm->rank);
         }
-        if (init_pending)
-            r = ncclInProgress; /* as a non-blocking init does */
+        /* NCCL_RUNTIME_CONNECT (NCCL's default): the first launch on a clique with ranks in
+         * other processes connects to the peers with blocking bootstrap exchanges on the
+         * launch thread (group.cc ncclPrepareTasksAndCollPreconnect, transport.cc), so a
+         * non-blocking one stays ncclInProgress until every rank has launched its own. */
+        bool connecting = false;
+        for (size_t i = 0; i < grp.n; i++) {
+            ncclComm_t cm = grp.ops[i].comm;
+            if (grp.ops[i].kind == OP_INIT || cm->clique->xp == NULL || cm->blocking ||
+                cm->connected || F.no_runtime_connect)
+                continue;
+            if (!cm->connecting && fake_xp_all_launched(cm->clique->xp)) {
+                cm->connected = true;
+                continue;
+            }
+            if (!cm->connecting)
+                cm->connect_deadline = fake_xp_deadline();
+            cm->connecting = cm->launching = true;
+            launch_stream_add(cm, grp.ops[i].stream);
+            connecting = true;
+        }
+        if (init_pending || connecting)
+            r = ncclInProgress; /* as a non-blocking init or launch does */
     }
     /* The group's storage is per thread: free it, or every thread that ever ran a group
      * (each runtime's scheduler) would leak it at exit. */
@@ -1365,6 +1607,14 @@ static int coll_check(fake_call *c, const fake_op *op)
             fake_error("%s: fp8 reduction on a communicator with device %d of compute capability "
                        "%d (NCCL needs sm90 on every rank)",
                        c->fn, low, F.cc[low]);
+            return ncclInvalidArgument;
+        }
+        /* Ranks in other processes too: NCCL computed minCompCap from every peer's info
+         * at init (init.cc). */
+        if (op->comm->clique->xp != NULL && fake_xp_min_cc(op->comm->clique->xp) < 9) {
+            fake_error("%s: fp8 reduction on a communicator with a rank in another process of "
+                       "compute capability %d (NCCL needs sm90 on every rank)",
+                       c->fn, fake_xp_min_cc(op->comm->clique->xp));
             return ncclInvalidArgument;
         }
     }
@@ -1477,7 +1727,7 @@ static int add_op(fake_call *c, int r, const fake_op *op, cudaStream_t stream)
      * returned ncclInProgress and ncclCommGetAsyncError has not reported the end yet)
      * refuses every call: "use of a communicator before the previous operation returned
      * ncclSuccess". */
-    if (r == ncclSuccess && comm->pending > 0) {
+    if (r == ncclSuccess && (comm->pending > 0 || comm->connecting)) {
         fake_error("%s: communicator of device %d used while still ncclInProgress", c->fn,
                    comm->device);
         r = ncclInvalidArgument;
@@ -1510,11 +1760,11 @@ static int add_op(fake_call *c, int r, const fake_op *op, cudaStream_t stream)
     grp.ops[grp.n - 1].stream = stream;
     /* A one-rank collective is queued at the call, inside a group too (taskAppend ->
      * ncclLaunchOneRank, enqueue.cc): its buffers are written even if the group fails. */
-    if (coll && comm->clique->nranks == 1) {
+    if (coll && comm->clique->nranks == 1 && (stream == NULL || !stream_busy(stream))) {
         const fake_op *self = &grp.ops[grp.n - 1];
         coll_execute(self, &self, 1);
         grp.ops[grp.n - 1].ran = true;
-    }
+    } /* behind unfinished work of its stream, it runs when the group's work does */
     return grp.depth > 0 ? ncclSuccess : grp_end(ncclSuccess);
 }
 
@@ -1664,6 +1914,21 @@ void fake_set_nccl_version(int version)
     unlock();
 }
 
+void fake_set_launch_in_progress(bool on, long us)
+{
+    lock();
+    F.launch_in_progress = on;
+    F.launch_ns = us > 0 ? (long long)us * 1000 : 0;
+    unlock();
+}
+
+void fake_set_runtime_connect(bool on)
+{
+    lock();
+    F.no_runtime_connect = !on;
+    unlock();
+}
+
 void fake_set_pending(int n)
 {
     lock();
@@ -1758,6 +2023,13 @@ void fake_set_last_error(const char *msg)
 void fake_script(const char *fn, int result)
 {
     lock();
+    if (F.nscripts == FAKE_MAX_SCRIPTS) { /* drop the consumed ones, keeping the order */
+        size_t k = 0;
+        for (size_t i = 0; i < F.nscripts; i++)
+            if (F.scripts[i].live)
+                F.scripts[k++] = F.scripts[i];
+        F.nscripts = k;
+    }
     if (F.nscripts == FAKE_MAX_SCRIPTS || strlen(fn) >= sizeof F.scripts[0].fn)
         abort(); /* a test bug */
     snprintf(F.scripts[F.nscripts].fn, sizeof F.scripts[0].fn, "%s", fn);
@@ -1785,6 +2057,7 @@ cudaStream_t fake_user_stream(int device)
     s->device = device;
     s->user = true;
     lock();
+    s->hwq = device >= 0 && device < FAKE_MAX_DEV ? F.nstreams_dev[device]++ % F.connections : 0;
     s->next = F.streams;
     F.streams = s;
     unlock();
@@ -1794,6 +2067,53 @@ cudaStream_t fake_user_stream(int device)
 int fake_current_device(void)
 {
     return cur_dev;
+}
+
+CUcontext fake_current_context(void)
+{
+    return cur_ctx;
+}
+
+CUcontext fake_context_create(int device)
+{
+    CUcontext ctx;
+    lock();
+    if (nuser_ctx == FAKE_MAX_USER_CTX || device < 0 || device >= FAKE_MAX_DEV)
+        abort(); /* a test bug */
+    ctx = &user_ctx[nuser_ctx++];
+    ctx->device = device;
+    ctx->primary = false;
+    unlock();
+    return ctx;
+}
+
+void fake_context_set(CUcontext ctx)
+{
+    ctx_make_current(ctx);
+}
+
+bool fake_primary_used(int device)
+{
+    bool used;
+    lock();
+    used = device >= 0 && device < FAKE_MAX_DEV && F.primary_used[device];
+    unlock();
+    return used;
+}
+
+void fake_set_capturing(cudaStream_t stream, bool capturing)
+{
+    lock();
+    if (stream == NULL)
+        F.capturing_all = capturing;
+    else
+        F.capturing = capturing ? stream : NULL;
+    unlock();
+}
+
+int fake_stream_priority(cudaStream_t stream)
+{
+    return stream != NULL ? stream->priority : 0;
 }
 
 int fake_live(const char *kind)
@@ -1893,13 +2213,35 @@ void fake_log_dump(void)
 
 /* ---- Driver entry points and stream memory operations (GPU-side waits) ---- */
 
-/* Queued work of streams, in the order it was queued: an item runs once every earlier item
+/*
+ * Queued work of streams, in the order it was queued: an item runs once every earlier item
  * of its stream has run. A wait runs when its 64-bit value is reached (CUDA's GEQ: as a
  * signed difference); a write of a communication stream when the stream's earlier work is
  * done (at once with automatic events; with manual events at fake_complete_events(), or
  * when an abort drains the device, before the events complete, as on a GPU); a user
- * "kernel" (fake_user_launch) when it reaches the head. */
-enum { MO_WAIT, MO_WRITE, MO_KERNEL };
+ * "kernel" (fake_user_launch) when it reaches the head; an event record behind unfinished
+ * work completes the event when it runs, and a wait for such a record (cudaStreamWaitEvent)
+ * runs once it did; a group's work queued behind unfinished work (grp_execute) runs once it
+ * reached the head of every stream it uses, all at once.
+ *
+ * Hardware queues: the streams of a device share F.connections queues (CUDA_DEVICE_MAX_
+ * CONNECTIONS, CUDA's default 8), in creation order mod that number. A wait (value or event)
+ * that is not satisfied blocks its whole queue, not only its stream: nothing queued after it
+ * on any stream of that queue runs until it is (stream memory operations are not visible to
+ * CUDA's scheduling: cuda.h, cuStreamWaitValue64). Kernels and writes that are not ready
+ * hold back their own stream only.
+ */
+enum { MO_WAIT, MO_WRITE, MO_KERNEL, MO_RECORD, MO_EVWAIT, MO_GROUP };
+
+/* A group whose work waits behind queued work: a copy of its calls, and how many of its
+ * streams' items (one per stream) reached their stream's head. */
+typedef struct fake_qgroup {
+    fake_op *ops;
+    size_t n;
+    int items, arrived;
+    bool aborted; /* a device of it was aborted: its kernels exit, nothing is computed */
+} fake_qgroup;
+
 typedef struct fake_memop {
     int kind;
     cudaStream_t stream;
@@ -1907,8 +2249,11 @@ typedef struct fake_memop {
     uint64_t value;
     void (*fn)(void *);
     void *arg;
-    bool ready, done;
-    bool stuck; /* a write behind the work of a failed collective (as events: see stuck) */
+    cudaEvent_t event;  /* MO_RECORD, MO_EVWAIT */
+    fake_qgroup *group; /* MO_GROUP */
+    bool ready, done, arrived;
+    bool stuck;         /* a write behind the work of a failed collective (as events: see stuck) */
+    uint64_t xp_ticket; /* a write: cross-process work launched on its stream before it */
     struct fake_memop *next;
 } fake_memop;
 
@@ -1924,10 +2269,20 @@ static struct {
     fake_hostmem *hostmems;
 } M;
 
+static void qgroup_unref(fake_qgroup *g)
+{
+    if (--g->items == 0) {
+        free(g->ops);
+        free(g);
+    }
+}
+
 static void memops_reset_locked(void)
 {
     for (fake_memop *o = M.head, *n; o != NULL; o = n) {
         n = o->next;
+        if (o->kind == MO_GROUP)
+            qgroup_unref(o->group);
         free(o);
     }
     for (fake_hostmem *h = M.hostmems, *n; h != NULL; h = n) {
@@ -1944,29 +2299,82 @@ static bool value_reached(const uint64_t *addr, uint64_t value)
     return (int64_t)(__atomic_load_n(addr, __ATOMIC_ACQUIRE) - value) >= 0;
 }
 
-/* Run what can run, in queue order per stream: passes over the queue (an item runs when no
- * earlier item of its stream is pending) until one makes no progress. Lock held. */
+static void memop_finish(fake_memop *o)
+{
+    o->done = true;
+    o->stream->mo_pending--;
+}
+
+/* A queued group reached the head of all its streams: run it, finish all its items. */
+static void qgroup_run(fake_qgroup *g)
+{
+    if (!g->aborted)
+        ops_execute(g->ops, g->n);
+    for (fake_memop *o = M.head; o != NULL; o = o->next)
+        if (o->kind == MO_GROUP && o->group == g && !o->done)
+            memop_finish(o);
+}
+
+/* Run what can run, in queue order per stream and per hardware queue: passes over the
+ * queue until one makes no progress. Lock held. */
 static void memops_pump_locked(void)
 {
+    static bool qblocked[FAKE_MAX_DEV][32];
     bool progress = true;
     while (progress) {
         progress = false;
+        memset(qblocked, 0, sizeof qblocked);
         for (fake_memop *o = M.head; o != NULL; o = o->next)
             o->stream->mo_blocked = false;
         for (fake_memop *o = M.head; o != NULL; o = o->next) {
-            if (o->done || o->stream->mo_blocked)
+            bool *qb = &qblocked[o->stream->device][o->stream->hwq];
+            if (o->done)
                 continue;
+            if (o->stream->mo_blocked || *qb) {
+                o->stream->mo_blocked = true; /* its stream's later items wait too */
+                continue;
+            }
+            /* Waits that are not satisfied block their hardware queue. */
             if ((o->kind == MO_WAIT && !value_reached(o->addr, o->value)) ||
-                (o->kind == MO_WRITE && !o->ready)) {
+                (o->kind == MO_EVWAIT &&
+                 (o->event->queued || !o->event->complete || fake_xp_event_pending(o->event)))) {
                 o->stream->mo_blocked = true;
+                *qb = true;
+                continue;
+            }
+            if (o->kind == MO_WRITE &&
+                (!o->ready || fake_xp_stream_pending(o->stream, o->xp_ticket))) {
+                o->stream->mo_blocked = true;
+                continue;
+            }
+            if (o->kind == MO_GROUP) {
+                if (!o->arrived) {
+                    o->arrived = true;
+                    o->group->arrived++;
+                    progress = true;
+                }
+                if (o->group->aborted || o->group->arrived == o->group->items) {
+                    if (o->group->aborted)
+                        memop_finish(o); /* its kernels exit one by one */
+                    else
+                        qgroup_run(o->group);
+                    progress = true;
+                } else {
+                    o->stream->mo_blocked = true; /* a kernel waiting for its peers */
+                }
                 continue;
             }
             if (o->kind == MO_WRITE)
                 __atomic_store_n(o->addr, o->value, __ATOMIC_RELEASE);
             if (o->kind == MO_KERNEL)
                 o->fn(o->arg);
-            o->done = true;
-            o->stream->mo_pending--;
+            if (o->kind == MO_RECORD) {
+                cudaEvent_t e = o->event;
+                e->queued = false;
+                e->stuck = device_stuck(e->device);
+                e->complete = !F.manual && !e->stuck;
+            }
+            memop_finish(o);
             progress = true;
         }
     }
@@ -1977,6 +2385,8 @@ static void memops_pump_locked(void)
         fake_memop *o = *pp;
         if (o->done) {
             *pp = o->next;
+            if (o->kind == MO_GROUP)
+                qgroup_unref(o->group);
             free(o);
         } else {
             M.tail = o;
@@ -1999,33 +2409,96 @@ static void memops_complete_locked(void)
  * (as it keeps the events). Lock held. */
 static void memops_abort_locked(int device, bool keep)
 {
-    for (fake_memop *o = M.head; o != NULL; o = o->next)
+    for (fake_memop *o = M.head; o != NULL; o = o->next) {
         if (o->kind == MO_WRITE && o->stream->device == device) {
             o->stuck = false;
             o->ready |= !keep;
         }
+        if (o->kind == MO_GROUP && o->stream->device == device)
+            o->group->aborted = true; /* the aborted kernels exit */
+    }
     memops_pump_locked();
 }
 
-static void memop_add(int kind, cudaStream_t stream, uint64_t *addr, uint64_t value,
-                      void (*fn)(void *), void *arg)
+static fake_memop *memop_add(int kind, cudaStream_t stream, uint64_t *addr, uint64_t value,
+                             void (*fn)(void *), void *arg)
 {
     fake_memop *o = calloc(1, sizeof *o);
     if (o == NULL)
         abort();
-    *o = (fake_memop){kind, stream, addr, value, fn, arg, false, false, false, NULL};
+    *o = (fake_memop){
+        .kind = kind, .stream = stream, .addr = addr, .value = value, .fn = fn, .arg = arg};
     if (kind == MO_WRITE) {
         o->stuck = device_stuck(stream->device);
         o->ready = !F.manual && !o->stuck;
+        o->xp_ticket = fake_xp_ticket(); /* runs after the stream's cross-process work */
     }
     if (M.tail)
         M.tail->next = o;
     else
         M.head = o;
     M.tail = o;
-    /* Behind pending work of its stream it cannot run, nor unblock anything. */
-    if (stream->mo_pending++ == 0)
+    stream->mo_pending++;
+    return o;
+}
+
+/* After an item was queued on s: behind earlier work of s it cannot run, nor unblock
+ * anything (it is last in the queue), so a pump is needed only when it is alone there. */
+static void memops_pump_new(cudaStream_t s)
+{
+    if (s->mo_pending == 1)
         memops_pump_locked();
+}
+
+static bool stream_busy(cudaStream_t s)
+{
+    memops_pump_locked();
+    if (s->mo_pending > 0)
+        return true;
+    for (fake_memop *o = M.head; o != NULL; o = o->next)
+        if (!o->done && (o->kind == MO_WAIT || o->kind == MO_EVWAIT) &&
+            o->stream->device == s->device && o->stream->hwq == s->hwq)
+            return true; /* a wait blocks its hardware queue */
+    return false;
+}
+
+static void memop_record(cudaEvent_t e, cudaStream_t s)
+{
+    memop_add(MO_RECORD, s, NULL, 0, NULL, NULL)->event = e;
+    memops_pump_locked();
+}
+
+static void memop_evwait(cudaStream_t s, cudaEvent_t e)
+{
+    memop_add(MO_EVWAIT, s, NULL, 0, NULL, NULL)->event = e;
+    memops_pump_locked();
+}
+
+static void memop_group(const fake_op *ops, size_t n)
+{
+    fake_qgroup *g = calloc(1, sizeof *g);
+    cudaStream_t seen[64];
+    int nseen = 0;
+    if (g == NULL || (g->ops = malloc(n * sizeof *ops)) == NULL)
+        abort();
+    memcpy(g->ops, ops, n * sizeof *ops);
+    g->n = n;
+    for (size_t i = 0; i < n; i++) {
+        cudaStream_t s = ops[i].stream;
+        bool dup = false;
+        if (ops[i].kind == OP_INIT || ops[i].comm->clique->xp != NULL || s == NULL)
+            continue;
+        for (int k = 0; k < nseen && !dup; k++)
+            dup = seen[k] == s;
+        if (dup)
+            continue;
+        if (nseen == (int)(sizeof seen / sizeof seen[0]))
+            abort(); /* a test with more streams in one group than the fake follows */
+        seen[nseen++] = s;
+        g->items++;
+        memop_add(MO_GROUP, s, NULL, 0, NULL, NULL)->group = g;
+    }
+    memops_pump_locked();
 }
 
 static CUresult fake_cuDeviceGet(CUdevice *device, int ordinal)
@@ -2082,8 +2555,10 @@ static CUresult fake_cuStreamWaitValue64(CUstream stream, CUdeviceptr addr, cuui
         fake_error("cuStreamWaitValue64: flags %u (the fake knows GEQ only)", flags);
         r = CUDA_ERROR_INVALID_VALUE;
     }
-    if (r == CUDA_SUCCESS)
+    if (r == CUDA_SUCCESS) {
         memop_add(MO_WAIT, stream, (uint64_t *)(uintptr_t)addr, value, NULL, NULL);
+        memops_pump_new(stream);
+    }
     return (CUresult)leave(c, r);
 }
 
@@ -2107,8 +2582,33 @@ static CUresult fake_cuStreamWriteValue64(CUstream stream, CUdeviceptr addr, cuu
         fake_error("cuStreamWriteValue64: stream of device %d while device %d is current",
                    stream->device, cur_dev);
     }
-    if (r == CUDA_SUCCESS)
+    if (r == CUDA_SUCCESS) {
         memop_add(MO_WRITE, stream, (uint64_t *)(uintptr_t)addr, value, NULL, NULL);
+        memops_pump_new(stream);
+    }
+    return (CUresult)leave(c, r);
+}
+
+static CUresult fake_cuCtxGetCurrent(CUcontext *pctx)
+{
+    int r;
+    fake_call *c = enter("cuCtxGetCurrent", &r);
+    c->src = cur_ctx;
+    c->device = cur_ctx != NULL ? cur_ctx->device : -1;
+    if (r == CUDA_SUCCESS)
+        *pctx = cur_ctx;
+    return (CUresult)leave(c, r);
+}
+
+/* NULL makes no context current (the thread is back to "none"). */
+static CUresult fake_cuCtxSetCurrent(CUcontext ctx)
+{
+    int r;
+    fake_call *c = enter("cuCtxSetCurrent", &r);
+    c->src = ctx;
+    c->device = ctx != NULL ? ctx->device : -1;
+    if (r == CUDA_SUCCESS)
+        ctx_make_current(ctx);
     return (CUresult)leave(c, r);
 }
 
@@ -2125,6 +2625,10 @@ cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **funcPtr,
         fn = (void *)fake_cuDeviceGet;
     else if (strcmp(symbol, "cuDeviceGetAttribute") == 0)
         fn = (void *)fake_cuDeviceGetAttribute;
+    else if (strcmp(symbol, "cuCtxGetCurrent") == 0)
+        fn = (void *)fake_cuCtxGetCurrent;
+    else if (strcmp(symbol, "cuCtxSetCurrent") == 0)
+        fn = (void *)fake_cuCtxSetCurrent;
     else if (strcmp(symbol, "cuStreamWaitValue64") == 0 && M.mode != FAKE_MEMOPS_NO_SYMBOL)
         fn = (void *)fake_cuStreamWaitValue64;
     else if (strcmp(symbol, "cuStreamWriteValue64") == 0 && M.mode != FAKE_MEMOPS_NO_SYMBOL)
@@ -2147,6 +2651,7 @@ cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags)
     }
     if (r == cudaSuccess) {
         fake_hostmem *h = calloc(1, sizeof *h);
+        ctx_need();
         if (h == NULL || (h->ptr = calloc(1, 4096 * 16)) == NULL)
             abort();
         h->next = M.hostmems;
@@ -2193,6 +2698,13 @@ cudaError_t cudaFreeHost(void *ptr)
     return (cudaError_t)leave(c, r);
 }
 
+void fake_set_connections(int n)
+{
+    lock();
+    F.connections = n < 1 ? 1 : n > 32 ? 32 : n;
+    unlock();
+}
+
 void fake_set_memops(int mode)
 {
     lock();
@@ -2204,6 +2716,7 @@ void fake_user_launch(cudaStream_t stream, void (*fn)(void *), void *arg)
 {
     lock();
     memop_add(MO_KERNEL, stream, NULL, 0, fn, arg);
+    memops_pump_new(stream);
     unlock();
 }
 

@@ -9,6 +9,7 @@
 #include <stddef.h>
 
 /* The real headers, so the fake's definitions are checked against the real signatures. */
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -52,11 +53,30 @@ ncclResult_t ncclGroupEnd(void);
  *   (ncclInvalidUsage).
  * - Memory: cudaMalloc returns host memory (so the collectives run on it), remembered with
  *   its device; cudaMemcpy is a memmove whose device side must lie in a live allocation.
+ * - Contexts: each thread has a current context, none at first (cuCtxGetCurrent and
+ *   cuCtxSetCurrent through cudaGetDriverEntryPointByVersion); cudaSetDevice makes the
+ *   device's primary context current, and creating a stream, event or allocation on a
+ *   thread without one makes device 0's current (CUDA's lazy initialisation).
+ *   cudaStreamIsCapturing says what fake_set_capturing set; cudaStreamCreateWithPriority
+ *   clamps to [-5, 0], cudaDeviceGetStreamPriorityRange's range (an H100's).
  * - Events: recorded events complete at once, or, in manual mode, when the test calls
  *   fake_complete_events(); an event recorded on a device whose communicator clique has a
  *   rank in asynchronous error completes only when that device's rank is aborted (the
- *   failed collective's kernels hang until ncclCommAbort makes them exit). Stream waits are only
- * logged: work runs at ncclGroupEnd.
+ *   failed collective's kernels hang until ncclCommAbort makes them exit). An event recorded
+ *   on a stream with unfinished queued work (below) is recorded when that work ran; a
+ *   cudaStreamWaitEvent on an event not complete yet holds its stream (and hardware queue)
+ *   back until it is (so a group on a stream waiting for a bound stream's event runs once
+ *   that event completed).
+ * - Streams queue work in order (see "stream memory operations" below): a group whose
+ *   in-process streams have unfinished work queued (a wait, a queued event, a user kernel)
+ *   runs once it reached the head of every one of them; otherwise at ncclGroupEnd, as
+ *   before. A one-rank collective behind unfinished work runs with its group's work.
+ *   Streams share hardware queues (CUDA_DEVICE_MAX_CONNECTIONS, default 8; creation order
+ *   mod that number): a wait that is not satisfied holds back its whole queue.
+ * - A non-blocking group whose ncclGroupEnd returned ncclInProgress is still being enqueued
+ *   by NCCL's launch thread: an event recorded on one of its streams before the launch
+ *   ended (ncclCommGetAsyncError left ncclInProgress) or its communicator was aborted is a
+ *   fake error (it would complete ahead of the group's kernels).
  * - Misuse the real libraries would punish (a destroyed or aborted handle used again, an
  *   event recorded on another device's stream, a collective on a stream of another device
  *   than its communicator's, a call on a one-rank communicator while another device is
@@ -87,6 +107,12 @@ ncclResult_t ncclGroupEnd(void);
  *   The same sequence number with another kind, count, dtype, op (reductions) or root
  *   (rooted kinds) in another rank, or a recv whose count or dtype differs from its send,
  *   is a fake error, and the call's rank gets ncclInvalidUsage as its asynchronous error.
+ *   Each collective also carries its rank's group signature on that clique (the first
+ *   sequence number of the rank's collectives in the group, their number, their bytes per
+ *   function/op/type): ranks that grouped a clique's collectives differently (NCCL plans a
+ *   group per communicator, so that is a hang or wrong data on a GPU) get a fake error and
+ *   ncclInternalError. Send/recv are not part of it. A rank's compute capability is
+ *   registered when it joins: fp8 reductions are refused by the lowest of every process.
  *   A peer whose process is gone gives ncclRemoteError at once; a peer that has not
  *   joined, or done its part, within the fake's timeout (fake_set_xproc_timeout_ms) gives
  *   ncclSystemError; neither is a fake error (nobody here misused anything). As NCCL's
@@ -142,6 +168,16 @@ void fake_set_nccl_version(int version);
 /* New communicators, and the communicators of a group whose ncclGroupEnd was scripted to
  * return ncclInProgress, report ncclInProgress this many times. */
 void fake_set_pending(int n);
+/* NCCL_RUNTIME_CONNECT (on by default): a rank of a clique with ranks in other processes
+ * connects in its first launch, which stays ncclInProgress (ncclGroupEnd returns it, and
+ * ncclCommGetAsyncError reports it) until every rank of the clique, in every process, has
+ * launched one; a data call on it meanwhile is a fake error. Off: first launches complete
+ * as any other. */
+void fake_set_runtime_connect(bool on);
+/* While on, every group with data calls returns ncclInProgress from ncclGroupEnd (as NCCL
+ * does for non-blocking communicators), its communicators reporting it fake_set_pending
+ * times and for `us` microseconds (its launch thread's time); as if each were scripted so. */
+void fake_set_launch_in_progress(bool on, long us);
 /* While held, ncclCommGetAsyncError reports ncclInProgress for every communicator. */
 void fake_hold_async(bool hold);
 /* Manual events stay cudaErrorNotReady once recorded, until fake_complete_events(). */
@@ -189,6 +225,23 @@ size_t fake_xproc_files(const ncclUniqueId *id);
 
 /* ---- Inspection ---- */
 
+/* Contexts (docs: the driver's current context per thread). The calling thread's current
+ * context (NULL: none; cudaSetDevice makes the device's primary context current, and a
+ * runtime call that needs a context on a thread without one makes device 0's current);
+ * a non-primary context of `device` for a test (as cuCtxCreate, not made current); make one
+ * current for the calling thread without logging a call (NULL: none); whether a device's
+ * primary context was ever made current since fake_reset(). */
+CUcontext fake_current_context(void);
+CUcontext fake_context_create(int device);
+void fake_context_set(CUcontext ctx);
+bool fake_primary_used(int device);
+/* cudaStreamIsCapturing reports cudaStreamCaptureStatusActive for `stream` (NULL: every
+ * stream) while set. */
+void fake_set_capturing(cudaStream_t stream, bool capturing);
+/* The priority a stream was created with (cudaStreamCreateWithPriority, clamped to the
+ * fake's range [-5, 0]; 0 otherwise). */
+int fake_stream_priority(cudaStream_t stream);
+
 /* A CUDA stream of `device` for the test itself (not logged, not counted as live). */
 cudaStream_t fake_user_stream(int device);
 /* The calling thread's current device, without logging a call. */
@@ -221,6 +274,11 @@ void fake_log_dump(void);
  * fake_complete_events, an abort, fake_pump, fake_stream_pending). */
 enum { FAKE_MEMOPS_OK, FAKE_MEMOPS_NO_ATTRIBUTE, FAKE_MEMOPS_NO_SYMBOL };
 void fake_set_memops(int mode);
+/* Hardware queues per device for streams created from now on (1..32; fake_reset() reads
+ * CUDA_DEVICE_MAX_CONNECTIONS, default 8): a stream's queue is its creation order on its
+ * device mod n, and a wait that is not satisfied holds back everything queued after it in
+ * its queue, on every stream there. */
+void fake_set_connections(int n);
 /* A "kernel" on a user stream: fn(arg) runs, under the fake's lock (it must not call the
  * fake), once everything queued before it on that stream ran. */
 void fake_user_launch(cudaStream_t stream, void (*fn)(void *), void *arg);

@@ -45,6 +45,10 @@
 typedef struct xp_desc {
     int32_t kind, dtype, op, root;
     uint64_t count, bytes;
+    /* The rank's group on this clique (collectives only): the sequence number of its first
+     * collective, how many it held, and its bytes per (function, op, type) as one hash. */
+    uint64_t gseq, gsig;
+    uint32_t gtasks;
 } xp_desc;
 
 /* Sequence number s of a clique's collectives lives in slots[s % XP_SLOTS] until every rank
@@ -71,7 +75,9 @@ typedef struct xp_shm {
     ncclUniqueId id;
     int32_t nranks, nproc; /* nproc: processes attached */
     uint32_t joined;       /* ranks registered, as bits */
+    uint32_t launched;     /* ranks that launched a group with a call on the clique, as bits */
     int32_t pid[FAKE_XP_MAX_RANKS], dev[FAKE_XP_MAX_RANKS];
+    int32_t cc[FAKE_XP_MAX_RANKS]; /* each rank's device's compute capability major */
     xp_slot slots[XP_SLOTS];
     xp_pslot pairs[FAKE_XP_MAX_RANKS][FAKE_XP_MAX_RANKS][XP_PSLOTS];
 } xp_shm;
@@ -97,6 +103,8 @@ struct fake_xp_clique {
 typedef struct xp_pend {
     fake_xp_op op;
     uint64_t seq, ticket;
+    uint64_t gseq, gsig; /* its group's signature on its clique (see xp_desc) */
+    uint32_t gtasks;
     long long deadline;
     bool published; /* its input is in the segment (a recv has none to publish) */
     bool failed;    /* it failed (its rank holds the error): as NCCL's kernels of a failed
@@ -404,14 +412,18 @@ static size_t input_bytes(const fake_xp_op *o, int n)
     }
 }
 
-static xp_desc make_desc(const fake_xp_op *o, int n)
+static xp_desc make_desc(const xp_pend *p, int n)
 {
+    const fake_xp_op *o = &p->op;
     return (xp_desc){.kind = o->kind,
                      .dtype = o->nccl_dtype,
                      .op = xk[o->kind].reduces ? o->nccl_op : -1,
                      .root = xk[o->kind].rooted ? o->root : -1,
                      .count = o->count,
-                     .bytes = input_bytes(o, n)};
+                     .bytes = input_bytes(o, n),
+                     .gseq = p->gseq,
+                     .gsig = p->gsig,
+                     .gtasks = p->gtasks};
 }
 
 /* Rank `rank`'s output of a collective from every rank's input (NCCL's definitions). */
@@ -550,6 +562,28 @@ static bool coll_progress(fake_xp_clique *q, xp_pend *p)
             rank_fail(q, o->rank, ncclInvalidUsage, "collectives differ across processes");
         }
     }
+    /*
+     * NCCL plans a group per communicator from all its collectives together: it aggregates
+     * those within 4x of each other's size to pick algorithm and protocol (enqueue.cc,
+     * ncclPrepareTasks) and splits channels by the group's total traffic, so the same
+     * collective in differently cut groups can run on different channels or protocols on
+     * two ranks: a hang or wrong data on a GPU. Every rank's group holding this collective
+     * must be the same: same first sequence number, task count, bytes per function/op/type.
+     */
+    for (int k = 0; k < n && same; k++) {
+        same = d[k].gseq == d[o->rank].gseq && d[k].gtasks == d[o->rank].gtasks &&
+               d[k].gsig == d[o->rank].gsig;
+        if (!same) {
+            fake_error("%s of %s, sequence %" PRIu64 ": rank %d (process %d) ran it in a group "
+                       "of %u collectives on this communicator from sequence %" PRIu64
+                       ", rank %d (process %d) in one of %u from sequence %" PRIu64
+                       " (NCCL plans each group per communicator: ranks must group alike)",
+                       xk[o->kind].fn, q->id.internal, p->seq, k, (int)pid[k], d[k].gtasks,
+                       d[k].gseq, o->rank, (int)getpid(), d[o->rank].gtasks, d[o->rank].gseq);
+            rank_fail(q, o->rank, ncclInternalError,
+                      "ranks grouped a communicator's collectives differently");
+        }
+    }
     for (int k = 0; k < n && same && ok; k++) {
         data_name(name, sizeof name, q, true, p->seq, k, 0);
         if (d[k].bytes > 0)
@@ -658,7 +692,7 @@ static int publish(fake_xp_clique *q, xp_pend *p)
 {
     const fake_xp_op *o = &p->op;
     bool coll = o->kind != FAKE_XP_SEND, busy;
-    xp_desc d = make_desc(o, q->nranks);
+    xp_desc d = make_desc(p, q->nranks);
     xp_slot *sl = &q->h->slots[p->seq % XP_SLOTS];
     xp_pslot *ps = &q->h->pairs[o->rank][o->peer < 0 ? 0 : o->peer][p->seq % XP_PSLOTS];
     uint64_t *next = coll ? &q->r[o->rank].pub_seq : &q->r[o->rank].pub_sent[o->peer];
@@ -796,7 +830,7 @@ fake_xp_clique *fake_xp_attach(const ncclUniqueId *id, int nranks)
     return q;
 }
 
-ncclResult_t fake_xp_join(fake_xp_clique *q, int rank, int device)
+ncclResult_t fake_xp_join(fake_xp_clique *q, int rank, int device, int cc_major)
 {
     int32_t me = (int32_t)getpid(), other;
     if (q->h == NULL && !open_segment(q))
@@ -813,6 +847,7 @@ ncclResult_t fake_xp_join(fake_xp_clique *q, int rank, int device)
     }
     q->h->pid[rank] = me;
     q->h->dev[rank] = device;
+    q->h->cc[rank] = cc_major;
     q->h->joined |= 1u << rank;
     shm_unlock(q->h);
     shm_wake(q->h);
@@ -847,6 +882,19 @@ bool fake_xp_joining(const fake_xp_clique *q, int rank)
     return q->r[rank].joining;
 }
 
+int fake_xp_min_cc(const fake_xp_clique *q)
+{
+    int low = INT_MAX;
+    if (q->h == NULL)
+        return low;
+    shm_lock(q->h);
+    for (int k = 0; k < q->nranks; k++)
+        if ((q->h->joined & (1u << k)) && q->h->cc[k] < low)
+            low = q->h->cc[k];
+    shm_unlock(q->h);
+    return low;
+}
+
 /* Cross-process work of the stream that can still finish (a failed call never will: later
  * launches do not wait for it, but the events after it stay incomplete). */
 static bool stream_busy(const void *stream)
@@ -869,6 +917,40 @@ static bool wait_while(xp_shm *h, bool (*busy)(const void *), const void *arg, l
             return false;
         shm_nap(h, seen, deadline);
     }
+}
+
+/* The bytes a collective moves, as NCCL's planner weighs it: count times the type's size. */
+static uint64_t mix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull; /* splitmix64 */
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* The signature of the group holding collective `o` (sequence number seq) on its clique,
+ * for its rank: the first sequence number of the rank's collectives on that clique in this
+ * group, their number, and the sum over them of hash(function, op, type) x bytes, which is
+ * the same for the same bytes per (function, op, type) however they are split. */
+static void group_signature(const fake_xp_op *ops, size_t n, const fake_xp_op *o, uint64_t seq,
+                            xp_pend *p)
+{
+    uint32_t before = 0;
+    p->gtasks = 0;
+    p->gsig = 0;
+    for (size_t j = 0; j < n; j++) {
+        const fake_xp_op *x = &ops[j];
+        if (x->q != o->q || x->rank != o->rank || x->kind == FAKE_XP_SEND ||
+            x->kind == FAKE_XP_RECV)
+            continue;
+        before += x < o;
+        p->gtasks++;
+        uint64_t key = (uint64_t)x->kind << 40 |
+                       (uint64_t)(uint32_t)(xk[x->kind].reduces ? x->nccl_op : -1) << 8 |
+                       (uint64_t)(uint8_t)x->nccl_dtype;
+        p->gsig += mix64(key) * (uint64_t)(x->count * ccq_dtype_size(x->dtype));
+    }
+    p->gseq = seq - before; /* the group's collectives of the rank take consecutive numbers */
 }
 
 ncclResult_t fake_xp_launch(const fake_xp_op *ops, size_t n, const void *const *streams,
@@ -904,6 +986,14 @@ ncclResult_t fake_xp_launch(const fake_xp_op *ops, size_t n, const void *const *
             p->seq = q->r[o->rank].sent[o->peer]++;
         else
             p->seq = q->r[o->rank].seq++;
+        if (o->kind != FAKE_XP_SEND && o->kind != FAKE_XP_RECV)
+            group_signature(ops, n, o, q->r[o->rank].seq - 1, p);
+        if (q->h != NULL) {
+            shm_lock(q->h);
+            q->h->launched |= 1u << o->rank;
+            shm_unlock(q->h);
+            shm_wake(q->h);
+        }
         /* Appended, so progress visits the calls in launch order. */
         xp_pend **pp = &X.pend;
         while (*pp != NULL)
@@ -930,18 +1020,49 @@ void fake_xp_event_record(const void *event, const void *stream)
     e->ticket = X.tickets;
 }
 
+uint64_t fake_xp_ticket(void)
+{
+    return X.tickets;
+}
+
+bool fake_xp_all_launched(const fake_xp_clique *q)
+{
+    uint32_t launched;
+    if (q == NULL || q->h == NULL)
+        return true;
+    shm_lock(q->h);
+    launched = q->h->launched;
+    shm_unlock(q->h);
+    return launched == all_ranks(q->nranks);
+}
+
+long long fake_xp_now(void)
+{
+    return now_ns();
+}
+
+long long fake_xp_deadline(void)
+{
+    return now_ns() + timeout_ns();
+}
+
+bool fake_xp_stream_pending(const void *stream, uint64_t ticket)
+{
+    if (X.pend == NULL)
+        return false;
+    progress();
+    for (const xp_pend *p = X.pend; p != NULL; p = p->next)
+        if (p->op.stream == stream && p->ticket <= ticket)
+            return true;
+    return false;
+}
+
 bool fake_xp_event_pending(const void *event)
 {
     const xp_event *e = X.events;
     while (e != NULL && e->event != event)
         e = e->next;
-    if (e == NULL || X.pend == NULL)
-        return false;
-    progress();
-    for (const xp_pend *p = X.pend; p != NULL; p = p->next)
-        if (p->op.stream == e->stream && p->ticket <= e->ticket)
-            return true;
-    return false;
+    return e != NULL && fake_xp_stream_pending(e->stream, e->ticket);
 }
 
 void fake_xp_leave(fake_xp_clique *q, int rank)

@@ -57,7 +57,7 @@ void fake_xp_unique_id(ncclUniqueId *id, unsigned long long counter);
 fake_xp_clique *fake_xp_attach(const ncclUniqueId *id, int nranks);
 /* Register a local rank: ncclSuccess once every rank of the clique has registered,
  * ncclInProgress before, or ncclInvalidArgument (the rank is another process's). */
-ncclResult_t fake_xp_join(fake_xp_clique *q, int rank, int device);
+ncclResult_t fake_xp_join(fake_xp_clique *q, int rank, int device, int cc_major);
 /* A blocking init: wait until every rank registered (ncclSuccess) or the timeout passed
  * (ncclSystemError). Called once every local rank of the group has joined. */
 ncclResult_t fake_xp_join_wait(fake_xp_clique *q, int rank);
@@ -66,6 +66,9 @@ ncclResult_t fake_xp_join_wait(fake_xp_clique *q, int rank);
 ncclResult_t fake_xp_poll(fake_xp_clique *q, int rank);
 /* Whether a local rank is still joining (a data call on it is a misuse). */
 bool fake_xp_joining(const fake_xp_clique *q, int rank);
+/* The lowest compute capability major of the ranks that joined, in every process (NCCL's
+ * comm->minCompCap, which its fp8 reduction check uses). */
+int fake_xp_min_cc(const fake_xp_clique *q);
 /* Launch a group's cross-process calls: first wait until the streams of every call of the
  * group (streams[0..nstreams)) have no cross-process work left (stream order), then give
  * each call its sequence number and publish its input (now, or by later progress once its
@@ -77,6 +80,16 @@ ncclResult_t fake_xp_launch(const fake_xp_op *ops, size_t n, const void *const *
 void fake_xp_event_record(const void *event, const void *stream);
 /* Progress, then whether the event still waits for cross-process work. */
 bool fake_xp_event_pending(const void *event);
+/* The launch count so far (what an item queued on a stream now comes after), and, after
+ * progress, whether the stream still has cross-process work launched at or before it. */
+uint64_t fake_xp_ticket(void);
+/* Whether every rank of the clique, in every process, has launched at least one group with
+ * a call on it (fake_xp_launch registers them). */
+bool fake_xp_all_launched(const fake_xp_clique *q);
+/* The monotonic clock in ns, and that plus the fake's timeout (a peer's deadline). */
+long long fake_xp_now(void);
+long long fake_xp_deadline(void);
+bool fake_xp_stream_pending(const void *stream, uint64_t ticket);
 /* A local rank leaves (ncclCommDestroy/Abort): its work is dropped; the last rank of the
  * last process unlinks the segment. */
 void fake_xp_leave(fake_xp_clique *q, int rank);

@@ -3,8 +3,13 @@
  * the result stand for a kernel that reads it) around an all_reduce, ordered only on the
  * GPU: the stream is bound (the all_reduce waits for the input) and ccq_nccl_stream_wait
  * makes the reads wait for the all_reduce; no host fence inside the loop. Every read is
- * checked against the reference afterwards. Then the same loop with the blocking fence
- * (ccq_sync_collective) for comparison, the host time of ccq_nccl_stream_wait, and a wait
+ * checked against the reference afterwards. Iterations alternate between two pairs of
+ * buffers, so consecutive all_reduces have no hazard between them and the scheduler may
+ * put them in one batch: an all_reduce submitted after a GPU-side wait must still never
+ * share a batch with the one the wait covers (its submission event follows the wait, and
+ * the batch would wait for itself: a GPU hang). Run it also with
+ * CUDA_DEVICE_MAX_CONNECTIONS=1 (bench/gpu-check.sh does). Then the same loop with the blocking
+ * fence (ccq_sync_collective) for comparison, the host time of ccq_nccl_stream_wait, and a wait
  * released by a failure (a lone part the watchdog times out). Exits 77 without a GPU. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,8 +54,9 @@ static size_t region_at(size_t count, int k)
  * memset(src) -> all_reduce(src -> dst) -> [GPU-side wait or blocking fence] -> copy the
  * samples of dst into snap[it]. Returns the loop's time in ms, and counts wrong samples.
  */
-static double run_loop(ccq_runtime *rt, int nranks, cudaStream_t *cs, void **src, void **dst,
-                       uint32_t **snap, size_t count, unsigned n, int gpu_side, double *wait_ns)
+static double run_loop(ccq_runtime *rt, int nranks, cudaStream_t *cs, void *src[2][2],
+                       void *dst[2][2], uint32_t **snap, size_t count, unsigned n, int gpu_side,
+                       double *wait_ns)
 {
     uint64_t t0 = gpu_now_ns(), wsum = 0;
     const ccq_device_id *set = nranks == 1 ? one : pair;
@@ -59,9 +65,10 @@ static double run_loop(ccq_runtime *rt, int nranks, cudaStream_t *cs, void **src
     for (unsigned it = 0; it < n; it++) {
         for (int r = 0; r < nranks; r++) {
             CUDA_REQUIRE(cudaSetDevice(r));
-            CUDA_REQUIRE(cudaMemsetAsync(src[r], in_byte(it, (unsigned)r), bytes, cs[r]));
-            if (!CCQ_EXPECT_OK(ccq_all_reduce(rt, (ccq_device_id)r, 0, src[r], dst[r], count,
-                                              CCQ_UINT32, CCQ_SUM, set, (size_t)nranks)))
+            CUDA_REQUIRE(cudaMemsetAsync(src[it % 2][r], in_byte(it, (unsigned)r), bytes, cs[r]));
+            if (!CCQ_EXPECT_OK(ccq_all_reduce(rt, (ccq_device_id)r, 0, src[it % 2][r],
+                                              dst[it % 2][r], count, CCQ_UINT32, CCQ_SUM, set,
+                                              (size_t)nranks)))
                 return -1;
         }
         for (int r = 0; r < nranks; r++) {
@@ -76,7 +83,7 @@ static double run_loop(ccq_runtime *rt, int nranks, cudaStream_t *cs, void **src
             CUDA_REQUIRE(cudaSetDevice(r));
             for (int k = 0; k < REGIONS; k++)
                 CUDA_REQUIRE(cudaMemcpyAsync(snap[r] + ((size_t)it * REGIONS + (size_t)k) * SAMPLE,
-                                             (uint32_t *)dst[r] + region_at(count, k),
+                                             (uint32_t *)dst[it % 2][r] + region_at(count, k),
                                              SAMPLE * sizeof(uint32_t), cudaMemcpyDeviceToDevice,
                                              cs[r]));
         }
@@ -164,7 +171,7 @@ int main(void)
     unsigned n = iters(100);
     size_t count = (size_t)8 << 20; /* 32 MiB per rank: the reads would catch a partial result */
     cudaStream_t cs[2];
-    void *src[2], *dst[2];
+    void *src[2][2], *dst[2][2]; /* [iteration parity][rank] */
     uint32_t *snap[2];
 
     ccq_runtime *rt = gpu_runtime(30000, 0);
@@ -186,8 +193,10 @@ int main(void)
             CUDA_REQUIRE(cudaSetDevice(r));
             CUDA_REQUIRE(cudaStreamCreateWithFlags(&cs[r], cudaStreamNonBlocking));
         }
-        src[r] = gpu_dev_alloc(r, count * sizeof(uint32_t));
-        dst[r] = gpu_dev_alloc(r, count * sizeof(uint32_t));
+        for (int p = 0; p < 2; p++) {
+            src[p][r] = gpu_dev_alloc(r, count * sizeof(uint32_t));
+            dst[p][r] = gpu_dev_alloc(r, count * sizeof(uint32_t));
+        }
         snap[r] = gpu_dev_alloc(r, (size_t)n * REGIONS * SAMPLE * sizeof(uint32_t));
         if (!CCQ_EXPECT_OK(ccq_nccl_bind_stream(rt, (ccq_device_id)r, 0, cs[r])))
             return gpu_finish(PROG);
@@ -215,8 +224,10 @@ int main(void)
     gpu_section("shutdown");
     CCQ_EXPECT_OK(ccq_runtime_destroy(rt));
     for (int r = 0; r < nranks; r++) {
-        gpu_dev_free(r, src[r]);
-        gpu_dev_free(r, dst[r]);
+        for (int p = 0; p < 2; p++) {
+            gpu_dev_free(r, src[p][r]);
+            gpu_dev_free(r, dst[p][r]);
+        }
         gpu_dev_free(r, snap[r]);
         CUDA_REQUIRE(cudaStreamDestroy(cs[r]));
     }

@@ -24,7 +24,9 @@
  *
  * 0 / any = chosen at random per drill. Prints one line per drill and a summary (detection
  * time p50 and max per kind); exits 1 on any hang, wrong result or failed check. */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>

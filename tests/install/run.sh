@@ -1,11 +1,16 @@
 #!/bin/sh
 # Install a build tree into a temporary prefix and link tests/install/app.c against it three
 # ways: pkg-config (libccq.so), pkg-config --static (libccq.a), and find_package(ccq) (ccq::ccq
-# and ccq::ccq_static). Each program runs a host-backend all_reduce and prints OK.
-# usage: run.sh <build dir> <C compiler> <cmake> <scratch dir> [<extra C and link flags>]
+# and ccq::ccq_static). Each program runs a host-backend all_reduce and prints OK. The modules
+# lie beside libccq.so, where it loads them from (tests/install/probe.c). Then the core alone
+# (the runtime and dev components, as a host-only user installs libccq0 and libccq-dev): no
+# module file, ldd libccq.so.0 shows no CUDA, NCCL or MPI, a host program links and runs, and
+# asking for a module says which file is missing where.
+# usage: run.sh <build dir> <C compiler> <cmake> <scratch dir> [<extra C and link flags>
+#        [<modules built, e.g. "nccl mpi">]]
 # (the extra flags: -fsanitize=... when the library was built with a sanitizer)
 set -eu
-build=$1 cc=$2 cmake=$3 work=$4 flags=${5:-}
+build=$1 cc=$2 cmake=$3 work=$4 flags=${5:-} modules=${6:-}
 here=$(cd "$(dirname "$0")" && pwd)
 rm -rf "$work"
 mkdir -p "$work"
@@ -84,4 +89,49 @@ grep -q "no ccq::ccq_static" "$work/cmake-shared-configure.log"
 "$cmake" --build "$work/cmake-shared" >"$work/cmake-shared-build.log" ||
     { cat "$work/cmake-shared-build.log"; exit 1; }
 "$work/cmake-shared/app_cmake_shared" find_package-ccq::ccq-only
-step "all three ways linked and ran"
+
+step "the modules beside libccq.so, loaded from there: $modules"
+"$cc" $flags -o "$work/probe" "$here/probe.c" $(pkg-config --cflags ccq) $(pkg-config --libs ccq)
+for m in $modules; do
+    [ -f "$libdir/libccq-$m.so.0" ] || { echo "no $libdir/libccq-$m.so.0" >&2; exit 1; }
+    [ ! -e "$libdir/libccq-$m.so" ] || { echo "a link libccq-$m.so: nothing links a module" >&2; exit 1; }
+    out=$(LD_LIBRARY_PATH=$libdir "$work/probe" "$m")
+    echo "probe $m: $out"
+    case $m in
+    # The module's own check of mpi_comm: it was loaded.
+    mpi) echo "$out" | grep -q "is not an MPI_Fint" ;;
+    # Two processes on the ucx engine: it loaded and ran.
+    ucx) [ "$out" = "CCQ_OK: " ] ;;
+    # No GPU here: the module loaded (or its CUDA libraries are not installed); never missing.
+    *) if echo "$out" | grep -q "needs libccq-$m.so.0.*$libdir/libccq-$m.so.0 (cannot open shared object file"; then
+           echo "the installed module was not found" >&2
+           exit 1
+       fi ;;
+    esac
+done
+
+step "the core alone (components runtime and dev): a host-only program"
+core=$work/core
+for c in runtime dev; do
+    "$cmake" --install "$build" --prefix "$core" --component "$c" >>"$work/install-core.log"
+done
+corelib=$(dirname "$(dirname "$(find "$core" -name ccq.pc)")")
+if find "$core" -name 'libccq-*' | grep .; then
+    echo "module files in the core install" >&2
+    exit 1
+fi
+if ldd "$corelib/libccq.so.0" | grep -Ei 'cuda|nccl|mpi|open-pal|open-rte|hwloc|ucp|ucs'; then
+    echo "ldd libccq.so.0 shows the libraries above" >&2
+    exit 1
+fi
+# shellcheck disable=SC2046
+"$cc" $flags -o "$work/app_core" "$here/app.c" $(PKG_CONFIG_PATH=$corelib/pkgconfig pkg-config --cflags --libs ccq)
+"$cc" $flags -o "$work/probe_core" "$here/probe.c" $(PKG_CONFIG_PATH=$corelib/pkgconfig pkg-config --cflags --libs ccq)
+LD_LIBRARY_PATH=$corelib "$work/app_core" core-only
+for m in nccl mpi ucx; do
+    out=$(LD_LIBRARY_PATH=$corelib "$work/probe_core" "$m")
+    echo "probe $m: $out"
+    echo "$out" | grep -q "^CCQ_ERR_UNSUPPORTED: .*needs libccq-$m.so.0, .*tried $corelib/libccq-$m.so.0 (cannot open shared object file" ||
+        { echo "no module, but not the detail that says so" >&2; exit 1; }
+done
+step "all three ways linked and ran; the modules load from beside libccq.so; the core runs alone"

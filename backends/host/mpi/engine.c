@@ -21,7 +21,10 @@
  *    SUM/PROD, the hot ones.
  *  - AVG is a SUM, then a division by the communicator's rank count after MPI (integers
  *    truncate, as the local path does). */
-#include "backends/host/mpi/engine.h"
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* clock_gettime */
+#endif
+#include "backends/host/mpi/impl.h"
 
 #include <inttypes.h>
 #include <limits.h>
@@ -29,55 +32,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backends/host/convert.h"
 #include "backends/host/reduce.h"
 #include "common/mpi_lock.h"
 
-struct ccq_hmpi_world {
-    int64_t mpi_comm;
-    MPI_Comm dup;
-    MPI_Request req;
-    bool done;
-};
-
-struct ccq_hmpi_comm {
-    MPI_Comm mc;
-    /* A pair of devices in two processes: send/recv go on the world's duplicate (p2p, not
-     * ours; MPI ranks are world ranks) under the pair's tags; a collective on it (a
-     * communicator of two devices can have both) makes mc at its first use. */
-    bool pair;
-    MPI_Comm p2p;
-    int pair_tag;     /* the tag of messages from rank 0; rank 1's is pair_tag + 1 */
-    int64_t mpi_comm; /* the world communicator (an MPI_Fint, -1 = MPI_COMM_WORLD) */
-    uint32_t blob[2]; /* the lowest member's blob, for mc's MPI_Comm_create_group tag */
-    int nprocs, me;   /* members; this process's MPI rank in mc */
-    uint32_t nranks;  /* ranks of the communicator, in every process */
-    uint32_t first_rank, nlocal;
-    int *nl, *fr;    /* [nprocs]: local ranks and first rank of each member process */
-    uint32_t *procs; /* [nprocs]: their world ranks */
-    uint32_t refs;   /* 1 for the communicator + abandoned operations still on it */
-};
-
-enum { H_BUF_SCRATCH, H_BUF_RECV, H_NBUF };
-
-struct ccq_hmpi_op {
-    ccq_hmpi_comm *c;
-    const ccq_be_op *op; /* NULL once abandoned */
-    MPI_Request req;
-    const char *what; /* the MPI call, for details */
-    uint64_t start_ns;
-    void *buf[H_NBUF]; /* engine scratch (pooled) */
-    size_t cap[H_NBUF];
-    void *out;                /* where the MPI result lands (post-processing reads it) */
-    int *v;                   /* counts / displacements of the v collectives: 4 * nprocs */
-    struct ccq_hmpi_op *next; /* abandoned list */
-    bool detached;            /* a send completed early (ccq_hmpi_detach): still moving */
-};
-
 /* Bytes per element (ccq_dtype_size, without the runtime: the engine's test links only the
  * backend's files). */
-static size_t esize(ccq_dtype dt)
+size_t hmpi_esize(ccq_dtype dt)
 {
     static const uint8_t sz[CCQ_DTYPE_COUNT_] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
     return (unsigned)dt < CCQ_DTYPE_COUNT_ ? sz[dt] : 0;
@@ -87,6 +50,7 @@ static size_t esize(ccq_dtype dt)
 
 static ccq_hmpi_op *abandoned;
 static uint32_t nabandoned, ndetached;
+static uint64_t last_step; /* hmpi_stepped */
 /* A few freed scratch buffers for reuse: first-touching 64 MiB costs as much as moving it. */
 #define POOL_MAX 8
 static struct {
@@ -214,7 +178,7 @@ static int make_types(void)
 }
 
 /* The MPI type that moves elements of dt (and reduces them with built-in ops). */
-static MPI_Datatype mpi_type(ccq_dtype dt)
+MPI_Datatype hmpi_mpi_type(ccq_dtype dt)
 {
     switch (dt) {
     case CCQ_INT8:
@@ -247,7 +211,7 @@ static void mpi_reduction(ccq_dtype dt, ccq_reduce_op ro, MPI_Datatype *t, MPI_O
     bool wrap;
     if (ro == CCQ_AVG)
         ro = CCQ_SUM;
-    *t = mpi_type(dt);
+    *t = hmpi_mpi_type(dt);
     if (user_op_made[dt][ro]) {
         *op = user_ops[dt][ro];
         return;
@@ -266,7 +230,7 @@ static void mpi_reduction(ccq_dtype dt, ccq_reduce_op ro, MPI_Datatype *t, MPI_O
 
 /* x[i] /= n for AVG: integers with C's truncating division in their signedness, floats in
  * float (narrow types widened and rounded once, as the local kernels do). */
-static void divide(ccq_dtype dt, void *buf, size_t count, uint32_t n)
+void hmpi_divide(ccq_dtype dt, void *buf, size_t count, uint32_t n)
 {
     for (size_t i = 0; i < count; i++) {
         switch (dt) {
@@ -311,7 +275,7 @@ static void divide(ccq_dtype dt, void *buf, size_t count, uint32_t n)
     }
 }
 
-static void copy(void *dst, const void *src, size_t bytes)
+void hmpi_copy(void *dst, const void *src, size_t bytes)
 {
     if (dst != src && bytes > 0)
         memmove(dst, src, bytes);
@@ -330,7 +294,7 @@ static void combine(const ccq_be_op *op, size_t off, size_t count, void *dst)
 
 /* ---- the communicator ----------------------------------------------------------------- */
 
-static ccq_status mpi_err(ccq_errbuf *err, int rc, const char *what)
+ccq_status hmpi_mpi_err(ccq_errbuf *err, int rc, const char *what)
 {
     char s[MPI_MAX_ERROR_STRING];
     int n = 0;
@@ -384,8 +348,6 @@ void ccq_hmpi_root_blob(uint32_t world_rank, void *blob)
     memcpy(blob, v, sizeof v);
 }
 
-static void comm_unref(ccq_hmpi_comm *c);
-
 static int tag_ub_of(MPI_Comm comm)
 {
     int flag = 0, *attr = NULL;
@@ -414,7 +376,7 @@ ccq_status ccq_hmpi_world_post(int64_t mpi_comm, ccq_hmpi_world **out, ccq_errbu
     ccq_mpi_unlock();
     if (rc != MPI_SUCCESS) {
         free(w);
-        return mpi_err(err, rc, "MPI_Comm_idup of the world communicator");
+        return hmpi_mpi_err(err, rc, "MPI_Comm_idup of the world communicator");
     }
     *out = w;
     return CCQ_OK;
@@ -433,7 +395,7 @@ ccq_status ccq_hmpi_world_test(ccq_hmpi_world *w, ccq_errbuf *err)
     }
     ccq_mpi_unlock();
     if (rc != MPI_SUCCESS)
-        return mpi_err(err, rc, "MPI_Comm_idup of the world communicator");
+        return hmpi_mpi_err(err, rc, "MPI_Comm_idup of the world communicator");
     return w->done ? CCQ_OK : CCQ_IN_PROGRESS;
 }
 
@@ -446,6 +408,43 @@ void ccq_hmpi_world_free(ccq_hmpi_world *w)
         MPI_Comm_free(&w->dup);
     ccq_mpi_unlock();
     free(w);
+}
+
+static void comm_queues_init(ccq_hmpi_comm *c)
+{
+    for (int q = 0; q < HMPI_NWQ; q++) {
+        c->wq[q] = NULL;
+        c->wq_tail[q] = &c->wq[q];
+    }
+    c->split = NULL;
+    c->split_tail = &c->split;
+    c->sets = NULL;
+    c->sets_tail = &c->sets;
+}
+
+void hmpi_wq_push(ccq_hmpi_comm *c, int q, ccq_hmpi_op *h)
+{
+    h->wq = q;
+    h->wnext = NULL;
+    *c->wq_tail[q] = h;
+    c->wq_tail[q] = &h->wnext;
+}
+
+void hmpi_wq_remove(ccq_hmpi_comm *c, ccq_hmpi_op *h)
+{
+    int q = h->wq;
+    if (q < 0)
+        return;
+    for (ccq_hmpi_op **pp = &c->wq[q]; *pp != NULL; pp = &(*pp)->wnext) {
+        if (*pp != h)
+            continue;
+        *pp = h->wnext;
+        if (c->wq_tail[q] == &h->wnext)
+            c->wq_tail[q] = pp;
+        break;
+    }
+    h->wq = -1;
+    h->wnext = NULL;
 }
 
 ccq_status ccq_hmpi_pair_create(const ccq_be_comm_desc *d, ccq_hmpi_world *w, const void *blob,
@@ -473,10 +472,9 @@ ccq_status ccq_hmpi_pair_create(const ccq_be_comm_desc *d, ccq_hmpi_world *w, co
         memcpy(v, blob, sizeof v);
     c->refs = 1;
     c->pair = true;
+    memcpy(c->blob, v, sizeof v);
     c->p2p = w->dup;
     c->mc = MPI_COMM_NULL;
-    c->mpi_comm = w->mpi_comm;
-    memcpy(c->blob, v, sizeof v);
     c->nprocs = 2;
     c->fr = c->nl + 2;
     c->nl[0] = c->nl[1] = 1;
@@ -492,23 +490,27 @@ ccq_status ccq_hmpi_pair_create(const ccq_be_comm_desc *d, ccq_hmpi_world *w, co
     ub = tag_ub_of(w->dup);
     if (make_types() != MPI_SUCCESS) {
         ccq_mpi_unlock();
-        comm_unref(c);
+        hmpi_comm_unref(c);
         snprintf(err->msg, sizeof err->msg, "MPI_Type_contiguous / MPI_Op_create failed");
         return CCQ_ERR_BACKEND;
     }
     ccq_mpi_unlock();
-    /* The pair's identity, from what the lower process chose (its world rank, how many
-     * communicators it made): unique among the pairs of these two processes while the
-     * count stays below 2^15; ranks 0 and 1 send under two consecutive tags. */
-    c->pair_tag = (int)((((uint64_t)v[0] << 16 | (v[1] & 0x7fffu) << 1)) % (uint64_t)(ub & ~1));
+    /* The pair's identity, from what the lower process chose (how many communicators it
+     * made): messages are matched by sender, so only pairs of these two processes need tags
+     * apart, and the lower process is the same for all of them. HMPI_PAIR_TAGS per pair:
+     * unique while the count stays below (tag upper bound + 1) / 16 (134 million on Open
+     * MPI and MPICH, 2048 where MPI allows only the standard's minimum 32767). */
+    c->pair_tag = (int)((v[1] % (((uint64_t)ub + 1) / HMPI_PAIR_TAGS)) * HMPI_PAIR_TAGS);
+    comm_queues_init(c);
     *out = c;
     return CCQ_OK;
 }
 
-static void comm_unref(ccq_hmpi_comm *c)
+void hmpi_comm_unref(ccq_hmpi_comm *c)
 {
     if (--c->refs > 0)
         return;
+    hmpi_check_free(c);
     if (c->mc != MPI_COMM_NULL)
         MPI_Comm_free(&c->mc);
     free(c->nl);
@@ -536,16 +538,15 @@ static ccq_status group_comm(MPI_Comm world, const int *ranks, int n, const uint
     if (wg != MPI_GROUP_NULL)
         MPI_Group_free(&wg);
     if (rc != MPI_SUCCESS)
-        return mpi_err(err, rc, "MPI_Comm_create_group");
+        return hmpi_mpi_err(err, rc, "MPI_Comm_create_group");
     MPI_Comm_set_errhandler(*out, MPI_ERRORS_RETURN);
     return CCQ_OK;
 }
 
-ccq_status ccq_hmpi_comm_create(const ccq_be_comm_desc *d, int64_t mpi_comm, const void *blob,
+ccq_status ccq_hmpi_comm_create(const ccq_be_comm_desc *d, ccq_hmpi_world *w, const void *blob,
                                 size_t blob_len, ccq_hmpi_comm **out, ccq_errbuf *err)
 {
     ccq_hmpi_comm *c;
-    MPI_Comm world = MPI_COMM_WORLD;
     int *ranks = NULL, rc;
     uint32_t v[2] = {0, 0};
     ccq_status st = CCQ_OK;
@@ -560,11 +561,13 @@ ccq_status ccq_hmpi_comm_create(const ccq_be_comm_desc *d, int64_t mpi_comm, con
     if (c != NULL) {
         c->nl = malloc(2 * d->nprocs * sizeof *c->nl);
         c->procs = malloc(d->nprocs * sizeof *c->procs);
+        c->in = calloc(d->nprocs, sizeof *c->in);
     }
-    if (c == NULL || ranks == NULL || c->nl == NULL || c->procs == NULL) {
+    if (c == NULL || ranks == NULL || c->nl == NULL || c->procs == NULL || c->in == NULL) {
         if (c != NULL) {
             free(c->nl);
             free(c->procs);
+            free(c->in);
         }
         free(c);
         free(ranks);
@@ -579,6 +582,8 @@ ccq_status ccq_hmpi_comm_create(const ccq_be_comm_desc *d, int64_t mpi_comm, con
     c->first_rank = d->first_rank;
     c->nlocal = d->nlocal;
     c->me = -1;
+    memcpy(c->blob, v, sizeof v);
+    comm_queues_init(c);
     for (uint32_t p = 0; p < d->nprocs; p++) {
         ranks[p] = (int)d->procs[p];
         c->procs[p] = d->procs[p];
@@ -587,20 +592,20 @@ ccq_status ccq_hmpi_comm_create(const ccq_be_comm_desc *d, int64_t mpi_comm, con
     }
 
     ccq_mpi_lock();
-    if (mpi_comm >= 0)
-        world = MPI_Comm_f2c((MPI_Fint)mpi_comm);
     rc = make_types();
     if (rc != MPI_SUCCESS) {
-        st = mpi_err(err, rc, "MPI_Type_contiguous / MPI_Op_create");
+        st = hmpi_mpi_err(err, rc, "MPI_Type_contiguous / MPI_Op_create");
         goto out;
     }
-    if ((st = group_comm(world, ranks, c->nprocs, v, &c->mc, err)) != CCQ_OK)
+    /* On ccq's duplicate of the world (errors return there; the world's own handler is the
+     * embedder's, fatal by default). */
+    if ((st = group_comm(w->dup, ranks, c->nprocs, v, &c->mc, err)) != CCQ_OK)
         goto out;
     {
         int mine = (int)d->nlocal;
         rc = MPI_Allgather(&mine, 1, MPI_INT, c->nl, 1, MPI_INT, c->mc);
         if (rc != MPI_SUCCESS) {
-            st = mpi_err(err, rc, "MPI_Allgather of the local rank counts");
+            st = hmpi_mpi_err(err, rc, "MPI_Allgather of the local rank counts");
             goto out;
         }
     }
@@ -620,7 +625,7 @@ ccq_status ccq_hmpi_comm_create(const ccq_be_comm_desc *d, int64_t mpi_comm, con
     }
 out:
     if (st != CCQ_OK)
-        comm_unref(c);
+        hmpi_comm_unref(c);
     ccq_mpi_unlock();
     free(ranks);
     if (st == CCQ_OK)
@@ -633,7 +638,7 @@ void ccq_hmpi_comm_destroy(ccq_hmpi_comm *c)
     if (c == NULL)
         return;
     ccq_mpi_lock();
-    comm_unref(c);
+    hmpi_comm_unref(c);
     ccq_mpi_unlock();
 }
 
@@ -643,11 +648,11 @@ static void op_free(ccq_hmpi_op *h)
 {
     for (int k = 0; k < H_NBUF; k++)
         pool_put(h->buf[k], h->cap[k]);
-    comm_unref(h->c);
+    hmpi_comm_unref(h->c);
     free(h);
 }
 
-static void *scratch(ccq_hmpi_op *h, int k, size_t bytes)
+void *hmpi_scratch(ccq_hmpi_op *h, int k, size_t bytes)
 {
     h->buf[k] = pool_get(bytes ? bytes : 1, &h->cap[k]);
     return h->buf[k];
@@ -662,12 +667,12 @@ static int owner(const ccq_hmpi_comm *c, uint32_t r)
     return p;
 }
 
-static const char *kind_name(uint8_t kind)
+const char *hmpi_kind_name(uint8_t kind)
 {
     return kind < CCQ_KIND_COUNT_ ? ccq_kinds[kind].name : "?";
 }
 
-static const char *dtype_name(uint8_t dt)
+const char *hmpi_dtype_name(uint8_t dt)
 {
     static const char *const names[CCQ_DTYPE_COUNT_] = {
         "int8",    "uint8",   "int32",   "uint32",   "int64",      "uint64",
@@ -675,16 +680,16 @@ static const char *dtype_name(uint8_t dt)
     return dt < CCQ_DTYPE_COUNT_ ? names[dt] : "?";
 }
 
-/* Post the MPI operation of op (after the local combine). Lock held. */
-static int post(ccq_hmpi_op *h, const ccq_be_op *op)
+/* Post the MPI collective of op (after the local combine). Lock held. */
+int hmpi_post_collective(ccq_hmpi_op *h, const ccq_be_op *op)
 {
     ccq_hmpi_comm *c = h->c;
     ccq_dtype dt = (ccq_dtype)op->dtype;
-    size_t es = esize(dt), cnt = op->count, blk = cnt * es;
+    size_t es = hmpi_esize(dt), cnt = op->count, blk = cnt * es;
     uint32_t nl = op->nparts, nr = c->nranks;
     int n = (int)cnt, me = c->me, P = c->nprocs;
     int *cnts = h->v, *disp = h->v + P, *cnts2 = h->v + 2 * P, *disp2 = h->v + 3 * P;
-    MPI_Datatype t = mpi_type(dt), rt;
+    MPI_Datatype t = hmpi_mpi_type(dt), rt;
     MPI_Op mop;
     const ccq_be_part *pt = op->parts;
 
@@ -692,18 +697,18 @@ static int post(ccq_hmpi_op *h, const ccq_be_op *op)
     case CCQ_KIND_ALL_REDUCE: {
         const void *in = pt[0].src;
         if (nl > 1 || pt[0].src == pt[0].dst) {
-            in = scratch(h, H_BUF_SCRATCH, blk);
+            in = hmpi_scratch(h, H_BUF_SCRATCH, blk);
             if (in == NULL)
                 return -1;
             if (nl > 1)
                 combine(op, 0, cnt, (void *)in);
             else
-                copy((void *)in, pt[0].src, blk);
+                hmpi_copy((void *)in, pt[0].src, blk);
         }
         h->out = pt[0].dst;
         mpi_reduction(dt, (ccq_reduce_op)op->redop, &rt, &mop);
         h->what = "MPI_Iallreduce";
-        return MPI_Iallreduce(in, h->out, n, rt, mop, c->mc, &h->req);
+        return MPI_Iallreduce(in, h->out, n, rt, mop, c->mc, &h->req[RQ_OP]);
     }
     case CCQ_KIND_REDUCE: {
         uint32_t rl = op->root - c->first_rank; /* the root's local part, if here */
@@ -711,45 +716,45 @@ static int post(ccq_hmpi_op *h, const ccq_be_op *op)
         const void *in = pt[0].src;
         void *outp = rp == me ? pt[rl].dst : NULL;
         if (nl > 1 || (outp != NULL && outp == in)) {
-            in = scratch(h, H_BUF_SCRATCH, blk);
+            in = hmpi_scratch(h, H_BUF_SCRATCH, blk);
             if (in == NULL)
                 return -1;
             if (nl > 1)
                 combine(op, 0, cnt, (void *)in);
             else
-                copy((void *)in, pt[0].src, blk);
+                hmpi_copy((void *)in, pt[0].src, blk);
         }
         h->out = outp;
         mpi_reduction(dt, (ccq_reduce_op)op->redop, &rt, &mop);
         h->what = "MPI_Ireduce";
-        return MPI_Ireduce(in, outp, n, rt, mop, rp, c->mc, &h->req);
+        return MPI_Ireduce(in, outp, n, rt, mop, rp, c->mc, &h->req[RQ_OP]);
     }
     case CCQ_KIND_BROADCAST: {
         int rp = owner(c, op->root);
         void *b = rp == me ? (void *)pt[op->root - c->first_rank].src : pt[0].dst;
         h->out = b;
         h->what = "MPI_Ibcast";
-        return MPI_Ibcast(b, n, t, rp, c->mc, &h->req);
+        return MPI_Ibcast(b, n, t, rp, c->mc, &h->req[RQ_OP]);
     }
     case CCQ_KIND_ALL_GATHER: {
         char *d0 = pt[0].dst;
         for (uint32_t k = 0; k < nl; k++)
-            copy(d0 + (size_t)(c->first_rank + k) * blk, pt[k].src, blk);
+            hmpi_copy(d0 + (size_t)(c->first_rank + k) * blk, pt[k].src, blk);
         for (int p = 0; p < P; p++) {
             cnts[p] = c->nl[p] * n;
             disp[p] = c->fr[p] * n;
         }
         h->out = d0;
         h->what = "MPI_Iallgatherv";
-        return MPI_Iallgatherv(MPI_IN_PLACE, 0, t, d0, cnts, disp, t, c->mc, &h->req);
+        return MPI_Iallgatherv(MPI_IN_PLACE, 0, t, d0, cnts, disp, t, c->mc, &h->req[RQ_OP]);
     }
     case CCQ_KIND_REDUCE_SCATTER: {
         /* Combine all local srcs (nr blocks) into scratch, MPI_Ireduce_scatter to this
          * process's nl blocks, then each local rank takes its block. */
         const char *s0 = pt[0].src, *d0 = pt[0].dst;
         bool alias = d0 >= s0 && d0 < s0 + blk * nr; /* in place: MPI must not read dst */
-        void *in = nl == 1 && !alias ? (void *)s0 : scratch(h, H_BUF_SCRATCH, blk * nr);
-        void *r = nl == 1 ? pt[0].dst : scratch(h, H_BUF_RECV, blk * nl);
+        void *in = nl == 1 && !alias ? (void *)s0 : hmpi_scratch(h, H_BUF_SCRATCH, blk * nr);
+        void *r = nl == 1 ? pt[0].dst : hmpi_scratch(h, H_BUF_RECV, blk * nl);
         if (in == NULL || r == NULL)
             return -1;
         if (in != s0)
@@ -759,13 +764,13 @@ static int post(ccq_hmpi_op *h, const ccq_be_op *op)
         h->out = r;
         mpi_reduction(dt, (ccq_reduce_op)op->redop, &rt, &mop);
         h->what = "MPI_Ireduce_scatter";
-        return MPI_Ireduce_scatter(in, r, cnts, rt, mop, c->mc, &h->req);
+        return MPI_Ireduce_scatter(in, r, cnts, rt, mop, c->mc, &h->req[RQ_OP]);
     }
     case CCQ_KIND_ALL_TO_ALL: {
         /* Pack per destination process q: [local rank k][q's rank j] = block fr[q]+j of
          * src_k; receive from p: [p's rank i][local rank j]. */
-        char *sb = scratch(h, H_BUF_SCRATCH, blk * nr * nl);
-        char *rb = scratch(h, H_BUF_RECV, blk * nr * nl);
+        char *sb = hmpi_scratch(h, H_BUF_SCRATCH, blk * nr * nl);
+        char *rb = hmpi_scratch(h, H_BUF_RECV, blk * nr * nl);
         size_t o = 0;
         if (sb == NULL || rb == NULL)
             return -1;
@@ -774,7 +779,7 @@ static int post(ccq_hmpi_op *h, const ccq_be_op *op)
             disp[q] = (int)(o / es);
             for (uint32_t k = 0; k < nl; k++)
                 for (int j = 0; j < c->nl[q]; j++, o += blk)
-                    copy(sb + o, (const char *)pt[k].src + (size_t)(c->fr[q] + j) * blk, blk);
+                    hmpi_copy(sb + o, (const char *)pt[k].src + (size_t)(c->fr[q] + j) * blk, blk);
         }
         for (int p = 0, ro = 0; p < P; p++) {
             cnts2[p] = c->nl[p] * (int)nl * n;
@@ -783,7 +788,7 @@ static int post(ccq_hmpi_op *h, const ccq_be_op *op)
         }
         h->out = rb;
         h->what = "MPI_Ialltoallv";
-        return MPI_Ialltoallv(sb, cnts, disp, t, rb, cnts2, disp2, t, c->mc, &h->req);
+        return MPI_Ialltoallv(sb, cnts, disp, t, rb, cnts2, disp2, t, c->mc, &h->req[RQ_OP]);
     }
     case CCQ_KIND_GATHER: {
         int rp = owner(c, op->root);
@@ -795,20 +800,20 @@ static int post(ccq_hmpi_op *h, const ccq_be_op *op)
         if (rp == me) {
             char *d = pt[op->root - c->first_rank].dst;
             for (uint32_t k = 0; k < nl; k++)
-                copy(d + (size_t)(c->first_rank + k) * blk, pt[k].src, blk);
-            return MPI_Igatherv(MPI_IN_PLACE, 0, t, d, cnts, disp, t, rp, c->mc, &h->req);
+                hmpi_copy(d + (size_t)(c->first_rank + k) * blk, pt[k].src, blk);
+            return MPI_Igatherv(MPI_IN_PLACE, 0, t, d, cnts, disp, t, rp, c->mc, &h->req[RQ_OP]);
         }
         {
             const void *in = pt[0].src;
             if (nl > 1) {
-                char *s = scratch(h, H_BUF_SCRATCH, blk * nl);
+                char *s = hmpi_scratch(h, H_BUF_SCRATCH, blk * nl);
                 if (s == NULL)
                     return -1;
                 for (uint32_t k = 0; k < nl; k++)
-                    copy(s + k * blk, pt[k].src, blk);
+                    hmpi_copy(s + k * blk, pt[k].src, blk);
                 in = s;
             }
-            return MPI_Igatherv(in, (int)nl * n, t, NULL, cnts, disp, t, rp, c->mc, &h->req);
+            return MPI_Igatherv(in, (int)nl * n, t, NULL, cnts, disp, t, rp, c->mc, &h->req[RQ_OP]);
         }
     }
     case CCQ_KIND_SCATTER: {
@@ -823,50 +828,17 @@ static int post(ccq_hmpi_op *h, const ccq_be_op *op)
             /* The root's own blocks never cross MPI; in place (dst = src + root * count)
              * the root's block is already there. */
             for (uint32_t k = 0; k < nl; k++)
-                copy(pt[k].dst, s + (size_t)(c->first_rank + k) * blk, blk);
+                hmpi_copy(pt[k].dst, s + (size_t)(c->first_rank + k) * blk, blk);
             h->out = NULL;
-            return MPI_Iscatterv(s, cnts, disp, t, MPI_IN_PLACE, 0, t, rp, c->mc, &h->req);
+            return MPI_Iscatterv(s, cnts, disp, t, MPI_IN_PLACE, 0, t, rp, c->mc, &h->req[RQ_OP]);
         }
         {
-            void *r = nl == 1 ? pt[0].dst : scratch(h, H_BUF_RECV, blk * nl);
+            void *r = nl == 1 ? pt[0].dst : hmpi_scratch(h, H_BUF_RECV, blk * nl);
             if (r == NULL)
                 return -1;
             h->out = r;
-            return MPI_Iscatterv(NULL, cnts, disp, t, r, (int)nl * n, t, rp, c->mc, &h->req);
+            return MPI_Iscatterv(NULL, cnts, disp, t, r, (int)nl * n, t, rp, c->mc, &h->req[RQ_OP]);
         }
-    }
-    case CCQ_KIND_SEND:
-    case CCQ_KIND_RECV: {
-        /* One half of a pair whose other half is in the peer process. The pair's MPI
-         * communicator is its own, and MPI does not overtake messages of one sender on one
-         * communicator and tag, so halves pair in the runtime's per-pair sequence; the tag
-         * carries that sequence too (a check, and a reader's help in MPI traces). */
-        int peer = owner(c, op->peer), tag;
-        if (c->pair) {
-            /* On the world's duplicate: the peer's world rank, the pair's tag of the sender */
-            tag = c->pair_tag + (op->kind == CCQ_KIND_SEND ? c->me : 1 - c->me);
-            peer = (int)c->procs[peer];
-        } else {
-            tag = (int)(op->seq % (uint64_t)tag_ub_of(c->mc));
-        }
-        MPI_Comm pc = c->pair ? c->p2p : c->mc;
-        if (op->kind == CCQ_KIND_SEND) {
-            const void *s = pt[0].src;
-            /* Always from a copy: the send completes at once (ccq_hmpi_detach), so a send
-             * then a recv on one stream (a ring) cannot wait for the peer's send behind its
-             * own; also covers stage_src (a later op of its stream in the batch writes src). */
-            {
-                void *cp = scratch(h, H_BUF_SCRATCH, blk);
-                if (cp == NULL)
-                    return -1;
-                copy(cp, s, blk);
-                s = cp;
-            }
-            h->what = "MPI_Isend";
-            return MPI_Isend(s, n, t, peer, tag, pc, &h->req);
-        }
-        h->what = "MPI_Irecv";
-        return MPI_Irecv(pt[0].dst, n, t, peer, tag, pc, &h->req);
     }
     default:
         h->what = "?";
@@ -879,7 +851,7 @@ static void finish(ccq_hmpi_op *h, const ccq_be_op *op)
 {
     ccq_hmpi_comm *c = h->c;
     ccq_dtype dt = (ccq_dtype)op->dtype;
-    size_t es = esize(dt), cnt = op->count, blk = cnt * es;
+    size_t es = hmpi_esize(dt), cnt = op->count, blk = cnt * es;
     uint32_t nl = op->nparts;
     bool avg = op->redop == CCQ_AVG;
     const ccq_be_part *pt = op->parts;
@@ -887,44 +859,127 @@ static void finish(ccq_hmpi_op *h, const ccq_be_op *op)
     switch (op->kind) {
     case CCQ_KIND_ALL_REDUCE:
         if (avg)
-            divide(dt, h->out, cnt, c->nranks);
+            hmpi_divide(dt, h->out, cnt, c->nranks);
         for (uint32_t k = 1; k < nl; k++)
-            copy(pt[k].dst, h->out, blk);
+            hmpi_copy(pt[k].dst, h->out, blk);
         break;
     case CCQ_KIND_REDUCE:
         if (avg && h->out != NULL)
-            divide(dt, h->out, cnt, c->nranks);
+            hmpi_divide(dt, h->out, cnt, c->nranks);
         break;
     case CCQ_KIND_BROADCAST:
         for (uint32_t k = 0; k < nl; k++)
-            copy(pt[k].dst, h->out, blk);
+            hmpi_copy(pt[k].dst, h->out, blk);
         break;
     case CCQ_KIND_ALL_GATHER:
         for (uint32_t k = 1; k < nl; k++)
-            copy(pt[k].dst, h->out, blk * c->nranks);
+            hmpi_copy(pt[k].dst, h->out, blk * c->nranks);
         break;
     case CCQ_KIND_REDUCE_SCATTER:
         if (avg)
-            divide(dt, h->out, cnt * nl, c->nranks);
+            hmpi_divide(dt, h->out, cnt * nl, c->nranks);
         for (uint32_t k = 0; k < nl; k++)
-            copy(pt[k].dst, (const char *)h->out + k * blk, blk);
+            hmpi_copy(pt[k].dst, (const char *)h->out + k * blk, blk);
         break;
     case CCQ_KIND_ALL_TO_ALL: {
         const char *rb = h->out;
         for (int p = 0; p < c->nprocs; p++)
             for (int i = 0; i < c->nl[p]; i++)
                 for (uint32_t j = 0; j < nl; j++, rb += blk)
-                    copy((char *)pt[j].dst + (size_t)(c->fr[p] + i) * blk, rb, blk);
+                    hmpi_copy((char *)pt[j].dst + (size_t)(c->fr[p] + i) * blk, rb, blk);
         break;
     }
     case CCQ_KIND_SCATTER:
         if (h->out != NULL)
             for (uint32_t k = 0; k < nl; k++)
-                copy(pt[k].dst, (const char *)h->out + k * blk, blk);
+                hmpi_copy(pt[k].dst, (const char *)h->out + k * blk, blk);
         break;
     default:
         break;
     }
+}
+
+/* The MPI collective a communicator over member processes runs for a kind (for details). */
+static const char *collective_call(uint8_t kind)
+{
+    switch (kind) {
+    case CCQ_KIND_ALL_REDUCE:
+        return "MPI_Iallreduce";
+    case CCQ_KIND_REDUCE:
+        return "MPI_Ireduce";
+    case CCQ_KIND_BROADCAST:
+        return "MPI_Ibcast";
+    case CCQ_KIND_ALL_GATHER:
+        return "MPI_Iallgatherv";
+    case CCQ_KIND_REDUCE_SCATTER:
+        return "MPI_Ireduce_scatter";
+    case CCQ_KIND_ALL_TO_ALL:
+        return "MPI_Ialltoallv";
+    case CCQ_KIND_GATHER:
+        return "MPI_Igatherv";
+    case CCQ_KIND_SCATTER:
+        return "MPI_Iscatterv";
+    default:
+        return "?";
+    }
+}
+
+static uint64_t mono_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+void hmpi_stepped(void)
+{
+    last_step = mono_ns();
+}
+
+uint64_t ccq_hmpi_last_step(void)
+{
+    uint64_t t;
+    ccq_mpi_lock();
+    t = last_step;
+    ccq_mpi_unlock();
+    return t;
+}
+
+void hmpi_fail(ccq_hmpi_op *h, ccq_status st, const char *detail)
+{
+    h->phase = PH_FAILED;
+    h->fail = st;
+    size_t n = strlen(detail) + 1;
+    free(h->fail_detail);
+    h->fail_detail = malloc(n);
+    if (h->fail_detail != NULL)
+        memcpy(h->fail_detail, detail, n);
+}
+
+static void op_release(ccq_hmpi_op *h)
+{
+    free(h->fail_detail);
+    op_free(h);
+}
+
+/* Keep h until MPI completes its requests (tested by ccq_hmpi_reap). Lock held. */
+static void keep(ccq_hmpi_op *h)
+{
+    h->op = NULL;
+    h->next = abandoned;
+    abandoned = h;
+    nabandoned++;
+}
+
+/* Free h now if MPI is done with it (MPI_Testall frees completed requests), else keep it. */
+static void release_or_keep(ccq_hmpi_op *h)
+{
+    int flag = 0;
+    h->op = NULL;
+    if (MPI_Testall(RQ_N, h->req, &flag, MPI_STATUSES_IGNORE) == MPI_SUCCESS && flag)
+        op_release(h);
+    else
+        keep(h);
 }
 
 ccq_status ccq_hmpi_start(ccq_hmpi_comm *c, const ccq_be_op *op, uint64_t now_ns, ccq_hmpi_op **out,
@@ -933,7 +988,7 @@ ccq_status ccq_hmpi_start(ccq_hmpi_comm *c, const ccq_be_op *op, uint64_t now_ns
     ccq_hmpi_op *h;
     const ccq_kind_info *ki = &ccq_kinds[op->kind < CCQ_KIND_COUNT_ ? op->kind : 0];
     size_t total = op->count;
-    int rc;
+    ccq_status st;
 
     *out = NULL;
     if (ki->src_n || ki->dst_n) /* the v collectives count every rank's block */
@@ -944,8 +999,15 @@ ccq_status ccq_hmpi_start(ccq_hmpi_comm *c, const ccq_be_op *op, uint64_t now_ns
         snprintf(err->msg, sizeof err->msg,
                  "%s of %zu elements on %u ranks across processes: MPI's int counts hold at "
                  "most %d elements per call",
-                 kind_name(op->kind), op->count, c->nranks, INT_MAX);
+                 hmpi_kind_name(op->kind), op->count, c->nranks, INT_MAX);
         return CCQ_ERR_UNSUPPORTED;
+    }
+    if (!c->pair && !ki->collective) {
+        snprintf(err->msg, sizeof err->msg,
+                 "internal: a %s half on a communicator of %d processes (halves across processes "
+                 "travel on their pair's)",
+                 ki->name, c->nprocs);
+        return CCQ_ERR_BACKEND;
     }
     h = calloc(1, sizeof *h + 4 * (size_t)c->nprocs * sizeof(int));
     if (h == NULL) {
@@ -955,31 +1017,26 @@ ccq_status ccq_hmpi_start(ccq_hmpi_comm *c, const ccq_be_op *op, uint64_t now_ns
     h->v = (int *)(h + 1);
     h->c = c;
     h->op = op;
-    h->req = MPI_REQUEST_NULL;
+    for (int k = 0; k < RQ_N; k++)
+        h->req[k] = MPI_REQUEST_NULL;
     h->start_ns = now_ns;
+    h->seq = op->seq;
+    h->wq = -1;
+    h->phase = PH_WAIT;
+    h->what = collective_call(op->kind);
     ccq_mpi_lock();
-    if (c->pair && c->mc == MPI_COMM_NULL && ccq_kinds[op->kind].collective) {
-        /* A collective on a pair's communicator: its own MPI communicator, at first use. */
-        int ranks[2] = {(int)c->procs[0], (int)c->procs[1]};
-        MPI_Comm world = c->mpi_comm >= 0 ? MPI_Comm_f2c((MPI_Fint)c->mpi_comm) : MPI_COMM_WORLD;
-        ccq_status st = group_comm(world, ranks, 2, c->blob, &c->mc, err);
-        if (st != CCQ_OK) {
-            ccq_mpi_unlock();
-            free(h);
-            return st;
-        }
-    }
     c->refs++;
-    rc = post(h, op);
-    if (rc != MPI_SUCCESS) {
-        ccq_status st;
-        if (rc == -1) {
-            snprintf(err->msg, sizeof err->msg, "out of memory for MPI scratch");
-            st = CCQ_ERR_NO_MEMORY;
-        } else {
-            st = mpi_err(err, rc, h->what);
-        }
-        op_free(h);
+    if (c->pair) {
+        st = hmpi_pair_start(h, op, err);
+    } else {
+        st = hmpi_check_start(h, op);
+        if (st != CCQ_OK)
+            snprintf(err->msg, sizeof err->msg, "out of memory");
+    }
+    if (st != CCQ_OK) {
+        /* Requests already posted (a header sent) finish on their own: keep h until then. */
+        hmpi_wq_remove(c, h);
+        release_or_keep(h);
         ccq_mpi_unlock();
         return st;
     }
@@ -988,30 +1045,91 @@ ccq_status ccq_hmpi_start(ccq_hmpi_comm *c, const ccq_be_op *op, uint64_t now_ns
     return CCQ_OK;
 }
 
+/* An operation that ended with an error, its requests completed or given to the abandoned
+ * list (MPI_Testall did not free them): report st with its detail. Lock held. */
+static ccq_status op_failed(ccq_hmpi_op *h, ccq_status st, ccq_errbuf *err)
+{
+    snprintf(err->msg, sizeof err->msg, "%s", h->fail_detail ? h->fail_detail : "?");
+    release_or_keep(h);
+    return st;
+}
+
 ccq_status ccq_hmpi_test(ccq_hmpi_op *h, ccq_errbuf *err)
 {
+    ccq_hmpi_comm *c = h->c;
     int flag = 0, rc;
 
     ccq_mpi_lock();
-    rc = MPI_Test(&h->req, &flag, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS) {
-        ccq_status st = mpi_err(err, rc, h->what);
-        /* The request is freed by a failed MPI_Test only if it completed; keep it. */
-        h->op = NULL;
-        h->next = abandoned;
-        abandoned = h;
-        nabandoned++;
-        ccq_mpi_unlock();
-        return st;
+    hmpi_check_flush();        /* the records of the batch just started leave together */
+    if (h->phase == PH_WAIT) { /* each MPI call is a progress pass of MPI: only when needed */
+        if (c->pair)
+            hmpi_pair_progress(c);
+        else
+            hmpi_check_progress(c);
     }
-    if (!flag) {
+    if (h->phase == PH_WAIT) {
         ccq_mpi_unlock();
         return CCQ_IN_PROGRESS;
     }
+    if (h->phase == PH_FAILED) {
+        ccq_status st;
+        /* Every member hears this process's record before it goes on (it would else wait for
+         * a record this process has not sent). */
+        if (!c->pair && !hmpi_check_sent(c, h->seq)) {
+            ccq_mpi_unlock();
+            return CCQ_IN_PROGRESS;
+        }
+        st = op_failed(h, h->fail, err);
+        ccq_mpi_unlock();
+        return st;
+    }
+    rc = MPI_Testall(RQ_N, h->req, &flag, MPI_STATUSES_IGNORE);
+    if (rc != MPI_SUCCESS) {
+        ccq_errbuf e;
+        hmpi_mpi_err(&e, rc, h->what);
+        hmpi_fail(h, CCQ_ERR_BACKEND, e.msg);
+        rc = op_failed(h, CCQ_ERR_BACKEND, err);
+        ccq_mpi_unlock();
+        return (ccq_status)rc;
+    }
+    if (!flag || (!c->pair && !hmpi_check_sent(c, h->seq))) {
+        ccq_mpi_unlock();
+        return CCQ_IN_PROGRESS;
+    }
+    if (h->phase == PH_DISCARD) { /* the mismatched peer's data is in and dropped */
+        ccq_status st = op_failed(h, h->fail, err);
+        ccq_mpi_unlock();
+        return st;
+    }
+    if (c->pair) {
+        bool wait = false;
+        if (hmpi_pair_split_due(h, &wait)) { /* a large all_reduce's second exchange */
+            ccq_status st;
+            ccq_mpi_unlock();
+            hmpi_pair_reduce_half(h);
+            ccq_mpi_lock();
+            if ((st = hmpi_pair_second(h, err)) != CCQ_OK) {
+                hmpi_fail(h, st, err->msg);
+                st = op_failed(h, st, err);
+            } else {
+                st = CCQ_IN_PROGRESS;
+                hmpi_stepped();
+            }
+            ccq_mpi_unlock();
+            return st;
+        }
+        if (wait) {
+            ccq_mpi_unlock();
+            return CCQ_IN_PROGRESS;
+        }
+    }
     ccq_mpi_unlock();
-    finish(h, h->op);
+    if (c->pair)
+        hmpi_pair_finish(h, h->op);
+    else
+        finish(h, h->op);
     ccq_mpi_lock();
-    op_free(h);
+    op_release(h);
     ccq_mpi_unlock();
     return CCQ_OK;
 }
@@ -1023,8 +1141,8 @@ void ccq_hmpi_describe(const ccq_hmpi_op *h, uint64_t now_ns, ccq_errbuf *err)
     size_t w;
     w = (size_t)snprintf(err->msg, sizeof err->msg,
                          "%s (%s, %zu x %s, sequence %" PRIu64 ") among processes ", h->what,
-                         op ? kind_name(op->kind) : "?", op ? op->count : 0,
-                         op ? dtype_name(op->dtype) : "?", op ? op->seq : 0);
+                         op ? hmpi_kind_name(op->kind) : "?", op ? op->count : 0,
+                         op ? hmpi_dtype_name(op->dtype) : "?", h->seq);
     for (int p = 0; p < c->nprocs && w < sizeof err->msg; p++) {
         if (p == 16) {
             w +=
@@ -1037,20 +1155,34 @@ void ccq_hmpi_describe(const ccq_hmpi_op *h, uint64_t now_ns, ccq_errbuf *err)
                                                    : ", ");
     }
     if (w < sizeof err->msg)
+        w += (size_t)snprintf(err->msg + w, sizeof err->msg - w, "(%u ranks; this is process %u) ",
+                              c->nranks, c->procs[c->me]);
+    if (w < sizeof err->msg && h->phase == PH_WAIT) {
+        char who[160];
+        ccq_mpi_lock();
+        if (c->pair)
+            snprintf(who, sizeof who, "process %u", c->procs[1 - c->me]);
+        else
+            hmpi_check_missing(h, who, sizeof who);
+        ccq_mpi_unlock();
+        /* Nothing was posted: no data moves before every member submitted it. */
         snprintf(err->msg + w, sizeof err->msg - w,
-                 "(%u ranks; this is process %u) still pending after %.0f ms: a member process "
-                 "died, hangs, or stopped submitting on this communicator",
-                 c->nranks, c->procs[c->me], (double)(now_ns - h->start_ns) / 1e6);
+                 "not started after %.0f ms: %s never submitted it (died, hangs, or stopped "
+                 "submitting on this communicator)",
+                 (double)(now_ns - h->start_ns) / 1e6, who);
+    } else if (w < sizeof err->msg) {
+        snprintf(err->msg + w, sizeof err->msg - w,
+                 "still pending after %.0f ms: a member process died, hangs, or stopped "
+                 "submitting on this communicator",
+                 (double)(now_ns - h->start_ns) / 1e6);
+    }
 }
 
 void ccq_hmpi_detach(ccq_hmpi_op *h)
 {
     ccq_mpi_lock();
-    h->op = NULL;
     h->detached = true;
-    h->next = abandoned;
-    abandoned = h;
-    nabandoned++;
+    keep(h);
     ndetached++;
     ccq_mpi_unlock();
 }
@@ -1067,10 +1199,16 @@ uint32_t ccq_hmpi_detached(void)
 void ccq_hmpi_abandon(ccq_hmpi_op *h)
 {
     ccq_mpi_lock();
-    h->op = NULL;
-    h->next = abandoned;
-    abandoned = h;
-    nabandoned++;
+    hmpi_wq_remove(h->c, h);
+    if (h->split == 1)
+        hmpi_pair_split_remove(h);
+    /* Receives can be cancelled (collectives cannot): a pair's receive into a user buffer
+     * that is cancelled before it matched never writes it later. One already matched
+     * completes; MPI_Cancel then does nothing. */
+    for (int k = RQ_HDR_RECV; k < RQ_N; k++)
+        if (h->req[k] != MPI_REQUEST_NULL)
+            MPI_Cancel(&h->req[k]);
+    keep(h);
     ccq_mpi_unlock();
 }
 
@@ -1078,11 +1216,13 @@ uint32_t ccq_hmpi_reap(uint64_t now_ns, uint64_t timeout_ns)
 {
     uint32_t left;
     ccq_mpi_lock();
+    hmpi_check_flush();
     for (ccq_hmpi_op **pp = &abandoned; *pp != NULL;) {
         ccq_hmpi_op *h = *pp;
         int flag = 0;
-        if (h->req == MPI_REQUEST_NULL ||
-            MPI_Test(&h->req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || !flag) {
+        /* flag says whether all completed, also when one of them failed */
+        MPI_Testall(RQ_N, h->req, &flag, MPI_STATUSES_IGNORE);
+        if (!flag) {
             if (h->detached && now_ns - h->start_ns > timeout_ns) {
                 /* Nobody received it within timeout_ms: stop polling for it. */
                 h->detached = false;
@@ -1094,7 +1234,7 @@ uint32_t ccq_hmpi_reap(uint64_t now_ns, uint64_t timeout_ns)
         *pp = h->next;
         nabandoned--;
         ndetached -= h->detached;
-        op_free(h);
+        op_release(h);
     }
     left = nabandoned;
     ccq_mpi_unlock();

@@ -49,16 +49,17 @@ void ccq_hmpi_root_blob(uint32_t world_rank, void *blob);
 
 /*
  * Create the MPI side of a communicator spanning d->nprocs > 1 processes: MPI_Comm_create_group
- * over the member processes of the world communicator (mpi_comm: an MPI_Fint, -1 =
- * MPI_COMM_WORLD), then an MPI_Allgather of every member's local rank count (for the `v`
- * collectives). Collective over the members only; blocks until every member calls it (the
- * runtime calls it right after the members met through the bootstrap: the wait is short).
- * blob: CCQ_HMPI_BLOB_LEN bytes of the lowest member's ccq_hmpi_root_blob.
+ * over the member processes of the world's duplicate w (ready: ccq_hmpi_world_test returned
+ * CCQ_OK), then an MPI_Allgather of every member's local rank count (for the `v` collectives).
+ * Collective over the members only; blocks until every member calls it (the runtime calls it
+ * when the communicator forms, right after the members met through the bootstrap: the wait
+ * is short). blob: CCQ_HMPI_BLOB_LEN bytes of the lowest member's ccq_hmpi_root_blob.
  */
-ccq_status ccq_hmpi_comm_create(const ccq_be_comm_desc *d, int64_t mpi_comm, const void *blob,
+ccq_status ccq_hmpi_comm_create(const ccq_be_comm_desc *d, ccq_hmpi_world *w, const void *blob,
                                 size_t blob_len, ccq_hmpi_comm **out, ccq_errbuf *err);
-/* The same for a pair of devices in two processes (d->nranks == 2, d->nprocs == 2), on
- * the world's duplicate w (ready: ccq_hmpi_world_test returned CCQ_OK). Never blocks. */
+/* A pair of devices in two processes (d->nranks == 2, d->nprocs == 2): no MPI communicator
+ * of its own; its send/recv halves and its collectives are point-to-point messages on the
+ * world's duplicate w (pair.c). Never blocks. */
 ccq_status ccq_hmpi_pair_create(const ccq_be_comm_desc *d, ccq_hmpi_world *w, const void *blob,
                                 size_t blob_len, ccq_hmpi_comm **out, ccq_errbuf *err);
 /* Free it. Operations still pending on it (abandoned) keep it alive until they end. */
@@ -91,6 +92,11 @@ void ccq_hmpi_abandon(ccq_hmpi_op *h);
 void ccq_hmpi_detach(ccq_hmpi_op *h);
 /* Detached sends MPI has not completed yet (they need polling to progress). */
 uint32_t ccq_hmpi_detached(void);
+
+/* When an operation last took a step other than its end (CLOCK_MONOTONIC ns): posted once
+ * every member's signature agreed. Its MPI operation starts then, so the scheduler should
+ * poll back to back for a while, as after a completion (mpi/ops.c: poll_interval). */
+uint64_t ccq_hmpi_last_step(void);
 
 /* Test abandoned operations and free those MPI completed; returns how many are left. */
 uint32_t ccq_hmpi_reap(uint64_t now_ns, uint64_t timeout_ns);

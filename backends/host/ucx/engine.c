@@ -36,8 +36,6 @@
 #define UCX_BUSY_NS      2000000u
 #define UCX_SLOW_POLL_NS 200000u
 
-static const ccq_host_engine_ops ucx_engine_ops;
-
 static ucx_engine *to_ucx(ccq_host_engine *e)
 {
     return ccq_container_of(e, ucx_engine, base);
@@ -261,7 +259,7 @@ static ccq_status ucx_create(const ccq_config *cfg, ccq_host_engine **out, ccq_e
         snprintf(err->msg, sizeof err->msg, "out of memory");
         return CCQ_ERR_NO_MEMORY;
     }
-    e->base.ops = &ucx_engine_ops;
+    e->base.ops = &ccq_host_engine_ucx_ops;
     ucx_tuning(e);
     e->timeout_ns = cfg->timeout_ms ? cfg->timeout_ms * 1000000ull : UINT64_MAX;
     us = ucp_config_read(NULL, NULL, &ucfg);
@@ -479,9 +477,14 @@ static ccq_status peer_ep(ucx_engine *e, uint32_t rank, ccq_errbuf *err)
     ep.err_handler.arg = p->cb_arg;
     us = ucp_ep_create(e->worker, &ep, &p->ep);
     if (us != UCS_OK) {
+        /* The peer cannot be reached (its worker is gone: it destroyed its runtime or died
+         * between the meeting and now; UCX's shared memory fails at once then): a peer
+         * failure, as if its endpoint had reported it. */
         p->ep = NULL;
-        snprintf(err->msg, sizeof err->msg, "UCX: ucp_ep_create to process %u: %s", rank,
-                 ucs_status_string(us));
+        p->failed = us;
+        e->peers_failed++;
+        snprintf(err->msg, sizeof err->msg, "process %u cannot be reached (UCX: ucp_ep_create: %s)",
+                 rank, ucs_status_string(us));
         return CCQ_ERR_BACKEND;
     }
     return CCQ_OK;
@@ -521,6 +524,7 @@ static ccq_status ucx_comm_create(ccq_host_engine *base, const ccq_be_comm_desc 
     ucx_comm *c;
     ccq_status st;
     uint64_t id;
+    char dead[CCQ_DETAIL_LEN] = "";
 
     *out = NULL;
     if (e->peers == NULL) {
@@ -564,12 +568,22 @@ static ccq_status ucx_comm_create(ccq_host_engine *base, const ccq_be_comm_desc 
             st = CCQ_ERR_BACKEND;
             goto fail;
         }
-        if ((st = peer_ep(e, d->procs[p], err)) != CCQ_OK)
+        st = peer_ep(e, d->procs[p], err);
+        if (st == CCQ_ERR_NO_MEMORY)
             goto fail;
+        if (st != CCQ_OK && dead[0] == '\0')
+            snprintf(dead, sizeof dead,
+                     "%.400s: a member of this communicator (this is process %u)", err->msg,
+                     e->world_rank);
     }
     c->next = e->comms;
     e->comms = c;
     ucx_adopt_orphans(e, c);
+    /* A member already gone: the communicator forms (forming waits for nobody and each member
+     * decides alone), and its operations fail naming the process, as after a peer error. */
+    if (dead[0] != '\0')
+        comm_fail(c, CCQ_ERR_BACKEND, dead, false);
+    err->msg[0] = '\0';
     *out = (ccq_heng_comm *)c;
     return CCQ_OK;
 
@@ -1058,7 +1072,7 @@ static uint64_t ucx_poll_interval(ccq_host_engine *base, bool busy)
     return 1;
 }
 
-static const ccq_host_engine_ops ucx_engine_ops = {
+const ccq_host_engine_ops ccq_host_engine_ucx_ops = {
     .name = "ucx",
     .create = ucx_create,
     .destroy = ucx_destroy,
@@ -1076,8 +1090,3 @@ static const ccq_host_engine_ops ucx_engine_ops = {
     .reap = ucx_reap,
     .poll_interval = ucx_poll_interval,
 };
-
-const ccq_host_engine_ops *ccq_host_engine_ucx(void)
-{
-    return &ucx_engine_ops;
-}

@@ -174,6 +174,14 @@ impl Config {
         self.raw.check_signatures = on.into();
         self
     }
+    /// NCCL backend: `true` creates its communication streams with the device's highest
+    /// priority, so communication kernels are scheduled ahead of compute waiting for SMs (as
+    /// PyTorch's `TORCH_NCCL_HIGH_PRIORITY=1`). Default off; other backends ignore it. Env:
+    /// `CCQ_NCCL_HIGH_PRIORITY=1`.
+    pub fn nccl_high_priority(mut self, on: bool) -> Self {
+        self.raw.nccl_high_priority = on.into();
+        self
+    }
     /// Job health, in a world of several processes: how often this process publishes its
     /// heartbeat (with its progress) through the bootstrap; 0 = no heartbeats. Default 1000.
     /// Env: `CCQ_HEARTBEAT_MS`.
@@ -279,6 +287,10 @@ impl Config {
     /// Whether the cross-process signature check is asked for.
     pub fn get_check_signatures(&self) -> bool {
         self.raw.check_signatures != 0
+    }
+    /// Whether the NCCL backend's communication streams get the highest priority.
+    pub fn get_nccl_high_priority(&self) -> bool {
+        self.raw.nccl_high_priority != 0
     }
     /// Heartbeat period (0 = none).
     pub fn get_heartbeat_ms(&self) -> u32 {

@@ -90,6 +90,7 @@ fn config_builder_sets_every_field() {
     assert_eq!(c.get_trace_capacity(), 1024);
     assert_eq!(c.get_host_stream_bytes(), u64::MAX);
     assert!(!c.get_trace_signal() && Config::new().trace_signal(true).get_trace_signal());
+    assert!(!c.get_nccl_high_priority() && Config::new().nccl_high_priority(true).get_nccl_high_priority());
     let rt = Runtime::new(&c.clone().trace_file(None)).unwrap();
     assert_eq!(rt.device_count(), 3);
     assert_eq!(rt.backend_name(), "host");
