@@ -76,8 +76,9 @@ int main(int argc, char **argv)
 {
     int n = 0, expect_killed = -1, a;
     double timeout = 120;
-    const char *torch_port = NULL;
-    char *envs[32];
+    /* static: what with_port allocates stays reachable until exit (LeakSanitizer) */
+    static const char *torch_port = NULL;
+    static char *envs[32];
     int nenv = 0;
     pid_t pid[MAXP];
     int status[MAXP], left, rc = 0;

@@ -650,6 +650,7 @@ static void op_free(ucx_op *o)
         o->sends = s->next;
         if (s->req != NULL)
             ucp_request_free(s->req);
+        free(s->copy); /* a notice's text, a detached send's data */
         free(s);
     }
     for (int k = 0; k < BUF_N; k++)
