@@ -36,8 +36,8 @@ pub struct ccq_config {
     pub heartbeat_timeout_ms: u32,
     /// NCCL backend: 1 = communication streams with the device's highest priority.
     pub nccl_high_priority: u32,
-    /// The host backend's engine across processes: `"ucx"`, `"mpi"`, or NULL (ucx when
-    /// built in, else mpi when MPI is initialised).
+    /// The host backend's engine across processes: `"ucx"`, `"mpi"`, or NULL (ucx when its
+    /// module libccq-ucx.so.0 loads, else mpi when MPI is initialised).
     pub host_engine: *const c_char,
 }
 

@@ -220,7 +220,7 @@ impl Config {
     }
     /// The host backend's engine across processes: `Some("ucx")` (UCX: shared memory, TCP,
     /// InfiniBand; ccq's own schedules), `Some("mpi")` (needs MPI initialised: mpirun), or
-    /// `None` (default: ucx when libccq has it, else mpi). Env: `CCQ_HOST_ENGINE`.
+    /// `None` (default: ucx when its module libccq-ucx.so.0 loads, else mpi). Env: `CCQ_HOST_ENGINE`.
     pub fn host_engine(mut self, engine: Option<&str>) -> Self {
         self.host_engine = engine.map(Into::into);
         self
