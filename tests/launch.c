@@ -9,13 +9,15 @@
  * TORCHELASTIC_RUN_ID (no CCQ_* variable). --expect-killed R: process R is meant to die
  * (killed by a signal); its status is not a failure, and the test fails if it exits.
  * "@PORT@" in an --env value, and --torchrun @PORT@, stand for a TCP port free on 127.0.0.1
- * (the kernel's pick, one per launch): tests that run at the same time never share one.
+ * (one per launch, below the kernel's ephemeral range, chosen at random and checked free):
+ * tests that run at the same time practically never share one.
  * Exit status: 0 when every process exited 0; else the first failure's status (128 +
  * signal), 124 when the time ran out (every process is then killed). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,23 +35,58 @@ static double now_s(void)
     return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
 }
 
-/* A port nobody listens on now (free again once closed; the world's process 0 binds it). */
+/* Whether port is free on 127.0.0.1 now (nothing bound to it). */
+static int port_free(int port)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET,
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+                             .sin_port = htons((uint16_t)port)};
+    int fd = socket(AF_INET, SOCK_STREAM, 0), ok;
+    if (fd < 0)
+        return 0;
+    ok = bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+    close(fd);
+    return ok;
+}
+
+/* A port nobody uses now, below the kernel's ephemeral range (ip_local_port_range): a port
+ * the kernel picks (bind to 0) is one it also hands to outgoing connections, so between two
+ * runtimes of a test some other socket's source port could take it and the world's process 0
+ * could no longer bind it (seen: "Address already in use" for a second runtime). Random, so
+ * launches running at once rarely try the same one; checked free. */
 static int free_port(void)
 {
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t sl = sizeof sa;
-    int fd = socket(AF_INET, SOCK_STREAM, 0), port = -1;
-
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
-        getsockname(fd, (struct sockaddr *)&sa, &sl) == 0)
-        port = ntohs(sa.sin_port);
-    if (fd >= 0)
-        close(fd);
-    if (port < 0) {
-        perror("launch: choosing a free port");
-        exit(1);
+    int lo = 32768;
+    FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+    if (f != NULL) {
+        if (fscanf(f, "%d", &lo) != 1)
+            lo = 32768;
+        fclose(f);
     }
-    return port;
+    if (lo > 12000) {
+        srand((unsigned)getpid() ^ (unsigned)(now_s() * 1e6));
+        for (int k = 0; k < 200; k++) {
+            int port = 10000 + rand() % (lo - 10000);
+            if (port_free(port))
+                return port;
+        }
+    }
+    {
+        /* the kernel's pick */
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        socklen_t sl = sizeof sa;
+        int fd = socket(AF_INET, SOCK_STREAM, 0), port = -1;
+        if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+            getsockname(fd, (struct sockaddr *)&sa, &sl) == 0)
+            port = ntohs(sa.sin_port);
+        if (fd >= 0)
+            close(fd);
+        if (port < 0) {
+            perror("launch: choosing a free port");
+            exit(1);
+        }
+        return port;
+    }
 }
 
 /* s with "@PORT@" replaced by port (a new string), or s itself. */
