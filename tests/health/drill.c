@@ -138,6 +138,7 @@ typedef struct shared {
     _Atomic uint64_t event_ns; /* when the driver killed or stopped the victim */
     _Atomic uint64_t cont_ns;  /* when it sent SIGCONT (stop drills) */
     _Atomic int release;       /* 1: survivors may finish (the victim is done) */
+    _Atomic int finished;      /* survivors done with every operation with the others */
     result res[MAXP];
     shm_store store;
 } shared;
@@ -253,6 +254,7 @@ static int worker(shared *sh, int rank)
     int partner = sh->nprocs == 4 ? rank ^ 1 : -1;
     uint32_t pair[4];
     uint32_t npair = 0;
+    bool counted = false; /* in sh->finished */
 
     fake_reset();
     fake_set_devices(sh->devices, 9);
@@ -394,6 +396,15 @@ static int worker(shared *sh, int rank)
             me->wrong += wrong;
         }
     }
+    /* No survivor leaves while another still has an operation with it in flight: an
+     * operation finishes at different times in different processes, and a process seen to
+     * exit before its "left" record arrives is lost to the others (job health), failing what
+     * was in flight with it (seen on tcp: a survivor's last step failed as process 3's loss
+     * once process 3 had finished it and left). */
+    counted = true;
+    atomic_fetch_add(&sh->finished, 1);
+    while (atomic_load(&sh->finished) < sh->nprocs - 1)
+        nap_ms(5);
     /* Once the victim is done (continued, fenced off, exited; or killed), the failed
      * operation's outputs still hold what they held. */
     while (!atomic_load(&sh->release))
@@ -404,6 +415,8 @@ static int worker(shared *sh, int rank)
     me->events = atomic_load(&evc.n);
     CHECK(me->events >= 1, "no CCQ_EV_PROCESS_LOST event for process %d", sh->victim);
 out:
+    if (!counted && rank != sh->victim) /* failed early: nobody waits for it */
+        atomic_fetch_add(&sh->finished, 1);
     if (me->rc == 0) { /* nothing the real NCCL would punish (the fake counts misuse) */
         char msg[512];
         ccq_runtime_destroy(rt);
