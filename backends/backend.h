@@ -49,6 +49,8 @@ typedef struct ccq_be_comm ccq_be_comm; /* a backend's communicator (opaque to t
  * set of global device ids, so this process's devices are the contiguous ranks
  * first_rank .. first_rank + nlocal - 1. */
 #define CCQ_BE_ROOT_BLOB_MAX 256
+/* Largest per-process blob of the world's meeting (world_blob). */
+#define CCQ_BE_WORLD_BLOB_MAX 65536u
 /* What one member process tells the others about its part of a communicator when they meet
  * (comm_member_blob), e.g. the NCCL backend's lowest compute capability. */
 #define CCQ_BE_MEMBER_BLOB_MAX 32
@@ -64,6 +66,9 @@ typedef struct ccq_be_comm_desc {
     const ccq_device_id *local_devices; /* [nlocal]: the backend's device of each local rank */
     uint32_t nprocs;                    /* member processes (1: every rank is here) */
     const uint32_t *procs;              /* [nprocs]: their world ranks, ascending */
+    const uint32_t *proc_first;         /* [nprocs + 1]: the rank of each member process's first
+                                           device; proc_first[nprocs] = nranks (process p has
+                                           ranks proc_first[p] .. proc_first[p + 1] - 1) */
     uint32_t world_rank;                /* this process's */
     const void *root_blob;              /* nprocs > 1: what comm_root_blob gave on the lowest */
     size_t root_blob_len;               /*   member process, the same bytes in every member */
@@ -188,14 +193,21 @@ typedef struct ccq_backend_ops {
      * must be polled until it is (*out is set either way), or an error. Must not block. */
     ccq_status (*comm_create)(ccq_backend *be, const struct ccq_be_comm_desc *desc,
                               ccq_be_comm **out, ccq_errbuf *err);
+    /* Optional: in a world of several processes, this process's bytes for the world's
+     * meeting (the UCX engine's worker address), at most CCQ_BE_WORLD_BLOB_MAX (*len in:
+     * room, out: used; 0 = none). Called once, on the thread creating the runtime, before
+     * the processes meet; every process's world_ready receives every process's bytes. */
+    ccq_status (*world_blob)(ccq_backend *be, void *blob, size_t *len, ccq_errbuf *err);
     /* Optional: called once in every process of a world of several, right after the
      * processes met (ccq_runtime_create), before any comm_create. Every process calls it at
      * the same point, so a backend can start an operation collective over the whole world
-     * there (the host backend's MPI_Comm_idup for send/recv between processes). An error
-     * (with err) says this backend cannot span these processes: the runtime then refuses
-     * every communicator spanning processes at once, with that detail, instead of meeting. */
+     * there (the host backend's MPI_Comm_idup for send/recv between processes). blobs[p]
+     * (blob_len[p] bytes) is what process p's world_blob gave (NULL and 0 when none), valid
+     * during the call. An error (with err) says this backend cannot span these processes:
+     * the runtime then refuses every communicator spanning processes at once, with that
+     * detail, instead of meeting. */
     ccq_status (*world_ready)(ccq_backend *be, uint32_t world_rank, uint32_t world_size,
-                              ccq_errbuf *err);
+                              const void *const *blobs, const size_t *blob_len, ccq_errbuf *err);
     /* Poll a communicator comm_create left in progress: CCQ_OK, CCQ_IN_PROGRESS, or an
      * error (the runtime then destroys it). NULL when comm_create never returns
      * CCQ_IN_PROGRESS. */

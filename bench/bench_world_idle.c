@@ -1,9 +1,9 @@
-/* Scheduler CPU while idle in a world of processes (run under mpirun -np 2): after an
- * all_reduce across the processes has completed, no MPI request is in flight and the
- * scheduler must sleep, not poll MPI. Prints, per process, the CPU time the whole process
- * used over one idle second (getrusage), then over one second with an all_reduce stuck in
- * flight (process 1 holds its part back), where the scheduler polls MPI at the backend's
- * interval until timeout_ms. */
+/* Scheduler CPU while idle in a world of 2 processes (under mpirun -np 2, or plain processes
+ * with CCQ_BOOTSTRAP; either engine, CCQ_HOST_ENGINE): after an all_reduce across the
+ * processes has completed, nothing is in flight and the scheduler must sleep, not poll the
+ * engine. Prints, per process, the CPU time the whole process used over one idle second
+ * (getrusage), then over one second with an all_reduce stuck in flight (process 1 holds its
+ * part back), where the scheduler polls the engine at its interval until timeout_ms. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,10 +25,11 @@ int main(void)
     ccq_config_init(&cfg);
     rank = cfg.world_rank;
     if (cfg.world_size < 2) {
-        fprintf(stderr, "run under mpirun -np 2\n");
+        fprintf(stderr, "run under mpirun -np 2 (or 2 processes with CCQ_BOOTSTRAP)\n");
         return 77;
     }
-    cfg.bootstrap = "mpi";
+    if (cfg.bootstrap == NULL) /* under mpirun; else CCQ_BOOTSTRAP (tcp://, file:) */
+        cfg.bootstrap = "mpi";
     cfg.host_devices = 1;
     cfg.timeout_ms = 3000;
     if (ccq_runtime_create(&cfg, &rt) != CCQ_OK) {

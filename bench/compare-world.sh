@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
-# The host backend across processes against MPI_Allreduce and Gloo, one run, the same sizes:
-# ccq-perf under mpirun (P processes x G devices, bootstrap "mpi"), bench/mpi_allreduce.c
-# with P*G processes, bench/gloo_allreduce.cc (TCP on loopback, a FileStore) with P*G
-# processes. float32 sum, out of place, mean time per op, the slowest process's.
+# The host backend across processes against MPI_Allreduce and Gloo, side by side in one run:
+#   ccq UCX   ccq-perf on the UCX engine, P plain processes x G devices (no launcher: a shell
+#             loop, the tcp:// rendezvous on loopback)
+#   ccq MPI   ccq-perf on the MPI engine under mpirun (P x G, bootstrap "mpi")
+#   MPI       blocking MPI_Allreduce, bench/mpi_allreduce.c, P*G processes
+#   Gloo      bench/gloo_allreduce.cc (TCP loopback, a FileStore), P*G processes
+# float32 sum, out of place, mean time per op over ITERS (the slowest process's, as
+# nccl-tests reports); the four run in turn, REPS times, and each cell is the median of its
+# REPS runs. Ratios: other / ccq UCX.
 # Usage: bench/compare-world.sh [P] [G] [maxbytes]   (defaults: 2, 1, 64M)
-# Env: ITERS (10), WARMUP (3), MINB (16), FACTOR (4), OUTDIR (build-bench/results).
-# Installs openmpi-bin, libopenmpi-dev and libgloo-dev from Debian when missing (as root).
+# Env: ITERS (10), WARMUP (3), MINB (8), FACTOR (2), REPS (3), OUTDIR (build-bench/results),
+# PORT (29600). Installs openmpi-bin, libopenmpi-dev, libucx-dev and libgloo-dev from Debian
+# when missing (as root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/common.sh
@@ -14,8 +20,10 @@ G=${2:-1}
 MAX=${3:-64M}
 ITERS=${ITERS:-10}
 WARMUP=${WARMUP:-3}
-MINB=${MINB:-16}
-FACTOR=${FACTOR:-4}
+MINB=${MINB:-8}
+FACTOR=${FACTOR:-2}
+REPS=${REPS:-3}
+PORT=${PORT:-29600}
 N=$((P * G))
 ccq_install_deps openmpi-bin libopenmpi-dev libgloo-dev
 dir=$CCQ_ROOT/build-bench
@@ -28,33 +36,62 @@ g++ -std=c++17 -O2 -o "$dir/gloo_allreduce" bench/gloo_allreduce.cc -lgloo -lpth
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 run="mpirun --oversubscribe --bind-to none"
 flags=(-b "$MINB" -e "$MAX" -f "$FACTOR" -n "$ITERS" -w "$WARMUP")
-echo "== ccq-perf: $P processes x $G host devices"
-$run -np "$P" "$dir/tools/ccq-perf" -g "$G" "${flags[@]}" --json >"$out/world-ccq-p${P}g${G}.json"
-echo "== MPI_Allreduce: $N processes"
-$run -np "$N" "$dir/mpi_allreduce" "${flags[@]}" >"$out/world-mpi-np$N.json"
-echo "== Gloo allreduce (TCP loopback, FileStore): $N processes"
-store=$(mktemp -d)
-GLOO_STORE_DIR=$store $run -x GLOO_STORE_DIR -np "$N" "$dir/gloo_allreduce" "${flags[@]}" \
-    >"$out/world-gloo-np$N.json"
-rm -rf "$store"
+tag=p${P}g${G}
 
-python3 - "$out/world-ccq-p${P}g${G}.json" "$out/world-mpi-np$N.json" "$out/world-gloo-np$N.json" \
-    "$P" "$G" <<'PY'
-import json, sys
-ccq = json.load(open(sys.argv[1]))
-mpi = {r["size"]: r for r in (json.loads(l) for l in open(sys.argv[2]) if l.strip())}
-gloo = {r["size"]: r for r in (json.loads(l) for l in open(sys.argv[3]) if l.strip())}
-p, g = sys.argv[4], sys.argv[5]
-print(f"# float32 sum, out of place; ccq: {p} processes x {g} devices; MPI and Gloo: "
-      f"{int(p) * int(g)} processes; time per op (us), ratio = other / ccq")
-print(f"# {'size(B)':>10} {'ccq us':>10} {'MPI us':>10} {'Gloo us':>10} {'MPI/ccq':>8} {'Gloo/ccq':>8}"
-      f" {'ccq busbw':>9} {'#wrong':>6}")
-for r in ccq:
-    c = r["out_of_place"]
-    m, gl = mpi.get(r["size"]), gloo.get(r["size"])
-    mt = m["time_us"] if m else float("nan")
-    gt = gl["time_us"] if gl else float("nan")
-    print(f"  {r['size']:>10} {c['time_us']:>10.2f} {mt:>10.2f} {gt:>10.2f} {mt / c['time_us']:>7.2f}x"
-          f" {gt / c['time_us']:>7.2f}x {c['busbw']:>9.3f} {c['wrong']:>6}")
+# P plain processes of ccq-perf on the UCX engine, meeting at tcp://127.0.0.1:PORT; rank 0's
+# JSON is the table (only it prints).
+plain_ucx() {
+    local pids=() r
+    for r in $(seq 0 $((P - 1))); do
+        CCQ_WORLD_RANK=$r CCQ_WORLD_SIZE=$P CCQ_BOOTSTRAP=tcp://127.0.0.1:$PORT \
+            CCQ_HOST_ENGINE=ucx "$dir/tools/ccq-perf" -g "$G" "${flags[@]}" --json >"$1.r$r" &
+        pids+=($!)
+    done
+    for r in "${pids[@]}"; do wait "$r"; done
+    mv "$1.r0" "$1"
+    rm -f "$1".r*
+}
+
+for rep in $(seq 1 "$REPS"); do
+    echo "== run $rep of $REPS: ccq (UCX engine, plain processes): $P processes x $G devices"
+    plain_ucx "$out/world-ccq-ucx-$tag.$rep.json"
+    echo "== run $rep of $REPS: ccq (MPI engine, mpirun): $P processes x $G devices"
+    CCQ_HOST_ENGINE=mpi $run -x CCQ_HOST_ENGINE -np "$P" "$dir/tools/ccq-perf" -g "$G" \
+        "${flags[@]}" --json >"$out/world-ccq-mpi-$tag.$rep.json"
+    echo "== run $rep of $REPS: MPI_Allreduce: $N processes"
+    $run -np "$N" "$dir/mpi_allreduce" "${flags[@]}" >"$out/world-mpi-np$N.$rep.json"
+    echo "== run $rep of $REPS: Gloo allreduce (TCP loopback, FileStore): $N processes"
+    store=$(mktemp -d)
+    GLOO_STORE_DIR=$store $run -x GLOO_STORE_DIR -np "$N" "$dir/gloo_allreduce" "${flags[@]}" \
+        >"$out/world-gloo-np$N.$rep.json"
+    rm -rf "$store"
+done
+
+python3 - "$out" "$tag" "$N" "$P" "$G" "$REPS" <<'PY' | tee "$out/world-compare-$tag.txt"
+import json, statistics, sys
+out, tag, n, p, g, reps = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6])
+def ccq(path):
+    return {r["size"]: r["out_of_place"] for r in json.load(open(path))}
+def lines(path):
+    return {r["size"]: r for r in (json.loads(l) for l in open(path) if l.strip())}
+runs = {k: [] for k in ("ucx", "mpie", "mpi", "gloo")}
+for rep in range(1, reps + 1):
+    runs["ucx"].append(ccq(f"{out}/world-ccq-ucx-{tag}.{rep}.json"))
+    runs["mpie"].append(ccq(f"{out}/world-ccq-mpi-{tag}.{rep}.json"))
+    runs["mpi"].append(lines(f"{out}/world-mpi-np{n}.{rep}.json"))
+    runs["gloo"].append(lines(f"{out}/world-gloo-np{n}.{rep}.json"))
+def med(k, size):
+    v = [r[size]["time_us"] for r in runs[k] if size in r]
+    return statistics.median(v) if v else float("nan")
+wrong = lambda k, size: sum(r[size]["wrong"] for r in runs[k] if size in r)
+print(f"# float32 sum, out of place; ccq: {p} processes x {g} devices (UCX engine: plain "
+      f"processes over tcp://; MPI engine: mpirun); MPI_Allreduce and Gloo: {n} processes")
+print(f"# time per op (us), median of {reps} runs; ratio = other / ccq UCX (> 1: ccq UCX faster)")
+print(f"# {'size(B)':>10} {'ccq UCX':>10} {'ccq MPI':>10} {'MPI':>10} {'Gloo':>10}"
+      f" {'MPI/UCX':>8} {'Gloo/UCX':>8} {'ccqMPI/UCX':>10} {'MPI/ccqMPI':>10} {'#wrong':>6}")
+for size in sorted(runs["ucx"][0]):
+    u, e, m, gl = med("ucx", size), med("mpie", size), med("mpi", size), med("gloo", size)
+    print(f"  {size:>10} {u:>10.2f} {e:>10.2f} {m:>10.2f} {gl:>10.2f} {m / u:>7.2f}x"
+          f" {gl / u:>7.2f}x {e / u:>9.2f}x {m / e:>9.2f}x {wrong('ucx', size) + wrong('mpie', size):>6}")
 PY
 echo "(JSON in $out)"

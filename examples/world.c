@@ -2,17 +2,20 @@
  * environment's business (ccq_config_init reads it), so the same program runs, from the
  * build directory's examples/ (build/examples/ccq_world),
  *
+ *   with no launcher:        for r in 0 1; do CCQ_WORLD_RANK=$r CCQ_WORLD_SIZE=2 \
+ *                              CCQ_BOOTSTRAP=tcp://127.0.0.1:29500 ./ccq_world & done; wait
+ *   as torchrun starts it:   RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (tcp:// to the master)
  *   under mpirun:            CCQ_BOOTSTRAP=mpi mpirun -np 2 ./ccq_world
- *   as plain processes:      for r in 0 1; do CCQ_WORLD_RANK=$r CCQ_WORLD_SIZE=2 \
- *                              CCQ_BOOTSTRAP=file:/tmp/myjob ./ccq_world & done; wait
+ *   through a directory:     ... CCQ_BOOTSTRAP=file:/tmp/myjob ./ccq_world ...
  *
- * (the file bootstrap creates /tmp/myjob if needed; examples/world_store.c shows the third
+ * (the file bootstrap creates /tmp/myjob if needed; examples/world_store.c shows the fifth
  * way, the embedder's own store). Each process prints its place in the world, runs an
  * all_reduce over its own devices, then one over every device of the world, and checks the
  * results. The world's all_reduce needs a backend that spans processes: NCCL, or the host
- * backend over MPI (under mpirun); with plain processes the host backend has no MPI, so it
- * refuses the world's communicator at once (CCQ_ERR_UNSUPPORTED, printed with its reason),
- * which this example reports and accepts. */
+ * backend through its UCX engine (any of the ways above) or its MPI engine (under mpirun).
+ * A host backend that cannot span them (CCQ_HOST_ENGINE=mpi without mpirun, or a ccq built
+ * without UCX and MPI) refuses the world's communicator at once (CCQ_ERR_UNSUPPORTED,
+ * printed with its reason), which this example reports and accepts. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -209,12 +209,18 @@ typedef struct ccq_config {
     uint64_t host_stream_bytes;
     /* ---- appended in 0.2: a world of processes (docs/multiprocess.md) ---- */
     uint32_t world_rank;           /**< This process (default 0). Env: CCQ_WORLD_RANK, else the
-                                        launcher's OMPI_COMM_WORLD_RANK or PMI_RANK. */
+                                        launcher's: OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID,
+                                        RANK (torchrun), in that order. */
     uint32_t world_size;           /**< Processes in the job (default 1: this one alone). Env:
-                                        CCQ_WORLD_SIZE, else OMPI_COMM_WORLD_SIZE or PMI_SIZE. */
+                                        CCQ_WORLD_SIZE, else OMPI_COMM_WORLD_SIZE, PMI_SIZE,
+                                        SLURM_NTASKS, WORLD_SIZE (torchrun). */
     const char *bootstrap;         /**< How processes meet: "mpi", "file:DIR" (a directory every
-                                        process sees; created, mode 0700, if missing), or NULL
-                                        to use `store`. Env: CCQ_BOOTSTRAP. */
+                                        process sees; created, mode 0700, if missing),
+                                        "tcp://HOST:PORT" (world rank 0 serves a rendezvous at
+                                        HOST:PORT, on every interface when HOST is "*"; the others
+                                        connect and stay connected), or NULL to use `store`.
+                                        Env: CCQ_BOOTSTRAP, else tcp://MASTER_ADDR:MASTER_PORT
+                                        when torchrun's variables are set. */
     const struct ccq_store *store; /**< The embedder's key-value store (bootstrap NULL). Borrowed
                                         until ccq_runtime_destroy returns. */
     int64_t mpi_comm; /**< For "mpi": MPI_Comm_c2f() of the embedder's communicator; -1 (the
@@ -258,6 +264,14 @@ typedef struct ccq_config {
      * processes agree on each fusion, and a communicator uses the smallest value of its
      * members. 0 = off. Default 1048576 (1 MiB). Env: CCQ_FUSION_BYTES. */
     uint64_t fusion_bytes;
+    /* ---- appended in 0.3: the host backend's engine across processes ---- */
+    /** Host backend across processes: the engine that moves data between them. "ucx" (UCX's
+     * UCP: shared memory, TCP, InfiniBand; ccq's own schedules, every message checked), "mpi"
+     * (needs MPI initialised: launch under mpirun), or NULL (the default) = "ucx" when its
+     * module (libccq-ucx.so.0) loads and UCX starts, else "mpi" when MPI is initialised. Each
+     * engine is a module loaded on first need (README.md, Install). docs/multiprocess-host.md.
+     * Env: CCQ_HOST_ENGINE. */
+    const char *host_engine;
 } ccq_config;
 
 /**

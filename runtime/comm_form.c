@@ -49,6 +49,19 @@ static ccq_status form_fail(ccq_comm *c, ccq_status st, const char *fmt, ...)
     return st;
 }
 
+/* The rank of each member process's first device (ranks are contiguous per process, and
+ * processes ascend with ranks): out[nprocs + 1]. */
+static void proc_first_ranks(const ccq_runtime *rt, const ccq_comm *c, uint32_t *out)
+{
+    uint32_t p = 0;
+    for (uint32_t r = 0; r < c->n && p < c->nprocs; r++)
+        if (ccq_world_owner(&rt->world, c->devices[r]) == c->procs[p])
+            out[p++] = r;
+    while (p < c->nprocs) /* cannot happen: every member owns a device */
+        out[p++] = c->n;
+    out[c->nprocs] = c->n;
+}
+
 /* The communicator c can be shrunk from (runtime/health/): one that lost member processes,
  * that the backend revoked rather than aborted, whose devices are c's plus only devices of lost
  * processes (so every rank it keeps belongs to a member of c); the smallest such, the same
@@ -85,9 +98,12 @@ static ccq_comm *shrink_parent(ccq_runtime *rt, const ccq_comm *c)
     return best;
 }
 
-/* The backend's description of c (local devices into `local`). */
-static void comm_desc(ccq_runtime *rt, const ccq_comm *c, ccq_device_id *local, ccq_be_comm_desc *d)
+/* The backend's description of c (local devices into `local`, the member processes' first
+ * ranks into pf[nprocs + 1]). */
+static void comm_desc(ccq_runtime *rt, const ccq_comm *c, ccq_device_id *local, uint32_t *pf,
+                      ccq_be_comm_desc *d)
 {
+    proc_first_ranks(rt, c, pf);
     for (uint32_t i = 0; i < c->nlocal; i++)
         local[i] = ccq_backend_device(rt, c->devices[c->first_local + i]);
     memset(d, 0, sizeof *d);
@@ -97,6 +113,7 @@ static void comm_desc(ccq_runtime *rt, const ccq_comm *c, ccq_device_id *local, 
     d->local_devices = local;
     d->nprocs = c->nprocs;
     d->procs = c->procs;
+    d->proc_first = pf;
     d->world_rank = rt->world.rank;
 }
 
@@ -107,22 +124,27 @@ static ccq_status form_shrink(ccq_runtime *rt, ccq_comm *c, ccq_comm *p,
 {
     ccq_device_id local[CCQ_MAX_DEVICES];
     uint32_t *exclude = malloc(p->n * sizeof *exclude), nexcl = 0, j = 0;
+    uint32_t *pf = malloc((c->nprocs + 1) * sizeof *pf);
     ccq_be_comm_desc d;
     ccq_errbuf err = {{0}};
     ccq_status st;
 
-    if (exclude == NULL)
+    if (exclude == NULL || pf == NULL) {
+        free(exclude);
+        free(pf);
         return form_fail(c, CCQ_ERR_NO_MEMORY, "out of memory");
+    }
     for (uint32_t r = 0; r < p->n; r++) {
         if (j < c->n && c->devices[j] == p->devices[r])
             j++;
         else
             exclude[nexcl++] = r;
     }
-    comm_desc(rt, c, local, &d);
+    comm_desc(rt, c, local, pf, &d);
     d.member_blobs = members;
     st = rt->be_ops->comm_shrink(rt->be, p->be, exclude, nexcl, &d, &c->be, &err);
     free(exclude);
+    free(pf);
     if (st == CCQ_IN_PROGRESS) {
         c->form_step = CCQ_FORM_BACKEND;
         return st;
@@ -143,13 +165,17 @@ static ccq_status form_backend(ccq_runtime *rt, ccq_comm *c, const void *blob, s
     ccq_be_comm_desc d;
     ccq_errbuf err = {{0}};
     ccq_status st;
+    uint32_t *pf = malloc((c->nprocs + 1) * sizeof *pf);
 
-    comm_desc(rt, c, local, &d);
+    if (pf == NULL)
+        return form_fail(c, CCQ_ERR_NO_MEMORY, "out of memory forming a communicator");
+    comm_desc(rt, c, local, pf, &d);
     d.root_blob = blob;
     d.root_blob_len = blob_len;
     d.fusion_bytes = c->fusion_bytes;
     d.member_blobs = members;
     st = rt->be_ops->comm_create(rt->be, &d, &c->be, &err);
+    free(pf);
     if (st == CCQ_IN_PROGRESS) {
         c->form_step = CCQ_FORM_BACKEND;
         return st;
@@ -198,23 +224,33 @@ ccq_status ccq_comm_form_start(ccq_runtime *rt, ccq_comm *c, uint64_t now)
     mine.fusion_bytes = rt->cfg.fusion_bytes;
     ccq_device_id local[CCQ_MAX_DEVICES];
     ccq_be_comm_desc d;
-    comm_desc(rt, c, local, &d);
+    uint32_t *pf = malloc((c->nprocs + 1) * sizeof *pf);
+    if (pf == NULL)
+        return form_fail(c, CCQ_ERR_NO_MEMORY, "out of memory forming a communicator");
+    comm_desc(rt, c, local, pf, &d);
     if (rt->world.rank == c->procs[0]) {
         ccq_errbuf err = {{0}};
         size_t len = sizeof mine.blob;
         st = rt->be_ops->comm_root_blob(rt->be, &d, mine.blob, &len, &err);
-        if (st != CCQ_OK)
+        if (st != CCQ_OK) {
+            free(pf);
             return form_fail(c, st, "%s", err.msg);
+        }
         mine.blob_len = (uint32_t)len;
     }
     if (rt->be_ops->comm_member_blob != NULL) {
         ccq_errbuf err = {{0}};
         st = rt->be_ops->comm_member_blob(rt->be, &d, &mine.member, &err);
-        if (st != CCQ_OK)
+        if (st == CCQ_OK && mine.member.len > CCQ_BE_MEMBER_BLOB_MAX) {
+            st = CCQ_ERR_BACKEND;
+            snprintf(err.msg, sizeof err.msg, "the backend's member blob is too long");
+        }
+        if (st != CCQ_OK) {
+            free(pf);
             return form_fail(c, st, "%s", err.msg);
-        if (mine.member.len > CCQ_BE_MEMBER_BLOB_MAX)
-            return form_fail(c, CCQ_ERR_BACKEND, "the backend's member blob is too long");
+        }
     }
+    free(pf);
     c->shrink_from = shrink_parent(rt, c);
     if (c->shrink_from != NULL) {
         mine.parent_hash = c->shrink_from->hash;

@@ -79,11 +79,17 @@ static ccq_status fwd_comm_member_blob(ccq_backend *be, const ccq_be_comm_desc *
     return f->inner_ops->comm_member_blob(f->inner, d, blob, err);
 }
 
-static ccq_status fwd_world_ready(ccq_backend *be, uint32_t world_rank, uint32_t world_size,
-                                  ccq_errbuf *err)
+static ccq_status fwd_world_blob(ccq_backend *be, void *blob, size_t *len, ccq_errbuf *err)
 {
     fault_be *f = to_fault(be);
-    return f->inner_ops->world_ready(f->inner, world_rank, world_size, err);
+    return f->inner_ops->world_blob(f->inner, blob, len, err);
+}
+
+static ccq_status fwd_world_ready(ccq_backend *be, uint32_t world_rank, uint32_t world_size,
+                                  const void *const *blobs, const size_t *blob_len, ccq_errbuf *err)
+{
+    fault_be *f = to_fault(be);
+    return f->inner_ops->world_ready(f->inner, world_rank, world_size, blobs, blob_len, err);
 }
 
 static ccq_status fwd_comm_create(ccq_backend *be, const ccq_be_comm_desc *d, ccq_be_comm **out,
@@ -337,6 +343,7 @@ ccq_status ccq_fault_wrap(const ccq_fault_plan *plan, const ccq_backend_ops **op
         .device_count = fwd_device_count,
         .comm_root_blob = in->comm_root_blob ? fwd_comm_root_blob : NULL,
         .comm_member_blob = in->comm_member_blob ? fwd_comm_member_blob : NULL,
+        .world_blob = in->world_blob ? fwd_world_blob : NULL,
         .world_ready = in->world_ready ? fwd_world_ready : NULL,
         .comm_create = fwd_comm_create,
         .comm_test = in->comm_test ? fwd_comm_test : NULL,

@@ -242,11 +242,18 @@ struct ccq_runtime {
     ccq_status span_status; /* the backend's world_ready: can it span these processes? */
     char span_detail[CCQ_DETAIL_LEN];
     uint32_t max_streams;
-    uint32_t ring_size;   /* slots per stream (power of two >= queue_depth) */
-    uint64_t timeout_ns;  /* UINT64_MAX for none */
-    uint64_t spin_ns;     /* polling budget before sleeping (cfg.spin_us) */
-    ccq_fault_plan fault; /* fault injection (cfg.fault); the runtime applies `drop` */
-    ccq_stream *streams;  /* [ndev * max_streams] */
+    uint32_t ring_size;  /* slots per stream (power of two >= queue_depth) */
+    uint64_t timeout_ns; /* UINT64_MAX for none */
+    uint64_t spin_ns;    /* polling budget before sleeping (cfg.spin_us) */
+    /* 1 while the scheduler busy-polls an engine (a batch in flight whose backend asks to be
+     * polled back to back: the host backend's UCX engine). Fence waiters then sleep at once
+     * instead of spinning spin_us: on a machine with fewer cores than busy threads a spinning
+     * waiter takes the core from the thread that must progress the work it waits for.
+     * Written by the scheduler only (relaxed: a stale value only costs a spin or a sleep). */
+    _Atomic uint32_t engine_polling;
+    bool fence_spin_always; /* CCQ_FENCE_SPIN=1: spin anyway (measurements) */
+    ccq_fault_plan fault;   /* fault injection (cfg.fault); the runtime applies `drop` */
+    ccq_stream *streams;    /* [ndev * max_streams] */
 
     /* Wake-up of the scheduler, and its inputs besides the stream queues. */
     ccq_wake wake;

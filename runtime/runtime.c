@@ -67,6 +67,7 @@ static void config_defaults(ccq_config *cfg)
     cfg->heartbeat_ms = CCQ_HEARTBEAT_MS_DEFAULT;
     cfg->heartbeat_timeout_ms = 0; /* 10 x heartbeat_ms */
     cfg->fusion_bytes = CCQ_FUSION_BYTES_DEFAULT;
+    cfg->host_engine = NULL;
 
     b = getenv("CCQ_BACKEND");
     if (b != NULL && *b != '\0')
@@ -131,6 +132,11 @@ static void config_defaults(ccq_config *cfg)
     b = getenv("CCQ_BOOTSTRAP");
     if (b != NULL && *b != '\0')
         cfg->bootstrap = b; /* checked by ccq_runtime_create */
+    else
+        cfg->bootstrap = ccq_boot_spec_from_env(); /* torchrun's MASTER_ADDR:MASTER_PORT */
+    b = getenv("CCQ_HOST_ENGINE");
+    if (b != NULL && *b != '\0')
+        cfg->host_engine = b; /* checked by ccq_runtime_create */
     cfg->env_error = err;
 }
 
@@ -217,6 +223,12 @@ static ccq_status config_validate(const ccq_config *c, ccq_fault_plan *fault)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
                         "ccq_config.check_signatures is %" PRIu32 "; expected 0 or 1",
                         c->check_signatures);
+    if (c->host_engine != NULL && strcmp(c->host_engine, "ucx") != 0 &&
+        strcmp(c->host_engine, "mpi") != 0)
+        return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                        "ccq_config.host_engine (CCQ_HOST_ENGINE) is \"%.64s\"; expected \"ucx\", "
+                        "\"mpi\" or NULL (ucx when its module loads, else mpi)",
+                        c->host_engine);
     if (c->nccl_high_priority > 1)
         return ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
                         "ccq_config.nccl_high_priority is %" PRIu32 "; expected 0 or 1",
@@ -370,6 +382,13 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
         atomic_init(&rt->buckets[i], NULL);
     rt->timeout_ns = cfg.timeout_ms == 0 ? UINT64_MAX : cfg.timeout_ms * 1000000ull;
     rt->spin_ns = (uint64_t)cfg.spin_us * 1000u;
+    atomic_init(&rt->engine_polling, 0);
+    {
+        /* Measurements only (docs/performance.md): fence waiters spin even while the
+         * scheduler busy-polls an engine. */
+        const char *fs = getenv("CCQ_FENCE_SPIN");
+        rt->fence_spin_always = fs != NULL && strcmp(fs, "1") == 0;
+    }
     rt->fault = fault;
     if (ccq_trace_init(&rt->trace, cfg.trace_capacity, cfg.trace_file) != 0) {
         ccq_trace_fini(&rt->trace);
@@ -399,8 +418,23 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
         return ccq_fail(CCQ_ERR_NO_MEMORY, "out of memory setting up fault injection");
     }
     rt->ndev = rt->be_ops->device_count(rt->be);
-    /* Meet the other processes (a world of one needs nobody) and learn the global ids. */
-    st = ccq_world_setup(&rt->world, &rt->cfg, rt->be_ops->name, rt->ndev, rt->timeout_ns);
+    /* Meet the other processes (a world of one needs nobody) and learn the global ids; the
+     * backend's blob (the UCX engine's worker address) travels with the meeting. A backend
+     * that cannot give one still meets: world_ready then says why it cannot span. */
+    {
+        unsigned char *blob = NULL;
+        size_t blen = 0;
+        if (cfg.world_size > 1 && rt->be_ops->world_blob != NULL &&
+            (blob = malloc(CCQ_BE_WORLD_BLOB_MAX)) != NULL) {
+            ccq_errbuf berr = {{0}};
+            blen = CCQ_BE_WORLD_BLOB_MAX;
+            if (rt->be_ops->world_blob(rt->be, blob, &blen, &berr) != CCQ_OK)
+                blen = 0;
+        }
+        st = ccq_world_setup(&rt->world, &rt->cfg, rt->be_ops->name, rt->ndev, blob, blen,
+                             rt->timeout_ns);
+        free(blob);
+    }
     if (st != CCQ_OK) {
         char why[CCQ_DETAIL_LEN];
         snprintf(why, sizeof why, "%s", ccq_last_error_detail());
@@ -410,9 +444,11 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
     rt->dev_first = rt->world.first[rt->world.rank];
     if (rt->world.size > 1 && rt->be_ops->world_ready != NULL) {
         ccq_errbuf werr = {{0}};
-        rt->span_status = rt->be_ops->world_ready(rt->be, rt->world.rank, rt->world.size, &werr);
+        rt->span_status = rt->be_ops->world_ready(rt->be, rt->world.rank, rt->world.size,
+                                                  rt->world.blob, rt->world.blob_len, &werr);
         snprintf(rt->span_detail, sizeof rt->span_detail, "%s", werr.msg);
     }
+    ccq_world_drop_blobs(&rt->world);
     rt->ndev_world = rt->world.first[rt->world.size];
     if (rt->fault.drop_rank >= (int64_t)rt->ndev_world) {
         ccq_status bad = ccq_fail(CCQ_ERR_INVALID_ARGUMENT,

@@ -314,6 +314,21 @@ static bool work_visible(ccq_runtime *rt)
     return false;
 }
 
+/* Tell fence waiters whether this thread busy-polls an engine now (see
+ * ccq_runtime.engine_polling): a batch in flight on a backend asking for a poll interval
+ * below a microsecond. */
+static void note_engine_polling(ccq_runtime *rt)
+{
+    ccq_sched *S = rt->sched;
+    uint32_t polling = 0;
+    if (S->ninflight > 0 && rt->be_ops->poll_interval != NULL) {
+        uint64_t iv = rt->be_ops->poll_interval(rt->be);
+        polling = iv > 0 && iv < 1000;
+    }
+    if (polling != atomic_load_explicit(&rt->engine_polling, memory_order_relaxed))
+        atomic_store_explicit(&rt->engine_polling, polling, memory_order_relaxed);
+}
+
 void *ccq_sched_main(void *arg)
 {
     ccq_runtime *rt = arg;
@@ -360,6 +375,7 @@ void *ccq_sched_main(void *arg)
             if (shutdown_step(rt, now, &progress))
                 break;
         }
+        note_engine_polling(rt);
         if (progress) {
             busy_ns = now;
             continue;

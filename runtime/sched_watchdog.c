@@ -288,8 +288,15 @@ void sched_lose_comm(ccq_runtime *rt, ccq_comm *comm, const char *why)
 void sched_abort_batch(ccq_runtime *rt, ccq_batch *b, const char *why)
 {
     b->aborting = true;
-    for (uint32_t k = 0; k < b->be.nops; k++)
-        sched_abort_comm(rt, b->insts[k]->chan->comm, why);
+    for (uint32_t k = 0; k < b->be.nops; k++) {
+        ccq_inst *i = b->insts[k];
+        /* An operation that already ended on its own (ccq_be_op.done_early: a pair's
+         * all_reduce batched beside the world's stuck one) leaves its communicator alone: one
+         * communicator's stuck operation never takes another down. */
+        if (i->ended || i->op.done_early)
+            continue;
+        sched_abort_comm(rt, i->chan->comm, why);
+    }
 }
 
 /* Fail what waited too long; abort what was issued and did not complete. Runs only when

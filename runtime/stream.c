@@ -207,6 +207,17 @@ typedef struct fence_wait {
 } fence_wait;
 
 /* Every command the value covers has ended. */
+/* How long a fence waiter polls before it sleeps: spin_us, but not while the scheduler
+ * busy-polls an engine (see ccq_runtime.engine_polling): that wait is long enough that a
+ * futex wake-up costs little, and the core is better left to the progress thread. */
+static uint64_t fence_spin_ns(const ccq_runtime *rt)
+{
+    if (!rt->fence_spin_always &&
+        atomic_load_explicit(&((ccq_runtime *)rt)->engine_polling, memory_order_relaxed))
+        return 0;
+    return rt->spin_ns;
+}
+
 static bool fence_done(void *arg)
 {
     fence_wait *w = arg;
@@ -355,7 +366,7 @@ CCQ_API ccq_status ccq_fence_wait(ccq_runtime *rt, ccq_device_id device, ccq_str
         st = fence_status(rt, s, "ccq_fence_wait", f, false); /* arguments, before sleeping */
         if (st != CCQ_IN_PROGRESS)
             return st;
-        if (!ccq_signal_wait_spin(&s->ev, fence_done, &w, deadline, rt->spin_ns)) {
+        if (!ccq_signal_wait_spin(&s->ev, fence_done, &w, deadline, fence_spin_ns(rt))) {
             uint64_t e = atomic_load_explicit(&s->ended, memory_order_acquire);
             return ccq_fail(CCQ_IN_PROGRESS,
                             "ccq_fence_wait: device %u stream %u: %llu of the commands it "
@@ -458,7 +469,7 @@ static ccq_status sync_collective(ccq_runtime *rt, ccq_device_id device, ccq_str
         uint64_t grace =
             rt->timeout_ns / 4 < 250000000ull ? rt->timeout_ns / 4 + 50000000ull : 300000000ull;
         deadline = ccq_deadline_in(ccq_add_sat(rt->timeout_ns, grace));
-        bool ok = ccq_signal_wait_spin(&s->ev, fence_done, &w, deadline, rt->spin_ns);
+        bool ok = ccq_signal_wait_spin(&s->ev, fence_done, &w, deadline, fence_spin_ns(rt));
         /* Issued work is aborted timeout_ms after it was issued, which can be later than
          * this fence's deadline: wait for that verdict rather than report a bare timeout. */
         uint64_t issued = atomic_load_explicit(&s->issued_ns, memory_order_acquire);

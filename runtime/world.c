@@ -18,6 +18,8 @@ typedef struct world_hello {
     uint32_t world_size;
     uint32_t local_devices;
     char backend[16];
+    uint32_t blob_len; /* this process's backend blob (the second exchange carries it) */
+    uint32_t reserved;
     ccq_world_proc proc; /* who it is (job health) */
 } world_hello;
 
@@ -47,8 +49,80 @@ static ccq_status world_of_one(ccq_world *w, uint32_t local_devices)
     return CCQ_OK;
 }
 
+/* Wait for exchange x (posted by the caller). On a timeout the bootstrap's own detail names
+ * the processes that never arrived and adds what its mechanism knows (MPI: the duplication
+ * of the communicator still pending; tcp: not connected to the rendezvous). */
+static ccq_status world_wait(ccq_world *w, ccq_boot_xchg *x, void *all, uint64_t deadline,
+                             const char *what)
+{
+    ccq_errbuf err = {{0}};
+    ccq_status st = ccq_boot_xchg_wait(x, all, deadline, &err);
+
+    if (st == CCQ_ERR_TIMEOUT)
+        return ccq_fail(CCQ_ERR_TIMEOUT,
+                        "process %" PRIu32 " of a world of %" PRIu32
+                        " waited timeout_ms for the others: %s",
+                        w->rank, w->size, err.msg);
+    if (st != CCQ_OK)
+        return ccq_fail(st, "%s failed: %s", what, err.msg);
+    return CCQ_OK;
+}
+
+/* The second exchange: every process's backend blob, padded to the longest (every process
+ * knows every length from the first). */
+static ccq_status world_blobs(ccq_world *w, const world_hello *all, const void *blob,
+                              size_t blob_len, uint32_t *members, uint64_t deadline)
+{
+    size_t max = 0;
+    unsigned char *mine;
+    ccq_boot_xchg *x = NULL;
+    ccq_errbuf err = {{0}};
+    ccq_status st;
+
+    for (uint32_t p = 0; p < w->size; p++)
+        max = all[p].blob_len > max ? all[p].blob_len : max;
+    if (max == 0)
+        return CCQ_OK;
+    mine = calloc(1, max);
+    w->blob = calloc(w->size, sizeof *w->blob);
+    w->blob_len = calloc(w->size, sizeof *w->blob_len);
+    w->blob_data = malloc(max * w->size);
+    if (mine == NULL || w->blob == NULL || w->blob_len == NULL || w->blob_data == NULL) {
+        free(mine);
+        return ccq_fail(CCQ_ERR_NO_MEMORY, "out of memory for the world's backend blobs");
+    }
+    if (blob_len > 0)
+        memcpy(mine, blob, blob_len);
+    for (uint32_t p = 0; p < w->size; p++)
+        members[p] = p;
+    st = ccq_boot_xchg_post(w->boot, "world/backend", members, w->size, mine, max, &x, &err);
+    free(mine);
+    if (st != CCQ_OK)
+        return ccq_fail(st, "the world's backend exchange could not start: %s", err.msg);
+    st = world_wait(w, x, w->blob_data, deadline, "the world's backend exchange");
+    ccq_boot_xchg_free(x);
+    if (st != CCQ_OK)
+        return st;
+    for (uint32_t p = 0; p < w->size; p++) {
+        w->blob[p] = all[p].blob_len > 0 ? w->blob_data + (size_t)p * max : NULL;
+        w->blob_len[p] = all[p].blob_len;
+    }
+    return CCQ_OK;
+}
+
+void ccq_world_drop_blobs(ccq_world *w)
+{
+    free(w->blob);
+    free(w->blob_len);
+    free(w->blob_data);
+    w->blob = NULL;
+    w->blob_len = NULL;
+    w->blob_data = NULL;
+}
+
 ccq_status ccq_world_setup(ccq_world *w, const ccq_config *cfg, const char *backend,
-                           uint32_t local_devices, uint64_t timeout_ns)
+                           uint32_t local_devices, const void *blob, size_t blob_len,
+                           uint64_t timeout_ns)
 {
     world_hello mine, *all = NULL;
     uint32_t *members = NULL;
@@ -56,6 +130,7 @@ ccq_status ccq_world_setup(ccq_world *w, const ccq_config *cfg, const char *back
     ccq_errbuf err = {{0}};
     ccq_status st;
     uint64_t total = 0;
+    uint64_t deadline = timeout_ns == UINT64_MAX ? 0 : ccq_deadline_in(timeout_ns);
 
     memset(w, 0, sizeof *w);
     if (cfg->world_size == 1 && cfg->world_rank == 0)
@@ -77,6 +152,7 @@ ccq_status ccq_world_setup(ccq_world *w, const ccq_config *cfg, const char *back
     mine.world_size = w->size;
     mine.local_devices = local_devices;
     snprintf(mine.backend, sizeof mine.backend, "%s", backend);
+    mine.blob_len = (uint32_t)blob_len;
     ccq_health_identity(&mine.proc);
     all = calloc(w->size, sizeof *all);
     members = malloc(w->size * sizeof *members);
@@ -94,21 +170,9 @@ ccq_status ccq_world_setup(ccq_world *w, const ccq_config *cfg, const char *back
         st = ccq_fail(st, "the world exchange could not start: %s", err.msg);
         goto fail;
     }
-    st = ccq_boot_xchg_wait(x, all, timeout_ns == UINT64_MAX ? 0 : ccq_deadline_in(timeout_ns),
-                            &err);
-    if (st == CCQ_ERR_TIMEOUT) {
-        /* The bootstrap's own detail names the processes that never arrived and adds what
-         * its mechanism knows (MPI: the duplication of the communicator still pending). */
-        st = ccq_fail(CCQ_ERR_TIMEOUT,
-                      "process %" PRIu32 " of a world of %" PRIu32
-                      " waited timeout_ms for the others: %s",
-                      w->rank, w->size, err.msg);
+    st = world_wait(w, x, all, deadline, "the world exchange");
+    if (st != CCQ_OK)
         goto fail;
-    }
-    if (st != CCQ_OK) {
-        st = ccq_fail(st, "the world exchange failed: %s", err.msg);
-        goto fail;
-    }
     for (uint32_t p = 0; p < w->size; p++) {
         const world_hello *h = &all[p];
         if (h->magic != WORLD_MAGIC || h->version != mine.version) {
@@ -130,6 +194,13 @@ ccq_status ccq_world_setup(ccq_world *w, const ccq_config *cfg, const char *back
                           p, h->backend, backend);
             goto fail;
         }
+        if (h->blob_len > CCQ_BE_WORLD_BLOB_MAX) {
+            st = ccq_fail(CCQ_ERR_INVALID_ARGUMENT,
+                          "process %" PRIu32 " announces a backend blob of %" PRIu32
+                          " bytes (at most %u)",
+                          p, h->blob_len, CCQ_BE_WORLD_BLOB_MAX);
+            goto fail;
+        }
         w->first[p] = (uint32_t)total;
         total += h->local_devices;
         w->procs[p] = h->proc;
@@ -141,6 +212,10 @@ ccq_status ccq_world_setup(ccq_world *w, const ccq_config *cfg, const char *back
     }
     w->first[w->size] = (uint32_t)total;
     ccq_boot_xchg_free(x);
+    x = NULL;
+    st = world_blobs(w, all, blob, blob_len, members, deadline);
+    if (st != CCQ_OK)
+        goto fail;
     free(all);
     free(members);
     return CCQ_OK;
@@ -156,6 +231,7 @@ fail:
 
 void ccq_world_fini(ccq_world *w)
 {
+    ccq_world_drop_blobs(w);
     if (w->boot != NULL)
         ccq_boot_close(w->boot);
     free(w->first);

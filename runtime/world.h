@@ -23,13 +23,23 @@ typedef struct ccq_world {
     uint32_t *first;       /* [size + 1]: prefix sums of the processes' local device counts */
     ccq_world_proc *procs; /* [size] (NULL in a world of one) */
     struct ccq_boot *boot; /* how processes meet; NULL in a world of one */
+    /* Every process's backend blob (world_blob), until ccq_world_drop_blobs: blob[p] has
+     * blob_len[p] bytes (NULL when no process has one). */
+    const void **blob;
+    size_t *blob_len;
+    unsigned char *blob_data;
 } ccq_world;
 
 /* Meet the other processes (cfg->bootstrap / store / mpi_comm), exchange local device
  * counts and check that everyone agrees on the world; waits at most timeout_ns and then
- * names the processes that never arrived. Sets the thread's error detail on failure. */
+ * names the processes that never arrived. blob (blob_len bytes, 0 = none) is this process's
+ * backend bytes for the others (a second exchange, padded to the longest, carries them
+ * when any process has some). Sets the thread's error detail on failure. */
 ccq_status ccq_world_setup(ccq_world *w, const ccq_config *cfg, const char *backend,
-                           uint32_t local_devices, uint64_t timeout_ns);
+                           uint32_t local_devices, const void *blob, size_t blob_len,
+                           uint64_t timeout_ns);
+/* Free the blobs (once the backend has taken what it needs). */
+void ccq_world_drop_blobs(ccq_world *w);
 void ccq_world_fini(ccq_world *w);
 
 /* The process that owns global device d (d < first[size]). O(log size). */

@@ -3,7 +3,9 @@
 # Usage: . scripts/common.sh; ccq_build <build-dir> [extra cmake args...]
 
 CCQ_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-CCQ_DEBS="build-essential cmake pkg-config libck-dev libcmocka-dev python3 openmpi-bin libopenmpi-dev"
+# libucx-dev: the host backend's UCX engine; ucx-utils: ucx_info and ucx_perftest (what the
+# transport itself does, next to ccq's numbers in docs/performance.md).
+CCQ_DEBS="build-essential cmake pkg-config libck-dev libcmocka-dev python3 openmpi-bin libopenmpi-dev libucx-dev ucx-utils"
 # What the test suite needs beyond the build: Doxygen, for the API reference's check (ctest
 # api_docs; the `docs` target). scripts/test.sh installs these too.
 CCQ_TEST_DEBS="doxygen"

@@ -552,7 +552,9 @@ static void test_bad_input(void **state)
 static void clear_world_env(void)
 {
     const char *vars[] = {"CCQ_WORLD_RANK",       "CCQ_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
-                          "OMPI_COMM_WORLD_SIZE", "PMI_RANK",       "PMI_SIZE"};
+                          "OMPI_COMM_WORLD_SIZE", "PMI_RANK",       "PMI_SIZE",
+                          "SLURM_PROCID",         "SLURM_NTASKS",   "RANK",
+                          "WORLD_SIZE",           "MASTER_ADDR",    "MASTER_PORT"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
         unsetenv(vars[i]);
 }
@@ -566,6 +568,40 @@ static void test_world_from_env(void **state)
     clear_world_env();
     assert_int_equal(ccq_boot_world_from_env(&rank, &size, &err), CCQ_OK);
     assert_true(rank == 0 && size == 1 && err == NULL);
+    assert_null(ccq_boot_spec_from_env());
+    /* Precedence, lowest first: torchrun's, Slurm's, PMI's, Open MPI's, ccq's own. */
+    setenv("RANK", "3", 1);
+    setenv("WORLD_SIZE", "8", 1);
+    assert_int_equal(ccq_boot_world_from_env(&rank, &size, &err), CCQ_OK);
+    assert_true(rank == 3 && size == 8);
+    setenv("MASTER_ADDR", "10.1.2.3", 1);
+    assert_null(ccq_boot_spec_from_env()); /* both or nothing */
+    setenv("MASTER_PORT", "29500", 1);
+    assert_string_equal(ccq_boot_spec_from_env(), "tcp://10.1.2.3:29500");
+    /* The same string for the same values (it is interned), another for others. */
+    assert_ptr_equal(ccq_boot_spec_from_env(), ccq_boot_spec_from_env());
+    setenv("MASTER_ADDR", "fe80::1", 1);
+    assert_string_equal(ccq_boot_spec_from_env(), "tcp://[fe80::1]:29500");
+    setenv("SLURM_PROCID", "5", 1);
+    setenv("SLURM_NTASKS", "6", 1);
+    assert_int_equal(ccq_boot_world_from_env(&rank, &size, &err), CCQ_OK);
+    assert_true(rank == 5 && size == 6);
+    /* A child of torchrun started by srun: torchrun's variables are its own. */
+    setenv("TORCHELASTIC_RUN_ID", "job7", 1);
+    assert_int_equal(ccq_boot_world_from_env(&rank, &size, &err), CCQ_OK);
+    assert_true(rank == 3 && size == 8);
+    unsetenv("TORCHELASTIC_RUN_ID");
+    setenv("SLURM_PROCID", "6", 1);
+    assert_int_equal(ccq_boot_world_from_env(&rank, &size, &err), CCQ_ERR_INVALID_ARGUMENT);
+    assert_string_equal(err, "SLURM_PROCID: must be below SLURM_NTASKS");
+    err = NULL;
+    unsetenv("SLURM_PROCID");
+    unsetenv("SLURM_NTASKS");
+    setenv("WORLD_SIZE", "x", 1);
+    assert_int_equal(ccq_boot_world_from_env(&rank, &size, &err), CCQ_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(err, "WORLD_SIZE (torchrun's)"));
+    err = NULL;
+    clear_world_env();
     setenv("PMI_RANK", "1", 1);
     setenv("PMI_SIZE", "4", 1);
     assert_int_equal(ccq_boot_world_from_env(&rank, &size, &err), CCQ_OK);

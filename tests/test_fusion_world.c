@@ -342,6 +342,12 @@ static void patterns(void)
     }
 }
 
+static bool ucx_engine(void)
+{
+    const char *e = getenv("CCQ_HOST_ENGINE");
+    return e != NULL && strcmp(e, "ucx") == 0;
+}
+
 /* Fused and unfused side by side, every dtype x op, random inputs: the same bits. */
 static void identical(void)
 {
@@ -373,7 +379,12 @@ static void identical(void)
         }
     CHECK(fused_list(&off, l) == 0, "fusion off fused something");
     fused = check_same_fusion(&on);
-    CHECK(fused > 0, "nothing fused");
+    /* The UCX engine has no start_run (docs/fusion.md): with fusion_bytes > 0 its operations
+     * still run, unfused, with the same bits. The MPI engine fuses. */
+    if (ucx_engine())
+        CHECK(fused == 0, "the UCX engine fused %llu operations", (unsigned long long)fused);
+    else
+        CHECK(fused > 0, "nothing fused");
     if (wrank == 0)
         printf("bit-identical fused (%llu fused operations) and unfused, every dtype x op\n",
                (unsigned long long)fused);
@@ -474,7 +485,9 @@ static void stopped(void)
                       ccq_status_name(r->st[i]));
             timed_out |= r->st[i] == CCQ_ERR_TIMEOUT;
         }
-        CHECK(timed_out, "no op timed out");
+        /* The MPI engine's own deadline comes first; the UCX engine's ops may all end by the
+         * watchdog's abort instead (docs/multiprocess-host.md, Failure). */
+        CHECK(timed_out || ucx_engine(), "no op timed out");
         CHECK(now_ms() - t0 < 12000, "the others took %llu ms",
               (unsigned long long)(now_ms() - t0));
     }
@@ -497,9 +510,11 @@ int main(void)
     setvbuf(stdout, NULL, _IOLBF, 0);
     patterns();
     identical();
-    mismatch(0);
-    mismatch(1);
-    injected();
+    if (!ucx_engine()) { /* the UCX engine fails a communicator on a mismatch, unfused or not */
+        mismatch(0);
+        mismatch(1);
+        injected();
+    }
     stopped();
     printf("process %u: OK\n", wrank);
     return 0;

@@ -1,6 +1,7 @@
-/* Drills of the host backend across processes (bootstrap "mpi", the MPI engine) under
- * mpiexec, one mode per run (argv[1]); each bounds itself in time (alarm) and names what it
- * waited for when it fails. Issue 22's failures, each reproduced here:
+/* Drills of the host backend across processes, one mode per run (argv[1]): under mpiexec
+ * (bootstrap "mpi") on the engine CCQ_HOST_ENGINE names, or as plain processes (tests/launch,
+ * CCQ_BOOTSTRAP=tcp://...) on the UCX engine. Each bounds itself in time (alarm) and names
+ * what it waited for when it fails. Issue 22's failures, each reproduced here:
  *
  *   dump DIR   -n 3: process 2 joins the world's communicator, never joins its all_reduce
  *              and destroys its runtime; 0 and 1 print their fence's error and _exit at
@@ -71,7 +72,8 @@ static ccq_runtime *make(uint32_t ndev, uint64_t timeout_ms, const char *trace_f
     ccq_config cfg;
     ccq_runtime *rt = NULL;
     ccq_config_init(&cfg);
-    cfg.bootstrap = "mpi";
+    if (cfg.bootstrap == NULL) /* under mpiexec; plain processes set CCQ_BOOTSTRAP (tcp://) */
+        cfg.bootstrap = "mpi";
     cfg.host_devices = ndev;
     cfg.timeout_ms = timeout_ms;
     if (trace_file != NULL)

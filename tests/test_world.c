@@ -1,8 +1,10 @@
 /* Worlds of several processes on the file bootstrap (no MPI): processes forked by the test
  * meet in a fresh directory; global device ids, uneven local device counts, communicators of
  * one process while the others run theirs, refusals naming the owning process, a process
- * that never starts, and disagreeing world sizes. Communicators that span processes are
- * tested on the fake NCCL (test_nccl_world_fake). */
+ * that never starts, and disagreeing world sizes. A communicator spanning processes on the
+ * host backend: refused by its MPI engine without MPI, working on the UCX engine (the
+ * host's engines are tested in depth by test_host_world and test_host_ucx, NCCL's by
+ * test_nccl_world_fake). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -34,6 +36,8 @@ typedef struct world_case {
     int skip_comm_rank;   /* that process does not call ccq_comm_init (-1: none) */
     ccq_status want_comm; /* what ccq_comm_init of the spanning set must return */
     const char *want_comm_detail;
+    const char *host_engine; /* ccq_config.host_engine (NULL: ccq's choice) */
+    bool span_data;          /* and an all_reduce on it, checked */
 } world_case;
 
 static ccq_status make_world_rt(const world_case *wc, unsigned rank, unsigned nprocs,
@@ -47,6 +51,7 @@ static ccq_status make_world_rt(const world_case *wc, unsigned rank, unsigned np
     cfg.timeout_ms = wc->timeout_ms;
     cfg.world_rank = rank;
     cfg.world_size = wc->world_size[rank] ? wc->world_size[rank] : nprocs;
+    cfg.host_engine = wc->host_engine;
     snprintf(boot, sizeof boot, "file:%s", wc->dir);
     cfg.bootstrap = boot;
     return ccq_runtime_create(&cfg, rt);
@@ -159,6 +164,28 @@ static int world_child(unsigned rank, unsigned nprocs, void *arg)
                     wc->want_comm_detail ? wc->want_comm_detail : "");
             rc = E_WANT;
         }
+        if (rc == 0 && st == CCQ_OK && wc->span_data) {
+            /* One all_reduce across the processes: every element the sum of every device's. */
+            int32_t in[8][100], out[8][100];
+            for (uint32_t k = 0; k < count; k++)
+                for (int e = 0; e < 100; e++)
+                    in[k][e] = (int32_t)(first + k) * 1000 + e;
+            for (uint32_t k = 0; k < count && rc == 0; k++)
+                if (ccq_all_reduce(rt, first + k, 1, in[k], out[k], 100, CCQ_INT32, CCQ_SUM, all,
+                                   total) != CCQ_OK)
+                    rc = E_COMM;
+            for (uint32_t k = 0; k < count && rc == 0; k++)
+                if (ccq_sync_collective(rt, first + k, 1) != CCQ_OK)
+                    rc = E_FENCE;
+            for (uint32_t k = 0; k < count && rc == 0; k++)
+                for (int e = 0; e < 100; e++) {
+                    int32_t want = 0;
+                    for (uint32_t d = 0; d < total; d++)
+                        want += (int32_t)d * 1000 + e;
+                    if (out[k][e] != want)
+                        rc = E_DATA;
+                }
+        }
     }
 out:
     if (rc != 0)
@@ -255,8 +282,9 @@ static void test_world_size_mismatch(void **state)
         fail_msg("processes exited with %d, %d", status[0], status[1]);
 }
 
-/* A communicator over the whole world on the host backend with the file bootstrap: MPI is
- * not initialised, so the host backend, which spans processes only over MPI, refuses it. */
+/* A communicator over the whole world on the host backend's MPI engine without MPI
+ * initialised (plain processes): every process meets the others, then the host backend
+ * refuses it, saying what to do. */
 static void test_world_comm_span_host(void **state)
 {
     (void)state;
@@ -264,8 +292,28 @@ static void test_world_comm_span_host(void **state)
     wc.devices[0] = 2;
     wc.devices[1] = 1;
     wc.span_comm = true;
+    wc.host_engine = "mpi";
     wc.want_comm = CCQ_ERR_UNSUPPORTED;
     wc.want_comm_detail = "cannot span processes";
+    run_case(&wc, 2, 2);
+}
+
+/* The same on ccq's default engine: UCX when built with it (plain processes need nothing
+ * else), and the data crosses; without UCX it is refused as above. */
+static void test_world_comm_span_default(void **state)
+{
+    (void)state;
+    world_case wc = base_case();
+    wc.devices[0] = 2;
+    wc.devices[1] = 1;
+    wc.span_comm = true;
+#ifdef CCQ_HAVE_UCX
+    wc.want_comm = CCQ_OK;
+    wc.span_data = true;
+#else
+    wc.want_comm = CCQ_ERR_UNSUPPORTED;
+    wc.want_comm_detail = "cannot span processes";
+#endif
     run_case(&wc, 2, 2);
 }
 
@@ -318,9 +366,12 @@ static void test_world_bad_config(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_world_bad_config),      cmocka_unit_test(test_world_layouts),
-        cmocka_unit_test(test_world_process_missing), cmocka_unit_test(test_world_size_mismatch),
+        cmocka_unit_test(test_world_bad_config),
+        cmocka_unit_test(test_world_layouts),
+        cmocka_unit_test(test_world_process_missing),
+        cmocka_unit_test(test_world_size_mismatch),
         cmocka_unit_test(test_world_comm_span_host),
+        cmocka_unit_test(test_world_comm_span_default),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -27,15 +27,20 @@ typedef struct ccq_heng_op ccq_heng_op;         /* one operation in flight */
 #define CCQ_HENG_BLOB_MAX 64u
 
 typedef struct ccq_host_engine_ops {
-    const char *name; /* "mpi", ... */
+    const char *name; /* "ucx", "mpi" */
     /* Create the engine for a runtime of cfg. err says why it cannot be had here (and what
      * to do): the host backend then refuses communicators spanning processes with it. */
     ccq_status (*create)(const ccq_config *cfg, ccq_host_engine **out, ccq_errbuf *err);
     void (*destroy)(ccq_host_engine *e);
+    /* Optional: this process's bytes for the world's meeting (backend world_blob; *len in:
+     * room, out: used), e.g. a transport address every other process needs. */
+    ccq_status (*world_blob)(ccq_host_engine *e, void *blob, size_t *len, ccq_errbuf *err);
     /* Every process of the world calls it at the same point, right after the processes met
-     * (backend world_ready). An error says this engine cannot span these processes. */
+     * (backend world_ready), with every process's world_blob bytes (blobs[p], blob_len[p];
+     * blobs NULL when no process gave any). An error says this engine cannot span these
+     * processes. */
     ccq_status (*world_ready)(ccq_host_engine *e, uint32_t world_rank, uint32_t world_size,
-                              ccq_errbuf *err);
+                              const void *const *blobs, const size_t *blob_len, ccq_errbuf *err);
     /* On the lowest member process only: the bytes every member's comm_create gets in
      * d->root_blob (at most CCQ_HENG_BLOB_MAX; *len in: room, out: used). */
     ccq_status (*root_blob)(ccq_host_engine *e, const ccq_be_comm_desc *d, void *blob, size_t *len,
@@ -93,12 +98,18 @@ typedef struct ccq_host_engine_ops {
 /* The base every engine struct embeds first. */
 struct ccq_host_engine {
     const ccq_host_engine_ops *ops;
+    /* Set by the host backend after create (NULL until then): an engine that learns that a
+     * peer process failed (UCX's peer error) calls it with that process's world rank, from
+     * inside one of its functions; the runtime's job health declares the process lost. */
+    void (*peer_failed)(void *arg, uint32_t world_rank);
+    void *peer_failed_arg;
 };
 
 /* The engines' tables. Each engine is a module (backends/module.h) whose entry names its table
  * (modules/<name>.c): the host backend reaches one through ccq_module_get(name) only, never by
  * this symbol, so libccq.so links no engine. */
 extern const ccq_host_engine_ops ccq_host_engine_mpi_ops;
+extern const ccq_host_engine_ops ccq_host_engine_ucx_ops;
 
 #ifdef __cplusplus
 }

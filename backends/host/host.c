@@ -15,7 +15,6 @@
 #include "backends/host/engine.h"
 #include "backends/host/host_impl.h"
 #include "backends/host/reduce.h"
-#include "backends/module.h"
 #include "queue/mpsc.h"
 #include "queue/wake.h"
 
@@ -313,25 +312,6 @@ static void host_destroy(ccq_backend *be)
     free(h);
 }
 
-/* The engine that reaches other processes (see engine.h); without one, communicators
- * spanning processes are refused with engine_err. */
-static void engine_open(host_be *h, const ccq_config *cfg)
-{
-    const ccq_module *m;
-    /* The engine is a module (libccq-mpi.so), loaded here: the first time a runtime of this
-     * process is in a world of several processes. */
-    if (ccq_module_get("mpi", "the host backend cannot span processes: its mpi engine", &m,
-                       &h->xp.engine_err) != CCQ_OK)
-        return;
-    if (m->host_engine == NULL) {
-        snprintf(h->xp.engine_err.msg, sizeof h->xp.engine_err.msg,
-                 "the host backend cannot span processes: ccq's mpi module has no engine");
-        return;
-    }
-    if (m->host_engine->create(cfg, &h->xp.engine, &h->xp.engine_err) != CCQ_OK)
-        h->xp.engine = NULL;
-}
-
 static ccq_status host_create(const ccq_config *cfg, const ccq_be_hooks *hooks, ccq_backend **out,
                               ccq_errbuf *err)
 {
@@ -357,7 +337,7 @@ static ccq_status host_create(const ccq_config *cfg, const ccq_be_hooks *hooks, 
     h->xp.timeout_ns = cfg->timeout_ms ? cfg->timeout_ms * 1000000ull : UINT64_MAX;
     h->xp.stream_bytes = h->stream_bytes;
     if (cfg->world_size > 1)
-        engine_open(h, cfg);
+        host_xp_open(&h->xp, cfg, hooks);
     atomic_init(&h->pending, 0);
     ccq_mpsc_init(&h->done);
     pthread_mutex_init(&h->mu, NULL);
@@ -385,23 +365,18 @@ static uint32_t host_device_count(const ccq_backend *be)
     return ccq_container_of(be, const host_be, base)->ndev;
 }
 
+/* This process's bytes for the world's meeting (the UCX engine's worker address). */
+static ccq_status host_world_blob(ccq_backend *be, void *blob, size_t *len, ccq_errbuf *err)
+{
+    return host_xp_world_blob(&to_host(be)->xp, blob, len, err);
+}
+
 /* Every process of the world calls this at the same point. */
 static ccq_status host_world_ready(ccq_backend *be, uint32_t world_rank, uint32_t world_size,
+                                   const void *const *blobs, const size_t *blob_len,
                                    ccq_errbuf *err)
 {
-    host_be *h = to_host(be);
-    ccq_status st;
-    if (h->xp.engine == NULL) {
-        snprintf(err->msg, sizeof err->msg, "%s", h->xp.engine_err.msg);
-        return CCQ_ERR_UNSUPPORTED;
-    }
-    st = h->xp.engine->ops->world_ready(h->xp.engine, world_rank, world_size, err);
-    if (st != CCQ_OK) {
-        snprintf(h->xp.engine_err.msg, sizeof h->xp.engine_err.msg, "%s", err->msg);
-        h->xp.engine->ops->destroy(h->xp.engine);
-        h->xp.engine = NULL;
-    }
-    return st;
+    return host_xp_world_ready(&to_host(be)->xp, world_rank, world_size, blobs, blob_len, err);
 }
 
 static ccq_status host_comm_test(ccq_backend *be, ccq_be_comm *comm, ccq_errbuf *err)
@@ -694,6 +669,7 @@ const ccq_backend_ops ccq_host_backend_ops = {
     .device_count = host_device_count,
     .comm_root_blob = host_comm_root_blob,
     .poll_interval = host_poll_interval,
+    .world_blob = host_world_blob,
     .world_ready = host_world_ready,
     .comm_test = host_comm_test,
     .comm_create = host_comm_create,

@@ -22,6 +22,7 @@ typedef struct host_comm {
 typedef struct host_xp {
     ccq_host_engine *engine; /* NULL: this runtime cannot span processes (engine_err says why) */
     ccq_errbuf engine_err;
+    char ucx_why[320];            /* by default: why the ucx engine was passed over ("" if not) */
     uint64_t timeout_ns;          /* cfg->timeout_ms (UINT64_MAX: none) */
     uint64_t stream_bytes;        /* for the local ops of its batches */
     struct host_xbatch *xbatches; /* batches with engine operations in flight */
@@ -48,6 +49,12 @@ ccq_status host_stage_sends(ccq_be_batch *b, void ***staged, ccq_errbuf *err);
 void host_free_staged(void **staged, uint32_t nops);
 
 /* xproc.c */
+/* Pick and create the engine (cfg->host_engine, or by default ucx then mpi); without one,
+ * x->engine stays NULL and engine_err says why. */
+void host_xp_open(host_xp *x, const ccq_config *cfg, const ccq_be_hooks *hooks);
+ccq_status host_xp_world_blob(host_xp *x, void *blob, size_t *len, ccq_errbuf *err);
+ccq_status host_xp_world_ready(host_xp *x, uint32_t world_rank, uint32_t world_size,
+                               const void *const *blobs, const size_t *blob_len, ccq_errbuf *err);
 /* Whether a batch needs the engine (an op on a communicator spanning processes, or a half of
  * a pair across processes). */
 bool host_xp_needs(const ccq_be_batch *b);

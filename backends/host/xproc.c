@@ -17,6 +17,7 @@
 
 #include "backends/fuse.h"
 #include "backends/host/host_impl.h"
+#include "backends/module.h"
 #include "common/clock.h"
 
 /* A batch holding operations across processes: engine operations the scheduler tests in
@@ -29,6 +30,99 @@ typedef struct host_xbatch {
     void **staged;    /* [nops] or NULL: copies of stage_src sends' data */
     ccq_heng_op *h[]; /* [nops]: NULL once done (or for a local op) */
 } host_xbatch;
+
+/* The engine that reaches other processes (see engine.h): cfg->host_engine, or by default
+ * UCX when its module loads and UCX starts, else MPI (which needs MPI initialised: its
+ * world_ready says so). Each engine is a module (libccq-ucx.so, libccq-mpi.so), loaded here:
+ * the first time a runtime of this process is in a world of several processes. Without one,
+ * communicators spanning processes are refused with engine_err. */
+static void engine_open(host_xp *x, const ccq_config *cfg)
+{
+    static const char no_span[] = "the host backend cannot span processes: ";
+    const char *want = cfg->host_engine;
+    const ccq_module *m = NULL;
+    ccq_errbuf why = {{0}};
+
+    if (want == NULL || strcmp(want, "ucx") == 0) {
+        if (ccq_module_get("ucx", "the host backend cannot span processes: its ucx engine", &m,
+                           &why) == CCQ_OK) {
+            ccq_errbuf start = {{0}};
+            if (m->host_engine == NULL)
+                snprintf(why.msg, sizeof why.msg, "%sccq's ucx module has no engine", no_span);
+            else if (m->host_engine->create(cfg, &x->engine, &start) == CCQ_OK)
+                return;
+            else
+                snprintf(why.msg, sizeof why.msg, "%sits ucx engine cannot start: %.400s", no_span,
+                         start.msg);
+        }
+        x->engine = NULL;
+        snprintf(x->engine_err.msg, sizeof x->engine_err.msg, "%s", why.msg);
+        if (want != NULL)
+            return;
+        /* The default goes on to MPI; what UCX said stays for a later refusal's detail. */
+        snprintf(x->ucx_why, sizeof x->ucx_why, "%.319s", why.msg + strlen(no_span));
+    }
+    if (ccq_module_get("mpi", "the host backend cannot span processes: its mpi engine", &m, &why) !=
+        CCQ_OK) {
+        if (want == NULL) { /* neither: both reasons */
+            size_t n = (size_t)snprintf(x->engine_err.msg, sizeof x->engine_err.msg, "%s%s",
+                                        no_span, x->ucx_why);
+            if (n < sizeof x->engine_err.msg)
+                snprintf(x->engine_err.msg + n, sizeof x->engine_err.msg - n, "; %s",
+                         why.msg + strlen(no_span));
+        } else
+            snprintf(x->engine_err.msg, sizeof x->engine_err.msg, "%s", why.msg);
+        return;
+    }
+    if (m->host_engine == NULL) {
+        snprintf(x->engine_err.msg, sizeof x->engine_err.msg, "%sccq's mpi module has no engine",
+                 no_span);
+        return;
+    }
+    if (m->host_engine->create(cfg, &x->engine, &x->engine_err) != CCQ_OK)
+        x->engine = NULL;
+}
+
+void host_xp_open(host_xp *x, const ccq_config *cfg, const ccq_be_hooks *hooks)
+{
+    engine_open(x, cfg);
+    if (x->engine != NULL) { /* a peer error the engine sees: the runtime's job health */
+        x->engine->peer_failed = hooks->peer_failed;
+        x->engine->peer_failed_arg = hooks->notify_arg;
+    }
+}
+
+ccq_status host_xp_world_blob(host_xp *x, void *blob, size_t *len, ccq_errbuf *err)
+{
+    if (x->engine == NULL || x->engine->ops->world_blob == NULL) {
+        *len = 0;
+        return CCQ_OK;
+    }
+    return x->engine->ops->world_blob(x->engine, blob, len, err);
+}
+
+/* Every process of the world calls this at the same point. */
+ccq_status host_xp_world_ready(host_xp *x, uint32_t world_rank, uint32_t world_size,
+                               const void *const *blobs, const size_t *blob_len, ccq_errbuf *err)
+{
+    ccq_status st;
+    if (x->engine == NULL) {
+        snprintf(err->msg, sizeof err->msg, "%s", x->engine_err.msg);
+        return CCQ_ERR_UNSUPPORTED;
+    }
+    st = x->engine->ops->world_ready(x->engine, world_rank, world_size, blobs, blob_len, err);
+    if (st != CCQ_OK) {
+        if (x->ucx_why[0] != '\0') { /* the default's fallback: say why not UCX too */
+            size_t n = strlen(err->msg);
+            snprintf(err->msg + n, sizeof err->msg - n, " (the ucx engine, tried first: %s)",
+                     x->ucx_why);
+        }
+        snprintf(x->engine_err.msg, sizeof x->engine_err.msg, "%s", err->msg);
+        x->engine->ops->destroy(x->engine);
+        x->engine = NULL;
+    }
+    return st;
+}
 
 static void batch_fail_detail(ccq_be_batch *b, const ccq_errbuf *err)
 {
@@ -197,8 +291,9 @@ ccq_be_batch *host_xp_poll(host_xp *x, ccq_be_batch *list)
     ccq_host_engine *eng = x->engine;
     uint64_t now = ccq_now_ns();
 
-    if (x->background > 0)
-        x->background = eng->ops->reap(eng, now);
+    /* Background work: given up, detached, or (UCX) done here while its last messages still
+     * move. The engine knows what it has; asking costs little. */
+    x->background = eng->ops->reap(eng, now);
     for (host_xbatch **pp = &x->xbatches; *pp != NULL;) {
         host_xbatch *m = *pp;
         ccq_be_batch *b = m->b;
@@ -252,14 +347,17 @@ ccq_be_batch *host_xp_poll(host_xp *x, ccq_be_batch *list)
     return list;
 }
 
-bool host_xp_busy(const host_xp *x)
-{
-    return x->xbatches != NULL || x->background > 0;
-}
-
 uint64_t host_xp_poll_interval(const host_xp *x)
 {
-    if (x->engine == NULL || !host_xp_busy(x))
+    if (x->engine == NULL)
         return 0;
+    /* The engine says: operations in flight, or background work only polling moves (a send
+     * completed early whose data UCX or MPI still moves). */
     return x->engine->ops->poll_interval(x->engine, x->xbatches != NULL);
+}
+
+bool host_xp_busy(const host_xp *x)
+{
+    return x->engine != NULL &&
+           (x->xbatches != NULL || x->background > 0 || host_xp_poll_interval(x) > 0);
 }

@@ -1,5 +1,5 @@
 /* The bootstrap's private parts: the handle, an exchange, the record every mechanism
- * carries, and the interface each mechanism (file.c, store.c, mpi.c)
+ * carries, and the interface each mechanism (file.c, store.c, mpi.c, tcp.c)
  * implements. Only the files of runtime/boot/ and modules/mpi.c include this. */
 #ifndef CCQ_RUNTIME_BOOT_IMPL_H
 #define CCQ_RUNTIME_BOOT_IMPL_H
@@ -106,6 +106,9 @@ typedef struct ccq_boot_mech {
     /* Optional: the processes whose connection closed (the OS says they are gone; tcp):
      * writes up to cap world ranks, returns how many there are. Each is reported once. */
     size_t (*closed_peers)(ccq_boot *b, uint32_t *ranks, size_t cap);
+    /* Optional (tcp): ccq_boot_peer_state and ccq_boot_watch_peers. */
+    ccq_boot_peer (*peer_state)(ccq_boot *b, uint32_t rank);
+    ccq_status (*watch_peers)(ccq_boot *b, void (*fn)(void *, uint32_t, ccq_boot_peer), void *arg);
 } ccq_boot_mech;
 
 /* The largest heartbeat record a mechanism carries (runtime/health/record.h stays below). */
@@ -116,6 +119,8 @@ ccq_status ccq_boot_file_open(ccq_boot *b, const char *dir, ccq_errbuf *err);
 ccq_status ccq_boot_store_open(ccq_boot *b, const ccq_store *store, ccq_errbuf *err);
 /* In libccq-mpi.so (modules/mpi.c), reached through its ccq_boot_module. */
 ccq_status ccq_boot_mpi_open(ccq_boot *b, int64_t mpi_comm, ccq_errbuf *err);
+/* spec: what follows "tcp://" ("HOST:PORT", "*:PORT", "[V6]:PORT"). */
+ccq_status ccq_boot_tcp_open(ccq_boot *b, const char *spec, ccq_errbuf *err);
 
 /* A mechanism in a module (backends/module.h: ccq_module.bootstrap): its constructor. The
  * handle and exchange structs above, the record header and ccq_boot_mech cross the module

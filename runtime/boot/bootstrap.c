@@ -118,10 +118,26 @@ ccq_status ccq_boot_world_from_env(uint32_t *rank, uint32_t *size, const char **
         {"PMI_RANK", "PMI_SIZE", "PMI_RANK: expected a decimal integer",
          "PMI_SIZE: expected a decimal integer in [1, 2^31]",
          "PMI_RANK and PMI_SIZE: only one is set", "PMI_RANK: must be below PMI_SIZE"},
+        {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_PROCID: expected a decimal integer",
+         "SLURM_NTASKS: expected a decimal integer in [1, 2^31]",
+         "SLURM_PROCID and SLURM_NTASKS: only one is set",
+         "SLURM_PROCID: must be below SLURM_NTASKS"},
+        {"RANK", "WORLD_SIZE", "RANK (torchrun's): expected a decimal integer",
+         "WORLD_SIZE (torchrun's): expected a decimal integer in [1, 2^31]",
+         "RANK and WORLD_SIZE (torchrun's): only one is set", "RANK: must be below WORLD_SIZE"},
     };
     const char *msg = NULL;
 
-    for (size_t f = 0; f < sizeof fam / sizeof fam[0]; f++) {
+    /* Most specific first: ccq's own, then the launcher that started this very process.
+     * A child of torchrun (which sets TORCHELASTIC_RUN_ID) reads torchrun's before the MPI
+     * launchers' and Slurm's: under srun, those describe the torchrun agent (one per node),
+     * not its children. */
+    const size_t nfam = sizeof fam / sizeof fam[0], torch = nfam - 1;
+    const char *te = getenv("TORCHELASTIC_RUN_ID");
+    bool torch_child = te != NULL && *te != '\0';
+
+    for (size_t k = 0; k < nfam; k++) {
+        size_t f = !torch_child ? k : k == 0 ? 0 : k == 1 ? torch : k - 1;
         uint32_t r = 0, s = 0;
         bool rbad, sbad;
         bool have_r = env_u31(fam[f].rank, &r, &rbad);
@@ -149,13 +165,14 @@ ccq_status ccq_boot_world_from_env(uint32_t *rank, uint32_t *size, const char **
     return CCQ_OK;
 }
 
-/* The job id keys are namespaced with: CCQ_JOB_ID, else the launcher's (a Slurm job and
- * step, a PMIx namespace as Open MPI's mpirun sets, torchrun's run id, PBS, LSF), else
- * "default". Every process of a job sees the same launcher variables. */
+/* The job id keys are namespaced with: CCQ_JOB_ID, else the launcher's (torchrun's run id,
+ * a Slurm job and step, a PMIx namespace as Open MPI's mpirun sets, PBS, LSF), else
+ * "default". Every process of a job sees the same launcher variables. torchrun's id comes
+ * before Slurm's: torchrun started by srun runs one job per torchrun, inside one Slurm step. */
 static void job_from_env(char *buf, size_t len)
 {
-    static const char *const vars[] = {"CCQ_JOB_ID",          "SLURM_JOB_ID", "PMIX_NAMESPACE",
-                                       "TORCHELASTIC_RUN_ID", "PBS_JOBID",    "LSB_JOBID"};
+    static const char *const vars[] = {"CCQ_JOB_ID",     "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID",
+                                       "PMIX_NAMESPACE", "PBS_JOBID",           "LSB_JOBID"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
         const char *v = getenv(vars[i]);
         if (v == NULL || *v == '\0')
@@ -167,6 +184,37 @@ static void job_from_env(char *buf, size_t len)
         return;
     }
     snprintf(buf, len, "default");
+}
+
+const char *ccq_boot_spec_from_env(void)
+{
+    /* Interned: a ccq_config points at it for as long as the caller keeps the config. */
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    static struct spec {
+        struct spec *next;
+        char s[300];
+    } * specs;
+    const char *addr = getenv("MASTER_ADDR"), *port = getenv("MASTER_PORT");
+    char want[300];
+    struct spec *sp;
+
+    if (addr == NULL || *addr == '\0' || port == NULL || *port == '\0')
+        return NULL;
+    if (strchr(addr, ':') != NULL && addr[0] != '[')
+        snprintf(want, sizeof want, "tcp://[%.200s]:%.32s", addr, port);
+    else
+        snprintf(want, sizeof want, "tcp://%.200s:%.32s", addr, port);
+    pthread_mutex_lock(&lock);
+    for (sp = specs; sp != NULL; sp = sp->next)
+        if (strcmp(sp->s, want) == 0)
+            break;
+    if (sp == NULL && (sp = calloc(1, sizeof *sp)) != NULL) {
+        snprintf(sp->s, sizeof sp->s, "%s", want);
+        sp->next = specs;
+        specs = sp;
+    }
+    pthread_mutex_unlock(&lock);
+    return sp != NULL ? sp->s : NULL;
 }
 
 static uint64_t make_nonce(void)
@@ -233,11 +281,16 @@ ccq_status ccq_boot_open(const char *spec, const ccq_store *store, int64_t mpi_c
     } else if (spec != NULL && strncmp(spec, "file:", 5) == 0) {
         snprintf(b->name, sizeof b->name, "%s", spec);
         st = ccq_boot_file_open(b, spec + 5, err);
+    } else if (spec != NULL && strncmp(spec, "tcp://", 6) == 0) {
+        snprintf(b->name, sizeof b->name, "%s", spec);
+        st = ccq_boot_tcp_open(b, spec + 6, err);
     } else if (spec == NULL || strcmp(spec, "store") == 0) {
         snprintf(b->name, sizeof b->name, "store");
         st = ccq_boot_store_open(b, store, err);
     } else {
-        ccq_boot_err(err, "bootstrap \"%s\": expected \"mpi\", \"file:DIR\" or none (the store)",
+        ccq_boot_err(err,
+                     "bootstrap \"%s\": expected \"mpi\", \"file:DIR\", \"tcp://HOST:PORT\" or "
+                     "none (the store)",
                      spec);
         st = CCQ_ERR_INVALID_ARGUMENT;
     }
@@ -279,6 +332,22 @@ void ccq_boot_close(ccq_boot *b)
     free(b->nonces);
     pthread_mutex_destroy(&b->lock);
     free(b);
+}
+
+ccq_boot_peer ccq_boot_peer_state(ccq_boot *b, uint32_t rank)
+{
+    if (b == NULL || rank >= b->size || b->mech->peer_state == NULL)
+        return CCQ_BOOT_PEER_UNKNOWN;
+    return b->mech->peer_state(b, rank);
+}
+
+ccq_status ccq_boot_watch_peers(ccq_boot *b, void (*fn)(void *, uint32_t, ccq_boot_peer), void *arg)
+{
+    if (b == NULL)
+        return CCQ_ERR_INVALID_ARGUMENT;
+    if (b->mech->watch_peers == NULL)
+        return CCQ_ERR_UNSUPPORTED;
+    return b->mech->watch_peers(b, fn, arg);
 }
 
 const char *ccq_boot_name(const ccq_boot *b)

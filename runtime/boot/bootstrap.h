@@ -114,6 +114,33 @@ uint64_t ccq_boot_now_ns(void);
 /* "2, 5 and 7" into buf (at most 16 ranks, then "and N more"); returns what it wrote. */
 size_t ccq_boot_format_ranks(char *buf, size_t len, const uint32_t *ranks, size_t n);
 
+/*
+ * Whether the processes are still there, as the bootstrap can tell (tcp:// only: its
+ * connections stay open for the job). World rank 0 serves the rendezvous and sees every
+ * other process's connection; the others see their own connection to rank 0 and learn of
+ * the rest from rank 0. A connection that closes after the process said goodbye (it closed
+ * its bootstrap: ccq_runtime_destroy) is LEFT; one that closes otherwise is LOST (the
+ * process died, or its host or the network went away).
+ */
+typedef enum ccq_boot_peer {
+    CCQ_BOOT_PEER_UNKNOWN = 0, /* not known (yet), or the mechanism cannot tell */
+    CCQ_BOOT_PEER_ALIVE = 1,   /* connected */
+    CCQ_BOOT_PEER_LEFT = 2,    /* closed its bootstrap */
+    CCQ_BOOT_PEER_LOST = 3,    /* its connection closed without goodbye */
+} ccq_boot_peer;
+
+/* What this process knows of world rank `rank` now. */
+ccq_boot_peer ccq_boot_peer_state(ccq_boot *boot, uint32_t rank);
+
+/* Call fn(arg, rank, state) when a process becomes LEFT or LOST (also for what was known
+ * before the call). fn runs on the bootstrap's own I/O thread, never holding the handle's
+ * lock: it must be quick and thread-safe (e.g. record it and wake the scheduler). One
+ * watcher per handle; NULL removes it. CCQ_ERR_UNSUPPORTED for mechanisms that cannot tell
+ * (file, store, mpi). */
+ccq_status ccq_boot_watch_peers(ccq_boot *boot,
+                                void (*fn)(void *arg, uint32_t rank, ccq_boot_peer state),
+                                void *arg);
+
 /* ---- Job health (runtime/health/): heartbeat records, one per process, last write wins ---- */
 
 /* Whether this mechanism carries heartbeats (file, store, tcp; not MPI). */
@@ -138,14 +165,24 @@ uint64_t ccq_boot_peer_nonce(ccq_boot *boot, uint32_t rank);
 /* Every MPI call here is made holding ccq's one MPI lock (common/mpi_lock.h). */
 
 /*
- * This process's place in the world from the environment: CCQ_WORLD_RANK and CCQ_WORLD_SIZE;
- * else the launcher's OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE (Open MPI's mpirun); else
- * PMI_RANK / PMI_SIZE (MPICH's hydra, Intel MPI). The first family with either variable set is
- * used, and must have both. Writes *rank and *size only when a family is found (so callers
- * keep their defaults, 0 and 1, otherwise). Returns CCQ_OK, or CCQ_ERR_INVALID_ARGUMENT with
- * *err set (if it was NULL) to a static message naming the variable: a value that is not a
- * decimal integer, a size of 0 or above 2^31, a rank >= size, half of a family.
+ * This process's place in the world from the environment, most specific first: CCQ_WORLD_RANK
+ * and CCQ_WORLD_SIZE; else the launcher's: OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE (Open
+ * MPI's mpirun), PMI_RANK / PMI_SIZE (MPICH's hydra, Intel MPI), SLURM_PROCID / SLURM_NTASKS
+ * (srun), RANK / WORLD_SIZE (torchrun) — torchrun's right after ccq's for a child of torchrun
+ * (TORCHELASTIC_RUN_ID set), whose srun or mpirun variables describe torchrun itself. The
+ * first family with either variable set is used, and must have both. Writes *rank and *size
+ * only when a family is found (so callers keep their defaults, 0 and 1, otherwise). Returns
+ * CCQ_OK, or CCQ_ERR_INVALID_ARGUMENT with *err set (if it was NULL) to a static message naming
+ * the variable: a value that is not a decimal integer, a size of 0 or above 2^31, a rank >=
+ * size, half of a family.
  */
 ccq_status ccq_boot_world_from_env(uint32_t *rank, uint32_t *size, const char **err);
+
+/*
+ * The bootstrap torchrun's variables give when CCQ_BOOTSTRAP is unset: "tcp://MASTER_ADDR:
+ * MASTER_PORT" (an IPv6 address in brackets) when both are set, else NULL. The string lives
+ * as long as the process (one copy per distinct value).
+ */
+const char *ccq_boot_spec_from_env(void);
 
 #endif /* CCQ_RUNTIME_BOOTSTRAP_H */

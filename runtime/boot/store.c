@@ -134,10 +134,11 @@ ccq_status ccq_boot_store_open(ccq_boot *b, const ccq_store *store, ccq_errbuf *
     store_boot *s;
 
     if (store == NULL) {
-        ccq_boot_err(err,
-                     "bootstrap: a world of %u processes needs a way to meet: set "
-                     "bootstrap (\"mpi\", \"file:DIR\"; env CCQ_BOOTSTRAP) or store",
-                     b->size);
+        ccq_boot_err(
+            err,
+            "bootstrap: a world of %u processes needs a way to meet: set "
+            "bootstrap (\"mpi\", \"file:DIR\", \"tcp://HOST:PORT\"; env CCQ_BOOTSTRAP) or store",
+            b->size);
         return CCQ_ERR_INVALID_ARGUMENT;
     }
     if (store->set == NULL || store->get == NULL) {

@@ -1,6 +1,6 @@
 #!/bin/sh
 # docs/tracing.md's hung-rank walkthrough, for real: examples/hung_rank.c under mpiexec with
-# 3 processes (host backend over MPI; process 1 stops after all_reduce #4), then
+# 3 processes (the host backend's default engine; process 1 stops after all_reduce #4), then
 # `ccq-trace analyze` on their dumps. The analysis must exit 1 and print every line the
 # document shows between its hung-rank-output markers (but the lines with timings), and each
 # process's fence line must be what the document shows up to its timing.
@@ -30,7 +30,7 @@ while IFS= read -r line; do
 done <"$tmp/want"
 # The fences, up to the time the engine waited.
 grep -E '^process [0-9]: fence: ' "$tmp/doc" | sed -e 's/ still pending after .*//' \
-    -e 's/ not started after .*//' >"$tmp/want"
+    -e 's/ not started after .*//' -e 's/, pending for .*//' >"$tmp/want"
 while IFS= read -r line; do
     grep -qF -- "$line" "$tmp/run" || { echo "FAIL: the run lacks: $line" >&2; bad=1; }
 done <"$tmp/want"

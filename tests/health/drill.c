@@ -1,6 +1,8 @@
 /* Job-health drills with real processes (fork, no launcher): a world of 3 or 4 processes on the
  * fake NCCL across processes (tests/fake/fake_xproc.c: real data between real processes),
- * meeting through the file bootstrap or a store in shared memory, runs a loop of exact
+ * meeting through the file bootstrap, a store in shared memory or the tcp:// rendezvous (its
+ * process 0 serves it: never the victim there, as without it no communicator can form), runs
+ * a loop of exact
  * all_reduces over every device; the driver (this process) kills one process with SIGKILL, or
  * stops it with SIGSTOP and later lets it go on with SIGCONT, at a random moment. Then:
  *
@@ -17,7 +19,7 @@
  *  - nothing hangs: each drill is bounded, and a drill the driver has to end by force counts
  *    as a hang.
  *
- *   drill_health [--procs 3|4|0] [--boot file|store|any] [--mode kill|stop|any] [--drills N]
+ *   drill_health [--procs 3|4|0] [--boot file|store|tcp|any] [--mode kill|stop|any] [--drills N]
  *                [--hb MS] [--hb-timeout MS] [--devices 1|2|0] [--seed S] [--nccl-version V]
  *
  * 0 / any = chosen at random per drill. Prints one line per drill and a summary (detection
@@ -41,12 +43,15 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include "ccq.h"
 #include "fake/fake_cuda_nccl.h"
 
 enum { MAXP = 4, N = 257, AFTER_STEPS = 100, PAIR_STEPS = 10 };
 enum { MODE_KILL, MODE_STOP };
-enum { BOOT_FILE, BOOT_STORE };
+enum { BOOT_FILE, BOOT_STORE, BOOT_TCP };
 
 /* ---- a store in shared memory (last write wins, as ccq_store's heartbeat keys need) ---- */
 
@@ -123,6 +128,7 @@ typedef struct result {
 typedef struct shared {
     /* the drill */
     int nprocs, devices, boot, mode, victim;
+    int port; /* BOOT_TCP: the rendezvous's */
     uint32_t hb_ms, hb_timeout_ms;
     int nccl_version;
     char dir[64];
@@ -132,6 +138,7 @@ typedef struct shared {
     _Atomic uint64_t event_ns; /* when the driver killed or stopped the victim */
     _Atomic uint64_t cont_ns;  /* when it sent SIGCONT (stop drills) */
     _Atomic int release;       /* 1: survivors may finish (the victim is done) */
+    _Atomic int finished;      /* survivors done with every operation with the others */
     result res[MAXP];
     shm_store store;
 } shared;
@@ -247,6 +254,7 @@ static int worker(shared *sh, int rank)
     int partner = sh->nprocs == 4 ? rank ^ 1 : -1;
     uint32_t pair[4];
     uint32_t npair = 0;
+    bool counted = false; /* in sh->finished */
 
     fake_reset();
     fake_set_devices(sh->devices, 9);
@@ -262,6 +270,9 @@ static int worker(shared *sh, int rank)
     cfg.heartbeat_timeout_ms = sh->hb_timeout_ms;
     if (sh->boot == BOOT_FILE) {
         snprintf(boot, sizeof boot, "file:%s", sh->dir);
+        cfg.bootstrap = boot;
+    } else if (sh->boot == BOOT_TCP) {
+        snprintf(boot, sizeof boot, "tcp://127.0.0.1:%d", sh->port);
         cfg.bootstrap = boot;
     } else {
         cfg.bootstrap = NULL;
@@ -385,6 +396,15 @@ static int worker(shared *sh, int rank)
             me->wrong += wrong;
         }
     }
+    /* No survivor leaves while another still has an operation with it in flight: an
+     * operation finishes at different times in different processes, and a process seen to
+     * exit before its "left" record arrives is lost to the others (job health), failing what
+     * was in flight with it (seen on tcp: a survivor's last step failed as process 3's loss
+     * once process 3 had finished it and left). */
+    counted = true;
+    atomic_fetch_add(&sh->finished, 1);
+    while (atomic_load(&sh->finished) < sh->nprocs - 1)
+        nap_ms(5);
     /* Once the victim is done (continued, fenced off, exited; or killed), the failed
      * operation's outputs still hold what they held. */
     while (!atomic_load(&sh->release))
@@ -395,6 +415,8 @@ static int worker(shared *sh, int rank)
     me->events = atomic_load(&evc.n);
     CHECK(me->events >= 1, "no CCQ_EV_PROCESS_LOST event for process %d", sh->victim);
 out:
+    if (!counted && rank != sh->victim) /* failed early: nobody waits for it */
+        atomic_fetch_add(&sh->finished, 1);
     if (me->rc == 0) { /* nothing the real NCCL would punish (the fake counts misuse) */
         char msg[512];
         ccq_runtime_destroy(rt);
@@ -407,6 +429,21 @@ out:
 }
 
 /* ---- the driver ---- */
+
+/* A port nobody listens on now (the kernel's pick; free again once closed). */
+static int free_port(void)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    int fd = socket(AF_INET, SOCK_STREAM, 0), port = 29500;
+
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &al) == 0)
+        port = ntohs(a.sin_port);
+    if (fd >= 0)
+        close(fd);
+    return port;
+}
 
 static int cmp_u64(const void *a, const void *b)
 {
@@ -502,7 +539,10 @@ static int drill(shared *sh, int idx, uint64_t **det, size_t *ndet, uint64_t *de
 
     /* The verdict. */
     printf("drill %3d: %d procs x %d dev, %s, %-4s process %d after %" PRIu64 " steps:", idx,
-           sh->nprocs, sh->devices, sh->boot == BOOT_FILE ? "file " : "store",
+           sh->nprocs, sh->devices,
+           sh->boot == BOOT_FILE  ? "file "
+           : sh->boot == BOOT_TCP ? "tcp  "
+                                  : "store",
            sh->mode == MODE_KILL ? "kill" : "stop", sh->victim, min_steps);
     for (int r = 0; r < sh->nprocs; r++) {
         result *x = &sh->res[r];
@@ -548,7 +588,7 @@ static int drill(shared *sh, int idx, uint64_t **det, size_t *ndet, uint64_t *de
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: drill_health [--procs 3|4|0] [--boot file|store|any] "
+    fprintf(stderr, "usage: drill_health [--procs 3|4|0] [--boot file|store|tcp|any] "
                     "[--mode kill|stop|any] [--drills N] [--hb MS] [--hb-timeout MS] "
                     "[--devices 1|2|0] [--seed S] [--nccl-version V]\n");
     exit(2);
@@ -574,7 +614,10 @@ int main(int argc, char **argv)
         else if (strcmp(a, "--devices") == 0)
             o.devices = atoi(v);
         else if (strcmp(a, "--boot") == 0)
-            o.boot = strcmp(v, "file") == 0 ? BOOT_FILE : strcmp(v, "store") == 0 ? BOOT_STORE : -1;
+            o.boot = strcmp(v, "file") == 0    ? BOOT_FILE
+                     : strcmp(v, "store") == 0 ? BOOT_STORE
+                     : strcmp(v, "tcp") == 0   ? BOOT_TCP
+                                               : -1;
         else if (strcmp(a, "--mode") == 0)
             o.mode = strcmp(v, "kill") == 0 ? MODE_KILL : strcmp(v, "stop") == 0 ? MODE_STOP : -1;
         else if (strcmp(a, "--drills") == 0)
@@ -618,6 +661,10 @@ int main(int argc, char **argv)
         sh->boot = o.boot >= 0 ? o.boot : (int)(rand_r(&rnd) % 2);
         sh->mode = o.mode >= 0 ? o.mode : (int)(rand_r(&rnd) % 2);
         sh->victim = (int)(rand_r(&rnd) % (unsigned)sh->nprocs);
+        if (sh->boot == BOOT_TCP) {
+            sh->victim = 1 + sh->victim % (sh->nprocs - 1);
+            sh->port = free_port();
+        }
         sh->hb_ms = o.hb_ms;
         sh->hb_timeout_ms = o.hb_timeout_ms;
         sh->nccl_version = o.nccl_version;

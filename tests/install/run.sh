@@ -100,6 +100,8 @@ for m in $modules; do
     case $m in
     # The module's own check of mpi_comm: it was loaded.
     mpi) echo "$out" | grep -q "is not an MPI_Fint" ;;
+    # Two processes on the ucx engine: it loaded and ran.
+    ucx) [ "$out" = "CCQ_OK: " ] ;;
     # No GPU here: the module loaded (or its CUDA libraries are not installed); never missing.
     *) if echo "$out" | grep -q "needs libccq-$m.so.0.*$libdir/libccq-$m.so.0 (cannot open shared object file"; then
            echo "the installed module was not found" >&2
@@ -126,7 +128,7 @@ fi
 "$cc" $flags -o "$work/app_core" "$here/app.c" $(PKG_CONFIG_PATH=$corelib/pkgconfig pkg-config --cflags --libs ccq)
 "$cc" $flags -o "$work/probe_core" "$here/probe.c" $(PKG_CONFIG_PATH=$corelib/pkgconfig pkg-config --cflags --libs ccq)
 LD_LIBRARY_PATH=$corelib "$work/app_core" core-only
-for m in nccl mpi; do
+for m in nccl mpi ucx; do
     out=$(LD_LIBRARY_PATH=$corelib "$work/probe_core" "$m")
     echo "probe $m: $out"
     echo "$out" | grep -q "^CCQ_ERR_UNSUPPORTED: .*needs libccq-$m.so.0, .*tried $corelib/libccq-$m.so.0 (cannot open shared object file" ||

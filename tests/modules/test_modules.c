@@ -139,8 +139,12 @@ static void test_mpi_bootstrap_missing(void **state)
     detail_has("bootstrap \"mpi\" needs libccq-mpi.so.0", "cannot open shared object file", NULL);
 }
 
-/* The host backend in a world of two processes (file bootstrap) without its engine's module:
- * they meet, and a communicator spanning both is refused at once, naming the module. */
+/* The host backend in a world of two processes (file bootstrap) without its engines' modules:
+ * they meet, and a communicator spanning both is refused at once, naming the modules: both
+ * by default (ucx, then mpi), the one asked for by host_engine (CCQ_HOST_ENGINE). */
+static const char *engine_want;   /* CCQ_HOST_ENGINE in the children, or NULL */
+static const char *engine_say[2]; /* what their detail must say */
+
 static int engine_child(unsigned rank, unsigned nprocs, void *arg)
 {
     ccq_device_id all[2] = {0, 1};
@@ -150,6 +154,10 @@ static int engine_child(unsigned rank, unsigned nprocs, void *arg)
     int rc = 0;
 
     unsetenv("CCQ_MODULE_PATH");
+    if (engine_want != NULL)
+        setenv("CCQ_HOST_ENGINE", engine_want, 1);
+    else
+        unsetenv("CCQ_HOST_ENGINE");
     ccq_config_init(&cfg);
     cfg.world_rank = rank;
     cfg.world_size = nprocs;
@@ -162,9 +170,8 @@ static int engine_child(unsigned rank, unsigned nprocs, void *arg)
         return 1;
     }
     if (ccq_comm_init(rt, all, 2) != CCQ_ERR_UNSUPPORTED ||
-        strstr(ccq_last_error_detail(),
-               "the host backend cannot span processes: its mpi engine needs libccq-mpi.so.0") ==
-            NULL) {
+        strstr(ccq_last_error_detail(), engine_say[0]) == NULL ||
+        (engine_say[1] != NULL && strstr(ccq_last_error_detail(), engine_say[1]) == NULL)) {
         fprintf(stderr, "rank %u: comm_init: %s\n", rank, ccq_last_error_detail());
         rc = 2;
     }
@@ -175,16 +182,33 @@ static int engine_child(unsigned rank, unsigned nprocs, void *arg)
     return rc;
 }
 
-static void test_engine_missing(void **state)
+static void engine_missing(const char *want, const char *say0, const char *say1)
 {
     char dir[64];
     int status[2] = {-1, -1};
-    (void)state;
+    engine_want = want;
+    engine_say[0] = say0;
+    engine_say[1] = say1;
     procs_tmpdir(dir, sizeof dir);
     int bad = procs_run(2, engine_child, dir, 60, status);
     procs_rmdir(dir);
     if (bad != 0)
-        fail_msg("processes exited with %d, %d", status[0], status[1]);
+        fail_msg("host_engine %s: processes exited with %d, %d", want ? want : "NULL", status[0],
+                 status[1]);
+}
+
+static void test_engine_missing(void **state)
+{
+    (void)state;
+    engine_missing(NULL,
+                   "the host backend cannot span processes: its ucx engine needs libccq-ucx.so.0",
+                   "; its mpi engine needs libccq-mpi.so.0");
+    engine_missing("ucx",
+                   "the host backend cannot span processes: its ucx engine needs libccq-ucx.so.0",
+                   NULL);
+    engine_missing("mpi",
+                   "the host backend cannot span processes: its mpi engine needs libccq-mpi.so.0",
+                   NULL);
 }
 
 #ifdef CCQ_TEST_WITH_NCCL

@@ -95,6 +95,10 @@ for m in $modules; do
         field "$deb" Depends | grep -Eq 'libopenmpi|libmpich|mpi' ||
             fail "libccq-mpi$major Depends: $(field "$deb" Depends) (no MPI library package)"
     fi
+    if [ "$m" = ucx ]; then
+        field "$deb" Depends | grep -q 'libucx0' ||
+            fail "libccq-ucx$major Depends: $(field "$deb" Depends) (no libucx0)"
+    fi
     echo "libccq-$m$major Depends: $(field "$deb" Depends)"
 done
 echo "libccq$major Depends: $(field "$rt" Depends)"
@@ -122,7 +126,7 @@ LD_LIBRARY_PATH=$libdir "$work/app" deb-shared
 "$root/usr/bin/ccq-trace" --help >/dev/null || fail "the packaged ccq-trace does not run"
 # shellcheck disable=SC2046
 "$cc" $flags -o "$work/probe" "$src/tests/install/probe.c" $(pkg-config --cflags --libs ccq)
-for m in nccl mpi; do
+for m in nccl mpi ucx; do
     out=$(LD_LIBRARY_PATH=$libdir "$work/probe" "$m")
     echo "$out" | grep -q "needs libccq-$m.so.$major, .*tried $libdir/libccq-$m.so.$major (cannot open shared object file" ||
         fail "without libccq-$m$major, asking for it says: $out"
@@ -133,6 +137,7 @@ for m in $modules; do
     out=$(LD_LIBRARY_PATH=$libdir "$work/probe" "$m")
     case $m in
     mpi) echo "$out" | grep -q "is not an MPI_Fint" || fail "libccq-mpi$major not loaded: $out" ;;
+    ucx) [ "$out" = "CCQ_OK: " ] || fail "libccq-ucx$major not loaded or failed: $out" ;;
     *) if echo "$out" | grep -q "tried $libdir/libccq-$m.so.$major (cannot open shared object file"; then
            fail "libccq-$m$major not found: $out"
        fi ;;

@@ -31,7 +31,8 @@
     X(heartbeat_ms, U32)                                                                           \
     X(heartbeat_timeout_ms, U32)                                                                   \
     X(nccl_high_priority, U32)                                                                     \
-    X(fusion_bytes, U64)
+    X(fusion_bytes, U64)                                                                           \
+    X(host_engine, STR)
 
 enum field_type { T_U32, T_U64, T_I64, T_STR, T_STORE };
 

@@ -12,6 +12,15 @@ INCLUDE = os.environ.get("CCQ_INCLUDE_DIR") or os.path.join(HERE, "..", "..", ".
 DEVS = [0, 1, 2, 3]
 
 
+def has_ucx_engine():
+    """Whether this libccq has the host backend's UCX engine (its module libccq-ucx.so.0 beside
+    libccq, where libccq loads it from): plain processes then span a communicator with no
+    launcher. A libccq built without UCX (CCQ_WITH_UCX=OFF, no libucx-dev) has only the MPI
+    engine, which needs mpirun."""
+    lib_dir = os.path.dirname(os.path.realpath(ccq.library_path()))
+    return os.path.exists(os.path.join(lib_dir, "libccq-ucx.so.0"))
+
+
 @pytest.fixture
 def rt():
     """A host runtime of 4 devices with a 20 s deadline (no test waits for it on success)."""

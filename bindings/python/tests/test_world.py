@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import has_ucx_engine
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "world_worker.py")
 CANNOT_SPAN = "cannot span processes"
@@ -20,7 +21,8 @@ def spawn(n, size, tmp, extra_env=None, args=(), timeout=90, killed=()):
     procs = []
     for r in range(n):
         env = dict(os.environ, CCQ_WORLD_RANK=str(r), CCQ_WORLD_SIZE=str(size),
-                   CCQ_BOOTSTRAP="file:%s" % tmp, **(extra_env or {}))
+                   CCQ_BOOTSTRAP="file:%s" % tmp)
+        env.update(extra_env or {})
         procs.append(subprocess.Popen([sys.executable, WORKER, *args], env=env, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     outs = []
@@ -61,15 +63,29 @@ def test_world_of_plain_processes_meets(file_world):
 
 
 def test_world_of_plain_processes_all_reduce_across(file_world):
-    """The all_reduce over all 6 devices of the 3 processes. The host backend carries data
-    between processes with an engine: MPI (which needs mpirun) today; a launcher-free engine
-    makes this pass unchanged. Until then ccq refuses with its detail, and this skips."""
+    """The all_reduce over all 6 devices of the 3 processes, no launcher: the host backend
+    carries data between them on its default engine, UCX. A libccq without the UCX engine
+    (only MPI's, which needs mpirun) refuses with its detail, and this skips."""
     spans = [o["span"] for o in file_world]
-    if all("unsupported" in s for s in spans):
-        assert all(CANNOT_SPAN in s["unsupported"] for s in spans)
-        pytest.skip("this libccq's host backend cannot span plain processes: "
+    if not has_ucx_engine():
+        assert all(CANNOT_SPAN in s.get("unsupported", "") for s in spans), spans
+        pytest.skip("this libccq has no UCX engine (libccq-ucx.so.0): "
                     + spans[0]["unsupported"])
     assert all(s["all_reduce"] == [21.0] for s in spans), spans
+
+
+def test_world_over_tcp_all_reduce_across(tmp_path):
+    """The same 3 plain processes meeting through the tcp:// rendezvous (process 0 serves it
+    on a free port) instead of a directory."""
+    if not has_ucx_engine():
+        pytest.skip("this libccq has no UCX engine (libccq-ucx.so.0)")
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    outs = spawn(3, 3, tmp_path, extra_env={"CCQ_BOOTSTRAP": "tcp://127.0.0.1:%d" % port})
+    check_meeting(outs)
+    assert all(o["span"]["all_reduce"] == [21.0] for o in outs), outs
 
 
 def test_world_through_a_python_store(tmp_path):

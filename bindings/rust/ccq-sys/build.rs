@@ -7,8 +7,8 @@
 //!    (against `PWD`, where cargo was run, else the workspace), so rpaths never are relative.
 //! 2. `pkg-config --libs --cflags ccq` (an installed ccq, `ccq.pc`), shared.
 //! 3. This repository's CMake project, built into `OUT_DIR` (`ccq_static`), linked statically
-//!    with what its `ccq.pc` says it needs (ck, pthread, m, and CUDA + NCCL and MPI when CMake
-//!    found them; `CCQ_WITH_NCCL`/`CCQ_WITH_MPI` = `OFF` leave them out).
+//!    with what its `ccq.pc` says it needs (ck, pthread, m, and CUDA + NCCL, MPI and UCX when
+//!    CMake found them; `CCQ_WITH_NCCL`/`CCQ_WITH_MPI`/`CCQ_WITH_UCX` = `OFF` leave them out).
 //!
 //! Shared linking adds an rpath to this package's own test binaries, and passes the directory
 //! on as `DEP_CCQ_RPATH` so that the `ccq` crate's build script does the same for its tests and
@@ -35,8 +35,16 @@ fn main() {
     let repo = manifest.join("../../..");
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=src");
-    for v in ["CCQ_LIB_DIR", "CCQ_INCLUDE_DIR", "CCQ_STATIC", "CCQ_WITH_NCCL", "CCQ_WITH_MPI", "PKG_CONFIG_PATH", "CC"]
-    {
+    for v in [
+        "CCQ_LIB_DIR",
+        "CCQ_INCLUDE_DIR",
+        "CCQ_STATIC",
+        "CCQ_WITH_NCCL",
+        "CCQ_WITH_MPI",
+        "CCQ_WITH_UCX",
+        "PKG_CONFIG_PATH",
+        "CC",
+    ] {
         println!("cargo:rerun-if-env-changed={v}");
     }
 
@@ -193,6 +201,7 @@ fn build_with_cmake(repo: &Path, out: &Path) {
     let build = out.join("build");
     let nccl = env::var("CCQ_WITH_NCCL").unwrap_or_else(|_| "AUTO".into());
     let mpi = env::var("CCQ_WITH_MPI").unwrap_or_else(|_| "AUTO".into());
+    let ucx = env::var("CCQ_WITH_UCX").unwrap_or_else(|_| "AUTO".into());
     run(Command::new("cmake")
         .arg("-S")
         .arg(repo)
@@ -201,6 +210,7 @@ fn build_with_cmake(repo: &Path, out: &Path) {
         .args(["-DCCQ_BUILD_TESTS=OFF", "-DCCQ_BUILD_BENCH=OFF", "-DCCQ_BUILD_EXAMPLES=OFF"])
         .arg(format!("-DCCQ_WITH_NCCL={nccl}"))
         .arg(format!("-DCCQ_WITH_MPI={mpi}"))
+        .arg(format!("-DCCQ_WITH_UCX={ucx}"))
         .arg("-DCMAKE_BUILD_TYPE=RelWithDebInfo"));
     let jobs = env::var("NUM_JOBS").unwrap_or_else(|_| "2".into());
     run(Command::new("cmake").arg("--build").arg(&build).args(["--target", "ccq_static", "-j", &jobs]));

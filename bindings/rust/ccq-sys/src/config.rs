@@ -39,6 +39,9 @@ pub struct ccq_config {
     /// Fusion of small collectives: operations each below this many bytes fuse, up to this
     /// many bytes per fused operation (0 = off; default 1 MiB).
     pub fusion_bytes: u64,
+    /// The host backend's engine across processes: `"ucx"`, `"mpi"`, or NULL (ucx when its
+    /// module libccq-ucx.so.0 loads, else mpi when MPI is initialised).
+    pub host_engine: *const c_char,
 }
 
 extern "C" {

@@ -23,6 +23,7 @@ pub struct Config {
     fault: Option<String>,
     trace_file: Option<PathBuf>,
     bootstrap: Option<Bootstrap>,
+    host_engine: Option<String>,
     env_error: Option<String>,
 }
 
@@ -71,6 +72,7 @@ impl Config {
                 fault: owned(raw.fault),
                 trace_file: owned(raw.trace_file).map(PathBuf::from),
                 bootstrap: owned(raw.bootstrap).map(|s| Bootstrap::from_spec(&s)),
+                host_engine: owned(raw.host_engine),
                 env_error: owned(raw.env_error),
                 raw,
             }
@@ -210,16 +212,25 @@ impl Config {
     /// A world of `size` processes, this one of rank `rank` (default: 0 of 1, alone).
     /// Every process of the world is given the same size and its own rank, and a
     /// [`Config::bootstrap`] to meet through. Env: `CCQ_WORLD_RANK` and `CCQ_WORLD_SIZE`,
-    /// else the launcher's (`OMPI_COMM_WORLD_RANK`/`_SIZE`, `PMI_RANK`/`PMI_SIZE`).
+    /// else the launcher's (`OMPI_COMM_WORLD_RANK`/`_SIZE`, `PMI_RANK`/`PMI_SIZE`,
+    /// `SLURM_PROCID`/`SLURM_NTASKS`, torchrun's `RANK`/`WORLD_SIZE`).
     pub fn world(mut self, rank: u32, size: u32) -> Self {
         self.raw.world_rank = rank;
         self.raw.world_size = size;
         self
     }
     /// How the processes of the world meet ([`Bootstrap`]); `None`: no bootstrap (a world
-    /// of one needs none). Env: `CCQ_BOOTSTRAP` (`mpi`, `file:DIR`).
+    /// of one needs none). Env: `CCQ_BOOTSTRAP` (`mpi`, `file:DIR`, `tcp://HOST:PORT`), else
+    /// `tcp://MASTER_ADDR:MASTER_PORT` when torchrun's variables are set.
     pub fn bootstrap(mut self, b: impl Into<Option<Bootstrap>>) -> Self {
         self.bootstrap = b.into();
+        self
+    }
+    /// The host backend's engine across processes: `Some("ucx")` (UCX: shared memory, TCP,
+    /// InfiniBand; ccq's own schedules), `Some("mpi")` (needs MPI initialised: mpirun), or
+    /// `None` (default: ucx when its module libccq-ucx.so.0 loads, else mpi). Env: `CCQ_HOST_ENGINE`.
+    pub fn host_engine(mut self, engine: Option<&str>) -> Self {
+        self.host_engine = engine.map(Into::into);
         self
     }
     /// For [`Bootstrap::Mpi`]: `MPI_Comm_c2f()` of the embedder's communicator (its rank and
@@ -317,6 +328,10 @@ impl Config {
     pub fn get_bootstrap(&self) -> Option<&Bootstrap> {
         self.bootstrap.as_ref()
     }
+    /// The host backend's engine (`None`: ccq chooses).
+    pub fn get_host_engine(&self) -> Option<&str> {
+        self.host_engine.as_deref()
+    }
     /// The MPI communicator's Fortran handle (-1: `MPI_COMM_WORLD`).
     pub fn get_mpi_comm(&self) -> i64 {
         self.raw.mpi_comm
@@ -342,6 +357,7 @@ impl Config {
         let fault = self.fault.as_deref().map(|s| c(s, "Config::fault")).transpose()?;
         let trace = self.trace_file.as_deref().map(|p| c(&p.to_string_lossy(), "Config::trace_file")).transpose()?;
         let boot = self.bootstrap.as_ref().and_then(Bootstrap::spec).map(|s| c(&s, "Config::bootstrap")).transpose()?;
+        let engine = self.host_engine.as_deref().map(|s| c(s, "Config::host_engine")).transpose()?;
         let mut raw = self.raw;
         raw.bootstrap = boot.as_ref().map_or(std::ptr::null(), |s| s.as_ptr());
         raw.store = match (&self.bootstrap, store) {
@@ -351,6 +367,7 @@ impl Config {
         raw.backend = backend.as_ptr();
         raw.fault = fault.as_ref().map_or(std::ptr::null(), |s| s.as_ptr());
         raw.trace_file = trace.as_ref().map_or(std::ptr::null(), |s| s.as_ptr());
+        raw.host_engine = engine.as_ref().map_or(std::ptr::null(), |s| s.as_ptr());
         Ok(f(&raw))
     }
 }

@@ -22,10 +22,14 @@ pub enum Bootstrap {
     /// `"file:DIR"`: one file per record in a directory every process sees (created, mode
     /// 0700, if it does not exist), as Gloo's and PyTorch's `FileStore`.
     File(PathBuf),
+    /// `"tcp://HOST:PORT"` (this holds `HOST:PORT`): world rank 0 serves a rendezvous there
+    /// (on every interface when HOST is `*`), every process connects and stays connected
+    /// for the job; no launcher needed.
+    Tcp(String),
     /// The embedder's key-value store (a TCP store, Redis, etcd, torch's `Store`...).
     Store(Arc<dyn Store>),
-    /// A spec string as `ccq.h` takes it, as `CCQ_BOOTSTRAP` gave it when it is neither
-    /// `"mpi"` nor `"file:DIR"` (ccq refuses it at [`Runtime::new`] with a detail).
+    /// A spec string as `ccq.h` takes it, as `CCQ_BOOTSTRAP` gave it when it is none of the
+    /// above (ccq refuses it at [`Runtime::new`] with a detail).
     Spec(String),
 }
 
@@ -35,14 +39,17 @@ impl Bootstrap {
         Bootstrap::Store(Arc::new(store))
     }
 
-    /// The variant of a spec string (`"mpi"`, `"file:DIR"`, else [`Bootstrap::Spec`]).
+    /// The variant of a spec string (`"mpi"`, `"file:DIR"`, `"tcp://HOST:PORT"`, else
+    /// [`Bootstrap::Spec`]).
     pub fn from_spec(spec: &str) -> Bootstrap {
-        match spec {
-            "mpi" => Bootstrap::Mpi,
-            s => match s.strip_prefix("file:") {
-                Some(dir) => Bootstrap::File(dir.into()),
-                None => Bootstrap::Spec(s.into()),
-            },
+        if spec == "mpi" {
+            Bootstrap::Mpi
+        } else if let Some(dir) = spec.strip_prefix("file:") {
+            Bootstrap::File(dir.into())
+        } else if let Some(addr) = spec.strip_prefix("tcp://") {
+            Bootstrap::Tcp(addr.into())
+        } else {
+            Bootstrap::Spec(spec.into())
         }
     }
 
@@ -51,6 +58,7 @@ impl Bootstrap {
         match self {
             Bootstrap::Mpi => Some("mpi".into()),
             Bootstrap::File(dir) => Some(format!("file:{}", dir.display())),
+            Bootstrap::Tcp(addr) => Some(format!("tcp://{addr}")),
             Bootstrap::Store(_) => None,
             Bootstrap::Spec(s) => Some(s.clone()),
         }

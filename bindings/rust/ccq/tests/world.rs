@@ -28,6 +28,9 @@ fn fresh(name: &str) -> PathBuf {
     dir
 }
 
+/// A rank of a world of 2 on the host backend's MPI engine, without MPI: communicators
+/// spanning the processes are refused, which these tests check (the UCX engine crossing them
+/// is `two_ranks_cross_on_the_ucx_engine`).
 fn cfg(rank: u32, devices: u32, boot: Bootstrap) -> Config {
     Config::new()
         .backend("host")
@@ -36,6 +39,7 @@ fn cfg(rank: u32, devices: u32, boot: Bootstrap) -> Config {
         .timeout_ms(10_000)
         .world(rank, 2)
         .bootstrap(boot)
+        .host_engine(Some("mpi"))
 }
 
 /// Creates both ranks at once (each blocks until the other arrives).
@@ -207,7 +211,9 @@ fn bootstrap_specs_and_bad_worlds() {
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     assert!(matches!(Bootstrap::from_spec("mpi"), Bootstrap::Mpi));
     assert!(matches!(Bootstrap::from_spec("file:/x"), Bootstrap::File(p) if p == std::path::Path::new("/x")));
-    assert!(matches!(Bootstrap::from_spec("tcp://h"), Bootstrap::Spec(_)));
+    assert!(matches!(Bootstrap::from_spec("tcp://h:1"), Bootstrap::Tcp(a) if a == "h:1"));
+    assert_eq!(Bootstrap::Tcp("h:1".into()).spec().as_deref(), Some("tcp://h:1"));
+    assert!(matches!(Bootstrap::from_spec("pigeon://h"), Bootstrap::Spec(_)));
     assert_eq!(Bootstrap::File("/x".into()).spec().as_deref(), Some("file:/x"));
     assert_eq!(format!("{:?}", Bootstrap::store(MemStore::default())), "Store(..)");
     let e = Runtime::new(&Config::new().backend("host").world(2, 2)).unwrap_err();
@@ -216,8 +222,11 @@ fn bootstrap_specs_and_bad_worlds() {
     let e = Runtime::new(&cfg(0, 1, Bootstrap::File("/dev/null/ccq-no-such-dir".into()))).unwrap_err();
     assert_eq!(e.status(), Status::InvalidArgument, "{e}");
     assert!(e.detail().contains("ccq-no-such-dir"), "{e}");
-    let e = Runtime::new(&cfg(0, 1, Bootstrap::Spec("tcp://h".into()))).unwrap_err();
-    assert!(e.detail().contains("tcp://h"), "{e}");
+    let e = Runtime::new(&cfg(0, 1, Bootstrap::Spec("pigeon://h".into()))).unwrap_err();
+    assert!(e.detail().contains("pigeon://h"), "{e}");
+    let e = Runtime::new(&cfg(0, 1, Bootstrap::Tcp("h".into()))).unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument, "{e}");
+    assert!(e.detail().contains("expected tcp://HOST:PORT"), "{e}");
     // Alone, as always.
     let rt = Runtime::host(2).unwrap();
     assert_eq!((rt.world_rank(), rt.world_size(), rt.local_devices()), (0, 1, DeviceId(0)..DeviceId(2)));
@@ -253,4 +262,52 @@ fn world_child_process() {
     assert_eq!((rt.world_rank(), rt.world_size(), rt.device_count()), (1, 2, 3));
     assert_eq!(rt.local_devices(), DeviceId(2)..DeviceId(3));
     use_local_devices(&rt, DeviceId(0));
+}
+
+/// Two ranks on threads meet through the tcp rendezvous (rank 0 serves it) and, on the host
+/// backend's default engine (UCX, when libccq has it), send to each other and all_reduce over
+/// both processes' devices.
+#[test]
+fn two_ranks_cross_on_the_ucx_engine() {
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let boot = || Bootstrap::Tcp(format!("127.0.0.1:{port}"));
+    // A job of its own: the other tests opened bootstraps of the default job as rank 0 and
+    // rank 1 unevenly, and the k-th runtime of a rank meets the k-th of the others.
+    std::env::set_var("CCQ_JOB_ID", format!("cross-{port}"));
+    let c = |rank, devices| cfg(rank, devices, boot()).host_engine(Some("ucx"));
+    let (r0, r1) = pair(c(0, 2), c(1, 1));
+    std::env::remove_var("CCQ_JOB_ID");
+    let (r0, r1) = match (r0, r1) {
+        (Ok(a), Ok(b)) => (a, b),
+        (Err(e), _) | (_, Err(e)) if e.status() == Status::Unsupported => return, // built without UCX
+        (a, b) => panic!("{:?} {:?}", a.err(), b.err()),
+    };
+    let all = [DeviceId(0), DeviceId(1), DeviceId(2)];
+    std::thread::scope(|t| {
+        t.spawn(|| {
+            r0.comm_init(&all).unwrap();
+            let src = [vec![1i32; 100], vec![2i32; 100]];
+            let mut dst = [vec![0i32; 100], vec![0i32; 100]];
+            let (d0, d1) = dst.split_at_mut(1);
+            r0.scope(|s| {
+                s.all_reduce(DeviceId(0), StreamId(0), &src[0], &mut d0[0], ReduceOp::Sum, &all)?;
+                s.all_reduce(DeviceId(1), StreamId(0), &src[1], &mut d1[0], ReduceOp::Sum, &all)
+            })
+            .unwrap();
+            assert!(dst.iter().all(|v| v.iter().all(|&x| x == 1 + 2 + 3)));
+            let msg = [7u8; 4096];
+            r0.scope(|s| s.send(DeviceId(1), StreamId(1), &msg, DeviceId(2))).unwrap();
+        });
+        t.spawn(|| {
+            r1.comm_init(&all).unwrap();
+            let src = vec![3i32; 100];
+            let mut dst = vec![0i32; 100];
+            r1.scope(|s| s.all_reduce(DeviceId(2), StreamId(0), &src, &mut dst, ReduceOp::Sum, &all)).unwrap();
+            assert!(dst.iter().all(|&x| x == 6));
+            let mut got = [0u8; 4096];
+            r1.scope(|s| s.recv(DeviceId(2), StreamId(1), &mut got, DeviceId(1))).unwrap();
+            assert!(got.iter().all(|&x| x == 7));
+        });
+    });
 }

@@ -1,0 +1,71 @@
+/* all_reduce for large buffers: a ring reduce-scatter, then a ring all-gather, pipelined in
+ * segments (each segment is a ring all_reduce of its own; ucx_window() of them move at once,
+ * so one segment's reduction overlaps another's transfer). Per segment: P blocks; at step s
+ * of the reduce-scatter process i sends block i - s to i + 1 and adds block i - s - 1 from
+ * i - 1 to its own; after P - 1 steps it holds block i + 1 fully reduced, which the
+ * all-gather's P - 1 steps pass around.
+ *
+ * Each block is reduced once, by a chain that starts at a fixed process, and then copied:
+ * every process ends with the same bits. A segment keeps one send in flight at a time
+ * (each step's send needs the previous step's receipt anyway), which also means a block is
+ * never landed into while a send still reads it. */
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "backends/host/ucx/ucx.h"
+
+/* x[0] = largest block of a segment (elements): the landing slot's size. */
+
+static ccq_status ring_init(ucx_op *o, ccq_errbuf *err)
+{
+    ccq_status st = ucx_segments(o, o->count, 0, ucx_window(), err);
+    if (st != CCQ_OK)
+        return st;
+    o->x[0] = (uint32_t)((o->seg_elems + o->P - 1) / o->P);
+    if (ucx_scratch(o, BUF_TMP, (size_t)o->window * o->x[0] * o->es) == NULL) {
+        snprintf(err->msg, sizeof err->msg, "out of memory for UCX scratch");
+        return CCQ_ERR_NO_MEMORY;
+    }
+    return CCQ_OK;
+}
+
+static ccq_status ring_seg(ucx_op *o, uint32_t g, ccq_errbuf *err)
+{
+    uint32_t P = o->P, me = o->me;
+    size_t off0 = (size_t)g * o->seg_elems, es = o->es;
+    size_t len = o->count - off0 < o->seg_elems ? o->count - off0 : o->seg_elems;
+    char *res = (char *)o->buf[BUF_RES] + off0 * es;
+    char *slot = (char *)o->buf[BUF_TMP] + (size_t)(g % o->window) * o->x[0] * es;
+    ucx_seg *s = &o->seg[g];
+    ccq_status st;
+
+    while (s->step < 2 * P - 2) {
+        uint32_t k = s->step, sb, rb;
+        size_t so, sl, ro, rl;
+        bool scatter = k < P - 1; /* the reduce-scatter half, then the all-gather half */
+        if (scatter) {
+            sb = (me + 2 * P - k) % P;
+            rb = (me + 2 * P - k - 1) % P;
+        } else {
+            uint32_t t = k - (P - 1);
+            sb = (me + 1 + 2 * P - t) % P;
+            rb = (me + 2 * P - t) % P;
+        }
+        ucx_block(len, P, sb, &so, &sl);
+        ucx_block(len, P, rb, &ro, &rl);
+        st = ucx_ring_step(o, g, g * (2 * P) + k, res + so * es, sl * es,
+                           scatter ? slot : res + ro * es, rl * es, scatter ? res + ro * es : NULL,
+                           err);
+        if (st != CCQ_OK)
+            return st;
+    }
+    return CCQ_OK;
+}
+
+static ccq_status ring_advance(ucx_op *o, ccq_errbuf *err)
+{
+    return ucx_run_segments(o, ring_seg, err);
+}
+
+const ucx_alg ucx_allreduce_ring = {"ring", ring_init, ring_advance};

@@ -1,0 +1,1093 @@
+/* The host backend's UCX engine (engine.h's interface): one UCP context and worker per
+ * runtime, endpoints per peer process made from the worker addresses every process gave
+ * the world's meeting, and ccq's own schedules between the member processes after the local
+ * combine (one buffer per process). The scheduler thread alone progresses the worker, back
+ * to back while operations are in flight and not at all otherwise.
+ *
+ * Choices, measured on UCX 1.13.1 (Debian 12; docs/multiprocess-host.md):
+ *  - Endpoints use UCP_ERR_HANDLING_MODE_PEER, so a peer that dies is an error on its
+ *    requests, never a hang. UCX 1.13 then refuses its shared-memory transports unless their
+ *    error handling is switched on (MM_ERROR_HANDLING, set here unless the environment says
+ *    otherwise): without it, two processes on one host talked over TCP loopback (8 us
+ *    instead of 0.6 us per 8-byte round trip). CMA (single-copy) has no peer failure
+ *    support there, so large messages go through the shared-memory FIFO.
+ *  - KEEPALIVE_INTERVAL 250 ms (UCX's default is 20 s): a receiver waiting for a dead peer
+ *    learns of it within about that (measured: 0.1 s at 100 ms, 16 s at the default).
+ *  - Every message is an active message carrying ucx_hdr: the receiver sees the header
+ *    before any payload is placed (a rendezvous payload is fetched only after the check).
+ *  - Every byte UCX reads or writes is engine scratch: the local combine copies the user's
+ *    inputs in, the local write copies results out after every header was checked. A
+ *    failed, aborted or timed-out operation can never have UCX write a user buffer later. */
+#define _GNU_SOURCE
+#include <inttypes.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/host/reduce.h"
+#include "backends/host/ucx/ucx.h"
+#include "common/clock.h"
+
+/* While operations are in flight the scheduler polls back to back; once nothing arrived for
+ * this long (a peer is late: it has not submitted yet, or it died), every UCX_SLOW_POLL_NS
+ * (measured: docs/multiprocess-host.md, "Progress"). */
+#define UCX_BUSY_NS      2000000u
+#define UCX_SLOW_POLL_NS 200000u
+
+static ucx_engine *to_ucx(ccq_host_engine *e)
+{
+    return ccq_container_of(e, ucx_engine, base);
+}
+
+static size_t esize(uint8_t dt)
+{
+    static const uint8_t sz[CCQ_DTYPE_COUNT_] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
+    return dt < CCQ_DTYPE_COUNT_ ? sz[dt] : 0;
+}
+
+/* ---- scratch ----------------------------------------------------------------------------- */
+
+static void *pool_get(ucx_engine *e, size_t bytes, size_t *cap)
+{
+    int best = -1;
+    for (int k = 0; k < UCX_POOL_MAX; k++)
+        if (e->pool[k].p != NULL && e->pool[k].cap >= bytes &&
+            (best < 0 || e->pool[k].cap < e->pool[best].cap))
+            best = k;
+    if (best >= 0) {
+        void *p = e->pool[best].p;
+        *cap = e->pool[best].cap;
+        e->pool[best].p = NULL;
+        return p;
+    }
+    *cap = (bytes + 4095) & ~(size_t)4095;
+    return aligned_alloc(4096, *cap ? *cap : 4096);
+}
+
+static void pool_put(ucx_engine *e, void *p, size_t cap)
+{
+    int slot = -1;
+    if (p == NULL)
+        return;
+    for (int k = 0; k < UCX_POOL_MAX; k++) {
+        if (e->pool[k].p == NULL) {
+            slot = k;
+            break;
+        }
+        if (slot < 0 || e->pool[k].cap < e->pool[slot].cap)
+            slot = k;
+    }
+    if (e->pool[slot].p != NULL) { /* full: keep the larger */
+        if (e->pool[slot].cap >= cap) {
+            free(p);
+            return;
+        }
+        free(e->pool[slot].p);
+    }
+    e->pool[slot].p = p;
+    e->pool[slot].cap = cap;
+}
+
+void *ucx_scratch(ucx_op *o, int which, size_t bytes)
+{
+    if (o->buf[which] != NULL && o->cap[which] >= bytes)
+        return o->buf[which];
+    pool_put(o->e, o->buf[which], o->cap[which]);
+    o->buf[which] = pool_get(o->e, bytes ? bytes : 1, &o->cap[which]);
+    if (o->buf[which] == NULL)
+        o->cap[which] = 0;
+    return o->buf[which];
+}
+
+/* ---- names ------------------------------------------------------------------------------ */
+
+const char *ucx_kind_name(uint8_t kind)
+{
+    if (kind == CCQ_KIND_RECV)
+        return "recv";
+    return kind < CCQ_KIND_COUNT_ ? ccq_kinds[kind].name : "?";
+}
+
+const char *ucx_dtype_name(uint8_t dt)
+{
+    static const char *const names[CCQ_DTYPE_COUNT_] = {
+        "int8",    "uint8",   "int32",   "uint32",   "int64",      "uint64",
+        "float16", "float32", "float64", "bfloat16", "float8e4m3", "float8e5m2"};
+    return dt < CCQ_DTYPE_COUNT_ ? names[dt] : "?";
+}
+
+const char *ucx_op_name(uint8_t op)
+{
+    static const char *const names[CCQ_REDUCE_OP_COUNT_] = {"sum", "prod", "max", "min", "avg"};
+    return op < CCQ_REDUCE_OP_COUNT_ ? names[op] : "?";
+}
+
+/* ---- progress and failure ------------------------------------------------------------ */
+
+void ucx_progress(ucx_engine *e)
+{
+    int k = 0;
+    /* Bounded: a flood of arrivals must not keep the scheduler from its other work. */
+    while (k < 256 && ucp_worker_progress(e->worker) != 0)
+        k++;
+    /* Nothing moved: every 16th such poll gives the core away for a moment, so that on a
+     * machine with more busy threads than cores (processes of one job on few cores) the
+     * peer this process waits for gets to run. */
+    if (k == 0 && (++e->idle_polls & 15) == 0)
+        sched_yield();
+    else if (k > 0)
+        e->idle_polls = 0;
+}
+
+ccq_status ucx_op_fail(ucx_op *o, ccq_status st, const char *fmt, ...)
+{
+    va_list ap;
+    if (o->status != CCQ_IN_PROGRESS && o->status != CCQ_OK)
+        return o->status;
+    va_start(ap, fmt);
+    vsnprintf(o->detail.msg, sizeof o->detail.msg, fmt, ap);
+    va_end(ap);
+    o->status = st;
+    return st;
+}
+
+/* c can no longer be used: its later operations fail with st and detail. remote: a member
+ * reported it (so this process need not tell the others). */
+static void comm_fail(ucx_comm *c, ccq_status st, const char *detail, bool remote)
+{
+    if (c->failed != CCQ_OK)
+        return;
+    c->failed = st;
+    c->failed_remote = remote;
+    snprintf(c->failed_detail, sizeof c->failed_detail, "%s", detail);
+    ucx_comm_drop_messages(c);
+}
+
+/* UCX's endpoint error callback (inside ucp_worker_progress, on the scheduler thread): the
+ * peer died or its connection broke. check_peers acts on it once progress returned. */
+static void peer_error(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    ucx_peer_err *pe = arg;
+    ucx_engine *e = pe->e;
+    ucx_peer *p = &e->peers[pe->rank];
+    (void)ep;
+    if (p->failed == UCS_OK) {
+        p->failed = status != UCS_OK ? status : UCS_ERR_ENDPOINT_TIMEOUT;
+        e->peers_failed++;
+    }
+}
+
+/* A peer failed: every communicator it is a member of fails, so that operations on them end
+ * now, whoever they wait for (a process waiting on a survivor that waits on the dead one).
+ * The runtime's job health hears of it (base.peer_failed) when it cut an operation in
+ * flight: a process that destroyed its runtime cleanly and exited also ends in a peer error
+ * here, sometimes before its "left" heartbeat is read, and only work that still needed it
+ * makes that a loss. */
+static void check_peers(ucx_engine *e)
+{
+    if (e->peers_failed == e->peers_seen)
+        return;
+    e->peers_seen = e->peers_failed;
+    for (ucx_comm *c = e->comms; c != NULL; c = c->next) {
+        for (uint32_t p = 0; p < c->nprocs && c->failed == CCQ_OK; p++) {
+            ucx_peer *peer = &e->peers[c->procs[p]];
+            char why[CCQ_DETAIL_LEN];
+            if (p == c->me || peer->failed == UCS_OK)
+                continue;
+            snprintf(why, sizeof why,
+                     "process %u failed (UCX: %s): a member of this communicator (this is "
+                     "process %u)",
+                     c->procs[p], ucs_status_string(peer->failed), e->world_rank);
+            if (c->ops != NULL && !peer->reported && e->base.peer_failed != NULL) {
+                peer->reported = true;
+                e->base.peer_failed(e->base.peer_failed_arg, c->procs[p]);
+            }
+            comm_fail(c, CCQ_ERR_BACKEND, why, false);
+        }
+    }
+}
+
+static void close_ep(ucx_engine *e, ucx_peer *p)
+{
+    ucp_request_param_t prm;
+    void *req;
+    uint64_t until;
+
+    if (p->ep == NULL)
+        return;
+    memset(&prm, 0, sizeof prm);
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    prm.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    req = ucp_ep_close_nbx(p->ep, &prm);
+    p->ep = NULL;
+    if (req == NULL || UCS_PTR_IS_ERR(req))
+        return;
+    /* A forced close needs no answer from the peer; bounded anyway. */
+    until = ccq_now_ns() + 1000000000ull;
+    while (ucp_request_check_status(req) == UCS_INPROGRESS && ccq_now_ns() < until)
+        ucp_worker_progress(e->worker);
+    ucp_request_free(req);
+}
+
+/* ---- create, the world ------------------------------------------------------------------ */
+
+/* Set a UCX configuration value unless the user set it in the environment (UCX_<name>). */
+static void config_default(ucp_config_t *cfg, const char *name, const char *value,
+                           const char *also_env)
+{
+    char env[96];
+    snprintf(env, sizeof env, "UCX_%s", name);
+    if (getenv(env) != NULL || (also_env != NULL && getenv(also_env) != NULL))
+        return;
+    (void)ucp_config_modify(cfg, name, value);
+}
+
+static ccq_status ucx_create(const ccq_config *cfg, ccq_host_engine **out, ccq_errbuf *err)
+{
+    ucx_engine *e = calloc(1, sizeof *e);
+    ucp_params_t params;
+    ucp_worker_params_t wp;
+    ucp_worker_attr_t wa;
+    ucp_config_t *ucfg = NULL;
+    ucp_am_handler_param_t ap;
+    ucs_status_t us;
+
+    *out = NULL;
+    if (e == NULL) {
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        return CCQ_ERR_NO_MEMORY;
+    }
+    e->base.ops = &ccq_host_engine_ucx_ops;
+    ucx_tuning(e);
+    e->timeout_ns = cfg->timeout_ms ? cfg->timeout_ms * 1000000ull : UINT64_MAX;
+    us = ucp_config_read(NULL, NULL, &ucfg);
+    if (us != UCS_OK) {
+        snprintf(err->msg, sizeof err->msg, "UCX: ucp_config_read: %s", ucs_status_string(us));
+        goto fail;
+    }
+    config_default(ucfg, "MM_ERROR_HANDLING", "y", "UCX_SYSV_ERROR_HANDLING");
+    config_default(ucfg, "KEEPALIVE_INTERVAL", "250ms", NULL);
+    memset(&params, 0, sizeof params);
+    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
+    params.features = UCP_FEATURE_AM;
+    params.name = "ccq";
+    us = ucp_init(&params, ucfg, &e->ctx);
+    ucp_config_release(ucfg);
+    if (us != UCS_OK) {
+        e->ctx = NULL;
+        snprintf(err->msg, sizeof err->msg, "UCX: ucp_init: %s", ucs_status_string(us));
+        goto fail;
+    }
+    memset(&wp, 0, sizeof wp);
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+    us = ucp_worker_create(e->ctx, &wp, &e->worker);
+    if (us != UCS_OK) {
+        e->worker = NULL;
+        snprintf(err->msg, sizeof err->msg, "UCX: ucp_worker_create: %s", ucs_status_string(us));
+        goto fail;
+    }
+    memset(&wa, 0, sizeof wa);
+    wa.field_mask = UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER;
+    if (ucp_worker_query(e->worker, &wa) == UCS_OK && wa.max_am_header < sizeof(ucx_hdr)) {
+        snprintf(err->msg, sizeof err->msg,
+                 "UCX: active message headers hold %zu bytes here; ccq's needs %zu",
+                 wa.max_am_header, sizeof(ucx_hdr));
+        goto fail;
+    }
+    memset(&ap, 0, sizeof ap);
+    ap.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                    UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+    ap.id = UCX_AM_ID;
+    ap.cb = ucx_am_recv;
+    ap.arg = e;
+    /* Whole messages, and eager payloads that stay valid after the callback: a message
+     * arriving before its operation started waits for it without a copy. */
+    ap.flags = UCP_AM_FLAG_WHOLE_MSG | UCP_AM_FLAG_PERSISTENT_DATA;
+    us = ucp_worker_set_am_recv_handler(e->worker, &ap);
+    if (us == UCS_OK)
+        us = ucp_worker_get_address(e->worker, &e->addr, &e->addr_len);
+    if (us != UCS_OK) {
+        e->addr = NULL;
+        snprintf(err->msg, sizeof err->msg, "UCX: setting up the worker: %s",
+                 ucs_status_string(us));
+        goto fail;
+    }
+    memset(&e->send_param, 0, sizeof e->send_param);
+    *out = &e->base;
+    return CCQ_OK;
+
+fail:
+    e->base.ops->destroy(&e->base);
+    return CCQ_ERR_UNSUPPORTED;
+}
+
+static void op_free(ucx_op *o);
+
+static uint32_t ucx_reap(ccq_host_engine *base, uint64_t now_ns);
+
+/* Data this process still owes a peer: sends of operations that succeeded here (a detached
+ * send, a finished schedule's last messages), not those of failed ones (notices). */
+static bool owed(const ucx_engine *e)
+{
+    for (const ucx_op *o = e->background; o != NULL; o = o->next)
+        if (o->moving && o->status == CCQ_OK)
+            return true;
+    return false;
+}
+
+static void ucx_destroy(ccq_host_engine *base)
+{
+    ucx_engine *e = to_ucx(base);
+
+    /* Sends reported complete here (detached, or the last messages of a finished
+     * operation) may still wait for their receiver to take them (a rendezvous needs this
+     * process): let them finish, up to timeout_ms, as the runtime lets issued work finish at
+     * destroy. A receiver that is gone ends them sooner (its endpoint's error). */
+    if (e->worker != NULL && e->nmoving > 0) {
+        uint64_t until =
+            ccq_now_ns() + (e->timeout_ns < 60000000000ull ? e->timeout_ns : 60000000000ull);
+        while (owed(e) && ccq_now_ns() < until)
+            ucx_reap(base, ccq_now_ns());
+    }
+    /* Operations UCX still held (abandoned, failed): cancel what can be, then close the
+     * endpoints, which ends every request on them. */
+    for (ucx_op *o = e->background; o != NULL; o = o->next)
+        for (ucx_msg *m = o->arrivals; m != NULL; m = m->next)
+            if (m->state == MSG_LANDING && m->req != NULL)
+                ucp_request_cancel(e->worker, m->req);
+    for (uint32_t r = 0; e->peers != NULL && r < e->world_size; r++)
+        close_ep(e, &e->peers[r]);
+    while (e->background != NULL) {
+        ucx_op *o = e->background;
+        e->background = o->next;
+        ucx_progress(e);
+        op_free(o);
+    }
+    while (e->comms != NULL) { /* the host backend destroyed them all first; defensive */
+        ucx_comm *c = e->comms;
+        e->comms = c->next;
+        ucx_comm_drop_messages(c);
+        free(c->procs);
+        free(c);
+    }
+    while (e->orphans != NULL) {
+        ucx_msg *m = e->orphans;
+        e->orphans = m->next;
+        ucx_msg_done(e, m);
+    }
+    while (e->free_msgs != NULL) {
+        ucx_msg *m = e->free_msgs;
+        e->free_msgs = m->next;
+        free(m);
+    }
+    for (int k = 0; k < UCX_POOL_MAX; k++)
+        free(e->pool[k].p);
+    if (e->addr != NULL)
+        ucp_worker_release_address(e->worker, e->addr);
+    if (e->worker != NULL)
+        ucp_worker_destroy(e->worker);
+    if (e->ctx != NULL)
+        ucp_cleanup(e->ctx);
+    for (uint32_t r = 0; e->peers != NULL && r < e->world_size; r++)
+        free(e->peers[r].cb_arg);
+    free(e->peers);
+    free(e->addrs);
+    free(e);
+}
+
+static ccq_status ucx_world_blob(ccq_host_engine *base, void *blob, size_t *len, ccq_errbuf *err)
+{
+    ucx_engine *e = to_ucx(base);
+    if (*len < e->addr_len) {
+        snprintf(err->msg, sizeof err->msg, "the UCX worker address has %zu bytes (room for %zu)",
+                 e->addr_len, *len);
+        *len = 0;
+        return CCQ_ERR_UNSUPPORTED;
+    }
+    memcpy(blob, e->addr, e->addr_len);
+    *len = e->addr_len;
+    return CCQ_OK;
+}
+
+static ccq_status ucx_world_ready(ccq_host_engine *base, uint32_t world_rank, uint32_t world_size,
+                                  const void *const *blobs, const size_t *blob_len, ccq_errbuf *err)
+{
+    ucx_engine *e = to_ucx(base);
+    size_t total = 0, off = 0;
+
+    e->world_rank = world_rank;
+    e->world_size = world_size;
+    for (uint32_t p = 0; p < world_size; p++) {
+        if (blobs == NULL || blobs[p] == NULL || blob_len[p] == 0) {
+            snprintf(err->msg, sizeof err->msg,
+                     "the host backend cannot span processes with its UCX engine: process %u "
+                     "has no UCX worker address (its engine is %s)",
+                     p,
+                     blobs == NULL || p == world_rank ? "not UCX or did not start"
+                                                      : "another one, or UCX did not start there");
+            return CCQ_ERR_UNSUPPORTED;
+        }
+        total += blob_len[p];
+    }
+    e->peers = calloc(world_size, sizeof *e->peers);
+    e->addrs = malloc(total ? total : 1);
+    if (e->peers == NULL || e->addrs == NULL) {
+        snprintf(err->msg, sizeof err->msg, "out of memory for %u peer addresses", world_size);
+        return CCQ_ERR_NO_MEMORY;
+    }
+    for (uint32_t p = 0; p < world_size; p++) {
+        memcpy(e->addrs + off, blobs[p], blob_len[p]);
+        e->peers[p].addr = e->addrs + off;
+        e->peers[p].addr_len = blob_len[p];
+        off += blob_len[p];
+    }
+    return CCQ_OK;
+}
+
+/* The peer's endpoint, made on first use: no message, no answer needed from the peer (UCX
+ * connects it in the background); never involves any other process. */
+static ccq_status peer_ep(ucx_engine *e, uint32_t rank, ccq_errbuf *err)
+{
+    ucx_peer *p = &e->peers[rank];
+    ucp_ep_params_t ep;
+    ucs_status_t us;
+
+    if (p->failed != UCS_OK) {
+        snprintf(err->msg, sizeof err->msg, "process %u failed earlier (UCX: %s)", rank,
+                 ucs_status_string(p->failed));
+        return CCQ_ERR_BACKEND;
+    }
+    if (p->ep != NULL)
+        return CCQ_OK;
+    if (p->cb_arg == NULL && (p->cb_arg = malloc(sizeof *p->cb_arg)) == NULL) {
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        return CCQ_ERR_NO_MEMORY;
+    }
+    p->cb_arg->e = e;
+    p->cb_arg->rank = rank;
+    memset(&ep, 0, sizeof ep);
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.address = p->addr;
+    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_handler.cb = peer_error;
+    ep.err_handler.arg = p->cb_arg;
+    us = ucp_ep_create(e->worker, &ep, &p->ep);
+    if (us != UCS_OK) {
+        /* The peer cannot be reached (its worker is gone: it destroyed its runtime or died
+         * between the meeting and now; UCX's shared memory fails at once then): a peer
+         * failure, as if its endpoint had reported it. */
+        p->ep = NULL;
+        p->failed = us;
+        e->peers_failed++;
+        snprintf(err->msg, sizeof err->msg, "process %u cannot be reached (UCX: ucp_ep_create: %s)",
+                 rank, ucs_status_string(us));
+        return CCQ_ERR_BACKEND;
+    }
+    return CCQ_OK;
+}
+
+/* ---- communicators ----------------------------------------------------------------------- */
+
+/* The lowest member names the communicator for every member: its world rank and how many it
+ * named before. Messages carry the id, so two communicators never take each other's. */
+static ccq_status ucx_root_blob(ccq_host_engine *base, const ccq_be_comm_desc *d, void *blob,
+                                size_t *len, ccq_errbuf *err)
+{
+    ucx_engine *e = to_ucx(base);
+    uint64_t id = (uint64_t)d->world_rank << 32 | ++e->comms_made;
+    if (*len < sizeof id) {
+        snprintf(err->msg, sizeof err->msg, "internal: %zu bytes for the UCX engine's blob", *len);
+        return CCQ_ERR_BACKEND;
+    }
+    memcpy(blob, &id, sizeof id);
+    *len = sizeof id;
+    return CCQ_OK;
+}
+
+static void comm_unref(ucx_comm *c)
+{
+    if (--c->refs > 0)
+        return;
+    ucx_comm_drop_messages(c);
+    free(c->procs);
+    free(c);
+}
+
+static ccq_status ucx_comm_create(ccq_host_engine *base, const ccq_be_comm_desc *d,
+                                  ccq_heng_comm **out, ccq_errbuf *err)
+{
+    ucx_engine *e = to_ucx(base);
+    ucx_comm *c;
+    ccq_status st;
+    uint64_t id;
+    char dead[CCQ_DETAIL_LEN] = "";
+
+    *out = NULL;
+    if (e->peers == NULL) {
+        snprintf(err->msg, sizeof err->msg, "the UCX engine did not meet the world");
+        return CCQ_ERR_UNSUPPORTED;
+    }
+    if (d->root_blob_len != sizeof id || d->proc_first == NULL) {
+        snprintf(err->msg, sizeof err->msg,
+                 "internal: the UCX engine's communicator id is missing (%zu bytes)",
+                 d->root_blob_len);
+        return CCQ_ERR_BACKEND;
+    }
+    memcpy(&id, d->root_blob, sizeof id);
+    c = calloc(1, sizeof *c);
+    if (c != NULL)
+        c->procs = malloc((2 * (size_t)d->nprocs + 1) * sizeof *c->procs);
+    if (c == NULL || c->procs == NULL) {
+        free(c);
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        return CCQ_ERR_NO_MEMORY;
+    }
+    c->e = e;
+    c->id = id;
+    c->refs = 1;
+    c->nprocs = d->nprocs;
+    c->nranks = d->nranks;
+    c->fr = c->procs + d->nprocs;
+    c->me = UINT32_MAX;
+    for (uint32_t p = 0; p < d->nprocs; p++) {
+        c->procs[p] = d->procs[p];
+        if (d->procs[p] == e->world_rank)
+            c->me = p;
+    }
+    memcpy(c->fr, d->proc_first, ((size_t)d->nprocs + 1) * sizeof *c->fr);
+    for (uint32_t p = 0; p < d->nprocs; p++) {
+        if (p == c->me)
+            continue;
+        if (d->procs[p] >= e->world_size) {
+            snprintf(err->msg, sizeof err->msg, "internal: member process %u is not in the world",
+                     d->procs[p]);
+            st = CCQ_ERR_BACKEND;
+            goto fail;
+        }
+        st = peer_ep(e, d->procs[p], err);
+        if (st == CCQ_ERR_NO_MEMORY)
+            goto fail;
+        if (st != CCQ_OK && dead[0] == '\0')
+            snprintf(dead, sizeof dead,
+                     "%.400s: a member of this communicator (this is process %u)", err->msg,
+                     e->world_rank);
+    }
+    c->next = e->comms;
+    e->comms = c;
+    ucx_adopt_orphans(e, c);
+    /* A member already gone: the communicator forms (forming waits for nobody and each member
+     * decides alone), and its operations fail naming the process, as after a peer error. */
+    if (dead[0] != '\0')
+        comm_fail(c, CCQ_ERR_BACKEND, dead, false);
+    err->msg[0] = '\0';
+    *out = (ccq_heng_comm *)c;
+    return CCQ_OK;
+
+fail:
+    free(c->procs);
+    free(c);
+    return st;
+}
+
+static ccq_status ucx_comm_test(ccq_host_engine *e, ccq_heng_comm *c, ccq_errbuf *err)
+{
+    (void)e;
+    (void)c;
+    (void)err;
+    return CCQ_OK;
+}
+
+static void ucx_comm_destroy(ccq_host_engine *base, ccq_heng_comm *hc)
+{
+    ucx_engine *e = to_ucx(base);
+    ucx_comm *c = (ucx_comm *)hc;
+    if (c == NULL)
+        return;
+    for (ucx_comm **pp = &e->comms; *pp != NULL; pp = &(*pp)->next)
+        if (*pp == c) {
+            *pp = c->next;
+            break;
+        }
+    e->gone[e->ngone++ % (sizeof e->gone / sizeof e->gone[0])] = c->id;
+    c->destroyed = true;
+    comm_unref(c);
+}
+
+/* ---- operations ------------------------------------------------------------------------- */
+
+static uint32_t owner(const ucx_comm *c, uint32_t rank)
+{
+    uint32_t p = 0;
+    while (p + 1 < c->nprocs && c->fr[p + 1] <= rank)
+        p++;
+    return p;
+}
+
+static void op_unlink(ucx_op *o)
+{
+    for (ucx_op **pp = &o->c->ops; *pp != NULL; pp = &(*pp)->comm_next)
+        if (*pp == o) {
+            *pp = o->comm_next;
+            break;
+        }
+    o->comm_next = NULL;
+}
+
+static void op_free(ucx_op *o)
+{
+    ucx_engine *e = o->e;
+    while (o->arrivals != NULL) {
+        ucx_msg *m = o->arrivals;
+        o->arrivals = m->next;
+        ucx_msg_done(e, m);
+    }
+    while (o->sends != NULL) { /* only after UCX completed them (or at destroy) */
+        ucx_send *s = o->sends;
+        o->sends = s->next;
+        if (s->req != NULL)
+            ucp_request_free(s->req);
+        free(s->copy); /* a notice's text, a detached send's data */
+        free(s);
+    }
+    for (int k = 0; k < BUF_N; k++)
+        pool_put(e, o->buf[k], o->cap[k]);
+    free(o->seg);
+    comm_unref(o->c);
+    free(o);
+}
+
+/* Has o a send UCX has not completed? */
+static bool ucx_sends_pending(ucx_op *o)
+{
+    ccq_status st = CCQ_OK;
+    ccq_errbuf ignored;
+    return !ucx_sends_done(o, UCX_ALL, &st, &ignored);
+}
+
+/* Does UCX still hold anything of o (a send, a landing receive)? */
+static bool op_held(ucx_op *o)
+{
+    ccq_status st = CCQ_OK;
+    ccq_errbuf ignored;
+    if (!ucx_sends_done(o, UCX_ALL, &st, &ignored))
+        return true;
+    for (ucx_msg *m = o->arrivals; m != NULL; m = m->next)
+        if (m->state == MSG_LANDING && m->req != NULL &&
+            ucp_request_check_status(m->req) == UCS_INPROGRESS)
+            return true;
+    return false;
+}
+
+/* o ended here (done, failed, abandoned, detached): stop routing messages to it and keep it
+ * until UCX lets go of its buffers. */
+static void op_retire(ucx_op *o)
+{
+    ucx_engine *e = o->e;
+    op_unlink(o);
+    e->inflight--;
+    for (ucx_msg *m = o->arrivals; m != NULL; m = m->next)
+        if (m->state == MSG_LANDING && m->req != NULL)
+            ucp_request_cancel(e->worker, m->req);
+    if (!op_held(o)) {
+        op_free(o);
+        return;
+    }
+    o->next = e->background;
+    e->background = o;
+    e->nbackground++;
+    /* Its last messages (a finished schedule's, a detached send, a failure's notices) need
+     * this process's progress to leave: poll for them, up to timeout_ms. */
+    o->moving = o->sends != NULL;
+    o->retired_ns = ccq_now_ns();
+    e->nmoving += o->moving;
+}
+
+/* The local combine's inputs: part k's src (offset off bytes). */
+static void local_srcs(const ccq_be_op *op, size_t off, const void **src)
+{
+    for (uint32_t k = 0; k < op->nparts; k++)
+        src[k] = (const char *)op->parts[k].src + off;
+}
+
+void ucx_reduce(const ucx_op *o, uint32_t n, const void *const *src, void *dst, size_t count)
+{
+    void *d[1] = {dst};
+    ccq_reduce_op ro = o->redop == CCQ_AVG ? CCQ_SUM : (ccq_reduce_op)o->redop;
+    ccq_host_reduce_range((ccq_dtype)o->dtype, ro, n, src, 1, d, 0, count, 0);
+}
+
+/* Combine this process's parts (elements per part: elems) into res. */
+static ccq_status local_combine(ucx_op *o, size_t elems, ccq_errbuf *err)
+{
+    const ccq_be_op *op = o->op;
+    const void *src[CCQ_MAX_DEVICES];
+    void *res = ucx_scratch(o, BUF_RES, elems * o->es);
+    if (res == NULL) {
+        snprintf(err->msg, sizeof err->msg, "out of memory for %zu bytes of UCX scratch",
+                 elems * o->es);
+        return CCQ_ERR_NO_MEMORY;
+    }
+    if (op->nparts == 1) {
+        memcpy(res, op->parts[0].src, elems * o->es);
+        return CCQ_OK;
+    }
+    local_srcs(op, 0, src);
+    ucx_reduce(o, op->nparts, src, res, elems);
+    return CCQ_OK;
+}
+
+/* The inputs into o->buf[BUF_RES] as the schedule wants them. */
+static ccq_status local_inputs(ucx_op *o, ccq_errbuf *err)
+{
+    const ccq_be_op *op = o->op;
+    const ucx_comm *c = o->c;
+    size_t blk = o->count * o->es;
+
+    switch (o->kind) {
+    case CCQ_KIND_ALL_REDUCE:
+    case CCQ_KIND_REDUCE:
+        return local_combine(o, o->count, err);
+    case CCQ_KIND_REDUCE_SCATTER:
+        return local_combine(o, o->count * c->nranks, err);
+    case CCQ_KIND_BROADCAST: {
+        char *res = ucx_scratch(o, BUF_RES, blk);
+        if (res == NULL)
+            break;
+        if (o->root_proc == o->me)
+            memcpy(res, op->parts[o->root - c->fr[o->me]].src, blk);
+        return CCQ_OK;
+    }
+    case CCQ_KIND_ALL_GATHER: {
+        char *res = ucx_scratch(o, BUF_RES, blk * c->nranks);
+        if (res == NULL)
+            break;
+        for (uint32_t k = 0; k < op->nparts; k++)
+            memcpy(res + (size_t)(c->fr[o->me] + k) * blk, op->parts[k].src, blk);
+        return CCQ_OK;
+    }
+    case CCQ_KIND_SEND: {
+        char *res = ucx_scratch(o, BUF_RES, blk);
+        if (res == NULL)
+            break;
+        memcpy(res, op->parts[0].src, blk);
+        return CCQ_OK;
+    }
+    default: /* all_to_all, gather, scatter and recv pack in their init */
+        return CCQ_OK;
+    }
+    snprintf(err->msg, sizeof err->msg, "out of memory for UCX scratch");
+    return CCQ_ERR_NO_MEMORY;
+}
+
+static void copy_out(void *dst, const void *src, size_t bytes)
+{
+    if (dst != NULL && dst != src && bytes > 0)
+        memmove(dst, src, bytes);
+}
+
+/* out[k] = res (AVG: res / nranks) for each of n outputs. res itself is never written: a
+ * send may still read it (the schedule's last messages leave after this process is done). */
+static void write_result(ucx_op *o, void *const *out, uint32_t n, const char *res, size_t elems)
+{
+    bool avg = o->redop == CCQ_AVG && ccq_kinds[o->kind].reduces;
+    const char *from = res;
+    for (uint32_t k = 0; k < n; k++) {
+        if (out[k] == NULL)
+            continue;
+        if (avg && from == res) {
+            ccq_host_divide((ccq_dtype)o->dtype, res, out[k], elems, o->c->nranks);
+            from = out[k];
+        } else {
+            copy_out(out[k], from, elems * o->es);
+        }
+    }
+}
+
+/* Every header checked, every step done: write the local outputs. */
+static void local_outputs(ucx_op *o)
+{
+    const ccq_be_op *op = o->op;
+    const ucx_comm *c = o->c;
+    size_t blk = o->count * o->es;
+    char *res = o->buf[BUF_RES];
+    void *out[CCQ_MAX_DEVICES];
+
+    switch (o->kind) {
+    case CCQ_KIND_ALL_REDUCE:
+        for (uint32_t k = 0; k < op->nparts; k++)
+            out[k] = op->parts[k].dst;
+        write_result(o, out, op->nparts, res, o->count);
+        break;
+    case CCQ_KIND_REDUCE:
+        if (o->root_proc != o->me)
+            break;
+        out[0] = op->parts[o->root - c->fr[o->me]].dst;
+        write_result(o, out, 1, res, o->count);
+        break;
+    case CCQ_KIND_BROADCAST:
+        for (uint32_t k = 0; k < op->nparts; k++)
+            copy_out(op->parts[k].dst, res, blk);
+        break;
+    case CCQ_KIND_ALL_GATHER:
+        for (uint32_t k = 0; k < op->nparts; k++)
+            copy_out(op->parts[k].dst, res, blk * c->nranks);
+        break;
+    case CCQ_KIND_REDUCE_SCATTER: {
+        const char *mine = res + (size_t)c->fr[o->me] * blk;
+        for (uint32_t k = 0; k < op->nparts; k++) {
+            out[0] = op->parts[k].dst;
+            write_result(o, out, 1, mine + k * blk, o->count);
+        }
+        break;
+    }
+    case CCQ_KIND_RECV:
+        copy_out(op->parts[0].dst, res, blk);
+        break;
+    default: /* all_to_all, gather, scatter: their advance wrote the outputs */
+        break;
+    }
+}
+
+static ccq_status ucx_start(ccq_host_engine *base, ccq_heng_comm *hc, const ccq_be_op *op,
+                            uint64_t now_ns, ccq_heng_op **out, ccq_errbuf *err)
+{
+    ucx_engine *e = to_ucx(base);
+    ucx_comm *c = (ucx_comm *)hc;
+    ucx_op *o;
+    ccq_status st;
+
+    *out = NULL;
+    if (c->failed != CCQ_OK) {
+        snprintf(err->msg, sizeof err->msg, "%s", c->failed_detail);
+        return c->failed;
+    }
+    o = calloc(1, sizeof *o);
+    if (o == NULL) {
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        return CCQ_ERR_NO_MEMORY;
+    }
+    o->e = e;
+    o->c = c;
+    c->refs++;
+    o->op = op;
+    o->kind = op->kind;
+    o->dtype = op->dtype;
+    o->es = esize(op->dtype);
+    o->count = op->count;
+    o->seq = op->seq;
+    o->P = c->nprocs;
+    o->me = c->me;
+    o->status = CCQ_IN_PROGRESS;
+    o->start_ns = now_ns;
+    o->wait_src = UINT32_MAX;
+    if (ccq_kinds[o->kind < CCQ_KIND_COUNT_ ? o->kind : 0].reduces)
+        o->redop = op->redop;
+    if (op->kind == CCQ_KIND_SEND || op->kind == CCQ_KIND_RECV) {
+        /* A half of a pair across processes: the channel of the sending rank. */
+        uint32_t sender = op->kind == CCQ_KIND_SEND ? op->parts[0].rank : op->peer;
+        o->chan = 1 + (sender & 1);
+        o->peer_proc = owner(c, op->peer);
+    } else if (ccq_kinds[o->kind].rooted) {
+        o->root = op->root;
+        o->root_proc = owner(c, op->root);
+    }
+    o->alg = ucx_select(o);
+    if ((st = local_inputs(o, err)) != CCQ_OK || (st = o->alg->init(o, err)) != CCQ_OK) {
+        o->status = st;
+        op_free(o);
+        return st;
+    }
+    o->comm_next = c->ops;
+    c->ops = o;
+    e->inflight++;
+    e->last_activity_ns = now_ns;
+    if (c->next_seq[o->chan] <= o->seq)
+        c->next_seq[o->chan] = o->seq + 1;
+    ucx_adopt_early(o);
+    *out = (ccq_heng_op *)o;
+    return CCQ_OK;
+}
+
+/* One step of o: its schedule as far as it goes, then the outputs when done. */
+static ccq_status op_step(ucx_op *o)
+{
+    ccq_errbuf err = {{0}};
+    ccq_status st;
+
+    if (o->status != CCQ_IN_PROGRESS)
+        return o->status;
+    if (o->c->failed != CCQ_OK) {
+        o->noticed = o->c->failed_remote; /* else tell the members (a dead peer seen here) */
+        return ucx_op_fail(o, o->c->failed == CCQ_ERR_ABORTED ? CCQ_ERR_ABORTED : o->c->failed,
+                           "%s", o->c->failed_detail);
+    }
+    st = o->alg->advance(o, &err);
+    if (st == CCQ_IN_PROGRESS)
+        return st;
+    if (st != CCQ_OK)
+        return ucx_op_fail(o, st, "%s", err.msg[0] ? err.msg : "UCX operation failed");
+    local_outputs(o);
+    o->status = CCQ_OK;
+    return CCQ_OK;
+}
+
+static ccq_status ucx_test(ccq_host_engine *base, ccq_heng_op *h, ccq_errbuf *err)
+{
+    ucx_engine *e = to_ucx(base);
+    ucx_op *o = (ucx_op *)h;
+    ccq_status st;
+
+    ucx_progress(e);
+    check_peers(e);
+    st = op_step(o);
+    if (st == CCQ_IN_PROGRESS)
+        return st;
+    if (st != CCQ_OK) {
+        snprintf(err->msg, sizeof err->msg, "%s", o->detail.msg);
+        /* Every member learns it (a mismatch, a dead peer): none waits for a message of an
+         * operation that failed here. */
+        bool remote = o->noticed; /* it came from a member's notice */
+        ucx_notice(o);
+        comm_fail(o->c, st, o->detail.msg, remote);
+    }
+    o->op = NULL;
+    op_retire(o);
+    return st;
+}
+
+static void ucx_describe(ccq_host_engine *base, const ccq_heng_op *h, uint64_t now_ns,
+                         ccq_errbuf *err)
+{
+    const ucx_engine *e = to_ucx(base);
+    const ucx_op *o = (const ucx_op *)h;
+    const ucx_comm *c = o->c;
+    size_t w;
+
+    w = (size_t)snprintf(err->msg, sizeof err->msg,
+                         "UCX %s (%s, %" PRIu64 " x %s, sequence %" PRIu64 ") among processes ",
+                         ucx_kind_name(o->kind), o->alg->name, o->count, ucx_dtype_name(o->dtype),
+                         o->seq);
+    for (uint32_t p = 0; p < c->nprocs && w < sizeof err->msg; p++) {
+        if (p == 16) {
+            w +=
+                (size_t)snprintf(err->msg + w, sizeof err->msg - w, "and %u more ", c->nprocs - 16);
+            break;
+        }
+        w += (size_t)snprintf(err->msg + w, sizeof err->msg - w, "%u%s", c->procs[p],
+                              p + 1 == c->nprocs   ? " "
+                              : p + 2 == c->nprocs ? " and "
+                                                   : ", ");
+    }
+    if (w < sizeof err->msg && o->wait_src < c->nprocs)
+        w += (size_t)snprintf(err->msg + w, sizeof err->msg - w,
+                              "(%u ranks; this is process %u) waits for process %u's message "
+                              "(step %u)",
+                              c->nranks, c->procs[c->me], c->procs[o->wait_src], o->wait_step);
+    else if (w < sizeof err->msg)
+        w += (size_t)snprintf(err->msg + w, sizeof err->msg - w,
+                              "(%u ranks; this is process %u) waits for its sends to complete",
+                              c->nranks, c->procs[c->me]);
+    if (w < sizeof err->msg)
+        w += (size_t)snprintf(err->msg + w, sizeof err->msg - w,
+                              ", pending for %.0f ms: a member process died, hangs, or stopped "
+                              "submitting on this communicator",
+                              (double)(now_ns - o->start_ns) / 1e6);
+    /* What the engine holds, for whoever has to work out why. */
+    if (w < sizeof err->msg) {
+        uint32_t early = 0;
+        for (const ucx_msg *m = c->early; m != NULL; m = m->next)
+            early++;
+        snprintf(err->msg + w, sizeof err->msg - w,
+                 " (engine: %u message(s) here for later operations, %zu for communicators "
+                 "not formed here, %" PRIu64 " dropped)",
+                 early, e->norphans, e->dropped);
+    }
+}
+
+static void ucx_abandon(ccq_host_engine *base, ccq_heng_op *h)
+{
+    ucx_op *o = (ucx_op *)h;
+    (void)base;
+    if (o->status == CCQ_IN_PROGRESS)
+        ucx_op_fail(o, CCQ_ERR_ABORTED, "given up (timeout or abort)");
+    /* Later messages of this communicator are dropped: the runtime aborts it. */
+    comm_fail(o->c, CCQ_ERR_ABORTED,
+              "an earlier operation on this communicator was given up (timeout or abort)", false);
+    o->op = NULL;
+    op_retire(o);
+}
+
+static bool ucx_detach(ccq_host_engine *base, ccq_heng_op *h)
+{
+    ucx_op *o = (ucx_op *)h;
+    (void)base;
+    if (o->kind != CCQ_KIND_SEND || o->status != CCQ_IN_PROGRESS || o->sends == NULL)
+        return false;
+    /* Its message is posted from scratch: UCX finishes it without the user's buffer. */
+    o->op = NULL;
+    o->detached = true;
+    o->status = CCQ_OK;
+    op_retire(o);
+    return true;
+}
+
+static uint32_t ucx_reap(ccq_host_engine *base, uint64_t now_ns)
+{
+    ucx_engine *e = to_ucx(base);
+
+    ucx_progress(e);
+    check_peers(e);
+    for (ucx_op **pp = &e->background; *pp != NULL;) {
+        ucx_op *o = *pp;
+        if (op_held(o)) {
+            if (o->moving && (!ucx_sends_pending(o) || now_ns - o->retired_ns > e->timeout_ns)) {
+                /* Nobody took its messages within timeout_ms: stop busy-polling for them. */
+                o->moving = false;
+                e->nmoving--;
+            }
+            pp = &o->next;
+            continue;
+        }
+        *pp = o->next;
+        e->nbackground--;
+        e->nmoving -= o->moving;
+        op_free(o);
+    }
+    return e->nbackground;
+}
+
+static uint64_t ucx_poll_interval(ccq_host_engine *base, bool busy)
+{
+    ucx_engine *e = to_ucx(base);
+    (void)busy;
+    if (e->inflight == 0 && e->nmoving == 0)
+        return 0;
+    /* Back to back while messages flow; a peer that has been silent for UCX_BUSY_NS is late
+     * (not submitted yet, descheduled, dead): then poll calmly, leaving the core to it. */
+    if (ccq_now_ns() - e->last_activity_ns > UCX_BUSY_NS)
+        return UCX_SLOW_POLL_NS;
+    return 1;
+}
+
+const ccq_host_engine_ops ccq_host_engine_ucx_ops = {
+    .name = "ucx",
+    .create = ucx_create,
+    .destroy = ucx_destroy,
+    .world_blob = ucx_world_blob,
+    .world_ready = ucx_world_ready,
+    .root_blob = ucx_root_blob,
+    .comm_create = ucx_comm_create,
+    .comm_test = ucx_comm_test,
+    .comm_destroy = ucx_comm_destroy,
+    .start = ucx_start,
+    .test = ucx_test,
+    .describe = ucx_describe,
+    .abandon = ucx_abandon,
+    .detach = ucx_detach,
+    .reap = ucx_reap,
+    .poll_interval = ucx_poll_interval,
+};

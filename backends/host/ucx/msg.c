@@ -1,0 +1,556 @@
+/* The UCX engine's messages: the active-message handler and where each arrival goes (its
+ * operation, the communicator's early list when its operation has not started here yet,
+ * the engine's orphans when its communicator has not formed here yet, or nowhere: dropped),
+ * the header check that turns a disagreement into CCQ_ERR_MISMATCH before any payload is
+ * touched, notices that tell every member, and the send and receive helpers the schedules
+ * use.
+ *
+ * Memory: an early or orphan message holds UCX's buffer (eager payloads, at most UCX's
+ * eager size) or only a descriptor (a rendezvous payload stays at the sender until it is
+ * fetched). Orphans are bounded (UCX_ORPHANS_MAX messages, UCX_ORPHAN_BYTES bytes); beyond
+ * that they are dropped and counted. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/host/ucx/ucx.h"
+#include "common/clock.h"
+
+#define UCX_ORPHANS_MAX  65536u
+#define UCX_ORPHAN_BYTES (256u << 20)
+
+/* ---- records ---------------------------------------------------------------------------- */
+
+static ucx_msg *msg_new(ucx_engine *e)
+{
+    ucx_msg *m = e->free_msgs;
+    if (m != NULL)
+        e->free_msgs = m->next;
+    else if ((m = malloc(sizeof *m)) == NULL)
+        return NULL;
+    memset(m, 0, sizeof *m);
+    return m;
+}
+
+void ucx_msg_done(ucx_engine *e, ucx_msg *m)
+{
+    if (m == NULL)
+        return;
+    if (m->req != NULL) {
+        /* A landing receive: UCX frees it once it completes (cancelled or not). */
+        if (ucp_request_check_status(m->req) == UCS_INPROGRESS)
+            ucp_request_cancel(e->worker, m->req);
+        ucp_request_free(m->req);
+    }
+    if (m->ucx_data)
+        ucp_am_data_release(e->worker, m->data); /* an eager payload, or an unfetched rndv */
+    else if (m->state == MSG_EAGER || (m->state == MSG_READY && m->data != NULL))
+        free(m->data); /* our own copy */
+    m->next = e->free_msgs;
+    e->free_msgs = m;
+}
+
+/* Discard m. fresh: m is the message of the active-message callback running now, whose
+ * data UCX releases itself when the callback returns UCS_OK (releasing it here would be too
+ * early). */
+static void drop(ucx_engine *e, ucx_msg *m, bool fresh)
+{
+    e->dropped++;
+    if (fresh && m->ucx_data) { /* UCX's own buffer: neither ours to free nor to release */
+        m->ucx_data = false;
+        m->data = NULL;
+    }
+    ucx_msg_done(e, m);
+}
+
+/* ---- the header check ------------------------------------------------------------------ */
+
+static size_t add_field(char *buf, size_t len, size_t w, bool *first, const char *name,
+                        const char *theirs, const char *mine)
+{
+    (void)mine;
+    if (w >= len)
+        return w;
+    w += (size_t)snprintf(buf + w, len - w, "%s%s %s", *first ? "" : " and ", name, theirs);
+    *first = false;
+    return w;
+}
+
+/* Compare m's header with o; on a disagreement fail o with CCQ_ERR_MISMATCH naming both
+ * processes and every field that differs, and return false. */
+static bool header_agrees(ucx_op *o, const ucx_hdr *h)
+{
+    const ucx_comm *c = o->c;
+    bool p2p = o->chan != 0;
+    bool reduces = !p2p && ccq_kinds[o->kind].reduces;
+    bool rooted = !p2p && ccq_kinds[o->kind].rooted;
+    uint8_t want_kind = p2p ? CCQ_KIND_SEND : o->kind;
+    char theirs[256], mine[256], t[64], m[64];
+    bool f1 = true, f2 = true;
+    size_t w1 = 0, w2 = 0;
+
+    if (h->kind == want_kind && h->dtype == o->dtype && h->count == o->count &&
+        (!reduces || h->redop == o->redop) && (!rooted || h->root == o->root))
+        return true;
+    theirs[0] = mine[0] = '\0';
+    if (h->kind != want_kind) {
+        w1 = add_field(theirs, sizeof theirs, w1, &f1, "kind", ucx_kind_name(h->kind), NULL);
+        w2 = add_field(mine, sizeof mine, w2, &f2, "kind", ucx_kind_name(want_kind), NULL);
+    }
+    if (h->count != o->count) {
+        snprintf(t, sizeof t, "%" PRIu64, h->count);
+        snprintf(m, sizeof m, "%" PRIu64, o->count);
+        w1 = add_field(theirs, sizeof theirs, w1, &f1, "count", t, NULL);
+        w2 = add_field(mine, sizeof mine, w2, &f2, "count", m, NULL);
+    }
+    if (h->dtype != o->dtype) {
+        w1 = add_field(theirs, sizeof theirs, w1, &f1, "dtype", ucx_dtype_name(h->dtype), NULL);
+        w2 = add_field(mine, sizeof mine, w2, &f2, "dtype", ucx_dtype_name(o->dtype), NULL);
+    }
+    if (reduces && h->redop != o->redop && h->kind == o->kind) {
+        w1 = add_field(theirs, sizeof theirs, w1, &f1, "op", ucx_op_name(h->redop), NULL);
+        w2 = add_field(mine, sizeof mine, w2, &f2, "op", ucx_op_name(o->redop), NULL);
+    }
+    if (rooted && h->root != o->root && h->kind == o->kind) {
+        snprintf(t, sizeof t, "%u", h->root);
+        snprintf(m, sizeof m, "%u", o->root);
+        w1 = add_field(theirs, sizeof theirs, w1, &f1, "root", t, NULL);
+        w2 = add_field(mine, sizeof mine, w2, &f2, "root", m, NULL);
+    }
+    (void)w1;
+    (void)w2;
+    ucx_op_fail(o, CCQ_ERR_MISMATCH,
+                "processes disagree on %s sequence %" PRIu64
+                " of a communicator spanning processes: process %u submitted %s where process "
+                "%u (this one) submitted %s; nothing was reduced or written",
+                ucx_kind_name(o->kind), o->seq, c->procs[h->src], theirs, c->procs[c->me], mine);
+    return false;
+}
+
+/* ---- routing ------------------------------------------------------------------------------ */
+
+/* A notice: o failed elsewhere (a member found a mismatch). */
+static void take_notice(ucx_op *o, ucx_msg *m)
+{
+    const ucx_comm *c = o->c;
+    char text[CCQ_DETAIL_LEN - 64];
+    size_t n = 0;
+    ccq_status st = m->hdr.status ? -(ccq_status)m->hdr.status : CCQ_ERR_MISMATCH;
+
+    if (m->state == MSG_EAGER) {
+        n = m->len < sizeof text - 1 ? m->len : sizeof text - 1;
+        memcpy(text, m->data, n);
+    }
+    text[n] = '\0';
+    if (n == 0 || memchr(text, '\0', n) == NULL)
+        text[n] = '\0';
+    o->noticed = true;
+    ucx_op_fail(o, st < 0 ? st : CCQ_ERR_MISMATCH, "%s (reported by process %u)",
+                n ? text : "a member process failed this operation", c->procs[m->hdr.src]);
+}
+
+/* m belongs to o; false when it was dropped. */
+static bool op_adopt(ucx_op *o, ucx_msg *m, bool fresh)
+{
+    ucx_engine *e = o->e;
+    if (m->hdr.src >= o->P || m->hdr.src == o->me) {
+        drop(e, m, fresh); /* malformed: not from another member */
+        return false;
+    }
+    if (m->hdr.type == UCX_MSG_NOTICE) {
+        if (o->status == CCQ_IN_PROGRESS)
+            take_notice(o, m);
+        drop(e, m, fresh);
+        return false;
+    }
+    if (o->status != CCQ_IN_PROGRESS || !header_agrees(o, &m->hdr)) {
+        drop(e, m, fresh); /* a failed operation's messages are never placed */
+        return false;
+    }
+    m->next = NULL;
+    ucx_msg **pp = &o->arrivals;
+    while (*pp != NULL)
+        pp = &(*pp)->next;
+    *pp = m;
+    return true;
+}
+
+/* Route m within c; false when it was dropped. */
+static bool comm_route(ucx_comm *c, ucx_msg *m, bool fresh)
+{
+    ucx_engine *e = c->e;
+    if (c->failed != CCQ_OK || m->hdr.chan > 2) {
+        drop(e, m, fresh);
+        return false;
+    }
+    for (ucx_op *o = c->ops; o != NULL; o = o->comm_next)
+        if (o->chan == m->hdr.chan && o->seq == m->hdr.seq)
+            return op_adopt(o, m, fresh);
+    if (m->hdr.seq < c->next_seq[m->hdr.chan]) {
+        /* Its operation already ended here. A notice then says the communicator is no longer
+         * usable: the next operation on it fails with the reporter's detail. */
+        if (m->hdr.type == UCX_MSG_NOTICE && c->failed == CCQ_OK) {
+            char text[CCQ_DETAIL_LEN - 160];
+            size_t n = m->state == MSG_EAGER && m->len < sizeof text ? m->len : 0;
+            memcpy(text, m->data, n);
+            text[n < sizeof text ? n : sizeof text - 1] = '\0';
+            c->failed = m->hdr.status ? -(ccq_status)m->hdr.status : CCQ_ERR_MISMATCH;
+            c->failed_remote = true;
+            snprintf(c->failed_detail, sizeof c->failed_detail,
+                     "%.340s (reported by process %u after sequence %" PRIu64
+                     " completed here; the communicator is no longer usable)",
+                     text[0] ? text : "a member process failed an operation",
+                     m->hdr.src < c->nprocs ? c->procs[m->hdr.src] : UINT32_MAX, m->hdr.seq);
+            ucx_comm_drop_messages(c);
+        }
+        drop(e, m, fresh);
+        return false;
+    }
+    m->next = c->early;
+    c->early = m;
+    return true;
+}
+
+static ucx_comm *find_comm(ucx_engine *e, uint64_t id)
+{
+    for (ucx_comm *c = e->comms; c != NULL; c = c->next)
+        if (c->id == id)
+            return c;
+    return NULL;
+}
+
+static bool comm_gone(const ucx_engine *e, uint64_t id)
+{
+    uint32_t n = e->ngone < 256 ? e->ngone : 256;
+    for (uint32_t k = 0; k < n; k++)
+        if (e->gone[k] == id)
+            return true;
+    return false;
+}
+
+ucs_status_t ucx_am_recv(void *arg, const void *header, size_t header_length, void *data,
+                         size_t length, const ucp_am_recv_param_t *param)
+{
+    ucx_engine *e = arg;
+    bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    bool held = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_DATA) != 0;
+    ucx_comm *c;
+    ucx_msg *m;
+    ucx_hdr h;
+
+    e->last_activity_ns = ccq_now_ns();
+    if (header_length != sizeof h) {
+        e->dropped++;
+        return UCS_OK; /* not ccq's: a rendezvous payload is dropped, its sender completes */
+    }
+    memcpy(&h, header, sizeof h);
+    if (h.magic != UCX_MAGIC || h.version != UCX_VERSION ||
+        (h.type != UCX_MSG_DATA && h.type != UCX_MSG_NOTICE)) {
+        e->dropped++;
+        return UCS_OK;
+    }
+    c = find_comm(e, h.comm);
+    if (c == NULL && (comm_gone(e, h.comm) || e->norphans >= UCX_ORPHANS_MAX ||
+                      e->orphan_bytes + (rndv ? 0 : length) > UCX_ORPHAN_BYTES)) {
+        if (!comm_gone(e, h.comm))
+            e->orphans_dropped++;
+        e->dropped++;
+        return UCS_OK;
+    }
+    if (c != NULL && c->failed != CCQ_OK) {
+        e->dropped++;
+        return UCS_OK;
+    }
+    if ((m = msg_new(e)) == NULL) {
+        e->dropped++;
+        return UCS_OK;
+    }
+    m->hdr = h;
+    m->len = length;
+    m->at_ns = e->last_activity_ns;
+    if (rndv || held) {
+        /* Kept without a copy until its operation takes it (ucp_am_recv_data_nbx for a
+         * rendezvous, ucp_am_data_release for both). */
+        m->state = rndv ? MSG_RNDV : MSG_EAGER;
+        m->data = data;
+        m->ucx_data = true;
+    } else {
+        m->state = MSG_EAGER;
+        m->data = malloc(length ? length : 1);
+        if (m->data == NULL) {
+            m->next = e->free_msgs;
+            e->free_msgs = m;
+            e->dropped++;
+            return UCS_OK;
+        }
+        memcpy(m->data, data, length);
+    }
+    if (c == NULL) {
+        m->next = e->orphans;
+        e->orphans = m;
+        e->norphans++;
+        e->orphan_bytes += rndv ? 0 : length;
+    } else if (!comm_route(c, m, true)) {
+        return UCS_OK; /* dropped: UCX releases the data (a rendezvous sender completes) */
+    }
+    return m->ucx_data ? UCS_INPROGRESS : UCS_OK;
+}
+
+void ucx_adopt_orphans(ucx_engine *e, ucx_comm *c)
+{
+    for (ucx_msg **pp = &e->orphans; *pp != NULL;) {
+        ucx_msg *m = *pp;
+        if (m->hdr.comm != c->id) {
+            pp = &m->next;
+            continue;
+        }
+        *pp = m->next;
+        e->norphans--;
+        e->orphan_bytes -= m->state == MSG_EAGER ? m->len : 0;
+        (void)comm_route(c, m, false);
+    }
+}
+
+void ucx_adopt_early(ucx_op *o)
+{
+    ucx_comm *c = o->c;
+    ucx_msg *mine = NULL;
+
+    /* Arrival order is kept (the early list is newest first). */
+    for (ucx_msg **pp = &c->early; *pp != NULL;) {
+        ucx_msg *m = *pp;
+        if (m->hdr.chan != o->chan || m->hdr.seq != o->seq) {
+            pp = &m->next;
+            continue;
+        }
+        *pp = m->next;
+        m->next = mine;
+        mine = m;
+    }
+    while (mine != NULL) {
+        ucx_msg *m = mine;
+        mine = m->next;
+        (void)op_adopt(o, m, false);
+    }
+}
+
+void ucx_comm_drop_messages(ucx_comm *c)
+{
+    while (c->early != NULL) {
+        ucx_msg *m = c->early;
+        c->early = m->next;
+        drop(c->e, m, false);
+    }
+}
+
+/* ---- sends ------------------------------------------------------------------------------ */
+
+static ucx_peer *member(ucx_op *o, uint32_t p)
+{
+    return &o->e->peers[o->c->procs[p]];
+}
+
+static ccq_status post(ucx_op *o, uint32_t dst, ucx_send *s, const void *buf, size_t bytes,
+                       ccq_errbuf *err)
+{
+    ucx_peer *peer = member(o, dst);
+    void *req;
+
+    if (peer->failed != UCS_OK || peer->ep == NULL) {
+        snprintf(err->msg, sizeof err->msg,
+                 "process %u failed (UCX: %s) during %s sequence %" PRIu64 " (this is process %u)",
+                 o->c->procs[dst],
+                 peer->failed != UCS_OK ? ucs_status_string(peer->failed) : "no endpoint",
+                 ucx_kind_name(o->kind), o->seq, o->c->procs[o->me]);
+        free(s->copy);
+        free(s);
+        return CCQ_ERR_BACKEND;
+    }
+    req =
+        ucp_am_send_nbx(peer->ep, UCX_AM_ID, &s->hdr, sizeof s->hdr, buf, bytes, &o->e->send_param);
+    if (req == NULL) { /* done at once */
+        free(s->copy);
+        free(s);
+        return CCQ_OK;
+    }
+    if (UCS_PTR_IS_ERR(req)) {
+        snprintf(err->msg, sizeof err->msg, "UCX: sending to process %u: %s", o->c->procs[dst],
+                 ucs_status_string(UCS_PTR_STATUS(req)));
+        free(s->copy);
+        free(s);
+        return CCQ_ERR_BACKEND;
+    }
+    s->req = req;
+    s->next = o->sends;
+    o->sends = s;
+    return CCQ_OK;
+}
+
+static ucx_send *send_new(ucx_op *o, uint32_t dst, uint8_t type, uint32_t step, uint32_t tag)
+{
+    ucx_send *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return NULL;
+    s->dst = dst;
+    s->tag = tag;
+    s->hdr.magic = UCX_MAGIC;
+    s->hdr.version = UCX_VERSION;
+    s->hdr.type = type;
+    s->hdr.kind = o->kind == CCQ_KIND_RECV ? CCQ_KIND_SEND : o->kind;
+    s->hdr.comm = o->c->id;
+    s->hdr.seq = o->seq;
+    s->hdr.chan = o->chan;
+    s->hdr.src = o->me;
+    s->hdr.root = o->root;
+    s->hdr.step = step;
+    s->hdr.count = o->count;
+    s->hdr.dtype = o->dtype;
+    s->hdr.redop = o->redop;
+    return s;
+}
+
+ccq_status ucx_send_step(ucx_op *o, uint32_t dst, uint32_t step, const void *buf, size_t bytes,
+                         uint32_t tag, ccq_errbuf *err)
+{
+    ucx_send *s = send_new(o, dst, UCX_MSG_DATA, step, tag);
+    if (s == NULL) {
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        return CCQ_ERR_NO_MEMORY;
+    }
+    return post(o, dst, s, buf, bytes, err);
+}
+
+bool ucx_sends_done(ucx_op *o, uint32_t tag, ccq_status *st, ccq_errbuf *err)
+{
+    bool done = true;
+    for (ucx_send **pp = &o->sends; *pp != NULL;) {
+        ucx_send *s = *pp;
+        ucs_status_t us = ucp_request_check_status(s->req);
+        if (us == UCS_INPROGRESS) {
+            done &= tag != UCX_ALL && s->tag != tag;
+            pp = &s->next;
+            continue;
+        }
+        if (us != UCS_OK && *st == CCQ_OK) {
+            *st = CCQ_ERR_BACKEND;
+            snprintf(err->msg, sizeof err->msg,
+                     "UCX: the message of %s sequence %" PRIu64
+                     " to process %u failed: %s (this is process %u)",
+                     ucx_kind_name(o->kind), o->seq, o->c->procs[s->dst], ucs_status_string(us),
+                     o->c->procs[o->me]);
+        }
+        *pp = s->next;
+        ucp_request_free(s->req);
+        free(s->copy);
+        free(s);
+    }
+    return done;
+}
+
+void ucx_notice(ucx_op *o)
+{
+    size_t n = strlen(o->detail.msg) + 1;
+    if (o->noticed)
+        return;
+    o->noticed = true;
+    for (uint32_t p = 0; p < o->P; p++) {
+        ucx_send *s;
+        ccq_errbuf ignored;
+        if (p == o->me || (s = send_new(o, p, UCX_MSG_NOTICE, 0, UCX_ALL - 1)) == NULL)
+            continue;
+        s->hdr.status = (uint16_t)(-o->status);
+        s->copy = malloc(n);
+        if (s->copy == NULL) {
+            free(s);
+            continue;
+        }
+        memcpy(s->copy, o->detail.msg, n);
+        (void)post(o, p, s, s->copy, n, &ignored);
+    }
+}
+
+/* ---- receives ----------------------------------------------------------------------------- */
+
+ccq_status ucx_recv_step(ucx_op *o, uint32_t src, uint32_t step, void *land, size_t bytes,
+                         ucx_msg **out, ccq_errbuf *err)
+{
+    ucx_msg **pp = &o->arrivals, *m;
+    ucx_peer *peer = member(o, src);
+
+    *out = NULL;
+    for (; *pp != NULL; pp = &(*pp)->next)
+        if ((*pp)->hdr.src == src && (*pp)->hdr.step == step)
+            break;
+    m = *pp;
+    if (m == NULL) {
+        o->wait_src = src;
+        o->wait_step = step;
+        if (peer->failed != UCS_OK) {
+            snprintf(err->msg, sizeof err->msg,
+                     "process %u failed (UCX: %s) during %s sequence %" PRIu64
+                     " (this is process %u, waiting for its message)",
+                     o->c->procs[src], ucs_status_string(peer->failed), ucx_kind_name(o->kind),
+                     o->seq, o->c->procs[o->me]);
+            return CCQ_ERR_BACKEND;
+        }
+        return CCQ_IN_PROGRESS;
+    }
+    if (m->len != bytes) {
+        snprintf(err->msg, sizeof err->msg,
+                 "process %u's message (step %u of %s sequence %" PRIu64
+                 ") has %zu bytes where this process (%u) expects %zu: the processes run "
+                 "different schedules (another ccq version?)",
+                 o->c->procs[src], step, ucx_kind_name(o->kind), o->seq, m->len, o->c->procs[o->me],
+                 bytes);
+        return CCQ_ERR_BACKEND;
+    }
+    switch (m->state) {
+    case MSG_EAGER:
+        m->buf = m->data;
+        break;
+    case MSG_RNDV: {
+        ucp_request_param_t prm;
+        void *req;
+        memset(&prm, 0, sizeof prm);
+        m->ucx_data = false; /* UCX owns the descriptor from here on */
+        m->buf = land;
+        req = ucp_am_recv_data_nbx(o->e->worker, m->data, land, bytes, &prm);
+        m->data = NULL;
+        if (UCS_PTR_IS_ERR(req)) {
+            snprintf(err->msg, sizeof err->msg, "UCX: receiving process %u's message: %s",
+                     o->c->procs[src], ucs_status_string(UCS_PTR_STATUS(req)));
+            return CCQ_ERR_BACKEND;
+        }
+        if (req != NULL) {
+            m->req = req;
+            m->state = MSG_LANDING;
+            o->wait_src = src;
+            o->wait_step = step;
+            return CCQ_IN_PROGRESS;
+        }
+        break;
+    }
+    case MSG_LANDING: {
+        ucs_status_t us = ucp_request_check_status(m->req);
+        if (us == UCS_INPROGRESS)
+            return CCQ_IN_PROGRESS;
+        ucp_request_free(m->req);
+        m->req = NULL;
+        if (us != UCS_OK) {
+            snprintf(err->msg, sizeof err->msg, "UCX: receiving process %u's message: %s",
+                     o->c->procs[src], ucs_status_string(us));
+            return CCQ_ERR_BACKEND;
+        }
+        break;
+    }
+    default:
+        break;
+    }
+    m->state = MSG_READY;
+    *pp = m->next;
+    m->next = NULL;
+    o->wait_src = UINT32_MAX;
+    *out = m;
+    return CCQ_OK;
+}

@@ -1,0 +1,185 @@
+/* The UCX engine's choice of schedule (as UCC's tl/ucp selects by size), and what the
+ * schedules share: blocks, segments.
+ *
+ * The thresholds are measured on the 2-core machines of docs/performance.md and can be
+ * moved for experiments with CCQ_UCX_RING_BYTES (all_reduce: recursive doubling up to it,
+ * the ring above) and CCQ_UCX_SEG_BYTES (the pipelined schedules' segment size). Every
+ * process must run the same schedule for an operation: set them alike everywhere. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/host/ucx/ucx.h"
+#include "common/env.h"
+
+/* all_reduce: recursive doubling (log2 P rounds of whole buffers) up to this many bytes, the
+ * ring (2 (P - 1) steps of 1/P of them each) above. */
+#define RING_BYTES (32u * 1024u)
+/* all_gather, reduce_scatter: everyone to everyone at once up to this many bytes in all. */
+#define DIRECT_BYTES (64u * 1024u)
+/* Pipelined schedules: segment size, and how many segments move at once. */
+#define SEG_BYTES (1u << 20)
+#define WINDOW    4u
+
+static uint64_t knob(const char *name, uint64_t def)
+{
+    uint64_t v;
+    return ccq_env_u64(name, 1, 1ull << 40, &v) > 0 ? v : def;
+}
+
+void ucx_tuning(ucx_engine *e)
+{
+    e->ring_bytes = knob("CCQ_UCX_RING_BYTES", RING_BYTES);
+    e->seg_bytes = knob("CCQ_UCX_SEG_BYTES", SEG_BYTES);
+}
+
+const ucx_alg *ucx_select(const ucx_op *o)
+{
+    size_t bytes = (size_t)o->count * o->es;
+    size_t all = bytes * o->c->nranks;
+    switch (o->kind) {
+    case CCQ_KIND_ALL_REDUCE:
+        return bytes <= o->e->ring_bytes || o->count < o->P ? &ucx_allreduce_rd
+                                                            : &ucx_allreduce_ring;
+    case CCQ_KIND_REDUCE:
+        return &ucx_reduce_binomial;
+    case CCQ_KIND_BROADCAST:
+        return &ucx_bcast_binomial;
+    case CCQ_KIND_ALL_GATHER:
+        return all <= DIRECT_BYTES ? &ucx_allgather_direct : &ucx_allgather_ring;
+    case CCQ_KIND_REDUCE_SCATTER:
+        return all <= DIRECT_BYTES ? &ucx_reduce_scatter_direct : &ucx_reduce_scatter_ring;
+    case CCQ_KIND_ALL_TO_ALL:
+        return &ucx_alltoall_pairwise;
+    case CCQ_KIND_GATHER:
+        return &ucx_gather_binomial;
+    case CCQ_KIND_SCATTER:
+        return &ucx_scatter_binomial;
+    case CCQ_KIND_RECV:
+        return &ucx_recv_direct;
+    default:
+        return &ucx_send_direct;
+    }
+}
+
+void ucx_block(size_t n, uint32_t P, uint32_t b, size_t *off, size_t *len)
+{
+    size_t base = n / P, extra = n % P;
+    *off = (size_t)b * base + (b < extra ? b : extra);
+    *len = base + (b < extra ? 1 : 0);
+}
+
+ccq_status ucx_segments(ucx_op *o, size_t elems, size_t seg_bytes, uint32_t window, ccq_errbuf *err)
+{
+    size_t seg = (seg_bytes ? seg_bytes : o->e->seg_bytes) / (o->es ? o->es : 1);
+    if (seg == 0)
+        seg = 1;
+    o->seg_elems = seg;
+    o->nseg = elems == 0 ? 1 : (uint32_t)((elems + seg - 1) / seg);
+    o->window = window < o->nseg ? window : o->nseg;
+    o->active_lo = 0;
+    o->seg = calloc(o->nseg, sizeof *o->seg);
+    if (o->seg == NULL) {
+        snprintf(err->msg, sizeof err->msg, "out of memory for %u segments", o->nseg);
+        return CCQ_ERR_NO_MEMORY;
+    }
+    return CCQ_OK;
+}
+
+uint32_t ucx_window(void)
+{
+    return WINDOW;
+}
+
+ccq_status ucx_run_segments(ucx_op *o, ccq_status (*step)(ucx_op *o, uint32_t g, ccq_errbuf *err),
+                            ccq_errbuf *err)
+{
+    uint32_t lo;
+    do { /* again while the window moves: newly active segments can start now */
+        uint32_t end = o->active_lo + o->window < o->nseg ? o->active_lo + o->window : o->nseg;
+        lo = o->active_lo;
+        for (uint32_t g = o->active_lo; g < end; g++) {
+            ccq_status st;
+            if (o->seg[g].done)
+                continue;
+            st = step(o, g, err);
+            if (st == CCQ_OK)
+                o->seg[g].done = 1;
+            else if (st != CCQ_IN_PROGRESS)
+                return st;
+        }
+        while (o->active_lo < o->nseg && o->seg[o->active_lo].done)
+            o->active_lo++;
+    } while (o->active_lo != lo && o->active_lo < o->nseg);
+    return o->active_lo == o->nseg ? CCQ_OK : CCQ_IN_PROGRESS;
+}
+
+ccq_status ucx_exchange_all(ucx_op *o, ucx_place_fn out, ucx_place_fn in, char *got,
+                            ccq_errbuf *err)
+{
+    ccq_status st;
+
+    if (!o->sent) {
+        for (uint32_t s = 1; s < o->P; s++) {
+            uint32_t q = (o->me + s) % o->P;
+            char *at;
+            size_t len;
+            out(o, q, &at, &len);
+            if ((st = ucx_send_step(o, q, 0, at, len, 0, err)) != CCQ_OK)
+                return st;
+        }
+        o->sent = true;
+    }
+    for (uint32_t s = 1; s < o->P && o->x[0] < o->P - 1; s++) {
+        uint32_t p = (o->me + o->P - s) % o->P;
+        char *land;
+        size_t len;
+        ucx_msg *m;
+        if (got[p])
+            continue;
+        in(o, p, &land, &len);
+        st = ucx_recv_step(o, p, 0, land, len, &m, err);
+        if (st == CCQ_IN_PROGRESS)
+            continue;
+        if (st != CCQ_OK)
+            return st;
+        if (m->buf != land)
+            memcpy(land, m->buf, len);
+        ucx_msg_done(o->e, m);
+        got[p] = 1;
+        o->x[0]++;
+    }
+    return o->x[0] == o->P - 1 ? CCQ_OK : CCQ_IN_PROGRESS;
+}
+
+ccq_status ucx_ring_step(ucx_op *o, uint32_t g, uint32_t id, const char *send, size_t send_len,
+                         char *land, size_t recv_len, char *reduce_into, ccq_errbuf *err)
+{
+    uint32_t next = (o->me + 1) % o->P, prev = (o->me + o->P - 1) % o->P;
+    ucx_seg *s = &o->seg[g];
+    ccq_status st = CCQ_OK;
+    ucx_msg *m;
+
+    if (!s->sent) {
+        /* One send in flight per segment: the previous step's has left, so nothing this
+         * step lands into is still being read. */
+        if (!ucx_sends_done(o, g, &st, err))
+            return st != CCQ_OK ? st : CCQ_IN_PROGRESS;
+        if (st != CCQ_OK)
+            return st;
+        if ((st = ucx_send_step(o, next, id, send, send_len, g, err)) != CCQ_OK)
+            return st;
+        s->sent = 1;
+    }
+    if ((st = ucx_recv_step(o, prev, id, land, recv_len, &m, err)) != CCQ_OK)
+        return st;
+    if (reduce_into != NULL) { /* the incoming partial first, then this process's */
+        const void *src[2] = {m->buf, reduce_into};
+        ucx_reduce(o, 2, src, reduce_into, recv_len / o->es);
+    } else if (m->buf != land) {
+        memcpy(land, m->buf, recv_len);
+    }
+    ucx_msg_done(o->e, m);
+    s->step++;
+    s->sent = 0;
+    return CCQ_OK;
+}

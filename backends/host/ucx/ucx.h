@@ -1,0 +1,321 @@
+/* The host backend's UCX engine, private parts shared by its files: the engine (one UCP
+ * context and worker per runtime), a communicator's engine side, an operation in flight
+ * (the generic task every algorithm's state machine embeds), the message header every
+ * message carries, and the helpers the algorithms send and receive with. Only the files of
+ * backends/host/ucx/ include this (and so ucp.h). docs/multiprocess-host.md describes the
+ * engine for users.
+ *
+ * Threads: everything here runs on the runtime's scheduler thread (the host backend calls the
+ * engine from it only), except create and world_blob/world_ready, which run on the thread
+ * creating the runtime before the scheduler starts (pthread_create orders them before). The
+ * worker is UCS_THREAD_MODE_SINGLE: nothing locks. */
+#ifndef CCQ_HOST_UCX_H
+#define CCQ_HOST_UCX_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <ucp/api/ucp.h>
+
+#include "backends/host/engine.h"
+
+/* ---- the message header ---------------------------------------------------------------- */
+
+/* Every message is one UCP active message whose user header is this. The receiver checks it
+ * against its own operation before it touches the payload: another kind, dtype, op, root or
+ * count fails the operation with CCQ_ERR_MISMATCH on every member (notices below). */
+#define UCX_MAGIC   0x58554343u /* "CCUX" */
+#define UCX_VERSION 1u
+#define UCX_AM_ID   0x3c /* ccq's active message id on its own worker */
+
+enum {
+    UCX_MSG_DATA = 0,   /* a step of an operation's schedule */
+    UCX_MSG_NOTICE = 1, /* "this operation failed": payload = the detail, every member fails */
+};
+
+typedef struct ucx_hdr {
+    uint32_t magic;
+    uint16_t version;
+    uint8_t type;  /* UCX_MSG_* */
+    uint8_t kind;  /* ccq_kind (send/recv halves: CCQ_KIND_SEND) */
+    uint64_t comm; /* the communicator's id, the same in every member (its root blob) */
+    uint64_t seq;  /* the operation's position in its channel */
+    uint32_t chan; /* 0: collectives; 1 + r: sends of comm rank r (a pair's direction) */
+    uint32_t src;  /* the sender's index among the member processes */
+    uint32_t root; /* rooted kinds: the root's rank; else 0 */
+    uint32_t step; /* which message of the schedule (unique per (src, step) in an operation) */
+    uint64_t count;
+    uint8_t dtype;
+    uint8_t redop;   /* reducing kinds; else 0 */
+    uint16_t status; /* NOTICE: -ccq_status of the failure */
+    uint32_t reserved;
+} ucx_hdr;
+
+/* ---- arrivals: messages received, not consumed yet ------------------------------------- */
+
+enum { MSG_EAGER, MSG_RNDV, MSG_LANDING, MSG_READY };
+
+typedef struct ucx_msg {
+    struct ucx_msg *next;
+    ucx_hdr hdr;
+    size_t len;    /* payload bytes */
+    void *data;    /* MSG_EAGER: the payload (UCX's persistent data); MSG_RNDV: UCX's desc */
+    void *req;     /* MSG_LANDING: the rendezvous receive */
+    void *buf;     /* MSG_READY: where the payload is readable */
+    uint8_t state; /* MSG_* */
+    bool ucx_data; /* data is UCX's: release it with ucp_am_data_release */
+    uint64_t at_ns;
+} ucx_msg;
+
+/* ---- the engine ------------------------------------------------------------------------ */
+
+typedef struct ucx_engine ucx_engine;
+typedef struct ucx_comm ucx_comm;
+typedef struct ucx_op ucx_op;
+
+/* A peer process of the world: its endpoint, created on first use (comm_create). */
+typedef struct ucx_peer {
+    ucp_ep_h ep;
+    const void *addr; /* its worker address (a copy held by the engine) */
+    size_t addr_len;
+    ucs_status_t failed; /* UCS_OK, or what UCX's error callback said about it */
+    bool reported;       /* told to the runtime (base.peer_failed) */
+    struct ucx_peer_err *cb_arg;
+} ucx_peer;
+
+/* The error callback's argument: which peer (the engine may move its peer array). */
+typedef struct ucx_peer_err {
+    ucx_engine *e;
+    uint32_t rank;
+} ucx_peer_err;
+
+/* Scratch buffers kept for reuse: first-touching megabytes costs as much as moving them. */
+#define UCX_POOL_MAX 16
+
+struct ucx_engine {
+    ccq_host_engine base;
+    ucp_context_h ctx;
+    ucp_worker_h worker;
+    ucp_address_t *addr; /* this worker's address (world_blob) */
+    size_t addr_len;
+    uint32_t world_rank, world_size;
+    ucx_peer *peers;      /* [world_size] */
+    unsigned char *addrs; /* every process's address bytes (peers point into it) */
+    uint64_t timeout_ns;  /* cfg->timeout_ms (UINT64_MAX: none) */
+    uint32_t comms_made;  /* communicator ids this process handed out as lowest member */
+    ucx_comm *comms;      /* live communicators */
+    ucx_msg *orphans;     /* messages of communicators not formed here yet */
+    size_t norphans, orphan_bytes, orphans_dropped;
+    uint64_t gone[256]; /* ids of destroyed communicators (their late messages are dropped) */
+    uint32_t ngone;
+    ucx_op *background; /* ended operations whose messages UCX still holds */
+    uint32_t nbackground;
+    uint32_t nmoving;  /* ...of which have sends still to leave (up to timeout_ms): they need
+                          progress; the others only wait to be freed */
+    uint32_t inflight; /* operations started and not ended */
+    uint64_t dropped;  /* messages discarded (aborted comm, failed op, malformed) */
+    uint64_t last_activity_ns;         /* the last arrival or start (the poll interval's clock) */
+    size_t ring_bytes, seg_bytes;      /* schedule thresholds (ucx/select.c) */
+    uint32_t idle_polls;               /* progress calls in a row that moved nothing */
+    uint32_t peers_failed, peers_seen; /* peer errors so far, and those check_peers handled */
+    ucx_msg *free_msgs;                /* recycled arrival records */
+    struct {
+        void *p;
+        size_t cap;
+    } pool[UCX_POOL_MAX];
+    ucp_request_param_t send_param;
+    char note[160]; /* how the engine was set up (transports, keepalive), for details */
+};
+
+/* ---- a communicator -------------------------------------------------------------------- */
+
+struct ucx_comm {
+    ucx_comm *next;
+    ucx_engine *e;
+    uint64_t id;
+    uint32_t nprocs, me; /* member processes; this process's index */
+    uint32_t *procs;     /* [nprocs] world ranks */
+    uint32_t *fr;        /* [nprocs + 1] first rank of each member process */
+    uint32_t nranks;
+    ucx_msg *early;       /* messages of operations not started here yet */
+    uint64_t next_seq[3]; /* per channel (0, 1, 2): operations started so far */
+    ucx_op *ops;          /* operations in flight on it (for arrivals) */
+    ccq_status failed;    /* CCQ_OK, or why it can no longer be used (sticky) */
+    bool failed_remote;   /* ...as a member told this process */
+    char failed_detail[CCQ_DETAIL_LEN];
+    uint32_t refs; /* 1 for the communicator + operations still referring to it */
+    bool destroyed;
+};
+
+/* ---- an operation: the generic task -------------------------------------------------- */
+
+/* A message this operation sent, kept until UCX let go of it (the header too: UCX may read
+ * it until then). */
+typedef struct ucx_send {
+    struct ucx_send *next;
+    void *req;
+    ucx_hdr hdr;
+    uint32_t dst; /* member index */
+    uint32_t tag; /* the schedule's grouping (a segment), for ucx_sends_done */
+    char *copy;   /* a payload the send owns (notices) */
+} ucx_send;
+
+typedef struct ucx_alg {
+    const char *name;
+    /* Build the schedule after the local combine (o->res holds this process's buffer). */
+    ccq_status (*init)(ucx_op *o, ccq_errbuf *err);
+    /* Move as far as possible without blocking: CCQ_OK when this process's part is done
+     * (finish() then writes the local outputs), CCQ_IN_PROGRESS, or an error. */
+    ccq_status (*advance)(ucx_op *o, ccq_errbuf *err);
+} ucx_alg;
+
+/* Per-segment state of the pipelined schedules (ring, trees). */
+typedef struct ucx_seg {
+    uint32_t step; /* the next step of this segment */
+    uint8_t sent;  /* this step's send is posted */
+    uint8_t done;
+} ucx_seg;
+
+/* Buffers of an operation (engine scratch only: user buffers are read at start and written
+ * at finish, never by UCX). */
+enum { BUF_RES, BUF_TMP, BUF_AUX, BUF_N };
+
+struct ucx_op {
+    ucx_op *next;      /* engine background list */
+    ucx_op *comm_next; /* the communicator's list of operations in flight */
+    ucx_engine *e;
+    ucx_comm *c;
+    const ccq_be_op *op; /* NULL once abandoned or detached */
+    const ucx_alg *alg;
+    /* What every member must agree on (the header's fields). */
+    uint8_t kind, dtype, redop;
+    uint32_t root, chan;
+    uint64_t seq, count;
+    size_t es;          /* bytes per element */
+    uint32_t P, me;     /* member processes and this one's index */
+    uint32_t root_proc; /* rooted kinds: the member index owning the root */
+    uint32_t peer_proc; /* send/recv: the member index of the peer */
+    ccq_status status;  /* CCQ_IN_PROGRESS until it ends; sticky */
+    ccq_errbuf detail;
+    uint64_t start_ns;
+    ucx_msg *arrivals; /* its messages, in arrival order */
+    ucx_send *sends;   /* its sends UCX has not completed */
+    void *buf[BUF_N];
+    size_t cap[BUF_N];
+    /* Schedule state (algorithms use what they need). */
+    uint32_t nseg, window, active_lo; /* segments, how many at once, lowest not done */
+    size_t seg_elems;
+    ucx_seg *seg;
+    uint32_t step, stage, k;
+    bool sent, got;
+    uint32_t x[8];                /* algorithm-private counters */
+    uint32_t wait_src, wait_step; /* what it waits for now, for details */
+    bool detached;                /* a send reported complete at once (host backend's detach) */
+    bool moving;                  /* in the background with sends still to leave (e->nmoving) */
+    uint64_t retired_ns;
+    bool noticed; /* the members were told of its failure (or told us of it) */
+};
+
+/* ---- engine helpers (ucx/engine.c, ucx/msg.c) ---------------------------------------- */
+
+/* Scratch of at least bytes from the pool (NULL when out of memory). */
+void *ucx_scratch(ucx_op *o, int which, size_t bytes);
+/* Send bytes of buf (engine scratch, kept until the send completes) to member dst as step
+ * `step` of o; tag groups sends for ucx_sends_done (a segment). */
+ccq_status ucx_send_step(ucx_op *o, uint32_t dst, uint32_t step, const void *buf, size_t bytes,
+                         uint32_t tag, ccq_errbuf *err);
+/* The payload of member src's step `step`: CCQ_OK with *m readable (its payload at
+ * (*m)->buf, exactly `bytes` long), CCQ_IN_PROGRESS while it has not arrived (or is still
+ * landing: a rendezvous lands at `land`, which must hold bytes), or an error (the message
+ * disagreed, a peer failed). Free *m with ucx_msg_done once used. */
+ccq_status ucx_recv_step(ucx_op *o, uint32_t src, uint32_t step, void *land, size_t bytes,
+                         ucx_msg **m, ccq_errbuf *err);
+void ucx_msg_done(ucx_engine *e, ucx_msg *m);
+/* True once every send of o with this tag (UCX_ALL: every send) has completed; frees the
+ * completed ones. A send that failed sets *st (an error) and err. */
+#define UCX_ALL UINT32_MAX
+bool ucx_sends_done(ucx_op *o, uint32_t tag, ccq_status *st, ccq_errbuf *err);
+/* Fail o with st and detail (sticky; the first reason wins). Returns st. */
+ccq_status ucx_op_fail(ucx_op *o, ccq_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Progress the worker until it has nothing more to do now. */
+void ucx_progress(ucx_engine *e);
+/* The AM handler and the routing of arrivals (ucx/msg.c). */
+ucs_status_t ucx_am_recv(void *arg, const void *header, size_t header_length, void *data,
+                         size_t length, const ucp_am_recv_param_t *param);
+/* Hand the communicator's early messages of o to o (o just started), and the engine's
+ * orphans of c to c (c just formed). */
+void ucx_adopt_early(ucx_op *o);
+void ucx_adopt_orphans(ucx_engine *e, ucx_comm *c);
+/* Drop every message c still holds (it failed or is going away). */
+void ucx_comm_drop_messages(ucx_comm *c);
+/* Tell every other member that o failed (a mismatch): payload = o's detail. */
+void ucx_notice(ucx_op *o);
+
+/* Names for details. */
+const char *ucx_kind_name(uint8_t kind);
+const char *ucx_dtype_name(uint8_t dt);
+const char *ucx_op_name(uint8_t op);
+
+/* ---- the schedules (one file each; ucx/select.c picks one) ---------------------------- */
+
+extern const ucx_alg ucx_allreduce_rd, ucx_allreduce_ring;
+extern const ucx_alg ucx_reduce_binomial, ucx_bcast_binomial;
+extern const ucx_alg ucx_allgather_direct, ucx_allgather_ring;
+extern const ucx_alg ucx_reduce_scatter_direct, ucx_reduce_scatter_ring;
+extern const ucx_alg ucx_alltoall_pairwise;
+extern const ucx_alg ucx_gather_binomial, ucx_scatter_binomial;
+extern const ucx_alg ucx_send_direct, ucx_recv_direct;
+
+/* The schedule for o (kind, size, process count). */
+const ucx_alg *ucx_select(const ucx_op *o);
+
+/* Shared pieces of the schedules (ucx/select.c). */
+/* Reduce n inputs (in that order) into dst, count elements of o's dtype and op (AVG sums). */
+void ucx_reduce(const ucx_op *o, uint32_t n, const void *const *src, void *dst, size_t count);
+/* The elements of block b of P nearly equal blocks of n elements: [*off, *off + *len). */
+void ucx_block(size_t n, uint32_t P, uint32_t b, size_t *off, size_t *len);
+/* Local ranks of member process p, and its first rank. */
+static inline uint32_t ucx_nl(const ucx_op *o, uint32_t p)
+{
+    return o->c->fr[p + 1] - o->c->fr[p];
+}
+
+/* Where an everyone-to-everyone step puts member p's part: *at, *len bytes. */
+typedef void (*ucx_place_fn)(const ucx_op *o, uint32_t p, char **at, size_t *len);
+/* Every member sends out(o, q) to every other member q and lands what p sends at in(o, p),
+ * one message each way, all posted at once (step 0); got (P flags) and x[0] count arrivals.
+ * CCQ_OK once every part arrived. */
+ccq_status ucx_exchange_all(ucx_op *o, ucx_place_fn out, ucx_place_fn in, char *got,
+                            ccq_errbuf *err);
+/* One step of a ring in segment g (step id `id`): send to the next member, take the previous
+ * one's message into land (recv_len bytes), then add it to reduce_into (the incoming partial
+ * first) or, when NULL, leave it at land. Advances seg[g].step when done. */
+ccq_status ucx_ring_step(ucx_op *o, uint32_t g, uint32_t id, const char *send, size_t send_len,
+                         char *land, size_t recv_len, char *reduce_into, ccq_errbuf *err);
+/* Process p's block of a per-process layout (its ranks' count elements each): offset and
+ * length in elements. */
+static inline size_t ucx_block_off(const ucx_op *o, uint32_t p)
+{
+    return (size_t)o->c->fr[p] * o->count;
+}
+
+static inline size_t ucx_block_len(const ucx_op *o, uint32_t p)
+{
+    return (size_t)(o->c->fr[p + 1] - o->c->fr[p]) * o->count;
+}
+
+/* Segmentation of the pipelined schedules: segments of at most seg_bytes (or
+ * CCQ_UCX_SEG_BYTES), `window` at once; fills nseg, seg_elems, window, seg[]. */
+ccq_status ucx_segments(ucx_op *o, size_t elems, size_t seg_bytes, uint32_t window,
+                        ccq_errbuf *err);
+uint32_t ucx_window(void);
+/* The schedules' thresholds (CCQ_UCX_RING_BYTES, CCQ_UCX_SEG_BYTES), read once. */
+void ucx_tuning(ucx_engine *e);
+/* Advance every active segment of o with step(o, g) (CCQ_OK: segment g done; an error ends
+ * o) and move the window past done segments: CCQ_OK once all are done. */
+ccq_status ucx_run_segments(ucx_op *o, ccq_status (*step)(ucx_op *o, uint32_t g, ccq_errbuf *err),
+                            ccq_errbuf *err);
+
+#endif /* CCQ_HOST_UCX_H */

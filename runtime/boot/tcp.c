@@ -1,0 +1,1044 @@
+/* The "tcp://HOST:PORT" bootstrap: world rank 0 serves a rendezvous at HOST:PORT (every
+ * interface when HOST is "*"), every process (rank 0 too) connects to it and stays connected
+ * for the job. A process publishes its record of an exchange (PUT) and asks for the others'
+ * (GET); rank 0's server relays them (tcp_server.c holds the protocol and its limits). A
+ * closed connection is how rank 0 learns that a process died, and how the others learn that
+ * rank 0 did; rank 0 tells everyone of the others (ccq_boot_peer_state,
+ * ccq_boot_watch_peers, and for job health ccq_boot_closed_peers: each process whose
+ * connection closed without a goodbye, once). Heartbeat records (runtime/health/) travel
+ * over the same connection: each process sends its own, rank 0 passes on the latest of
+ * each to every other process, which keeps the latest of each here.
+ *
+ * Threads: each handle runs one I/O thread, asleep in poll() while nothing moves. It owns the
+ * sockets; the bootstrap's calls (with the handle's lock held) only queue output and read
+ * what the thread received, under this mechanism's own mutex `mu` (order: the handle's lock,
+ * then mu; the thread takes mu only, and calls the peer watcher holding neither). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "runtime/boot/boot_impl.h"
+#include "runtime/boot/tcp_proto.h"
+
+/* How long close() lets the I/O thread flush a goodbye (and rank 0 its last notices). */
+#define LINGER_NS (200u * 1000000u)
+/* Connecting to a rendezvous not up yet: retry after this, doubling up to RETRY_MAX_NS. */
+#define RETRY_NS     (10u * 1000000u)
+#define RETRY_MAX_NS (200u * 1000000u)
+/* A client's queue of frames not sent yet (its own records and requests). */
+#define CLIENT_OUT_MAX (64u << 20)
+
+enum { C_IDLE, C_CONNECTING, C_HELLO, C_READY, C_FAILED, C_CLOSED };
+
+typedef struct mail {
+    struct mail *next;
+    char *tag;
+    uint32_t rank;
+    uint8_t *rec;
+    size_t len;
+} mail;
+
+typedef struct dead_tag {
+    struct dead_tag *next;
+    char *tag;
+    char *why; /* NULL: the exchange was freed here (its late records are dropped) */
+} dead_tag;
+
+typedef struct tcp_boot {
+    /* Fixed after open. */
+    uint32_t rank, size, gen;
+    uint64_t nonce;
+    char job[256];
+    char host[256], port[16]; /* where the rendezvous is (rank 0: where it connects itself) */
+    char spec[300];
+    ccq_tcp_limits lim;
+    int wake[2];
+    pthread_t thread;
+    bool thread_started;
+    /* The I/O thread's own. */
+    int fd;        /* connection to the rendezvous, -1 */
+    int listen_fd; /* rank 0: the listening socket, -1 */
+    ccq_tcp_server *srv;
+    int *srv_fd;      /* [conns_max]: the socket of each server connection id */
+    size_t peak_held; /* the most the server held (CCQ_TCP_STATS prints it) */
+    ccq_tcp_buf in;   /* client: bytes received, not parsed yet */
+    ccq_tcp_buf hello;
+    uint64_t retry_at, retry_ns;
+    /* Shared, under mu. */
+    pthread_mutex_t mu;
+    int state;          /* C_* */
+    ccq_status fail_st; /* C_FAILED: what exchanges fail with */
+    char why[512];      /* C_FAILED, C_CLOSED, or the last attempt's error */
+    ccq_tcp_buf out;    /* frames for the server, sent once WELCOMEd */
+    mail *mail;
+    dead_tag *dead;
+    uint8_t *peer;     /* [size] ccq_boot_peer */
+    uint8_t *reported; /* [size] LOST told by closed_peers already */
+    struct {
+        uint8_t *rec; /* NULL: none yet */
+        size_t len;
+    } * beats; /* [size]: each process's latest heartbeat record */
+    void (*watch)(void *, uint32_t, ccq_boot_peer);
+    void *watch_arg;
+    bool stop;
+} tcp_boot;
+
+static uint64_t now_ns(void)
+{
+    return ccq_boot_now_ns();
+}
+
+static void wake_thread(tcp_boot *t)
+{
+    char c = 1;
+    ssize_t k = write(t->wake[1], &c, 1);
+    (void)k; /* a full pipe already wakes it */
+}
+
+static void no_delay(int fd)
+{
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+/* Write what is pending in b to fd: false when the connection broke. */
+static bool flush_buf(int fd, ccq_tcp_buf *b)
+{
+    while (b->len > b->off) {
+        ssize_t k = send(fd, b->p + b->off, b->len - b->off, MSG_NOSIGNAL);
+        if (k > 0) {
+            ccq_tcp_buf_consume(b, (size_t)k);
+            continue;
+        }
+        if (k < 0 && errno == EINTR)
+            continue;
+        return k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+    }
+    return true;
+}
+
+/* ---- the peers' states --------------------------------------------------------------- */
+
+/* Record that rank is now st; call the watcher (mu not held by the caller). */
+static void peer_changed(tcp_boot *t, uint32_t rank, ccq_boot_peer st)
+{
+    void (*fn)(void *, uint32_t, ccq_boot_peer);
+    void *arg;
+    if (rank >= t->size)
+        return;
+    pthread_mutex_lock(&t->mu);
+    if (t->peer[rank] == st || t->peer[rank] >= CCQ_BOOT_PEER_LEFT) {
+        pthread_mutex_unlock(&t->mu);
+        return;
+    }
+    t->peer[rank] = (uint8_t)st;
+    fn = t->watch;
+    arg = t->watch_arg;
+    pthread_mutex_unlock(&t->mu);
+    if (fn != NULL && st >= CCQ_BOOT_PEER_LEFT)
+        fn(arg, rank, st);
+}
+
+/* ---- the client's connection -------------------------------------------------------- */
+
+static void client_fail(tcp_boot *t, int state, ccq_status st, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static void client_fail(tcp_boot *t, int state, ccq_status st, const char *fmt, ...)
+{
+    va_list ap;
+    pthread_mutex_lock(&t->mu);
+    va_start(ap, fmt);
+    vsnprintf(t->why, sizeof t->why, fmt, ap);
+    va_end(ap);
+    t->state = state;
+    t->fail_st = st;
+    pthread_mutex_unlock(&t->mu);
+}
+
+static void client_drop(tcp_boot *t)
+{
+    if (t->fd >= 0)
+        close(t->fd);
+    t->fd = -1;
+    t->in.off = t->in.len = 0;
+    t->hello.off = t->hello.len = 0;
+}
+
+/* Try again later (the rendezvous is not up yet, or serves an earlier runtime). */
+static void client_retry(tcp_boot *t, const char *why)
+{
+    client_drop(t);
+    pthread_mutex_lock(&t->mu);
+    snprintf(t->why, sizeof t->why, "%s", why);
+    if (t->state != C_FAILED && t->state != C_CLOSED)
+        t->state = C_IDLE;
+    pthread_mutex_unlock(&t->mu);
+    t->retry_at = now_ns() + t->retry_ns;
+    t->retry_ns = t->retry_ns * 2 > RETRY_MAX_NS ? RETRY_MAX_NS : t->retry_ns * 2;
+}
+
+static void client_connect(tcp_boot *t)
+{
+    struct addrinfo hints, *res = NULL, *ai;
+    char why[400];
+    int rc;
+
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    rc = getaddrinfo(t->host, t->port, &hints, &res);
+    if (rc != 0) {
+        snprintf(why, sizeof why, "cannot resolve %s: %s", t->host, gai_strerror(rc));
+        client_retry(t, why);
+        return;
+    }
+    for (ai = res; ai != NULL; ai = ai->ai_next) {
+        int fd =
+            socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
+        if (fd < 0)
+            continue;
+        no_delay(fd);
+        if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 || errno == EINPROGRESS) {
+            t->fd = fd;
+            break;
+        }
+        snprintf(why, sizeof why, "connecting to %s:%s: %s", t->host, t->port, strerror(errno));
+        close(fd);
+    }
+    freeaddrinfo(res);
+    if (t->fd < 0) {
+        client_retry(t, why);
+        return;
+    }
+    pthread_mutex_lock(&t->mu);
+    t->state = C_CONNECTING;
+    pthread_mutex_unlock(&t->mu);
+}
+
+/* The connection is up: say who this is. */
+static void client_hello(tcp_boot *t)
+{
+    uint32_t v[4] = {t->rank, t->size, t->gen, 0};
+    t->hello.off = t->hello.len = 0;
+    ccq_tcp_put_frame(&t->hello, SIZE_MAX, CCQ_TCP_HELLO, v, sizeof v, &t->nonce, 8, t->job,
+                      strlen(t->job));
+    pthread_mutex_lock(&t->mu);
+    t->state = C_HELLO;
+    pthread_mutex_unlock(&t->mu);
+}
+
+static bool tag_is_dead(tcp_boot *t, const char *tag, size_t tl)
+{
+    for (dead_tag *d = t->dead; d != NULL; d = d->next)
+        if (d->why == NULL && strlen(d->tag) == tl && memcmp(d->tag, tag, tl) == 0)
+            return true;
+    return false;
+}
+
+/* One frame from the server. */
+static void client_frame(tcp_boot *t, const ccq_tcp_frame *f)
+{
+    const uint8_t *p = f->payload;
+    uint32_t u[2];
+    uint16_t tl;
+
+    switch (f->type) {
+    case CCQ_TCP_WELCOME:
+        pthread_mutex_lock(&t->mu);
+        if (t->state == C_HELLO)
+            t->state = C_READY;
+        t->why[0] = '\0';
+        pthread_mutex_unlock(&t->mu);
+        t->retry_ns = RETRY_NS;
+        peer_changed(t, 0, CCQ_BOOT_PEER_ALIVE);
+        break;
+    case CCQ_TCP_REFUSE: {
+        char why[400];
+        uint32_t code = 0;
+        if (f->len >= 4)
+            memcpy(&code, p, 4);
+        snprintf(why, sizeof why, "%.*s", f->len >= 4 ? (int)(f->len - 4) : 0, (const char *)p + 4);
+        if (code == CCQ_TCP_REFUSE_RETRY) {
+            char w[480];
+            snprintf(w, sizeof w, "refused for now: %s", why);
+            client_retry(t, w);
+        } else {
+            client_drop(t);
+            client_fail(t, C_FAILED,
+                        strstr(why, "world_size") != NULL ? CCQ_ERR_INVALID_ARGUMENT
+                                                          : CCQ_ERR_BACKEND,
+                        "the rendezvous at %s:%s (process 0) refused this process: %s", t->host,
+                        t->port, why);
+        }
+        break;
+    }
+    case CCQ_TCP_REC: {
+        mail *m;
+        if (f->len < 6)
+            break;
+        memcpy(&u[0], p, 4);
+        memcpy(&tl, p + 4, 2);
+        if (tl == 0 || tl > CCQ_BOOT_TAG_MAX || f->len < 6u + tl)
+            break;
+        pthread_mutex_lock(&t->mu);
+        if (!tag_is_dead(t, (const char *)p + 6, tl) && (m = calloc(1, sizeof *m)) != NULL) {
+            m->tag = strndup((const char *)p + 6, tl);
+            m->len = f->len - 6u - tl;
+            m->rec = malloc(m->len ? m->len : 1);
+            m->rank = u[0];
+            if (m->tag == NULL || m->rec == NULL) {
+                free(m->tag);
+                free(m->rec);
+                free(m);
+            } else {
+                memcpy(m->rec, p + 6 + tl, m->len);
+                m->next = t->mail;
+                t->mail = m;
+            }
+        }
+        pthread_mutex_unlock(&t->mu);
+        break;
+    }
+    case CCQ_TCP_ERR: {
+        dead_tag *d;
+        if (f->len < 2)
+            break;
+        memcpy(&tl, p, 2);
+        if (tl == 0 || tl > CCQ_BOOT_TAG_MAX || f->len < 2u + tl)
+            break;
+        if ((d = calloc(1, sizeof *d)) == NULL)
+            break;
+        d->tag = strndup((const char *)p + 2, tl);
+        d->why = strndup((const char *)p + 2 + tl, f->len - 2u - tl);
+        pthread_mutex_lock(&t->mu);
+        d->next = t->dead;
+        t->dead = d;
+        pthread_mutex_unlock(&t->mu);
+        break;
+    }
+    case CCQ_TCP_BEATS: {
+        uint8_t *m;
+        size_t n;
+        if (f->len < 5 || f->len - 4 > CCQ_BOOT_BEAT_MAX)
+            break;
+        memcpy(&u[0], p, 4);
+        if (u[0] >= t->size || u[0] == t->rank)
+            break;
+        n = f->len - 4u;
+        if ((m = malloc(n)) == NULL)
+            break; /* this beat is missed; the next one replaces it */
+        memcpy(m, p + 4, n);
+        pthread_mutex_lock(&t->mu);
+        free(t->beats[u[0]].rec);
+        t->beats[u[0]].rec = m;
+        t->beats[u[0]].len = n;
+        pthread_mutex_unlock(&t->mu);
+        break;
+    }
+    case CCQ_TCP_PEER:
+        if (f->len >= 8) {
+            memcpy(u, p, 8);
+            if (u[1] == CCQ_BOOT_PEER_LEFT || u[1] == CCQ_BOOT_PEER_LOST)
+                peer_changed(t, u[0], (ccq_boot_peer)u[1]);
+        }
+        break;
+    default:
+        break;
+    }
+}
+
+static void client_read(tcp_boot *t)
+{
+    for (;;) {
+        uint8_t buf[65536];
+        ssize_t k = recv(t->fd, buf, sizeof buf, 0);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            break;
+        if (k <= 0) {
+            int state;
+            pthread_mutex_lock(&t->mu);
+            state = t->state;
+            pthread_mutex_unlock(&t->mu);
+            if (state == C_READY) {
+                client_drop(t);
+                client_fail(t, C_CLOSED, CCQ_ERR_BACKEND,
+                            "the rendezvous at %s:%s (process 0) closed the connection: process "
+                            "0 left or died",
+                            t->host, t->port);
+                peer_changed(t, 0, CCQ_BOOT_PEER_LOST);
+            } else if (state == C_HELLO || state == C_CONNECTING) {
+                client_retry(t, "the rendezvous closed the connection before answering");
+            }
+            return;
+        }
+        if (!ccq_tcp_buf_reserve(&t->in, (size_t)k)) {
+            client_retry(t, "out of memory");
+            return;
+        }
+        memcpy(t->in.p + t->in.len, buf, (size_t)k);
+        t->in.len += (size_t)k;
+        for (;;) {
+            ccq_tcp_frame f;
+            size_t used = 0;
+            ccq_errbuf err;
+            int r = ccq_tcp_parse(t->in.p + t->in.off, t->in.len - t->in.off, t->lim.frame_max, &f,
+                                  &used, &err);
+            if (r == 0)
+                break;
+            if (r < 0) {
+                client_drop(t);
+                client_fail(t, C_FAILED, CCQ_ERR_BACKEND,
+                            "the rendezvous at %s:%s sent what ccq cannot read: %s", t->host,
+                            t->port, err.msg);
+                return;
+            }
+            client_frame(t, &f);
+            if (t->fd < 0) /* refused or retrying: the rest is of no use */
+                return;
+            ccq_tcp_buf_consume(&t->in, used);
+        }
+    }
+}
+
+/* ---- the server (world rank 0) --------------------------------------------------------- */
+
+static void server_close_conn(tcp_boot *t, int id)
+{
+    if (t->srv_fd[id] >= 0)
+        close(t->srv_fd[id]);
+    t->srv_fd[id] = -1;
+    ccq_tcp_server_closed(t->srv, id, now_ns());
+}
+
+static void server_accept(tcp_boot *t)
+{
+    for (;;) {
+        int fd = accept4(t->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK), id;
+        if (fd < 0)
+            return; /* EAGAIN, or an error the next poll shows again */
+        no_delay(fd);
+        id = ccq_tcp_server_open(t->srv, now_ns());
+        if (id < 0) { /* full: the limits bound what anyone can make it hold */
+            close(fd);
+            continue;
+        }
+        t->srv_fd[id] = fd;
+    }
+}
+
+static void server_io(tcp_boot *t, int id, short revents)
+{
+    const uint8_t *p;
+    size_t len;
+    int fd = t->srv_fd[id];
+
+    if (revents & POLLIN) {
+        for (;;) {
+            uint8_t buf[65536];
+            ssize_t k = recv(fd, buf, sizeof buf, 0);
+            if (k < 0 && errno == EINTR)
+                continue;
+            if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+                break;
+            if (k <= 0) {
+                server_close_conn(t, id);
+                return;
+            }
+            if (!ccq_tcp_server_input(t->srv, id, buf, (size_t)k, now_ns()))
+                break; /* refused: it is told why below, then closed */
+        }
+    } else if (revents & (POLLHUP | POLLERR)) {
+        server_close_conn(t, id);
+        return;
+    }
+    ccq_tcp_server_output(t->srv, id, &p, &len);
+    while (len > 0) {
+        ssize_t k = send(fd, p, len, MSG_NOSIGNAL);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0) {
+            if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+                return;
+            server_close_conn(t, id);
+            return;
+        }
+        ccq_tcp_server_sent(t->srv, id, (size_t)k, now_ns());
+        ccq_tcp_server_output(t->srv, id, &p, &len);
+    }
+    if (ccq_tcp_server_closing(t->srv, id))
+        server_close_conn(t, id);
+}
+
+/* ---- the I/O thread ------------------------------------------------------------------ */
+
+static void *io_main(void *arg)
+{
+    tcp_boot *t = arg;
+    int nfd_cap = 3 + (t->srv != NULL ? (int)t->lim.conns_max : 0);
+    struct pollfd *pf = calloc((size_t)nfd_cap, sizeof *pf);
+    int *ids = calloc((size_t)nfd_cap, sizeof *ids);
+    uint64_t linger_until = 0;
+
+    if (pf == NULL || ids == NULL) {
+        client_fail(t, C_FAILED, CCQ_ERR_NO_MEMORY, "out of memory in the bootstrap's thread");
+        free(pf);
+        free(ids);
+        return NULL;
+    }
+    for (;;) {
+        int n = 0, state, timeout_ms = -1;
+        bool stop, out_pending;
+        uint64_t now = now_ns(), next = UINT64_MAX;
+
+        pthread_mutex_lock(&t->mu);
+        stop = t->stop;
+        state = t->state;
+        out_pending = t->out.len > t->out.off;
+        pthread_mutex_unlock(&t->mu);
+        if (stop && linger_until == 0) {
+            linger_until = now + LINGER_NS;
+            /* Process 0 leaves cleanly: everyone hears it before its connections close. */
+            if (t->srv != NULL)
+                ccq_tcp_server_leaving(t->srv, t->rank, now);
+        }
+        if (stop) {
+            bool srv_busy = false;
+            for (int i = 0; t->srv != NULL && i < ccq_tcp_server_conn_bound(t->srv); i++) {
+                const uint8_t *p;
+                size_t len;
+                ccq_tcp_server_output(t->srv, i, &p, &len);
+                srv_busy |= t->srv_fd[i] >= 0 && len > 0;
+            }
+            if (now >= linger_until || ((state != C_READY || !out_pending) && !srv_busy))
+                break;
+        }
+        if (state == C_IDLE && t->fd < 0 && !stop) {
+            if (now >= t->retry_at)
+                client_connect(t);
+            else
+                next = t->retry_at;
+        }
+        pf[n].fd = t->wake[0];
+        pf[n].events = POLLIN;
+        ids[n++] = -3;
+        if (t->listen_fd >= 0 && !stop) {
+            pf[n].fd = t->listen_fd;
+            pf[n].events = POLLIN;
+            ids[n++] = -2;
+        }
+        if (t->fd >= 0) {
+            pthread_mutex_lock(&t->mu);
+            state = t->state;
+            out_pending = t->out.len > t->out.off;
+            pthread_mutex_unlock(&t->mu);
+            pf[n].fd = t->fd;
+            pf[n].events = POLLIN;
+            if (state == C_CONNECTING || t->hello.len > t->hello.off ||
+                (state == C_READY && out_pending))
+                pf[n].events |= POLLOUT;
+            ids[n++] = -1;
+        }
+        for (int i = 0; t->srv != NULL && i < ccq_tcp_server_conn_bound(t->srv); i++) {
+            const uint8_t *p;
+            size_t len;
+            if (t->srv_fd[i] < 0 || n >= nfd_cap)
+                continue;
+            ccq_tcp_server_output(t->srv, i, &p, &len);
+            pf[n].fd = t->srv_fd[i];
+            pf[n].events = POLLIN | (len > 0 ? POLLOUT : 0);
+            ids[n++] = i;
+        }
+        if (t->srv != NULL) {
+            int gone[64];
+            uint64_t when;
+            size_t held = ccq_tcp_server_memory(t->srv);
+            t->peak_held = held > t->peak_held ? held : t->peak_held;
+            size_t k = ccq_tcp_server_tick(t->srv, now, gone, 64, &when);
+            for (size_t j = 0; j < k; j++)
+                server_close_conn(t, gone[j]);
+            if (when < next)
+                next = when;
+        }
+        if (stop && linger_until < next)
+            next = linger_until;
+        if (next != UINT64_MAX)
+            timeout_ms = next <= now ? 0 : (int)((next - now + 999999) / 1000000);
+        if (poll(pf, (nfds_t)n, timeout_ms) < 0 && errno != EINTR)
+            break;
+        for (int j = 0; j < n; j++) {
+            if (pf[j].revents == 0)
+                continue;
+            if (ids[j] == -3) {
+                char drain[64];
+                while (read(t->wake[0], drain, sizeof drain) > 0)
+                    ;
+            } else if (ids[j] == -2) {
+                server_accept(t);
+            } else if (ids[j] >= 0) {
+                if (t->srv_fd[ids[j]] == pf[j].fd)
+                    server_io(t, ids[j], pf[j].revents);
+            } else if (t->fd == pf[j].fd) {
+                if (state == C_CONNECTING && (pf[j].revents & (POLLOUT | POLLERR | POLLHUP))) {
+                    int e = 0;
+                    socklen_t el = sizeof e;
+                    getsockopt(t->fd, SOL_SOCKET, SO_ERROR, &e, &el);
+                    if (e != 0) {
+                        char why[400];
+                        snprintf(why, sizeof why,
+                                 "connecting to %s:%s: %s (is process 0 "
+                                 "running, and is this its address?)",
+                                 t->host, t->port, strerror(e));
+                        client_retry(t, why);
+                        continue;
+                    }
+                    client_hello(t);
+                }
+                if (t->fd >= 0 && (pf[j].revents & POLLIN))
+                    client_read(t);
+                if (t->fd >= 0 && !flush_buf(t->fd, &t->hello)) {
+                    client_retry(t, "the connection broke while saying hello");
+                    continue;
+                }
+                if (t->fd >= 0) {
+                    bool ok;
+                    pthread_mutex_lock(&t->mu);
+                    ok = t->state != C_READY || flush_buf(t->fd, &t->out);
+                    pthread_mutex_unlock(&t->mu);
+                    if (!ok) {
+                        client_drop(t);
+                        client_fail(t, C_CLOSED, CCQ_ERR_BACKEND,
+                                    "the connection to the rendezvous at %s:%s (process 0) "
+                                    "broke: process 0 left or died",
+                                    t->host, t->port);
+                        peer_changed(t, 0, CCQ_BOOT_PEER_LOST);
+                    }
+                }
+            }
+        }
+    }
+    free(pf);
+    free(ids);
+    return NULL;
+}
+
+/* ---- the mechanism --------------------------------------------------------------------- */
+
+static ccq_status tcp_publish(ccq_boot *b, ccq_boot_xchg *x, ccq_errbuf *err)
+{
+    tcp_boot *t = b->impl;
+    uint16_t tl = (uint16_t)strlen(x->tag);
+    bool ok;
+
+    pthread_mutex_lock(&t->mu);
+    ok = ccq_tcp_put_frame(&t->out, CLIENT_OUT_MAX, CCQ_TCP_PUT, &tl, 2, x->tag, tl, x->rec,
+                           x->rec_len) &&
+         ccq_tcp_put_frame(&t->out, CLIENT_OUT_MAX, CCQ_TCP_GET, &tl, 2, x->tag, tl, NULL, 0);
+    pthread_mutex_unlock(&t->mu);
+    if (!ok) {
+        ccq_boot_err(err, "more than %u bytes waiting for the rendezvous (or out of memory)",
+                     CLIENT_OUT_MAX);
+        return CCQ_ERR_NO_MEMORY;
+    }
+    wake_thread(t);
+    return CCQ_OK;
+}
+
+static ccq_status tcp_fetch(ccq_boot *b, ccq_boot_xchg *x, uint32_t rank, void **rec, size_t *len,
+                            ccq_errbuf *err)
+{
+    tcp_boot *t = b->impl;
+    ccq_status st = CCQ_IN_PROGRESS;
+
+    pthread_mutex_lock(&t->mu);
+    for (mail **pp = &t->mail; *pp != NULL; pp = &(*pp)->next) {
+        mail *m = *pp;
+        if (m->rank == rank && strcmp(m->tag, x->tag) == 0) {
+            *pp = m->next;
+            *rec = m->rec;
+            *len = m->len;
+            free(m->tag);
+            free(m);
+            pthread_mutex_unlock(&t->mu);
+            return CCQ_OK;
+        }
+    }
+    for (dead_tag *d = t->dead; d != NULL; d = d->next)
+        if (d->why != NULL && strcmp(d->tag, x->tag) == 0) {
+            ccq_boot_err(err, "the rendezvous (process 0) refused this exchange: %s", d->why);
+            st = CCQ_ERR_BACKEND;
+        }
+    if (st == CCQ_IN_PROGRESS && (t->state == C_FAILED || t->state == C_CLOSED)) {
+        ccq_boot_err(err, "%s", t->why);
+        st = t->fail_st ? t->fail_st : CCQ_ERR_BACKEND;
+    }
+    /* What a timeout's detail adds (the handle's lock is held: note is the handle's). */
+    if (t->state == C_READY)
+        b->note[0] = '\0';
+    else
+        snprintf(b->note, sizeof b->note, "not connected to the rendezvous at %.60s: %.150s",
+                 t->spec, t->why[0] ? t->why : "connecting");
+    pthread_mutex_unlock(&t->mu);
+    return st;
+}
+
+static void tcp_xchg_free(ccq_boot *b, ccq_boot_xchg *x)
+{
+    tcp_boot *t = b->impl;
+    pthread_mutex_lock(&t->mu);
+    for (mail **pp = &t->mail; *pp != NULL;) {
+        mail *m = *pp;
+        if (strcmp(m->tag, x->tag) != 0) {
+            pp = &m->next;
+            continue;
+        }
+        *pp = m->next;
+        free(m->tag);
+        free(m->rec);
+        free(m);
+    }
+    if (x->status != CCQ_OK && x->n > 1) { /* records may still come: drop them */
+        dead_tag *d = calloc(1, sizeof *d);
+        if (d != NULL && (d->tag = strdup(x->tag)) != NULL) {
+            d->next = t->dead;
+            t->dead = d;
+        } else {
+            free(d);
+        }
+    }
+    pthread_mutex_unlock(&t->mu);
+}
+
+static void tcp_close(ccq_boot *b)
+{
+    tcp_boot *t = b->impl;
+
+    pthread_mutex_lock(&t->mu);
+    if (t->state == C_READY)
+        ccq_tcp_put_frame(&t->out, SIZE_MAX, CCQ_TCP_BYE, NULL, 0, NULL, 0, NULL, 0);
+    t->stop = true;
+    pthread_mutex_unlock(&t->mu);
+    if (t->thread_started) {
+        wake_thread(t);
+        pthread_join(t->thread, NULL);
+    }
+    if (t->srv != NULL && getenv("CCQ_TCP_STATS") != NULL) /* measurements (performance.md) */
+        fprintf(stderr, "ccq tcp rendezvous %s: world of %u, peak %zu bytes held by the server\n",
+                t->spec, t->size, t->peak_held);
+    client_drop(t);
+    if (t->listen_fd >= 0)
+        close(t->listen_fd);
+    for (int i = 0; t->srv != NULL && i < ccq_tcp_server_conn_bound(t->srv); i++)
+        if (t->srv_fd[i] >= 0)
+            close(t->srv_fd[i]);
+    ccq_tcp_server_free(t->srv);
+    free(t->srv_fd);
+    while (t->mail != NULL) {
+        mail *m = t->mail;
+        t->mail = m->next;
+        free(m->tag);
+        free(m->rec);
+        free(m);
+    }
+    while (t->dead != NULL) {
+        dead_tag *d = t->dead;
+        t->dead = d->next;
+        free(d->tag);
+        free(d->why);
+        free(d);
+    }
+    ccq_tcp_buf_free(&t->in);
+    ccq_tcp_buf_free(&t->hello);
+    ccq_tcp_buf_free(&t->out);
+    close(t->wake[0]);
+    close(t->wake[1]);
+    pthread_mutex_destroy(&t->mu);
+    for (uint32_t r = 0; t->beats != NULL && r < t->size; r++)
+        free(t->beats[r].rec);
+    free(t->beats);
+    free(t->reported);
+    free(t->peer);
+    free(t);
+}
+
+static ccq_boot_peer tcp_peer_state(ccq_boot *b, uint32_t rank)
+{
+    tcp_boot *t = b->impl;
+    ccq_boot_peer st;
+    if (rank == t->rank)
+        return CCQ_BOOT_PEER_ALIVE;
+    pthread_mutex_lock(&t->mu);
+    st = (ccq_boot_peer)t->peer[rank];
+    pthread_mutex_unlock(&t->mu);
+    return st;
+}
+
+static ccq_status tcp_watch(ccq_boot *b, void (*fn)(void *, uint32_t, ccq_boot_peer), void *arg)
+{
+    tcp_boot *t = b->impl;
+    uint8_t *known = malloc(t->size);
+
+    pthread_mutex_lock(&t->mu);
+    t->watch = fn;
+    t->watch_arg = arg;
+    if (known != NULL)
+        memcpy(known, t->peer, t->size);
+    pthread_mutex_unlock(&t->mu);
+    for (uint32_t r = 0; fn != NULL && known != NULL && r < t->size; r++)
+        if (known[r] >= CCQ_BOOT_PEER_LEFT)
+            fn(arg, r, (ccq_boot_peer)known[r]);
+    free(known);
+    return CCQ_OK;
+}
+
+static ccq_status tcp_beat_publish(ccq_boot *b, const void *rec, size_t len, ccq_errbuf *err)
+{
+    tcp_boot *t = b->impl;
+    bool ok;
+
+    pthread_mutex_lock(&t->mu);
+    ok = ccq_tcp_put_frame(&t->out, CLIENT_OUT_MAX, CCQ_TCP_BEAT, rec, len, NULL, 0, NULL, 0);
+    pthread_mutex_unlock(&t->mu);
+    if (!ok) {
+        ccq_boot_err(err, "more than %u bytes waiting for the rendezvous (or out of memory)",
+                     CLIENT_OUT_MAX);
+        return CCQ_ERR_NO_MEMORY;
+    }
+    wake_thread(t);
+    return CCQ_OK;
+}
+
+static ccq_status tcp_beat_fetch(ccq_boot *b, uint32_t rank, void **rec, size_t *len,
+                                 ccq_errbuf *err)
+{
+    tcp_boot *t = b->impl;
+    ccq_status st = CCQ_IN_PROGRESS;
+
+    pthread_mutex_lock(&t->mu);
+    if (t->beats[rank].rec != NULL) {
+        *rec = malloc(t->beats[rank].len);
+        if (*rec == NULL) {
+            ccq_boot_err(err, "bootstrap: out of memory");
+            st = CCQ_ERR_NO_MEMORY;
+        } else {
+            memcpy(*rec, t->beats[rank].rec, t->beats[rank].len);
+            *len = t->beats[rank].len;
+            st = CCQ_OK;
+        }
+    }
+    pthread_mutex_unlock(&t->mu);
+    return st;
+}
+
+/* Processes whose connection closed without a goodbye (rank 0 saw it and told everyone; or,
+ * for rank 0 itself, this process's connection to it), each reported once. */
+static size_t tcp_closed_peers(ccq_boot *b, uint32_t *ranks, size_t cap)
+{
+    tcp_boot *t = b->impl;
+    size_t n = 0;
+
+    pthread_mutex_lock(&t->mu);
+    for (uint32_t r = 0; r < t->size && n < cap; r++)
+        if (t->peer[r] == CCQ_BOOT_PEER_LOST && !t->reported[r]) {
+            t->reported[r] = 1;
+            ranks[n++] = r;
+        }
+    pthread_mutex_unlock(&t->mu);
+    return n;
+}
+
+static const ccq_boot_mech tcp_mech = {
+    .name = "tcp",
+    /* A test is a look at what the I/O thread already received (no system call). */
+    .poll_ns = 20000,
+    .publish = tcp_publish,
+    .fetch = tcp_fetch,
+    .xchg_free = tcp_xchg_free,
+    .close = tcp_close,
+    .beat_publish = tcp_beat_publish,
+    .beat_fetch = tcp_beat_fetch,
+    .closed_peers = tcp_closed_peers,
+    .peer_state = tcp_peer_state,
+    .watch_peers = tcp_watch,
+};
+
+/* "HOST:PORT", "[V6]:PORT", "*:PORT" into host and port. */
+static ccq_status parse_spec(const char *spec, char *host, size_t hl, char *port, size_t pl,
+                             ccq_errbuf *err)
+{
+    const char *colon;
+    size_t n;
+    char *end;
+    unsigned long pn;
+
+    if (spec[0] == '[') {
+        const char *close_br = strchr(spec, ']');
+        if (close_br == NULL || close_br[1] != ':')
+            goto bad;
+        n = (size_t)(close_br - spec - 1);
+        colon = close_br + 1;
+        spec++;
+    } else {
+        colon = strrchr(spec, ':');
+        if (colon == NULL)
+            goto bad;
+        n = (size_t)(colon - spec);
+    }
+    if (n == 0 || n >= hl)
+        goto bad;
+    memcpy(host, spec, n);
+    host[n] = '\0';
+    pn = strtoul(colon + 1, &end, 10);
+    if (*end != '\0' || colon[1] < '0' || colon[1] > '9' || pn == 0 || pn > 65535)
+        goto bad;
+    snprintf(port, pl, "%lu", pn);
+    return CCQ_OK;
+bad:
+    ccq_boot_err(err,
+                 "bootstrap \"tcp://%s\": expected tcp://HOST:PORT (HOST a name, an address, "
+                 "[an IPv6 address] or * for every interface; PORT 1 to 65535)",
+                 spec);
+    return CCQ_ERR_INVALID_ARGUMENT;
+}
+
+/* World rank 0: listen at host:port (every interface for "*"). */
+static ccq_status serve(tcp_boot *t, ccq_errbuf *err)
+{
+    struct addrinfo hints, *res = NULL, *ai;
+    bool any = strcmp(t->host, "*") == 0;
+    int rc, e = 0;
+
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    rc = getaddrinfo(any ? NULL : t->host, t->port, &hints, &res);
+    if (rc != 0) {
+        ccq_boot_err(err, "bootstrap %s: cannot resolve %s: %s", t->spec, t->host,
+                     gai_strerror(rc));
+        return CCQ_ERR_INVALID_ARGUMENT;
+    }
+    for (ai = res; ai != NULL; ai = ai->ai_next) {
+        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
+                        ai->ai_protocol),
+            one = 1;
+        if (fd < 0) {
+            e = errno;
+            continue;
+        }
+        /* Rebind at once after an earlier runtime's server (its connections in TIME_WAIT). */
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 1024) == 0) {
+            t->listen_fd = fd;
+            break;
+        }
+        e = errno;
+        close(fd);
+    }
+    freeaddrinfo(res);
+    if (t->listen_fd < 0) {
+        ccq_boot_err(err, "bootstrap %s: process 0 cannot serve the rendezvous at %s:%s: %s%s",
+                     t->spec, t->host, t->port, strerror(e),
+                     e == EADDRINUSE ? " (another job, an earlier runtime, or torch.distributed's "
+                                       "store on MASTER_PORT: give ccq a port of its own with "
+                                       "CCQ_BOOTSTRAP=tcp://HOST:PORT)"
+                                     : "");
+        return CCQ_ERR_BACKEND;
+    }
+    t->srv = ccq_tcp_server_new(t->job, t->size, t->gen, &t->lim);
+    t->srv_fd = malloc(t->lim.conns_max * sizeof *t->srv_fd);
+    if (t->srv == NULL || t->srv_fd == NULL) {
+        ccq_boot_err(err, "bootstrap: out of memory");
+        return CCQ_ERR_NO_MEMORY;
+    }
+    for (uint32_t i = 0; i < t->lim.conns_max; i++)
+        t->srv_fd[i] = -1;
+    /* It connects to itself like everyone else: on loopback when it serves every interface. */
+    if (any)
+        snprintf(t->host, sizeof t->host, "127.0.0.1");
+    return CCQ_OK;
+}
+
+ccq_status ccq_boot_tcp_open(ccq_boot *b, const char *spec, ccq_errbuf *err)
+{
+    tcp_boot *t = calloc(1, sizeof *t);
+    ccq_status st;
+
+    if (t == NULL) {
+        ccq_boot_err(err, "bootstrap: out of memory");
+        return CCQ_ERR_NO_MEMORY;
+    }
+    t->fd = t->listen_fd = t->wake[0] = t->wake[1] = -1;
+    t->rank = b->rank;
+    t->size = b->size;
+    t->gen = b->gen;
+    t->nonce = b->nonce;
+    t->retry_ns = RETRY_NS;
+    snprintf(t->job, sizeof t->job, "%s", b->job);
+    snprintf(t->spec, sizeof t->spec, "tcp://%.280s", spec);
+    ccq_tcp_default_limits(&t->lim, b->size);
+    pthread_mutex_init(&t->mu, NULL);
+    t->peer = calloc(b->size, 1);
+    t->reported = calloc(b->size, 1);
+    t->beats = calloc(b->size, sizeof *t->beats);
+    st = parse_spec(spec, t->host, sizeof t->host, t->port, sizeof t->port, err);
+    if (st == CCQ_OK && (t->peer == NULL || t->reported == NULL || t->beats == NULL)) {
+        ccq_boot_err(err, "bootstrap: out of memory");
+        st = CCQ_ERR_NO_MEMORY;
+    }
+    if (st == CCQ_OK && strcmp(t->host, "*") == 0 && b->rank != 0) {
+        ccq_boot_err(err,
+                     "bootstrap %s: \"*\" says where process 0 listens; the others need its "
+                     "address (give every process other than 0 tcp://ADDRESS_OF_0:%s)",
+                     t->spec, t->port);
+        st = CCQ_ERR_INVALID_ARGUMENT;
+    }
+    if (st == CCQ_OK && pipe2(t->wake, O_CLOEXEC | O_NONBLOCK) != 0) {
+        ccq_boot_err(err, "bootstrap: pipe: %s", strerror(errno));
+        st = CCQ_ERR_BACKEND;
+    }
+    if (st == CCQ_OK && b->rank == 0)
+        st = serve(t, err);
+    if (st == CCQ_OK) {
+        b->mech = &tcp_mech;
+        b->impl = t;
+        if (pthread_create(&t->thread, NULL, io_main, t) != 0) {
+            ccq_boot_err(err, "bootstrap: cannot start its I/O thread");
+            st = CCQ_ERR_NO_MEMORY;
+        } else {
+            t->thread_started = true;
+        }
+    }
+    if (st != CCQ_OK) {
+        b->mech = NULL;
+        b->impl = NULL;
+        if (t->listen_fd >= 0)
+            close(t->listen_fd);
+        if (t->wake[0] >= 0) {
+            close(t->wake[0]);
+            close(t->wake[1]);
+        }
+        ccq_tcp_server_free(t->srv);
+        free(t->srv_fd);
+        free(t->peer);
+        free(t->reported);
+        free(t->beats);
+        pthread_mutex_destroy(&t->mu);
+        free(t);
+        return st;
+    }
+    return CCQ_OK;
+}

@@ -1,0 +1,718 @@
+/* The tcp:// bootstrap (runtime/boot/tcp.c) with forked processes on loopback: worlds of 1 to
+ * 4 processes, subsets, a second runtime after the first (generations), rank 0 on every
+ * interface ("*"); what it refuses: another job's process, another world size, a duplicate
+ * rank, bad specs, a port in use; raw clients that send garbage, another protocol version,
+ * an oversized frame, half a frame and then nothing, or nothing at all, while real processes
+ * keep exchanging; peers' states (LOST when a process dies, LEFT when it closes, rank 0's
+ * death seen by everyone). The server's logic alone (tcp_server.c, no sockets): records
+ * forgotten once delivered, its memory bounded.
+ *
+ * Forks happen before the parent starts any thread; children report by exit status. Ports
+ * come from the kernel (an ephemeral port, bound and released) so parallel tests never
+ * share one. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "runtime/boot/boot_impl.h"
+#include "runtime/boot/bootstrap.h"
+#include "runtime/boot/tcp_proto.h"
+#include "procs.h"
+
+#define MAXP 8
+
+#define CHILD_CHECK(cond, ...)                                                                     \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "child %d: %s:%d: ", (int)getpid(), __FILE__, __LINE__);               \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+            return 1;                                                                              \
+        }                                                                                          \
+    } while (0)
+
+static uint64_t deadline_ms(uint64_t ms)
+{
+    return ccq_boot_now_ns() + ms * 1000000ull;
+}
+
+static void sleep_ms(unsigned ms)
+{
+    struct timespec t = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+    nanosleep(&t, NULL);
+}
+
+/* A port nobody uses right now. */
+static unsigned free_port(void)
+{
+    struct sockaddr_in a;
+    socklen_t l = sizeof a;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &l), 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+/* Fork n children (procs.h); how many did not exit 0 (killed after 60 s). */
+static int run_procs(unsigned n, procs_fn fn, void *arg)
+{
+    int status[MAXP];
+    return procs_run(n, fn, arg, 60, status);
+}
+
+static char spec[64];
+
+static ccq_status open_tcp(uint32_t rank, uint32_t size, ccq_boot **b, ccq_errbuf *err)
+{
+    return ccq_boot_open(spec, NULL, -1, rank, size, b, err);
+}
+
+static uint64_t value_of(uint32_t rank, uint32_t round)
+{
+    return 0x1000000ull * round + 977ull * rank + 5;
+}
+
+/* ---- worlds ------------------------------------------------------------------------------- */
+
+static int world_child(unsigned rank, unsigned size, void *arg)
+{
+    ccq_boot *b;
+    ccq_errbuf err = {{0}};
+    uint32_t all[MAXP], sub[2] = {0, size - 1};
+    uint64_t mine = value_of(rank, 1), out[MAXP];
+    ccq_status st;
+    int gens = arg != NULL ? *(int *)arg : 1;
+
+    for (uint32_t p = 0; p < size; p++)
+        all[p] = p;
+    for (int g = 0; g < gens; g++) {
+        st = open_tcp(rank, size, &b, &err);
+        CHILD_CHECK(st == CCQ_OK, "open: %s", err.msg);
+        CHILD_CHECK(strncmp(ccq_boot_name(b), "tcp://", 6) == 0, "name %s", ccq_boot_name(b));
+        mine = value_of(rank, 1 + (uint32_t)g);
+        st = ccq_boot_exchange(b, "world", all, size, &mine, sizeof mine, out, deadline_ms(20000),
+                               &err);
+        CHILD_CHECK(st == CCQ_OK, "world: %s: %s", ccq_status_name(st), err.msg);
+        for (uint32_t p = 0; p < size; p++)
+            CHILD_CHECK(out[p] == value_of(p, 1 + (uint32_t)g), "world out[%u]", p);
+        /* The first and the last process alone; the others meanwhile nothing. */
+        if (size > 1 && (rank == 0 || rank == size - 1)) {
+            mine = value_of(rank, 50);
+            st = ccq_boot_exchange(b, "ends", sub, 2, &mine, sizeof mine, out, deadline_ms(20000),
+                                   &err);
+            CHILD_CHECK(st == CCQ_OK && out[0] == value_of(0, 50) &&
+                            out[1] == value_of(size - 1, 50),
+                        "ends: %s", err.msg);
+        }
+        /* A larger record (a UCX worker address is a few hundred bytes; allow for more). */
+        {
+            static unsigned char big[MAXP][5000];
+            unsigned char me[5000];
+            memset(me, (int)rank + 1, sizeof me);
+            st = ccq_boot_exchange(b, "big", all, size, me, sizeof me, big, deadline_ms(20000),
+                                   &err);
+            CHILD_CHECK(st == CCQ_OK, "big: %s", err.msg);
+            for (uint32_t p = 0; p < size; p++)
+                CHILD_CHECK(big[p][0] == p + 1 && big[p][4999] == p + 1, "big[%u]", p);
+        }
+        for (uint32_t p = 0; p < size; p++)
+            CHILD_CHECK(ccq_boot_peer_state(b, p) != CCQ_BOOT_PEER_LOST, "peer %u lost", p);
+        ccq_boot_close(b);
+    }
+    return 0;
+}
+
+static void test_tcp_worlds(void **state)
+{
+    int two = 2;
+    (void)state;
+    for (uint32_t n = 1; n <= 4; n++) {
+        snprintf(spec, sizeof spec, "tcp://127.0.0.1:%u", free_port());
+        assert_int_equal(run_procs(n, world_child, NULL), 0);
+    }
+    /* A second bootstrap after the first in every process (generation 1 meets generation 1),
+     * process 0 serving every interface. */
+    snprintf(spec, sizeof spec, "tcp://127.0.0.1:%u", free_port());
+    assert_int_equal(run_procs(3, world_child, &two), 0);
+}
+
+/* Process 0 on "*", the others on its address. */
+static int any_child(unsigned rank, unsigned size, void *arg)
+{
+    char s[64];
+    ccq_boot *b;
+    ccq_errbuf err = {{0}};
+    uint32_t all[2] = {0, 1};
+    uint64_t mine = rank, out[2];
+    unsigned port = *(unsigned *)arg;
+    snprintf(s, sizeof s, rank == 0 ? "tcp://*:%u" : "tcp://127.0.0.1:%u", port);
+    CHILD_CHECK(ccq_boot_open(s, NULL, -1, rank, size, &b, &err) == CCQ_OK, "open: %s", err.msg);
+    CHILD_CHECK(ccq_boot_exchange(b, "w", all, 2, &mine, 8, out, deadline_ms(20000), &err) ==
+                        CCQ_OK &&
+                    out[0] == 0 && out[1] == 1,
+                "w: %s", err.msg);
+    ccq_boot_close(b);
+    return 0;
+}
+
+static void test_tcp_any_interface(void **state)
+{
+    unsigned port = free_port();
+    (void)state;
+    assert_int_equal(run_procs(2, any_child, &port), 0);
+}
+
+/* ---- refusals ----------------------------------------------------------------------------- */
+
+/* Rank 1 of another job comes first (and is refused, for good), then the real one. */
+static int job_child(unsigned rank, unsigned size, void *arg)
+{
+    ccq_boot *b;
+    ccq_errbuf err = {{0}};
+    uint32_t all[2] = {0, 1};
+    uint64_t mine = rank, out[2];
+    ccq_status st;
+    (void)arg;
+    size = 2;        /* a world of 2, and a third process: */
+    if (rank == 2) { /* the impostor: rank 1 of job "other" */
+        setenv("CCQ_JOB_ID", "other", 1);
+        CHILD_CHECK(open_tcp(1, size, &b, &err) == CCQ_OK, "open: %s", err.msg);
+        st = ccq_boot_exchange(b, "w", all, 2, &mine, 8, out, deadline_ms(10000), &err);
+        CHILD_CHECK(st == CCQ_ERR_BACKEND && strstr(err.msg, "another job") != NULL &&
+                        strstr(err.msg, "\"other\"") != NULL,
+                    "impostor: %s: %s", ccq_status_name(st), err.msg);
+        ccq_boot_close(b);
+        return 0;
+    }
+    if (rank == 1)
+        sleep_ms(500); /* after the impostor */
+    setenv("CCQ_JOB_ID", "mine", 1);
+    CHILD_CHECK(open_tcp(rank, size, &b, &err) == CCQ_OK, "open: %s", err.msg);
+    st = ccq_boot_exchange(b, "w", all, 2, &mine, 8, out, deadline_ms(20000), &err);
+    CHILD_CHECK(st == CCQ_OK && out[0] == 0 && out[1] == 1, "w: %s: %s", ccq_status_name(st),
+                err.msg);
+    ccq_boot_close(b);
+    return 0;
+}
+
+/* A process that thinks the world has 3 processes. */
+static int size_child(unsigned rank, unsigned size, void *arg)
+{
+    ccq_boot *b;
+    ccq_errbuf err = {{0}};
+    uint32_t all[3] = {0, 1, 2};
+    uint64_t mine = rank, out[3];
+    ccq_status st;
+    (void)arg;
+    (void)size;
+    if (rank == 1) {
+        CHILD_CHECK(open_tcp(1, 3, &b, &err) == CCQ_OK, "open: %s", err.msg);
+        st = ccq_boot_exchange(b, "w", all, 3, &mine, 8, out, deadline_ms(10000), &err);
+        CHILD_CHECK(st == CCQ_ERR_INVALID_ARGUMENT && strstr(err.msg, "world_size 3") != NULL,
+                    "%s: %s", ccq_status_name(st), err.msg);
+        ccq_boot_close(b);
+        return 0;
+    }
+    CHILD_CHECK(open_tcp(0, 2, &b, &err) == CCQ_OK, "open: %s", err.msg);
+    sleep_ms(1500); /* serve a while, then leave */
+    ccq_boot_close(b);
+    return 0;
+}
+
+static void test_tcp_refusals(void **state)
+{
+    ccq_boot *b = NULL;
+    ccq_errbuf err = {{0}};
+    int fd;
+    struct sockaddr_in a;
+    (void)state;
+
+    snprintf(spec, sizeof spec, "tcp://127.0.0.1:%u", free_port());
+    assert_int_equal(run_procs(3, job_child, NULL), 0);
+    snprintf(spec, sizeof spec, "tcp://127.0.0.1:%u", free_port());
+    assert_int_equal(run_procs(2, size_child, NULL), 0);
+
+    /* Specs. */
+    const char *bad[] = {"tcp://",           "tcp://host", "tcp://host:",   "tcp://host:0",
+                         "tcp://host:65536", "tcp://:80",  "tcp://[::1:80", "tcp://host:12x"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(ccq_boot_open(bad[i], NULL, -1, 0, 2, &b, &err), CCQ_ERR_INVALID_ARGUMENT);
+        assert_non_null(strstr(err.msg, "expected tcp://HOST:PORT"));
+        assert_null(b);
+    }
+    /* "*" is where process 0 listens: the others need its address. */
+    assert_int_equal(ccq_boot_open("tcp://*:4000", NULL, -1, 1, 2, &b, &err),
+                     CCQ_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(err.msg, "ADDRESS_OF_0"));
+    /* A port in use: process 0 says so, with what to do. */
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(fd, 1), 0);
+    {
+        socklen_t l = sizeof a;
+        char s[64];
+        getsockname(fd, (struct sockaddr *)&a, &l);
+        snprintf(s, sizeof s, "tcp://127.0.0.1:%u", ntohs(a.sin_port));
+        assert_int_equal(ccq_boot_open(s, NULL, -1, 0, 2, &b, &err), CCQ_ERR_BACKEND);
+        assert_non_null(strstr(err.msg, "Address already in use"));
+        assert_non_null(strstr(err.msg, "CCQ_BOOTSTRAP"));
+    }
+    close(fd);
+}
+
+/* ---- hostile clients ---------------------------------------------------------------------- */
+
+/* A raw connection to the rendezvous at spec's port. */
+static int raw_connect(void)
+{
+    unsigned port = (unsigned)atoi(strrchr(spec, ':') + 1);
+    struct sockaddr_in a;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    for (int k = 0; k < 200 && connect(fd, (struct sockaddr *)&a, sizeof a) != 0; k++) {
+        close(fd);
+        sleep_ms(20);
+        fd = socket(AF_INET, SOCK_STREAM, 0);
+    }
+    return fd;
+}
+
+/* Read until the server closes the connection (or 5 s): what it said. */
+static size_t read_all(int fd, char *buf, size_t cap)
+{
+    size_t n = 0;
+    struct timeval tv = {5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    while (n + 1 < cap) {
+        ssize_t k = recv(fd, buf + n, cap - 1 - n, 0);
+        if (k <= 0)
+            break;
+        n += (size_t)k;
+    }
+    buf[n] = '\0';
+    for (size_t i = 0; i < n; i++) /* the frame's binary header, for strstr */
+        if (buf[i] == '\0')
+            buf[i] = ' ';
+    return n;
+}
+
+static void frame(int fd, uint16_t type, uint16_t version, uint32_t len, const void *p, size_t plen)
+{
+    uint8_t h[12];
+    uint32_t magic = CCQ_TCP_MAGIC;
+    memcpy(h, &magic, 4);
+    memcpy(h + 4, &version, 2);
+    memcpy(h + 6, &type, 2);
+    memcpy(h + 8, &len, 4);
+    assert_int_equal(send(fd, h, 12, 0), 12);
+    if (plen)
+        assert_int_equal(send(fd, p, plen, 0), (ssize_t)plen);
+}
+
+/* Ranks 0 and 1 exchange repeatedly while the parent attacks the server. */
+static int steady_child(unsigned rank, unsigned size, void *arg)
+{
+    ccq_boot *b;
+    ccq_errbuf err = {{0}};
+    uint32_t all[2] = {0, 1};
+    (void)arg;
+    CHILD_CHECK(open_tcp(rank, size, &b, &err) == CCQ_OK, "open: %s", err.msg);
+    for (uint32_t round = 0; round < 30; round++) {
+        char tag[32];
+        uint64_t mine = value_of(rank, round), out[2];
+        snprintf(tag, sizeof tag, "round/%u", round);
+        ccq_status st = ccq_boot_exchange(b, tag, all, 2, &mine, 8, out, deadline_ms(20000), &err);
+        CHILD_CHECK(st == CCQ_OK && out[0] == value_of(0, round) && out[1] == value_of(1, round),
+                    "%s: %s", tag, err.msg);
+        sleep_ms(50);
+    }
+    ccq_boot_close(b);
+    return 0;
+}
+
+static void test_tcp_hostile_clients(void **state)
+{
+    pid_t pid[2];
+    char got[4096];
+    int fd, ws;
+    (void)state;
+
+    setenv("CCQ_TCP_STALL_MS", "300", 1); /* inherited by the server's process */
+    setenv("CCQ_JOB_ID", "hostile", 1);
+    snprintf(spec, sizeof spec, "tcp://127.0.0.1:%u", free_port());
+    fflush(NULL);
+    for (int r = 0; r < 2; r++)
+        if ((pid[r] = fork()) == 0) {
+            alarm(60);
+            _exit(steady_child((uint32_t)r, 2, NULL));
+        }
+
+    /* Not this protocol at all. */
+    fd = raw_connect();
+    assert_int_equal(send(fd, "GET / HTTP/1.0\r\n\r\n", 18, 0), 18);
+    read_all(fd, got, sizeof got);
+    assert_non_null(strstr(got, "not the ccq rendezvous protocol"));
+    close(fd);
+    /* Another version of it. */
+    fd = raw_connect();
+    frame(fd, CCQ_TCP_HELLO, 99, 0, NULL, 0);
+    read_all(fd, got, sizeof got);
+    assert_non_null(strstr(got, "version 99"));
+    close(fd);
+    /* A frame far beyond any record. */
+    fd = raw_connect();
+    frame(fd, CCQ_TCP_PUT, CCQ_TCP_VERSION, 0x7fffffffu, NULL, 0);
+    read_all(fd, got, sizeof got);
+    assert_non_null(strstr(got, "a frame of 2147483647 bytes"));
+    close(fd);
+    /* A malformed HELLO, and a PUT before any HELLO. */
+    fd = raw_connect();
+    frame(fd, CCQ_TCP_HELLO, CCQ_TCP_VERSION, 3, "abc", 3);
+    read_all(fd, got, sizeof got);
+    assert_non_null(strstr(got, "malformed HELLO"));
+    close(fd);
+    fd = raw_connect();
+    frame(fd, CCQ_TCP_GET, CCQ_TCP_VERSION, 4, "\2\0ab", 4);
+    read_all(fd, got, sizeof got);
+    assert_non_null(strstr(got, "HELLO first"));
+    close(fd);
+    /* A duplicate of rank 1 (whose real process is connected). */
+    sleep_ms(300);
+    {
+        uint8_t h[24 + 7];
+        uint32_t v[4] = {1, 2, 0, 0};
+        uint64_t nonce = 7;
+        const char *job = "hostile";
+        size_t jl = strlen(job) < 7 ? strlen(job) : 7;
+        memcpy(h, v, 16);
+        memcpy(h + 16, &nonce, 8);
+        memcpy(h + 24, job, jl);
+        fd = raw_connect();
+        frame(fd, CCQ_TCP_HELLO, CCQ_TCP_VERSION, (uint32_t)(24 + jl), h, 24 + jl);
+        read_all(fd, got, sizeof got);
+        assert_non_null(strstr(got, "connected already"));
+        close(fd);
+    }
+    /* Half a frame, then silence; and a connection that never says anything: both dropped
+     * after CCQ_TCP_STALL_MS (the read ends with the server's close, well before 5 s). */
+    {
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        fd = raw_connect();
+        assert_int_equal(send(fd, "CCQT", 4, 0), 4);
+        read_all(fd, got, sizeof got);
+        close(fd);
+        fd = raw_connect();
+        read_all(fd, got, sizeof got);
+        close(fd);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        assert_true(t1.tv_sec - t0.tv_sec < 4);
+    }
+    unsetenv("CCQ_TCP_STALL_MS");
+    unsetenv("CCQ_JOB_ID");
+    /* Meanwhile the real processes kept exchanging. */
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(waitpid(pid[r], &ws, 0), pid[r]);
+        assert_true(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+    }
+}
+
+/* ---- peers' states ------------------------------------------------------------------------ */
+
+typedef struct seen {
+    int lost[MAXP], left[MAXP];
+} seen;
+
+static void watcher(void *arg, uint32_t rank, ccq_boot_peer st)
+{
+    seen *s = arg;
+    if (rank < MAXP && st == CCQ_BOOT_PEER_LOST)
+        s->lost[rank]++;
+    if (rank < MAXP && st == CCQ_BOOT_PEER_LEFT)
+        s->left[rank]++;
+}
+
+/* Wait until rank q's latest heartbeat record is `want` (job health's records). */
+static bool beat_is(ccq_boot *b, uint32_t q, const char *want)
+{
+    for (int k = 0; k < 500; k++) {
+        void *rec = NULL;
+        size_t len = 0;
+        ccq_errbuf err = {{0}};
+        ccq_status st = ccq_boot_beat_fetch(b, q, &rec, &len, &err);
+        bool same = st == CCQ_OK && len == strlen(want) + 1 && memcmp(rec, want, len) == 0;
+        free(rec);
+        if (same)
+            return true;
+        sleep_ms(10);
+    }
+    return false;
+}
+
+/* Rank 1 dies without closing; rank 2 closes cleanly; ranks 0 and 3 watch. Each publishes a
+ * heartbeat record first: every other process reads it, also after its writer went. */
+static int peers_child(unsigned rank, unsigned size, void *arg)
+{
+    ccq_boot *b;
+    ccq_errbuf err = {{0}};
+    uint32_t all[4] = {0, 1, 2, 3}, two[2] = {0, 3}, closed[4];
+    uint64_t mine = rank, out[4];
+    char beat[32];
+    static seen s;
+    (void)arg;
+    CHILD_CHECK(open_tcp(rank, size, &b, &err) == CCQ_OK, "open: %s", err.msg);
+    CHILD_CHECK(ccq_boot_watch_peers(b, watcher, &s) == CCQ_OK, "watch");
+    CHILD_CHECK(ccq_boot_has_heartbeats(b), "tcp carries heartbeats");
+    snprintf(beat, sizeof beat, "beat %u.1", rank);
+    CHILD_CHECK(ccq_boot_beat_publish(b, beat, strlen(beat) + 1, &err) == CCQ_OK, "beat: %s",
+                err.msg);
+    for (uint32_t q = 0; q < size; q++) {
+        char want[32];
+        snprintf(want, sizeof want, "beat %u.1", q);
+        CHILD_CHECK(q == rank || beat_is(b, q, want), "process %u's beat not read", q);
+    }
+    CHILD_CHECK(ccq_boot_exchange(b, "w", all, 4, &mine, 8, out, deadline_ms(20000), &err) ==
+                    CCQ_OK,
+                "w: %s", err.msg);
+    if (rank == 1)
+        _exit(0); /* gone, without a goodbye */
+    if (rank == 2) {
+        sleep_ms(300);
+        ccq_boot_close(b);
+        return 0;
+    }
+    for (int k = 0; k < 500 && (ccq_boot_peer_state(b, 1) != CCQ_BOOT_PEER_LOST ||
+                                ccq_boot_peer_state(b, 2) != CCQ_BOOT_PEER_LEFT);
+         k++)
+        sleep_ms(10);
+    CHILD_CHECK(ccq_boot_peer_state(b, 1) == CCQ_BOOT_PEER_LOST, "1: %d",
+                ccq_boot_peer_state(b, 1));
+    CHILD_CHECK(ccq_boot_peer_state(b, 2) == CCQ_BOOT_PEER_LEFT, "2: %d",
+                ccq_boot_peer_state(b, 2));
+    CHILD_CHECK(s.lost[1] == 1 && s.left[2] == 1 && s.lost[2] == 0, "watcher: %d %d %d", s.lost[1],
+                s.left[2], s.lost[2]);
+    /* Job health's closed connections: the lost one, once; not the one that left. */
+    CHILD_CHECK(ccq_boot_closed_peers(b, closed, 4) == 1 && closed[0] == 1, "closed: 1");
+    CHILD_CHECK(ccq_boot_closed_peers(b, closed, 4) == 0, "closed: reported once");
+    /* The last records of those gone stay readable; a new beat replaces the old one. */
+    CHILD_CHECK(beat_is(b, 1, "beat 1.1") && beat_is(b, 2, "beat 2.1"), "last beats");
+    snprintf(beat, sizeof beat, "beat %u.2", rank);
+    CHILD_CHECK(ccq_boot_beat_publish(b, beat, strlen(beat) + 1, &err) == CCQ_OK, "beat: %s",
+                err.msg);
+    CHILD_CHECK(beat_is(b, 3 - rank, rank == 0 ? "beat 3.2" : "beat 0.2"), "second beat");
+    /* The survivors still meet. */
+    mine = rank + 100;
+    CHILD_CHECK(ccq_boot_exchange(b, "after", two, 2, &mine, 8, out, deadline_ms(20000), &err) ==
+                        CCQ_OK &&
+                    out[0] == 100 && out[1] == 103,
+                "after: %s", err.msg);
+    if (rank == 0) {
+        sleep_ms(300); /* let rank 3 see everything above first */
+        _exit(0);      /* process 0 dies: rank 3 learns it */
+    }
+    for (int k = 0; k < 500 && ccq_boot_peer_state(b, 0) != CCQ_BOOT_PEER_LOST; k++)
+        sleep_ms(10);
+    CHILD_CHECK(ccq_boot_peer_state(b, 0) == CCQ_BOOT_PEER_LOST, "0: %d",
+                ccq_boot_peer_state(b, 0));
+    CHILD_CHECK(ccq_boot_closed_peers(b, closed, 4) == 1 && closed[0] == 0, "closed: 0");
+    /* An exchange needing the rendezvous now fails at once, saying why. */
+    {
+        uint32_t only[2] = {2, 3};
+        ccq_status st =
+            ccq_boot_exchange(b, "late", only, 2, &mine, 8, out, deadline_ms(5000), &err);
+        CHILD_CHECK(st == CCQ_ERR_BACKEND && strstr(err.msg, "closed the connection") != NULL,
+                    "late: %s: %s", ccq_status_name(st), err.msg);
+    }
+    ccq_boot_close(b);
+    return 0;
+}
+
+static void test_tcp_peers(void **state)
+{
+    (void)state;
+    snprintf(spec, sizeof spec, "tcp://127.0.0.1:%u", free_port());
+    assert_int_equal(run_procs(4, peers_child, NULL), 0);
+}
+
+/* ---- the server's logic alone ----------------------------------------------------------- */
+
+static void put_hello(ccq_tcp_server *s, int id, uint32_t rank)
+{
+    ccq_tcp_buf b = {0};
+    uint32_t v[4] = {rank, 3, 0, 0};
+    uint64_t nonce = rank + 1;
+    ccq_tcp_put_frame(&b, SIZE_MAX, CCQ_TCP_HELLO, v, 16, &nonce, 8, "job", 3);
+    assert_true(ccq_tcp_server_input(s, id, b.p, b.len, 1));
+    ccq_tcp_buf_free(&b);
+}
+
+static void put_record(ccq_tcp_server *s, int id, uint32_t rank, const char *tag, size_t len)
+{
+    ccq_tcp_buf b = {0};
+    uint16_t tl = (uint16_t)strlen(tag);
+    size_t rl = sizeof(ccq_boot_hdr) + tl + len;
+    uint8_t *rec = calloc(1, rl);
+    ccq_boot_hdr h;
+    memset(&h, 0, sizeof h);
+    h.magic = CCQ_BOOT_MAGIC;
+    h.version = CCQ_BOOT_VERSION;
+    h.hdr_size = sizeof h;
+    h.world_size = 3;
+    h.rank = rank;
+    h.nmembers = 3;
+    h.tag_len = tl;
+    h.len = len;
+    memcpy(rec, &h, sizeof h);
+    memcpy(rec + sizeof h, tag, tl);
+    ccq_tcp_put_frame(&b, SIZE_MAX, CCQ_TCP_PUT, &tl, 2, tag, tl, rec, rl);
+    ccq_tcp_put_frame(&b, SIZE_MAX, CCQ_TCP_GET, &tl, 2, tag, tl, NULL, 0);
+    assert_true(ccq_tcp_server_input(s, id, b.p, b.len, 2));
+    ccq_tcp_buf_free(&b);
+    free(rec);
+}
+
+static void drain(ccq_tcp_server *s, int id)
+{
+    const uint8_t *p;
+    size_t len;
+    ccq_tcp_server_output(s, id, &p, &len);
+    ccq_tcp_server_sent(s, id, len, 3);
+}
+
+static void test_tcp_server_memory(void **state)
+{
+    ccq_tcp_limits lim;
+    ccq_tcp_server *s;
+    int id[3];
+    (void)state;
+
+    ccq_tcp_default_limits(&lim, 3);
+    lim.mem_max = 1u << 20;
+    s = ccq_tcp_server_new("job", 3, 0, &lim);
+    assert_non_null(s);
+    for (uint32_t r = 0; r < 3; r++) {
+        id[r] = ccq_tcp_server_open(s, 0);
+        put_hello(s, id[r], r);
+    }
+    /* Exchanges every member finished with are forgotten: the memory comes back. */
+    for (int k = 0; k < 100; k++) {
+        char tag[32];
+        snprintf(tag, sizeof tag, "x/%d", k);
+        for (uint32_t r = 0; r < 3; r++)
+            put_record(s, id[r], r, tag, 4000);
+        for (uint32_t r = 0; r < 3; r++)
+            drain(s, id[r]);
+    }
+    size_t after = ccq_tcp_server_memory(s);
+    assert_true(after < 3 * 64 * 1024); /* buffers' capacity only, no records */
+    /* Records nobody takes hit the memory bound and are refused, not kept. */
+    for (int k = 0; k < 1000; k++) {
+        char tag[32];
+        snprintf(tag, sizeof tag, "held/%d", k);
+        put_record(s, id[0], 0, tag, 4000);
+        drain(s, id[0]);
+    }
+    assert_true(ccq_tcp_server_memory(s) < lim.mem_max + 3 * 64 * 1024);
+    /* A process that goes: the others hear it. */
+    ccq_tcp_server_closed(s, id[2], 4);
+    {
+        const uint8_t *p;
+        size_t len;
+        ccq_tcp_server_output(s, id[1], &p, &len);
+        assert_true(len >= 12 + 8); /* a PEER frame */
+    }
+    ccq_tcp_server_free(s);
+}
+
+/* Heartbeats through the server: each process's latest goes to every other one; a reader
+ * that does not read is sent only the newest of each (its queue stays one frame per process);
+ * the records are bounded like the others. */
+static void test_tcp_server_beats(void **state)
+{
+    ccq_tcp_limits lim;
+    ccq_tcp_server *s;
+    int id[3];
+    uint8_t rec[1000];
+    const uint8_t *p;
+    size_t len, held;
+    (void)state;
+
+    ccq_tcp_default_limits(&lim, 3);
+    s = ccq_tcp_server_new("job", 3, 0, &lim);
+    assert_non_null(s);
+    for (uint32_t r = 0; r < 3; r++) {
+        id[r] = ccq_tcp_server_open(s, 0);
+        put_hello(s, id[r], r);
+        drain(s, id[r]);
+    }
+    held = ccq_tcp_server_memory(s);
+    for (int k = 0; k < 1000; k++) {
+        ccq_tcp_buf b = {0};
+        memset(rec, k & 0xff, sizeof rec);
+        ccq_tcp_put_frame(&b, SIZE_MAX, CCQ_TCP_BEAT, rec, sizeof rec, NULL, 0, NULL, 0);
+        assert_true(ccq_tcp_server_input(s, id[0], b.p, b.len, 2));
+        ccq_tcp_buf_free(&b);
+        drain(s, id[1]); /* process 1 reads; process 2 does not */
+    }
+    /* Process 2 holds the first beat queued and the newest due, nothing more. */
+    ccq_tcp_server_output(s, id[2], &p, &len);
+    assert_int_equal(len, 12 + 4 + sizeof rec);
+    assert_int_equal(p[12 + 4], 0); /* the first beat */
+    ccq_tcp_server_sent(s, id[2], len, 3);
+    ccq_tcp_server_output(s, id[2], &p, &len);
+    assert_int_equal(len, 12 + 4 + sizeof rec);
+    assert_int_equal(p[12 + 4], 999 & 0xff); /* then the newest */
+    ccq_tcp_server_sent(s, id[2], len, 3);
+    ccq_tcp_server_output(s, id[2], &p, &len);
+    assert_int_equal(len, 0);
+    /* The server holds one record per process (and the buffers it had). */
+    assert_true(ccq_tcp_server_memory(s) <= held + sizeof rec + 64 * 1024);
+    /* A process that went cannot come back as the same world rank (a restarted process joins
+     * a new job). */
+    ccq_tcp_server_closed(s, id[2], 4);
+    {
+        ccq_tcp_buf b = {0};
+        uint32_t v[4] = {2, 3, 0, 0};
+        uint64_t nonce = 9;
+        id[2] = ccq_tcp_server_open(s, 5);
+        ccq_tcp_put_frame(&b, SIZE_MAX, CCQ_TCP_HELLO, v, 16, &nonce, 8, "job", 3);
+        assert_false(ccq_tcp_server_input(s, id[2], b.p, b.len, 5));
+        ccq_tcp_buf_free(&b);
+        ccq_tcp_server_output(s, id[2], &p, &len);
+        assert_true(len > 12 && memmem(p, len, "was here", 8) != NULL);
+    }
+    ccq_tcp_server_free(s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tcp_worlds),       cmocka_unit_test(test_tcp_any_interface),
+        cmocka_unit_test(test_tcp_refusals),     cmocka_unit_test(test_tcp_hostile_clients),
+        cmocka_unit_test(test_tcp_peers),        cmocka_unit_test(test_tcp_server_memory),
+        cmocka_unit_test(test_tcp_server_beats),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,396 @@
+/* The host backend's UCX engine across processes, what only it promises, run by tests/launch
+ * (plain processes; CCQ_BOOTSTRAP tcp:// or file:), every process with 3 host devices:
+ *
+ *   test_host_ucx [mismatch]   processes that disagree on an operation's count, dtype, op,
+ *                              root, kind (and a send/recv pair on its count) all fail it with
+ *                              CCQ_ERR_MISMATCH naming the disagreeing process and the field
+ *                              (a process that had already completed its part fails its next
+ *                              operation on that communicator with it), and no user buffer of
+ *                              a failed operation is written; results are the same bits in
+ *                              every process and in every run, float sums whose order matters
+ *                              included (recursive doubling and the pipelined ring).
+ *   test_host_ucx kill         the last process is killed mid-job (SIGKILL): the others' next
+ *                              operation with it fails well before timeout_ms, naming it, and a
+ *                              communicator without it keeps working.
+ *   test_host_ucx stop         the last process stops submitting and stays: the others' next
+ *                              operation with it times out (CCQ_ERR_TIMEOUT naming it), a
+ *                              communicator without it keeps working.
+ */
+#include <inttypes.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ccq.h"
+
+#define NDEV 3
+
+static uint32_t wrank, wsize;
+static ccq_device_id first;
+
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "process %u: line %d: ", wrank, __LINE__);                             \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, " (%s)\n", ccq_last_error_detail());                                   \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static uint64_t now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000u + (uint64_t)t.tv_nsec / 1000000u;
+}
+
+/* A communicator of one device of every process, digit p of `pick` (base NDEV) choosing
+ * process p's: NDEV^P distinct sets, so every case gets a communicator of its own. */
+static uint32_t set_of(uint32_t pick, ccq_device_id *set)
+{
+    for (uint32_t p = 0; p < wsize; p++, pick /= NDEV)
+        set[p] = p * NDEV + pick % NDEV;
+    return wsize;
+}
+
+typedef struct mcase {
+    const char *field;
+    ccq_kind kind[2]; /* [0]: everyone else's, [1]: process 1's */
+    size_t count[2];
+    ccq_dtype dtype[2];
+    ccq_reduce_op op[2];
+    uint32_t root[2]; /* index into the set */
+} mcase;
+
+static ccq_status submit(ccq_runtime *rt, ccq_kind kind, ccq_device_id dev, void *src, void *dst,
+                         size_t count, ccq_dtype dt, ccq_reduce_op op, ccq_device_id root,
+                         const ccq_device_id *set, uint32_t n)
+{
+    switch (kind) {
+    case CCQ_KIND_ALL_REDUCE:
+        return ccq_all_reduce(rt, dev, 0, src, dst, count, dt, op, set, n);
+    case CCQ_KIND_REDUCE:
+        return ccq_reduce(rt, dev, 0, src, dst, count, dt, op, root, set, n);
+    case CCQ_KIND_ALL_GATHER:
+        return ccq_all_gather(rt, dev, 0, src, dst, count, dt, set, n);
+    default:
+        return ccq_broadcast(rt, dev, 0, src, dst, count, dt, root, set, n);
+    }
+}
+
+/* One disagreement on its own communicator: every process fails (now, or at its next
+ * operation on it); the detail names process 1 and the field; outputs stay untouched. */
+static void mismatch(ccq_runtime *rt, const mcase *mc, uint32_t pick)
+{
+    ccq_device_id set[16];
+    uint32_t n = set_of(pick, set), me = wrank == 1;
+    ccq_device_id dev = set[wrank];
+    static unsigned char src[4096], dst[4096];
+    ccq_status st;
+    char detail[1024];
+
+    memset(src, 1, sizeof src);
+    memset(dst, 0x5a, sizeof dst);
+    CHECK(ccq_comm_init(rt, set, n) == CCQ_OK, "comm for %s", mc->field);
+    CHECK(submit(rt, mc->kind[me], dev, src, dst, mc->count[me], mc->dtype[me], mc->op[me],
+                 set[mc->root[me]], set, n) == CCQ_OK,
+          "submit %s", mc->field);
+    st = ccq_sync_collective(rt, dev, 0);
+    snprintf(detail, sizeof detail, "%s", ccq_last_error_detail());
+    if (st == CCQ_OK) {
+        /* Its part was done before a member found the disagreement (a broadcast's leaf, a
+         * reduce's sender): the communicator is then unusable, its next operation fails
+         * with the finder's detail. */
+        float x[4] = {0}, y[4];
+        CHECK(ccq_all_reduce(rt, dev, 0, x, y, 4, CCQ_FLOAT32, CCQ_SUM, set, n) == CCQ_OK, "next");
+        st = ccq_sync_collective(rt, dev, 0);
+        snprintf(detail, sizeof detail, "%s", ccq_last_error_detail());
+        CHECK(st == CCQ_ERR_MISMATCH || st == CCQ_ERR_ABORTED, "%s: next operation: %s: %s",
+              mc->field, ccq_status_name(st), detail);
+        if (st == CCQ_ERR_ABORTED)
+            return;
+    } else {
+        CHECK(st == CCQ_ERR_MISMATCH, "%s: %s: %s", mc->field, ccq_status_name(st), detail);
+        for (size_t i = 0; i < sizeof dst; i++)
+            CHECK(dst[i] == 0x5a, "%s: the failed operation wrote its output [%zu]", mc->field, i);
+    }
+    CHECK(strstr(detail, mc->field) != NULL && strstr(detail, "process 1") != NULL,
+          "%s: the detail names neither: %s", mc->field, detail);
+}
+
+/* A send/recv pair between processes 0 and 1 that disagree on the count. */
+static void mismatch_p2p(ccq_runtime *rt)
+{
+    static uint32_t buf[64];
+    ccq_status st;
+    if (wrank > 1)
+        return;
+    memset(buf, 0x5a, sizeof buf);
+    if (wrank == 0) {
+        CHECK(ccq_send(rt, 0, 1, buf, 10, CCQ_UINT32, NDEV) == CCQ_OK, "send");
+        CHECK(ccq_sync_collective(rt, 0, 1) == CCQ_OK, "a send completes at once");
+        return;
+    }
+    CHECK(ccq_recv(rt, NDEV, 1, buf, 20, CCQ_UINT32, 0) == CCQ_OK, "recv");
+    st = ccq_sync_collective(rt, NDEV, 1);
+    CHECK(st == CCQ_ERR_MISMATCH && strstr(ccq_last_error_detail(), "count 10") != NULL &&
+              strstr(ccq_last_error_detail(), "process 0") != NULL,
+          "recv of another count: %s", ccq_status_name(st));
+    for (int i = 0; i < 64; i++)
+        CHECK(buf[i] == 0x5a5a5a5au, "the failed recv wrote its buffer");
+}
+
+/* FNV-1a of a buffer. */
+static uint64_t fnv(const void *p, size_t n)
+{
+    const unsigned char *c = p;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ c[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* Float sums whose order matters: every process gets the same bits, run after run. */
+static void same_bits(ccq_runtime *rt)
+{
+    ccq_device_id all[16];
+    uint32_t n = wsize * NDEV;
+    size_t counts[2] = {1000, 1u << 18}; /* recursive doubling; the ring */
+    float *in[NDEV], *out[NDEV];
+
+    for (uint32_t d = 0; d < n; d++)
+        all[d] = d;
+    CHECK(ccq_comm_init(rt, all, n) == CCQ_OK, "world comm");
+    for (int c = 0; c < 2; c++) {
+        size_t cnt = counts[c];
+        uint64_t h[2] = {0, 0};
+        for (int run = 0; run < 2; run++) {
+            for (uint32_t k = 0; k < NDEV; k++) {
+                in[k] = malloc(cnt * sizeof(float));
+                out[k] = malloc(cnt * sizeof(float));
+                for (size_t i = 0; i < cnt; i++) {
+                    uint32_t x = (uint32_t)((first + k) * 2654435761u + i * 40503u);
+                    in[k][i] = (float)(x % 2000003) * (x & 1 ? 1e-7f : 1e3f) - 3.0f;
+                }
+                CHECK(ccq_all_reduce(rt, first + k, 2, in[k], out[k], cnt, CCQ_FLOAT32, CCQ_SUM,
+                                     all, n) == CCQ_OK,
+                      "submit");
+            }
+            for (uint32_t k = 0; k < NDEV; k++)
+                CHECK(ccq_sync_collective(rt, first + k, 2) == CCQ_OK, "fence");
+            CHECK(memcmp(out[0], out[1], cnt * sizeof(float)) == 0, "local outputs differ");
+            h[run] = fnv(out[0], cnt * sizeof(float));
+            for (uint32_t k = 0; k < NDEV; k++) {
+                free(in[k]);
+                free(out[k]);
+            }
+        }
+        CHECK(h[0] == h[1], "count %zu: two runs gave other bits", cnt);
+        /* The same hash in every process: its max and its min over the world agree. */
+        {
+            uint64_t hi[NDEV], lo[NDEV], mx[NDEV], mn[NDEV];
+            for (uint32_t k = 0; k < NDEV; k++) {
+                hi[k] = lo[k] = h[0];
+                CHECK(ccq_all_reduce(rt, first + k, 3, &hi[k], &mx[k], 1, CCQ_UINT64, CCQ_MAX, all,
+                                     n) == CCQ_OK &&
+                          ccq_all_reduce(rt, first + k, 3, &lo[k], &mn[k], 1, CCQ_UINT64, CCQ_MIN,
+                                         all, n) == CCQ_OK,
+                      "hash reduce");
+            }
+            for (uint32_t k = 0; k < NDEV; k++)
+                CHECK(ccq_sync_collective(rt, first + k, 3) == CCQ_OK, "hash fence");
+            CHECK(mx[0] == mn[0] && mx[0] == h[0],
+                  "count %zu: processes got different bits (%016" PRIx64 " .. %016" PRIx64 ")", cnt,
+                  mn[0], mx[0]);
+        }
+    }
+}
+
+/* The last process dies after some work; the others fail fast and carry on without it. */
+static void killed(ccq_runtime *rt)
+{
+    ccq_device_id all[16], rest[16];
+    uint32_t n = wsize * NDEV, nr = (wsize - 1) * NDEV;
+    float x[NDEV][256], y[NDEV][256];
+    uint64_t t0;
+
+    for (uint32_t d = 0; d < n; d++)
+        all[d] = rest[d] = d;
+    CHECK(ccq_comm_init(rt, all, n) == CCQ_OK, "world comm");
+    if (wrank + 1 < wsize)
+        CHECK(ccq_comm_init(rt, rest, nr) == CCQ_OK, "comm without the last");
+    for (int it = 0; it < 5; it++) {
+        for (uint32_t k = 0; k < NDEV; k++)
+            CHECK(ccq_all_reduce(rt, first + k, 0, x[k], y[k], 256, CCQ_FLOAT32, CCQ_SUM, all, n) ==
+                      CCQ_OK,
+                  "submit");
+        for (uint32_t k = 0; k < NDEV; k++)
+            CHECK(ccq_sync_collective(rt, first + k, 0) == CCQ_OK, "fence %d", it);
+    }
+    if (wrank + 1 == wsize) {
+        /* Let the others' fences of #4 return first: an operation still in flight when a
+         * member is lost fails as that loss (job health), even if its data all came. */
+        struct timespec t = {0, 300000000L};
+        nanosleep(&t, NULL);
+        raise(SIGKILL);
+    }
+    t0 = now_ms();
+    for (uint32_t k = 0; k < NDEV; k++)
+        CHECK(ccq_all_reduce(rt, first + k, 0, x[k], y[k], 256, CCQ_FLOAT32, CCQ_SUM, all, n) ==
+                  CCQ_OK,
+              "submit after the death");
+    {
+        ccq_status st = ccq_sync_collective(rt, first, 0);
+        char want[32];
+        snprintf(want, sizeof want, "process %u", wsize - 1);
+        CHECK(st != CCQ_OK && st != CCQ_ERR_TIMEOUT, "the dead process's peers: %s",
+              ccq_status_name(st));
+        CHECK(strstr(ccq_last_error_detail(), want) != NULL, "the detail names it");
+        CHECK(now_ms() - t0 < 10000, "found after %llu ms (timeout_ms 60000)",
+              (unsigned long long)(now_ms() - t0));
+        printf("process %u: the last process's death seen after %llu ms: %s: %s\n", wrank,
+               (unsigned long long)(now_ms() - t0), ccq_status_name(st), ccq_last_error_detail());
+    }
+    for (uint32_t k = 1; k < NDEV; k++)
+        CHECK(ccq_sync_collective(rt, first + k, 0) != CCQ_OK, "every part fails");
+    /* The survivors keep working among themselves. */
+    for (uint32_t k = 0; k < NDEV; k++)
+        CHECK(ccq_all_reduce(rt, first + k, 1, x[k], y[k], 256, CCQ_FLOAT32, CCQ_SUM, rest, nr) ==
+                  CCQ_OK,
+              "survivors submit");
+    for (uint32_t k = 0; k < NDEV; k++)
+        CHECK(ccq_sync_collective(rt, first + k, 1) == CCQ_OK, "survivors work");
+}
+
+/* The last process stops submitting (and stays): the others' next operation with it ends
+ * with CCQ_ERR_TIMEOUT after about timeout_ms, naming the operation, its sequence and the
+ * processes; a communicator without it keeps working meanwhile. */
+static void stopped(ccq_runtime *rt, uint64_t timeout_ms)
+{
+    ccq_device_id all[32], rest[32];
+    uint32_t n = wsize * NDEV, nr = (wsize - 1) * NDEV;
+    float x[NDEV][64] = {{0}}, y[NDEV][64];
+    uint64_t t0;
+    ccq_status st;
+
+    for (uint32_t d = 0; d < n; d++)
+        all[d] = rest[d] = d;
+    CHECK(ccq_comm_init(rt, all, n) == CCQ_OK, "world comm");
+    for (uint32_t k = 0; k < NDEV; k++)
+        CHECK(ccq_all_reduce(rt, first + k, 0, x[k], y[k], 64, CCQ_FLOAT32, CCQ_SUM, all, n) ==
+                  CCQ_OK,
+              "submit");
+    for (uint32_t k = 0; k < NDEV; k++)
+        CHECK(ccq_sync_collective(rt, first + k, 0) == CCQ_OK, "the first one works");
+    if (wrank + 1 == wsize) { /* stays, silent, until the others are done */
+        struct timespec t = {(time_t)(2 * timeout_ms / 1000 + 1), 0};
+        nanosleep(&t, NULL);
+        return;
+    }
+    CHECK(ccq_comm_init(rt, rest, nr) == CCQ_OK, "comm without the last");
+    t0 = now_ms();
+    for (uint32_t k = 0; k < NDEV; k++)
+        CHECK(ccq_all_reduce(rt, first + k, 0, x[k], y[k], 64, CCQ_FLOAT32, CCQ_SUM, all, n) ==
+                  CCQ_OK,
+              "submit with the silent one");
+    for (uint32_t k = 0; k < NDEV; k++)
+        CHECK(ccq_all_reduce(rt, first + k, 1, x[k], y[k], 64, CCQ_FLOAT32, CCQ_SUM, rest, nr) ==
+                  CCQ_OK,
+              "submit without it");
+    for (uint32_t k = 0; k < NDEV; k++)
+        CHECK(ccq_sync_collective(rt, first + k, 1) == CCQ_OK, "the others keep working");
+    do
+        st = ccq_sync_collective(rt, first, 0);
+    while (st == CCQ_ERR_TIMEOUT &&
+           strstr(ccq_last_error_detail(), "commands it covers still pending") != NULL);
+    CHECK(st == CCQ_ERR_TIMEOUT, "with the silent one: %s", ccq_status_name(st));
+    CHECK(now_ms() - t0 >= timeout_ms * 3 / 4, "failed after %llu ms (timeout_ms %llu)",
+          (unsigned long long)(now_ms() - t0), (unsigned long long)timeout_ms);
+    CHECK(strstr(ccq_last_error_detail(), "UCX all_reduce") != NULL &&
+              strstr(ccq_last_error_detail(), "sequence 1") != NULL &&
+              strstr(ccq_last_error_detail(), "among processes 0") != NULL,
+          "the detail names the operation, its sequence and the processes");
+    printf("process %u: %s\n", wrank, ccq_last_error_detail());
+    /* The survivors wait for each other before leaving: one that left first (its deadline came
+     * first on a loaded machine) would be seen exit by the others, whose operation with the
+     * silent one then fails as that loss instead of their own timeout. */
+    for (uint32_t k = 0; k < NDEV; k++)
+        CHECK(ccq_all_reduce(rt, first + k, 1, x[k], y[k], 64, CCQ_FLOAT32, CCQ_SUM, rest, nr) ==
+                  CCQ_OK,
+              "submit the survivors' last");
+    for (uint32_t k = 0; k < NDEV; k++)
+        CHECK(ccq_sync_collective(rt, first + k, 1) == CCQ_OK, "the survivors' last");
+}
+
+int main(int argc, char **argv)
+{
+    ccq_config cfg;
+    ccq_runtime *rt = NULL;
+    uint32_t cnt = 0;
+    bool kill_mode = argc > 1 && strcmp(argv[1], "kill") == 0;
+    bool stop_mode = argc > 1 && strcmp(argv[1], "stop") == 0;
+
+    ccq_config_init(&cfg);
+    wrank = cfg.world_rank;
+    wsize = cfg.world_size;
+    CHECK(wsize >= 2 && wsize <= 8 && cfg.bootstrap != NULL,
+          "run me with tests/launch -n 2..8 and CCQ_BOOTSTRAP (world_size %u)", wsize);
+    cfg.host_devices = NDEV;
+    cfg.host_engine = "ucx";
+    cfg.timeout_ms = kill_mode ? 60000 : stop_mode ? 3000 : 20000;
+    CHECK(ccq_runtime_create(&cfg, &rt) == CCQ_OK, "ccq_runtime_create");
+    CHECK(ccq_local_devices(rt, &first, &cnt) == CCQ_OK && cnt == NDEV, "local devices");
+    if (kill_mode) {
+        killed(rt);
+    } else if (stop_mode) {
+        stopped(rt, cfg.timeout_ms);
+    } else {
+        const mcase cases[] = {
+            {"count",
+             {CCQ_KIND_ALL_REDUCE, CCQ_KIND_ALL_REDUCE},
+             {64, 32},
+             {CCQ_FLOAT32, CCQ_FLOAT32},
+             {CCQ_SUM, CCQ_SUM},
+             {0, 0}},
+            {"dtype",
+             {CCQ_KIND_ALL_REDUCE, CCQ_KIND_ALL_REDUCE},
+             {64, 64},
+             {CCQ_FLOAT32, CCQ_INT32},
+             {CCQ_SUM, CCQ_SUM},
+             {0, 0}},
+            {"op",
+             {CCQ_KIND_ALL_REDUCE, CCQ_KIND_ALL_REDUCE},
+             {64, 64},
+             {CCQ_FLOAT32, CCQ_FLOAT32},
+             {CCQ_SUM, CCQ_MAX},
+             {0, 0}},
+            {"root",
+             {CCQ_KIND_BROADCAST, CCQ_KIND_BROADCAST},
+             {64, 64},
+             {CCQ_FLOAT32, CCQ_FLOAT32},
+             {CCQ_SUM, CCQ_SUM},
+             {0, 2 % 8}},
+            {"kind",
+             {CCQ_KIND_ALL_GATHER, CCQ_KIND_ALL_REDUCE},
+             {64, 64},
+             {CCQ_FLOAT32, CCQ_FLOAT32},
+             {CCQ_SUM, CCQ_SUM},
+             {0, 0}},
+        };
+        for (uint32_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            mcase mc = cases[c];
+            if (mc.root[1] >= wsize)
+                mc.root[1] = wsize - 1;
+            mismatch(rt, &mc, c + 1);
+        }
+        mismatch_p2p(rt);
+        same_bits(rt);
+    }
+    CHECK(ccq_runtime_destroy(rt) == CCQ_OK, "destroy");
+    printf("process %u of %u: OK\n", wrank, wsize);
+    return 0;
+}
