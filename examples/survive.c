@@ -3,14 +3,15 @@
  * devices, agree on the step to go on from (the survivors may have failed at different steps),
  * go on.
  *
- *   ./ccq_survive [processes] [--kill P] [--stall P] [--steps N]
+ *   ./ccq_survive [processes] [--kill P] [--stall P] [--steps N] [--boot tcp://HOST:PORT]
  *
- * Forks `processes` (default 3) processes that meet in a fresh directory (the file bootstrap)
- * and run a loop of all_reduce steps over every device of the world (one GPU each: the NCCL
- * backend). With --kill P (the default: the last process) this program kills process P with
- * SIGKILL once it has done a few steps. With --stall P, process P stops submitting instead
- * (alive, its heartbeats go on) and the others wait for it: `ccq-trace status DIR` shows who
- * they wait for and where, live (docs/tracing.md). */
+ * Forks `processes` (default 3) processes that meet in a fresh directory (the file bootstrap),
+ * or at a tcp:// rendezvous served by process 0 with --boot, and run a loop of all_reduce steps
+ * over every device of the world (one GPU each: the NCCL backend). With --kill P (the default: the
+ * last process) this program kills process P with SIGKILL once it has done a few steps. With
+ * --stall P, process P stops submitting instead (alive, its heartbeats go on) and the others wait
+ * for it: `ccq-trace status DIR` (or the tcp:// address) shows who they wait for and where, live
+ * (docs/tracing.md). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -51,7 +52,7 @@ static ccq_status agree_step(ccq_runtime *rt, ccq_device_id dev, const ccq_devic
 }
 
 /* One process of the job: its loop of steps. */
-static int train(unsigned rank, unsigned nprocs, const char *dir, int stall, int steps, int ready)
+static int train(unsigned rank, unsigned nprocs, const char *where, int stall, int steps, int ready)
 {
     ccq_config cfg;
     ccq_runtime *rt;
@@ -69,7 +70,7 @@ static int train(unsigned rank, unsigned nprocs, const char *dir, int stall, int
         cfg.backend = "nccl";
     cfg.world_rank = rank;
     cfg.world_size = nprocs;
-    snprintf(boot, sizeof boot, "file:%s", dir);
+    snprintf(boot, sizeof boot, "%s%s", strncmp(where, "tcp://", 6) == 0 ? "" : "file:", where);
     cfg.bootstrap = boot;
     cfg.heartbeat_ms = 200; /* a stopped process is declared lost after 2 s */
     if (ccq_runtime_create(&cfg, &rt) != CCQ_OK) {
@@ -159,6 +160,7 @@ int main(int argc, char **argv)
     unsigned nprocs = 3;
     int kill_p = -1, stall = -1, steps = 30;
     char dir[] = "/tmp/ccq-survive-XXXXXX";
+    const char *where = dir; /* the file bootstrap's directory, or --boot's tcp:// address */
     pid_t pid[64];
     int ready[64];
 
@@ -169,11 +171,14 @@ int main(int argc, char **argv)
             stall = atoi(argv[++i]);
         else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc)
             steps = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--boot") == 0 && i + 1 < argc)
+            where = argv[++i];
         else
             nprocs = (unsigned)atoi(argv[i]);
     }
     if (nprocs < 2 || nprocs > 64) {
-        fprintf(stderr, "usage: ccq_survive [processes] [--kill P] [--stall P] [--steps N]\n");
+        fprintf(stderr, "usage: ccq_survive [processes] [--kill P] [--stall P] [--steps N] "
+                        "[--boot tcp://HOST:PORT]\n");
         return 2;
     }
     if (kill_p < 0 && stall < 0)
@@ -183,8 +188,8 @@ int main(int argc, char **argv)
         perror("mkdtemp");
         return 1;
     }
-    printf("%u processes meeting in %s%s\n", nprocs, dir,
-           stall >= 0 ? " (watch them: ccq-trace status <that directory>)" : "");
+    printf("%u processes meeting in %s%s\n", nprocs, where,
+           stall >= 0 ? " (watch them: ccq-trace status <that place>)" : "");
     fflush(stdout);
     for (unsigned r = 0; r < nprocs; r++) {
         int fd[2];
@@ -195,7 +200,7 @@ int main(int argc, char **argv)
         pid[r] = fork();
         if (pid[r] == 0) {
             close(fd[0]);
-            _exit(train(r, nprocs, dir, stall, steps, fd[1]));
+            _exit(train(r, nprocs, where, stall, steps, fd[1]));
         }
         close(fd[1]);
         ready[r] = fd[0];

@@ -12,7 +12,10 @@
  * server tells every other process when one LEFT or was LOST (its connection closed without
  * BYE), as PEER. Job health (runtime/health/): BEAT replaces this process's heartbeat record
  * at the server, which passes the latest of each process to every other one as BEATS (a
- * reader that falls behind gets only the newest: at most one record per process queued). */
+ * reader that falls behind gets only the newest: at most one record per process queued).
+ * An observer that is not a process of the job (`ccq-trace status tcp://...`) says LOOK
+ * instead of HELLO: it gets the world's states and every heartbeat record once (LOOKED, then
+ * BEATS), and the server closes; it takes no rank, so it cannot disturb the job. */
 #ifndef CCQ_RUNTIME_BOOT_TCP_PROTO_H
 #define CCQ_RUNTIME_BOOT_TCP_PROTO_H
 
@@ -38,6 +41,9 @@ enum {
     CCQ_TCP_ERR = 9,     /* s->c: u16 tag length, tag, text: a PUT or GET of it refused */
     CCQ_TCP_BEAT = 10,   /* c->s: this process's heartbeat record (CCQ_BOOT_BEAT_MAX at most) */
     CCQ_TCP_BEATS = 11,  /* s->c: u32 rank, that process's latest heartbeat record */
+    CCQ_TCP_LOOK = 12,   /* c->s, instead of HELLO: an observer (`ccq-trace status`): job bytes */
+    CCQ_TCP_LOOKED = 13, /* s->c: u32 size, u32 gen, u8 state per process, job bytes; then one
+                          * BEATS per process that has a record; then the server closes */
 };
 
 /* REFUSE codes: final, or "try again" (the server serves another generation of the job: the

@@ -617,6 +617,27 @@ static void on_hello(ccq_tcp_server *s, conn *c, int id, const uint8_t *p, uint3
             beat_due(s, c, r, now);
 }
 
+/* LOOK: an observer asks for the world's states and heartbeat records, once. An empty job
+ * means "the job served here" (the observer learns its id from LOOKED). */
+static void on_look(ccq_tcp_server *s, conn *c, const uint8_t *p, uint32_t n, uint64_t now)
+{
+    char why[400];
+    uint32_t head[2] = {s->world_size, s->gen};
+
+    if (n > 0 && (n != strlen(s->job) || memcmp(p, s->job, n) != 0)) {
+        snprintf(why, sizeof why, "another job: this rendezvous serves job \"%.100s\"", s->job);
+        refuse(s, c, CCQ_TCP_REFUSE_FINAL, why, now);
+        return;
+    }
+    send_frame(s, c, CCQ_TCP_LOOKED, head, sizeof head, s->state, s->world_size, s->job,
+               strlen(s->job), now);
+    for (uint32_t r = 0; r < s->world_size; r++)
+        if (s->beats[r].bytes != NULL)
+            send_frame(s, c, CCQ_TCP_BEATS, &r, 4, s->beats[r].bytes, s->beats[r].len, NULL, 0,
+                       now);
+    c->closing = true; /* once its output is written (or out_max refused it: closed anyway) */
+}
+
 bool ccq_tcp_server_input(ccq_tcp_server *s, int id, const void *data, size_t len, uint64_t now_ns)
 {
     conn *c = get_conn(s, id);
@@ -662,6 +683,10 @@ bool ccq_tcp_server_input(ccq_tcp_server *s, int id, const void *data, size_t le
             continue;
         }
         c->partial_since = 0;
+        if (!c->hello && f.type == CCQ_TCP_LOOK) {
+            on_look(s, c, f.payload, f.len, now_ns);
+            return false;
+        }
         if (!c->hello && f.type != CCQ_TCP_HELLO) {
             refuse(s, c, CCQ_TCP_REFUSE_FINAL, "HELLO first", now_ns);
             return false;

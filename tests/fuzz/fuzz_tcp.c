@@ -122,7 +122,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             v[1] = WORLD;
             v[2] = v[3] = 0;
             i += 2;
-            ccq_tcp_put_frame(&b, SIZE_MAX, CCQ_TCP_HELLO, v, 16, &nonce, 8, "fuzz", 4);
+            if (data[i - 1] >= 0xf0) /* an observer (ccq-trace status): this job, any, another */
+                ccq_tcp_put_frame(&b, SIZE_MAX, CCQ_TCP_LOOK, "fuzz", data[i - 1] % 3 * 2u, NULL, 0,
+                                  NULL, 0);
+            else
+                ccq_tcp_put_frame(&b, SIZE_MAX, CCQ_TCP_HELLO, v, 16, &nonce, 8, "fuzz", 4);
             send_buf(s, ids[c], &b, now);
             break;
         }
@@ -149,8 +153,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             memcpy(rec + sizeof h, tag, tl);
             memset(rec + sizeof h + tl, 0xab, h.len);
             i += 4;
-            ccq_tcp_put_frame(&b, SIZE_MAX, CCQ_TCP_PUT, &tl, 2, tag, tl, rec,
-                              sizeof h + tl + (size_t)h.len);
+            if (data[i - 1] >= 0xf0) /* a heartbeat record instead (LOOK sends them back) */
+                ccq_tcp_put_frame(&b, SIZE_MAX, CCQ_TCP_BEAT, rec, sizeof h + (size_t)h.len, NULL,
+                                  0, NULL, 0);
+            else
+                ccq_tcp_put_frame(&b, SIZE_MAX, CCQ_TCP_PUT, &tl, 2, tag, tl, rec,
+                                  sizeof h + tl + (size_t)h.len);
             send_buf(s, ids[c], &b, now);
             break;
         }
