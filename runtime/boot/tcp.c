@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -49,6 +50,14 @@ typedef struct mail {
     size_t len;
 } mail;
 
+/* An exchange this process published and has not freed: re-sent to a server taking over. */
+typedef struct open_xchg {
+    struct open_xchg *next;
+    char *tag;
+    uint8_t *rec;
+    size_t len;
+} open_xchg;
+
 typedef struct dead_tag {
     struct dead_tag *next;
     char *tag;
@@ -67,8 +76,9 @@ typedef struct tcp_boot {
     pthread_t thread;
     bool thread_started;
     /* The I/O thread's own. */
-    int fd;        /* connection to the rendezvous, -1 */
-    int listen_fd; /* rank 0: the listening socket, -1 */
+    int fd;            /* connection to the rendezvous, -1 */
+    int listen_fd;     /* the listening socket (every process: one serves if the server is lost) */
+    uint16_t own_port; /* where listen_fd listens (ranks other than 0) */
     ccq_tcp_server *srv;
     int *srv_fd;      /* [conns_max]: the socket of each server connection id */
     size_t peak_held; /* the most the server held (CCQ_TCP_STATS prints it) */
@@ -92,6 +102,12 @@ typedef struct tcp_boot {
     void (*watch)(void *, uint32_t, ccq_boot_peer);
     void *watch_arg;
     bool stop;
+    uint32_t server_rank; /* the process serving the rendezvous now (0, then its successor) */
+    struct {
+        uint16_t port; /* 0: not told */
+        char text[CCQ_TCP_ADDR_MAX + 1];
+    } * addrs;       /* [size]: where each process would serve (ADDRS) */
+    open_xchg *open; /* this process's open exchanges */
 } tcp_boot;
 
 static uint64_t now_ns(void)
@@ -239,6 +255,27 @@ static void client_hello(tcp_boot *t)
     pthread_mutex_unlock(&t->mu);
 }
 
+/* Tell the server where this process would serve in its place (ADDR): the address of this
+ * end of the connection (the interface that reaches the server), and the port it listens on. */
+static void send_own_addr(tcp_boot *t)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    char text[CCQ_TCP_ADDR_MAX];
+    const void *a = NULL;
+
+    if (t->own_port == 0 || getsockname(t->fd, (struct sockaddr *)&ss, &sl) != 0)
+        return;
+    if (ss.ss_family == AF_INET)
+        a = &((struct sockaddr_in *)&ss)->sin_addr;
+    if (a == NULL || inet_ntop(AF_INET, a, text, sizeof text) == NULL)
+        return; /* IPv6 to the server: no successor here (docs/multiprocess.md) */
+    pthread_mutex_lock(&t->mu);
+    ccq_tcp_put_frame(&t->out, CLIENT_OUT_MAX, CCQ_TCP_ADDR, &t->own_port, 2, text, strlen(text),
+                      NULL, 0);
+    pthread_mutex_unlock(&t->mu);
+}
+
 static bool tag_is_dead(tcp_boot *t, const char *tag, size_t tl)
 {
     for (dead_tag *d = t->dead; d != NULL; d = d->next)
@@ -262,7 +299,8 @@ static void client_frame(tcp_boot *t, const ccq_tcp_frame *f)
         t->why[0] = '\0';
         pthread_mutex_unlock(&t->mu);
         t->retry_ns = RETRY_NS;
-        peer_changed(t, 0, CCQ_BOOT_PEER_ALIVE);
+        send_own_addr(t);
+        peer_changed(t, t->server_rank, CCQ_BOOT_PEER_ALIVE);
         break;
     case CCQ_TCP_REFUSE: {
         char why[400];
@@ -347,6 +385,18 @@ static void client_frame(tcp_boot *t, const ccq_tcp_frame *f)
         pthread_mutex_unlock(&t->mu);
         break;
     }
+    case CCQ_TCP_ADDRS:
+        if (f->len >= 7 && f->len - 6 <= CCQ_TCP_ADDR_MAX) {
+            memcpy(&u[0], p, 4);
+            if (u[0] >= t->size)
+                break;
+            pthread_mutex_lock(&t->mu);
+            memcpy(&t->addrs[u[0]].port, p + 4, 2);
+            memcpy(t->addrs[u[0]].text, p + 6, f->len - 6);
+            t->addrs[u[0]].text[f->len - 6] = '\0';
+            pthread_mutex_unlock(&t->mu);
+        }
+        break;
     case CCQ_TCP_PEER:
         if (f->len >= 8) {
             memcpy(u, p, 8);
@@ -358,6 +408,8 @@ static void client_frame(tcp_boot *t, const ccq_tcp_frame *f)
         break;
     }
 }
+
+static void server_lost(tcp_boot *t, const char *how);
 
 static void client_read(tcp_boot *t)
 {
@@ -374,12 +426,7 @@ static void client_read(tcp_boot *t)
             state = t->state;
             pthread_mutex_unlock(&t->mu);
             if (state == C_READY) {
-                client_drop(t);
-                client_fail(t, C_CLOSED, CCQ_ERR_BACKEND,
-                            "the rendezvous at %s:%s (process 0) closed the connection: process "
-                            "0 left or died",
-                            t->host, t->port);
-                peer_changed(t, 0, CCQ_BOOT_PEER_LOST);
+                server_lost(t, "closed the connection");
             } else if (state == C_HELLO || state == C_CONNECTING) {
                 client_retry(t, "the rendezvous closed the connection before answering");
             }
@@ -483,12 +530,97 @@ static void server_io(tcp_boot *t, int id, short revents)
         server_close_conn(t, id);
 }
 
+/* The server, on a listening socket already open: rank 0 at start, or a successor taking over
+ * (seeded with the states of the processes known to have gone, so they cannot rejoin and
+ * newcomers are told). */
+static ccq_status server_start(tcp_boot *t)
+{
+    t->srv = ccq_tcp_server_new(t->job, t->size, t->gen, &t->lim);
+    t->srv_fd = malloc(t->lim.conns_max * sizeof *t->srv_fd);
+    if (t->srv == NULL || t->srv_fd == NULL) {
+        ccq_tcp_server_free(t->srv);
+        free(t->srv_fd);
+        t->srv = NULL;
+        t->srv_fd = NULL;
+        return CCQ_ERR_NO_MEMORY;
+    }
+    for (uint32_t i = 0; i < t->lim.conns_max; i++)
+        t->srv_fd[i] = -1;
+    pthread_mutex_lock(&t->mu);
+    for (uint32_t r = 0; r < t->size; r++)
+        if (t->peer[r] >= CCQ_BOOT_PEER_LEFT)
+            ccq_tcp_server_mark(t->srv, r, t->peer[r]);
+    pthread_mutex_unlock(&t->mu);
+    return CCQ_OK;
+}
+
+/* The process serving the rendezvous is gone (its connection closed or broke: `how`). The
+ * lowest surviving process serves in its place (every survivor picks the same one from the
+ * states and addresses the servers told it), and this process connects there, says HELLO
+ * again and re-sends its open exchanges; records the lost server held are gone, so an exchange
+ * some members freed before it died waits for their records until its deadline. With nobody to
+ * take over (no address known), exchanges fail from now on. */
+static void server_lost(tcp_boot *t, const char *how)
+{
+    uint32_t lost = t->server_rank, next = UINT32_MAX;
+    char host[CCQ_TCP_ADDR_MAX + 1];
+    uint16_t port = 0;
+
+    client_drop(t);
+    peer_changed(t, lost, CCQ_BOOT_PEER_LOST); /* no-op when it said goodbye first */
+    pthread_mutex_lock(&t->mu);
+    for (uint32_t r = 0; r < t->size && next == UINT32_MAX; r++) {
+        if (r == lost || t->peer[r] >= CCQ_BOOT_PEER_LEFT)
+            continue;
+        if (r == t->rank && t->own_port != 0) {
+            next = r;
+            snprintf(host, sizeof host, "127.0.0.1");
+            port = t->own_port;
+        } else if (r != t->rank && t->addrs[r].port != 0) {
+            next = r;
+            snprintf(host, sizeof host, "%s", t->addrs[r].text);
+            port = t->addrs[r].port;
+        }
+    }
+    pthread_mutex_unlock(&t->mu);
+    if (next == t->rank && t->srv == NULL && server_start(t) != CCQ_OK)
+        next = UINT32_MAX;
+    if (next == UINT32_MAX) {
+        client_fail(t, C_CLOSED, CCQ_ERR_BACKEND,
+                    "the rendezvous at %s:%s (process %u) %s: process %u left or died, and no "
+                    "surviving process can serve in its place",
+                    t->host, t->port, lost, how, lost);
+        return;
+    }
+    pthread_mutex_lock(&t->mu);
+    snprintf(t->host, sizeof t->host, "%s", host);
+    snprintf(t->port, sizeof t->port, "%u", (unsigned)port);
+    t->server_rank = next;
+    /* What was queued for the lost server may be cut mid-frame: start afresh with the open
+     * exchanges (the next heartbeat follows on its own). */
+    t->out.off = t->out.len = 0;
+    for (open_xchg *o = t->open; o != NULL; o = o->next) {
+        uint16_t tl = (uint16_t)strlen(o->tag);
+        ccq_tcp_put_frame(&t->out, CLIENT_OUT_MAX, CCQ_TCP_PUT, &tl, 2, o->tag, tl, o->rec, o->len);
+        ccq_tcp_put_frame(&t->out, CLIENT_OUT_MAX, CCQ_TCP_GET, &tl, 2, o->tag, tl, NULL, 0);
+    }
+    snprintf(t->why, sizeof t->why,
+             "process %u, which served the rendezvous, %s: process %u serves "
+             "it now",
+             lost, how, next);
+    if (t->state != C_FAILED && t->state != C_CLOSED)
+        t->state = C_IDLE;
+    pthread_mutex_unlock(&t->mu);
+    t->retry_ns = RETRY_NS;
+    t->retry_at = 0; /* connect now */
+}
+
 /* ---- the I/O thread ------------------------------------------------------------------ */
 
 static void *io_main(void *arg)
 {
     tcp_boot *t = arg;
-    int nfd_cap = 3 + (t->srv != NULL ? (int)t->lim.conns_max : 0);
+    int nfd_cap = 3 + (int)t->lim.conns_max; /* any process may come to serve */
     struct pollfd *pf = calloc((size_t)nfd_cap, sizeof *pf);
     int *ids = calloc((size_t)nfd_cap, sizeof *ids);
     uint64_t linger_until = 0;
@@ -535,7 +667,7 @@ static void *io_main(void *arg)
         pf[n].fd = t->wake[0];
         pf[n].events = POLLIN;
         ids[n++] = -3;
-        if (t->listen_fd >= 0 && !stop) {
+        if (t->listen_fd >= 0 && t->srv != NULL && !stop) {
             pf[n].fd = t->listen_fd;
             pf[n].events = POLLIN;
             ids[n++] = -2;
@@ -618,14 +750,8 @@ static void *io_main(void *arg)
                     pthread_mutex_lock(&t->mu);
                     ok = t->state != C_READY || flush_buf(t->fd, &t->out);
                     pthread_mutex_unlock(&t->mu);
-                    if (!ok) {
-                        client_drop(t);
-                        client_fail(t, C_CLOSED, CCQ_ERR_BACKEND,
-                                    "the connection to the rendezvous at %s:%s (process 0) "
-                                    "broke: process 0 left or died",
-                                    t->host, t->port);
-                        peer_changed(t, 0, CCQ_BOOT_PEER_LOST);
-                    }
+                    if (!ok)
+                        server_lost(t, "broke the connection");
                 }
             }
         }
@@ -633,6 +759,28 @@ static void *io_main(void *arg)
     free(pf);
     free(ids);
     return NULL;
+}
+
+/* Every process but 0: a listening socket from the start (every IPv4 interface, a port the
+ * kernel picks), so it can serve in place of a lost server; nobody connects before that. */
+static void listen_own(tcp_boot *t)
+{
+    struct sockaddr_in sa;
+    socklen_t sl = sizeof sa;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+
+    if (fd < 0)
+        return;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_ANY);
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 1024) != 0 ||
+        getsockname(fd, (struct sockaddr *)&sa, &sl) != 0) {
+        close(fd); /* it cannot serve: the others pass it over (it sends no ADDR) */
+        return;
+    }
+    t->listen_fd = fd;
+    t->own_port = ntohs(sa.sin_port);
 }
 
 /* ---- the mechanism --------------------------------------------------------------------- */
@@ -643,10 +791,26 @@ static ccq_status tcp_publish(ccq_boot *b, ccq_boot_xchg *x, ccq_errbuf *err)
     uint16_t tl = (uint16_t)strlen(x->tag);
     bool ok;
 
+    open_xchg *o = calloc(1, sizeof *o);
+
+    if (o != NULL && ((o->tag = strdup(x->tag)) == NULL ||
+                      (o->rec = malloc(x->rec_len ? x->rec_len : 1)) == NULL)) {
+        free(o->tag);
+        free(o);
+        o = NULL;
+    }
+    if (o == NULL) {
+        ccq_boot_err(err, "bootstrap: out of memory");
+        return CCQ_ERR_NO_MEMORY;
+    }
+    memcpy(o->rec, x->rec, x->rec_len);
+    o->len = x->rec_len;
     pthread_mutex_lock(&t->mu);
     ok = ccq_tcp_put_frame(&t->out, CLIENT_OUT_MAX, CCQ_TCP_PUT, &tl, 2, x->tag, tl, x->rec,
                            x->rec_len) &&
          ccq_tcp_put_frame(&t->out, CLIENT_OUT_MAX, CCQ_TCP_GET, &tl, 2, x->tag, tl, NULL, 0);
+    o->next = t->open; /* kept for a server that takes over (server_lost) */
+    t->open = o;
     pthread_mutex_unlock(&t->mu);
     if (!ok) {
         ccq_boot_err(err, "more than %u bytes waiting for the rendezvous (or out of memory)",
@@ -695,10 +859,26 @@ static ccq_status tcp_fetch(ccq_boot *b, ccq_boot_xchg *x, uint32_t rank, void *
     return st;
 }
 
+static void open_free(open_xchg *o)
+{
+    free(o->tag);
+    free(o->rec);
+    free(o);
+}
+
 static void tcp_xchg_free(ccq_boot *b, ccq_boot_xchg *x)
 {
     tcp_boot *t = b->impl;
     pthread_mutex_lock(&t->mu);
+    for (open_xchg **pp = &t->open; *pp != NULL;) {
+        open_xchg *o = *pp;
+        if (strcmp(o->tag, x->tag) != 0) {
+            pp = &o->next;
+            continue;
+        }
+        *pp = o->next;
+        open_free(o);
+    }
     for (mail **pp = &t->mail; *pp != NULL;) {
         mail *m = *pp;
         if (strcmp(m->tag, x->tag) != 0) {
@@ -753,6 +933,11 @@ static void tcp_close(ccq_boot *b)
         free(m->rec);
         free(m);
     }
+    while (t->open != NULL) {
+        open_xchg *o = t->open;
+        t->open = o->next;
+        open_free(o);
+    }
     while (t->dead != NULL) {
         dead_tag *d = t->dead;
         t->dead = d->next;
@@ -769,6 +954,7 @@ static void tcp_close(ccq_boot *b)
     for (uint32_t r = 0; t->beats != NULL && r < t->size; r++)
         free(t->beats[r].rec);
     free(t->beats);
+    free(t->addrs);
     free(t->reported);
     free(t->peer);
     free(t);
@@ -958,14 +1144,10 @@ static ccq_status serve(tcp_boot *t, ccq_errbuf *err)
                                      : "");
         return CCQ_ERR_BACKEND;
     }
-    t->srv = ccq_tcp_server_new(t->job, t->size, t->gen, &t->lim);
-    t->srv_fd = malloc(t->lim.conns_max * sizeof *t->srv_fd);
-    if (t->srv == NULL || t->srv_fd == NULL) {
+    if (server_start(t) != CCQ_OK) {
         ccq_boot_err(err, "bootstrap: out of memory");
         return CCQ_ERR_NO_MEMORY;
     }
-    for (uint32_t i = 0; i < t->lim.conns_max; i++)
-        t->srv_fd[i] = -1;
     /* It connects to itself like everyone else: on loopback when it serves every interface. */
     if (any)
         snprintf(t->host, sizeof t->host, "127.0.0.1");
@@ -994,8 +1176,10 @@ ccq_status ccq_boot_tcp_open(ccq_boot *b, const char *spec, ccq_errbuf *err)
     t->peer = calloc(b->size, 1);
     t->reported = calloc(b->size, 1);
     t->beats = calloc(b->size, sizeof *t->beats);
+    t->addrs = calloc(b->size, sizeof *t->addrs);
     st = parse_spec(spec, t->host, sizeof t->host, t->port, sizeof t->port, err);
-    if (st == CCQ_OK && (t->peer == NULL || t->reported == NULL || t->beats == NULL)) {
+    if (st == CCQ_OK &&
+        (t->peer == NULL || t->reported == NULL || t->beats == NULL || t->addrs == NULL)) {
         ccq_boot_err(err, "bootstrap: out of memory");
         st = CCQ_ERR_NO_MEMORY;
     }
@@ -1012,6 +1196,8 @@ ccq_status ccq_boot_tcp_open(ccq_boot *b, const char *spec, ccq_errbuf *err)
     }
     if (st == CCQ_OK && b->rank == 0)
         st = serve(t, err);
+    else if (st == CCQ_OK)
+        listen_own(t);
     if (st == CCQ_OK) {
         b->mech = &tcp_mech;
         b->impl = t;
@@ -1036,6 +1222,7 @@ ccq_status ccq_boot_tcp_open(ccq_boot *b, const char *spec, ccq_errbuf *err)
         free(t->peer);
         free(t->reported);
         free(t->beats);
+        free(t->addrs);
         pthread_mutex_destroy(&t->mu);
         free(t);
         return st;

@@ -13,6 +13,11 @@
  * BYE), as PEER. Job health (runtime/health/): BEAT replaces this process's heartbeat record
  * at the server, which passes the latest of each process to every other one as BEATS (a
  * reader that falls behind gets only the newest: at most one record per process queued).
+ * Taking over: every process but 0 listens from the start and says where (ADDR); the server
+ * tells everyone (ADDRS). When the serving process is lost, the lowest surviving process
+ * serves in its place, seeded with the states its peers are known to be in, and every
+ * survivor connects to it, says HELLO again and re-sends its open exchanges (runtime/boot/
+ * tcp.c): losing process 0 is survivable like any other loss.
  * An observer that is not a process of the job (`ccq-trace status tcp://...`) says LOOK
  * instead of HELLO: it gets the world's states and every heartbeat record once (LOOKED, then
  * BEATS), and the server closes; it takes no rank, so it cannot disturb the job. */
@@ -44,7 +49,12 @@ enum {
     CCQ_TCP_LOOK = 12,   /* c->s, instead of HELLO: an observer (`ccq-trace status`): job bytes */
     CCQ_TCP_LOOKED = 13, /* s->c: u32 size, u32 gen, u8 state per process, job bytes; then one
                           * BEATS per process that has a record; then the server closes */
+    CCQ_TCP_ADDR = 14,   /* c->s: u16 port, address text: where this process would serve */
+    CCQ_TCP_ADDRS = 15,  /* s->c: u32 rank, u16 port, address text: another process's ADDR */
 };
+
+/* The longest address text of ADDR (an IPv6 address in text is at most 45 bytes). */
+#define CCQ_TCP_ADDR_MAX 64u
 
 /* REFUSE codes: final, or "try again" (the server serves another generation of the job: the
  * process 0 of an earlier runtime still runs, the one for this runtime comes next). */
@@ -115,6 +125,9 @@ void ccq_tcp_server_closed(ccq_tcp_server *s, int id, uint64_t now_ns);
 /* Timeouts: ids of connections to close now (at most cap); *next_ns: when to look again. */
 size_t ccq_tcp_server_tick(ccq_tcp_server *s, uint64_t now_ns, int *ids, size_t cap,
                            uint64_t *next_ns);
+/* A server taking over from a lost one: rank is already LEFT or LOST (state), so it cannot
+ * rejoin and newcomers are told. */
+void ccq_tcp_server_mark(ccq_tcp_server *s, uint32_t rank, uint32_t state);
 /* The server's own process leaves cleanly: tell every connection it is LEFT. */
 void ccq_tcp_server_leaving(ccq_tcp_server *s, uint32_t rank, uint64_t now_ns);
 /* Bytes the server holds (records, heartbeats, queued output, input buffers): bounded by the

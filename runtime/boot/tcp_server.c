@@ -186,6 +186,12 @@ typedef struct beat {
     size_t len;
 } beat;
 
+typedef struct addr {
+    uint16_t port; /* 0: not told */
+    uint8_t len;
+    char text[CCQ_TCP_ADDR_MAX];
+} addr;
+
 struct ccq_tcp_server {
     ccq_tcp_limits lim;
     char job[256];
@@ -197,6 +203,7 @@ struct ccq_tcp_server {
     tag_entry *tags;
     uint32_t ntags;
     beat *beats; /* [world_size] */
+    addr *addrs; /* [world_size]: where each would serve (ADDR) */
     size_t held; /* bytes of records and heartbeats held */
 };
 
@@ -214,7 +221,9 @@ ccq_tcp_server *ccq_tcp_server_new(const char *job, uint32_t world_size, uint32_
     s->by_rank = malloc(world_size * sizeof *s->by_rank);
     s->state = calloc(world_size, 1);
     s->beats = calloc(world_size, sizeof *s->beats);
-    if (s->conns == NULL || s->by_rank == NULL || s->state == NULL || s->beats == NULL) {
+    s->addrs = calloc(world_size, sizeof *s->addrs);
+    if (s->conns == NULL || s->by_rank == NULL || s->state == NULL || s->beats == NULL ||
+        s->addrs == NULL) {
         ccq_tcp_server_free(s);
         return NULL;
     }
@@ -253,6 +262,7 @@ void ccq_tcp_server_free(ccq_tcp_server *s)
     for (uint32_t r = 0; s->beats != NULL && r < s->world_size; r++)
         free(s->beats[r].bytes);
     free(s->beats);
+    free(s->addrs);
     free(s->conns);
     free(s->by_rank);
     free(s->state);
@@ -539,6 +549,8 @@ static void on_beat(ccq_tcp_server *s, conn *c, const uint8_t *p, uint32_t n, ui
             beat_due(s, &s->conns[i], c->rank, now);
 }
 
+static void send_addr(ccq_tcp_server *s, conn *c, uint32_t r, uint64_t now);
+
 /* HELLO: u32 rank, u32 size, u32 gen, u32 0, u64 nonce, job. */
 static void on_hello(ccq_tcp_server *s, conn *c, int id, const uint8_t *p, uint32_t n, uint64_t now)
 {
@@ -611,10 +623,36 @@ static void on_hello(ccq_tcp_server *s, conn *c, int id, const uint8_t *p, uint3
             uint32_t v[2] = {r, s->state[r]};
             send_frame(s, c, CCQ_TCP_PEER, v, sizeof v, NULL, 0, NULL, 0, now);
         }
+    /* Where the others would serve. */
+    for (uint32_t r = 0; r < s->world_size; r++)
+        if (s->addrs[r].port != 0 && r != rank)
+            send_addr(s, c, r, now);
     /* And of the heartbeats so far (once this output drained). */
     for (uint32_t r = 0; r < s->world_size; r++)
         if (s->beats[r].bytes != NULL)
             beat_due(s, c, r, now);
+}
+
+static void send_addr(ccq_tcp_server *s, conn *c, uint32_t r, uint64_t now)
+{
+    send_frame(s, c, CCQ_TCP_ADDRS, &r, 4, &s->addrs[r].port, 2, s->addrs[r].text, s->addrs[r].len,
+               now);
+}
+
+/* ADDR: where this process would serve if the server is lost; everyone else is told. */
+static void on_addr(ccq_tcp_server *s, conn *c, const uint8_t *p, uint32_t n, uint64_t now)
+{
+    addr *a = &s->addrs[c->rank];
+    if (n < 3 || n - 2 > CCQ_TCP_ADDR_MAX) {
+        refuse(s, c, CCQ_TCP_REFUSE_FINAL, "malformed ADDR", now);
+        return;
+    }
+    memcpy(&a->port, p, 2);
+    a->len = (uint8_t)(n - 2);
+    memcpy(a->text, p + 2, a->len);
+    for (int i = 0; i < s->nconns; i++)
+        if (s->conns[i].used && s->conns[i].hello && &s->conns[i] != c)
+            send_addr(s, &s->conns[i], c->rank, now);
 }
 
 /* LOOK: an observer asks for the world's states and heartbeat records, once. An empty job
@@ -707,6 +745,9 @@ bool ccq_tcp_server_input(ccq_tcp_server *s, int id, const void *data, size_t le
         case CCQ_TCP_BEAT:
             on_beat(s, c, f.payload, f.len, now_ns);
             break;
+        case CCQ_TCP_ADDR:
+            on_addr(s, c, f.payload, f.len, now_ns);
+            break;
         case CCQ_TCP_BYE:
             c->bye = true;
             break;
@@ -798,6 +839,12 @@ size_t ccq_tcp_server_tick(ccq_tcp_server *s, uint64_t now, int *ids, size_t cap
     return n;
 }
 
+void ccq_tcp_server_mark(ccq_tcp_server *s, uint32_t rank, uint32_t state)
+{
+    if (rank < s->world_size && state >= 2 && state <= 3 && s->by_rank[rank] < 0)
+        s->state[rank] = (uint8_t)state;
+}
+
 void ccq_tcp_server_leaving(ccq_tcp_server *s, uint32_t rank, uint64_t now_ns)
 {
     if (rank >= s->world_size || s->state[rank] >= 2)
@@ -808,7 +855,7 @@ void ccq_tcp_server_leaving(ccq_tcp_server *s, uint32_t rank, uint64_t now_ns)
 
 size_t ccq_tcp_server_memory(const ccq_tcp_server *s)
 {
-    size_t m = s->held;
+    size_t m = s->held + s->world_size * sizeof *s->addrs;
     for (int i = 0; i < s->nconns; i++)
         m += s->conns[i].in.cap + s->conns[i].out.cap + (s->conns[i].beat_due ? s->world_size : 0);
     return m;

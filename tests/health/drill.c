@@ -1,8 +1,8 @@
 /* Job-health drills with real processes (fork, no launcher): a world of 3 or 4 processes on the
  * fake NCCL across processes (tests/fake/fake_xproc.c: real data between real processes),
  * meeting through the file bootstrap, a store in shared memory or the tcp:// rendezvous (its
- * process 0 serves it: never the victim there, as without it no communicator can form), runs
- * a loop of exact
+ * process 0 serves it; when process 0 is the victim, the lowest survivor takes the rendezvous
+ * over, so the survivors' communicator still forms), runs a loop of exact
  * all_reduces over every device; the driver (this process) kills one process with SIGKILL, or
  * stops it with SIGSTOP and later lets it go on with SIGCONT, at a random moment. Then:
  *
@@ -452,7 +452,7 @@ static int cmp_u64(const void *a, const void *b)
 }
 
 typedef struct opts {
-    int procs, devices, boot, mode, drills, nccl_version;
+    int procs, devices, boot, mode, drills, nccl_version, victim;
     uint32_t hb_ms, hb_timeout_ms;
     unsigned seed;
 } opts;
@@ -590,13 +590,13 @@ static void usage(void)
 {
     fprintf(stderr, "usage: drill_health [--procs 3|4|0] [--boot file|store|tcp|any] "
                     "[--mode kill|stop|any] [--drills N] [--hb MS] [--hb-timeout MS] "
-                    "[--devices 1|2|0] [--seed S] [--nccl-version V]\n");
+                    "[--devices 1|2|0] [--seed S] [--nccl-version V] [--victim P]\n");
     exit(2);
 }
 
 int main(int argc, char **argv)
 {
-    opts o = {0, 0, -1, -1, 1, 0, 100, 1000, 0};
+    opts o = {0, 0, -1, -1, 1, 0, -1, 100, 1000, 0};
     shared *sh;
     static uint64_t det_kill[4096], det_stop[4096], detv[1024];
     uint64_t *det[2] = {det_kill, det_stop};
@@ -630,6 +630,8 @@ int main(int argc, char **argv)
             o.seed = (unsigned)strtoul(v, NULL, 10);
         else if (strcmp(a, "--nccl-version") == 0)
             o.nccl_version = atoi(v);
+        else if (strcmp(a, "--victim") == 0)
+            o.victim = atoi(v);
         else
             usage();
         i++;
@@ -661,10 +663,15 @@ int main(int argc, char **argv)
         sh->boot = o.boot >= 0 ? o.boot : (int)(rand_r(&rnd) % 2);
         sh->mode = o.mode >= 0 ? o.mode : (int)(rand_r(&rnd) % 2);
         sh->victim = (int)(rand_r(&rnd) % (unsigned)sh->nprocs);
-        if (sh->boot == BOOT_TCP) {
-            sh->victim = 1 + sh->victim % (sh->nprocs - 1);
+        /* A stopped process 0 stops the tcp rendezvous's heartbeats with it (its connections
+         * stay open): not detected but through timeout_ms (docs/multiprocess.md); killed, the
+         * lowest survivor takes over. */
+        if (sh->boot == BOOT_TCP && sh->mode == MODE_STOP && sh->victim == 0)
+            sh->victim = 1;
+        if (o.victim >= 0)
+            sh->victim = o.victim % sh->nprocs;
+        if (sh->boot == BOOT_TCP)
             sh->port = free_port();
-        }
         sh->hb_ms = o.hb_ms;
         sh->hb_timeout_ms = o.hb_timeout_ms;
         sh->nccl_version = o.nccl_version;
