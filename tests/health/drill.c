@@ -451,6 +451,10 @@ static int cmp_u64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+#ifndef CCQ_DRILL_SLACK_MS
+#define CCQ_DRILL_SLACK_MS 0 /* more time to detect, in sanitizer builds (tests/CMakeLists.txt) */
+#endif
+
 typedef struct opts {
     int procs, devices, boot, mode, drills, nccl_version, victim;
     uint32_t hb_ms, hb_timeout_ms;
@@ -464,7 +468,7 @@ static int drill(shared *sh, int idx, uint64_t **det, size_t *ndet, uint64_t *de
 {
     pid_t pid[MAXP];
     int status[MAXP], bad = 0, hang = 0;
-    uint64_t deadline, t_signal, limit_ms = sh->hb_timeout_ms + 1000u;
+    uint64_t deadline, t_signal, limit_ms = sh->hb_timeout_ms + 1000u + CCQ_DRILL_SLACK_MS;
     uint64_t min_steps = 1 + (uint64_t)(rand_r(rnd) % 30);
     unsigned delay_us = (unsigned)(rand_r(rnd) % 20000);
     char cmd[256];
