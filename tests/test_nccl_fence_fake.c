@@ -387,8 +387,13 @@ static void test_release_on_undrained_failure(void **state)
     fake_complete_events();
     __atomic_store_n(gate, 1, __ATOMIC_RELEASE);
     fake_pump();
-    assert_int_equal(*(volatile uint64_t *)(uintptr_t)ctr, 1);
-    assert_int_equal(k2.runs, 0);
+    /* Usually the counter now reads 1 and k2 waits: the hazard. On a loaded machine a poll of
+     * the backend may already have repaired it (2) before this look; either way k2 must run
+     * below, which it never does without the repair. */
+    uint64_t now_ctr = *(volatile uint64_t *)(uintptr_t)ctr;
+    assert_true(now_ctr == 1 || now_ctr == 2);
+    if (now_ctr == 1)
+        assert_int_equal(k2.runs, 0);
     /* The backend's next poll (any batch in flight) repairs it. */
     for (ccq_device_id d = 2; d < NDEV; d++)
         assert_int_equal(
