@@ -153,9 +153,8 @@ ccq_status ucx_op_fail(ucx_op *o, ccq_status st, const char *fmt, ...)
     return st;
 }
 
-/* c can no longer be used: its later operations fail with st and detail. remote: a member
- * reported it (so this process need not tell the others). */
-static void comm_fail(ucx_comm *c, ccq_status st, const char *detail, bool remote)
+/* (ucx.h) */
+void ucx_comm_fail(ucx_comm *c, ccq_status st, const char *detail, bool remote)
 {
     if (c->failed != CCQ_OK)
         return;
@@ -204,7 +203,7 @@ static void check_peers(ucx_engine *e)
                 peer->reported = true;
                 e->base.peer_failed(e->base.peer_failed_arg, c->procs[p]);
             }
-            comm_fail(c, CCQ_ERR_BACKEND, why, false);
+            ucx_comm_fail(c, CCQ_ERR_BACKEND, why, false);
         }
     }
 }
@@ -582,7 +581,7 @@ static ccq_status ucx_comm_create(ccq_host_engine *base, const ccq_be_comm_desc 
     /* A member already gone: the communicator forms (forming waits for nobody and each member
      * decides alone), and its operations fail naming the process, as after a peer error. */
     if (dead[0] != '\0')
-        comm_fail(c, CCQ_ERR_BACKEND, dead, false);
+        ucx_comm_fail(c, CCQ_ERR_BACKEND, dead, false);
     err->msg[0] = '\0';
     *out = (ccq_heng_comm *)c;
     return CCQ_OK;
@@ -908,6 +907,12 @@ static ccq_status ucx_start(ccq_host_engine *base, ccq_heng_comm *hc, const ccq_
     if (c->next_seq[o->chan] <= o->seq)
         c->next_seq[o->chan] = o->seq + 1;
     ucx_adopt_early(o);
+    if (o->kind == CCQ_KIND_SEND && o->sends == NULL) {
+        /* Its message left at once (UCX copied it): done, as a buffered send, whatever a
+         * member says of it later (a notice then fails the communicator, not this send). */
+        ucx_comm_ended(c, o);
+        o->status = CCQ_OK;
+    }
     *out = (ccq_heng_op *)o;
     return CCQ_OK;
 }
@@ -931,6 +936,7 @@ static ccq_status op_step(ucx_op *o)
     if (st != CCQ_OK)
         return ucx_op_fail(o, st, "%s", err.msg[0] ? err.msg : "UCX operation failed");
     local_outputs(o);
+    ucx_comm_ended(o->c, o);
     o->status = CCQ_OK;
     return CCQ_OK;
 }
@@ -952,7 +958,7 @@ static ccq_status ucx_test(ccq_host_engine *base, ccq_heng_op *h, ccq_errbuf *er
          * operation that failed here. */
         bool remote = o->noticed; /* it came from a member's notice */
         ucx_notice(o);
-        comm_fail(o->c, st, o->detail.msg, remote);
+        ucx_comm_fail(o->c, st, o->detail.msg, remote);
     }
     o->op = NULL;
     op_retire(o);
@@ -1015,8 +1021,9 @@ static void ucx_abandon(ccq_host_engine *base, ccq_heng_op *h)
     if (o->status == CCQ_IN_PROGRESS)
         ucx_op_fail(o, CCQ_ERR_ABORTED, "given up (timeout or abort)");
     /* Later messages of this communicator are dropped: the runtime aborts it. */
-    comm_fail(o->c, CCQ_ERR_ABORTED,
-              "an earlier operation on this communicator was given up (timeout or abort)", false);
+    ucx_comm_fail(o->c, CCQ_ERR_ABORTED,
+                  "an earlier operation on this communicator was given up (timeout or abort)",
+                  false);
     o->op = NULL;
     op_retire(o);
 }

@@ -77,55 +77,127 @@ static size_t add_field(char *buf, size_t len, size_t w, bool *first, const char
     return w;
 }
 
+/* What a header is compared with: an operation here, running or ended (ucx_ended). */
+typedef struct ucx_want {
+    uint8_t kind, dtype, redop;
+    uint32_t root, chan;
+    uint64_t count;
+} ucx_want;
+
+static ucx_want want_of(const ucx_op *o)
+{
+    ucx_want w = {.kind = o->chan != 0 ? CCQ_KIND_SEND : o->kind,
+                  .dtype = o->dtype,
+                  .redop = o->redop,
+                  .root = o->root,
+                  .chan = o->chan,
+                  .count = o->count};
+    return w;
+}
+
+/* Whether h disagrees with w; if so theirs and mine (room len each) name every field that
+ * differs, as "count 10 and dtype float32". */
+static bool header_differs(const ucx_want *w, const ucx_hdr *h, char *theirs, char *mine,
+                           size_t len)
+{
+    bool p2p = w->chan != 0;
+    bool reduces = !p2p && ccq_kinds[w->kind].reduces;
+    bool rooted = !p2p && ccq_kinds[w->kind].rooted;
+    char t[64], m[64];
+    bool f1 = true, f2 = true;
+    size_t w1 = 0, w2 = 0;
+
+    if (h->kind == w->kind && h->dtype == w->dtype && h->count == w->count &&
+        (!reduces || h->redop == w->redop) && (!rooted || h->root == w->root))
+        return false;
+    theirs[0] = mine[0] = '\0';
+    if (h->kind != w->kind) {
+        w1 = add_field(theirs, len, w1, &f1, "kind", ucx_kind_name(h->kind), NULL);
+        w2 = add_field(mine, len, w2, &f2, "kind", ucx_kind_name(w->kind), NULL);
+    }
+    if (h->count != w->count) {
+        snprintf(t, sizeof t, "%" PRIu64, h->count);
+        snprintf(m, sizeof m, "%" PRIu64, w->count);
+        w1 = add_field(theirs, len, w1, &f1, "count", t, NULL);
+        w2 = add_field(mine, len, w2, &f2, "count", m, NULL);
+    }
+    if (h->dtype != w->dtype) {
+        w1 = add_field(theirs, len, w1, &f1, "dtype", ucx_dtype_name(h->dtype), NULL);
+        w2 = add_field(mine, len, w2, &f2, "dtype", ucx_dtype_name(w->dtype), NULL);
+    }
+    if (reduces && h->redop != w->redop && h->kind == w->kind) {
+        w1 = add_field(theirs, len, w1, &f1, "op", ucx_op_name(h->redop), NULL);
+        w2 = add_field(mine, len, w2, &f2, "op", ucx_op_name(w->redop), NULL);
+    }
+    if (rooted && h->root != w->root && h->kind == w->kind) {
+        snprintf(t, sizeof t, "%u", h->root);
+        snprintf(m, sizeof m, "%u", w->root);
+        w1 = add_field(theirs, len, w1, &f1, "root", t, NULL);
+        w2 = add_field(mine, len, w2, &f2, "root", m, NULL);
+    }
+    (void)w1;
+    (void)w2;
+    return true;
+}
+
 /* Compare m's header with o; on a disagreement fail o with CCQ_ERR_MISMATCH naming both
  * processes and every field that differs, and return false. */
 static bool header_agrees(ucx_op *o, const ucx_hdr *h)
 {
     const ucx_comm *c = o->c;
-    bool p2p = o->chan != 0;
-    bool reduces = !p2p && ccq_kinds[o->kind].reduces;
-    bool rooted = !p2p && ccq_kinds[o->kind].rooted;
-    uint8_t want_kind = p2p ? CCQ_KIND_SEND : o->kind;
-    char theirs[256], mine[256], t[64], m[64];
-    bool f1 = true, f2 = true;
-    size_t w1 = 0, w2 = 0;
+    ucx_want w = want_of(o);
+    char theirs[256], mine[256];
 
-    if (h->kind == want_kind && h->dtype == o->dtype && h->count == o->count &&
-        (!reduces || h->redop == o->redop) && (!rooted || h->root == o->root))
+    if (!header_differs(&w, h, theirs, mine, sizeof theirs))
         return true;
-    theirs[0] = mine[0] = '\0';
-    if (h->kind != want_kind) {
-        w1 = add_field(theirs, sizeof theirs, w1, &f1, "kind", ucx_kind_name(h->kind), NULL);
-        w2 = add_field(mine, sizeof mine, w2, &f2, "kind", ucx_kind_name(want_kind), NULL);
-    }
-    if (h->count != o->count) {
-        snprintf(t, sizeof t, "%" PRIu64, h->count);
-        snprintf(m, sizeof m, "%" PRIu64, o->count);
-        w1 = add_field(theirs, sizeof theirs, w1, &f1, "count", t, NULL);
-        w2 = add_field(mine, sizeof mine, w2, &f2, "count", m, NULL);
-    }
-    if (h->dtype != o->dtype) {
-        w1 = add_field(theirs, sizeof theirs, w1, &f1, "dtype", ucx_dtype_name(h->dtype), NULL);
-        w2 = add_field(mine, sizeof mine, w2, &f2, "dtype", ucx_dtype_name(o->dtype), NULL);
-    }
-    if (reduces && h->redop != o->redop && h->kind == o->kind) {
-        w1 = add_field(theirs, sizeof theirs, w1, &f1, "op", ucx_op_name(h->redop), NULL);
-        w2 = add_field(mine, sizeof mine, w2, &f2, "op", ucx_op_name(o->redop), NULL);
-    }
-    if (rooted && h->root != o->root && h->kind == o->kind) {
-        snprintf(t, sizeof t, "%u", h->root);
-        snprintf(m, sizeof m, "%u", o->root);
-        w1 = add_field(theirs, sizeof theirs, w1, &f1, "root", t, NULL);
-        w2 = add_field(mine, sizeof mine, w2, &f2, "root", m, NULL);
-    }
-    (void)w1;
-    (void)w2;
     ucx_op_fail(o, CCQ_ERR_MISMATCH,
                 "processes disagree on %s sequence %" PRIu64
                 " of a communicator spanning processes: process %u submitted %s where process "
                 "%u (this one) submitted %s; nothing was reduced or written",
                 ucx_kind_name(o->kind), o->seq, c->procs[h->src], theirs, c->procs[c->me], mine);
     return false;
+}
+
+void ucx_comm_ended(ucx_comm *c, const ucx_op *o)
+{
+    ucx_want w = want_of(o);
+    ucx_ended *r = &c->ended[o->chan][o->seq % UCX_ENDED];
+    r->seq = o->seq + 1;
+    r->count = w.count;
+    r->root = w.root;
+    r->kind = w.kind;
+    r->dtype = w.dtype;
+    r->redop = w.redop;
+}
+
+/* A data message of an operation that already ended here: if that operation succeeded here
+ * (and is recent enough to be remembered) and m's header disagrees with it, the members
+ * did not run the same operation (each only sent, so nobody compared a header in time).
+ * The operation cannot be failed any more: the communicator is, so its next operation here
+ * fails with this detail (and tells the members), never silently. */
+static void late_check(ucx_comm *c, const ucx_msg *m)
+{
+    const ucx_ended *r = &c->ended[m->hdr.chan][m->hdr.seq % UCX_ENDED];
+    ucx_want w;
+    char theirs[160], mine[160], detail[CCQ_DETAIL_LEN];
+
+    if (m->hdr.type != UCX_MSG_DATA || r->seq != m->hdr.seq + 1 || m->hdr.src >= c->nprocs)
+        return;
+    w = (ucx_want){.kind = r->kind,
+                   .dtype = r->dtype,
+                   .redop = r->redop,
+                   .root = r->root,
+                   .chan = m->hdr.chan,
+                   .count = r->count};
+    if (!header_differs(&w, &m->hdr, theirs, mine, sizeof theirs))
+        return;
+    snprintf(detail, sizeof detail,
+             "processes disagree on %s sequence %" PRIu64 ": process %u submitted %.100s where "
+             "process %u (this one) submitted %.100s; it had completed here (this process only "
+             "sent), so the communicator is no longer usable",
+             ucx_kind_name(r->kind), m->hdr.seq, c->procs[m->hdr.src], theirs, c->procs[c->me],
+             mine);
+    ucx_comm_fail(c, CCQ_ERR_MISMATCH, detail, false);
 }
 
 /* ---- routing ------------------------------------------------------------------------------ */
@@ -150,6 +222,28 @@ static void take_notice(ucx_op *o, ucx_msg *m)
                 n ? text : "a member process failed this operation", c->procs[m->hdr.src]);
 }
 
+/* A notice for an operation that succeeded here: the communicator is no longer usable, its
+ * next operation fails with the reporter's detail. */
+static void late_notice(ucx_comm *c, const ucx_msg *m)
+{
+    char text[CCQ_DETAIL_LEN - 160];
+    size_t n;
+
+    if (m->hdr.type != UCX_MSG_NOTICE || c->failed != CCQ_OK)
+        return;
+    n = m->state == MSG_EAGER && m->len < sizeof text ? m->len : 0;
+    memcpy(text, m->data, n);
+    text[n < sizeof text ? n : sizeof text - 1] = '\0';
+    c->failed = m->hdr.status ? -(ccq_status)m->hdr.status : CCQ_ERR_MISMATCH;
+    c->failed_remote = true;
+    snprintf(c->failed_detail, sizeof c->failed_detail,
+             "%.340s (reported by process %u after sequence %" PRIu64
+             " completed here; the communicator is no longer usable)",
+             text[0] ? text : "a member process failed an operation",
+             m->hdr.src < c->nprocs ? c->procs[m->hdr.src] : UINT32_MAX, m->hdr.seq);
+    ucx_comm_drop_messages(c);
+}
+
 /* m belongs to o; false when it was dropped. */
 static bool op_adopt(ucx_op *o, ucx_msg *m, bool fresh)
 {
@@ -161,9 +255,13 @@ static bool op_adopt(ucx_op *o, ucx_msg *m, bool fresh)
     if (m->hdr.type == UCX_MSG_NOTICE) {
         if (o->status == CCQ_IN_PROGRESS)
             take_notice(o, m);
+        else if (o->status == CCQ_OK) /* ended here, not yet retired */
+            late_notice(o->c, m);
         drop(e, m, fresh);
         return false;
     }
+    if (o->status == CCQ_OK)
+        late_check(o->c, m); /* ended here, not yet retired */
     if (o->status != CCQ_IN_PROGRESS || !header_agrees(o, &m->hdr)) {
         drop(e, m, fresh); /* a failed operation's messages are never placed */
         return false;
@@ -190,20 +288,8 @@ static bool comm_route(ucx_comm *c, ucx_msg *m, bool fresh)
     if (m->hdr.seq < c->next_seq[m->hdr.chan]) {
         /* Its operation already ended here. A notice then says the communicator is no longer
          * usable: the next operation on it fails with the reporter's detail. */
-        if (m->hdr.type == UCX_MSG_NOTICE && c->failed == CCQ_OK) {
-            char text[CCQ_DETAIL_LEN - 160];
-            size_t n = m->state == MSG_EAGER && m->len < sizeof text ? m->len : 0;
-            memcpy(text, m->data, n);
-            text[n < sizeof text ? n : sizeof text - 1] = '\0';
-            c->failed = m->hdr.status ? -(ccq_status)m->hdr.status : CCQ_ERR_MISMATCH;
-            c->failed_remote = true;
-            snprintf(c->failed_detail, sizeof c->failed_detail,
-                     "%.340s (reported by process %u after sequence %" PRIu64
-                     " completed here; the communicator is no longer usable)",
-                     text[0] ? text : "a member process failed an operation",
-                     m->hdr.src < c->nprocs ? c->procs[m->hdr.src] : UINT32_MAX, m->hdr.seq);
-            ucx_comm_drop_messages(c);
-        }
+        late_check(c, m);
+        late_notice(c, m);
         drop(e, m, fresh);
         return false;
     }

@@ -130,6 +130,17 @@ struct ucx_engine {
 
 /* ---- a communicator -------------------------------------------------------------------- */
 
+/* What an operation that succeeded here was (its header fields), kept for a late message
+ * of it: when every member only sends (two processes that both believe they are a
+ * broadcast's root), a disagreement shows only in a message that arrives after the
+ * operation ended here. */
+#define UCX_ENDED 16u
+typedef struct ucx_ended {
+    uint64_t seq, count; /* seq + 1: 0 = empty slot */
+    uint32_t root;
+    uint8_t kind, dtype, redop;
+} ucx_ended;
+
 struct ucx_comm {
     ucx_comm *next;
     ucx_engine *e;
@@ -140,9 +151,12 @@ struct ucx_comm {
     uint32_t nranks;
     ucx_msg *early;       /* messages of operations not started here yet */
     uint64_t next_seq[3]; /* per channel (0, 1, 2): operations started so far */
-    ucx_op *ops;          /* operations in flight on it (for arrivals) */
-    ccq_status failed;    /* CCQ_OK, or why it can no longer be used (sticky) */
-    bool failed_remote;   /* ...as a member told this process */
+    /* The last UCX_ENDED operations that succeeded here, per channel (slot seq %
+     * UCX_ENDED): what a late message of one of them is compared with (ucx_comm_ended). */
+    ucx_ended ended[3][UCX_ENDED];
+    ucx_op *ops;        /* operations in flight on it (for arrivals) */
+    ccq_status failed;  /* CCQ_OK, or why it can no longer be used (sticky) */
+    bool failed_remote; /* ...as a member told this process */
     char failed_detail[CCQ_DETAIL_LEN];
     uint32_t refs; /* 1 for the communicator + operations still referring to it */
     bool destroyed;
@@ -250,6 +264,11 @@ void ucx_adopt_early(ucx_op *o);
 void ucx_adopt_orphans(ucx_engine *e, ucx_comm *c);
 /* Drop every message c still holds (it failed or is going away). */
 void ucx_comm_drop_messages(ucx_comm *c);
+/* c can no longer be used: its later operations fail with st and detail. remote: a member
+ * reported it (so this process need not tell the others). */
+void ucx_comm_fail(ucx_comm *c, ccq_status st, const char *detail, bool remote);
+/* o succeeded here: remember its header fields for late messages (ucx_comm.ended). */
+void ucx_comm_ended(ucx_comm *c, const ucx_op *o);
 /* Tell every other member that o failed (a mismatch): payload = o's detail. */
 void ucx_notice(ucx_op *o);
 
