@@ -100,6 +100,7 @@ typedef struct tcp_boot {
                                     * relay_window reads it, a moment late is no matter) */
     uint64_t suspect_until; /* server: after a gap in this thread's run, closes are checked */
     bool given_up;          /* the others gave this process up: stop serving, fence off */
+    uint64_t ran_ns;        /* when poll() last returned (or an answer came: ask_successor) */
     /* Shared, under mu. */
     pthread_mutex_t mu;
     int state;          /* C_* */
@@ -613,6 +614,7 @@ static bool ask_successor(tcp_boot *t, uint64_t budget_ns, uint32_t *by)
         if (r == t->rank || port == 0)
             continue;
         a = ask_one(t, host, port, deadline, &lost);
+        t->ran_ns = now_ns(); /* the time it took is no pause of this process */
         if (a < 0)
             continue; /* gone: the others passed it over too */
         if (a == 1 && lost)
@@ -829,7 +831,7 @@ static void *io_main(void *arg)
     int nfd_cap = 3 + (int)t->lim.conns_max; /* any process may come to serve */
     struct pollfd *pf = calloc((size_t)nfd_cap, sizeof *pf);
     int *ids = calloc((size_t)nfd_cap, sizeof *ids);
-    uint64_t linger_until = 0, ran = now_ns(), silent_was = 0;
+    uint64_t linger_until = 0, silent_was = 0;
 
     if (pf == NULL || ids == NULL) {
         client_fail(t, C_FAILED, CCQ_ERR_NO_MEMORY, "out of memory in the bootstrap's thread");
@@ -840,7 +842,7 @@ static void *io_main(void *arg)
     for (;;) {
         int n = 0, state, timeout_ms = -1;
         bool stop, out_pending;
-        uint64_t now = now_ns(), next = UINT64_MAX, hb, silent, heard;
+        uint64_t now = now_ns(), next = UINT64_MAX, hb, silent, heard, away;
 
         pthread_mutex_lock(&t->mu);
         stop = t->stop;
@@ -948,16 +950,20 @@ static void *io_main(void *arg)
         if (poll(pf, (nfds_t)n, timeout_ms) < 0 && errno != EINTR)
             break;
         now = now_ns();
-        if (silent != 0 && now - ran > (uint64_t)timeout_ms * 1000000u + silent / 2) {
-            /* This thread did not run for a while (the process was stopped, or starved): the
-             * server's silence meanwhile says nothing of it, and a process's connection to this
-             * one's server that closed meanwhile may have given this one up (server_close_conn
-             * asks before telling anyone). */
+        away = now - t->ran_ns > (uint64_t)timeout_ms * 1000000u
+                   ? now - t->ran_ns - (uint64_t)timeout_ms * 1000000u
+                   : 0;
+        /* This thread did not run for a while (the process was stopped, or starved): the
+         * server's silence meanwhile says nothing of it. */
+        if (silent != 0 && away > silent / 2)
             atomic_store_explicit(&t->last_recv_ns, now, memory_order_relaxed);
-            if (t->srv != NULL)
-                t->suspect_until = now + silent;
-        }
-        ran = now;
+        /* And if it serves and was away long enough that a process may have heard nothing from
+         * it for heartbeat_timeout_ms (its last keepalive went up to a heartbeat before), a
+         * connection that closes now may have given it up: server_close_conn asks before it
+         * tells anyone. A shorter pause is not suspect (nobody asks, nobody waits). */
+        if (silent != 0 && t->srv != NULL && away > silent / 2 && away + 2 * hb >= silent)
+            t->suspect_until = now + silent;
+        t->ran_ns = now;
         for (int j = 0; j < n; j++) {
             if (pf[j].revents == 0)
                 continue;
@@ -1472,6 +1478,7 @@ ccq_status ccq_boot_tcp_open(ccq_boot *b, const char *spec, ccq_errbuf *err)
         return CCQ_ERR_NO_MEMORY;
     }
     t->fd = t->listen_fd = t->wake[0] = t->wake[1] = -1;
+    t->ran_ns = now_ns();
     atomic_init(&t->last_recv_ns, 0);
     t->rank = b->rank;
     t->size = b->size;
