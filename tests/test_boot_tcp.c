@@ -4,8 +4,10 @@
  * rank, bad specs, a port in use; raw clients that send garbage, another protocol version,
  * an oversized frame, half a frame and then nothing, or nothing at all, while real processes
  * keep exchanging; peers' states (LOST when a process dies, LEFT when it closes, rank 0's
- * death seen by everyone). The server's logic alone (tcp_server.c, no sockets): records
- * forgotten once delivered, its memory bounded.
+ * death seen by everyone); a stopped rank 0 (SIGSTOP): found by its silence, the rendezvous
+ * taken over, and rank 0, continued, learns it was given up. The server's logic alone
+ * (tcp_server.c, no sockets): records forgotten once delivered, its memory bounded, its
+ * keepalives.
  *
  * Forks happen before the parent starts any thread; children report by exit status. Ports
  * come from the kernel (an ephemeral port, bound and released) so parallel tests never
@@ -19,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -559,6 +562,82 @@ static void test_tcp_peers(void **state)
     assert_int_equal(run_procs(4, peers_child, NULL), 0);
 }
 
+/* ---- a stopped server ------------------------------------------------------------------- */
+
+/* Heartbeats on (50 ms, silent after 500 ms). Rank 0, which serves, stops itself; ranks 1 and
+ * 2 find it silent, rank 1 serves in its place, they meet through it, and rank 1 continues
+ * rank 0: rank 0 learns it was given up (by asking rank 1), reports none of the others lost,
+ * and its exchanges fail; nothing it does reaches the others. */
+static int stopped_child(unsigned rank, unsigned size, void *arg)
+{
+    ccq_boot *b;
+    ccq_errbuf err = {{0}};
+    uint32_t all[3] = {0, 1, 2}, two[2] = {1, 2}, ranks[4], by = 99;
+    uint64_t mine = (uint64_t)getpid(), pids[3], out[3];
+    char beat[32];
+    ccq_status st;
+    (void)arg;
+    CHILD_CHECK(open_tcp(rank, size, &b, &err) == CCQ_OK, "open: %s", err.msg);
+    ccq_boot_beat_config(b, 50000000ull, 500000000ull);
+    CHILD_CHECK(ccq_boot_exchange(b, "pids", all, 3, &mine, 8, pids, deadline_ms(20000), &err) ==
+                    CCQ_OK,
+                "pids: %s", err.msg);
+    if (rank == 0) {
+        raise(SIGSTOP); /* until rank 1 continues it, after the others took over */
+        for (int k = 0; k < 300 && !ccq_boot_given_up(b, &by); k++)
+            sleep_ms(10);
+        CHILD_CHECK(ccq_boot_given_up(b, &by) && by == 1, "given up: by %u", by);
+        /* The others closed their connections because they gave it up: not losses. */
+        CHILD_CHECK(ccq_boot_closed_peers(b, ranks, 4) == 0, "closed: %u", ranks[0]);
+        CHILD_CHECK(ccq_boot_silent_peers(b, ranks, 4) == 0, "silent: %u", ranks[0]);
+        CHILD_CHECK(ccq_boot_peer_state(b, 1) != CCQ_BOOT_PEER_LOST &&
+                        ccq_boot_peer_state(b, 2) != CCQ_BOOT_PEER_LOST,
+                    "peers: %d %d", ccq_boot_peer_state(b, 1), ccq_boot_peer_state(b, 2));
+        /* The successor's answer carried the others' heartbeat records. */
+        CHILD_CHECK(beat_is(b, 1, "beat 1.after"), "rank 1's record after the takeover");
+        st = ccq_boot_exchange(b, "late", all, 3, &mine, 8, out, deadline_ms(2000), &err);
+        CHILD_CHECK(st == CCQ_ERR_PROCESS_LOST && strstr(err.msg, "fenced off") != NULL,
+                    "late: %s: %s", ccq_status_name(st), err.msg);
+        ccq_boot_close(b);
+        return 0;
+    }
+    for (int k = 0; k < 500 && ccq_boot_peer_state(b, 0) != CCQ_BOOT_PEER_LOST; k++)
+        sleep_ms(10);
+    CHILD_CHECK(ccq_boot_peer_state(b, 0) == CCQ_BOOT_PEER_LOST, "0: %d",
+                ccq_boot_peer_state(b, 0));
+    /* Silent, not closed: job health says how it was seen. */
+    CHILD_CHECK(ccq_boot_silent_peers(b, ranks, 4) == 1 && ranks[0] == 0, "silent: 0");
+    CHILD_CHECK(ccq_boot_closed_peers(b, ranks, 4) == 0, "closed: %u", ranks[0]);
+    snprintf(beat, sizeof beat, "beat %u.after", rank);
+    CHILD_CHECK(ccq_boot_beat_publish(b, beat, strlen(beat) + 1, &err) == CCQ_OK, "beat: %s",
+                err.msg);
+    /* The survivors meet through rank 1 (its beat went first on the same connection). */
+    mine = rank + 100;
+    CHILD_CHECK(ccq_boot_exchange(b, "after", two, 2, &mine, 8, out, deadline_ms(20000), &err) ==
+                        CCQ_OK &&
+                    out[0] == 101 && out[1] == 102,
+                "after: %s", err.msg);
+    if (rank == 1)
+        kill((pid_t)pids[0], SIGCONT);
+    /* Rank 0 runs again: nobody else is lost, and the survivors still meet. */
+    sleep_ms(1500);
+    CHILD_CHECK(ccq_boot_peer_state(b, 3 - rank) != CCQ_BOOT_PEER_LOST, "%u: %d", 3 - rank,
+                ccq_boot_peer_state(b, 3 - rank));
+    CHILD_CHECK(ccq_boot_closed_peers(b, ranks, 4) == 0, "closed after: %u", ranks[0]);
+    CHILD_CHECK(ccq_boot_exchange(b, "end", two, 2, &mine, 8, out, deadline_ms(20000), &err) ==
+                    CCQ_OK,
+                "end: %s", err.msg);
+    ccq_boot_close(b);
+    return 0;
+}
+
+static void test_tcp_stopped_server(void **state)
+{
+    (void)state;
+    snprintf(spec, sizeof spec, "tcp://127.0.0.1:%u", free_port());
+    assert_int_equal(run_procs(3, stopped_child, NULL), 0);
+}
+
 /* ---- the server's logic alone ----------------------------------------------------------- */
 
 static void put_hello(ccq_tcp_server *s, int id, uint32_t rank)
@@ -709,13 +788,80 @@ static void test_tcp_server_beats(void **state)
     ccq_tcp_server_free(s);
 }
 
+/* Keepalives: off by default; on, a PING to each process sent nothing for the interval (one
+ * that was sent something meanwhile gets none), and the server wakes for the next one. */
+static void test_tcp_server_keepalive(void **state)
+{
+    ccq_tcp_limits lim;
+    ccq_tcp_server *s;
+    int id[3], gone[4], hush;
+    const uint8_t *p;
+    size_t len;
+    uint64_t next, t = 1000000000ull;
+    uint32_t rank = 99;
+    uint16_t type;
+    uint8_t rec[40] = {0};
+    ccq_tcp_buf b = {0};
+    (void)state;
+
+    ccq_tcp_default_limits(&lim, 3);
+    s = ccq_tcp_server_new("job", 3, 0, &lim);
+    assert_non_null(s);
+    for (uint32_t r = 0; r < 3; r++) {
+        id[r] = ccq_tcp_server_open(s, 0);
+        put_hello(s, id[r], r);
+        drain(s, id[r]);
+    }
+    assert_int_equal(ccq_tcp_server_tick(s, t, gone, 4, &next), 0);
+    ccq_tcp_server_output(s, id[0], &p, &len);
+    assert_int_equal(len, 0);
+    ccq_tcp_server_keepalive(s, 100);
+    assert_int_equal(ccq_tcp_server_tick(s, t, gone, 4, &next), 0);
+    assert_int_equal(next, t + 100);
+    for (uint32_t r = 0; r < 3; r++) {
+        ccq_tcp_server_output(s, id[r], &p, &len);
+        assert_int_equal(len, CCQ_TCP_HDR);
+        memcpy(&type, p + 6, 2);
+        assert_int_equal(type, CCQ_TCP_PING);
+        ccq_tcp_server_sent(s, id[r], len, t);
+    }
+    /* Process 0 beats at t + 50: 1 and 2 are sent its record, so at t + 120 only 0 is pinged. */
+    ccq_tcp_put_frame(&b, SIZE_MAX, CCQ_TCP_BEAT, rec, sizeof rec, NULL, 0, NULL, 0);
+    assert_true(ccq_tcp_server_input(s, id[0], b.p, b.len, t + 50));
+    ccq_tcp_buf_free(&b);
+    drain(s, id[1]);
+    drain(s, id[2]);
+    assert_int_equal(ccq_tcp_server_tick(s, t + 120, gone, 4, &next), 0);
+    assert_int_equal(next, t + 150);
+    ccq_tcp_server_output(s, id[0], &p, &len);
+    assert_int_equal(len, CCQ_TCP_HDR);
+    for (int r = 1; r < 3; r++) {
+        ccq_tcp_server_output(s, id[r], &p, &len);
+        assert_int_equal(len, 0);
+    }
+    /* Members: a process that said HELLO; not once it said BYE, nor a connection without one. */
+    assert_true(ccq_tcp_server_conn_member(s, id[1], &rank) && rank == 1);
+    ccq_tcp_put_frame(&b, SIZE_MAX, CCQ_TCP_BYE, NULL, 0, NULL, 0, NULL, 0);
+    assert_true(ccq_tcp_server_input(s, id[2], b.p, b.len, t + 130));
+    ccq_tcp_buf_free(&b);
+    assert_false(ccq_tcp_server_conn_member(s, id[2], &rank));
+    hush = ccq_tcp_server_open(s, t + 130);
+    assert_false(ccq_tcp_server_conn_member(s, hush, &rank));
+    ccq_tcp_server_free(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_tcp_worlds),       cmocka_unit_test(test_tcp_any_interface),
-        cmocka_unit_test(test_tcp_refusals),     cmocka_unit_test(test_tcp_hostile_clients),
-        cmocka_unit_test(test_tcp_peers),        cmocka_unit_test(test_tcp_server_memory),
+        cmocka_unit_test(test_tcp_worlds),
+        cmocka_unit_test(test_tcp_any_interface),
+        cmocka_unit_test(test_tcp_refusals),
+        cmocka_unit_test(test_tcp_hostile_clients),
+        cmocka_unit_test(test_tcp_peers),
+        cmocka_unit_test(test_tcp_server_memory),
         cmocka_unit_test(test_tcp_server_beats),
+        cmocka_unit_test(test_tcp_stopped_server),
+        cmocka_unit_test(test_tcp_server_keepalive),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

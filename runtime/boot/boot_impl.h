@@ -106,6 +106,12 @@ typedef struct ccq_boot_mech {
     /* Optional: the processes whose connection closed (the OS says they are gone; tcp):
      * writes up to cap world ranks, returns how many there are. Each is reported once. */
     size_t (*closed_peers)(ccq_boot *b, uint32_t *ranks, size_t cap);
+    /* Optional (tcp): ccq_boot_beat_config, ccq_boot_silent_peers, ccq_boot_given_up,
+     * ccq_boot_relay_window. */
+    void (*beat_config)(ccq_boot *b, uint64_t hb_ns, uint64_t timeout_ns);
+    size_t (*silent_peers)(ccq_boot *b, uint32_t *ranks, size_t cap);
+    bool (*given_up)(ccq_boot *b, uint32_t *by);
+    void (*relay_window)(ccq_boot *b, uint64_t *since, uint64_t *until);
     /* Optional (tcp): ccq_boot_peer_state and ccq_boot_watch_peers. */
     ccq_boot_peer (*peer_state)(ccq_boot *b, uint32_t rank);
     ccq_status (*watch_peers)(ccq_boot *b, void (*fn)(void *, uint32_t, ccq_boot_peer), void *arg);

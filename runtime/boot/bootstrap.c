@@ -852,6 +852,50 @@ size_t ccq_boot_closed_peers(ccq_boot *b, uint32_t *ranks, size_t cap)
     return n;
 }
 
+void ccq_boot_beat_config(ccq_boot *b, uint64_t hb_ns, uint64_t timeout_ns)
+{
+    if (b->mech->beat_config == NULL)
+        return;
+    pthread_mutex_lock(&b->lock);
+    b->mech->beat_config(b, hb_ns, timeout_ns);
+    pthread_mutex_unlock(&b->lock);
+}
+
+size_t ccq_boot_silent_peers(ccq_boot *b, uint32_t *ranks, size_t cap)
+{
+    size_t n;
+
+    if (b->mech->silent_peers == NULL)
+        return 0;
+    pthread_mutex_lock(&b->lock);
+    n = b->mech->silent_peers(b, ranks, cap);
+    pthread_mutex_unlock(&b->lock);
+    return n;
+}
+
+bool ccq_boot_given_up(ccq_boot *b, uint32_t *by)
+{
+    bool up;
+
+    if (b->mech->given_up == NULL)
+        return false;
+    pthread_mutex_lock(&b->lock);
+    up = b->mech->given_up(b, by);
+    pthread_mutex_unlock(&b->lock);
+    return up;
+}
+
+void ccq_boot_relay_window(ccq_boot *b, uint64_t *since, uint64_t *until)
+{
+    *since = 0;
+    *until = UINT64_MAX;
+    if (b->mech->relay_window == NULL)
+        return;
+    pthread_mutex_lock(&b->lock);
+    b->mech->relay_window(b, since, until);
+    pthread_mutex_unlock(&b->lock);
+}
+
 uint64_t ccq_boot_nonce(const ccq_boot *b)
 {
     return b->nonce;

@@ -156,6 +156,24 @@ ccq_status ccq_boot_beat_fetch(ccq_boot *boot, uint32_t rank, void **rec, size_t
  * gone; only connection-based mechanisms report any): up to cap world ranks into ranks,
  * returns how many were written. */
 size_t ccq_boot_closed_peers(ccq_boot *boot, uint32_t *ranks, size_t cap);
+/* The heartbeat period and timeout job health runs with (tcp: the server sends every process
+ * something at least every hb_ns, and a process that hears nothing from it for timeout_ns
+ * takes the rendezvous over). No-op for mechanisms that need neither. */
+void ccq_boot_beat_config(ccq_boot *boot, uint64_t hb_ns, uint64_t timeout_ns);
+/* Processes this one stopped hearing from for the timeout while connected (tcp: the process
+ * serving the rendezvous, stopped or hung; its connection stays open), each reported once and
+ * never also by ccq_boot_closed_peers. */
+size_t ccq_boot_silent_peers(ccq_boot *boot, uint32_t *ranks, size_t cap);
+/* Whether the others gave this process up (tcp: it served the rendezvous, fell silent, and a
+ * successor took over, which it learned when it ran again): true with *by, the process that
+ * serves in its place. From then on it is fenced off: nothing it sends reaches anyone. */
+bool ccq_boot_given_up(ccq_boot *boot, uint32_t *by);
+/* When the others' heartbeat records could reach this process (CLOCK_MONOTONIC ns): from
+ * *since until *until (tcp: since it last connected to the rendezvous, until a heartbeat
+ * after the server last sent anything). A record's age counts only within that window: a
+ * process is not silent while whatever relays its records is. 0 and UINT64_MAX where records
+ * come without a relay (file, store). */
+void ccq_boot_relay_window(ccq_boot *boot, uint64_t *since, uint64_t *until);
 /* This handle's nonce (random per open), and the nonce world rank `rank` used in the
  * records this handle took from it (0 when none yet): a heartbeat record carries its
  * writer's, so one of an earlier job with the same id is told apart. */

@@ -9,6 +9,14 @@
  * over the same connection: each process sends its own, rank 0 passes on the latest of
  * each to every other process, which keeps the latest of each here.
  *
+ * A stopped server (SIGSTOP, a hung host) keeps its connections open: with heartbeats on
+ * (ccq_boot_beat_config) it sends every process something at least every heartbeat_ms, and a
+ * process that hears nothing from it for heartbeat_timeout_ms takes over as for a closed
+ * connection (server_lost), reporting it as silent (ccq_boot_silent_peers). The server, when it
+ * runs again, notices the gap in its own run; a client's connection that closes then is checked
+ * with the successor before anyone is reported lost (ask_successor): when the others gave this
+ * process up, it stops serving and is fenced off (ccq_boot_given_up).
+ *
  * Threads: each handle runs one I/O thread, asleep in poll() while nothing moves. It owns the
  * sockets; the bootstrap's calls (with the handle's lock held) only queue output and read
  * what the thread received, under this mechanism's own mutex `mu` (order: the handle's lock,
@@ -23,6 +31,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +48,8 @@
 #define RETRY_MAX_NS (200u * 1000000u)
 /* A client's queue of frames not sent yet (its own records and requests). */
 #define CLIENT_OUT_MAX (64u << 20)
+/* The longest a continued server waits for its successor's answer (ask_successor). */
+#define ASK_MAX_NS (2000u * 1000000ull)
 
 enum { C_IDLE, C_CONNECTING, C_HELLO, C_READY, C_FAILED, C_CLOSED };
 
@@ -85,6 +96,11 @@ typedef struct tcp_boot {
     ccq_tcp_buf in;   /* client: bytes received, not parsed yet */
     ccq_tcp_buf hello;
     uint64_t retry_at, retry_ns;
+    _Atomic uint64_t last_recv_ns; /* client: when the server last sent anything (relaxed:
+                                    * relay_window reads it, a moment late is no matter) */
+    uint64_t suspect_until; /* server: after a gap in this thread's run, closes are checked */
+    bool given_up;          /* the others gave this process up: stop serving, fence off */
+    uint64_t ran_ns;        /* when poll() last returned (or an answer came: ask_successor) */
     /* Shared, under mu. */
     pthread_mutex_t mu;
     int state;          /* C_* */
@@ -106,8 +122,13 @@ typedef struct tcp_boot {
     struct {
         uint16_t port; /* 0: not told */
         char text[CCQ_TCP_ADDR_MAX + 1];
-    } * addrs;       /* [size]: where each process would serve (ADDRS) */
-    open_xchg *open; /* this process's open exchanges */
+    } * addrs;                 /* [size]: where each process would serve (ADDRS) */
+    open_xchg *open;           /* this process's open exchanges */
+    uint64_t hb_ns, silent_ns; /* ccq_boot_beat_config: 0 when heartbeats are off */
+    uint8_t *silent;           /* [size] LOST because it fell silent (silent_peers, once) */
+    uint64_t ready_since;      /* when this process last was WELCOMEd (relay_window) */
+    bool gave_up;              /* ccq_boot_given_up (set with given_up_by) */
+    uint32_t given_up_by;
 } tcp_boot;
 
 static uint64_t now_ns(void)
@@ -284,6 +305,29 @@ static bool tag_is_dead(tcp_boot *t, const char *tag, size_t tl)
     return false;
 }
 
+/* BEATS: another process's latest heartbeat record, kept (replacing the one before). */
+static void keep_beat(tcp_boot *t, const ccq_tcp_frame *f)
+{
+    uint32_t r;
+    uint8_t *m;
+    size_t n;
+
+    if (f->len < 5 || f->len - 4 > CCQ_BOOT_BEAT_MAX)
+        return;
+    memcpy(&r, f->payload, 4);
+    if (r >= t->size || r == t->rank)
+        return;
+    n = f->len - 4u;
+    if ((m = malloc(n)) == NULL)
+        return; /* this beat is missed; the next one replaces it */
+    memcpy(m, f->payload + 4, n);
+    pthread_mutex_lock(&t->mu);
+    free(t->beats[r].rec);
+    t->beats[r].rec = m;
+    t->beats[r].len = n;
+    pthread_mutex_unlock(&t->mu);
+}
+
 /* One frame from the server. */
 static void client_frame(tcp_boot *t, const ccq_tcp_frame *f)
 {
@@ -297,6 +341,7 @@ static void client_frame(tcp_boot *t, const ccq_tcp_frame *f)
         if (t->state == C_HELLO)
             t->state = C_READY;
         t->why[0] = '\0';
+        t->ready_since = now_ns();
         pthread_mutex_unlock(&t->mu);
         t->retry_ns = RETRY_NS;
         send_own_addr(t);
@@ -366,25 +411,9 @@ static void client_frame(tcp_boot *t, const ccq_tcp_frame *f)
         pthread_mutex_unlock(&t->mu);
         break;
     }
-    case CCQ_TCP_BEATS: {
-        uint8_t *m;
-        size_t n;
-        if (f->len < 5 || f->len - 4 > CCQ_BOOT_BEAT_MAX)
-            break;
-        memcpy(&u[0], p, 4);
-        if (u[0] >= t->size || u[0] == t->rank)
-            break;
-        n = f->len - 4u;
-        if ((m = malloc(n)) == NULL)
-            break; /* this beat is missed; the next one replaces it */
-        memcpy(m, p + 4, n);
-        pthread_mutex_lock(&t->mu);
-        free(t->beats[u[0]].rec);
-        t->beats[u[0]].rec = m;
-        t->beats[u[0]].len = n;
-        pthread_mutex_unlock(&t->mu);
+    case CCQ_TCP_BEATS:
+        keep_beat(t, f);
         break;
-    }
     case CCQ_TCP_ADDRS:
         if (f->len >= 7 && f->len - 6 <= CCQ_TCP_ADDR_MAX) {
             memcpy(&u[0], p, 4);
@@ -404,7 +433,7 @@ static void client_frame(tcp_boot *t, const ccq_tcp_frame *f)
                 peer_changed(t, u[0], (ccq_boot_peer)u[1]);
         }
         break;
-    default:
+    default: /* PING (it only says the server runs), or what a later version sends */
         break;
     }
 }
@@ -432,6 +461,7 @@ static void client_read(tcp_boot *t)
             }
             return;
         }
+        atomic_store_explicit(&t->last_recv_ns, now_ns(), memory_order_relaxed);
         if (!ccq_tcp_buf_reserve(&t->in, (size_t)k)) {
             client_retry(t, "out of memory");
             return;
@@ -461,10 +491,188 @@ static void client_read(tcp_boot *t)
     }
 }
 
-/* ---- the server (world rank 0) --------------------------------------------------------- */
+/* ---- a server given up ------------------------------------------------------------------ */
+
+/* Wait for fd to be ready for `events` until deadline: > 0 ready, 0 not in time, < 0 error. */
+static int wait_fd(int fd, short events, uint64_t deadline)
+{
+    for (;;) {
+        struct pollfd pf = {fd, events, 0};
+        uint64_t now = now_ns();
+        int r;
+        if (now >= deadline)
+            return 0;
+        r = poll(&pf, 1, (int)((deadline - now + 999999) / 1000000));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r > 0 && (pf.revents & (POLLERR | POLLNVAL)) && !(pf.revents & events))
+            return -1;
+        return r;
+    }
+}
+
+/* Ask process r, which would serve in this one's place, as an observer (LOOK, as `ccq-trace
+ * status` does): 1 when it serves and answered (*lost: it lists this process as lost; the
+ * heartbeat records it sent are kept, they say who declared it and how), 0 when it does not
+ * answer by the deadline (it does not serve), -1 when it cannot be reached (gone: ask the
+ * next one). */
+static int ask_one(tcp_boot *t, const char *host, uint16_t port, uint64_t deadline, bool *lost)
+{
+    struct sockaddr_in sa;
+    ccq_tcp_buf out = {0}, in = {0};
+    int fd, e = 0, ret = 0;
+    socklen_t el = sizeof e;
+
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(port);
+    if (inet_pton(AF_INET, host, &sa.sin_addr) != 1)
+        return -1;
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0)
+        return -1;
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0 && errno != EINPROGRESS) {
+        close(fd);
+        return -1;
+    }
+    if (wait_fd(fd, POLLOUT, deadline) <= 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el) != 0 ||
+        e != 0) {
+        close(fd);
+        return e != 0 ? -1 : 0;
+    }
+    if (!ccq_tcp_put_frame(&out, SIZE_MAX, CCQ_TCP_LOOK, t->job, strlen(t->job), NULL, 0, NULL, 0))
+        goto done;
+    while (out.len > out.off) {
+        if (!flush_buf(fd, &out) || (out.len > out.off && wait_fd(fd, POLLOUT, deadline) <= 0))
+            goto done;
+    }
+    /* LOOKED, one BEATS per process with a record, then it closes. */
+    for (;;) {
+        uint8_t buf[16384];
+        ssize_t k;
+        if (wait_fd(fd, POLLIN, deadline) <= 0)
+            break;
+        k = recv(fd, buf, sizeof buf, 0);
+        if (k < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK))
+            continue;
+        if (k <= 0 || !ccq_tcp_buf_reserve(&in, (size_t)k))
+            break;
+        memcpy(in.p + in.len, buf, (size_t)k);
+        in.len += (size_t)k;
+        for (;;) {
+            ccq_tcp_frame f;
+            size_t used = 0;
+            ccq_errbuf err;
+            int r =
+                ccq_tcp_parse(in.p + in.off, in.len - in.off, t->lim.frame_max, &f, &used, &err);
+            uint32_t v[2];
+            if (r < 0)
+                goto done;
+            if (r == 0)
+                break;
+            if (f.type == CCQ_TCP_LOOKED && f.len >= 8) {
+                memcpy(v, f.payload, 8);
+                if (v[0] != t->size || v[1] != t->gen || f.len < 8u + t->size)
+                    goto done; /* another world behind that address */
+                *lost = f.payload[8 + t->rank] == CCQ_BOOT_PEER_LOST;
+                ret = 1;
+            } else if (f.type == CCQ_TCP_BEATS && ret == 1) {
+                keep_beat(t, &f);
+            } else if (f.type == CCQ_TCP_REFUSE) {
+                goto done;
+            }
+            ccq_tcp_buf_consume(&in, used);
+        }
+    }
+done:
+    ccq_tcp_buf_free(&out);
+    ccq_tcp_buf_free(&in);
+    close(fd);
+    return ret;
+}
+
+/* This process serves the rendezvous, ran again after a gap (it was stopped, or starved), and
+ * a process's connection closed: did the others give it up meanwhile? Ask the processes that
+ * would serve in its place, lowest first (the one they all picked), as an observer. True with
+ * *by when one serves and lists this process as lost. This blocks the I/O thread (at most
+ * ASK_MAX_NS): until it is known, nothing it would tell anyone is worth telling. */
+static bool ask_successor(tcp_boot *t, uint64_t budget_ns, uint32_t *by)
+{
+    uint64_t deadline = now_ns() + (budget_ns < ASK_MAX_NS ? budget_ns : ASK_MAX_NS);
+
+    for (uint32_t r = 0; r < t->size; r++) {
+        char host[CCQ_TCP_ADDR_MAX + 1];
+        uint16_t port;
+        bool lost = false;
+        int a;
+        pthread_mutex_lock(&t->mu);
+        port = t->addrs[r].port;
+        snprintf(host, sizeof host, "%s", t->addrs[r].text);
+        if (t->peer[r] >= CCQ_BOOT_PEER_LEFT)
+            port = 0;
+        pthread_mutex_unlock(&t->mu);
+        if (r == t->rank || port == 0)
+            continue;
+        a = ask_one(t, host, port, deadline, &lost);
+        t->ran_ns = now_ns(); /* the time it took is no pause of this process */
+        if (a < 0)
+            continue; /* gone: the others passed it over too */
+        if (a == 1 && lost)
+            *by = r;
+        return a == 1 && lost;
+    }
+    return false;
+}
+
+/* The others gave this process up while it served (it was stopped): it serves no more and
+ * tells nobody anything (every connection closes as it is, without PEER notices: the others
+ * know their states), listens no more, and its exchanges fail from now on. */
+static void give_up(tcp_boot *t, uint32_t by)
+{
+    for (int i = 0; t->srv != NULL && i < ccq_tcp_server_conn_bound(t->srv); i++)
+        if (t->srv_fd[i] >= 0)
+            close(t->srv_fd[i]);
+    ccq_tcp_server_free(t->srv);
+    free(t->srv_fd);
+    t->srv = NULL;
+    t->srv_fd = NULL;
+    if (t->listen_fd >= 0)
+        close(t->listen_fd);
+    t->listen_fd = -1;
+    t->own_port = 0;
+    t->given_up = true;
+    client_drop(t);
+    client_fail(t, C_CLOSED, CCQ_ERR_PROCESS_LOST,
+                "this process (%u) served the rendezvous and fell silent past "
+                "heartbeat_timeout_ms (it was stopped or hung): the others declared it lost and "
+                "process %u serves in its place; it is fenced off",
+                t->rank, by);
+    pthread_mutex_lock(&t->mu);
+    t->gave_up = true;
+    t->given_up_by = by;
+    pthread_mutex_unlock(&t->mu);
+}
+
+/* ---- the server (world rank 0, or the process serving in its place) ------------------------ */
 
 static void server_close_conn(tcp_boot *t, int id)
 {
+    uint32_t r, by;
+    uint64_t now = now_ns();
+
+    /* A process's connection that closes right after this thread did not run for a while: it
+     * may have given this process up. Known before anyone is told it was lost. */
+    if (t->suspect_until > now && ccq_tcp_server_conn_member(t->srv, id, &r) && r != t->rank) {
+        uint64_t budget;
+        t->suspect_until = 0; /* one answer is enough */
+        pthread_mutex_lock(&t->mu);
+        budget = t->silent_ns;
+        pthread_mutex_unlock(&t->mu);
+        if (ask_successor(t, budget, &by)) {
+            give_up(t, by);
+            return;
+        }
+    }
     if (t->srv_fd[id] >= 0)
         close(t->srv_fd[id]);
     t->srv_fd[id] = -1;
@@ -623,7 +831,7 @@ static void *io_main(void *arg)
     int nfd_cap = 3 + (int)t->lim.conns_max; /* any process may come to serve */
     struct pollfd *pf = calloc((size_t)nfd_cap, sizeof *pf);
     int *ids = calloc((size_t)nfd_cap, sizeof *ids);
-    uint64_t linger_until = 0;
+    uint64_t linger_until = 0, silent_was = 0;
 
     if (pf == NULL || ids == NULL) {
         client_fail(t, C_FAILED, CCQ_ERR_NO_MEMORY, "out of memory in the bootstrap's thread");
@@ -634,13 +842,38 @@ static void *io_main(void *arg)
     for (;;) {
         int n = 0, state, timeout_ms = -1;
         bool stop, out_pending;
-        uint64_t now = now_ns(), next = UINT64_MAX;
+        uint64_t now = now_ns(), next = UINT64_MAX, hb, silent, heard, away;
 
         pthread_mutex_lock(&t->mu);
         stop = t->stop;
         state = t->state;
         out_pending = t->out.len > t->out.off;
+        hb = t->hb_ns;
+        silent = t->silent_ns;
         pthread_mutex_unlock(&t->mu);
+        if (silent != silent_was) /* heartbeats just began: the server is heard from now on */
+            atomic_store_explicit(&t->last_recv_ns, now, memory_order_relaxed);
+        silent_was = silent;
+        if (t->srv != NULL)
+            ccq_tcp_server_keepalive(t->srv, hb);
+        /* Nothing from the server for heartbeat_timeout_ms while it should send something every
+         * heartbeat_ms: it stopped (its connection stays open). Take over as for a close. */
+        heard = atomic_load_explicit(&t->last_recv_ns, memory_order_relaxed);
+        if (silent != 0 && !stop && state == C_READY && t->fd >= 0 && now - heard > silent) {
+            char how[200];
+            pthread_mutex_lock(&t->mu);
+            if (t->server_rank < t->size)
+                t->silent[t->server_rank] = 1;
+            pthread_mutex_unlock(&t->mu);
+            snprintf(how, sizeof how,
+                     "fell silent (nothing from it for %.1f s, heartbeat_timeout_ms %llu: "
+                     "stopped or hung)",
+                     (double)(now - heard) / 1e9, (unsigned long long)(silent / 1000000u));
+            server_lost(t, how);
+            continue;
+        }
+        if (silent != 0 && state == C_READY && t->fd >= 0)
+            next = heard + silent + 1000000u;
         if (stop && linger_until == 0) {
             linger_until = now + LINGER_NS;
             /* Process 0 leaves cleanly: everyone hears it before its connections close. */
@@ -661,8 +894,20 @@ static void *io_main(void *arg)
         if (state == C_IDLE && t->fd < 0 && !stop) {
             if (now >= t->retry_at)
                 client_connect(t);
-            else
+            else if (t->retry_at < next)
                 next = t->retry_at;
+        }
+        /* Timeouts and keepalives first: what they queue is polled for below. */
+        if (t->srv != NULL) {
+            int gone[64];
+            uint64_t when;
+            size_t held = ccq_tcp_server_memory(t->srv);
+            t->peak_held = held > t->peak_held ? held : t->peak_held;
+            size_t k = ccq_tcp_server_tick(t->srv, now, gone, 64, &when);
+            for (size_t j = 0; j < k && t->srv != NULL; j++)
+                server_close_conn(t, gone[j]);
+            if (when < next)
+                next = when;
         }
         pf[n].fd = t->wake[0];
         pf[n].events = POLLIN;
@@ -694,23 +939,31 @@ static void *io_main(void *arg)
             pf[n].events = POLLIN | (len > 0 ? POLLOUT : 0);
             ids[n++] = i;
         }
-        if (t->srv != NULL) {
-            int gone[64];
-            uint64_t when;
-            size_t held = ccq_tcp_server_memory(t->srv);
-            t->peak_held = held > t->peak_held ? held : t->peak_held;
-            size_t k = ccq_tcp_server_tick(t->srv, now, gone, 64, &when);
-            for (size_t j = 0; j < k; j++)
-                server_close_conn(t, gone[j]);
-            if (when < next)
-                next = when;
-        }
         if (stop && linger_until < next)
             next = linger_until;
         if (next != UINT64_MAX)
             timeout_ms = next <= now ? 0 : (int)((next - now + 999999) / 1000000);
+        /* With heartbeats on, wake at least every heartbeat: a gap in this thread's run is
+         * then seen below. */
+        if (hb != 0 && (timeout_ms < 0 || (uint64_t)timeout_ms > hb / 1000000u))
+            timeout_ms = (int)(hb / 1000000u);
         if (poll(pf, (nfds_t)n, timeout_ms) < 0 && errno != EINTR)
             break;
+        now = now_ns();
+        away = now - t->ran_ns > (uint64_t)timeout_ms * 1000000u
+                   ? now - t->ran_ns - (uint64_t)timeout_ms * 1000000u
+                   : 0;
+        /* This thread did not run for a while (the process was stopped, or starved): the
+         * server's silence meanwhile says nothing of it. */
+        if (silent != 0 && away > silent / 2)
+            atomic_store_explicit(&t->last_recv_ns, now, memory_order_relaxed);
+        /* And if it serves and was away long enough that a process may have heard nothing from
+         * it for heartbeat_timeout_ms (its last keepalive went up to a heartbeat before), a
+         * connection that closes now may have given it up: server_close_conn asks before it
+         * tells anyone. A shorter pause is not suspect (nobody asks, nobody waits). */
+        if (silent != 0 && t->srv != NULL && away > silent / 2 && away + 2 * hb >= silent)
+            t->suspect_until = now + silent;
+        t->ran_ns = now;
         for (int j = 0; j < n; j++) {
             if (pf[j].revents == 0)
                 continue;
@@ -719,9 +972,10 @@ static void *io_main(void *arg)
                 while (read(t->wake[0], drain, sizeof drain) > 0)
                     ;
             } else if (ids[j] == -2) {
-                server_accept(t);
+                if (t->srv != NULL)
+                    server_accept(t);
             } else if (ids[j] >= 0) {
-                if (t->srv_fd[ids[j]] == pf[j].fd)
+                if (t->srv != NULL && t->srv_fd[ids[j]] == pf[j].fd)
                     server_io(t, ids[j], pf[j].revents);
             } else if (t->fd == pf[j].fd) {
                 if (state == C_CONNECTING && (pf[j].revents & (POLLOUT | POLLERR | POLLHUP))) {
@@ -956,6 +1210,7 @@ static void tcp_close(ccq_boot *b)
     free(t->beats);
     free(t->addrs);
     free(t->reported);
+    free(t->silent);
     free(t->peer);
     free(t);
 }
@@ -1038,12 +1293,67 @@ static size_t tcp_closed_peers(ccq_boot *b, uint32_t *ranks, size_t cap)
 
     pthread_mutex_lock(&t->mu);
     for (uint32_t r = 0; r < t->size && n < cap; r++)
-        if (t->peer[r] == CCQ_BOOT_PEER_LOST && !t->reported[r]) {
+        if (t->peer[r] == CCQ_BOOT_PEER_LOST && !t->reported[r] && !t->silent[r]) {
             t->reported[r] = 1;
             ranks[n++] = r;
         }
     pthread_mutex_unlock(&t->mu);
     return n;
+}
+
+/* The server this process stopped hearing from (its connection open), once. */
+static size_t tcp_silent_peers(ccq_boot *b, uint32_t *ranks, size_t cap)
+{
+    tcp_boot *t = b->impl;
+    size_t n = 0;
+
+    pthread_mutex_lock(&t->mu);
+    for (uint32_t r = 0; r < t->size && n < cap; r++)
+        if (t->peer[r] == CCQ_BOOT_PEER_LOST && !t->reported[r] && t->silent[r]) {
+            t->reported[r] = 1;
+            ranks[n++] = r;
+        }
+    pthread_mutex_unlock(&t->mu);
+    return n;
+}
+
+static void tcp_beat_config(ccq_boot *b, uint64_t hb_ns, uint64_t timeout_ns)
+{
+    tcp_boot *t = b->impl;
+
+    pthread_mutex_lock(&t->mu);
+    t->hb_ns = timeout_ns != 0 ? hb_ns : 0;
+    t->silent_ns = hb_ns != 0 ? timeout_ns : 0;
+    pthread_mutex_unlock(&t->mu);
+    wake_thread(t);
+}
+
+static bool tcp_given_up(ccq_boot *b, uint32_t *by)
+{
+    tcp_boot *t = b->impl;
+    bool up;
+
+    pthread_mutex_lock(&t->mu);
+    up = t->gave_up;
+    *by = t->given_up_by;
+    pthread_mutex_unlock(&t->mu);
+    return up;
+}
+
+/* Records come through the server: since this process last connected to it, until a
+ * heartbeat after it last sent anything (it sends something every heartbeat: later than that,
+ * it is the silent one, which the I/O thread sees). */
+static void tcp_relay_window(ccq_boot *b, uint64_t *since, uint64_t *until)
+{
+    tcp_boot *t = b->impl;
+    uint64_t hb;
+
+    pthread_mutex_lock(&t->mu);
+    *since = t->ready_since;
+    hb = t->silent_ns != 0 ? t->hb_ns : 0;
+    pthread_mutex_unlock(&t->mu);
+    if (hb != 0)
+        *until = atomic_load_explicit(&t->last_recv_ns, memory_order_relaxed) + hb;
 }
 
 static const ccq_boot_mech tcp_mech = {
@@ -1057,6 +1367,10 @@ static const ccq_boot_mech tcp_mech = {
     .beat_publish = tcp_beat_publish,
     .beat_fetch = tcp_beat_fetch,
     .closed_peers = tcp_closed_peers,
+    .beat_config = tcp_beat_config,
+    .silent_peers = tcp_silent_peers,
+    .given_up = tcp_given_up,
+    .relay_window = tcp_relay_window,
     .peer_state = tcp_peer_state,
     .watch_peers = tcp_watch,
 };
@@ -1164,6 +1478,8 @@ ccq_status ccq_boot_tcp_open(ccq_boot *b, const char *spec, ccq_errbuf *err)
         return CCQ_ERR_NO_MEMORY;
     }
     t->fd = t->listen_fd = t->wake[0] = t->wake[1] = -1;
+    t->ran_ns = now_ns();
+    atomic_init(&t->last_recv_ns, 0);
     t->rank = b->rank;
     t->size = b->size;
     t->gen = b->gen;
@@ -1175,11 +1491,12 @@ ccq_status ccq_boot_tcp_open(ccq_boot *b, const char *spec, ccq_errbuf *err)
     pthread_mutex_init(&t->mu, NULL);
     t->peer = calloc(b->size, 1);
     t->reported = calloc(b->size, 1);
+    t->silent = calloc(b->size, 1);
     t->beats = calloc(b->size, sizeof *t->beats);
     t->addrs = calloc(b->size, sizeof *t->addrs);
     st = parse_spec(spec, t->host, sizeof t->host, t->port, sizeof t->port, err);
-    if (st == CCQ_OK &&
-        (t->peer == NULL || t->reported == NULL || t->beats == NULL || t->addrs == NULL)) {
+    if (st == CCQ_OK && (t->peer == NULL || t->reported == NULL || t->silent == NULL ||
+                         t->beats == NULL || t->addrs == NULL)) {
         ccq_boot_err(err, "bootstrap: out of memory");
         st = CCQ_ERR_NO_MEMORY;
     }
@@ -1221,6 +1538,7 @@ ccq_status ccq_boot_tcp_open(ccq_boot *b, const char *spec, ccq_errbuf *err)
         free(t->srv_fd);
         free(t->peer);
         free(t->reported);
+        free(t->silent);
         free(t->beats);
         free(t->addrs);
         pthread_mutex_destroy(&t->mu);

@@ -20,7 +20,15 @@
  * tcp.c): losing process 0 is survivable like any other loss.
  * An observer that is not a process of the job (`ccq-trace status tcp://...`) says LOOK
  * instead of HELLO: it gets the world's states and every heartbeat record once (LOOKED, then
- * BEATS), and the server closes; it takes no rank, so it cannot disturb the job. */
+ * BEATS), and the server closes; it takes no rank, so it cannot disturb the job.
+ * A stopped server: with heartbeats on, the server sends every process something at least
+ * every heartbeat_ms (PING when nothing else went), so a process that hears nothing from it
+ * for heartbeat_timeout_ms knows it stopped (SIGSTOP, a hung host) and takes over as for a
+ * closed connection. The server, continued, finds its clients' connections closed after a
+ * gap in its own run: before it reports any of them lost it asks the lowest other process
+ * that would serve (LOOK, as an observer): when that one serves and lists this process as
+ * lost, this process was given up, and it stops serving and is fenced off (runtime/boot/
+ * tcp.c, "given up"). */
 #ifndef CCQ_RUNTIME_BOOT_TCP_PROTO_H
 #define CCQ_RUNTIME_BOOT_TCP_PROTO_H
 
@@ -51,6 +59,7 @@ enum {
                           * BEATS per process that has a record; then the server closes */
     CCQ_TCP_ADDR = 14,   /* c->s: u16 port, address text: where this process would serve */
     CCQ_TCP_ADDRS = 15,  /* s->c: u32 rank, u16 port, address text: another process's ADDR */
+    CCQ_TCP_PING = 16,   /* s->c: nothing; the server runs (nothing else went for heartbeat_ms) */
 };
 
 /* The longest address text of ADDR (an IPv6 address in text is at most 45 bytes). */
@@ -125,6 +134,12 @@ void ccq_tcp_server_closed(ccq_tcp_server *s, int id, uint64_t now_ns);
 /* Timeouts: ids of connections to close now (at most cap); *next_ns: when to look again. */
 size_t ccq_tcp_server_tick(ccq_tcp_server *s, uint64_t now_ns, int *ids, size_t cap,
                            uint64_t *next_ns);
+/* Heartbeats on: queue a PING to every process that was sent nothing for interval_ns
+ * (ccq_tcp_server_tick does it), so its silence means it stopped; 0 (the default): none. */
+void ccq_tcp_server_keepalive(ccq_tcp_server *s, uint64_t interval_ns);
+/* Whether connection id is a process of the job that said HELLO and not BYE (its close
+ * would make it LOST): true with *rank. */
+bool ccq_tcp_server_conn_member(const ccq_tcp_server *s, int id, uint32_t *rank);
 /* A server taking over from a lost one: rank is already LEFT or LOST (state), so it cannot
  * rejoin and newcomers are told. */
 void ccq_tcp_server_mark(ccq_tcp_server *s, uint32_t rank, uint32_t state);

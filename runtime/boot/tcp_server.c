@@ -176,6 +176,7 @@ typedef struct conn {
     bool used, hello, closing, bye;
     uint32_t rank;
     uint64_t opened_ns, partial_since, out_since;
+    uint64_t queued_ns; /* when a frame was last queued for it (keepalive) */
     ccq_tcp_buf in, out;
     uint8_t *beat_due; /* [world_size]: that process's latest heartbeat not sent here yet */
     uint32_t nbeat_due;
@@ -202,9 +203,10 @@ struct ccq_tcp_server {
     uint8_t *state; /* [world_size]: CCQ_BOOT_PEER_* */
     tag_entry *tags;
     uint32_t ntags;
-    beat *beats; /* [world_size] */
-    addr *addrs; /* [world_size]: where each would serve (ADDR) */
-    size_t held; /* bytes of records and heartbeats held */
+    beat *beats;           /* [world_size] */
+    addr *addrs;           /* [world_size]: where each would serve (ADDR) */
+    size_t held;           /* bytes of records and heartbeats held */
+    uint64_t keepalive_ns; /* 0: no PING */
 };
 
 ccq_tcp_server *ccq_tcp_server_new(const char *job, uint32_t world_size, uint32_t gen,
@@ -302,6 +304,7 @@ static void send_frame(ccq_tcp_server *s, conn *c, uint16_t type, const void *a,
         return;
     if (c->out.len == c->out.off)
         c->out_since = now;
+    c->queued_ns = now;
     if (!ccq_tcp_put_frame(&c->out, s->lim.out_max, type, a, alen, b, blen, d, dlen))
         c->closing = true; /* it does not read, or we are out of memory: let it go */
 }
@@ -614,6 +617,7 @@ static void on_hello(ccq_tcp_server *s, conn *c, int id, const uint8_t *p, uint3
     }
     c->hello = true;
     c->rank = rank;
+    c->queued_ns = now;
     s->by_rank[rank] = id;
     s->state[rank] = 1; /* CCQ_BOOT_PEER_ALIVE */
     send_frame(s, c, CCQ_TCP_WELCOME, &s->world_size, 4, NULL, 0, NULL, 0, now);
@@ -831,12 +835,34 @@ size_t ccq_tcp_server_tick(ccq_tcp_server *s, uint64_t now, int *ids, size_t cap
             c->closing = true;
             if (n < cap)
                 ids[n++] = i;
-        } else if (due < next) {
+            continue;
+        }
+        if (due < next)
             next = due;
+        if (s->keepalive_ns != 0 && c->hello && !c->closing) {
+            /* Something at least every keepalive_ns: its silence then means this server
+             * stopped (tcp.c). */
+            if (now - c->queued_ns >= s->keepalive_ns)
+                send_frame(s, c, CCQ_TCP_PING, NULL, 0, NULL, 0, NULL, 0, now);
+            if (c->queued_ns + s->keepalive_ns < next)
+                next = c->queued_ns + s->keepalive_ns;
         }
     }
     *next_ns = next;
     return n;
+}
+
+void ccq_tcp_server_keepalive(ccq_tcp_server *s, uint64_t interval_ns)
+{
+    s->keepalive_ns = interval_ns;
+}
+
+bool ccq_tcp_server_conn_member(const ccq_tcp_server *s, int id, uint32_t *rank)
+{
+    if (id < 0 || id >= s->nconns || !s->conns[id].used || !s->conns[id].hello || s->conns[id].bye)
+        return false;
+    *rank = s->conns[id].rank;
+    return true;
 }
 
 void ccq_tcp_server_mark(ccq_tcp_server *s, uint32_t rank, uint32_t state)

@@ -17,6 +17,9 @@ const char *ccq_health_how_name(uint32_t how)
         return "its rendezvous connection closed";
     case CCQ_HOW_ENGINE:
         return "the data engine reported it failed";
+    case CCQ_HOW_SILENT:
+        return "it served the tcp rendezvous and went silent with its connection open, "
+               "stopped or hung";
     default:
         return "?";
     }

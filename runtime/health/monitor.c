@@ -252,19 +252,27 @@ static void read_one(ccq_health *h, uint32_t q, uint64_t now)
 static void check_ages(ccq_health *h, uint64_t now)
 {
     uint32_t others = 0, heard = 0;
+    /* Records could reach this process only within this window (tcp: through the server,
+     * since this process connected to it and while it sends): an age counts within it only,
+     * so a silent server makes nobody else look silent. */
+    uint64_t since, until, at;
+    ccq_boot_relay_window(h->boot, &since, &until);
+    at = now < until ? now : until;
 
     if (ccq_health_state_of(h, h->rank) != CCQ_PROCESS_ALIVE)
         return; /* fenced off: its view counts for nothing */
     for (uint32_t q = 0; q < h->size; q++) {
+        uint64_t from = h->peers[q].change_ns > since ? h->peers[q].change_ns : since;
         if (q == h->rank || ccq_health_state_of(h, q) != CCQ_PROCESS_ALIVE)
             continue;
         others++;
-        heard += now - h->peers[q].change_ns <= h->timeout_ns;
+        heard += at <= from || at - from <= h->timeout_ns;
     }
     if (others >= 2 && heard == 0)
         return;
     for (uint32_t q = 0; q < h->size; q++) {
-        uint64_t age = now - h->peers[q].change_ns;
+        uint64_t from = h->peers[q].change_ns > since ? h->peers[q].change_ns : since;
+        uint64_t age = at > from ? at - from : 0;
         if (q == h->rank || ccq_health_state_of(h, q) != CCQ_PROCESS_ALIVE || age <= h->timeout_ns)
             continue;
         ccq_health_declare(h, q, h->rank, CCQ_HOW_HEARTBEAT, age, realtime_ns());
@@ -363,6 +371,18 @@ static void *monitor_main(void *arg)
                     true);
             next_beat = now + h->hb_ns;
         }
+        /* This process served the tcp rendezvous, was stopped, and the others gave it up:
+         * fenced off, as one that reads itself in another's list of losses (the records its
+         * successor sent usually said so first, naming who declared it and how). */
+        uint32_t by;
+        if (ccq_health_state_of(h, h->rank) == CCQ_PROCESS_ALIVE &&
+            ccq_boot_given_up(h->boot, &by) && by < h->size)
+            ccq_health_declare(h, h->rank, by, CCQ_HOW_SILENT, h->timeout_ns, 0);
+        while ((nclosed = ccq_boot_silent_peers(h->boot, closed, 64)) > 0)
+            for (size_t k = 0; k < nclosed; k++)
+                if (closed[k] < h->size && closed[k] != h->rank)
+                    ccq_health_declare(h, closed[k], h->rank, CCQ_HOW_SILENT,
+                                       now - h->peers[closed[k]].change_ns, realtime_ns());
         while ((nclosed = ccq_boot_closed_peers(h->boot, closed, 64)) > 0)
             for (size_t k = 0; k < nclosed; k++)
                 if (closed[k] < h->size && closed[k] != h->rank)
@@ -482,6 +502,9 @@ ccq_status ccq_health_start(ccq_runtime *rt)
         if (q != h->rank && !ccq_os_watch(h, &h->peers[q], w->pid, w->host_id, w->start_time))
             ccq_health_exited(h, q);
     }
+    /* The rendezvous's keepalives and its silence bound follow the heartbeats (tcp). */
+    if (h->records)
+        ccq_boot_beat_config(h->boot, h->hb_ns, h->timeout_ns);
     if (pthread_create(&h->thread, NULL, monitor_main, h) != 0)
         return ccq_fail(CCQ_ERR_NO_MEMORY, "job health: cannot start the monitor thread");
     h->started = true;

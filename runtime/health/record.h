@@ -25,6 +25,8 @@ enum {
     CCQ_HOW_EXITED = 1,    /* the OS said its process exited (pidfd, same host) */
     CCQ_HOW_CLOSED = 2,    /* its rendezvous connection closed */
     CCQ_HOW_ENGINE = 3,    /* the data engine reported the peer failed (UCX peer error) */
+    CCQ_HOW_SILENT = 4,    /* it served the tcp rendezvous, and nothing came from it for
+                            * heartbeat_timeout_ms (stopped: its connection stays open) */
     CCQ_HOW_COUNT_
 };
 

@@ -9,7 +9,8 @@
  *   1 c n_lo n_hi bytes[n]       connection c % live sends n bytes (clipped to the input)
  *   2 c                          connection c closes
  *   3 c                          connection c reads everything queued for it
- *   4 t                          t * 50 ms pass (timeouts: HELLO, stalled frames, output)
+ *   4 t                          t * 50 ms pass (timeouts: HELLO, stalled frames, output;
+ *                                keepalives: a PING to each process sent nothing for 100 ms)
  *   5 c r                        connection c sends a valid HELLO as world rank r % 4
  *   6 c r t n_lo                 connection c PUTs a valid record of rank r % 4 under tag
  *                                "t<t % 8>" with n_lo bytes of payload (members 1..4 by r)
@@ -55,6 +56,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     s = ccq_tcp_server_new("fuzz", WORLD, 0, &lim);
     if (s == NULL)
         return 0;
+    ccq_tcp_server_keepalive(s, 100000000ull); /* heartbeats on, every 100 ms */
     while (i < size) {
         uint8_t op = data[i++] % 8;
         int c = n > 0 && i < size ? (int)(data[i] % (unsigned)n) : -1;

@@ -52,6 +52,10 @@ SEEDS = {
                   bytes([READ, 0, READ, 2, CLOSE, 1, READ, 0]),
     "seed-beat-bad": world(1) + raw(0, frame(10, b"")) + bytes([READ, 0]) + bytes([OPEN, HELLO, 1, 1]) +
                      raw(1, struct.pack("<IHHI", 0x54514343, 1, 10, 65537)) + bytes([READ, 1]),
+    # Heartbeats on: time passes with nothing to relay, each process is sent a PING; one reads
+    # them, one never does (one PING per keepalive, bounded like any output), one leaves.
+    "seed-keepalive": world(3) + bytes([WAIT, 3, READ, 0, WAIT, 3, READ, 0, WAIT, 40, READ, 0,
+                                        CLOSE, 2, WAIT, 3, READ, 1]),
     # A PUT that lies about its record (rank, length).
     "seed-bad-put": world(1) + raw(0, frame(4, b"\x02\x00t1" + b"\x00" * 40)) + bytes([READ, 0]),
 }

@@ -1,8 +1,8 @@
 /* Job-health drills with real processes (fork, no launcher): a world of 3 or 4 processes on the
  * fake NCCL across processes (tests/fake/fake_xproc.c: real data between real processes),
  * meeting through the file bootstrap, a store in shared memory or the tcp:// rendezvous (its
- * process 0 serves it; when process 0 is the victim, the lowest survivor takes the rendezvous
- * over, so the survivors' communicator still forms), runs a loop of exact
+ * process 0 serves it; when process 0 is the victim, killed or stopped, the lowest survivor
+ * takes the rendezvous over, so the survivors' communicator still forms), runs a loop of exact
  * all_reduces over every device; the driver (this process) kills one process with SIGKILL, or
  * stops it with SIGSTOP and later lets it go on with SIGCONT, at a random moment. Then:
  *
@@ -579,9 +579,12 @@ static int drill(shared *sh, int idx, uint64_t **det, size_t *ndet, uint64_t *de
            : bad ? " FAILED"
                  : " ok",
            sh->res[sh->victim == 0 ? 1 : 0].shrinks ? " (shrunk)" : " (fresh init)");
-    if (getenv("DRILL_VERBOSE") != NULL && sh->nprocs > 0)
+    if (getenv("DRILL_VERBOSE") != NULL && sh->nprocs > 0) {
         printf("  detail (process %d): %s\n", sh->victim == 0 ? 1 : 0,
                sh->res[sh->victim == 0 ? 1 : 0].detail);
+        if (sh->mode == MODE_STOP)
+            printf("  detail (the victim, %d): %s\n", sh->victim, sh->res[sh->victim].detail);
+    }
     snprintf(cmd, sizeof cmd, "rm -rf '%s'/* '%s'/.ccq* 2>/dev/null", sh->dir, sh->dir);
     if (system(cmd) != 0) {
         /* a leftover only costs disk */
@@ -664,14 +667,9 @@ int main(int argc, char **argv)
         pthread_mutexattr_destroy(&a);
         sh->nprocs = o.procs ? o.procs : 3 + (int)(rand_r(&rnd) % 2);
         sh->devices = o.devices ? o.devices : 1 + (int)(rand_r(&rnd) % 2);
-        sh->boot = o.boot >= 0 ? o.boot : (int)(rand_r(&rnd) % 2);
+        sh->boot = o.boot >= 0 ? o.boot : (int)(rand_r(&rnd) % 3);
         sh->mode = o.mode >= 0 ? o.mode : (int)(rand_r(&rnd) % 2);
         sh->victim = (int)(rand_r(&rnd) % (unsigned)sh->nprocs);
-        /* A stopped process 0 stops the tcp rendezvous's heartbeats with it (its connections
-         * stay open): not detected but through timeout_ms (docs/multiprocess.md); killed, the
-         * lowest survivor takes over. */
-        if (sh->boot == BOOT_TCP && sh->mode == MODE_STOP && sh->victim == 0)
-            sh->victim = 1;
         if (o.victim >= 0)
             sh->victim = o.victim % sh->nprocs;
         if (sh->boot == BOOT_TCP)
