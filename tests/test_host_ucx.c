@@ -12,17 +12,24 @@
  *   test_host_ucx kill         the last process is killed mid-job (SIGKILL): the others' next
  *                              operation with it fails well before timeout_ms, naming it, and a
  *                              communicator without it keeps working.
+ *   test_host_ucx kill_large   the last process is killed at a random moment inside a stream of
+ *                              8 MiB all_reduces (their payloads moving on the single-copy
+ *                              endpoint, UCX reading the dying process's memory): the
+ *                              others' fences fail naming it within 10 s (none crashes or
+ *                              hangs), then 8 MiB all_reduces among the survivors are exact.
  *   test_host_ucx stop         the last process stops submitting and stays: the others' next
  *                              operation with it times out (CCQ_ERR_TIMEOUT naming it), a
  *                              communicator without it keeps working.
  */
 #include <inttypes.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "ccq.h"
 
@@ -266,6 +273,88 @@ static void killed(ccq_runtime *rt)
         CHECK(ccq_sync_collective(rt, first + k, 1) == CCQ_OK, "survivors work");
 }
 
+/* The last process dies at a random moment while large payloads move (kill_large). */
+static void *die_later(void *arg)
+{
+    struct timespec t = {0, (long)(uintptr_t)arg * 1000000L};
+    nanosleep(&t, NULL);
+    raise(SIGKILL);
+    return NULL;
+}
+
+static void killed_large(ccq_runtime *rt)
+{
+    enum { COUNT = 2u << 20 }; /* 8 MiB of float32 */
+    ccq_device_id all[16], rest[16];
+    uint32_t n = wsize * NDEV, nr = (wsize - 1) * NDEV;
+    float *x = malloc(sizeof(float) * COUNT), *ys[NDEV], *y;
+    uint64_t last_ok;
+    ccq_status st = CCQ_OK;
+    int it;
+
+    for (uint32_t k = 0; k < NDEV; k++)
+        CHECK((ys[k] = malloc(sizeof(float) * COUNT)) != NULL, "memory");
+    y = ys[0];
+    CHECK(x != NULL, "memory");
+    for (uint32_t d = 0; d < n; d++)
+        all[d] = rest[d] = d;
+    CHECK(ccq_comm_init(rt, all, n) == CCQ_OK, "world comm");
+    if (wrank + 1 < wsize)
+        CHECK(ccq_comm_init(rt, rest, nr) == CCQ_OK, "comm without the last");
+    if (wrank + 1 == wsize) {
+        pthread_t t;
+        unsigned seed = (unsigned)getpid() ^ (unsigned)now_ms();
+        CHECK(pthread_create(&t, NULL, die_later, (void *)(uintptr_t)(100 + rand_r(&seed) % 400)) ==
+                  0,
+              "timer");
+    }
+    /* One device per process takes part (the others' parts come from the same buffers). */
+    for (uint32_t i = 0; i < COUNT; i++)
+        x[i] = (float)(wrank + 1);
+    last_ok = now_ms();
+    for (it = 0; it < 100000 && st == CCQ_OK; it++) {
+        uint32_t sub = 0;
+        /* A submit fails at once once the loss is known here: that is the detection too. */
+        for (; sub < NDEV && st == CCQ_OK; sub++)
+            st =
+                ccq_all_reduce(rt, first + sub, 0, x, ys[sub], COUNT, CCQ_FLOAT32, CCQ_SUM, all, n);
+        for (uint32_t k = 0; k < sub - (st != CCQ_OK); k++) {
+            ccq_status s = ccq_sync_collective(rt, first + k, 0);
+            if (st == CCQ_OK)
+                st = s;
+        }
+        if (st == CCQ_OK)
+            last_ok = now_ms();
+    }
+    {
+        char want[32];
+        snprintf(want, sizeof want, "process %u", wsize - 1);
+        CHECK(st != CCQ_OK && st != CCQ_ERR_TIMEOUT, "the dead process's peers: %s",
+              ccq_status_name(st));
+        CHECK(strstr(ccq_last_error_detail(), want) != NULL, "the detail names it");
+        CHECK(now_ms() - last_ok < 10000, "found %llu ms after the last good fence",
+              (unsigned long long)(now_ms() - last_ok));
+        printf("process %u: death after %d large all_reduces seen %llu ms after the last good "
+               "fence: %s\n",
+               wrank, it, (unsigned long long)(now_ms() - last_ok), ccq_status_name(st));
+    }
+    for (int r = 0; r < 3; r++) {
+        for (uint32_t k = 0; k < NDEV; k++)
+            CHECK(ccq_all_reduce(rt, first + k, 1, x, ys[k], COUNT, CCQ_FLOAT32, CCQ_SUM, rest,
+                                 nr) == CCQ_OK,
+                  "survivors submit");
+        for (uint32_t k = 0; k < NDEV; k++)
+            CHECK(ccq_sync_collective(rt, first + k, 1) == CCQ_OK, "survivors work");
+        /* Each survivor p gives p + 1 from each of its NDEV devices. */
+        float want = (float)(NDEV * (wsize - 1) * wsize / 2);
+        for (uint32_t i = 0; i < COUNT; i += 4099)
+            CHECK(y[i] == want, "survivors' sum [%u] = %g, want %g", i, (double)y[i], (double)want);
+    }
+    free(x);
+    for (uint32_t k = 0; k < NDEV; k++)
+        free(ys[k]);
+}
+
 /* The last process stops submitting (and stays): the others' next operation with it ends
  * with CCQ_ERR_TIMEOUT after about timeout_ms, naming the operation, its sequence and the
  * processes; a communicator without it keeps working meanwhile. */
@@ -333,6 +422,7 @@ int main(int argc, char **argv)
     uint32_t cnt = 0;
     bool kill_mode = argc > 1 && strcmp(argv[1], "kill") == 0;
     bool stop_mode = argc > 1 && strcmp(argv[1], "stop") == 0;
+    bool large_mode = argc > 1 && strcmp(argv[1], "kill_large") == 0;
 
     ccq_config_init(&cfg);
     wrank = cfg.world_rank;
@@ -342,10 +432,14 @@ int main(int argc, char **argv)
     cfg.host_devices = NDEV;
     cfg.host_engine = "ucx";
     cfg.timeout_ms = kill_mode ? 60000 : stop_mode ? 3000 : 20000;
+    if (large_mode)
+        cfg.timeout_ms = 15000;
     CHECK(ccq_runtime_create(&cfg, &rt) == CCQ_OK, "ccq_runtime_create");
     CHECK(ccq_local_devices(rt, &first, &cnt) == CCQ_OK && cnt == NDEV, "local devices");
     if (kill_mode) {
         killed(rt);
+    } else if (large_mode) {
+        killed_large(rt);
     } else if (stop_mode) {
         stopped(rt, cfg.timeout_ms);
     } else {

@@ -208,19 +208,19 @@ static void check_peers(ucx_engine *e)
     }
 }
 
-static void close_ep(ucx_engine *e, ucx_peer *p)
+static void close_one(ucx_engine *e, ucp_ep_h *epp)
 {
     ucp_request_param_t prm;
     void *req;
     uint64_t until;
 
-    if (p->ep == NULL)
+    if (*epp == NULL)
         return;
     memset(&prm, 0, sizeof prm);
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     prm.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    req = ucp_ep_close_nbx(p->ep, &prm);
-    p->ep = NULL;
+    req = ucp_ep_close_nbx(*epp, &prm);
+    *epp = NULL;
     if (req == NULL || UCS_PTR_IS_ERR(req))
         return;
     /* A forced close needs no answer from the peer; bounded anyway. */
@@ -228,6 +228,27 @@ static void close_ep(ucx_engine *e, ucx_peer *p)
     while (ucp_request_check_status(req) == UCS_INPROGRESS && ccq_now_ns() < until)
         ucp_worker_progress(e->worker);
     ucp_request_free(req);
+}
+
+static void close_ep(ucx_engine *e, ucx_peer *p)
+{
+    close_one(e, &p->bulk);
+    close_one(e, &p->ep);
+}
+
+ucp_ep_h ucx_bulk_ep(ucx_engine *e, ucx_peer *p)
+{
+    ucp_ep_params_t ep;
+
+    if (p->bulk != NULL || p->failed != UCS_OK || p->ep == NULL)
+        return p->bulk != NULL ? p->bulk : p->ep;
+    memset(&ep, 0, sizeof ep);
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    ep.address = p->addr;
+    ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+    if (ucp_ep_create(e->worker, &ep, &p->bulk) != UCS_OK)
+        p->bulk = NULL;
+    return p->bulk != NULL ? p->bulk : p->ep;
 }
 
 /* ---- create, the world ------------------------------------------------------------------ */
@@ -988,12 +1009,17 @@ static void ucx_describe(ccq_host_engine *base, const ccq_heng_op *h, uint64_t n
                               : p + 2 == c->nprocs ? " and "
                                                    : ", ");
     }
-    if (w < sizeof err->msg && o->wait_src < c->nprocs)
+    if (w < sizeof err->msg && o->wait_src < c->nprocs) {
+        bool landing = false;
+        for (const ucx_msg *m = o->arrivals; m != NULL; m = m->next)
+            landing |=
+                m->hdr.src == o->wait_src && m->hdr.step == o->wait_step && m->state == MSG_LANDING;
         w += (size_t)snprintf(err->msg + w, sizeof err->msg - w,
                               "(%u ranks; this is process %u) waits for process %u's message "
-                              "(step %u)",
-                              c->nranks, c->procs[c->me], c->procs[o->wait_src], o->wait_step);
-    else if (w < sizeof err->msg)
+                              "(step %u%s)",
+                              c->nranks, c->procs[c->me], c->procs[o->wait_src], o->wait_step,
+                              landing ? ": it arrived, its data is still being fetched" : "");
+    } else if (w < sizeof err->msg)
         w += (size_t)snprintf(err->msg + w, sizeof err->msg - w,
                               "(%u ranks; this is process %u) waits for its sends to complete",
                               c->nranks, c->procs[c->me]);

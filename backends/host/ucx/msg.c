@@ -43,8 +43,11 @@ void ucx_msg_done(ucx_engine *e, ucx_msg *m)
             ucp_request_cancel(e->worker, m->req);
         ucp_request_free(m->req);
     }
-    if (m->ucx_data)
+    if (m->ucx_data &&
+        (e->peers == NULL || m->wsrc >= e->world_size || e->peers[m->wsrc].failed == UCS_OK))
         ucp_am_data_release(e->worker, m->data); /* an eager payload, or an unfetched rndv */
+    /* else left to the worker's end: a failed peer's endpoints may be gone, and releasing an
+     * unfetched rendezvous reaches for its endpoint (UCX asserts on it). */
     else if (m->state == MSG_EAGER || (m->state == MSG_READY && m->data != NULL))
         free(m->data); /* our own copy */
     m->next = e->free_msgs;
@@ -353,6 +356,7 @@ ucs_status_t ucx_am_recv(void *arg, const void *header, size_t header_length, vo
         return UCS_OK;
     }
     m->hdr = h;
+    m->wsrc = h.wsrc < e->world_size ? h.wsrc : UINT32_MAX;
     m->len = length;
     m->at_ns = e->last_activity_ns;
     if (rndv || held) {
@@ -441,6 +445,7 @@ static ccq_status post(ucx_op *o, uint32_t dst, ucx_send *s, const void *buf, si
                        ccq_errbuf *err)
 {
     ucx_peer *peer = member(o, dst);
+    ucp_ep_h ep;
     void *req;
 
     if (peer->failed != UCS_OK || peer->ep == NULL) {
@@ -453,8 +458,8 @@ static ccq_status post(ucx_op *o, uint32_t dst, ucx_send *s, const void *buf, si
         free(s);
         return CCQ_ERR_BACKEND;
     }
-    req =
-        ucp_am_send_nbx(peer->ep, UCX_AM_ID, &s->hdr, sizeof s->hdr, buf, bytes, &o->e->send_param);
+    ep = bytes >= o->e->bulk_bytes ? ucx_bulk_ep(o->e, peer) : peer->ep;
+    req = ucp_am_send_nbx(ep, UCX_AM_ID, &s->hdr, sizeof s->hdr, buf, bytes, &o->e->send_param);
     if (req == NULL) { /* done at once */
         free(s->copy);
         free(s);
@@ -488,6 +493,7 @@ static ucx_send *send_new(ucx_op *o, uint32_t dst, uint8_t type, uint32_t step, 
     s->hdr.seq = o->seq;
     s->hdr.chan = o->chan;
     s->hdr.src = o->me;
+    s->hdr.wsrc = o->e->world_rank;
     s->hdr.root = o->root;
     s->hdr.step = step;
     s->hdr.count = o->count;

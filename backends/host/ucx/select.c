@@ -5,6 +5,7 @@
  * moved for experiments with CCQ_UCX_RING_BYTES (all_reduce: recursive doubling up to it,
  * the ring above) and CCQ_UCX_SEG_BYTES (the pipelined schedules' segment size). Every
  * process must run the same schedule for an operation: set them alike everywhere. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,6 +20,10 @@
 /* Pipelined schedules: segment size, and how many segments move at once. */
 #define SEG_BYTES (1u << 20)
 #define WINDOW    4u
+/* Payloads from this size go on the single-copy endpoint (ucx_peer.bulk): UCX's rendezvous
+ * starts at 8 KiB on shared memory; below 64 KiB the copy saved is worth less than the
+ * handshake. */
+#define BULK_BYTES (64u * 1024u)
 
 static uint64_t knob(const char *name, uint64_t def)
 {
@@ -30,6 +35,11 @@ void ucx_tuning(ucx_engine *e)
 {
     e->ring_bytes = knob("CCQ_UCX_RING_BYTES", RING_BYTES);
     e->seg_bytes = knob("CCQ_UCX_SEG_BYTES", SEG_BYTES);
+    /* 0 = never (every payload on the endpoint with peer error handling). */
+    e->bulk_bytes =
+        getenv("CCQ_UCX_BULK_BYTES") != NULL && strcmp(getenv("CCQ_UCX_BULK_BYTES"), "0") == 0
+            ? SIZE_MAX
+            : knob("CCQ_UCX_BULK_BYTES", BULK_BYTES);
 }
 
 const ucx_alg *ucx_select(const ucx_op *o)

@@ -49,7 +49,7 @@ typedef struct ucx_hdr {
     uint8_t dtype;
     uint8_t redop;   /* reducing kinds; else 0 */
     uint16_t status; /* NOTICE: -ccq_status of the failure */
-    uint32_t reserved;
+    uint32_t wsrc; /* the sender's world rank */
 } ucx_hdr;
 
 /* ---- arrivals: messages received, not consumed yet ------------------------------------- */
@@ -65,6 +65,7 @@ typedef struct ucx_msg {
     void *buf;     /* MSG_READY: where the payload is readable */
     uint8_t state; /* MSG_* */
     bool ucx_data; /* data is UCX's: release it with ucp_am_data_release */
+    uint32_t wsrc; /* the sender's world rank (hdr.wsrc, checked) */
     uint64_t at_ns;
 } ucx_msg;
 
@@ -77,6 +78,11 @@ typedef struct ucx_op ucx_op;
 /* A peer process of the world: its endpoint, created on first use (comm_create). */
 typedef struct ucx_peer {
     ucp_ep_h ep;
+    /* Large payloads only (ucx_engine.bulk_bytes): an endpoint without peer error handling,
+     * so that UCX may use its single-copy transport (CMA), which it refuses under peer error
+     * handling (docs/multiprocess-host.md, "Large messages"). Failures are still seen on ep
+     * (keepalive, the same peer). NULL until the first large payload to this peer. */
+    ucp_ep_h bulk;
     const void *addr; /* its worker address (a copy held by the engine) */
     size_t addr_len;
     ucs_status_t failed; /* UCS_OK, or what UCX's error callback said about it */
@@ -117,6 +123,7 @@ struct ucx_engine {
     uint64_t dropped;  /* messages discarded (aborted comm, failed op, malformed) */
     uint64_t last_activity_ns;         /* the last arrival or start (the poll interval's clock) */
     size_t ring_bytes, seg_bytes;      /* schedule thresholds (ucx/select.c) */
+    size_t bulk_bytes;                 /* payloads of at least this go on ucx_peer.bulk */
     uint32_t idle_polls;               /* progress calls in a row that moved nothing */
     uint32_t peers_failed, peers_seen; /* peer errors so far, and those check_peers handled */
     ucx_msg *free_msgs;                /* recycled arrival records */
@@ -266,6 +273,9 @@ void ucx_adopt_orphans(ucx_engine *e, ucx_comm *c);
 void ucx_comm_drop_messages(ucx_comm *c);
 /* c can no longer be used: its later operations fail with st and detail. remote: a member
  * reported it (so this process need not tell the others). */
+/* The endpoint for p's large payloads (ucx_peer.bulk, made on first use; p->ep if it cannot
+ * be made). */
+ucp_ep_h ucx_bulk_ep(ucx_engine *e, ucx_peer *p);
 void ucx_comm_fail(ucx_comm *c, ccq_status st, const char *detail, bool remote);
 /* o succeeded here: remember its header fields for late messages (ucx_comm.ended). */
 void ucx_comm_ended(ucx_comm *c, const ucx_op *o);
