@@ -91,7 +91,8 @@ static bool header_agrees(ucx_op *o, const ucx_hdr *h)
     size_t w1 = 0, w2 = 0;
 
     if (h->kind == want_kind && h->dtype == o->dtype && h->count == o->count &&
-        (!reduces || h->redop == o->redop) && (!rooted || h->root == o->root))
+        (!reduces || h->redop == o->redop) && (!rooted || h->root == o->root) &&
+        h->nops == o->nops && h->shape == o->shape)
         return true;
     theirs[0] = mine[0] = '\0';
     if (h->kind != want_kind) {
@@ -118,8 +119,31 @@ static bool header_agrees(ucx_op *o, const ucx_hdr *h)
         w1 = add_field(theirs, sizeof theirs, w1, &f1, "root", t, NULL);
         w2 = add_field(mine, sizeof mine, w2, &f2, "root", m, NULL);
     }
+    if (h->nops != o->nops || h->shape != o->shape) {
+        /* Fusion (ucx/fused.c): the members cut their window differently, so one of the
+         * operations there differs (count, dtype, op) between them. */
+        snprintf(t, sizeof t, "%u operation%s fused", h->nops, h->nops == 1 ? "" : "s");
+        snprintf(m, sizeof m, "%u operation%s fused", o->nops, o->nops == 1 ? "" : "s");
+        if (h->nops == o->nops) {
+            snprintf(t, sizeof t, "%u operations of other counts fused", h->nops);
+            snprintf(m, sizeof m, "%u operations fused", o->nops);
+        }
+        w1 = add_field(theirs, sizeof theirs, w1, &f1, "fusion", t, NULL);
+        w2 = add_field(mine, sizeof mine, w2, &f2, "fusion", m, NULL);
+    }
     (void)w1;
     (void)w2;
+    if (o->nops > 1 || h->nops > 1) {
+        ucx_op_fail(o, CCQ_ERR_MISMATCH,
+                    "processes disagree on %s sequence %" PRIu64
+                    " of a communicator spanning processes (a fused operation of sequences %" PRIu64
+                    "-%" PRIu64 " here: one of them differs between the processes): process %u "
+                    "submitted %s where process %u (this one) submitted %s; nothing was reduced "
+                    "or written",
+                    ucx_kind_name(o->kind), o->seq, o->seq, o->seq + o->nops - 1, c->procs[h->src],
+                    theirs, c->procs[c->me], mine);
+        return false;
+    }
     ucx_op_fail(o, CCQ_ERR_MISMATCH,
                 "processes disagree on %s sequence %" PRIu64
                 " of a communicator spanning processes: process %u submitted %s where process "
@@ -168,6 +192,8 @@ static bool op_adopt(ucx_op *o, ucx_msg *m, bool fresh)
         drop(e, m, fresh); /* a failed operation's messages are never placed */
         return false;
     }
+    if (m->hdr.follow < o->minf) /* fusion's agreement (ucx/fused.c) */
+        o->minf = m->hdr.follow;
     m->next = NULL;
     ucx_msg **pp = &o->arrivals;
     while (*pp != NULL)
@@ -187,7 +213,8 @@ static bool comm_route(ucx_comm *c, ucx_msg *m, bool fresh)
     for (ucx_op *o = c->ops; o != NULL; o = o->comm_next)
         if (o->chan == m->hdr.chan && o->seq == m->hdr.seq)
             return op_adopt(o, m, fresh);
-    if (m->hdr.seq < c->next_seq[m->hdr.chan]) {
+    if (m->hdr.seq < c->next_seq[m->hdr.chan] &&
+        !(m->hdr.chan == 0 && ucx_pend_has(c, m->hdr.seq))) {
         /* Its operation already ended here. A notice then says the communicator is no longer
          * usable: the next operation on it fails with the reporter's detail. */
         if (m->hdr.type == UCX_MSG_NOTICE && c->failed == CCQ_OK) {
@@ -407,6 +434,9 @@ static ucx_send *send_new(ucx_op *o, uint32_t dst, uint8_t type, uint32_t step, 
     s->hdr.count = o->count;
     s->hdr.dtype = o->dtype;
     s->hdr.redop = o->redop;
+    s->hdr.follow = o->minf;
+    s->hdr.nops = o->nops;
+    s->hdr.shape = o->shape;
     return s;
 }
 
