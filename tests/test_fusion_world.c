@@ -38,6 +38,8 @@
 #define MAXF   4000 /* fused ops one list can hold */
 
 static uint32_t wrank, wsize;
+/* The threshold the plans' sizes sit around (F; larger for identical_ucx_pair). */
+static uint64_t plan_f = F;
 
 #define CHECK(cond, ...)                                                                           \
     do {                                                                                           \
@@ -154,7 +156,7 @@ static void run_alloc(run *r, const world *w, size_t nops, ccq_dtype dt, ccq_red
     r->dt = dt;
     r->op = op;
     r->exact = exact;
-    r->n = fw_plan_n(r->ops, MAXOPS, nops, dt, F, w->total, true);
+    r->n = fw_plan_n(r->ops, MAXOPS, nops, dt, plan_f, w->total, plan_f == F);
     for (size_t i = 0; i < r->n; i++)
         for (uint32_t k = 0; k < w->cnt; k++) {
             const fw_op *o = &r->ops[i];
@@ -410,6 +412,55 @@ static void identical(void)
     world_close(&off);
 }
 
+/* The UCX engine with two processes also fuses all_reduces above its ring threshold (32 KiB)
+ * whose combine commutes (ucx/fused.c): their fused recursive doubling must give the ring's
+ * bits. Sizes around 256 KiB (all_reduces only), fused and unfused side by side. */
+static void identical_ucx_pair(void)
+{
+    static const struct {
+        ccq_dtype dt;
+        ccq_reduce_op op;
+    } cases[] = {{CCQ_FLOAT32, CCQ_SUM},   {CCQ_FLOAT32, CCQ_AVG}, {CCQ_FLOAT16, CCQ_SUM},
+                 {CCQ_BFLOAT16, CCQ_PROD}, {CCQ_FLOAT64, CCQ_SUM}, {CCQ_INT32, CCQ_MAX},
+                 {CCQ_UINT8, CCQ_MIN}};
+    const uint64_t big = 256u * 1024u;
+    world off, on;
+    uint64_t l[1 + 2 * MAXF], fused;
+    plan_f = big;
+    world_open(&off, 0, NULL, 30000);
+    world_open_slot(&on, big, NULL, 30000, 1);
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        run *a = malloc(sizeof *a), *b = malloc(sizeof *b);
+        run_alloc(a, &off, 0, cases[c].dt, cases[c].op, false);
+        run_alloc(b, &on, 0, cases[c].dt, cases[c].op, false);
+        submit(&off, a, P_GATED, a->n, -1, false, 1);
+        submit(&on, b, P_GATED, b->n, -1, false, 1);
+        fence_all(&off, a, P_GATED, false);
+        fence_all(&on, b, P_GATED, false);
+        for (size_t i = 0; i < a->n; i++)
+            for (uint32_t k = 0; k < on.cnt; k++)
+                CHECK(memcmp(a->dst[i][k], b->dst[i][k], a->dcount[i][k] * ref_dtype_size(a->dt)) ==
+                          0,
+                      "%s %s op %zu (x %zu): fused and unfused results differ (2 processes, "
+                      "large parts)",
+                      ccq_dtype_name(a->dt), ccq_reduce_op_name(a->op), i, a->ops[i].count);
+        run_free(a, &off);
+        run_free(b, &on);
+        free(a);
+        free(b);
+    }
+    CHECK(fused_list(&off, l) == 0, "fusion off fused something");
+    fused = fused_list(&on, l);
+    CHECK(fused > 0, "nothing fused");
+    if (wrank == 0)
+        printf("2 processes, parts up to 512 KiB: bit-identical fused (%llu fused operations) "
+               "and unfused\n",
+               (unsigned long long)fused);
+    world_close(&on);
+    world_close(&off);
+    plan_f = F;
+}
+
 /* Process 1 submits op m with one more element. */
 static void mismatch(int variant)
 {
@@ -553,6 +604,8 @@ int main(void)
     setvbuf(stdout, NULL, _IOLBF, 0);
     patterns();
     identical();
+    if (ucx_engine() && wsize == 2)
+        identical_ucx_pair();
     mismatch(0);
     mismatch(1);
     /* An op one process skips (its parts failed before the engine): the MPI engine's records
