@@ -461,6 +461,23 @@ static void identical_ucx_pair(void)
     plan_f = F;
 }
 
+/* Every process here before any goes on: an all_reduce on a communicator of each process's
+ * first device (not the world's, which a mismatch on the UCX engine leaves unusable). So no
+ * process destroys its runtime while another still waits to hear of a failure from it (its
+ * exit would reach the other as a lost peer first). */
+static void barrier(world *w)
+{
+    ccq_device_id firsts[8];
+    uint32_t x = 1, y = 0;
+    for (uint32_t p = 0, d = 0; p < wsize; d += ndev_of(p), p++)
+        firsts[p] = d;
+    CHECK(ccq_comm_init(w->rt, firsts, wsize) == CCQ_OK, "barrier comm");
+    CHECK(ccq_all_reduce(w->rt, w->first, 7, &x, &y, 1, CCQ_UINT32, CCQ_SUM, firsts, wsize) ==
+              CCQ_OK,
+          "barrier");
+    CHECK(ccq_sync_collective(w->rt, w->first, 7) == CCQ_OK && y == wsize, "barrier fence");
+}
+
 /* Process 1 submits op m with one more element. */
 static void mismatch(int variant)
 {
@@ -489,6 +506,7 @@ static void mismatch(int variant)
         CHECK(now_ms() - t0 < 15000, "variant %d: the mismatch took %llu ms", variant,
               (unsigned long long)(now_ms() - t0));
         check_results(&w, r, true);
+        barrier(&w);
         if (wrank == 0)
             printf("mismatch inside a fused group on UCX (%s): CCQ_ERR_MISMATCH in every "
                    "process, %llu ms\n",
