@@ -66,8 +66,8 @@ static inline bool ccq_fuse_follows(const ccq_be_op *a, const ccq_be_op *b)
  * scheduler saw ready. A backend whose engine plans a group from all its collectives
  * (span_group_limit != 0, NCCL) has no channel on which its members could agree, so its
  * spanning communicators are limited to span_group_limit collectives per group and never fuse;
- * an engine that agrees on each fusion with its members (`agrees`: the host backend's MPI
- * engine, start_run) fuses them by the communicator's threshold, the same in every member.
+ * an engine that agrees on each fusion with its members (`agrees`: the host backend's MPI and
+ * UCX engines, start_run) fuses them by the communicator's threshold, the same in every member.
  * Communicators of one process fuse freely.
  */
 static inline uint64_t ccq_fuse_threshold(const ccq_be_comm_desc *d, uint32_t span_group_limit,

@@ -4,10 +4,10 @@
  * slowest process's; the median over steps is reported.
  *
  * One process with -g devices, or a world: under mpirun (bootstrap "mpi"), or whatever
- * bootstrap the environment names (CCQ_BOOTSTRAP: file:DIR, tcp://HOST:PORT once built, with
- * CCQ_WORLD_RANK/SIZE). --fusion takes a list of fusion_bytes values: one runtime per value,
- * all alive at once, their steps interleaved round by round so every value sees the same
- * machine (side by side in one run).
+ * bootstrap the environment names (CCQ_BOOTSTRAP: file:DIR, tcp://HOST:PORT, with
+ * CCQ_WORLD_RANK/SIZE; over tcp:// the runtime of the v-th --fusion value meets on PORT + v).
+ * --fusion takes a list of fusion_bytes values: one runtime per value, all alive at once, their
+ * steps interleaved round by round so every value sees the same machine (side by side in one run).
  *
  * Usage: ddp_step [-g DEVICES] [-n STEPS] [-w WARMUP] [-r ROUNDS] [--params SPEC]
  *                 [--order interleaved|grouped] [--fusion LIST] [--json FILE]
@@ -64,8 +64,18 @@ static void open_rt(bench *b, rtv *r, uint32_t v)
     ccq_config cfg;
     ccq_config_init(&cfg);
     cfg.host_devices = b->g;
+    static char spec[MAX_VALUES][256];
     if (cfg.world_size > 1 && cfg.bootstrap == NULL)
         cfg.bootstrap = "mpi"; /* under mpirun */
+    if (v > 0 && cfg.bootstrap != NULL && strncmp(cfg.bootstrap, "tcp://", 6) == 0) {
+        /* One rendezvous serves one world at a time: runtime v meets on port + v. */
+        const char *colon = strrchr(cfg.bootstrap, ':');
+        if (colon != NULL) {
+            snprintf(spec[v], sizeof spec[v], "%.*s:%ld", (int)(colon - cfg.bootstrap),
+                     cfg.bootstrap, strtol(colon + 1, NULL, 10) + (long)v);
+            cfg.bootstrap = spec[v];
+        }
+    }
     if (!b->dflt[v])
         cfg.fusion_bytes = b->fusion[v];
     b->fusion[v] = cfg.fusion_bytes;

@@ -1,5 +1,7 @@
-/* Fusion across processes (docs/fusion.md): the host backend over MPI through the whole
- * runtime, under mpiexec (-n 2, 3 or 4), process p with 1 + p % 2 host devices. The member
+/* Fusion across processes (docs/fusion.md): the host backend across processes through the
+ * whole runtime, on its MPI engine (under mpiexec) or its UCX engine (CCQ_HOST_ENGINE=ucx,
+ * under mpiexec or as plain processes over CCQ_BOOTSTRAP=tcp://), 2, 3 or 4 processes,
+ * process p with 1 + p % 2 host devices. The member
  * processes of a communicator see different sets of ready operations at any moment, and must
  * still fuse identically:
  *  - 600 small collectives of every fusable kind, sizes around the threshold, submitted by
@@ -12,8 +14,11 @@
  *    changes its reduction schedule: docs/fusion.md);
  *  - a mismatch across processes inside a would-be fused group (one process submits another
  *    count) fails that op with CCQ_ERR_MISMATCH in every process, also when one of them
- *    started it without waiting (it fences each op), and never hangs;
- *  - an injected failure inside a group (every process fails the same op) fails it alone;
+ *    started it without waiting (it fences each op), and never hangs (MPI: it alone, the
+ *    rest fused alike; UCX: it and the fused group around it, and the communicator is
+ *    unusable afterwards, as for any mismatch on that engine);
+ *  - an injected failure inside a group (every process fails the same op) fails it alone
+ *    (MPI only: the UCX engine cannot tell a member that it skipped an operation);
  *  - a process that stops submitting halfway: the others end with CCQ_ERR_TIMEOUT within
  *    timeout_ms, and destroy returns.
  * Float inputs of the result checks are in {-1, 0, 1} (any order of combining gives the same
@@ -33,6 +38,8 @@
 #define MAXF   4000 /* fused ops one list can hold */
 
 static uint32_t wrank, wsize;
+/* The threshold the plans' sizes sit around (F; larger for identical_ucx_pair). */
+static uint64_t plan_f = F;
 
 #define CHECK(cond, ...)                                                                           \
     do {                                                                                           \
@@ -69,11 +76,23 @@ typedef struct world {
     uint32_t cnt, total;
 } world;
 
-static void world_open(world *w, uint64_t fusion, const char *fault, uint64_t timeout_ms)
+/* slot: a second runtime alive beside another one; over tcp:// it meets on the next port
+ * (one rendezvous serves one world at a time). */
+static void world_open_slot(world *w, uint64_t fusion, const char *fault, uint64_t timeout_ms,
+                            unsigned slot)
 {
+    static char spec[2][256];
     ccq_config cfg;
     ccq_config_init(&cfg);
-    cfg.bootstrap = "mpi";
+    if (cfg.bootstrap == NULL) /* under mpiexec; else CCQ_BOOTSTRAP (tcp://) */
+        cfg.bootstrap = "mpi";
+    if (slot > 0 && strncmp(cfg.bootstrap, "tcp://", 6) == 0) {
+        const char *colon = strrchr(cfg.bootstrap, ':');
+        CHECK(colon != NULL && slot < 2, "bootstrap %s", cfg.bootstrap);
+        snprintf(spec[slot], sizeof spec[slot], "%.*s:%ld", (int)(colon - cfg.bootstrap),
+                 cfg.bootstrap, strtol(colon + 1, NULL, 10) + (long)slot);
+        cfg.bootstrap = spec[slot];
+    }
     cfg.host_devices = ndev_of(wrank);
     cfg.timeout_ms = timeout_ms;
     cfg.max_streams = MAXOPS;
@@ -87,6 +106,11 @@ static void world_open(world *w, uint64_t fusion, const char *fault, uint64_t ti
     for (uint32_t d = 0; d < w->total; d++)
         w->devs[d] = d;
     CHECK(ccq_comm_init(w->rt, w->devs, w->total) == CCQ_OK, "comm of the world");
+}
+
+static void world_open(world *w, uint64_t fusion, const char *fault, uint64_t timeout_ms)
+{
+    world_open_slot(w, fusion, fault, timeout_ms, 0);
 }
 
 static void world_close(world *w)
@@ -132,7 +156,7 @@ static void run_alloc(run *r, const world *w, size_t nops, ccq_dtype dt, ccq_red
     r->dt = dt;
     r->op = op;
     r->exact = exact;
-    r->n = fw_plan_n(r->ops, MAXOPS, nops, dt, F, w->total, true);
+    r->n = fw_plan_n(r->ops, MAXOPS, nops, dt, plan_f, w->total, plan_f == F);
     for (size_t i = 0; i < r->n; i++)
         for (uint32_t k = 0; k < w->cnt; k++) {
             const fw_op *o = &r->ops[i];
@@ -355,7 +379,7 @@ static void identical(void)
     world off, on;
     uint64_t fused = 0, l[1 + 2 * MAXF];
     world_open(&off, 0, NULL, 30000);
-    world_open(&on, F, NULL, 30000);
+    world_open_slot(&on, F, NULL, 30000, 1);
     for (int dt = 0; dt < CCQ_DTYPE_COUNT_; dt++)
         for (size_t o = 0; o < sizeof ops / sizeof ops[0]; o++) {
             run *a = malloc(sizeof *a), *b = malloc(sizeof *b);
@@ -379,17 +403,79 @@ static void identical(void)
         }
     CHECK(fused_list(&off, l) == 0, "fusion off fused something");
     fused = check_same_fusion(&on);
-    /* The UCX engine has no start_run (docs/fusion.md): with fusion_bytes > 0 its operations
-     * still run, unfused, with the same bits. The MPI engine fuses. */
-    if (ucx_engine())
-        CHECK(fused == 0, "the UCX engine fused %llu operations", (unsigned long long)fused);
-    else
-        CHECK(fused > 0, "nothing fused");
+    /* Both engines fuse (the UCX engine all_reduces only). */
+    CHECK(fused > 0, "nothing fused");
     if (wrank == 0)
         printf("bit-identical fused (%llu fused operations) and unfused, every dtype x op\n",
                (unsigned long long)fused);
     world_close(&on);
     world_close(&off);
+}
+
+/* The UCX engine with two processes also fuses all_reduces above its ring threshold (32 KiB)
+ * whose combine commutes (ucx/fused.c): their fused recursive doubling must give the ring's
+ * bits. Sizes around 256 KiB (all_reduces only), fused and unfused side by side. */
+static void identical_ucx_pair(void)
+{
+    static const struct {
+        ccq_dtype dt;
+        ccq_reduce_op op;
+    } cases[] = {{CCQ_FLOAT32, CCQ_SUM},   {CCQ_FLOAT32, CCQ_AVG}, {CCQ_FLOAT16, CCQ_SUM},
+                 {CCQ_BFLOAT16, CCQ_PROD}, {CCQ_FLOAT64, CCQ_SUM}, {CCQ_INT32, CCQ_MAX},
+                 {CCQ_UINT8, CCQ_MIN}};
+    const uint64_t big = 256u * 1024u;
+    world off, on;
+    uint64_t l[1 + 2 * MAXF], fused;
+    plan_f = big;
+    world_open(&off, 0, NULL, 30000);
+    world_open_slot(&on, big, NULL, 30000, 1);
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        run *a = malloc(sizeof *a), *b = malloc(sizeof *b);
+        run_alloc(a, &off, 0, cases[c].dt, cases[c].op, false);
+        run_alloc(b, &on, 0, cases[c].dt, cases[c].op, false);
+        submit(&off, a, P_GATED, a->n, -1, false, 1);
+        submit(&on, b, P_GATED, b->n, -1, false, 1);
+        fence_all(&off, a, P_GATED, false);
+        fence_all(&on, b, P_GATED, false);
+        for (size_t i = 0; i < a->n; i++)
+            for (uint32_t k = 0; k < on.cnt; k++)
+                CHECK(memcmp(a->dst[i][k], b->dst[i][k], a->dcount[i][k] * ref_dtype_size(a->dt)) ==
+                          0,
+                      "%s %s op %zu (x %zu): fused and unfused results differ (2 processes, "
+                      "large parts)",
+                      ccq_dtype_name(a->dt), ccq_reduce_op_name(a->op), i, a->ops[i].count);
+        run_free(a, &off);
+        run_free(b, &on);
+        free(a);
+        free(b);
+    }
+    CHECK(fused_list(&off, l) == 0, "fusion off fused something");
+    fused = fused_list(&on, l);
+    CHECK(fused > 0, "nothing fused");
+    if (wrank == 0)
+        printf("2 processes, parts up to 512 KiB: bit-identical fused (%llu fused operations) "
+               "and unfused\n",
+               (unsigned long long)fused);
+    world_close(&on);
+    world_close(&off);
+    plan_f = F;
+}
+
+/* Every process here before any goes on: an all_reduce on a communicator of each process's
+ * first device (not the world's, which a mismatch on the UCX engine leaves unusable). So no
+ * process destroys its runtime while another still waits to hear of a failure from it (its
+ * exit would reach the other as a lost peer first). */
+static void barrier(world *w)
+{
+    ccq_device_id firsts[8];
+    uint32_t x = 1, y = 0;
+    for (uint32_t p = 0, d = 0; p < wsize; d += ndev_of(p), p++)
+        firsts[p] = d;
+    CHECK(ccq_comm_init(w->rt, firsts, wsize) == CCQ_OK, "barrier comm");
+    CHECK(ccq_all_reduce(w->rt, w->first, 7, &x, &y, 1, CCQ_UINT32, CCQ_SUM, firsts, wsize) ==
+              CCQ_OK,
+          "barrier");
+    CHECK(ccq_sync_collective(w->rt, w->first, 7) == CCQ_OK && y == wsize, "barrier fence");
 }
 
 /* Process 1 submits op m with one more element. */
@@ -407,6 +493,30 @@ static void mismatch(int variant)
     fence_all(&w, r, pattern, true);
     CHECK(r->st[m] == CCQ_ERR_MISMATCH, "variant %d: op %ld ended with %s", variant, m,
           ccq_status_name(r->st[m]));
+    if (ucx_engine()) {
+        /* The UCX engine finds a mismatch in the headers of the data messages: the fused
+         * operation holding op m (here ops m - 1 and m, or m alone) fails in every process,
+         * and the communicator with it (docs/multiprocess-host.md), failing what was still in
+         * flight on it (the ops before m run beside it): every op is right or fails with
+         * CCQ_ERR_MISMATCH, nothing hangs. */
+        for (size_t i = 0; i < r->n; i++)
+            CHECK(r->st[i] == CCQ_OK || r->st[i] == CCQ_ERR_MISMATCH ||
+                      (i > (size_t)m && r->st[i] == CCQ_ERR_ABORTED),
+                  "variant %d: op %zu: %s", variant, i, ccq_status_name(r->st[i]));
+        CHECK(now_ms() - t0 < 15000, "variant %d: the mismatch took %llu ms", variant,
+              (unsigned long long)(now_ms() - t0));
+        check_results(&w, r, true);
+        barrier(&w);
+        if (wrank == 0)
+            printf("mismatch inside a fused group on UCX (%s): CCQ_ERR_MISMATCH in every "
+                   "process, %llu ms\n",
+                   variant ? "one process fenced each op" : "every process gated",
+                   (unsigned long long)(now_ms() - t0));
+        run_free(r, &w);
+        free(r);
+        world_close(&w);
+        return;
+    }
     /* The engine checks every member's signature before data moves (issue 22): the mismatched
      * op fails alone, cut out of its fused group, and the communicator goes on. */
     for (size_t i = 0; i < r->n; i++)
@@ -480,9 +590,11 @@ static void stopped(void)
         for (size_t i = 0; i < r->n; i++) {
             if (i < r->n / 2)
                 CHECK(r->st[i] == CCQ_OK, "op %zu: %s", i, ccq_status_name(r->st[i]));
-            else
-                CHECK(r->st[i] == CCQ_ERR_TIMEOUT || r->st[i] == CCQ_ERR_ABORTED, "op %zu: %s", i,
-                      ccq_status_name(r->st[i]));
+            else /* UCX: the stopper's exit may end them first (a peer error) */
+                CHECK(r->st[i] == CCQ_ERR_TIMEOUT || r->st[i] == CCQ_ERR_ABORTED ||
+                          (ucx_engine() &&
+                           (r->st[i] == CCQ_ERR_BACKEND || r->st[i] == CCQ_ERR_PROCESS_LOST)),
+                      "op %zu: %s", i, ccq_status_name(r->st[i]));
             timed_out |= r->st[i] == CCQ_ERR_TIMEOUT;
         }
         /* The MPI engine's own deadline comes first; the UCX engine's ops may all end by the
@@ -510,11 +622,14 @@ int main(void)
     setvbuf(stdout, NULL, _IOLBF, 0);
     patterns();
     identical();
-    if (!ucx_engine()) { /* the UCX engine fails a communicator on a mismatch, unfused or not */
-        mismatch(0);
-        mismatch(1);
+    if (ucx_engine() && wsize == 2)
+        identical_ucx_pair();
+    mismatch(0);
+    mismatch(1);
+    /* An op one process skips (its parts failed before the engine): the MPI engine's records
+     * tell the members; the UCX engine's members wait for it until their deadline. */
+    if (!ucx_engine())
         injected();
-    }
     stopped();
     printf("process %u: OK\n", wrank);
     return 0;

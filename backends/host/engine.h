@@ -82,8 +82,10 @@ typedef struct ccq_host_engine_ops {
      * batch, with consecutive sequence numbers, in that order; out[i] gets ops[i]'s operation,
      * tested, described and abandoned like start()'s. The engine tells the member processes,
      * with what it sends them anyway for each operation (the MPI engine: its signature
-     * records), how many operations of the run follow each one; the window at an operation is
-     * the fewest any member has, and it cuts the window into fused groups by the rule of
+     * records; the UCX engine: its message headers), how many operations of the run follow
+     * each one; the window at an operation is the fewest any member has (the UCX engine
+     * learns it when an all_reduce ends: its window follows it), and it cuts the window into
+     * fused groups by the rule of
      * backends/fuse.h (the communicator's fusion_bytes from comm_create; the kinds it has a
      * layout for), so every member runs the same engine operations without waiting for
      * anything. On the first op of a fused group it sets fused and fused_t0 (ccq_now_ns) when

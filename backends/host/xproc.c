@@ -8,8 +8,9 @@
  * rule of backends/fuse.h, run whole by this thread. Across processes, each run of a
  * communicator's collectives in the batch (consecutive sequence numbers) goes to the engine's
  * start_run together: the engine lets the member processes agree on what fuses with what it
- * sends them for each operation anyway (the MPI engine: its signature records), so the fused
- * operations are the same in every member. An engine without start_run never fuses. */
+ * sends them for each operation anyway (the MPI engine: its signature records; the UCX engine:
+ * its message headers), so the fused operations are the same in every member. An engine
+ * without start_run never fuses. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -199,7 +199,7 @@ static void check_peers(ucx_engine *e)
                      "process %u failed (UCX: %s): a member of this communicator (this is "
                      "process %u)",
                      c->procs[p], ucs_status_string(peer->failed), e->world_rank);
-            if (c->ops != NULL && !peer->reported && e->base.peer_failed != NULL) {
+            if ((c->ops != NULL || c->pq_n > 0) && !peer->reported && e->base.peer_failed != NULL) {
                 peer->reported = true;
                 e->base.peer_failed(e->base.peer_failed_arg, c->procs[p]);
             }
@@ -533,6 +533,7 @@ static void comm_unref(ucx_comm *c)
     if (--c->refs > 0)
         return;
     ucx_comm_drop_messages(c);
+    free(c->pq);
     free(c->procs);
     free(c);
 }
@@ -573,6 +574,7 @@ static ccq_status ucx_comm_create(ccq_host_engine *base, const ccq_be_comm_desc 
     c->nranks = d->nranks;
     c->fr = c->procs + d->nprocs;
     c->me = UINT32_MAX;
+    c->fusion_bytes = d->fusion_bytes; /* the same in every member */
     for (uint32_t p = 0; p < d->nprocs; p++) {
         c->procs[p] = d->procs[p];
         if (d->procs[p] == e->world_rank)
@@ -676,6 +678,7 @@ static void op_free(ucx_op *o)
     for (int k = 0; k < BUF_N; k++)
         pool_put(e, o->buf[k], o->cap[k]);
     free(o->seg);
+    ucx_fused_unref(o->fz);
     comm_unref(o->c);
     free(o);
 }
@@ -709,6 +712,10 @@ static void op_retire(ucx_op *o)
     ucx_engine *e = o->e;
     op_unlink(o);
     e->inflight--;
+    if (o->c->agree_unit == o) { /* it ended without telling: the communicator failed */
+        o->c->agree_unit = NULL;
+        o->c->agree_w = 0;
+    }
     for (ucx_msg *m = o->arrivals; m != NULL; m = m->next)
         if (m->state == MSG_LANDING && m->req != NULL)
             ucp_request_cancel(e->worker, m->req);
@@ -872,24 +879,61 @@ static void local_outputs(ucx_op *o)
     }
 }
 
-static ccq_status ucx_start(ccq_host_engine *base, ccq_heng_comm *hc, const ccq_be_op *op,
-                            uint64_t now_ns, ccq_heng_op **out, ccq_errbuf *err)
+/* A fused group's combine (its head's launch): each part's local combine, laid end to end in
+ * the head's scratch in sequence order, each with the kernel it would meet alone. */
+static ccq_status fused_inputs(ucx_op *o, ccq_errbuf *err)
 {
-    ucx_engine *e = to_ucx(base);
-    ucx_comm *c = (ucx_comm *)hc;
-    ucx_op *o;
-    ccq_status st;
+    const ucx_fused *fz = o->fz;
+    const void *src[CCQ_MAX_DEVICES];
+    char *res = ucx_scratch(o, BUF_RES, o->count * o->es);
+    size_t off = 0;
 
-    *out = NULL;
-    if (c->failed != CCQ_OK) {
-        snprintf(err->msg, sizeof err->msg, "%s", c->failed_detail);
-        return c->failed;
-    }
-    o = calloc(1, sizeof *o);
-    if (o == NULL) {
-        snprintf(err->msg, sizeof err->msg, "out of memory");
+    if (res == NULL) {
+        snprintf(err->msg, sizeof err->msg, "out of memory for %zu bytes of UCX scratch",
+                 (size_t)o->count * o->es);
         return CCQ_ERR_NO_MEMORY;
     }
+    for (uint32_t i = 0; i < fz->n; i++) {
+        const ccq_be_op *op = fz->part[i].op;
+        size_t cnt = fz->part[i].count;
+        if (op->nparts == 1) {
+            memcpy(res + off * o->es, op->parts[0].src, cnt * o->es);
+        } else {
+            local_srcs(op, 0, src);
+            ucx_reduce(o, op->nparts, src, res + off * o->es, cnt);
+        }
+        off += cnt;
+    }
+    return CCQ_OK;
+}
+
+/* Every part's outputs from the head's result (AVG divides each on its way out, as alone). */
+static void fused_outputs(ucx_op *o)
+{
+    const ucx_fused *fz = o->fz;
+    const char *res = o->buf[BUF_RES];
+    void *out[CCQ_MAX_DEVICES];
+    size_t off = 0;
+
+    for (uint32_t i = 0; i < fz->n; i++) {
+        const ccq_be_op *op = fz->part[i].op;
+        size_t cnt = fz->part[i].count;
+        for (uint32_t k = 0; op != NULL && k < op->nparts; k++)
+            out[k] = op->parts[k].dst;
+        if (op != NULL)
+            write_result(o, out, op->nparts, res + off * o->es, cnt);
+        off += cnt;
+    }
+    if (fz->part[0].op != NULL)
+        fz->part[0].op->fused_t1 = ccq_now_ns();
+}
+
+ucx_op *ucx_op_new(ucx_comm *c, const ccq_be_op *op, uint64_t now_ns)
+{
+    ucx_engine *e = c->e;
+    ucx_op *o = calloc(1, sizeof *o);
+    if (o == NULL)
+        return NULL;
     o->e = e;
     o->c = c;
     c->refs++;
@@ -915,24 +959,70 @@ static ccq_status ucx_start(ccq_host_engine *base, ccq_heng_comm *hc, const ccq_
         o->root = op->root;
         o->root_proc = owner(c, op->root);
     }
-    o->alg = ucx_select(o);
-    if ((st = local_inputs(o, err)) != CCQ_OK || (st = o->alg->init(o, err)) != CCQ_OK) {
-        o->status = st;
-        op_free(o);
+    o->nops = 1;
+    o->phase = UCX_PH_PENDING;
+    e->inflight++;
+    return o;
+}
+
+void ucx_op_discard(ucx_op *o)
+{
+    o->e->inflight--;
+    op_free(o);
+}
+
+ccq_status ucx_op_launch(ucx_op *o, ccq_errbuf *err)
+{
+    ucx_engine *e = o->e;
+    ucx_comm *c = o->c;
+    ccq_status st;
+
+    /* A fused group runs recursive doubling whatever its size: each element then meets the
+     * same combines, in the same order, as in its own operation (ucx/fused.c). */
+    o->alg = o->fz != NULL ? &ucx_allreduce_rd : ucx_select(o);
+    st = o->fz != NULL ? fused_inputs(o, err) : local_inputs(o, err);
+    if (st == CCQ_OK)
+        st = o->alg->init(o, err);
+    if (st != CCQ_OK)
         return st;
-    }
+    o->phase = UCX_PH_RUN;
+    o->minf = o->follow;
     o->comm_next = c->ops;
     c->ops = o;
-    e->inflight++;
-    e->last_activity_ns = now_ns;
-    if (c->next_seq[o->chan] <= o->seq)
-        c->next_seq[o->chan] = o->seq + 1;
+    e->last_activity_ns = ccq_now_ns();
+    if (c->next_seq[o->chan] < o->seq + o->nops)
+        c->next_seq[o->chan] = o->seq + o->nops;
     ucx_adopt_early(o);
     if (o->kind == CCQ_KIND_SEND && o->sends == NULL) {
         /* Its message left at once (UCX copied it): done, as a buffered send, whatever a
          * member says of it later (a notice then fails the communicator, not this send). */
         ucx_comm_ended(c, o);
         o->status = CCQ_OK;
+    }
+    return CCQ_OK;
+}
+
+static ccq_status ucx_start(ccq_host_engine *base, ccq_heng_comm *hc, const ccq_be_op *op,
+                            uint64_t now_ns, ccq_heng_op **out, ccq_errbuf *err)
+{
+    ucx_comm *c = (ucx_comm *)hc;
+    ucx_op *o;
+    ccq_status st;
+
+    (void)base;
+    *out = NULL;
+    if (c->failed != CCQ_OK) {
+        snprintf(err->msg, sizeof err->msg, "%s", c->failed_detail);
+        return c->failed;
+    }
+    if ((o = ucx_op_new(c, op, now_ns)) == NULL) {
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        return CCQ_ERR_NO_MEMORY;
+    }
+    if ((st = ucx_op_launch(o, err)) != CCQ_OK) {
+        o->status = st;
+        ucx_op_discard(o);
+        return st;
     }
     *out = (ccq_heng_op *)o;
     return CCQ_OK;
@@ -956,9 +1046,16 @@ static ccq_status op_step(ucx_op *o)
         return st;
     if (st != CCQ_OK)
         return ucx_op_fail(o, st, "%s", err.msg[0] ? err.msg : "UCX operation failed");
-    local_outputs(o);
+    if (o->fz != NULL)
+        fused_outputs(o);
+    else
+        local_outputs(o);
     ucx_comm_ended(o->c, o);
     o->status = CCQ_OK;
+    if (o->c->agree_unit == o) { /* every member knows the same fewest now (ucx/fused.c) */
+        o->c->agree_unit = NULL;
+        o->c->agree_w = o->minf;
+    }
     return CCQ_OK;
 }
 
@@ -966,10 +1063,36 @@ static ccq_status ucx_test(ccq_host_engine *base, ccq_heng_op *h, ccq_errbuf *er
 {
     ucx_engine *e = to_ucx(base);
     ucx_op *o = (ucx_op *)h;
+    ucx_comm *c = o->c;
     ccq_status st;
 
     ucx_progress(e);
     check_peers(e);
+    if (o->phase == UCX_PH_PENDING) {
+        ucx_fuse_decide(c); /* o may start now (its window is agreed on) */
+        if (o->phase == UCX_PH_PENDING) {
+            if (c->failed == CCQ_OK)
+                return CCQ_IN_PROGRESS;
+            /* Never started: nothing was sent, nothing to tell. */
+            snprintf(err->msg, sizeof err->msg, "%s", c->failed_detail);
+            ucx_pend_forget(o);
+            o->op = NULL;
+            op_retire(o);
+            return c->failed;
+        }
+    }
+    if (o->phase == UCX_PH_MEMBER) {
+        /* A fused group's part: its head (tested before it, in batch order) ended it. */
+        const ucx_fused *fz = o->fz;
+        if (fz->status == CCQ_IN_PROGRESS)
+            return CCQ_IN_PROGRESS; /* also when the head was given up: its own deadline */
+        st = fz->status;
+        if (st != CCQ_OK)
+            snprintf(err->msg, sizeof err->msg, "%s", fz->detail.msg);
+        o->op = NULL;
+        op_retire(o);
+        return st;
+    }
     st = op_step(o);
     if (st == CCQ_IN_PROGRESS)
         return st;
@@ -979,10 +1102,12 @@ static ccq_status ucx_test(ccq_host_engine *base, ccq_heng_op *h, ccq_errbuf *er
          * operation that failed here. */
         bool remote = o->noticed; /* it came from a member's notice */
         ucx_notice(o);
-        ucx_comm_fail(o->c, st, o->detail.msg, remote);
+        ucx_comm_fail(c, st, o->detail.msg, remote);
     }
+    ucx_fused_end(o, st, o->detail.msg);
     o->op = NULL;
     op_retire(o);
+    ucx_fuse_decide(c); /* the window it agreed on, if it was the last of one */
     return st;
 }
 
@@ -994,10 +1119,41 @@ static void ucx_describe(ccq_host_engine *base, const ccq_heng_op *h, uint64_t n
     const ucx_comm *c = o->c;
     size_t w;
 
-    w = (size_t)snprintf(err->msg, sizeof err->msg,
-                         "UCX %s (%s, %" PRIu64 " x %s, sequence %" PRIu64 ") among processes ",
-                         ucx_kind_name(o->kind), o->alg->name, o->count, ucx_dtype_name(o->dtype),
-                         o->seq);
+    if (o->phase == UCX_PH_MEMBER) {
+        /* A fused group's part: what its head waits for (or waited for, given up). */
+        const ucx_fused *fz = o->fz;
+        ccq_errbuf hd = {{0}};
+        if (fz->head != NULL)
+            ucx_describe(base, (const ccq_heng_op *)fz->head, now_ns, &hd);
+        snprintf(
+            err->msg, sizeof err->msg, "fused into the operation of sequence %" PRIu64 ": %.440s",
+            fz->head != NULL ? fz->head->seq : o->seq, fz->head != NULL ? hd.msg : fz->detail.msg);
+        return;
+    }
+    if (o->phase == UCX_PH_PENDING) {
+        snprintf(err->msg, sizeof err->msg,
+                 "UCX %s (%" PRIu64 " x %s, sequence %" PRIu64 ", this is process %u) has not "
+                 "started after %.0f ms: it waits for sequence %" PRIu64 " to end, which tells "
+                 "the member processes how many operations all of them have (fusion's "
+                 "agreement, docs/fusion.md): a member process died, hangs, or stopped "
+                 "submitting on this communicator",
+                 ucx_kind_name(o->kind), o->count, ucx_dtype_name(o->dtype), o->seq,
+                 c->procs[c->me], (double)(now_ns - o->start_ns) / 1e6,
+                 c->agree_unit != NULL ? c->agree_unit->seq + c->agree_unit->nops - 1
+                                       : c->agree_seq - 1);
+        return;
+    }
+    if (o->fz != NULL)
+        w = (size_t)snprintf(err->msg, sizeof err->msg,
+                             "UCX fused %s (%s, %u operations of sequences %" PRIu64 "-%" PRIu64
+                             ", %" PRIu64 " x %s in all) among processes ",
+                             ucx_kind_name(o->kind), o->alg->name, o->nops, o->seq,
+                             o->seq + o->nops - 1, o->count, ucx_dtype_name(o->dtype));
+    else
+        w = (size_t)snprintf(err->msg, sizeof err->msg,
+                             "UCX %s (%s, %" PRIu64 " x %s, sequence %" PRIu64 ") among processes ",
+                             ucx_kind_name(o->kind), o->alg->name, o->count,
+                             ucx_dtype_name(o->dtype), o->seq);
     for (uint32_t p = 0; p < c->nprocs && w < sizeof err->msg; p++) {
         if (p == 16) {
             w +=
@@ -1043,7 +1199,19 @@ static void ucx_describe(ccq_host_engine *base, const ccq_heng_op *h, uint64_t n
 static void ucx_abandon(ccq_host_engine *base, ccq_heng_op *h)
 {
     ucx_op *o = (ucx_op *)h;
-    (void)base;
+    if (o->phase == UCX_PH_PENDING)
+        ucx_pend_forget(o);
+    if (o->phase == UCX_PH_MEMBER) {
+        for (uint32_t i = 0; i < o->fz->n; i++) /* its head must not write it any more */
+            if (o->fz->part[i].op == o->op)
+                o->fz->part[i].op = NULL;
+    } else if (o->fz != NULL && o->fz->status == CCQ_IN_PROGRESS) {
+        /* The head: its members are given up at the same deadline, and say what it waited
+         * for. */
+        ucx_describe(base, h, ccq_now_ns(), &o->fz->detail);
+        o->fz->abandoned = true;
+        o->fz->head = NULL;
+    }
     if (o->status == CCQ_IN_PROGRESS)
         ucx_op_fail(o, CCQ_ERR_ABORTED, "given up (timeout or abort)");
     /* Later messages of this communicator are dropped: the runtime aborts it. */
@@ -1123,4 +1291,5 @@ const ccq_host_engine_ops ccq_host_engine_ucx_ops = {
     .detach = ucx_detach,
     .reap = ucx_reap,
     .poll_interval = ucx_poll_interval,
+    .start_run = ucx_start_run,
 };

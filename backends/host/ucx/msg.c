@@ -43,13 +43,20 @@ void ucx_msg_done(ucx_engine *e, ucx_msg *m)
             ucp_request_cancel(e->worker, m->req);
         ucp_request_free(m->req);
     }
-    if (m->ucx_data &&
-        (e->peers == NULL || m->wsrc >= e->world_size || e->peers[m->wsrc].failed == UCS_OK))
-        ucp_am_data_release(e->worker, m->data); /* an eager payload, or an unfetched rndv */
-    /* else left to the worker's end: a failed peer's endpoints may be gone, and releasing an
-     * unfetched rendezvous reaches for its endpoint (UCX asserts on it). */
-    else if (m->state == MSG_EAGER || (m->state == MSG_READY && m->data != NULL))
+    if (m->ucx_data) {
+        /* An eager payload, or an unfetched rendezvous. A rendezvous that came on a failed
+         * peer's endpoints, or on the single-copy endpoint (ucx_peer.bulk, whose peer may die
+         * unseen by UCX's error handling), is left to the worker's end instead: releasing it
+         * answers the sender through its endpoint, which UCX may have destroyed (it asserts
+         * on it). Its sender, if alive, then learns the outcome from its own operation's
+         * failure or deadline, as it would of any dropped message. */
+        bool peer_ok =
+            e->peers == NULL || m->wsrc >= e->world_size || e->peers[m->wsrc].failed == UCS_OK;
+        if (m->state != MSG_RNDV || (peer_ok && m->len < e->bulk_bytes))
+            ucp_am_data_release(e->worker, m->data);
+    } else if (m->state == MSG_EAGER || (m->state == MSG_READY && m->data != NULL)) {
         free(m->data); /* our own copy */
+    }
     m->next = e->free_msgs;
     e->free_msgs = m;
 }
@@ -83,8 +90,8 @@ static size_t add_field(char *buf, size_t len, size_t w, bool *first, const char
 /* What a header is compared with: an operation here, running or ended (ucx_ended). */
 typedef struct ucx_want {
     uint8_t kind, dtype, redop;
-    uint32_t root, chan;
-    uint64_t count;
+    uint32_t root, chan, nops;
+    uint64_t count, shape; /* nops, shape: a fused group's (ucx/fused.c); 1, 0 alone */
 } ucx_want;
 
 static ucx_want want_of(const ucx_op *o)
@@ -94,7 +101,9 @@ static ucx_want want_of(const ucx_op *o)
                   .redop = o->redop,
                   .root = o->root,
                   .chan = o->chan,
-                  .count = o->count};
+                  .nops = o->nops,
+                  .count = o->count,
+                  .shape = o->shape};
     return w;
 }
 
@@ -111,7 +120,8 @@ static bool header_differs(const ucx_want *w, const ucx_hdr *h, char *theirs, ch
     size_t w1 = 0, w2 = 0;
 
     if (h->kind == w->kind && h->dtype == w->dtype && h->count == w->count &&
-        (!reduces || h->redop == w->redop) && (!rooted || h->root == w->root))
+        (!reduces || h->redop == w->redop) && (!rooted || h->root == w->root) &&
+        h->nops == w->nops && h->shape == w->shape)
         return false;
     theirs[0] = mine[0] = '\0';
     if (h->kind != w->kind) {
@@ -138,6 +148,18 @@ static bool header_differs(const ucx_want *w, const ucx_hdr *h, char *theirs, ch
         w1 = add_field(theirs, len, w1, &f1, "root", t, NULL);
         w2 = add_field(mine, len, w2, &f2, "root", m, NULL);
     }
+    if (h->nops != w->nops || h->shape != w->shape) {
+        /* Fusion (ucx/fused.c): the members cut their window differently, so one of the
+         * operations there differs (count, dtype, op) between them. */
+        snprintf(t, sizeof t, "%u operation%s fused", h->nops, h->nops == 1 ? "" : "s");
+        snprintf(m, sizeof m, "%u operation%s fused", w->nops, w->nops == 1 ? "" : "s");
+        if (h->nops == w->nops) {
+            snprintf(t, sizeof t, "%u operations of other counts fused", h->nops);
+            snprintf(m, sizeof m, "%u operations fused", w->nops);
+        }
+        w1 = add_field(theirs, len, w1, &f1, "fusion", t, NULL);
+        w2 = add_field(mine, len, w2, &f2, "fusion", m, NULL);
+    }
     (void)w1;
     (void)w2;
     return true;
@@ -153,6 +175,17 @@ static bool header_agrees(ucx_op *o, const ucx_hdr *h)
 
     if (!header_differs(&w, h, theirs, mine, sizeof theirs))
         return true;
+    if (o->nops > 1 || h->nops > 1) {
+        ucx_op_fail(o, CCQ_ERR_MISMATCH,
+                    "processes disagree on %s sequence %" PRIu64
+                    " of a communicator spanning processes (a fused operation of sequences %" PRIu64
+                    "-%" PRIu64 " here: one of them differs between the processes): process %u "
+                    "submitted %s where process %u (this one) submitted %s; nothing was reduced "
+                    "or written",
+                    ucx_kind_name(o->kind), o->seq, o->seq, o->seq + o->nops - 1, c->procs[h->src],
+                    theirs, c->procs[c->me], mine);
+        return false;
+    }
     ucx_op_fail(o, CCQ_ERR_MISMATCH,
                 "processes disagree on %s sequence %" PRIu64
                 " of a communicator spanning processes: process %u submitted %s where process "
@@ -167,6 +200,8 @@ void ucx_comm_ended(ucx_comm *c, const ucx_op *o)
     ucx_ended *r = &c->ended[o->chan][o->seq % UCX_ENDED];
     r->seq = o->seq + 1;
     r->count = w.count;
+    r->shape = w.shape;
+    r->nops = w.nops;
     r->root = w.root;
     r->kind = w.kind;
     r->dtype = w.dtype;
@@ -191,7 +226,9 @@ static void late_check(ucx_comm *c, const ucx_msg *m)
                    .redop = r->redop,
                    .root = r->root,
                    .chan = m->hdr.chan,
-                   .count = r->count};
+                   .nops = r->nops,
+                   .count = r->count,
+                   .shape = r->shape};
     if (!header_differs(&w, &m->hdr, theirs, mine, sizeof theirs))
         return;
     snprintf(detail, sizeof detail,
@@ -269,6 +306,8 @@ static bool op_adopt(ucx_op *o, ucx_msg *m, bool fresh)
         drop(e, m, fresh); /* a failed operation's messages are never placed */
         return false;
     }
+    if (m->hdr.follow < o->minf) /* fusion's agreement (ucx/fused.c) */
+        o->minf = m->hdr.follow;
     m->next = NULL;
     ucx_msg **pp = &o->arrivals;
     while (*pp != NULL)
@@ -288,7 +327,8 @@ static bool comm_route(ucx_comm *c, ucx_msg *m, bool fresh)
     for (ucx_op *o = c->ops; o != NULL; o = o->comm_next)
         if (o->chan == m->hdr.chan && o->seq == m->hdr.seq)
             return op_adopt(o, m, fresh);
-    if (m->hdr.seq < c->next_seq[m->hdr.chan]) {
+    if (m->hdr.seq < c->next_seq[m->hdr.chan] &&
+        !(m->hdr.chan == 0 && ucx_pend_has(c, m->hdr.seq))) {
         /* Its operation already ended here. A notice then says the communicator is no longer
          * usable: the next operation on it fails with the reporter's detail. */
         late_check(c, m);
@@ -499,6 +539,9 @@ static ucx_send *send_new(ucx_op *o, uint32_t dst, uint8_t type, uint32_t step, 
     s->hdr.count = o->count;
     s->hdr.dtype = o->dtype;
     s->hdr.redop = o->redop;
+    s->hdr.follow = o->minf;
+    s->hdr.nops = o->nops;
+    s->hdr.shape = o->shape;
     return s;
 }
 

@@ -26,7 +26,7 @@
  * against its own operation before it touches the payload: another kind, dtype, op, root or
  * count fails the operation with CCQ_ERR_MISMATCH on every member (notices below). */
 #define UCX_MAGIC   0x58554343u /* "CCUX" */
-#define UCX_VERSION 1u
+#define UCX_VERSION 2u
 #define UCX_AM_ID   0x3c /* ccq's active message id on its own worker */
 
 enum {
@@ -49,7 +49,14 @@ typedef struct ucx_hdr {
     uint8_t dtype;
     uint8_t redop;   /* reducing kinds; else 0 */
     uint16_t status; /* NOTICE: -ccq_status of the failure */
-    uint32_t wsrc; /* the sender's world rank */
+    uint32_t wsrc;   /* the sender's world rank */
+    /* Fusion (ucx/fused.c): the fewest operations, among the members the sender heard from in
+     * this engine operation (itself included), that follow it in their start_run; and what the
+     * engine operation runs: nops operations (1: unfused; else a fused group starting at seq,
+     * shape a hash of their counts, count their sum). */
+    uint32_t follow;
+    uint32_t nops;
+    uint64_t shape;
 } ucx_hdr;
 
 /* ---- arrivals: messages received, not consumed yet ------------------------------------- */
@@ -143,8 +150,8 @@ struct ucx_engine {
  * operation ended here. */
 #define UCX_ENDED 16u
 typedef struct ucx_ended {
-    uint64_t seq, count; /* seq + 1: 0 = empty slot */
-    uint32_t root;
+    uint64_t seq, count, shape; /* seq + 1: 0 = empty slot */
+    uint32_t root, nops;
     uint8_t kind, dtype, redop;
 } ucx_ended;
 
@@ -167,7 +174,39 @@ struct ucx_comm {
     char failed_detail[CCQ_DETAIL_LEN];
     uint32_t refs; /* 1 for the communicator + operations still referring to it */
     bool destroyed;
+    /* Fusion (ucx/fused.c). The collectives start_run gave and that are not decided yet, in
+     * sequence order (pq[pq_head .. pq_head + pq_n - 1] modulo pq_cap); the agreed window:
+     * the operation at agree_seq opens the next one, agree_w long once known (agree_unit, the
+     * engine operation whose end tells it, NULL). */
+    uint64_t fusion_bytes; /* 0: start_run never fuses */
+    struct ucx_pend *pq;
+    uint32_t pq_head, pq_n, pq_cap;
+    uint64_t agree_seq;
+    uint32_t agree_w;
+    ucx_op *agree_unit;
 };
+
+/* A collective start_run gave, not decided yet: o waits (NULL once it ended: it was started
+ * at once, alone, as one that can never fuse). */
+typedef struct ucx_pend {
+    uint64_t seq;
+    ucx_op *o;
+} ucx_pend;
+
+/* A fused group (ucx/fused.c): its first operation (the head) runs one recursive doubling
+ * over the parts' combined inputs, laid end to end in its scratch, and writes every part's
+ * outputs; the others (members) end with what it ended with. */
+typedef struct ucx_fused {
+    uint32_t n, refs;
+    ccq_status status; /* CCQ_IN_PROGRESS while the head runs */
+    bool abandoned;    /* the head was given up: the members wait for their own deadline */
+    ucx_op *head;      /* NULL once it ended */
+    ccq_errbuf detail; /* its failure, or what it waited for when given up */
+    struct {
+        ccq_be_op *op; /* NULL once that part was given up */
+        size_t count;
+    } part[];
+} ucx_fused;
 
 /* ---- an operation: the generic task -------------------------------------------------- */
 
@@ -236,6 +275,19 @@ struct ucx_op {
     bool moving;                  /* in the background with sends still to leave (e->nmoving) */
     uint64_t retired_ns;
     bool noticed; /* the members were told of its failure (or told us of it) */
+    /* Fusion (ucx/fused.c). */
+    uint8_t phase;   /* UCX_PH_* */
+    uint32_t follow; /* operations of its start_run after it (a fused group: after its last) */
+    uint32_t minf;   /* the fewest follow heard in this engine operation, its own included */
+    uint32_t nops;   /* operations it runs: 1, or a fused group's (the header's) */
+    uint64_t shape;  /* a fused group's hash of its parts' counts (0: unfused) */
+    ucx_fused *fz;   /* head or member of a fused group */
+};
+
+enum {
+    UCX_PH_RUN = 0, /* its schedule runs (or ran) */
+    UCX_PH_PENDING, /* given by start_run, waiting to be decided (ucx/fused.c) */
+    UCX_PH_MEMBER,  /* a fused group's part other than its head: ends with the head */
 };
 
 /* ---- engine helpers (ucx/engine.c, ucx/msg.c) ---------------------------------------- */
@@ -281,6 +333,27 @@ void ucx_comm_fail(ucx_comm *c, ccq_status st, const char *detail, bool remote);
 void ucx_comm_ended(ucx_comm *c, const ucx_op *o);
 /* Tell every other member that o failed (a mismatch): payload = o's detail. */
 void ucx_notice(ucx_op *o);
+
+/* Operations (ucx/engine.c): a new one, not started (counted in flight; c referenced); start
+ * it (its local combine, its schedule: a fused head runs recursive doubling over its group);
+ * free one that never started. */
+ucx_op *ucx_op_new(ucx_comm *c, const ccq_be_op *op, uint64_t now_ns);
+ccq_status ucx_op_launch(ucx_op *o, ccq_errbuf *err);
+void ucx_op_discard(ucx_op *o);
+
+/* Fusion (ucx/fused.c, docs/fusion.md): engine.h's start_run; decide what c's waiting
+ * collectives run as, as far as the agreement goes, and start them; a waiting op that ends
+ * without starting (its communicator failed, given up); whether an operation of sequence seq
+ * waits here (its messages are kept for it); a fused group's head ended (its members end with
+ * st); a group's reference dropped. */
+ccq_status ucx_start_run(ccq_host_engine *base, ccq_heng_comm *hc, ccq_be_op *const *ops,
+                         uint32_t n, uint64_t now_ns, ccq_heng_op **out, uint32_t *nstarted,
+                         ccq_errbuf *err);
+void ucx_fuse_decide(ucx_comm *c);
+void ucx_pend_forget(ucx_op *o);
+bool ucx_pend_has(const ucx_comm *c, uint64_t seq);
+void ucx_fused_end(ucx_op *head, ccq_status st, const char *detail);
+void ucx_fused_unref(ucx_fused *fz);
 
 /* Names for details. */
 const char *ucx_kind_name(uint8_t kind);
