@@ -1284,16 +1284,15 @@ static ccq_status tcp_beat_fetch(ccq_boot *b, uint32_t rank, void **rec, size_t 
     return st;
 }
 
-/* Processes whose connection closed without a goodbye (rank 0 saw it and told everyone; or,
- * for rank 0 itself, this process's connection to it), each reported once. */
-static size_t tcp_closed_peers(ccq_boot *b, uint32_t *ranks, size_t cap)
+/* The lost processes not reported yet whose loss was (silent) or was not (!silent) a server
+ * going silent, each reported once. */
+static size_t take_lost(tcp_boot *t, uint32_t *ranks, size_t cap, bool silent)
 {
-    tcp_boot *t = b->impl;
     size_t n = 0;
 
     pthread_mutex_lock(&t->mu);
     for (uint32_t r = 0; r < t->size && n < cap; r++)
-        if (t->peer[r] == CCQ_BOOT_PEER_LOST && !t->reported[r] && !t->silent[r]) {
+        if (t->peer[r] == CCQ_BOOT_PEER_LOST && !t->reported[r] && (bool)t->silent[r] == silent) {
             t->reported[r] = 1;
             ranks[n++] = r;
         }
@@ -1301,20 +1300,17 @@ static size_t tcp_closed_peers(ccq_boot *b, uint32_t *ranks, size_t cap)
     return n;
 }
 
-/* The server this process stopped hearing from (its connection open), once. */
+/* Processes whose connection closed without a goodbye (rank 0 saw it and told everyone; or,
+ * for rank 0 itself, this process's connection to it). */
+static size_t tcp_closed_peers(ccq_boot *b, uint32_t *ranks, size_t cap)
+{
+    return take_lost(b->impl, ranks, cap, false);
+}
+
+/* The server this process stopped hearing from (its connection open). */
 static size_t tcp_silent_peers(ccq_boot *b, uint32_t *ranks, size_t cap)
 {
-    tcp_boot *t = b->impl;
-    size_t n = 0;
-
-    pthread_mutex_lock(&t->mu);
-    for (uint32_t r = 0; r < t->size && n < cap; r++)
-        if (t->peer[r] == CCQ_BOOT_PEER_LOST && !t->reported[r] && t->silent[r]) {
-            t->reported[r] = 1;
-            ranks[n++] = r;
-        }
-    pthread_mutex_unlock(&t->mu);
-    return n;
+    return take_lost(b->impl, ranks, cap, true);
 }
 
 static void tcp_beat_config(ccq_boot *b, uint64_t hb_ns, uint64_t timeout_ns)
