@@ -107,9 +107,12 @@ typedef struct xp_pend {
     uint32_t gtasks;
     long long deadline;
     bool published; /* its input is in the segment (a recv has none to publish) */
-    bool failed;    /* it failed (its rank holds the error): as NCCL's kernels of a failed
-                       collective, it never finishes, and the events after it never complete,
-                       until its rank is aborted or destroyed (fake_xp_leave) */
+    bool staged;    /* its input's data is written, its slot not filled yet */
+    bool computed;  /* its result is written (a recv: copied), its slot not released yet */
+    size_t bytes[FAKE_XP_MAX_RANKS]; /* a computed collective's inputs' sizes */
+    bool failed; /* it failed (its rank holds the error): as NCCL's kernels of a failed
+                    collective, it never finishes, and the events after it never complete,
+                    until its rank is aborted or destroyed (fake_xp_leave) */
     struct xp_pend *next;
 } xp_pend;
 
@@ -176,9 +179,58 @@ static void shm_lock(xp_shm *h)
         abort();
 }
 
+/* The lock's holder keeps it this long before releasing it (CCQ_FAKE_XPROC_LOCK_HOLD_US,
+ * tests only): makes a peer stopped inside the lock likely, for the drills that check no
+ * other process waits on it. */
+static long hold_us(void)
+{
+    static _Atomic long v = -1;
+    long x = atomic_load(&v);
+    if (x < 0) {
+        const char *env = getenv("CCQ_FAKE_XPROC_LOCK_HOLD_US");
+        x = env != NULL ? strtol(env, NULL, 10) : 0;
+        atomic_store(&v, x < 0 ? 0 : x);
+    }
+    return x;
+}
+
 static void shm_unlock(xp_shm *h)
 {
+    long us = hold_us();
+    if (us > 0)
+        nanosleep(&(struct timespec){us / 1000000, (us % 1000000) * 1000}, NULL);
     pthread_mutex_unlock(&h->mu);
+}
+
+/*
+ * Take the lock if it comes within XP_TRY_NS. A peer process holds it only for a few
+ * loads and stores, unless it was stopped (SIGSTOP) inside them: then it holds it until it
+ * is continued. Real NCCL has no lock a stopped process can hold against another's host
+ * thread (its kernels and proxies talk through lock-free FIFOs), so no call a ccq thread
+ * makes may wait for it: the progress paths take it with this and, without it, do what they
+ * can (report no progress, retry at the next poll); only a blocking init waits (as NCCL's).
+ * Without this, a process stopped inside the lock stopped every peer's scheduler thread with
+ * it, and job health could not act on the loss it had declared (drill_health under TSan).
+ */
+#define XP_TRY_NS 2000000ll
+static bool shm_try(xp_shm *h)
+{
+    struct timespec ts;
+    int e = pthread_mutex_trylock(&h->mu);
+    if (e == EBUSY) {
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += XP_TRY_NS;
+        ts.tv_sec += ts.tv_nsec / 1000000000;
+        ts.tv_nsec %= 1000000000;
+        e = pthread_mutex_timedlock(&h->mu, &ts);
+    }
+    if (e == EOWNERDEAD)
+        pthread_mutex_consistent(&h->mu); /* a peer died inside: at worst its step is lost */
+    else if (e == ETIMEDOUT || e == EBUSY)
+        return false;
+    else if (e != 0)
+        abort();
+    return true;
 }
 
 static void shm_wake(xp_shm *h)
@@ -382,9 +434,12 @@ static void close_segment(fake_xp_clique *q)
     bool last;
     if (h == NULL)
         return;
-    shm_lock(h);
-    last = --h->nproc == 0;
-    shm_unlock(h);
+    if (shm_try(h)) {
+        last = --h->nproc == 0;
+        shm_unlock(h);
+    } else {
+        last = false; /* a stopped peer holds it: leave the count (fake_xproc_cleanup) */
+    }
     shm_wake(h);
     munmap(h, sizeof *h);
     q->h = NULL;
@@ -477,7 +532,8 @@ static uint32_t dead_ranks(const fake_xp_clique *q, uint32_t mask)
 {
     int32_t pid[FAKE_XP_MAX_RANKS];
     uint32_t dead = 0;
-    shm_lock(q->h);
+    if (!shm_try(q->h))
+        return 0; /* none known now: asked again at the next poll */
     memcpy(pid, q->h->pid, sizeof pid);
     shm_unlock(q->h);
     for (int k = 0; k < q->nranks; k++)
@@ -500,9 +556,11 @@ static bool fail_waiting(fake_xp_clique *q, const xp_pend *p, uint32_t missing, 
     for (int k = 0; k < q->nranks; k++) {
         if (!(missing & dead & (1u << k)))
             continue;
-        shm_lock(q->h);
-        pid = q->h->pid[k];
-        shm_unlock(q->h);
+        pid = -1;
+        if (shm_try(q->h)) {
+            pid = q->h->pid[k];
+            shm_unlock(q->h);
+        }
         snprintf(msg, sizeof msg, "%s %" PRIu64 ": rank %d's process %d exited", what, p->seq, k,
                  (int)pid);
         rank_fail(q, p->op.rank, ncclRemoteError, msg);
@@ -522,6 +580,8 @@ static bool fail_waiting(fake_xp_clique *q, const xp_pend *p, uint32_t missing, 
     return true;
 }
 
+static bool mark_done(fake_xp_clique *q, xp_pend *p);
+
 static bool coll_progress(fake_xp_clique *q, xp_pend *p)
 {
     const fake_xp_op *o = &p->op;
@@ -533,10 +593,13 @@ static bool coll_progress(fake_xp_clique *q, xp_pend *p)
     int32_t pid[FAKE_XP_MAX_RANKS];
     const void *in[FAKE_XP_MAX_RANKS] = {0};
     char name[128];
-    bool same = true, ok = true, last;
+    bool same = true, ok = true;
 
+    if (p->computed)
+        return mark_done(q, p); /* the result is written: only the slot's release is left */
     for (uint32_t dead = 0, attempt = 0;; attempt++) {
-        shm_lock(h);
+        if (!shm_try(h))
+            return false;
         published = sl->tag == p->seq + 1 ? sl->published : 0;
         memcpy(d, sl->d, sizeof d);
         memcpy(pid, h->pid, sizeof pid);
@@ -596,17 +659,33 @@ static bool coll_progress(fake_xp_clique *q, xp_pend *p)
     for (int k = 0; k < n; k++)
         if (in[k] != NULL)
             munmap((void *)in[k], d[k].bytes);
+    p->computed = true;
+    for (int k = 0; k < n; k++)
+        p->bytes[k] = d[k].bytes;
+    return mark_done(q, p);
+}
 
-    shm_lock(h);
-    sl->done |= 1u << o->rank;
-    last = sl->done == all;
+/* A collective's result is written: mark its part of the slot done, the last rank freeing
+ * the slot and its inputs; false (asked again at the next poll) while the lock is held. */
+static bool mark_done(fake_xp_clique *q, xp_pend *p)
+{
+    xp_shm *h = q->h;
+    xp_slot *sl = &h->slots[p->seq % XP_SLOTS];
+    int n = q->nranks;
+    char name[128];
+    bool last;
+
+    if (!shm_try(h))
+        return false;
+    sl->done |= 1u << p->op.rank;
+    last = sl->done == all_ranks(n);
     if (last)
         memset(sl, 0, sizeof *sl);
     shm_unlock(h);
     if (last) {
         for (int k = 0; k < n; k++) {
             data_name(name, sizeof name, q, true, p->seq, k, 0);
-            if (d[k].bytes > 0)
+            if (p->bytes[k] > 0)
                 shm_unlink(name);
         }
         shm_wake(h);
@@ -621,7 +700,8 @@ static bool send_progress(fake_xp_clique *q, xp_pend *p)
     uint32_t peer = 1u << p->op.peer;
     for (uint32_t dead = 0, attempt = 0;; attempt++) {
         bool consumed;
-        shm_lock(h);
+        if (!shm_try(h))
+            return false;
         consumed = ps->tag == p->seq + 1 && ps->state == PS_CONSUMED;
         if (consumed)
             memset(ps, 0, sizeof *ps);
@@ -645,8 +725,11 @@ static bool recv_progress(fake_xp_clique *q, xp_pend *p)
     bool published;
     xp_desc d;
 
+    if (p->computed)
+        goto consumed; /* the data is copied: only telling the sender is left */
     for (uint32_t dead = 0, attempt = 0;; attempt++) {
-        shm_lock(h);
+        if (!shm_try(h))
+            return false;
         published = ps->tag == p->seq + 1 && ps->state == PS_PUBLISHED;
         d = ps->d;
         shm_unlock(h);
@@ -673,7 +756,10 @@ static bool recv_progress(fake_xp_clique *q, xp_pend *p)
     }
     if (d.bytes > 0)
         shm_unlink(name);
-    shm_lock(h);
+    p->computed = true;
+consumed:
+    if (!shm_try(h))
+        return false;
     ps->state = PS_CONSUMED;
     shm_unlock(h);
     shm_wake(h);
@@ -700,20 +786,23 @@ static int publish(fake_xp_clique *q, xp_pend *p)
 
     /* In order: a later call of the rank may find the slot free while an earlier one, for
      * the same slot a round before, waits for it; it would take the earlier one's place. */
-    if (p->seq != *next)
-        return 0;
-    shm_lock(q->h);
-    busy = coll ? sl->tag != 0 && sl->tag != p->seq + 1 : ps->tag != 0;
-    shm_unlock(q->h);
-    if (busy)
-        return 0;
-    ++*next;
-    data_name(name, sizeof name, q, coll, p->seq, o->rank, o->peer);
-    if (d.bytes > 0 && !write_data(name, o->src, d.bytes)) {
-        rank_fail(q, o->rank, ncclSystemError, "its input could not be published");
-        return -1;
+    if (!p->staged) {
+        if (p->seq != *next || !shm_try(q->h))
+            return 0;
+        busy = coll ? sl->tag != 0 && sl->tag != p->seq + 1 : ps->tag != 0;
+        shm_unlock(q->h);
+        if (busy)
+            return 0;
+        ++*next;
+        data_name(name, sizeof name, q, coll, p->seq, o->rank, o->peer);
+        if (d.bytes > 0 && !write_data(name, o->src, d.bytes)) {
+            rank_fail(q, o->rank, ncclSystemError, "its input could not be published");
+            return -1;
+        }
+        p->staged = true; /* its data is written: only its slot is left to fill */
     }
-    shm_lock(q->h);
+    if (!shm_try(q->h))
+        return 0;
     if (coll) {
         sl->tag = p->seq + 1;
         sl->d[o->rank] = d;
@@ -778,9 +867,8 @@ static void join_progress(fake_xp_clique *q, int rank)
 {
     uint32_t joined;
     char msg[160];
-    if (!q->r[rank].joining || q->h == NULL)
+    if (!q->r[rank].joining || q->h == NULL || !shm_try(q->h))
         return;
-    shm_lock(q->h);
     joined = q->h->joined;
     shm_unlock(q->h);
     if (joined == all_ranks(q->nranks)) {
@@ -887,7 +975,7 @@ int fake_xp_min_cc(const fake_xp_clique *q)
     int low = INT_MAX;
     if (q->h == NULL)
         return low;
-    shm_lock(q->h);
+    shm_lock(q->h); /* at launch, after the join: taken while every rank is in */
     for (int k = 0; k < q->nranks; k++)
         if ((q->h->joined & (1u << k)) && q->h->cc[k] < low)
             low = q->h->cc[k];
@@ -988,10 +1076,8 @@ ncclResult_t fake_xp_launch(const fake_xp_op *ops, size_t n, const void *const *
             p->seq = q->r[o->rank].seq++;
         if (o->kind != FAKE_XP_SEND && o->kind != FAKE_XP_RECV)
             group_signature(ops, n, o, q->r[o->rank].seq - 1, p);
-        if (q->h != NULL) {
-            shm_lock(q->h);
-            q->h->launched |= 1u << o->rank;
-            shm_unlock(q->h);
+        if (q->h != NULL) { /* no lock: a launch never waits for a peer (shm_try) */
+            __atomic_fetch_or(&q->h->launched, 1u << o->rank, __ATOMIC_ACQ_REL);
             shm_wake(q->h);
         }
         /* Appended, so progress visits the calls in launch order. */
@@ -1030,9 +1116,7 @@ bool fake_xp_all_launched(const fake_xp_clique *q)
     uint32_t launched;
     if (q == NULL || q->h == NULL)
         return true;
-    shm_lock(q->h);
-    launched = q->h->launched;
-    shm_unlock(q->h);
+    launched = __atomic_load_n(&q->h->launched, __ATOMIC_ACQUIRE);
     return launched == all_ranks(q->nranks);
 }
 
