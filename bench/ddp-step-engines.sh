@@ -8,7 +8,9 @@
 # configuration runs ROUNDS times, interleaved; the table (bench/ddp_engines_summary.py) takes
 # the median of the per-run medians.
 # Usage: bench/ddp-step-engines.sh   Env: ROUNDS (3), STEPS (15), WARMUP (3), PARAMS
-#   (500x1K,90x64K,10x1M), ORDER (interleaved), OUTDIR (build-bench/results-engines)
+#   (500x1K,90x64K,10x1M), ORDER (interleaved), OUTDIR (build-bench/results-engines),
+#   SWEEP (0,64K,256K,1M,4M,16M: fusion_bytes values on the UCX engine; empty: none), PLOT
+#   (docs/img/ddp-fusion-ucx.png)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/common.sh
@@ -17,6 +19,7 @@ STEPS=${STEPS:-15}
 WARMUP=${WARMUP:-3}
 PARAMS=${PARAMS:-500x1K,90x64K,10x1M}
 ORDER=${ORDER:-interleaved}
+SWEEP=${SWEEP-0,64K,256K,1M,4M,16M}
 dir=$CCQ_ROOT/build-bench
 out=${OUTDIR:-$dir/results-engines}
 mkdir -p "$out"
@@ -52,4 +55,20 @@ for r in $(seq 1 "$ROUNDS"); do
     done
 done
 python3 bench/ddp_engines_summary.py "$out" | tee "$out/ddp-engines-summary.txt"
+if [ -n "$SWEEP" ]; then
+    # fusion_bytes against the step time on the UCX engine, with MPI alone's lines (the rounds'
+    # ddp-mpi-np*.json), drawn by bench/plot_ddp.py as for the MPI engine.
+    echo "== fusion_bytes sweep on the UCX engine: $SWEEP"
+    for g in 1 2; do
+        tcp_world 2 -g "$g" "${common[@]}" -r "$ROUNDS" --fusion "$SWEEP" \
+            --json "$out/ddp-sweep-p2g$g.json"
+    done
+    py=python3
+    python3 -c "import matplotlib" 2>/dev/null || py=/usr/bin/python3
+    if $py -c "import matplotlib" 2>/dev/null; then
+        $py bench/plot_ddp.py "$out" "${PLOT:-docs/img/ddp-fusion-ucx.png}"
+    else
+        echo "(matplotlib missing: no plot; apt-get install python3-matplotlib)"
+    fi
+fi
 echo "(JSON in $out)"
