@@ -15,6 +15,23 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "world_worker.
 CANNOT_SPAN = "cannot span processes"
 
 
+def json_objects(text):
+    """Every JSON object printed to text, in order. mpirun forwards each process's stdout
+    through its own daemon, which may join two processes' lines (seen in CI: one process's
+    object right after another's, the newline between them later), so objects are read one
+    after another, not line by line."""
+    dec, objs, i = json.JSONDecoder(), [], text.find("{")
+    while i >= 0:
+        try:
+            obj, end = dec.raw_decode(text, i)
+        except json.JSONDecodeError:
+            i = text.find("{", i + 1)
+            continue
+        objs.append(obj)
+        i = text.find("{", end)
+    return objs
+
+
 def spawn(n, size, tmp, extra_env=None, args=(), timeout=90, killed=()):
     """Start n plain processes of a world of `size` (ranks 0..n-1); their JSON lines (None for
     the ranks in `killed`, which must have died of SIGKILL)."""
@@ -130,7 +147,7 @@ def test_world_under_mpirun():
     r = subprocess.run([mpirun(), "-np", "3", sys.executable, WORKER, "--all-kinds"], env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    outs = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    outs = json_objects(r.stdout)
     assert len(outs) == 3, r.stdout
     check_meeting(outs)
     for o in outs:
@@ -148,7 +165,7 @@ def test_world_under_mpirun_disagreeing_processes():
                         "--disagree", "--timeout-ms", "20000"], env=env, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    outs = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    outs = json_objects(r.stdout)
     assert len(outs) == 3, r.stdout
     for o in outs:
         assert o["span"]["fences"] == ["MISMATCH"], o
