@@ -63,12 +63,6 @@ if [ -n "$SWEEP" ]; then
         tcp_world 2 -g "$g" "${common[@]}" -r "$ROUNDS" --fusion "$SWEEP" \
             --json "$out/ddp-sweep-p2g$g.json"
     done
-    py=python3
-    python3 -c "import matplotlib" 2>/dev/null || py=/usr/bin/python3
-    if $py -c "import matplotlib" 2>/dev/null; then
-        $py bench/plot_ddp.py "$out" "${PLOT:-docs/img/ddp-fusion-ucx.png}"
-    else
-        echo "(matplotlib missing: no plot; apt-get install python3-matplotlib)"
-    fi
+    ccq_plot_ddp "$out" "${PLOT:-docs/img/ddp-fusion-ucx.png}"
 fi
 echo "(JSON in $out)"

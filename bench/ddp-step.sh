@@ -49,12 +49,5 @@ $run -np 2 "$dir/bench/ddp_step" -g 2 "${common[@]}" -r "$ROUNDS" --fusion "$SWE
     --json "$out/ddp-sweep-p2g2.json"
 
 python3 bench/ddp_summary.py "$out" | tee "$out/ddp-summary.txt"
-# The plot needs matplotlib: the python3 on PATH, else Debian's (python3-matplotlib).
-py=python3
-python3 -c "import matplotlib" 2>/dev/null || py=/usr/bin/python3
-if $py -c "import matplotlib" 2>/dev/null; then
-    $py bench/plot_ddp.py "$out" "${PLOT:-docs/img/ddp-fusion.png}"
-else
-    echo "(matplotlib missing: no plot; apt-get install python3-matplotlib)"
-fi
+ccq_plot_ddp "$out" "${PLOT:-docs/img/ddp-fusion.png}"
 echo "(JSON in $out)"

@@ -89,3 +89,15 @@ ccq_pytest() {
     fi
     return "$rc"
 }
+
+# Draw the DDP step's plot (bench/plot_ddp.py RESULTS_DIR OUT.png) with a python3 that has
+# matplotlib: the one on PATH, else Debian's (python3-matplotlib); says so when neither has it.
+ccq_plot_ddp() {
+    local py=python3
+    python3 -c "import matplotlib" 2>/dev/null || py=/usr/bin/python3
+    if $py -c "import matplotlib" 2>/dev/null; then
+        $py "$CCQ_ROOT/bench/plot_ddp.py" "$1" "$2"
+    else
+        echo "(matplotlib missing: no plot; apt-get install python3-matplotlib)"
+    fi
+}

@@ -36,10 +36,10 @@ void ucx_tuning(ucx_engine *e)
     e->ring_bytes = knob("CCQ_UCX_RING_BYTES", RING_BYTES);
     e->seg_bytes = knob("CCQ_UCX_SEG_BYTES", SEG_BYTES);
     /* 0 = never (every payload on the endpoint with peer error handling). */
-    e->bulk_bytes =
-        getenv("CCQ_UCX_BULK_BYTES") != NULL && strcmp(getenv("CCQ_UCX_BULK_BYTES"), "0") == 0
-            ? SIZE_MAX
-            : knob("CCQ_UCX_BULK_BYTES", BULK_BYTES);
+    uint64_t bulk;
+    if (ccq_env_u64("CCQ_UCX_BULK_BYTES", 0, 1ull << 40, &bulk) <= 0)
+        bulk = BULK_BYTES;
+    e->bulk_bytes = bulk == 0 ? SIZE_MAX : (size_t)bulk;
 }
 
 const ucx_alg *ucx_select(const ucx_op *o)
