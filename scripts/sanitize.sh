@@ -7,11 +7,7 @@
 # test_reduce (single-threaded kernels, exhaustive conversions), test_allreduce and
 # test_collectives (the dtype x op x size grids, already covered under ASan) are left out: they exercise no
 # concurrency that test_threads, test_stress and test_matching do not, and take minutes
-# there. The UCX engine's worlds over the file bootstrap are left out too: there one process
-# of test_host_world_ucx_file_np3 (and of ccq_perf_file_np3, now and then) dies inside TSan at
-# start ("ThreadSanitizer failed to allocate 0x1eddffffff000 bytes ... errno 12": its shadow
-# for a huge unmapping, not a race report; not understood yet); the same worlds over tcp,
-# which share every line of the engine, run under TSan. GPU programs are left out too (they exit 77 without a GPU, and the CUDA runtime's
+# there. GPU programs are left out too (they exit 77 without a GPU, and the CUDA runtime's
 # own allocations at exit are not ours to report).
 set -euo pipefail
 . "$(dirname "$0")/common.sh"
@@ -34,5 +30,5 @@ if [ "$which" = all ] || [ "$which" = tsan ]; then
     (cd "$CCQ_ROOT/build-tsan" &&
         TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 CCQ_TEST_ITERS=2 \
         ctest -j"$(nproc)" --output-on-failure \
-            -E '^gpu_|^test_reduce$|^test_allreduce$|^test_collectives$|_ucx_file_|^ccq_perf_file_')
+            -E '^gpu_|^test_reduce$|^test_allreduce$|^test_collectives$')
 fi

@@ -8,8 +8,14 @@
 
 #include "convert.h"
 
-typedef void (*ccq_reduce_kernel)(uint32_t n, const void *const *src, void *const *dst,
-                                  size_t begin, size_t end);
+/* nout: the outputs the write-out step fills (n for all_reduce, 1 for reduce and
+ * reduce_scatter); nt: write them with streaming stores (see put_block). Both are
+ * parameters, not thread-locals: the engines' modules are dlopen'ed, where a thread-local
+ * costs a __tls_get_addr per call, and GCC 12's ThreadSanitizer intercepts that call and
+ * now and then resets a bogus, huge shadow range for a dynamic TLS block, killing the
+ * process at random ("failed to allocate 0x1eddffffff000 bytes", seen in CI). */
+typedef void (*ccq_reduce_kernel)(uint32_t n, const void *const *src, uint32_t nout,
+                                  void *const *dst, size_t begin, size_t end, int nt);
 
 /*
  * One block of one kernel. LEN is either the full block size, a compile-time constant, or
@@ -51,8 +57,8 @@ typedef void (*ccq_reduce_kernel)(uint32_t n, const void *const *src, void *cons
     } while (0)
 
 #define CCQ_REDUCE_KERNEL_(name, elem_t, acc_t, LOAD, COMBINE, FINISH, PUT)                        \
-    static void name(uint32_t n, const void *const *src, void *const *dst, size_t begin,           \
-                     size_t end)                                                                   \
+    static void name(uint32_t n, const void *const *src, uint32_t nout, void *const *dst,          \
+                     size_t begin, size_t end, int nt)                                             \
     {                                                                                              \
         enum { block = CCQ_HOST_REDUCE_BLOCK_BYTES / sizeof(acc_t) };                              \
         acc_t acc[block];                                                                          \
@@ -70,12 +76,7 @@ typedef void (*ccq_reduce_kernel)(uint32_t n, const void *const *src, void *cons
  * stores: for large out-of-place buffers that skips reading every output line before it is
  * overwritten (read-for-ownership), a third of the traffic. For in-place or cache-sized
  * buffers it would hurt (the lines are already in cache), so the caller decides. */
-static _Thread_local int put_nt;
-/* Outputs the write-out step fills: n for all_reduce, 1 for reduce and reduce_scatter. Set
- * by the entry points, so the generated kernels keep one signature. */
-static _Thread_local uint32_t put_nout;
-
-static inline void put_block_as(void *dst, const void *src, size_t bytes, int nt)
+static inline void put_block(void *dst, const void *src, size_t bytes, int nt)
 {
 #ifdef __SSE2__
     if (nt && bytes >= 64) {
@@ -103,14 +104,9 @@ static inline void put_block_as(void *dst, const void *src, size_t bytes, int nt
     memcpy(dst, src, bytes);
 }
 
-static inline void put_block(void *dst, const void *src, size_t bytes)
-{
-    put_block_as(dst, src, bytes, put_nt);
-}
-
 void ccq_host_copy(void *dst, const void *src, size_t bytes, unsigned flags)
 {
-    put_block_as(dst, src, bytes, (flags & CCQ_HOST_REDUCE_NT) != 0);
+    put_block(dst, src, bytes, (flags & CCQ_HOST_REDUCE_NT) != 0);
 }
 
 /* Streaming stores are weakly ordered: make them visible before whoever reports the chunk
@@ -133,16 +129,16 @@ void ccq_host_store_fence(unsigned flags)
  * most expensive step n times. */
 #define CCQ_PUT_COPY_(elem_t, LEN)                                                                 \
     do {                                                                                           \
-        for (uint32_t r = 0; r < put_nout; r++)                                                    \
-            put_block((elem_t *)dst[r] + off, acc, (LEN) * sizeof(elem_t));                        \
+        for (uint32_t r = 0; r < nout; r++)                                                        \
+            put_block((elem_t *)dst[r] + off, acc, (LEN) * sizeof(elem_t), nt);                    \
     } while (0)
 #define CCQ_PUT_ROUND_(elem_t, LEN, STORE)                                                         \
     do {                                                                                           \
         elem_t narrow_[CCQ_HOST_REDUCE_BLOCK_BYTES / sizeof(float)];                               \
         for (size_t i = 0; i < (LEN); i++)                                                         \
             narrow_[i] = STORE(acc[i]);                                                            \
-        for (uint32_t r = 0; r < put_nout; r++)                                                    \
-            put_block((elem_t *)dst[r] + off, narrow_, (LEN) * sizeof(elem_t));                    \
+        for (uint32_t r = 0; r < nout; r++)                                                        \
+            put_block((elem_t *)dst[r] + off, narrow_, (LEN) * sizeof(elem_t), nt);                \
     } while (0)
 #define CCQ_PUT_F16_(elem_t, LEN)  CCQ_PUT_ROUND_(elem_t, LEN, ccq_f32_to_f16)
 #define CCQ_PUT_BF16_(elem_t, LEN) CCQ_PUT_ROUND_(elem_t, LEN, ccq_f32_to_bf16)
@@ -271,11 +267,8 @@ void ccq_host_reduce_range(ccq_dtype dtype, ccq_reduce_op op, uint32_t n, const 
     if ((unsigned)dtype >= CCQ_DTYPE_COUNT_ || (unsigned)op >= CCQ_REDUCE_OP_COUNT_ || n == 0 ||
         begin >= end)
         return;
-    put_nt = (flags & CCQ_HOST_REDUCE_NT) != 0;
-    put_nout = nout;
-    ccq_reduce_kernels[dtype][op](n, src, dst, begin, end);
+    ccq_reduce_kernels[dtype][op](n, src, nout, dst, begin, end, (flags & CCQ_HOST_REDUCE_NT) != 0);
     ccq_host_store_fence(flags);
-    put_nt = 0;
 }
 
 /* A float division by n, as a multiplication for powers of two (see reduce.h). */

@@ -1,8 +1,11 @@
 #!/bin/sh
 # What the library files must be (docs/layout.md, Modules): libccq.so needs only libc (ldd
 # shows no CUDA, NCCL or MPI); each module exports exactly its entry symbol ccq_module_<name>
-# and needs nothing of libccq.so; and in the NCCL tests (a program given), every CUDA and NCCL
-# symbol of libccq-nccl.so binds to the program's fake, never to libcudart or libnccl.
+# and needs nothing of libccq.so, and keeps no thread-local storage (a module is dlopen'ed, so
+# its thread-locals are dynamic TLS: a __tls_get_addr per access, and GCC 12's TSan now and
+# then kills the process resetting a bogus shadow range for such a block); and in the NCCL
+# tests (a program given), every CUDA and NCCL symbol of libccq-nccl.so binds to the program's
+# fake, never to libcudart or libnccl.
 # usage: check_modules.sh <libccq.so> <a fake NCCL test program, or ""> <module files...>
 set -eu
 lib=$1 fake=$2
@@ -30,6 +33,8 @@ for m in "$@"; do
     exports=$(nm -D --defined-only "$m" | awk '{ print $3 }')
     [ "$exports" = "ccq_module_$name" ] || fail "$base exports: $exports (want ccq_module_$name only)"
     needed "$m" | grep -q '^libccq\.so' && fail "$base needs libccq.so"
+    readelf -lW "$m" | grep -q ' TLS ' &&
+        fail "$base has thread-local storage: $(readelf -sW "$m" | awk '$4 == "TLS" { print $8 }' | tr '\n' ' ')"
     echo "OK: $base exports ccq_module_$name; needs $(needed "$m" | tr '\n' ' ')"
 done
 
