@@ -17,6 +17,14 @@
  *                              endpoint, UCX reading the dying process's memory): the
  *                              others' fences fail naming it within 10 s (none crashes or
  *                              hangs), then 8 MiB all_reduces among the survivors are exact.
+ *   test_host_ucx kill_fused   the last process is killed at a random moment inside a stream of
+ *                              bursts of 48 small all_reduces per device, which fusion runs as
+ *                              one engine operation per burst: the others' fences fail naming
+ *                              it within 10 s, every part of a burst ends either exact or
+ *                              failed with its output untouched or exact (never partly
+ *                              written), the fused operations in flight when it died fail
+ *                              (the recorder's CCQ_EV_FUSED, counted and printed), and fused
+ *                              bursts among the survivors are exact.
  *   test_host_ucx stop         the last process stops submitting and stays: the others' next
  *                              operation with it times out (CCQ_ERR_TIMEOUT naming it), a
  *                              communicator without it keeps working.
@@ -355,6 +363,134 @@ static void killed_large(ccq_runtime *rt)
         free(ys[k]);
 }
 
+/* The last process dies at a random moment while fused bursts of small all_reduces run
+ * (kill_fused; issue 27: a failure inside a fused group). Part i of a burst on device k sums
+ * (p + 1) * (i + 1) over every device of every process p: exact in float. */
+enum { FOPS = 48, FCOUNT = 256 };
+static const float untouched = -7.0f; /* what a failed part's output must still hold */
+
+typedef struct fburst {
+    float x[FOPS][FCOUNT];
+    float y[NDEV][FOPS][FCOUNT];
+    ccq_status st[NDEV][FOPS];
+} fburst;
+
+/* Submits and fences one burst on `set`; returns the first failure (CCQ_OK: all exact). */
+static ccq_status fused_burst(ccq_runtime *rt, fburst *b, const ccq_device_id *set, uint32_t n,
+                              uint32_t nproc)
+{
+    ccq_status first_bad = CCQ_OK;
+    for (uint32_t k = 0; k < NDEV; k++)
+        for (uint32_t i = 0; i < FOPS; i++) {
+            for (uint32_t j = 0; j < FCOUNT; j++)
+                b->y[k][i][j] = untouched;
+            b->st[k][i] = CCQ_ERR_INVALID_ARGUMENT; /* not submitted */
+        }
+    for (uint32_t k = 0; k < NDEV && first_bad == CCQ_OK; k++)
+        for (uint32_t i = 0; i < FOPS && first_bad == CCQ_OK; i++) {
+            /* A submit fails at once once the loss is known here: that is a detection too. */
+            ccq_status s = ccq_all_reduce(rt, first + k, (ccq_stream_id)i, b->x[i], b->y[k][i],
+                                          FCOUNT, CCQ_FLOAT32, CCQ_SUM, set, n);
+            if (s != CCQ_OK)
+                first_bad = s;
+            else
+                b->st[k][i] = CCQ_IN_PROGRESS;
+        }
+    for (uint32_t k = 0; k < NDEV; k++)
+        for (uint32_t i = 0; i < FOPS; i++) {
+            if (b->st[k][i] != CCQ_IN_PROGRESS)
+                continue;
+            b->st[k][i] = ccq_sync_collective(rt, first + k, (ccq_stream_id)i);
+            if (first_bad == CCQ_OK && b->st[k][i] != CCQ_OK)
+                first_bad = b->st[k][i];
+        }
+    for (uint32_t k = 0; k < NDEV; k++)
+        for (uint32_t i = 0; i < FOPS; i++) {
+            /* Exact where it ran. Where it failed, untouched or exact, never partly written or
+             * wrong: a part whose data had all come and been written when the loss was applied
+             * still fails as that loss (job health: an operation in flight when a member is lost
+             * fails), but nothing writes its output after its fence returned. */
+            float exact = (float)(NDEV * (i + 1) * nproc * (nproc + 1) / 2);
+            float want = b->st[k][i] == CCQ_OK || b->y[k][i][0] == exact ? exact : untouched;
+            for (uint32_t j = 0; j < FCOUNT; j++)
+                CHECK(b->y[k][i][j] == want, "device %u part %u [%u] = %g, want %g (%s)", first + k,
+                      i, j, (double)b->y[k][i][j], (double)want, ccq_status_name(b->st[k][i]));
+        }
+    return first_bad;
+}
+
+/* The fused operations the recorder holds (its newest events), counted by outcome. */
+static void fused_counts(ccq_runtime *rt, uint64_t *ok, uint64_t *failed)
+{
+    size_t cap = 1u << 18, n = 0;
+    ccq_event *ev = malloc(cap * sizeof *ev);
+    CHECK(ev != NULL, "memory");
+    ev[0].struct_size = sizeof *ev;
+    CHECK(ccq_trace_snapshot(rt, ev, cap, &n, NULL) == CCQ_OK, "snapshot");
+    *ok = *failed = 0;
+    for (size_t e = 0; e < n; e++)
+        if (ev[e].type == CCQ_EV_FUSED) {
+            *ok += ev[e].status == CCQ_OK;
+            *failed += ev[e].status != CCQ_OK;
+        }
+    free(ev);
+}
+
+static void killed_fused(ccq_runtime *rt)
+{
+    ccq_device_id all[16], rest[16];
+    uint32_t n = wsize * NDEV, nr = (wsize - 1) * NDEV;
+    fburst *b = malloc(sizeof *b);
+    uint64_t last_ok, fok, ffail;
+    ccq_status st = CCQ_OK;
+    int it;
+
+    CHECK(b != NULL, "memory");
+    for (uint32_t d = 0; d < n; d++)
+        all[d] = rest[d] = d;
+    CHECK(ccq_comm_init(rt, all, n) == CCQ_OK, "world comm");
+    if (wrank + 1 < wsize)
+        CHECK(ccq_comm_init(rt, rest, nr) == CCQ_OK, "comm without the last");
+    for (uint32_t i = 0; i < FOPS; i++)
+        for (uint32_t j = 0; j < FCOUNT; j++)
+            b->x[i][j] = (float)((wrank + 1) * (i + 1));
+    last_ok = now_ms();
+    for (it = 0; it < 100000 && st == CCQ_OK; it++) {
+        /* The clock starts after the first burst, so the death lands among fused bursts, not
+         * in the set-up. */
+        if (it == 1 && wrank + 1 == wsize) {
+            pthread_t t;
+            unsigned seed = (unsigned)getpid() ^ (unsigned)now_ms();
+            CHECK(pthread_create(&t, NULL, die_later,
+                                 (void *)(uintptr_t)(20 + rand_r(&seed) % 300)) == 0,
+                  "timer");
+        }
+        if ((st = fused_burst(rt, b, all, n, wsize)) == CCQ_OK)
+            last_ok = now_ms();
+    }
+    {
+        char want[32];
+        snprintf(want, sizeof want, "process %u", wsize - 1);
+        CHECK(st != CCQ_OK && st != CCQ_ERR_TIMEOUT, "the dead process's peers: %s",
+              ccq_status_name(st));
+        CHECK(strstr(ccq_last_error_detail(), want) != NULL, "the detail names it");
+        CHECK(now_ms() - last_ok < 10000, "found %llu ms after the last good burst",
+              (unsigned long long)(now_ms() - last_ok));
+    }
+    fused_counts(rt, &fok, &ffail);
+    /* The bursts ran fused (all parts are far below fusion_bytes): the recorder's window of the
+     * newest events holds fused operations. */
+    CHECK(fok + ffail > 0, "no fused operation recorded in %d bursts", it);
+    printf("process %u: death after %d fused bursts (%llu fused operations ran, %llu failed) seen "
+           "%llu ms after the last good burst: %s\n",
+           wrank, it - 1, (unsigned long long)fok, (unsigned long long)ffail,
+           (unsigned long long)(now_ms() - last_ok), ccq_status_name(st));
+    /* The survivors fuse on among themselves, exactly. */
+    for (int r = 0; r < 3; r++)
+        CHECK(fused_burst(rt, b, rest, nr, wsize - 1) == CCQ_OK, "survivors' burst %d", r);
+    free(b);
+}
+
 /* The last process stops submitting (and stays): the others' next operation with it ends
  * with CCQ_ERR_TIMEOUT after about timeout_ms, naming the operation, its sequence and the
  * processes; a communicator without it keeps working meanwhile. */
@@ -423,6 +559,7 @@ int main(int argc, char **argv)
     bool kill_mode = argc > 1 && strcmp(argv[1], "kill") == 0;
     bool stop_mode = argc > 1 && strcmp(argv[1], "stop") == 0;
     bool large_mode = argc > 1 && strcmp(argv[1], "kill_large") == 0;
+    bool fused_mode = argc > 1 && strcmp(argv[1], "kill_fused") == 0;
 
     ccq_config_init(&cfg);
     wrank = cfg.world_rank;
@@ -432,14 +569,18 @@ int main(int argc, char **argv)
     cfg.host_devices = NDEV;
     cfg.host_engine = "ucx";
     cfg.timeout_ms = kill_mode ? 60000 : stop_mode ? 3000 : 20000;
-    if (large_mode)
+    if (large_mode || fused_mode)
         cfg.timeout_ms = 15000;
+    if (fused_mode)
+        cfg.trace_capacity = 1u << 18;
     CHECK(ccq_runtime_create(&cfg, &rt) == CCQ_OK, "ccq_runtime_create");
     CHECK(ccq_local_devices(rt, &first, &cnt) == CCQ_OK && cnt == NDEV, "local devices");
     if (kill_mode) {
         killed(rt);
     } else if (large_mode) {
         killed_large(rt);
+    } else if (fused_mode) {
+        killed_fused(rt);
     } else if (stop_mode) {
         stopped(rt, cfg.timeout_ms);
     } else {
