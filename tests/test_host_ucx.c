@@ -104,7 +104,7 @@ static void mismatch(ccq_runtime *rt, const mcase *mc, uint32_t pick)
     ccq_device_id set[16];
     uint32_t n = set_of(pick, set), me = wrank == 1;
     ccq_device_id dev = set[wrank];
-    static unsigned char src[4096], dst[4096];
+    static unsigned char src[1 << 18], dst[1 << 18]; /* up to the ring's sizes */
     ccq_status st;
     char detail[1024];
 
@@ -225,6 +225,50 @@ static void same_bits(ccq_runtime *rt)
     }
 }
 
+/* The kill tests' communicators: every device (all) and, in the survivors, every device but
+ * the last process's (rest), formed before the death. */
+static void world_and_rest(ccq_runtime *rt, ccq_device_id *all, ccq_device_id *rest)
+{
+    uint32_t n = wsize * NDEV, nr = (wsize - 1) * NDEV;
+    for (uint32_t d = 0; d < n; d++)
+        all[d] = rest[d] = d;
+    CHECK(ccq_comm_init(rt, all, n) == CCQ_OK, "world comm");
+    if (wrank + 1 < wsize)
+        CHECK(ccq_comm_init(rt, rest, nr) == CCQ_OK, "comm without the last");
+}
+
+/* The last process's death at a random moment (kill_large, kill_fused). */
+static void *die_later(void *arg)
+{
+    struct timespec t = {0, (long)(uintptr_t)arg * 1000000L};
+    nanosleep(&t, NULL);
+    raise(SIGKILL);
+    return NULL;
+}
+
+/* This (the last) process dies min_ms + up to spread_ms from now. */
+static void die_soon(unsigned min_ms, unsigned spread_ms)
+{
+    pthread_t t;
+    unsigned seed = (unsigned)getpid() ^ (unsigned)now_ms();
+    CHECK(pthread_create(&t, NULL, die_later,
+                         (void *)(uintptr_t)(min_ms + rand_r(&seed) % spread_ms)) == 0,
+          "timer");
+}
+
+/* A survivor's first failure st: the loss of the last process, named, within 10 s of its last
+ * good operation (at last_ok), well before timeout_ms. */
+static void check_death_seen(ccq_status st, uint64_t last_ok)
+{
+    char want[32];
+    snprintf(want, sizeof want, "process %u", wsize - 1);
+    CHECK(st != CCQ_OK && st != CCQ_ERR_TIMEOUT, "the dead process's peers: %s",
+          ccq_status_name(st));
+    CHECK(strstr(ccq_last_error_detail(), want) != NULL, "the detail names it");
+    CHECK(now_ms() - last_ok < 10000, "found %llu ms after the last good operation",
+          (unsigned long long)(now_ms() - last_ok));
+}
+
 /* The last process dies after some work; the others fail fast and carry on without it. */
 static void killed(ccq_runtime *rt)
 {
@@ -233,11 +277,7 @@ static void killed(ccq_runtime *rt)
     float x[NDEV][256], y[NDEV][256];
     uint64_t t0;
 
-    for (uint32_t d = 0; d < n; d++)
-        all[d] = rest[d] = d;
-    CHECK(ccq_comm_init(rt, all, n) == CCQ_OK, "world comm");
-    if (wrank + 1 < wsize)
-        CHECK(ccq_comm_init(rt, rest, nr) == CCQ_OK, "comm without the last");
+    world_and_rest(rt, all, rest);
     for (int it = 0; it < 5; it++) {
         for (uint32_t k = 0; k < NDEV; k++)
             CHECK(ccq_all_reduce(rt, first + k, 0, x[k], y[k], 256, CCQ_FLOAT32, CCQ_SUM, all, n) ==
@@ -260,13 +300,7 @@ static void killed(ccq_runtime *rt)
               "submit after the death");
     {
         ccq_status st = ccq_sync_collective(rt, first, 0);
-        char want[32];
-        snprintf(want, sizeof want, "process %u", wsize - 1);
-        CHECK(st != CCQ_OK && st != CCQ_ERR_TIMEOUT, "the dead process's peers: %s",
-              ccq_status_name(st));
-        CHECK(strstr(ccq_last_error_detail(), want) != NULL, "the detail names it");
-        CHECK(now_ms() - t0 < 10000, "found after %llu ms (timeout_ms 60000)",
-              (unsigned long long)(now_ms() - t0));
+        check_death_seen(st, t0); /* timeout_ms is 60 s */
         printf("process %u: the last process's death seen after %llu ms: %s: %s\n", wrank,
                (unsigned long long)(now_ms() - t0), ccq_status_name(st), ccq_last_error_detail());
     }
@@ -279,15 +313,6 @@ static void killed(ccq_runtime *rt)
               "survivors submit");
     for (uint32_t k = 0; k < NDEV; k++)
         CHECK(ccq_sync_collective(rt, first + k, 1) == CCQ_OK, "survivors work");
-}
-
-/* The last process dies at a random moment while large payloads move (kill_large). */
-static void *die_later(void *arg)
-{
-    struct timespec t = {0, (long)(uintptr_t)arg * 1000000L};
-    nanosleep(&t, NULL);
-    raise(SIGKILL);
-    return NULL;
 }
 
 static void killed_large(ccq_runtime *rt)
@@ -304,18 +329,9 @@ static void killed_large(ccq_runtime *rt)
         CHECK((ys[k] = malloc(sizeof(float) * COUNT)) != NULL, "memory");
     y = ys[0];
     CHECK(x != NULL, "memory");
-    for (uint32_t d = 0; d < n; d++)
-        all[d] = rest[d] = d;
-    CHECK(ccq_comm_init(rt, all, n) == CCQ_OK, "world comm");
-    if (wrank + 1 < wsize)
-        CHECK(ccq_comm_init(rt, rest, nr) == CCQ_OK, "comm without the last");
-    if (wrank + 1 == wsize) {
-        pthread_t t;
-        unsigned seed = (unsigned)getpid() ^ (unsigned)now_ms();
-        CHECK(pthread_create(&t, NULL, die_later, (void *)(uintptr_t)(100 + rand_r(&seed) % 400)) ==
-                  0,
-              "timer");
-    }
+    world_and_rest(rt, all, rest);
+    if (wrank + 1 == wsize)
+        die_soon(100, 400);
     /* One device per process takes part (the others' parts come from the same buffers). */
     for (uint32_t i = 0; i < COUNT; i++)
         x[i] = (float)(wrank + 1);
@@ -334,18 +350,10 @@ static void killed_large(ccq_runtime *rt)
         if (st == CCQ_OK)
             last_ok = now_ms();
     }
-    {
-        char want[32];
-        snprintf(want, sizeof want, "process %u", wsize - 1);
-        CHECK(st != CCQ_OK && st != CCQ_ERR_TIMEOUT, "the dead process's peers: %s",
-              ccq_status_name(st));
-        CHECK(strstr(ccq_last_error_detail(), want) != NULL, "the detail names it");
-        CHECK(now_ms() - last_ok < 10000, "found %llu ms after the last good fence",
-              (unsigned long long)(now_ms() - last_ok));
-        printf("process %u: death after %d large all_reduces seen %llu ms after the last good "
-               "fence: %s\n",
-               wrank, it, (unsigned long long)(now_ms() - last_ok), ccq_status_name(st));
-    }
+    check_death_seen(st, last_ok);
+    printf("process %u: death after %d large all_reduces seen %llu ms after the last good "
+           "fence: %s\n",
+           wrank, it, (unsigned long long)(now_ms() - last_ok), ccq_status_name(st));
     for (int r = 0; r < 3; r++) {
         for (uint32_t k = 0; k < NDEV; k++)
             CHECK(ccq_all_reduce(rt, first + k, 1, x, ys[k], COUNT, CCQ_FLOAT32, CCQ_SUM, rest,
@@ -446,11 +454,7 @@ static void killed_fused(ccq_runtime *rt)
     int it;
 
     CHECK(b != NULL, "memory");
-    for (uint32_t d = 0; d < n; d++)
-        all[d] = rest[d] = d;
-    CHECK(ccq_comm_init(rt, all, n) == CCQ_OK, "world comm");
-    if (wrank + 1 < wsize)
-        CHECK(ccq_comm_init(rt, rest, nr) == CCQ_OK, "comm without the last");
+    world_and_rest(rt, all, rest);
     for (uint32_t i = 0; i < FOPS; i++)
         for (uint32_t j = 0; j < FCOUNT; j++)
             b->x[i][j] = (float)((wrank + 1) * (i + 1));
@@ -458,25 +462,12 @@ static void killed_fused(ccq_runtime *rt)
     for (it = 0; it < 100000 && st == CCQ_OK; it++) {
         /* The clock starts after the first burst, so the death lands among fused bursts, not
          * in the set-up. */
-        if (it == 1 && wrank + 1 == wsize) {
-            pthread_t t;
-            unsigned seed = (unsigned)getpid() ^ (unsigned)now_ms();
-            CHECK(pthread_create(&t, NULL, die_later,
-                                 (void *)(uintptr_t)(20 + rand_r(&seed) % 300)) == 0,
-                  "timer");
-        }
+        if (it == 1 && wrank + 1 == wsize)
+            die_soon(20, 300);
         if ((st = fused_burst(rt, b, all, n, wsize)) == CCQ_OK)
             last_ok = now_ms();
     }
-    {
-        char want[32];
-        snprintf(want, sizeof want, "process %u", wsize - 1);
-        CHECK(st != CCQ_OK && st != CCQ_ERR_TIMEOUT, "the dead process's peers: %s",
-              ccq_status_name(st));
-        CHECK(strstr(ccq_last_error_detail(), want) != NULL, "the detail names it");
-        CHECK(now_ms() - last_ok < 10000, "found %llu ms after the last good burst",
-              (unsigned long long)(now_ms() - last_ok));
-    }
+    check_death_seen(st, last_ok);
     fused_counts(rt, &fok, &ffail);
     /* The bursts ran fused (all parts are far below fusion_bytes): the recorder's window of the
      * newest events holds fused operations. */
@@ -614,6 +605,20 @@ int main(int argc, char **argv)
              {64, 64},
              {CCQ_FLOAT32, CCQ_FLOAT32},
              {CCQ_SUM, CCQ_SUM},
+             {0, 0}},
+            /* At the ring's sizes, where one part per process is reduced into and written to
+             * its dst as the schedule goes (ucx/allreduce_ring.c): still untouched. */
+            {"count",
+             {CCQ_KIND_ALL_REDUCE, CCQ_KIND_ALL_REDUCE},
+             {65536, 32768},
+             {CCQ_FLOAT32, CCQ_FLOAT32},
+             {CCQ_SUM, CCQ_SUM},
+             {0, 0}},
+            {"op",
+             {CCQ_KIND_ALL_REDUCE, CCQ_KIND_ALL_REDUCE},
+             {16384, 16384},
+             {CCQ_FLOAT32, CCQ_FLOAT32},
+             {CCQ_SUM, CCQ_MIN},
              {0, 0}},
         };
         for (uint32_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {

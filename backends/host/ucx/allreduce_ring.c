@@ -8,7 +8,19 @@
  * Each block is reduced once, by a chain that starts at a fixed process, and then copied:
  * every process ends with the same bits. A segment keeps one send in flight at a time
  * (each step's send needs the previous step's receipt anyway), which also means a block is
- * never landed into while a send still reads it. */
+ * never landed into while a send still reads it.
+ *
+ * With one part in this process (o->own), its input is not copied into the scratch first:
+ * each reduce-scatter step adds the incoming partial to the part's src directly, and only the
+ * block a segment sends as it is (step 0) is copied, P times less than the whole buffer. The
+ * reductions read the same values in the same order: the same bits. Nor is the result copied
+ * out at the end (o->out): the last reduce-scatter step writes its fully reduced block to the
+ * part's dst as well as to the scratch it is sent from, and each block the all-gather lands
+ * is copied there at once. Both happen in this thread once the block's chain of headers was
+ * checked by every member (a message reaches the last step only through all of them), so a
+ * mismatch still leaves dst untouched, and nothing writes dst after the operation ended
+ * (UCX itself only ever writes the scratch). In place (src == dst) holds: a block of dst is
+ * written only after this process's own input for it was read. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
@@ -36,6 +48,8 @@ static ccq_status ring_seg(ucx_op *o, uint32_t g, ccq_errbuf *err)
     size_t off0 = (size_t)g * o->seg_elems, es = o->es;
     size_t len = o->count - off0 < o->seg_elems ? o->count - off0 : o->seg_elems;
     char *res = (char *)o->buf[BUF_RES] + off0 * es;
+    const char *own = o->own != NULL ? o->own + off0 * es : res; /* this process's input */
+    char *out = o->out != NULL ? o->out + off0 * es : NULL;      /* its output, or none */
     char *slot = (char *)o->buf[BUF_TMP] + (size_t)(g % o->window) * o->x[0] * es;
     ucx_seg *s = &o->seg[g];
     ccq_status st;
@@ -54,11 +68,16 @@ static ccq_status ring_seg(ucx_op *o, uint32_t g, ccq_errbuf *err)
         }
         ucx_block(len, P, sb, &so, &sl);
         ucx_block(len, P, rb, &ro, &rl);
+        if (k == 0 && own != res && !o->seg[g].sent)
+            memcpy(res + so * es, own + so * es, sl * es);
         st = ucx_ring_step(o, g, g * (2 * P) + k, res + so * es, sl * es,
                            scatter ? slot : res + ro * es, rl * es, scatter ? res + ro * es : NULL,
-                           err);
+                           scatter ? own + ro * es : NULL,
+                           k == P - 2 && out != NULL ? out + ro * es : NULL, err);
         if (st != CCQ_OK)
             return st;
+        if (!scatter && out != NULL)
+            memcpy(out + ro * es, res + ro * es, rl * es);
     }
     return CCQ_OK;
 }

@@ -263,6 +263,15 @@ struct ucx_op {
     ucx_send *sends;   /* its sends UCX has not completed */
     void *buf[BUF_N];
     size_t cap[BUF_N];
+    /* The ring all_reduce of a process with one part: that part's src, which the reductions
+     * read in place of a copy in buf[BUF_RES] (only the block each segment sends as it is gets
+     * copied there: UCX reads engine scratch only). NULL: buf[BUF_RES] holds the input. */
+    const char *own;
+    /* ...and that part's dst, written as the schedule goes (each block once every member's
+     * header for it was checked: the reduce-scatter's last step writes its fully reduced
+     * block there beside the scratch, the all-gather copies each block it lands), so there
+     * is no copy-out at the end. NULL: local_outputs writes the outputs. */
+    char *out;
     /* Schedule state (algorithms use what they need). */
     uint32_t nseg, window, active_lo; /* segments, how many at once, lowest not done */
     size_t seg_elems;
@@ -376,6 +385,9 @@ const ucx_alg *ucx_select(const ucx_op *o);
 /* Shared pieces of the schedules (ucx/select.c). */
 /* Reduce n inputs (in that order) into dst, count elements of o's dtype and op (AVG sums). */
 void ucx_reduce(const ucx_op *o, uint32_t n, const void *const *src, void *dst, size_t count);
+/* The same, the result written to dst and to also (one pass). */
+void ucx_reduce2(const ucx_op *o, uint32_t n, const void *const *src, void *dst, void *also,
+                 size_t count);
 /* The elements of block b of P nearly equal blocks of n elements: [*off, *off + *len). */
 void ucx_block(size_t n, uint32_t P, uint32_t b, size_t *off, size_t *len);
 /* Local ranks of member process p, and its first rank. */
@@ -392,10 +404,12 @@ typedef void (*ucx_place_fn)(const ucx_op *o, uint32_t p, char **at, size_t *len
 ccq_status ucx_exchange_all(ucx_op *o, ucx_place_fn out, ucx_place_fn in, char *got,
                             ccq_errbuf *err);
 /* One step of a ring in segment g (step id `id`): send to the next member, take the previous
- * one's message into land (recv_len bytes), then add it to reduce_into (the incoming partial
- * first) or, when NULL, leave it at land. Advances seg[g].step when done. */
+ * one's message into land (recv_len bytes), then write it (+) mine into reduce_into (the
+ * incoming partial first; mine NULL: reduce_into's own contents; also: written there too)
+ * or, when reduce_into is NULL, leave it at land. Advances seg[g].step when done. */
 ccq_status ucx_ring_step(ucx_op *o, uint32_t g, uint32_t id, const char *send, size_t send_len,
-                         char *land, size_t recv_len, char *reduce_into, ccq_errbuf *err);
+                         char *land, size_t recv_len, char *reduce_into, const char *mine,
+                         char *also, ccq_errbuf *err);
 /* Process p's block of a per-process layout (its ranks' count elements each): offset and
  * length in elements. */
 static inline size_t ucx_block_off(const ucx_op *o, uint32_t p)
