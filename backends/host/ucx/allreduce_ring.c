@@ -14,9 +14,9 @@
  * each reduce-scatter step adds the incoming partial to the part's src directly, and only the
  * block a segment sends as it is (step 0) is copied, P times less than the whole buffer. The
  * reductions read the same values in the same order: the same bits. Nor is the result copied
- * out at the end (o->out): the last reduce-scatter step writes its fully reduced block to the
- * part's dst as well as to the scratch it is sent from, and each block the all-gather lands
- * is copied there at once. Both happen in this thread once the block's chain of headers was
+ * out at the end (o->out): the block the last reduce-scatter step fully reduced, and each
+ * block the all-gather lands, are copied to the part's dst at once (AVG: divided on the way,
+ * as local_outputs would). Both happen in this thread once the block's chain of headers was
  * checked by every member (a message reaches the last step only through all of them), so a
  * mismatch still leaves dst untouched, and nothing writes dst after the operation ended
  * (UCX itself only ever writes the scratch). In place (src == dst) holds: a block of dst is
@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "backends/host/reduce.h"
 #include "backends/host/ucx/ucx.h"
 
 /* x[0] = largest block of a segment (elements): the landing slot's size. */
@@ -40,6 +41,15 @@ static ccq_status ring_init(ucx_op *o, ccq_errbuf *err)
         return CCQ_ERR_NO_MEMORY;
     }
     return CCQ_OK;
+}
+
+/* A finished block of the result into the part's dst. */
+static void put_out(const ucx_op *o, char *dst, const char *res, size_t elems)
+{
+    if (o->redop == CCQ_AVG)
+        ccq_host_divide((ccq_dtype)o->dtype, res, dst, elems, o->c->nranks);
+    else
+        memcpy(dst, res, elems * o->es);
 }
 
 static ccq_status ring_seg(ucx_op *o, uint32_t g, ccq_errbuf *err)
@@ -72,12 +82,12 @@ static ccq_status ring_seg(ucx_op *o, uint32_t g, ccq_errbuf *err)
             memcpy(res + so * es, own + so * es, sl * es);
         st = ucx_ring_step(o, g, g * (2 * P) + k, res + so * es, sl * es,
                            scatter ? slot : res + ro * es, rl * es, scatter ? res + ro * es : NULL,
-                           scatter ? own + ro * es : NULL,
-                           k == P - 2 && out != NULL ? out + ro * es : NULL, err);
+                           scatter ? own + ro * es : NULL, err);
         if (st != CCQ_OK)
             return st;
-        if (!scatter && out != NULL)
-            memcpy(out + ro * es, res + ro * es, rl * es);
+        /* Fully reduced here (the reduce-scatter's last step) or landed (the all-gather). */
+        if (out != NULL && k >= P - 2)
+            put_out(o, out + ro * es, res + ro * es, rl);
     }
     return CCQ_OK;
 }

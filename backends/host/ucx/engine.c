@@ -740,17 +740,11 @@ static void local_srcs(const ccq_be_op *op, size_t off, const void **src)
         src[k] = (const char *)op->parts[k].src + off;
 }
 
-void ucx_reduce2(const ucx_op *o, uint32_t n, const void *const *src, void *dst, void *also,
-                 size_t count)
-{
-    void *d[2] = {dst, also};
-    ccq_reduce_op ro = o->redop == CCQ_AVG ? CCQ_SUM : (ccq_reduce_op)o->redop;
-    ccq_host_reduce_range((ccq_dtype)o->dtype, ro, n, src, also != NULL ? 2 : 1, d, 0, count, 0);
-}
-
 void ucx_reduce(const ucx_op *o, uint32_t n, const void *const *src, void *dst, size_t count)
 {
-    ucx_reduce2(o, n, src, dst, NULL, count);
+    void *d[1] = {dst};
+    ccq_reduce_op ro = o->redop == CCQ_AVG ? CCQ_SUM : (ccq_reduce_op)o->redop;
+    ccq_host_reduce_range((ccq_dtype)o->dtype, ro, n, src, 1, d, 0, count, 0);
 }
 
 /* Combine this process's parts (elements per part: elems) into res. */
@@ -765,9 +759,9 @@ static ccq_status local_combine(ucx_op *o, size_t elems, ccq_errbuf *err)
         return CCQ_ERR_NO_MEMORY;
     }
     if (op->nparts == 1 && o->alg == &ucx_allreduce_ring) {
-        /* Read and written in place (ucx/allreduce_ring.c); AVG divides on the way out. */
+        /* Read and written in place (ucx/allreduce_ring.c). */
         o->own = op->parts[0].src;
-        o->out = o->redop == CCQ_AVG ? NULL : op->parts[0].dst;
+        o->out = op->parts[0].dst;
         return CCQ_OK;
     }
     if (op->nparts == 1) {

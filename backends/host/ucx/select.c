@@ -163,7 +163,7 @@ ccq_status ucx_exchange_all(ucx_op *o, ucx_place_fn out, ucx_place_fn in, char *
 
 ccq_status ucx_ring_step(ucx_op *o, uint32_t g, uint32_t id, const char *send, size_t send_len,
                          char *land, size_t recv_len, char *reduce_into, const char *mine,
-                         char *also, ccq_errbuf *err)
+                         ccq_errbuf *err)
 {
     uint32_t next = (o->me + 1) % o->P, prev = (o->me + o->P - 1) % o->P;
     ucx_seg *s = &o->seg[g];
@@ -185,7 +185,7 @@ ccq_status ucx_ring_step(ucx_op *o, uint32_t g, uint32_t id, const char *send, s
         return st;
     if (reduce_into != NULL) { /* the incoming partial first, then this process's */
         const void *src[2] = {m->buf, mine != NULL ? mine : reduce_into};
-        ucx_reduce2(o, 2, src, reduce_into, also, recv_len / o->es);
+        ucx_reduce(o, 2, src, reduce_into, recv_len / o->es);
     } else if (m->buf != land) {
         memcpy(land, m->buf, recv_len);
     }

@@ -268,9 +268,9 @@ struct ucx_op {
      * copied there: UCX reads engine scratch only). NULL: buf[BUF_RES] holds the input. */
     const char *own;
     /* ...and that part's dst, written as the schedule goes (each block once every member's
-     * header for it was checked: the reduce-scatter's last step writes its fully reduced
-     * block there beside the scratch, the all-gather copies each block it lands), so there
-     * is no copy-out at the end. NULL: local_outputs writes the outputs. */
+     * header for it was checked: the block the reduce-scatter's last step fully reduced, each
+     * block the all-gather lands; AVG divided on the way), so there is no copy-out at the end.
+     * NULL: local_outputs writes the outputs. */
     char *out;
     /* Schedule state (algorithms use what they need). */
     uint32_t nseg, window, active_lo; /* segments, how many at once, lowest not done */
@@ -385,9 +385,6 @@ const ucx_alg *ucx_select(const ucx_op *o);
 /* Shared pieces of the schedules (ucx/select.c). */
 /* Reduce n inputs (in that order) into dst, count elements of o's dtype and op (AVG sums). */
 void ucx_reduce(const ucx_op *o, uint32_t n, const void *const *src, void *dst, size_t count);
-/* The same, the result written to dst and to also (one pass). */
-void ucx_reduce2(const ucx_op *o, uint32_t n, const void *const *src, void *dst, void *also,
-                 size_t count);
 /* The elements of block b of P nearly equal blocks of n elements: [*off, *off + *len). */
 void ucx_block(size_t n, uint32_t P, uint32_t b, size_t *off, size_t *len);
 /* Local ranks of member process p, and its first rank. */
@@ -405,11 +402,11 @@ ccq_status ucx_exchange_all(ucx_op *o, ucx_place_fn out, ucx_place_fn in, char *
                             ccq_errbuf *err);
 /* One step of a ring in segment g (step id `id`): send to the next member, take the previous
  * one's message into land (recv_len bytes), then write it (+) mine into reduce_into (the
- * incoming partial first; mine NULL: reduce_into's own contents; also: written there too)
- * or, when reduce_into is NULL, leave it at land. Advances seg[g].step when done. */
+ * incoming partial first; mine NULL: reduce_into's own contents) or, when reduce_into is
+ * NULL, leave it at land. Advances seg[g].step when done. */
 ccq_status ucx_ring_step(ucx_op *o, uint32_t g, uint32_t id, const char *send, size_t send_len,
                          char *land, size_t recv_len, char *reduce_into, const char *mine,
-                         char *also, ccq_errbuf *err);
+                         ccq_errbuf *err);
 /* Process p's block of a per-process layout (its ranks' count elements each): offset and
  * length in elements. */
 static inline size_t ucx_block_off(const ucx_op *o, uint32_t p)
