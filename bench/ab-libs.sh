@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Two builds of libccq (each a directory holding libccq.so and its modules, e.g. copies of
+# build-bench before and after a change) side by side in one run, with MPI_Allreduce beside
+# them: P plain processes x G devices of ccq-perf on the UCX engine over tcp:// (loopback),
+# all_reduce float32 out of place, one size at a time, A then B then MPI, REPS times; each cell
+# is the median of its REPS runs (rank 0's mean time per op, as nccl-tests reports).
+# Usage: bench/ab-libs.sh DIR_A DIR_B P G SIZE...   e.g. bench/ab-libs.sh /tmp/a /tmp/b 2 1 64K 1M
+# Env: REPS (5), ITERS (20), OP (sum; MPI_Allreduce always sums), PORT (29800).
+# libccq.so is taken from each directory through LD_LIBRARY_PATH (ccq-perf's RUNPATH gives
+# way to it) and the modules from beside it (docs/layout.md, Loading).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ $# -ge 5 ] || {
+    sed -n '2,10p' "$0"
+    exit 2
+}
+A=$1 B=$2 P=$3 G=$4
+shift 4
+REPS=${REPS:-5}
+ITERS=${ITERS:-20}
+OP=${OP:-sum}
+PORT=${PORT:-29800}
+perf=$PWD/build-bench/tools/ccq-perf
+mpi=$PWD/build-bench/mpi_allreduce
+[ -x "$perf" ] || { echo "build build-bench first (bench/compare-world.sh does)" >&2; exit 2; }
+out=$(mktemp -d)
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+for rep in $(seq 1 "$REPS"); do
+    for S in "$@"; do
+        for X in A B; do
+            dir=$A
+            [ "$X" = B ] && dir=$B
+            pids=()
+            for r in $(seq 0 $((P - 1))); do
+                LD_LIBRARY_PATH=$dir CCQ_WORLD_RANK=$r CCQ_WORLD_SIZE=$P \
+                    CCQ_BOOTSTRAP=tcp://127.0.0.1:$PORT CCQ_HOST_ENGINE=ucx \
+                    "$perf" -g "$G" -b "$S" -e "$S" -n "$ITERS" -w 5 -o "$OP" --json \
+                    >"$out/$X.$S.$rep.r$r" &
+                pids+=($!)
+            done
+            for p in "${pids[@]}"; do wait "$p"; done
+            PORT=$((PORT + 1))
+        done
+        if [ -x "$mpi" ]; then
+            mpirun --oversubscribe --bind-to none -np $((P * G)) "$mpi" -b "$S" -e "$S" \
+                -n "$ITERS" -w 5 >"$out/M.$S.$rep" 2>/dev/null
+        fi
+    done
+done
+
+python3 - "$out" "$REPS" "$P" "$G" "$OP" "$@" <<'PY'
+import glob, json, statistics, sys
+out, reps, p, g, op, sizes = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6:]
+def first(path):
+    text = open(path).read()
+    try:
+        r = json.loads(text)[0]["out_of_place"]      # ccq-perf --json: a list
+    except (ValueError, KeyError, TypeError):
+        r = json.loads(text.splitlines()[0])       # mpi_allreduce: one object per line
+    return r["time_us"], r.get("wrong", 0)
+print(f"# all_reduce float32 {op}, {p} processes x {g} devices, UCX engine over tcp://; "
+      f"MPI_Allreduce (sum) with {int(p) * int(g)} processes")
+print(f"# time per op (us), median of {reps} runs; A/B > 1: B faster; MPI/X > 1: X faster than MPI")
+print(f"{'size':>8} {'A':>9} {'B':>9} {'A/B':>6} {'MPI':>9} {'MPI/A':>6} {'MPI/B':>6} wrong")
+for s in sizes:
+    a = [first(f"{out}/A.{s}.{r}.r0") for r in range(1, reps + 1)]
+    b = [first(f"{out}/B.{s}.{r}.r0") for r in range(1, reps + 1)]
+    m = [first(f) for f in glob.glob(f"{out}/M.{s}.*")]
+    ma, mb = statistics.median(x[0] for x in a), statistics.median(x[0] for x in b)
+    mm = statistics.median(x[0] for x in m) if m else float("nan")
+    print(f"{s:>8} {ma:>9.1f} {mb:>9.1f} {ma / mb:>6.2f} {mm:>9.1f} {mm / ma:>6.2f} {mm / mb:>6.2f}"
+          f" {sum(x[1] for x in a + b)}")
+PY
+rm -rf "$out"
