@@ -78,7 +78,7 @@ static ccq_status ring_seg(ucx_op *o, uint32_t g, ccq_errbuf *err)
         }
         ucx_block(len, P, sb, &so, &sl);
         ucx_block(len, P, rb, &ro, &rl);
-        if (k == 0 && own != res && !o->seg[g].sent)
+        if (k == 0 && own != res && !s->sent)
             memcpy(res + so * es, own + so * es, sl * es);
         st = ucx_ring_step(o, g, g * (2 * P) + k, res + so * es, sl * es,
                            scatter ? slot : res + ro * es, rl * es, scatter ? res + ro * es : NULL,

@@ -237,8 +237,9 @@ typedef struct ucx_seg {
     uint8_t done;
 } ucx_seg;
 
-/* Buffers of an operation (engine scratch only: user buffers are read at start and written
- * at finish, never by UCX). */
+/* Buffers of an operation: engine scratch, the only memory UCX reads or writes. User buffers
+ * are read at start and written at finish by ccq's thread, except the ring all_reduce's
+ * (ucx_op.own, .out), which this thread reads and writes as the schedule goes. */
 enum { BUF_RES, BUF_TMP, BUF_AUX, BUF_N };
 
 struct ucx_op {
