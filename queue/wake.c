@@ -53,7 +53,10 @@ void ccq_wake_signal_slow(ccq_wake *w)
 
 void ccq_signal_notify_slow(ccq_signal *ev)
 {
-    atomic_fetch_add_explicit(&ev->gen, 1, memory_order_release);
+    /* Every sleeper wakes and names its level again: forget the old ones first (see
+     * wake.h, Levels, for why this order loses none). */
+    atomic_store_explicit(&ev->wake_at, UINT64_MAX, memory_order_seq_cst);
+    atomic_fetch_add_explicit(&ev->gen, 1, memory_order_seq_cst);
     ccq_futex_wake_all(&ev->gen);
 }
 
@@ -67,6 +70,23 @@ bool ccq_signal_wait(ccq_signal *ev, bool (*pred)(void *), void *arg, uint64_t d
 
 bool ccq_signal_wait_spin(ccq_signal *ev, bool (*pred)(void *), void *arg, uint64_t deadline_ns,
                           uint64_t spin_ns)
+{
+    return ccq_signal_wait_level(ev, pred, NULL, arg, deadline_ns, spin_ns);
+}
+
+/* Lower ev->wake_at to at most lv. */
+static void name_level(ccq_signal *ev, uint64_t lv)
+{
+    uint64_t cur = atomic_load_explicit(&ev->wake_at, memory_order_relaxed);
+    while (lv < cur && !atomic_compare_exchange_weak_explicit(
+                           &ev->wake_at, &cur, lv, memory_order_seq_cst, memory_order_relaxed))
+        ;
+    if (lv >= cur) /* a full barrier all the same: the check that follows is ordered after */
+        atomic_fetch_add_explicit(&ev->wake_at, 0, memory_order_seq_cst);
+}
+
+bool ccq_signal_wait_level(ccq_signal *ev, bool (*pred)(void *), uint64_t (*level)(void *),
+                           void *arg, uint64_t deadline_ns, uint64_t spin_ns)
 {
     bool ok;
     uint64_t spin_end = 0;
@@ -88,7 +108,16 @@ bool ccq_signal_wait_spin(ccq_signal *ev, bool (*pred)(void *), void *arg, uint6
     atomic_fetch_add_explicit(&ev->waiters, 1, memory_order_seq_cst);
     for (;;) {
         uint32_t g = atomic_load_explicit(&ev->gen, memory_order_acquire);
-        /* waiters++ (seq_cst) is ordered before this check; see ccq_signal in wake.h. */
+        /* Done already (woken by the notify that made it true): leave without naming a
+         * level, which would stay behind and cost the next notify a needless wake. */
+        if (level != NULL && pred(arg)) {
+            ok = true;
+            break;
+        }
+        /* After reading gen: a wake that forgets this level bumps gen after, so the sleep
+         * below returns at once and the next round names it again. */
+        name_level(ev, level != NULL ? level(arg) : 0);
+        /* waiters++ and the level (seq_cst) are ordered before this check; see wake.h. */
         ok = pred(arg);
         if (ok)
             break;

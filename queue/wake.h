@@ -102,16 +102,32 @@ static inline void ccq_wake_signal_fenced(ccq_wake *w)
  * waiter's increment of `waiters` and its check of the condition, so either the waiter
  * sees the condition or the notifier sees the waiter and bumps `gen` (the futex word).
  * A notify with no waiters costs one uncontended locked instruction.
+ *
+ * Levels: where the condition is "a counter the notifier raises reached some value" (a
+ * stream's ended count: a fence's target, room in the queue), a waiter can name that value
+ * (ccq_signal_wait_level) and the notifier say how far the counter is now
+ * (ccq_signal_notify_level): only a notify that reaches the lowest level a sleeper named
+ * wakes anyone. A fence over 20 commands then sleeps through 19 of their ends instead of
+ * being woken, re-checking and sleeping again at each (a system call for the notifier and
+ * a context switch that takes the core from the thread doing the work, per command).
+ *   waiter, every round: g = gen; wake_at = min(wake_at, level) (seq_cst); check; sleep on g
+ *   notifier:            if waiters and level >= wake_at: wake_at = MAX; gen++; wake all
+ * A waiter whose level a wake did not reach names it again in its next round. If the
+ * notifier's reset of wake_at comes after a waiter named its level, the notifier's gen++
+ * follows it too, so that waiter's sleep on its older g returns at once: no level is lost.
+ * Plain waiters name level 0 (every notify wakes them); ccq_signal_notify wakes everyone.
  */
 typedef struct ccq_signal {
     _Atomic uint32_t gen;
     _Atomic uint32_t waiters;
+    _Atomic uint64_t wake_at; /* lowest level a waiter named since the last wake */
 } ccq_signal;
 
 static inline void ccq_signal_init(ccq_signal *ev)
 {
     atomic_init(&ev->gen, 0);
     atomic_init(&ev->waiters, 0);
+    atomic_init(&ev->wake_at, UINT64_MAX);
 }
 
 void ccq_signal_notify_slow(ccq_signal *ev);
@@ -126,6 +142,14 @@ static inline void ccq_signal_notify(ccq_signal *ev)
         ccq_signal_notify_slow(ev);
 }
 
+/* The counter the waiters' levels are on is now `level` (stored with release before). */
+static inline void ccq_signal_notify_level(ccq_signal *ev, uint64_t level)
+{
+    if (atomic_fetch_add_explicit(&ev->waiters, 0, memory_order_seq_cst) &&
+        level >= atomic_load_explicit(&ev->wake_at, memory_order_seq_cst))
+        ccq_signal_notify_slow(ev);
+}
+
 /* Wait until pred(arg) is true or deadline_ns (ccq_now_ns() clock; UINT64_MAX = none)
  * passes. Returns pred's last value. Spins a few hundred nanoseconds first (no longer: it
  * must not burn a core), then sleeps on the futex. */
@@ -134,5 +158,10 @@ bool ccq_signal_wait(ccq_signal *ev, bool (*pred)(void *), void *arg, uint64_t d
 /* The same with an explicit polling budget (0 = sleep at once). */
 bool ccq_signal_wait_spin(ccq_signal *ev, bool (*pred)(void *), void *arg, uint64_t deadline_ns,
                           uint64_t spin_ns);
+
+/* The same, woken only by notifies that reach level(arg) (re-read every round: the level
+ * may move) or by plain notifies. pred must become true no earlier than that level. */
+bool ccq_signal_wait_level(ccq_signal *ev, bool (*pred)(void *), uint64_t (*level)(void *),
+                           void *arg, uint64_t deadline_ns, uint64_t spin_ns);
 
 #endif /* CCQ_QUEUE_WAKE_H */

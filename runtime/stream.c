@@ -97,10 +97,29 @@ ccq_cmd *ccq_stream_ring_alloc(ccq_runtime *rt, ccq_stream *s)
     return ring;
 }
 
+/* How long a fence waiter (or a producer waiting for room) polls before it sleeps: spin_us, but not
+ * while the scheduler busy-polls an engine (see ccq_runtime.engine_polling): that wait is long
+ * enough that a futex wake-up costs little, and the core is better left to the progress thread. */
+static uint64_t fence_spin_ns(const ccq_runtime *rt)
+{
+    if (!rt->fence_spin_always &&
+        atomic_load_explicit(&((ccq_runtime *)rt)->engine_polling, memory_order_relaxed))
+        return 0;
+    return rt->spin_ns;
+}
+
 typedef struct room_wait {
     ccq_stream *s;
     uint32_t depth;
 } room_wait;
+
+/* The ended count at which a command more fits (closing wakes with a plain notify). */
+static uint64_t room_level(void *arg)
+{
+    room_wait *w = arg;
+    uint64_t t = atomic_load_explicit(&w->s->tickets, memory_order_acquire) & ~CCQ_TICKET_CLOSED;
+    return t >= w->depth ? t - w->depth + 1 : 0;
+}
 
 static bool has_room_or_closed(void *arg)
 {
@@ -140,7 +159,8 @@ ccq_status ccq_stream_reserve_slow(ccq_runtime *rt, ccq_stream *s, const char *f
         if (deadline == 0)
             deadline = ccq_deadline_in(rt->timeout_ns);
         room_wait w = {s, rt->cfg.queue_depth};
-        if (!ccq_signal_wait_spin(&s->ev, has_room_or_closed, &w, deadline, rt->spin_ns))
+        if (!ccq_signal_wait_level(&s->ev, has_room_or_closed, room_level, &w, deadline,
+                                   fence_spin_ns(rt)))
             return ccq_fail(CCQ_ERR_QUEUE_FULL,
                             "%s: device %u stream %u stayed full (queue_depth = %u) for "
                             "timeout_ms = %llu",
@@ -181,9 +201,10 @@ void ccq_stream_record_error(ccq_stream *s, uint64_t pos, ccq_status st, const c
 
 void ccq_stream_publish_ended(ccq_stream *s, uint64_t n)
 {
-    atomic_store_explicit(&s->ended, atomic_load_explicit(&s->ended, memory_order_relaxed) + n,
-                          memory_order_release);
-    ccq_signal_notify(&s->ev);
+    uint64_t e = atomic_load_explicit(&s->ended, memory_order_relaxed) + n;
+    atomic_store_explicit(&s->ended, e, memory_order_release);
+    /* Wakes only a waiter whose level (fence_level, room_level) this reaches. */
+    ccq_signal_notify_level(&s->ev, e);
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -207,22 +228,20 @@ typedef struct fence_wait {
 } fence_wait;
 
 /* Every command the value covers has ended. */
-/* How long a fence waiter polls before it sleeps: spin_us, but not while the scheduler
- * busy-polls an engine (see ccq_runtime.engine_polling): that wait is long enough that a
- * futex wake-up costs little, and the core is better left to the progress thread. */
-static uint64_t fence_spin_ns(const ccq_runtime *rt)
-{
-    if (!rt->fence_spin_always &&
-        atomic_load_explicit(&((ccq_runtime *)rt)->engine_polling, memory_order_relaxed))
-        return 0;
-    return rt->spin_ns;
-}
-
 static bool fence_done(void *arg)
 {
     fence_wait *w = arg;
     uint64_t e = atomic_load_explicit(&w->s->ended, memory_order_acquire);
     return !ccq_fence_before(e & CCQ_FENCE_TARGET_MASK, w->target);
+}
+
+/* The ended count fence_done waits for (targets are 48 bits; `ended` counts on). */
+static uint64_t fence_level(void *arg)
+{
+    fence_wait *w = arg;
+    uint64_t e = atomic_load_explicit(&w->s->ended, memory_order_acquire);
+    uint64_t ahead = (w->target - e) & CCQ_FENCE_TARGET_MASK;
+    return ccq_fence_before(e & CCQ_FENCE_TARGET_MASK, w->target) ? e + ahead : e;
 }
 
 static ccq_fence fence_make(uint64_t errw, uint64_t tickets)
@@ -366,7 +385,8 @@ CCQ_API ccq_status ccq_fence_wait(ccq_runtime *rt, ccq_device_id device, ccq_str
         st = fence_status(rt, s, "ccq_fence_wait", f, false); /* arguments, before sleeping */
         if (st != CCQ_IN_PROGRESS)
             return st;
-        if (!ccq_signal_wait_spin(&s->ev, fence_done, &w, deadline, fence_spin_ns(rt))) {
+        if (!ccq_signal_wait_level(&s->ev, fence_done, fence_level, &w, deadline,
+                                   fence_spin_ns(rt))) {
             uint64_t e = atomic_load_explicit(&s->ended, memory_order_acquire);
             return ccq_fail(CCQ_IN_PROGRESS,
                             "ccq_fence_wait: device %u stream %u: %llu of the commands it "
@@ -469,13 +489,14 @@ static ccq_status sync_collective(ccq_runtime *rt, ccq_device_id device, ccq_str
         uint64_t grace =
             rt->timeout_ns / 4 < 250000000ull ? rt->timeout_ns / 4 + 50000000ull : 300000000ull;
         deadline = ccq_deadline_in(ccq_add_sat(rt->timeout_ns, grace));
-        bool ok = ccq_signal_wait_spin(&s->ev, fence_done, &w, deadline, fence_spin_ns(rt));
+        bool ok =
+            ccq_signal_wait_level(&s->ev, fence_done, fence_level, &w, deadline, fence_spin_ns(rt));
         /* Issued work is aborted timeout_ms after it was issued, which can be later than
          * this fence's deadline: wait for that verdict rather than report a bare timeout. */
         uint64_t issued = atomic_load_explicit(&s->issued_ns, memory_order_acquire);
         uint64_t verdict = ccq_add_sat(issued, ccq_add_sat(rt->timeout_ns, grace));
         if (!ok && issued != 0 && deadline != UINT64_MAX && verdict > deadline)
-            ok = ccq_signal_wait_spin(&s->ev, fence_done, &w, verdict, 0);
+            ok = ccq_signal_wait_level(&s->ev, fence_done, fence_level, &w, verdict, 0);
         if (!ok && (uint32_t)atomic_load_explicit(&s->errw, memory_order_acquire) == 0) {
             /* A failure of this fence's own: with trace_file set, the dump is on disk before
              * it is reported (a user prints the error and exits), bounded by CCQ_FENCE_DUMP_NS

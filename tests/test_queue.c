@@ -442,8 +442,11 @@ typedef struct ev_waiter {
     uint64_t timeout; /* deadline from the start of the wait, ns */
     bool result;
     uint64_t elapsed;
-    uint64_t lost; /* stress: waits that took a lost-wake-up time */
-    uint64_t bad;  /* stress: waits that returned false */
+    uint64_t lost;            /* stress: waits that took a lost-wake-up time */
+    uint64_t bad;             /* stress: waits that returned false */
+    _Atomic uint64_t checks;  /* levels: how often the condition was checked */
+    uint32_t seed;            /* level stress: this waiter's random levels */
+    _Atomic uint64_t pending; /* level stress: the level waited for, 0 none, MAX done */
 } ev_waiter;
 
 static bool ev_reached(void *arg)
@@ -634,6 +637,160 @@ static void test_event_stress(void **state)
     assert_int_equal(atomic_load(&t.ev.waiters), 0);
 }
 
+/* ---- ccq_signal levels ------------------------------------------------------------------ */
+
+static bool lv_reached(void *arg)
+{
+    ev_waiter *w = arg;
+    atomic_fetch_add_explicit(&w->checks, 1, memory_order_relaxed);
+    return atomic_load_explicit(&w->t->value, memory_order_acquire) >= w->target;
+}
+
+static uint64_t lv_level(void *arg)
+{
+    return ((ev_waiter *)arg)->target;
+}
+
+static void *lv_wait_once(void *arg)
+{
+    ev_waiter *w = arg;
+    pthread_barrier_wait(&w->t->start);
+    uint64_t t0 = ccq_now_ns();
+    w->result = ccq_signal_wait_level(&w->t->ev, lv_reached, lv_level, w, t0 + w->timeout, 0);
+    w->elapsed = ccq_now_ns() - t0;
+    return NULL;
+}
+
+/* A waiter for level 10 sleeps through notifies of 1..9 (its condition is not even checked
+ * again: no wake-up) and wakes at 10; a plain notify still wakes it. */
+static void test_event_level_sleeps_through(void **state)
+{
+    (void)state;
+    ev_test t;
+    ev_waiter w = {.t = &t, .target = 10, .timeout = SLEEP_NS};
+    pthread_t th;
+
+    memset(&t, 0, sizeof t);
+    ccq_signal_init(&t.ev);
+    atomic_init(&t.value, 0);
+    atomic_init(&w.checks, 0);
+    assert_int_equal(pthread_barrier_init(&t.start, NULL, 2), 0);
+    assert_int_equal(pthread_create(&th, NULL, lv_wait_once, &w), 0);
+    pthread_barrier_wait(&t.start);
+    wait_for_waiters(&t.ev, 1);
+    while (atomic_load(&t.ev.wake_at) != 10) /* it named its level (then checks once) */
+        sched_yield();
+    struct timespec ms = {0, 2000000};
+    nanosleep(&ms, NULL);
+    uint64_t before = atomic_load(&w.checks);
+    for (uint64_t v = 1; v < 10; v++) {
+        atomic_store_explicit(&t.value, v, memory_order_release);
+        ccq_signal_notify_level(&t.ev, v);
+    }
+    nanosleep(&ms, NULL);
+    assert_int_equal(atomic_load(&w.checks), before); /* not woken */
+    assert_int_equal(atomic_load(&t.ev.waiters), 1);
+    atomic_store_explicit(&t.value, 10, memory_order_release);
+    ccq_signal_notify_level(&t.ev, 10);
+    pthread_join(th, NULL);
+    assert_true(w.result);
+    assert_true(w.elapsed < LOST_NS);
+    assert_int_equal(atomic_load(&t.ev.waiters), 0);
+
+    /* A plain notify wakes a level waiter (it checks, and sleeps again when not there). */
+    w = (ev_waiter){.t = &t, .target = 20, .timeout = SLEEP_NS};
+    atomic_init(&w.checks, 0);
+    assert_int_equal(pthread_create(&th, NULL, lv_wait_once, &w), 0);
+    pthread_barrier_wait(&t.start);
+    wait_for_waiters(&t.ev, 1);
+    while (atomic_load(&t.ev.wake_at) != 20)
+        sched_yield();
+    nanosleep(&ms, NULL);
+    before = atomic_load(&w.checks);
+    ccq_signal_notify(&t.ev);
+    while (atomic_load(&w.checks) == before)
+        sched_yield();
+    atomic_store_explicit(&t.value, 20, memory_order_release);
+    ccq_signal_notify_level(&t.ev, 20);
+    pthread_join(th, NULL);
+    pthread_barrier_destroy(&t.start);
+    assert_true(w.result);
+    assert_true(w.elapsed < LOST_NS);
+}
+
+/* Waiters with levels of their own (a few ahead of the counter, random), one notifier
+ * raising the counter by one at a time and going on only once every waiter whose level it
+ * reached has returned: a lost wake-up is never rescued by a later notify, and shows as a
+ * wait that lasts LOST_NS. */
+static void *lv_stress_waiter(void *arg)
+{
+    ev_waiter *w = arg;
+    ev_test *t = w->t;
+
+    pthread_barrier_wait(&t->start);
+    for (uint64_t r = 0; r < t->rounds && !atomic_load(&t->stop); r++) {
+        w->seed = w->seed * 1103515245u + 12345u;
+        w->target = atomic_load_explicit(&t->value, memory_order_acquire) + 1 + (w->seed >> 16) % 4;
+        atomic_store_explicit(&w->pending, w->target, memory_order_release);
+        uint64_t t0 = ccq_now_ns();
+        bool ok = ccq_signal_wait_level(&t->ev, lv_reached, lv_level, w, t0 + SLEEP_NS, 0);
+        if (!ok)
+            w->bad++;
+        if (ccq_now_ns() - t0 >= LOST_NS) {
+            w->lost++;
+            atomic_store(&t->stop, 1);
+        }
+        atomic_store_explicit(&w->pending, 0, memory_order_release);
+    }
+    atomic_store_explicit(&w->pending, UINT64_MAX, memory_order_release); /* done */
+    return NULL;
+}
+
+static void test_event_level_stress(void **state)
+{
+    (void)state;
+    enum { N = 4 };
+    ev_test t;
+    ev_waiter w[N];
+    pthread_t th[N];
+
+    memset(&t, 0, sizeof t);
+    ccq_signal_init(&t.ev);
+    atomic_init(&t.value, 0);
+    atomic_init(&t.stop, 0);
+    t.rounds = env_count("CCQ_TEST_EVENT_ROUNDS", 20000) / 4;
+    assert_int_equal(pthread_barrier_init(&t.start, NULL, N + 1), 0);
+    for (int i = 0; i < N; i++) {
+        w[i] = (ev_waiter){.t = &t, .seed = 7u + (uint32_t)i};
+        atomic_init(&w[i].checks, 0);
+        atomic_init(&w[i].pending, 0);
+        assert_int_equal(pthread_create(&th[i], NULL, lv_stress_waiter, &w[i]), 0);
+    }
+    pthread_barrier_wait(&t.start);
+    for (uint64_t v = 1;; v++) {
+        atomic_store_explicit(&t.value, v, memory_order_release);
+        ccq_signal_notify_level(&t.ev, v);
+        /* On once no waiter waits for a level this reached; stop once all are done. */
+        int done = 0;
+        for (int i = 0; i < N; i++) {
+            uint64_t p;
+            while ((p = atomic_load_explicit(&w[i].pending, memory_order_acquire)) != 0 && p <= v)
+                sched_yield();
+            done += p == UINT64_MAX;
+        }
+        if (done == N)
+            break;
+    }
+    for (int i = 0; i < N; i++)
+        pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&t.start);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(w[i].lost, 0);
+        assert_int_equal(w[i].bad, 0);
+    }
+    assert_int_equal(atomic_load(&t.ev.waiters), 0);
+}
+
 /* ---- futex helpers ------------------------------------------------------------------- */
 
 typedef struct futex_test {
@@ -738,6 +895,8 @@ int main(void)
         cmocka_unit_test(test_event_deadline),
         cmocka_unit_test(test_event_many_waiters),
         cmocka_unit_test(test_event_stress),
+        cmocka_unit_test(test_event_level_sleeps_through),
+        cmocka_unit_test(test_event_level_stress),
         cmocka_unit_test(test_futex),
     };
     /* CCQ_TEST_FILTER=pattern runs only the matching tests (cmocka's wildcard syntax). */

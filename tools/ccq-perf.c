@@ -376,8 +376,24 @@ static void record(worker *w, ccq_status st)
     }
 }
 
-/* Timed loop of one worker: iters x (agg submissions), one fence at the end; the barriers
- * start everybody together and let the main thread time the whole phase. */
+/* One timed phase of one worker: iters x (agg submissions), one fence at the end. */
+static void worker_phase(worker *w)
+{
+    bench *b = w->b;
+    if (b->copy_bytes > 0) { /* the floor: host staging buffers, no ccq call */
+        for (int it = 0; it < b->iters * b->agg; it++)
+            memcpy(w->hdst, w->hsrc, b->copy_bytes);
+        return;
+    }
+    for (int it = 0; it < b->iters; it++)
+        for (int a = 0; a < b->agg; a++)
+            record(w, submit_one(w));
+    record(w, ccq_sync_collective(b->rt, w->dev, w->stream));
+}
+
+/* Workers 1.. on threads of their own; the barriers start everybody together and let the
+ * main thread, which is worker 0 (nccl-tests' way: with one device the timed loop runs on
+ * the thread that times it, as a single-threaded MPI benchmark's does), time the phase. */
 static void *worker_main(void *arg)
 {
     worker *w = arg;
@@ -386,16 +402,7 @@ static void *worker_main(void *arg)
         pthread_barrier_wait(&b->bar);
         if (b->quit)
             break;
-        if (b->copy_bytes > 0) { /* the floor: host staging buffers, no ccq call */
-            for (int it = 0; it < b->iters * b->agg; it++)
-                memcpy(w->hdst, w->hsrc, b->copy_bytes);
-            pthread_barrier_wait(&b->bar);
-            continue;
-        }
-        for (int it = 0; it < b->iters; it++)
-            for (int a = 0; a < b->agg; a++)
-                record(w, submit_one(w));
-        record(w, ccq_sync_collective(b->rt, w->dev, w->stream));
+        worker_phase(w);
         pthread_barrier_wait(&b->bar);
     }
     return NULL;
@@ -440,6 +447,7 @@ static double run_phase(bench *b, int iters, int agg)
     world_reduce(b, 0, CCQ_SUM);
     pthread_barrier_wait(&b->bar); /* start */
     t0 = now_s();
+    worker_phase(&b->w[0]);
     pthread_barrier_wait(&b->bar); /* every worker fenced */
     t1 = now_s();
     return world_reduce(b, t1 - t0, CCQ_MAX);
@@ -771,8 +779,8 @@ int main(int argc, char **argv)
             memset(w->hdst, 2, o.maxbytes + esize);
         }
     }
-    pthread_barrier_init(&b.bar, NULL, nw + 1);
-    for (uint32_t k = 0; k < nw; k++)
+    pthread_barrier_init(&b.bar, NULL, nw);
+    for (uint32_t k = 1; k < nw; k++)
         pthread_create(&th[k], NULL, worker_main, &b.w[k]);
 
     /* nccl-tests prints one line per rank of the world: gather (pid, host) of every device
@@ -898,7 +906,7 @@ int main(int argc, char **argv)
 
     b.quit = 1;
     pthread_barrier_wait(&b.bar);
-    for (uint32_t k = 0; k < nw; k++)
+    for (uint32_t k = 1; k < nw; k++)
         pthread_join(th[k], NULL);
     pthread_barrier_destroy(&b.bar);
     for (uint32_t k = 0; k < nw; k++) {
