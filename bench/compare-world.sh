@@ -10,7 +10,8 @@
 # REPS runs. Ratios: other / ccq UCX.
 # Usage: bench/compare-world.sh [P] [G] [maxbytes]   (defaults: 2, 1, 64M)
 # Env: ITERS (10), WARMUP (3), MINB (8), FACTOR (2), REPS (3), OUTDIR (build-bench/results),
-# PORT (29600). Installs openmpi-bin, libopenmpi-dev, libucx-dev and libgloo-dev from Debian
+# PORT (29600), SKIP (columns not run: "mpie" the MPI engine, "gloo"; e.g. SKIP="mpie gloo"
+# with ITERS=200 WARMUP=50 for the steady state against MPI alone). Installs openmpi-bin, libopenmpi-dev, libucx-dev and libgloo-dev from Debian
 # when missing (as root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -55,24 +56,33 @@ plain_ucx() {
 for rep in $(seq 1 "$REPS"); do
     echo "== run $rep of $REPS: ccq (UCX engine, plain processes): $P processes x $G devices"
     plain_ucx "$out/world-ccq-ucx-$tag.$rep.json"
-    echo "== run $rep of $REPS: ccq (MPI engine, mpirun): $P processes x $G devices"
-    CCQ_HOST_ENGINE=mpi $run -x CCQ_HOST_ENGINE -np "$P" "$dir/tools/ccq-perf" -g "$G" \
-        "${flags[@]}" --json >"$out/world-ccq-mpi-$tag.$rep.json"
+    rm -f "$out/world-ccq-mpi-$tag.$rep.json" "$out/world-gloo-np$N.$rep.json"
+    if [[ " ${SKIP:-} " != *" mpie "* ]]; then
+        echo "== run $rep of $REPS: ccq (MPI engine, mpirun): $P processes x $G devices"
+        CCQ_HOST_ENGINE=mpi $run -x CCQ_HOST_ENGINE -np "$P" "$dir/tools/ccq-perf" -g "$G" \
+            "${flags[@]}" --json >"$out/world-ccq-mpi-$tag.$rep.json"
+    fi
     echo "== run $rep of $REPS: MPI_Allreduce: $N processes"
     $run -np "$N" "$dir/mpi_allreduce" "${flags[@]}" >"$out/world-mpi-np$N.$rep.json"
-    echo "== run $rep of $REPS: Gloo allreduce (TCP loopback, FileStore): $N processes"
-    store=$(mktemp -d)
-    GLOO_STORE_DIR=$store $run -x GLOO_STORE_DIR -np "$N" "$dir/gloo_allreduce" "${flags[@]}" \
-        >"$out/world-gloo-np$N.$rep.json"
-    rm -rf "$store"
+    if [[ " ${SKIP:-} " != *" gloo "* ]]; then
+        echo "== run $rep of $REPS: Gloo allreduce (TCP loopback, FileStore): $N processes"
+        store=$(mktemp -d)
+        GLOO_STORE_DIR=$store $run -x GLOO_STORE_DIR -np "$N" "$dir/gloo_allreduce" \
+            "${flags[@]}" >"$out/world-gloo-np$N.$rep.json"
+        rm -rf "$store"
+    fi
 done
 
 python3 - "$out" "$tag" "$N" "$P" "$G" "$REPS" <<'PY' | tee "$out/world-compare-$tag.txt"
-import json, statistics, sys
+import json, os, statistics, sys
 out, tag, n, p, g, reps = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6])
 def ccq(path):
+    if not os.path.exists(path):  # a column SKIP left out
+        return {}
     return {r["size"]: r["out_of_place"] for r in json.load(open(path))}
 def lines(path):
+    if not os.path.exists(path):
+        return {}
     return {r["size"]: r for r in (json.loads(l) for l in open(path) if l.strip())}
 runs = {k: [] for k in ("ucx", "mpie", "mpi", "gloo")}
 for rep in range(1, reps + 1):

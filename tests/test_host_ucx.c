@@ -614,6 +614,14 @@ int main(int argc, char **argv)
              {CCQ_FLOAT32, CCQ_FLOAT32},
              {CCQ_SUM, CCQ_SUM},
              {0, 0}},
+            /* Payloads on the single-copy endpoint (ucx_peer.bulk), roots that each only
+             * send: nobody fetches the other's payload. */
+            {"root",
+             {CCQ_KIND_BROADCAST, CCQ_KIND_BROADCAST},
+             {65536, 65536},
+             {CCQ_FLOAT32, CCQ_FLOAT32},
+             {CCQ_SUM, CCQ_SUM},
+             {0, 2 % 8}},
             {"op",
              {CCQ_KIND_ALL_REDUCE, CCQ_KIND_ALL_REDUCE},
              {16384, 16384},
