@@ -79,6 +79,7 @@ typedef struct mcase {
     ccq_dtype dtype[2];
     ccq_reduce_op op[2];
     uint32_t root[2]; /* index into the set */
+    bool halves;      /* [1] for the upper half of the processes, not only process 1 */
 } mcase;
 
 static ccq_status submit(ccq_runtime *rt, ccq_kind kind, ccq_device_id dev, void *src, void *dst,
@@ -102,7 +103,7 @@ static ccq_status submit(ccq_runtime *rt, ccq_kind kind, ccq_device_id dev, void
 static void mismatch(ccq_runtime *rt, const mcase *mc, uint32_t pick)
 {
     ccq_device_id set[16];
-    uint32_t n = set_of(pick, set), me = wrank == 1;
+    uint32_t n = set_of(pick, set), me = mc->halves ? wrank >= wsize / 2 : wrank == 1;
     ccq_device_id dev = set[wrank];
     static unsigned char src[1 << 18], dst[1 << 18]; /* up to the ring's sizes */
     ccq_status st;
@@ -133,7 +134,8 @@ static void mismatch(ccq_runtime *rt, const mcase *mc, uint32_t pick)
         for (size_t i = 0; i < sizeof dst; i++)
             CHECK(dst[i] == 0x5a, "%s: the failed operation wrote its output [%zu]", mc->field, i);
     }
-    CHECK(strstr(detail, mc->field) != NULL && strstr(detail, "process 1") != NULL,
+    CHECK(strstr(detail, mc->field) != NULL &&
+              strstr(detail, mc->halves ? "process " : "process 1") != NULL,
           "%s: the detail names neither: %s", mc->field, detail);
 }
 
@@ -622,6 +624,16 @@ int main(int argc, char **argv)
              {CCQ_FLOAT32, CCQ_FLOAT32},
              {CCQ_SUM, CCQ_SUM},
              {0, 2 % 8}},
+            /* Two groups that agree within (0..P/2-1 and P/2..P-1): a ring whose every
+             * block needs a hop across a disagreeing pair, each checked by its receiver at
+             * its first step; nothing is finished, so no dst is touched anywhere. */
+            {"count",
+             {CCQ_KIND_ALL_REDUCE, CCQ_KIND_ALL_REDUCE},
+             {65536, 32768},
+             {CCQ_FLOAT32, CCQ_FLOAT32},
+             {CCQ_SUM, CCQ_SUM},
+             {0, 0},
+             true},
             {"op",
              {CCQ_KIND_ALL_REDUCE, CCQ_KIND_ALL_REDUCE},
              {16384, 16384},
@@ -629,11 +641,15 @@ int main(int argc, char **argv)
              {CCQ_SUM, CCQ_MIN},
              {0, 0}},
         };
+        /* Each case on a communicator of its own (set_of: NDEV^P of them, 9 for P = 2). */
+        uint32_t pick = 1;
         for (uint32_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
             mcase mc = cases[c];
+            if (mc.halves && wsize < 3)
+                continue; /* the same as process 1 alone */
             if (mc.root[1] >= wsize)
                 mc.root[1] = wsize - 1;
-            mismatch(rt, &mc, c + 1);
+            mismatch(rt, &mc, pick++);
         }
         mismatch_p2p(rt);
         same_bits(rt);
