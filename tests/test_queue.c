@@ -449,6 +449,15 @@ typedef struct ev_waiter {
     _Atomic uint64_t pending; /* level stress: the level waited for, 0 none, MAX done */
 } ev_waiter;
 
+static void ev_test_init(ev_test *t)
+{
+    memset(t, 0, sizeof *t);
+    ccq_signal_init(&t->ev);
+    atomic_init(&t->value, 0);
+    atomic_init(&t->acks, 0);
+    atomic_init(&t->stop, 0);
+}
+
 static bool ev_reached(void *arg)
 {
     ev_waiter *w = arg;
@@ -490,9 +499,7 @@ static void test_event_notify_wakes_waiter(void **state)
     ev_waiter w = {.t = &t, .target = 1, .timeout = SLEEP_NS};
     pthread_t th;
 
-    memset(&t, 0, sizeof t);
-    ccq_signal_init(&t.ev);
-    atomic_init(&t.value, 0);
+    ev_test_init(&t);
     assert_int_equal(pthread_barrier_init(&t.start, NULL, 2), 0);
     assert_int_equal(pthread_create(&th, NULL, ev_wait_once, &w), 0);
     pthread_barrier_wait(&t.start);
@@ -551,10 +558,7 @@ static void test_event_many_waiters(void **state)
     ev_waiter w[N];
     pthread_t th[N];
 
-    memset(&t, 0, sizeof t);
-    ccq_signal_init(&t.ev);
-    atomic_init(&t.value, 0);
-    atomic_init(&t.acks, 0);
+    ev_test_init(&t);
     assert_int_equal(pthread_barrier_init(&t.start, NULL, N + 1), 0);
     for (int i = 0; i < N; i++) {
         w[i] = (ev_waiter){.t = &t, .target = 1, .timeout = SLEEP_NS};
@@ -609,11 +613,7 @@ static void test_event_stress(void **state)
     ev_waiter w[N];
     pthread_t th[N];
 
-    memset(&t, 0, sizeof t);
-    ccq_signal_init(&t.ev);
-    atomic_init(&t.value, 0);
-    atomic_init(&t.acks, 0);
-    atomic_init(&t.stop, 0);
+    ev_test_init(&t);
     t.rounds = env_count("CCQ_TEST_EVENT_ROUNDS", 20000);
     assert_int_equal(pthread_barrier_init(&t.start, NULL, N + 1), 0);
     for (int i = 0; i < N; i++) {
@@ -670,9 +670,7 @@ static void test_event_level_sleeps_through(void **state)
     ev_waiter w = {.t = &t, .target = 10, .timeout = SLEEP_NS};
     pthread_t th;
 
-    memset(&t, 0, sizeof t);
-    ccq_signal_init(&t.ev);
-    atomic_init(&t.value, 0);
+    ev_test_init(&t);
     atomic_init(&w.checks, 0);
     assert_int_equal(pthread_barrier_init(&t.start, NULL, 2), 0);
     assert_int_equal(pthread_create(&th, NULL, lv_wait_once, &w), 0);
@@ -754,10 +752,7 @@ static void test_event_level_stress(void **state)
     ev_waiter w[N];
     pthread_t th[N];
 
-    memset(&t, 0, sizeof t);
-    ccq_signal_init(&t.ev);
-    atomic_init(&t.value, 0);
-    atomic_init(&t.stop, 0);
+    ev_test_init(&t);
     t.rounds = env_count("CCQ_TEST_EVENT_ROUNDS", 20000) / 4;
     assert_int_equal(pthread_barrier_init(&t.start, NULL, N + 1), 0);
     for (int i = 0; i < N; i++) {
