@@ -196,7 +196,7 @@ out:
 
 static void run_case(world_case *wc, unsigned nprocs, unsigned started)
 {
-    int status[8];
+    int status[8] = {0}; /* procs_run fills the first `started` */
     procs_tmpdir(wc->dir, sizeof wc->dir);
     int bad = procs_run(started, world_child, wc, 60, status);
     procs_rmdir(wc->dir);
