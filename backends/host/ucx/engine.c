@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backends/host/reduce.h"
 #include "backends/host/ucx/ucx.h"
@@ -132,10 +133,10 @@ void ucx_progress(ucx_engine *e)
     /* Bounded: a flood of arrivals must not keep the scheduler from its other work. */
     while (k < 256 && ucp_worker_progress(e->worker) != 0)
         k++;
-    /* Nothing moved: every 16th such poll gives the core away for a moment, so that on a
-     * machine with more busy threads than cores (processes of one job on few cores) the
-     * peer this process waits for gets to run. */
-    if (k == 0 && (++e->idle_polls & 15) == 0)
+    /* Nothing moved: now and then (yield_mask) such a poll gives the core away for a
+     * moment, so that on a machine with more busy threads than cores (processes of one job
+     * on few cores) the peer this process waits for gets to run. */
+    if (k == 0 && (++e->idle_polls & e->yield_mask) == 0)
         sched_yield();
     else if (k > 0)
         e->idle_polls = 0;
@@ -281,6 +282,7 @@ static ccq_status ucx_create(const ccq_config *cfg, ccq_host_engine **out, ccq_e
     }
     e->base.ops = &ccq_host_engine_ucx_ops;
     ucx_tuning(e);
+    e->yield_mask = 15; /* until world_ready knows the world's size */
     e->timeout_ns = cfg->timeout_ms ? cfg->timeout_ms * 1000000ull : UINT64_MAX;
     us = ucp_config_read(NULL, NULL, &ucfg);
     if (us != UCS_OK) {
@@ -432,6 +434,22 @@ static ccq_status ucx_world_blob(ccq_host_engine *base, void *blob, size_t *len,
     return CCQ_OK;
 }
 
+/* How often an idle poll yields (ucx_progress): every 16th, or every 4th when the world has
+ * more processes than this process may use cores, so that the schedulers alone (each process
+ * has one, busy while operations are in flight) outnumber the cores. Measured (bench/ab-libs.sh,
+ * medians of 7 interleaved runs, docs/performance.md): 4 processes on 2 cores, all_reduce 8 B
+ * to 128 KiB, every 4th 1.1-1.6x faster but at 32 KiB (0.86x); 2 processes on 2 cores, every 4th
+ * 0.8-1.03x, so they keep every 16th. A multi-host world counts as if on one host: at worst a
+ * poll then waits one system call longer when a core was free. */
+static uint32_t yield_mask(uint32_t world_size)
+{
+    cpu_set_t set;
+    long cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+    if (cores <= 0)
+        cores = sysconf(_SC_NPROCESSORS_ONLN);
+    return cores > 0 && world_size > (uint32_t)cores ? 3u : 15u;
+}
+
 static ccq_status ucx_world_ready(ccq_host_engine *base, uint32_t world_rank, uint32_t world_size,
                                   const void *const *blobs, const size_t *blob_len, ccq_errbuf *err)
 {
@@ -440,6 +458,7 @@ static ccq_status ucx_world_ready(ccq_host_engine *base, uint32_t world_rank, ui
 
     e->world_rank = world_rank;
     e->world_size = world_size;
+    e->yield_mask = yield_mask(world_size);
     for (uint32_t p = 0; p < world_size; p++) {
         if (blobs == NULL || blobs[p] == NULL || blob_len[p] == 0) {
             snprintf(err->msg, sizeof err->msg,

@@ -132,6 +132,7 @@ struct ucx_engine {
     size_t ring_bytes, seg_bytes;      /* schedule thresholds (ucx/select.c) */
     size_t bulk_bytes;                 /* payloads of at least this go on ucx_peer.bulk */
     uint32_t idle_polls;               /* progress calls in a row that moved nothing */
+    uint32_t yield_mask;               /* ...of which every (yield_mask + 1)th yields */
     uint32_t peers_failed, peers_seen; /* peer errors so far, and those check_peers handled */
     ucx_msg *free_msgs;                /* recycled arrival records */
     struct {
