@@ -197,9 +197,17 @@ static long hold_us(void)
 static void shm_unlock(xp_shm *h)
 {
     long us = hold_us();
+    struct timespec hold = {us / 1000000, (us % 1000000) * 1000};
     if (us > 0)
-        nanosleep(&(struct timespec){us / 1000000, (us % 1000000) * 1000}, NULL);
+        nanosleep(&hold, NULL);
     pthread_mutex_unlock(&h->mu);
+    /* ...and then stays out of it as long, so that the others get it: a mutex is not fair,
+     * and the thread that just released it, still on its core, won nearly every race
+     * against peers polling with shm_try (asleep between tries, and waiting for a core with
+     * a busy thread beside them). Without this, one busy thread on the 2-core machine
+     * starved a rank's publish until the drill's timeout_ms (4 runs in 4). */
+    if (us > 0)
+        nanosleep(&hold, NULL);
 }
 
 /*
