@@ -438,9 +438,10 @@ static ccq_status ucx_world_blob(ccq_host_engine *base, void *blob, size_t *len,
  * more processes than this process may use cores, so that the schedulers alone (each process
  * has one, busy while operations are in flight) outnumber the cores. Measured (bench/ab-libs.sh,
  * medians of 7 interleaved runs, docs/performance.md): 4 processes on 2 cores, all_reduce 8 B
- * to 128 KiB, every 4th 1.1-1.6x faster but at 32 KiB (0.86x); 2 processes on 2 cores, every 4th
- * 0.8-1.03x, so they keep every 16th. A multi-host world counts as if on one host: at worst a
- * poll then waits one system call longer when a core was free. */
+ * to 512 KiB, every 4th 1.07-1.44x faster (3 processes: 1.07-1.64x), every 2nd or every poll
+ * slower than every 4th; 2 processes on 2 cores, every 4th 0.81-1.03x, so they keep every 16th.
+ * A multi-host world counts as if on one host: at worst a poll then waits one system call
+ * longer when a core was free. */
 static uint32_t yield_mask(uint32_t world_size)
 {
     cpu_set_t set;
