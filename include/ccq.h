@@ -182,8 +182,9 @@ typedef struct ccq_config {
     uint64_t timeout_ms;    /**< Watchdog and fence deadline; 0 = none (default 600000).
                                  Env: CCQ_TIMEOUT_MS. */
     /* ---- appended after the seed API ---- */
-    uint32_t host_workers;   /**< Host backend worker threads; 0 = number of cores; at most
-                                  1024. Env: CCQ_HOST_WORKERS. */
+    uint32_t host_workers;   /**< Host backend worker threads; 0 = number of cores this
+                                  process may run on (its CPU affinity); at most 1024.
+                                  Env: CCQ_HOST_WORKERS. */
     uint32_t flags;          /**< CCQ_FLAG_* bits. Env: CCQ_NONBLOCKING_SUBMIT=1. */
     const char *env_error;   /**< Set by ccq_config_init when a CCQ_* variable is malformed;
                                   ccq_runtime_create then fails with its text. */

@@ -8,13 +8,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "backends/backend.h"
 #include "backends/fuse.h"
 #include "backends/host/engine.h"
 #include "backends/host/host_impl.h"
 #include "backends/host/reduce.h"
+#include "common/cores.h"
 #include "queue/mpsc.h"
 #include "queue/wake.h"
 
@@ -316,7 +316,6 @@ static ccq_status host_create(const ccq_config *cfg, const ccq_be_hooks *hooks, 
                               ccq_errbuf *err)
 {
     host_be *h = calloc(1, sizeof *h);
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
 
     if (h == NULL) {
         snprintf(err->msg, sizeof err->msg, "out of memory");
@@ -331,7 +330,7 @@ static ccq_status host_create(const ccq_config *cfg, const ccq_be_hooks *hooks, 
     h->base.ops = &ccq_host_backend_ops;
     h->hooks = *hooks;
     h->ndev = cfg->host_devices;
-    h->nworkers = cfg->host_workers ? cfg->host_workers : (cores > 0 ? (uint32_t)cores : 1);
+    h->nworkers = cfg->host_workers ? cfg->host_workers : ccq_usable_cores();
     h->spin_ns = (uint64_t)cfg->spin_us * 1000u;
     h->stream_bytes = cfg->host_stream_bytes ? cfg->host_stream_bytes : HOST_NT_BYTES;
     h->xp.timeout_ns = cfg->timeout_ms ? cfg->timeout_ms * 1000000ull : UINT64_MAX;

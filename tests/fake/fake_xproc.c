@@ -205,7 +205,7 @@ static void shm_unlock(xp_shm *h)
      * and the thread that just released it, still on its core, won nearly every race
      * against peers polling with shm_try (asleep between tries, and waiting for a core with
      * a busy thread beside them). Without this, one busy thread on the 2-core machine
-     * starved a rank's publish until the drill's timeout_ms (4 runs in 4). */
+     * starved a rank's publish until the drill's timeout_ms (5 runs in 5). */
     if (us > 0)
         nanosleep(&hold, NULL);
 }

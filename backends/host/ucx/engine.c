@@ -25,11 +25,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "backends/host/reduce.h"
 #include "backends/host/ucx/ucx.h"
 #include "common/clock.h"
+#include "common/cores.h"
 
 /* While operations are in flight the scheduler polls back to back; once nothing arrived for
  * this long (a peer is late: it has not submitted yet, or it died), every UCX_SLOW_POLL_NS
@@ -444,11 +444,7 @@ static ccq_status ucx_world_blob(ccq_host_engine *base, void *blob, size_t *len,
  * longer when a core was free. */
 static uint32_t yield_mask(uint32_t world_size)
 {
-    cpu_set_t set;
-    long cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
-    if (cores <= 0)
-        cores = sysconf(_SC_NPROCESSORS_ONLN);
-    return cores > 0 && world_size > (uint32_t)cores ? 3u : 15u;
+    return world_size > ccq_usable_cores() ? 3u : 15u;
 }
 
 static ccq_status ucx_world_ready(ccq_host_engine *base, uint32_t world_rank, uint32_t world_size,

@@ -114,7 +114,8 @@ impl Config {
     pub fn timeout(self, t: Option<Duration>) -> Self {
         self.timeout_ms(t.map_or(0, |t| t.as_millis().clamp(1, u64::MAX as u128) as u64))
     }
-    /// Host backend worker threads; 0 = number of cores. Env: `CCQ_HOST_WORKERS`.
+    /// Host backend worker threads; 0 = number of cores this process may run on (its CPU
+    /// affinity). Env: `CCQ_HOST_WORKERS`.
     pub fn host_workers(mut self, n: u32) -> Self {
         self.raw.host_workers = n;
         self
