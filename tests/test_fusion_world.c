@@ -156,7 +156,7 @@ static void run_alloc(run *r, const world *w, size_t nops, ccq_dtype dt, ccq_red
     r->dt = dt;
     r->op = op;
     r->exact = exact;
-    r->n = fw_plan_n(r->ops, MAXOPS, nops, dt, plan_f, w->total, plan_f == F);
+    r->n = fw_plan_n(r->ops, MAXOPS, nops, dt, plan_f, w->total, true);
     for (size_t i = 0; i < r->n; i++)
         for (uint32_t k = 0; k < w->cnt; k++) {
             const fw_op *o = &r->ops[i];
@@ -309,6 +309,37 @@ static uint64_t fused_list(world *w, uint64_t *list)
     return nf;
 }
 
+/* This process's fused operations on the world communicator, counted by kind. */
+static void fused_kinds(world *w, uint64_t *per_kind)
+{
+    size_t cap = 1u << 18, n = 0;
+    ccq_event *ev = malloc(cap * sizeof *ev);
+    ev[0].struct_size = sizeof *ev;
+    CHECK(ccq_trace_snapshot(w->rt, ev, cap, &n, NULL) == CCQ_OK, "snapshot");
+    memset(per_kind, 0, CCQ_KIND_COUNT_ * sizeof *per_kind);
+    for (size_t e = 0; e < n; e++)
+        if (ev[e].type == CCQ_EV_FUSED && ev[e].comm == 0 && ev[e].kind < CCQ_KIND_COUNT_)
+            per_kind[ev[e].kind]++;
+    free(ev);
+}
+
+/* Every kind the engine fuses was fused at least once: all_reduce, all_gather and
+ * reduce_scatter on both engines, broadcast on the MPI engine (the UCX engine's broadcast tree
+ * carries no word from every member, which its agreement needs: ucx/fused.c). */
+static void check_kinds_fused(world *w, bool ucx)
+{
+    static const ccq_kind kinds[] = {CCQ_KIND_ALL_REDUCE, CCQ_KIND_ALL_GATHER,
+                                     CCQ_KIND_REDUCE_SCATTER, CCQ_KIND_BROADCAST};
+    uint64_t per_kind[CCQ_KIND_COUNT_];
+    fused_kinds(w, per_kind);
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+        bool expect = !(ucx && kinds[k] == CCQ_KIND_BROADCAST);
+        CHECK((per_kind[kinds[k]] > 0) == expect, "%s: %llu fused operations (expected %s)",
+              ccq_kind_name(kinds[k]), (unsigned long long)per_kind[kinds[k]],
+              expect ? "some" : "none");
+    }
+}
+
 /* Every process fused the same operations: the lists, all-gathered, are equal. */
 static uint64_t check_same_fusion(world *w)
 {
@@ -403,8 +434,8 @@ static void identical(void)
         }
     CHECK(fused_list(&off, l) == 0, "fusion off fused something");
     fused = check_same_fusion(&on);
-    /* Both engines fuse (the UCX engine all_reduces only). */
     CHECK(fused > 0, "nothing fused");
+    check_kinds_fused(&on, ucx_engine());
     if (wrank == 0)
         printf("bit-identical fused (%llu fused operations) and unfused, every dtype x op\n",
                (unsigned long long)fused);
@@ -413,8 +444,9 @@ static void identical(void)
 }
 
 /* The UCX engine with two processes also fuses all_reduces above its ring threshold (32 KiB)
- * whose combine commutes (ucx/fused.c): their fused recursive doubling must give the ring's
- * bits. Sizes around 256 KiB (all_reduces only), fused and unfused side by side. */
+ * and reduce_scatters above its direct threshold (64 KiB in all) whose combine commutes
+ * (ucx/fused.c): their fused recursive doubling and direct exchange must give the ring's bits.
+ * Sizes around 256 KiB (every kind of the plan), fused and unfused side by side. */
 static void identical_ucx_pair(void)
 {
     static const struct {
@@ -441,9 +473,10 @@ static void identical_ucx_pair(void)
             for (uint32_t k = 0; k < on.cnt; k++)
                 CHECK(memcmp(a->dst[i][k], b->dst[i][k], a->dcount[i][k] * ref_dtype_size(a->dt)) ==
                           0,
-                      "%s %s op %zu (x %zu): fused and unfused results differ (2 processes, "
-                      "large parts)",
-                      ccq_dtype_name(a->dt), ccq_reduce_op_name(a->op), i, a->ops[i].count);
+                      "%s %s op %zu (%s x %zu): fused and unfused results differ (2 "
+                      "processes, large parts)",
+                      ccq_dtype_name(a->dt), ccq_reduce_op_name(a->op), i,
+                      ccq_kind_name(a->ops[i].kind), a->ops[i].count);
         run_free(a, &off);
         run_free(b, &on);
         free(a);
@@ -452,6 +485,7 @@ static void identical_ucx_pair(void)
     CHECK(fused_list(&off, l) == 0, "fusion off fused something");
     fused = fused_list(&on, l);
     CHECK(fused > 0, "nothing fused");
+    check_kinds_fused(&on, true);
     if (wrank == 0)
         printf("2 processes, parts up to 512 KiB: bit-identical fused (%llu fused operations) "
                "and unfused\n",
@@ -478,21 +512,23 @@ static void barrier(world *w)
     CHECK(ccq_sync_collective(w->rt, w->first, 7) == CCQ_OK && y == wsize, "barrier fence");
 }
 
-/* Process 1 submits op m with one more element. */
-static void mismatch(int variant)
+/* Process 1 submits op m (of the plan's first nops) with one more element. m = 5: inside the
+ * first all_reduce run (ops 4 and 5, F/2 each, would fuse); 53: the all_gather run's; 69: the
+ * reduce_scatter run's. */
+static void mismatch(int variant, long m, size_t nops)
 {
     world w;
     run *r = malloc(sizeof *r);
-    const long m = 5; /* inside the first all_reduce run: ops 4 and 5 (F/2 each) would fuse */
     /* variant 1: process 0 fences each op, so it offers 1 and starts op m without waiting */
     int pattern = variant == 1 && wrank == 0 ? P_FENCE : P_GATED;
     uint64_t t0 = now_ms();
     world_open(&w, F, NULL, 20000);
-    run_alloc(r, &w, 32, CCQ_FLOAT32, CCQ_SUM, true);
+    run_alloc(r, &w, nops, CCQ_FLOAT32, CCQ_SUM, true);
+    CHECK((size_t)m < r->n, "op %ld of %zu", m, r->n);
     submit(&w, r, pattern, r->n, m, true, 5);
     fence_all(&w, r, pattern, true);
-    CHECK(r->st[m] == CCQ_ERR_MISMATCH, "variant %d: op %ld ended with %s", variant, m,
-          ccq_status_name(r->st[m]));
+    CHECK(r->st[m] == CCQ_ERR_MISMATCH, "variant %d: op %ld (%s) ended with %s", variant, m,
+          ccq_kind_name(r->ops[m].kind), ccq_status_name(r->st[m]));
     if (ucx_engine()) {
         /* The UCX engine finds a mismatch in the headers of the data messages: the fused
          * operation holding op m (here ops m - 1 and m, or m alone) fails in every process,
@@ -508,8 +544,9 @@ static void mismatch(int variant)
         check_results(&w, r, true);
         barrier(&w);
         if (wrank == 0)
-            printf("mismatch inside a fused group on UCX (%s): CCQ_ERR_MISMATCH in every "
+            printf("mismatch inside a fused %s group on UCX (%s): CCQ_ERR_MISMATCH in every "
                    "process, %llu ms\n",
+                   ccq_kind_name(r->ops[m].kind),
                    variant ? "one process fenced each op" : "every process gated",
                    (unsigned long long)(now_ms() - t0));
         run_free(r, &w);
@@ -527,8 +564,9 @@ static void mismatch(int variant)
     check_results(&w, r, true);
     check_same_fusion(&w);
     if (wrank == 0)
-        printf("mismatch inside a fused group (%s): CCQ_ERR_MISMATCH for it alone in every "
+        printf("mismatch inside a fused %s group (%s): CCQ_ERR_MISMATCH for it alone in every "
                "process, the rest fused alike and right, %llu ms\n",
+               ccq_kind_name(r->ops[m].kind),
                variant ? "one process fenced each op" : "every process gated",
                (unsigned long long)(now_ms() - t0));
     run_free(r, &w);
@@ -624,8 +662,10 @@ int main(void)
     identical();
     if (ucx_engine() && wsize == 2)
         identical_ucx_pair();
-    mismatch(0);
-    mismatch(1);
+    mismatch(0, 5, 32);
+    mismatch(1, 5, 32);
+    mismatch(0, 53, 80); /* inside an all_gather group */
+    mismatch(1, 69, 80); /* inside a reduce_scatter group */
     /* An op one process skips (its parts failed before the engine): the MPI engine's records
      * tell the members; the UCX engine's members wait for it until their deadline. */
     if (!ucx_engine())

@@ -903,49 +903,91 @@ static void local_outputs(ucx_op *o)
     }
 }
 
-/* A fused group's combine (its head's launch): each part's local combine, laid end to end in
- * the head's scratch in sequence order, each with the kernel it would meet alone. */
+/* A fused group's layout (docs/fusion.md): all_reduce lays its parts end to end; all_gather
+ * and reduce_scatter interleave them, each rank's block being the parts' blocks of that rank
+ * end to end (rank r's block of part i at r x total + off_i, total = o->count). So every
+ * schedule runs on the group as on one operation of total elements per rank. */
+
+/* One part's local combine into the group's scratch: the kernel and device order it meets
+ * alone (local_combine), on `elems` elements from byte `from` of its inputs. */
+static void part_combine(ucx_op *o, const ccq_be_op *op, size_t from, char *to, size_t elems)
+{
+    const void *src[CCQ_MAX_DEVICES];
+    if (op->nparts == 1) {
+        memcpy(to, (const char *)op->parts[0].src + from, elems * o->es);
+        return;
+    }
+    local_srcs(op, from, src);
+    ucx_reduce(o, op->nparts, src, to, elems);
+}
+
+/* A fused group's combine (its head's launch): each part's inputs into the head's scratch,
+ * laid out as above, each with the kernel it would meet alone. */
 static ccq_status fused_inputs(ucx_op *o, ccq_errbuf *err)
 {
     const ucx_fused *fz = o->fz;
-    const void *src[CCQ_MAX_DEVICES];
-    char *res = ucx_scratch(o, BUF_RES, o->count * o->es);
-    size_t off = 0;
+    const ucx_comm *c = o->c;
+    size_t total = o->count, es = o->es, off = 0;
+    size_t ranks = o->kind == CCQ_KIND_ALL_REDUCE ? 1 : c->nranks;
+    char *res = ucx_scratch(o, BUF_RES, total * ranks * es);
 
     if (res == NULL) {
         snprintf(err->msg, sizeof err->msg, "out of memory for %zu bytes of UCX scratch",
-                 (size_t)o->count * o->es);
+                 total * ranks * es);
         return CCQ_ERR_NO_MEMORY;
     }
     for (uint32_t i = 0; i < fz->n; i++) {
         const ccq_be_op *op = fz->part[i].op;
         size_t cnt = fz->part[i].count;
-        if (op->nparts == 1) {
-            memcpy(res + off * o->es, op->parts[0].src, cnt * o->es);
-        } else {
-            local_srcs(op, 0, src);
-            ucx_reduce(o, op->nparts, src, res + off * o->es, cnt);
+        switch (o->kind) {
+        case CCQ_KIND_ALL_GATHER: /* each local rank's input into its rank's block */
+            for (uint32_t k = 0; k < op->nparts; k++)
+                memcpy(res + ((c->fr[o->me] + k) * total + off) * es, op->parts[k].src, cnt * es);
+            break;
+        case CCQ_KIND_REDUCE_SCATTER: /* every rank's block of the part, combined */
+            for (uint32_t r = 0; r < c->nranks; r++)
+                part_combine(o, op, r * cnt * es, res + (r * total + off) * es, cnt);
+            break;
+        default:
+            part_combine(o, op, 0, res + off * es, cnt);
+            break;
         }
         off += cnt;
     }
     return CCQ_OK;
 }
 
-/* Every part's outputs from the head's result (AVG divides each on its way out, as alone). */
+/* Every part's outputs from the head's result (AVG divides each on its way out, as alone).
+ * A part abandoned by its stream (op NULL) is skipped. */
 static void fused_outputs(ucx_op *o)
 {
     const ucx_fused *fz = o->fz;
+    const ucx_comm *c = o->c;
     const char *res = o->buf[BUF_RES];
+    size_t total = o->count, es = o->es, off = 0;
     void *out[CCQ_MAX_DEVICES];
-    size_t off = 0;
 
     for (uint32_t i = 0; i < fz->n; i++) {
         const ccq_be_op *op = fz->part[i].op;
         size_t cnt = fz->part[i].count;
-        for (uint32_t k = 0; op != NULL && k < op->nparts; k++)
-            out[k] = op->parts[k].dst;
-        if (op != NULL)
-            write_result(o, out, op->nparts, res + off * o->es, cnt);
+        for (uint32_t k = 0; op != NULL && k < op->nparts; k++) {
+            char *dst = op->parts[k].dst;
+            switch (o->kind) {
+            case CCQ_KIND_ALL_GATHER: /* rank r's block of this part, for every r */
+                for (uint32_t r = 0; r < c->nranks; r++)
+                    copy_out(dst + r * cnt * es, res + (r * total + off) * es, cnt * es);
+                break;
+            case CCQ_KIND_REDUCE_SCATTER: /* this local rank's block of the part */
+                out[0] = dst;
+                write_result(o, out, 1, res + ((c->fr[o->me] + k) * total + off) * es, cnt);
+                break;
+            default:
+                out[k] = dst;
+                break;
+            }
+        }
+        if (op != NULL && o->kind == CCQ_KIND_ALL_REDUCE)
+            write_result(o, out, op->nparts, res + off * es, cnt);
         off += cnt;
     }
     if (fz->part[0].op != NULL)
@@ -1001,9 +1043,14 @@ ccq_status ucx_op_launch(ucx_op *o, ccq_errbuf *err)
     ucx_comm *c = o->c;
     ccq_status st;
 
-    /* A fused group runs recursive doubling whatever its size: each element then meets the
-     * same combines, in the same order, as in its own operation (ucx/fused.c). */
-    o->alg = o->fz != NULL ? &ucx_allreduce_rd : ucx_select(o);
+    /* A fused group of reductions runs its parts' own schedule whatever its size (recursive
+     * doubling, the direct reduce_scatter): each element then meets the same combines, in the
+     * same order, as in its own operation (ucx/fused.c). An all_gather combines nothing. */
+    if (o->fz == NULL || o->kind == CCQ_KIND_ALL_GATHER)
+        o->alg = ucx_select(o);
+    else
+        o->alg =
+            o->kind == CCQ_KIND_REDUCE_SCATTER ? &ucx_reduce_scatter_direct : &ucx_allreduce_rd;
     st = o->fz != NULL ? fused_inputs(o, err) : local_inputs(o, err);
     if (st == CCQ_OK)
         st = o->alg->init(o, err);

@@ -16,18 +16,26 @@
  * gave no window (W = 0) runs alone and tells the next. Nothing ever waits for an operation
  * to be submitted: a member that has fewer offers fewer, down to 0 (nothing fuses).
  *
- * Which operations fuse: all_reduces below fusion_bytes whose own schedule would be
- * recursive doubling (at most the ring threshold, ucx/select.c), or any size with two member
- * processes and a commutative combine (integers; sum, product and average of floats). A fused
- * group runs recursive doubling over its parts laid end to end, so every element meets the
- * same combines in the same order as in its own operation: bit-identical results (with two
- * processes the ring's combines are the same pairs, operands swapped for half the blocks).
- * Every other operation (broadcast, all_gather, large all_reduces...) never fuses: it starts
- * at once, alone, and opens no window (as if it offered 0), so it never waits either.
+ * all_gather's and reduce_scatter's schedules (direct and ring) move information from every
+ * member to every member too, so the same agreement covers them.
  *
- * The parts are laid end to end by the local combine, which copies every input into engine
- * scratch anyway (UCX never touches a user buffer: engine.c): one contiguous message per step,
- * no iov datatype needed.
+ * Which operations fuse (below fusion_bytes each): all_reduces whose own schedule would be
+ * recursive doubling (at most the ring threshold, ucx/select.c); reduce_scatters whose own
+ * would be the direct exchange (at most its threshold in all); either at any size with two
+ * member processes and a commutative combine (integers; sum, product and average of floats);
+ * all_gathers of any size (they combine nothing). A fused all_reduce runs recursive doubling
+ * over its parts laid end to end, a fused reduce_scatter the direct exchange over its parts
+ * interleaved (each rank's block the parts' blocks of that rank, end to end), so every element
+ * meets the same combines in the same order as in its own operation: bit-identical results
+ * (with two processes the ring's combines are the same pairs, operands swapped for some
+ * blocks). A fused all_gather runs the schedule of its total size. Every other operation
+ * (broadcast, large all_reduces...) never fuses: it starts at once, alone, and opens no window
+ * (as if it offered 0), so it never waits either. A broadcast could fuse by its layout, but its
+ * tree carries nothing from the members to the root, so it cannot agree this way.
+ *
+ * The parts are laid out by the local combine (engine.c, fused_inputs), which copies every
+ * input into engine scratch anyway (UCX never touches a user buffer: engine.c): one contiguous
+ * message per step, no iov datatype needed.
  *
  * A disagreement: a fused group's header says how many operations it runs and a hash of
  * their counts, so members that cut differently (one submitted another count inside the
@@ -40,7 +48,11 @@
 #include "backends/host/ucx/ucx.h"
 #include "common/clock.h"
 
-#define AR_KINDS CCQ_FUSE_KIND(CCQ_KIND_ALL_REDUCE)
+/* The kinds this engine fuses: those whose schedules move information from every member to
+ * every member, as the agreement needs. A broadcast's tree runs from its root only. */
+#define UCX_FUSE_KINDS                                                                             \
+    (CCQ_FUSE_KIND(CCQ_KIND_ALL_REDUCE) | CCQ_FUSE_KIND(CCQ_KIND_ALL_GATHER) |                     \
+     CCQ_FUSE_KIND(CCQ_KIND_REDUCE_SCATTER))
 
 /* Whether two elements' combine is the same bits in either order. */
 static bool commutes(uint8_t dtype, uint8_t redop)
@@ -57,11 +69,17 @@ static bool commutes(uint8_t dtype, uint8_t redop)
 static bool fusable(const ucx_comm *c, const ccq_be_op *op)
 {
     uint64_t bytes = ccq_fuse_bytes(op);
-    if (c->fusion_bytes == 0 || !ccq_fuse_eligible(op, c->fusion_bytes, AR_KINDS))
+    bool pair = c->nprocs == 2 && commutes(op->dtype, op->redop);
+    if (c->fusion_bytes == 0 || !ccq_fuse_eligible(op, c->fusion_bytes, UCX_FUSE_KINDS))
         return false;
-    /* its own schedule is recursive doubling (ucx_select), or two processes that commute */
-    return bytes <= c->e->ring_bytes || op->count < c->nprocs ||
-           (c->nprocs == 2 && commutes(op->dtype, op->redop));
+    switch (op->kind) {
+    case CCQ_KIND_ALL_GATHER: /* no combine: any schedule gives the same bits */
+        return true;
+    case CCQ_KIND_REDUCE_SCATTER: /* its own schedule is the direct one, or a commuting pair */
+        return ucx_rs_direct(c, bytes * c->nranks) || pair;
+    default: /* all_reduce: its own is recursive doubling (ucx_select), or a commuting pair */
+        return bytes <= c->e->ring_bytes || op->count < c->nprocs || pair;
+    }
 }
 
 /* ---- the queue of collectives not decided yet ------------------------------------------ */
@@ -254,7 +272,7 @@ void ucx_fuse_decide(ucx_comm *c)
                 uint64_t total = ccq_fuse_bytes(p->o->op);
                 while (i + g < n && pq_at(c, i + g)->o != NULL &&
                        ccq_fuse_joins(pq_at(c, i + g - 1)->o->op, pq_at(c, i + g)->o->op, total,
-                                      c->fusion_bytes, AR_KINDS)) {
+                                      c->fusion_bytes, UCX_FUSE_KINDS)) {
                     total += ccq_fuse_bytes(pq_at(c, i + g)->o->op);
                     g++;
                 }

@@ -426,6 +426,9 @@ static inline size_t ucx_block_len(const ucx_op *o, uint32_t p)
 ccq_status ucx_segments(ucx_op *o, size_t elems, size_t seg_bytes, uint32_t window,
                         ccq_errbuf *err);
 uint32_t ucx_window(void);
+/* Whether a reduce_scatter of `all` bytes in all (every rank's block) on c runs the direct
+ * schedule (one combine order) rather than the ring (another): fusion keeps a part's own. */
+bool ucx_rs_direct(const ucx_comm *c, size_t all);
 /* The schedules' thresholds (CCQ_UCX_RING_BYTES, CCQ_UCX_SEG_BYTES), read once. */
 void ucx_tuning(ucx_engine *e);
 /* Advance every active segment of o with step(o, g) (CCQ_OK: segment g done; an error ends
