@@ -9,8 +9,14 @@
  * --fusion takes a list of fusion_bytes values: one runtime per value, all alive at once, their
  * steps interleaved round by round so every value sees the same machine (side by side in one run).
  *
+ * --kind reduce_scatter or all_gather runs a sharded step's collective instead (as FSDP and
+ * ZeRO reduce-scatter the gradients, Mean, and all-gather the parameters), one per parameter:
+ * each parameter's block per rank is its size, the wide side (reduce_scatter's input,
+ * all_gather's output) that times the ranks.
+ *
  * Usage: ddp_step [-g DEVICES] [-n STEPS] [-w WARMUP] [-r ROUNDS] [--params SPEC]
  *                 [--order interleaved|grouped] [--fusion LIST] [--json FILE]
+ *                 [--kind all_reduce|reduce_scatter|all_gather]
  *   SPEC: N1xBYTES1,N2xBYTES2,... (default 500x1K,90x64K,10x1M); LIST: bytes with K/M/G,
  *   comma-separated; "default" = ccq's default (default: "default,0"). */
 #define _GNU_SOURCE
@@ -33,8 +39,12 @@ typedef struct bench {
     uint64_t fusion[MAX_VALUES];
     bool dflt[MAX_VALUES];
     uint32_t nvalues;
+    ccq_kind kind; /* all_reduce (default), reduce_scatter or all_gather */
     /* one set of buffers, shared by the runtimes (used one at a time) */
     float *buf[MAX_DEV];
+    float *wide[MAX_DEV]; /* reduce_scatter, all_gather: nranks x buf, parameter i at nranks x
+                             off[i] */
+    uint32_t nranks;
     size_t *off; /* [n]: each parameter's offset in a device's buffer */
 } bench;
 
@@ -106,43 +116,71 @@ static void barrier(rtv *r)
         OK(ccq_sync_collective(r->rt, r->first + k, 1), "barrier fence");
 }
 
-/* One step: every parameter's Mean all_reduce on every local device, then the fences. */
+/* One parameter's collective on local device k. */
+static ccq_status submit_param(bench *b, rtv *r, size_t i, uint32_t k)
+{
+    float *x = b->buf[k] + b->off[i];
+    float *w = b->wide[k] != NULL ? b->wide[k] + (size_t)b->nranks * b->off[i] : NULL;
+    switch (b->kind) {
+    case CCQ_KIND_REDUCE_SCATTER:
+        return ccq_reduce_scatter(r->rt, r->first + k, 0, w, x, b->p.count[i], CCQ_FLOAT32, CCQ_AVG,
+                                  r->devs, r->total);
+    case CCQ_KIND_ALL_GATHER:
+        return ccq_all_gather(r->rt, r->first + k, 0, x, w, b->p.count[i], CCQ_FLOAT32, r->devs,
+                              r->total);
+    default: /* DDP: Mean all_reduce in place */
+        return ccq_all_reduce(r->rt, r->first + k, 0, x, x, b->p.count[i], CCQ_FLOAT32, CCQ_AVG,
+                              r->devs, r->total);
+    }
+}
+
+/* One step: every parameter's collective on every local device, then the fences. */
 static double step(bench *b, rtv *r)
 {
     uint64_t t0;
     barrier(r);
     t0 = bench_now_ns();
     for (size_t i = 0; i < b->p.n; i++)
-        for (uint32_t k = 0; k < r->cnt; k++) {
-            float *x = b->buf[k] + b->off[i];
-            OK(ccq_all_reduce(r->rt, r->first + k, 0, x, x, b->p.count[i], CCQ_FLOAT32, CCQ_AVG,
-                              r->devs, r->total),
-               "all_reduce");
-        }
+        for (uint32_t k = 0; k < r->cnt; k++)
+            OK(submit_param(b, r, i, k), ccq_kind_name(b->kind));
     for (uint32_t k = 0; k < r->cnt; k++)
         OK(ccq_sync_collective(r->rt, r->first + k, 0), "fence");
     return (double)(bench_now_ns() - t0) / 1e6;
 }
 
-/* A step with known inputs gives the mean everywhere (checked before timing). */
+/* A step with known inputs (rank + i % 3 + e % 2 in every block) gives the mean everywhere,
+ * or every rank's block (all_gather): checked before timing. */
 static void check(bench *b, rtv *r)
 {
     double want_base = (double)(r->total - 1) / 2.0;
+    bool rs = b->kind == CCQ_KIND_REDUCE_SCATTER, ag = b->kind == CCQ_KIND_ALL_GATHER;
     for (uint32_t k = 0; k < r->cnt; k++)
         for (size_t i = 0; i < b->p.n; i++)
-            for (size_t e = 0; e < b->p.count[i]; e++)
-                b->buf[k][b->off[i] + e] = (float)(r->first + k + i % 3 + e % 2);
+            for (uint32_t j = 0; j < (rs ? b->nranks : 1); j++)
+                for (size_t e = 0; e < b->p.count[i]; e++) {
+                    float v = (float)(r->first + k + i % 3 + e % 2);
+                    if (rs)
+                        b->wide[k][(size_t)b->nranks * b->off[i] + j * b->p.count[i] + e] = v;
+                    else
+                        b->buf[k][b->off[i] + e] = v;
+                }
     (void)step(b, r);
     for (uint32_t k = 0; k < r->cnt; k++)
         for (size_t i = 0; i < b->p.n; i++)
-            for (size_t e = 0; e < b->p.count[i]; e += 97) {
-                float want = (float)(want_base + (double)(i % 3 + e % 2));
-                if (b->buf[k][b->off[i] + e] != want) {
-                    fprintf(stderr, "ddp_step: wrong result: param %zu element %zu: %g, want %g\n",
-                            i, e, (double)b->buf[k][b->off[i] + e], (double)want);
-                    exit(1);
+            for (uint32_t j = 0; j < (ag ? b->nranks : 1); j++)
+                for (size_t e = 0; e < b->p.count[i]; e += 97) {
+                    float want = (float)((ag ? (double)j : want_base) + (double)(i % 3 + e % 2));
+                    float got =
+                        ag ? b->wide[k][(size_t)b->nranks * b->off[i] + j * b->p.count[i] + e]
+                           : b->buf[k][b->off[i] + e];
+                    if (got != want) {
+                        fprintf(stderr,
+                                "ddp_step: wrong result: param %zu block %u element %zu: %g, "
+                                "want %g\n",
+                                i, j, e, (double)got, (double)want);
+                        exit(1);
+                    }
                 }
-            }
 }
 
 /* Engine operations of the last step: parameters minus what fusion saved (CCQ_EV_FUSED
@@ -191,7 +229,7 @@ int main(int argc, char **argv)
     bench b = {.g = 1, .nsteps = 20, .warmup = 3, .rounds = 3, .spec = DDP_DEFAULT_SPEC};
     rtv r[MAX_VALUES];
     bench_json js;
-    const char *list = "default,0";
+    const char *list = "default,0", *kind = "all_reduce";
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -211,12 +249,22 @@ int main(int argc, char **argv)
             b.order = v;
         else if (strcmp(a, "--fusion") == 0)
             list = v;
+        else if (strcmp(a, "--kind") == 0)
+            kind = v;
         else if (strcmp(a, "--json") == 0)
             ;
         else
             goto usage;
         i++;
     }
+    if (strcmp(kind, "all_reduce") == 0)
+        b.kind = CCQ_KIND_ALL_REDUCE;
+    else if (strcmp(kind, "reduce_scatter") == 0)
+        b.kind = CCQ_KIND_REDUCE_SCATTER;
+    else if (strcmp(kind, "all_gather") == 0)
+        b.kind = CCQ_KIND_ALL_GATHER;
+    else
+        goto usage;
     if (b.g == 0 || b.g > MAX_DEV || b.nsteps == 0 || b.rounds == 0 || parse_list(&b, list) != 0 ||
         ddp_params_make(&b.p, b.spec, b.order) != 0)
         goto usage;
@@ -240,6 +288,15 @@ int main(int argc, char **argv)
     }
     for (uint32_t v = 0; v < b.nvalues; v++) {
         open_rt(&b, &r[v], v);
+        if (v == 0 && b.kind != CCQ_KIND_ALL_REDUCE) { /* the wide side, now that nranks is known */
+            size_t bytes = (b.off[b.p.n - 1] + b.p.count[b.p.n - 1] + 16) * sizeof(float);
+            b.nranks = r[0].total;
+            bytes *= b.nranks;
+            for (uint32_t k = 0; k < b.g; k++) {
+                b.wide[k] = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+                memset(b.wide[k], 0, bytes);
+            }
+        }
         check(&b, &r[v]);
     }
     for (uint32_t round = 0; round < b.rounds; round++)
@@ -268,18 +325,20 @@ int main(int argc, char **argv)
         double med = bench_median(mx, n), lo = bench_percentile(mx, n, 0),
                p90 = bench_percentile(mx, n, 90);
         if (x->world_rank == 0) {
-            printf("ddp_step: %u processes x %u devices, %zu params (%.1f MiB, %s), fusion_bytes "
-                   "%llu: median %.3f ms (min %.3f, p90 %.3f) over %zu steps, %llu engine ops "
-                   "per step\n",
-                   x->world_size, b.g, b.p.n, (double)b.p.total * 4 / 1048576.0,
-                   b.order ? b.order : "interleaved", (unsigned long long)b.fusion[v], med, lo, p90,
-                   n, (unsigned long long)x->engine_ops);
+            printf("ddp_step: %s, %u processes x %u devices, %zu params (%.1f MiB, %s), "
+                   "fusion_bytes %llu: median %.3f ms (min %.3f, p90 %.3f) over %zu steps, %llu "
+                   "engine ops per step\n",
+                   ccq_kind_name(b.kind), x->world_size, b.g, b.p.n,
+                   (double)b.p.total * 4 / 1048576.0, b.order ? b.order : "interleaved",
+                   (unsigned long long)b.fusion[v], med, lo, p90, n,
+                   (unsigned long long)x->engine_ops);
             bench_json_record(&js,
-                              "\"mode\": \"ccq\", \"procs\": %u, \"devices\": %u, \"params\": %zu, "
+                              "\"mode\": \"ccq\", \"kind\": \"%s\", \"procs\": %u, "
+                              "\"devices\": %u, \"params\": %zu, "
                               "\"bytes\": %zu, \"order\": \"%s\", \"fusion_bytes\": %llu, "
                               "\"default\": %s, \"median_ms\": %.4f, \"min_ms\": %.4f, \"p90_ms\": "
                               "%.4f, \"steps\": %zu, \"engine_ops\": %llu",
-                              x->world_size, b.g, b.p.n, b.p.total * 4,
+                              ccq_kind_name(b.kind), x->world_size, b.g, b.p.n, b.p.total * 4,
                               b.order ? b.order : "interleaved", (unsigned long long)b.fusion[v],
                               b.dflt[v] ? "true" : "false", med, lo, p90, n,
                               (unsigned long long)x->engine_ops);
@@ -291,8 +350,10 @@ int main(int argc, char **argv)
         free(r[v].ms);
     }
     bench_json_close(&js);
-    for (uint32_t k = 0; k < b.g; k++)
+    for (uint32_t k = 0; k < b.g; k++) {
         free(b.buf[k]);
+        free(b.wide[k]);
+    }
     free(b.off);
     ddp_params_free(&b.p);
     return 0;
@@ -300,6 +361,7 @@ usage:
     fprintf(stderr,
             "usage: ddp_step [-g DEVICES] [-n STEPS] [-w WARMUP] [-r ROUNDS] [--params SPEC]\n"
             "                [--order interleaved|grouped] [--fusion LIST] [--json FILE]\n"
+            "                [--kind all_reduce|reduce_scatter|all_gather]\n"
             "  SPEC: N1xBYTES1,... (default %s); LIST: fusion_bytes values (K/M/G), or\n"
             "  \"default\" (default: default,0). Under mpirun: one world (bootstrap \"mpi\").\n",
             DDP_DEFAULT_SPEC);
