@@ -36,6 +36,7 @@
 
 #include "backends/host/convert.h"
 #include "backends/host/reduce.h"
+#include "backends/host/scratch_pool.h"
 #include "common/mpi_lock.h"
 
 /* Bytes per element (ccq_dtype_size, without the runtime: the engine's test links only the
@@ -51,57 +52,13 @@ size_t hmpi_esize(ccq_dtype dt)
 static ccq_hmpi_op *abandoned;
 static uint32_t nabandoned, ndetached;
 static uint64_t last_step; /* hmpi_stepped */
-/* A few freed scratch buffers for reuse: first-touching 64 MiB costs as much as moving it. */
-#define POOL_MAX 8
-static struct {
-    void *p;
-    size_t cap;
-} pool[POOL_MAX];
+/* Freed scratch buffers kept for reuse (backends/host/scratch_pool.c). */
+static ccq_scratch_pool pool;
 static bool types_made;
 static MPI_Datatype t_byte2; /* 2-byte elements for float16 and bfloat16 */
 static MPI_Datatype t_byte1; /* 1-byte elements for the fp8 types */
 static MPI_Op user_ops[CCQ_DTYPE_COUNT_][CCQ_REDUCE_OP_COUNT_];
 static bool user_op_made[CCQ_DTYPE_COUNT_][CCQ_REDUCE_OP_COUNT_];
-
-static void *pool_get(size_t bytes, size_t *cap)
-{
-    int best = -1;
-    for (int k = 0; k < POOL_MAX; k++)
-        if (pool[k].p != NULL && pool[k].cap >= bytes && (best < 0 || pool[k].cap < pool[best].cap))
-            best = k;
-    if (best >= 0) {
-        void *p = pool[best].p;
-        *cap = pool[best].cap;
-        pool[best].p = NULL;
-        return p;
-    }
-    *cap = (bytes + 4095) & ~(size_t)4095;
-    return aligned_alloc(4096, *cap);
-}
-
-static void pool_put(void *p, size_t cap)
-{
-    int slot = -1;
-    if (p == NULL)
-        return;
-    for (int k = 0; k < POOL_MAX; k++) {
-        if (pool[k].p == NULL) {
-            slot = k;
-            break;
-        }
-        if (slot < 0 || pool[k].cap < pool[slot].cap)
-            slot = k;
-    }
-    if (pool[slot].p != NULL) { /* full: keep the larger */
-        if (pool[slot].cap >= cap) {
-            free(p);
-            return;
-        }
-        free(pool[slot].p);
-    }
-    pool[slot].p = p;
-    pool[slot].cap = cap;
-}
 
 /* ---- user reduction ops: ccq's kernels ------------------------------------------------ */
 
@@ -608,7 +565,7 @@ void ccq_hmpi_comm_destroy(ccq_hmpi_comm *c)
 static void op_free(ccq_hmpi_op *h)
 {
     for (int k = 0; k < H_NBUF; k++)
-        pool_put(h->buf[k], h->cap[k]);
+        ccq_pool_put(&pool, h->buf[k], h->cap[k]);
     hmpi_comm_unref(h->c);
     hmpi_fused_unref(h->fz);
     free(h);
@@ -616,7 +573,7 @@ static void op_free(ccq_hmpi_op *h)
 
 void *hmpi_scratch(ccq_hmpi_op *h, int k, size_t bytes)
 {
-    h->buf[k] = pool_get(bytes ? bytes : 1, &h->cap[k]);
+    h->buf[k] = ccq_pool_get(&pool, bytes ? bytes : 1, &h->cap[k]);
     return h->buf[k];
 }
 

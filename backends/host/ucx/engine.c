@@ -50,53 +50,12 @@ static size_t esize(uint8_t dt)
 
 /* ---- scratch ----------------------------------------------------------------------------- */
 
-static void *pool_get(ucx_engine *e, size_t bytes, size_t *cap)
-{
-    int best = -1;
-    for (int k = 0; k < UCX_POOL_MAX; k++)
-        if (e->pool[k].p != NULL && e->pool[k].cap >= bytes &&
-            (best < 0 || e->pool[k].cap < e->pool[best].cap))
-            best = k;
-    if (best >= 0) {
-        void *p = e->pool[best].p;
-        *cap = e->pool[best].cap;
-        e->pool[best].p = NULL;
-        return p;
-    }
-    *cap = (bytes + 4095) & ~(size_t)4095;
-    return aligned_alloc(4096, *cap ? *cap : 4096);
-}
-
-static void pool_put(ucx_engine *e, void *p, size_t cap)
-{
-    int slot = -1;
-    if (p == NULL)
-        return;
-    for (int k = 0; k < UCX_POOL_MAX; k++) {
-        if (e->pool[k].p == NULL) {
-            slot = k;
-            break;
-        }
-        if (slot < 0 || e->pool[k].cap < e->pool[slot].cap)
-            slot = k;
-    }
-    if (e->pool[slot].p != NULL) { /* full: keep the larger */
-        if (e->pool[slot].cap >= cap) {
-            free(p);
-            return;
-        }
-        free(e->pool[slot].p);
-    }
-    e->pool[slot].p = p;
-    e->pool[slot].cap = cap;
-}
-
 void *ucx_scratch(ucx_op *o, int which, size_t bytes)
 {
     if (o->buf[which] != NULL && o->cap[which] >= bytes)
         return o->buf[which];
-    pool_put(o->e, o->buf[which], o->cap[which]);
-    o->buf[which] = pool_get(o->e, bytes ? bytes : 1, &o->cap[which]);
+    ccq_pool_put(&o->e->pool, o->buf[which], o->cap[which]);
+    o->buf[which] = ccq_pool_get(&o->e->pool, bytes ? bytes : 1, &o->cap[which]);
     if (o->buf[which] == NULL)
         o->cap[which] = 0;
     return o->buf[which];
@@ -405,8 +364,7 @@ static void ucx_destroy(ccq_host_engine *base)
         e->free_msgs = m->next;
         free(m);
     }
-    for (int k = 0; k < UCX_POOL_MAX; k++)
-        free(e->pool[k].p);
+    ccq_pool_free(&e->pool);
     if (e->addr != NULL)
         ucp_worker_release_address(e->worker, e->addr);
     if (e->worker != NULL)
@@ -692,7 +650,7 @@ static void op_free(ucx_op *o)
         free(s);
     }
     for (int k = 0; k < BUF_N; k++)
-        pool_put(e, o->buf[k], o->cap[k]);
+        ccq_pool_put(&e->pool, o->buf[k], o->cap[k]);
     free(o->seg);
     ucx_fused_unref(o->fz);
     comm_unref(o->c);

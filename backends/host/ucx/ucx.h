@@ -19,6 +19,7 @@
 #include <ucp/api/ucp.h>
 
 #include "backends/host/engine.h"
+#include "backends/host/scratch_pool.h"
 
 /* ---- the message header ---------------------------------------------------------------- */
 
@@ -103,9 +104,6 @@ typedef struct ucx_peer_err {
     uint32_t rank;
 } ucx_peer_err;
 
-/* Scratch buffers kept for reuse: first-touching megabytes costs as much as moving them. */
-#define UCX_POOL_MAX 16
-
 struct ucx_engine {
     ccq_host_engine base;
     ucp_context_h ctx;
@@ -135,10 +133,7 @@ struct ucx_engine {
     uint32_t yield_mask;               /* ...of which every (yield_mask + 1)th yields */
     uint32_t peers_failed, peers_seen; /* peer errors so far, and those check_peers handled */
     ucx_msg *free_msgs;                /* recycled arrival records */
-    struct {
-        void *p;
-        size_t cap;
-    } pool[UCX_POOL_MAX];
+    ccq_scratch_pool pool;             /* scratch kept for reuse */
     ucp_request_param_t send_param;
     char note[160]; /* how the engine was set up (transports, keepalive), for details */
 };

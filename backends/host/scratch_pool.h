@@ -1,0 +1,31 @@
+/* Scratch buffers kept for reuse by the host backend's engines (backends/host/scratch_pool.c):
+ * the UCX engine keeps one per engine, the MPI engine one for the process (under its lock).
+ * Not thread-safe: its owner serializes the calls. */
+#ifndef CCQ_BACKENDS_HOST_SCRATCH_POOL_H
+#define CCQ_BACKENDS_HOST_SCRATCH_POOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define CCQ_POOL_CLASSES   48                 /* one free list per power of two up to 2^47 */
+#define CCQ_POOL_BYTES     ((size_t)64 << 20) /* kept in all, whatever the sizes... */
+#define CCQ_POOL_PER_CLASS 4                  /* ...and beyond that, this many of each size */
+
+typedef struct ccq_pooled {
+    struct ccq_pooled *next; /* written into the free buffer itself */
+} ccq_pooled;
+
+typedef struct ccq_scratch_pool {
+    ccq_pooled *free[CCQ_POOL_CLASSES];
+    uint32_t count[CCQ_POOL_CLASSES];
+    size_t bytes;   /* kept in all */
+} ccq_scratch_pool; /* zero-initialized: empty */
+
+/* A page-aligned buffer of at least `bytes` (its capacity in *cap), or NULL. */
+void *ccq_pool_get(ccq_scratch_pool *pool, size_t bytes, size_t *cap);
+/* A buffer back, with the capacity get gave it (p NULL: nothing): kept or freed. */
+void ccq_pool_put(ccq_scratch_pool *pool, void *p, size_t cap);
+/* Every kept buffer freed. */
+void ccq_pool_free(ccq_scratch_pool *pool);
+
+#endif /* CCQ_BACKENDS_HOST_SCRATCH_POOL_H */

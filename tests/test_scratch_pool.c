@@ -1,0 +1,84 @@
+/* The host engines' scratch pool (backends/host/scratch_pool.h): a buffer given back is the
+ * next one of its size class handed out (no page faulted in again), capacities are powers of
+ * two of at least a page, many buffers are kept up to the byte budget (operations in flight at
+ * once each hold one), and beyond it only a few of each size. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "backends/host/scratch_pool.h"
+
+static void test_reuse_and_classes(void **state)
+{
+    ccq_scratch_pool pool = {{0}};
+    size_t cap, cap2;
+    (void)state;
+    char *a = ccq_pool_get(&pool, 1, &cap);
+    assert_non_null(a);
+    assert_int_equal(cap, 4096);
+    assert_int_equal((uintptr_t)a % 4096, 0);
+    memset(a, 1, cap);
+    ccq_pool_put(&pool, a, cap);
+    assert_int_equal(pool.bytes, 4096);
+    assert_ptr_equal(ccq_pool_get(&pool, 4000, &cap2), a); /* same class: reused */
+    assert_int_equal(cap2, 4096);
+    assert_int_equal(pool.bytes, 0);
+    char *b = ccq_pool_get(&pool, 4097, &cap); /* the next class: never the smaller buffer */
+    assert_int_equal(cap, 8192);
+    ccq_pool_put(&pool, a, cap2);
+    char *c = ccq_pool_get(&pool, 5000, &cap2);
+    assert_ptr_not_equal(c, a);
+    ccq_pool_put(&pool, c, cap2);
+    ccq_pool_put(&pool, b, cap);
+    ccq_pool_free(&pool);
+    assert_int_equal(pool.bytes, 0);
+    assert_null(pool.free[12]);
+}
+
+/* 90 buffers of 256 KiB (22.5 MiB) all come back and are all kept; past 64 MiB in all only
+ * CCQ_POOL_PER_CLASS of a size are. */
+static void test_budget(void **state)
+{
+    enum { N = 300 };
+    static void *p[N];
+    ccq_scratch_pool pool = {{0}};
+    size_t cap = 0;
+    (void)state;
+    for (int i = 0; i < 90; i++)
+        assert_non_null(p[i] = ccq_pool_get(&pool, 256 * 1024, &cap));
+    for (int i = 0; i < 90; i++)
+        ccq_pool_put(&pool, p[i], cap);
+    assert_int_equal(pool.bytes, (size_t)90 * 256 * 1024);
+    for (int i = 0; i < 90; i++) /* every one reused */
+        assert_non_null(p[i] = ccq_pool_get(&pool, 200 * 1024, &cap));
+    assert_int_equal(pool.bytes, 0);
+    for (int i = 90; i < N; i++)
+        assert_non_null(p[i] = ccq_pool_get(&pool, 256 * 1024, &cap));
+    for (int i = 0; i < N; i++)
+        ccq_pool_put(&pool, p[i], cap);
+    assert_int_equal(pool.bytes, CCQ_POOL_BYTES); /* 256 kept, the other 44 freed */
+    char *big[6];
+    size_t bcap = 0;
+    for (int i = 0; i < 6; i++)
+        assert_non_null(big[i] = ccq_pool_get(&pool, (size_t)3 << 20, &bcap));
+    assert_int_equal(bcap, (size_t)4 << 20);
+    for (int i = 0; i < 6; i++)
+        ccq_pool_put(&pool, big[i], bcap);
+    assert_int_equal(pool.count[22], CCQ_POOL_PER_CLASS); /* over the budget: 4 of them */
+    assert_int_equal(pool.bytes, CCQ_POOL_BYTES + CCQ_POOL_PER_CLASS * bcap);
+    ccq_pool_free(&pool);
+    assert_int_equal(pool.bytes, 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_reuse_and_classes),
+        cmocka_unit_test(test_budget),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
