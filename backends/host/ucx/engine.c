@@ -1002,13 +1002,15 @@ ccq_status ucx_op_launch(ucx_op *o, ccq_errbuf *err)
     ccq_status st;
 
     /* A fused group of reductions runs its parts' own schedule whatever its size (recursive
-     * doubling, the direct reduce_scatter): each element then meets the same combines, in the
-     * same order, as in its own operation (ucx/fused.c). An all_gather combines nothing. */
+     * doubling, the direct reduce_scatter; a commuting pair's all_reduce the ring): each
+     * element then meets the same combines, in the same order (a pair: the same two operands),
+     * as in its own operation (ucx/fused.c). An all_gather combines nothing. */
     if (o->fz == NULL || o->kind == CCQ_KIND_ALL_GATHER)
         o->alg = ucx_select(o);
     else
-        o->alg =
-            o->kind == CCQ_KIND_REDUCE_SCATTER ? &ucx_reduce_scatter_direct : &ucx_allreduce_rd;
+        o->alg = o->kind == CCQ_KIND_REDUCE_SCATTER ? &ucx_reduce_scatter_direct
+                 : ucx_fused_ring(o)                ? &ucx_allreduce_ring
+                                                    : &ucx_allreduce_rd;
     st = o->fz != NULL ? fused_inputs(o, err) : local_inputs(o, err);
     if (st == CCQ_OK)
         st = o->alg->init(o, err);

@@ -24,7 +24,9 @@
  * would be the direct exchange (at most its threshold in all); either at any size with two
  * member processes and a commutative combine (integers; sum, product and average of floats);
  * all_gathers of any size (they combine nothing). A fused all_reduce runs recursive doubling
- * over its parts laid end to end, a fused reduce_scatter the direct exchange over its parts
+ * over its parts laid end to end (with two processes and a commuting combine above the ring
+ * threshold, the ring: the same one combine of two partials per element, half the reduction
+ * work of exchanging whole buffers), a fused reduce_scatter the direct exchange over its parts
  * interleaved (each rank's block the parts' blocks of that rank, end to end), so every element
  * meets the same combines in the same order as in its own operation: bit-identical results
  * (with two processes the ring's combines are the same pairs, operands swapped for some
@@ -62,6 +64,13 @@ static bool commutes(uint8_t dtype, uint8_t redop)
     /* Floats: IEEE sums and products commute (NaN payloads aside); MAX and MIN pick an
      * operand, which differs for +0/-0 and NaNs. */
     return integer || redop == CCQ_SUM || redop == CCQ_PROD || redop == CCQ_AVG;
+}
+
+bool ucx_fused_ring(const ucx_op *head)
+{
+    return head->kind == CCQ_KIND_ALL_REDUCE && head->P == 2 &&
+           commutes(head->dtype, head->redop) && head->count * head->es > head->e->ring_bytes &&
+           head->count >= head->P;
 }
 
 /* Whether op may fuse on c (a property of the op and the communicator: the same answer in

@@ -424,6 +424,10 @@ uint32_t ucx_window(void);
 /* Whether a reduce_scatter of `all` bytes in all (every rank's block) on c runs the direct
  * schedule (one combine order) rather than the ring (another): fusion keeps a part's own. */
 bool ucx_rs_direct(const ucx_comm *c, size_t all);
+/* Whether a fused all_reduce runs the ring rather than recursive doubling (ucx/fused.c): two
+ * processes, a commuting combine, above the ring threshold (the same single combine of two
+ * partials per element; half the reduction work of exchanging whole buffers). */
+bool ucx_fused_ring(const ucx_op *head);
 /* The schedules' thresholds (CCQ_UCX_RING_BYTES, CCQ_UCX_SEG_BYTES), read once. */
 void ucx_tuning(ucx_engine *e);
 /* Advance every active segment of o with step(o, g) (CCQ_OK: segment g done; an error ends
