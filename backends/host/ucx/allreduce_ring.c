@@ -52,6 +52,29 @@ static void put_out(const ucx_op *o, char *dst, const char *res, size_t elems)
         memcpy(dst, res, elems * o->es);
 }
 
+/* parts_lazy: elems elements from element `at` of every part's src, combined into res + at
+ * (the kernel and part order local_combine uses for the whole buffer: the same bits). */
+static void combine_block(ucx_op *o, size_t at, size_t elems)
+{
+    const ccq_be_op *op = o->op;
+    const void *src[CCQ_MAX_DEVICES];
+    for (uint32_t k = 0; k < op->nparts; k++)
+        src[k] = (const char *)op->parts[k].src + at * o->es;
+    ucx_reduce(o, op->nparts, src, (char *)o->buf[BUF_RES] + at * o->es, elems);
+}
+
+/* parts_lazy: a finished block into every part's dst (AVG: divided once, then copied). */
+static void put_out_parts(const ucx_op *o, size_t at, size_t elems)
+{
+    const ccq_be_op *op = o->op;
+    const char *res = (const char *)o->buf[BUF_RES] + at * o->es;
+    char *first = (char *)op->parts[0].dst + at * o->es;
+    put_out(o, first, res, elems);
+    for (uint32_t k = 1; k < op->nparts; k++)
+        memcpy((char *)op->parts[k].dst + at * o->es, o->redop == CCQ_AVG ? first : res,
+               elems * o->es);
+}
+
 static ccq_status ring_seg(ucx_op *o, uint32_t g, ccq_errbuf *err)
 {
     uint32_t P = o->P, me = o->me;
@@ -80,6 +103,14 @@ static ccq_status ring_seg(ucx_op *o, uint32_t g, ccq_errbuf *err)
         ucx_block(len, P, rb, &ro, &rl);
         if (k == 0 && own != res && !s->sent)
             memcpy(res + so * es, own + so * es, sl * es);
+        if (o->parts_lazy && scatter && s->combined <= k) {
+            /* This step's blocks: the one step 0 sends as it is, the one each step adds to.
+             * Every block is combined once, before any dst is written (in place holds). */
+            if (k == 0)
+                combine_block(o, off0 + so, sl);
+            combine_block(o, off0 + ro, rl);
+            s->combined = k + 1;
+        }
         st = ucx_ring_step(o, g, g * (2 * P) + k, res + so * es, sl * es,
                            scatter ? slot : res + ro * es, rl * es, scatter ? res + ro * es : NULL,
                            scatter ? own + ro * es : NULL, err);
@@ -88,6 +119,8 @@ static ccq_status ring_seg(ucx_op *o, uint32_t g, ccq_errbuf *err)
         /* Fully reduced here (the reduce-scatter's last step) or landed (the all-gather). */
         if (out != NULL && k >= P - 2)
             put_out(o, out + ro * es, res + ro * es, rl);
+        else if (o->parts_lazy && k >= P - 2)
+            put_out_parts(o, off0 + ro, rl);
     }
     return CCQ_OK;
 }

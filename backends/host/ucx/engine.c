@@ -732,10 +732,15 @@ static ccq_status local_combine(ucx_op *o, size_t elems, ccq_errbuf *err)
                  elems * o->es);
         return CCQ_ERR_NO_MEMORY;
     }
-    if (op->nparts == 1 && o->alg == &ucx_allreduce_ring) {
-        /* Read and written in place (ucx/allreduce_ring.c). */
-        o->own = op->parts[0].src;
-        o->out = op->parts[0].dst;
+    if (o->alg == &ucx_allreduce_ring) {
+        /* Read and written in place, or combined and written block by block, as the schedule
+         * goes (ucx/allreduce_ring.c). */
+        if (op->nparts == 1) {
+            o->own = op->parts[0].src;
+            o->out = op->parts[0].dst;
+        } else {
+            o->parts_lazy = true;
+        }
         return CCQ_OK;
     }
     if (op->nparts == 1) {
@@ -825,7 +830,7 @@ static void local_outputs(ucx_op *o)
 
     switch (o->kind) {
     case CCQ_KIND_ALL_REDUCE:
-        if (o->out != NULL) /* the ring wrote it as it went */
+        if (o->out != NULL || o->parts_lazy) /* the ring wrote them as it went */
             break;
         for (uint32_t k = 0; k < op->nparts; k++)
             out[k] = op->parts[k].dst;

@@ -231,6 +231,7 @@ typedef struct ucx_seg {
     uint32_t step; /* the next step of this segment */
     uint8_t sent;  /* this step's send is posted */
     uint8_t done;
+    uint32_t combined; /* parts_lazy: steps whose blocks are combined (ucx/allreduce_ring.c) */
 } ucx_seg;
 
 /* Buffers of an operation: engine scratch, the only memory UCX reads or writes. User buffers
@@ -269,6 +270,11 @@ struct ucx_op {
      * block the all-gather lands; AVG divided on the way), so there is no copy-out at the end.
      * NULL: local_outputs writes the outputs. */
     char *out;
+    /* The ring all_reduce of a process with several parts: each block of buf[BUF_RES] is their
+     * local combine, made when the schedule first needs it (as local_combine would, block by
+     * block, so the block is in cache for its send or reduction), and each finished block goes
+     * to every part's dst as `out` would. */
+    bool parts_lazy;
     /* Schedule state (algorithms use what they need). */
     uint32_t nseg, window, active_lo; /* segments, how many at once, lowest not done */
     size_t seg_elems;
