@@ -25,7 +25,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "backends/host/reduce.h"
 #include "backends/host/ucx/ucx.h"
 
 /* x[0] = largest block of a segment (elements): the landing slot's size. */
@@ -43,36 +42,14 @@ static ccq_status ring_init(ucx_op *o, ccq_errbuf *err)
     return CCQ_OK;
 }
 
-/* A finished block of the result into the part's dst. */
-static void put_out(const ucx_op *o, char *dst, const char *res, size_t elems)
-{
-    if (o->redop == CCQ_AVG)
-        ccq_host_divide((ccq_dtype)o->dtype, res, dst, elems, o->c->nranks);
-    else
-        memcpy(dst, res, elems * o->es);
-}
-
-/* parts_lazy: elems elements from element `at` of every part's src, combined into res + at
- * (the kernel and part order local_combine uses for the whole buffer: the same bits). */
-static void combine_block(ucx_op *o, size_t at, size_t elems)
-{
-    const ccq_be_op *op = o->op;
-    const void *src[CCQ_MAX_DEVICES];
-    for (uint32_t k = 0; k < op->nparts; k++)
-        src[k] = (const char *)op->parts[k].src + at * o->es;
-    ucx_reduce(o, op->nparts, src, (char *)o->buf[BUF_RES] + at * o->es, elems);
-}
-
-/* parts_lazy: a finished block into every part's dst (AVG: divided once, then copied). */
+/* parts_lazy: a finished block into every part's dst (ucx_write_result: AVG divided once). */
 static void put_out_parts(const ucx_op *o, size_t at, size_t elems)
 {
     const ccq_be_op *op = o->op;
-    const char *res = (const char *)o->buf[BUF_RES] + at * o->es;
-    char *first = (char *)op->parts[0].dst + at * o->es;
-    put_out(o, first, res, elems);
-    for (uint32_t k = 1; k < op->nparts; k++)
-        memcpy((char *)op->parts[k].dst + at * o->es, o->redop == CCQ_AVG ? first : res,
-               elems * o->es);
+    void *out[CCQ_MAX_DEVICES];
+    for (uint32_t k = 0; k < op->nparts; k++)
+        out[k] = (char *)op->parts[k].dst + at * o->es;
+    ucx_write_result(o, out, op->nparts, (const char *)o->buf[BUF_RES] + at * o->es, elems);
 }
 
 static ccq_status ring_seg(ucx_op *o, uint32_t g, ccq_errbuf *err)
@@ -107,8 +84,8 @@ static ccq_status ring_seg(ucx_op *o, uint32_t g, ccq_errbuf *err)
             /* This step's blocks: the one step 0 sends as it is, the one each step adds to.
              * Every block is combined once, before any dst is written (in place holds). */
             if (k == 0)
-                combine_block(o, off0 + so, sl);
-            combine_block(o, off0 + ro, rl);
+                ucx_part_combine(o, o->op, (off0 + so) * es, res + so * es, sl);
+            ucx_part_combine(o, o->op, (off0 + ro) * es, res + ro * es, rl);
             s->combined = k + 1;
         }
         st = ucx_ring_step(o, g, g * (2 * P) + k, res + so * es, sl * es,
@@ -117,9 +94,10 @@ static ccq_status ring_seg(ucx_op *o, uint32_t g, ccq_errbuf *err)
         if (st != CCQ_OK)
             return st;
         /* Fully reduced here (the reduce-scatter's last step) or landed (the all-gather). */
-        if (out != NULL && k >= P - 2)
-            put_out(o, out + ro * es, res + ro * es, rl);
-        else if (o->parts_lazy && k >= P - 2)
+        if (out != NULL && k >= P - 2) {
+            void *dst = out + ro * es;
+            ucx_write_result(o, &dst, 1, res + ro * es, rl);
+        } else if (o->parts_lazy && k >= P - 2)
             put_out_parts(o, off0 + ro, rl);
     }
     return CCQ_OK;

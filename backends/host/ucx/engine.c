@@ -803,7 +803,7 @@ static void copy_out(void *dst, const void *src, size_t bytes)
 
 /* out[k] = res (AVG: res / nranks) for each of n outputs. res itself is never written: a
  * send may still read it (the schedule's last messages leave after this process is done). */
-static void write_result(ucx_op *o, void *const *out, uint32_t n, const char *res, size_t elems)
+void ucx_write_result(const ucx_op *o, void *const *out, uint32_t n, const char *res, size_t elems)
 {
     bool avg = o->redop == CCQ_AVG && ccq_kinds[o->kind].reduces;
     const char *from = res;
@@ -834,13 +834,13 @@ static void local_outputs(ucx_op *o)
             break;
         for (uint32_t k = 0; k < op->nparts; k++)
             out[k] = op->parts[k].dst;
-        write_result(o, out, op->nparts, res, o->count);
+        ucx_write_result(o, out, op->nparts, res, o->count);
         break;
     case CCQ_KIND_REDUCE:
         if (o->root_proc != o->me)
             break;
         out[0] = op->parts[o->root - c->fr[o->me]].dst;
-        write_result(o, out, 1, res, o->count);
+        ucx_write_result(o, out, 1, res, o->count);
         break;
     case CCQ_KIND_BROADCAST:
         for (uint32_t k = 0; k < op->nparts; k++)
@@ -854,7 +854,7 @@ static void local_outputs(ucx_op *o)
         const char *mine = res + (size_t)c->fr[o->me] * blk;
         for (uint32_t k = 0; k < op->nparts; k++) {
             out[0] = op->parts[k].dst;
-            write_result(o, out, 1, mine + k * blk, o->count);
+            ucx_write_result(o, out, 1, mine + k * blk, o->count);
         }
         break;
     }
@@ -873,7 +873,7 @@ static void local_outputs(ucx_op *o)
 
 /* One part's local combine into the group's scratch: the kernel and device order it meets
  * alone (local_combine), on `elems` elements from byte `from` of its inputs. */
-static void part_combine(ucx_op *o, const ccq_be_op *op, size_t from, char *to, size_t elems)
+void ucx_part_combine(const ucx_op *o, const ccq_be_op *op, size_t from, char *to, size_t elems)
 {
     const void *src[CCQ_MAX_DEVICES];
     if (op->nparts == 1) {
@@ -909,10 +909,10 @@ static ccq_status fused_inputs(ucx_op *o, ccq_errbuf *err)
             break;
         case CCQ_KIND_REDUCE_SCATTER: /* every rank's block of the part, combined */
             for (uint32_t r = 0; r < c->nranks; r++)
-                part_combine(o, op, r * cnt * es, res + (r * total + off) * es, cnt);
+                ucx_part_combine(o, op, r * cnt * es, res + (r * total + off) * es, cnt);
             break;
         default:
-            part_combine(o, op, 0, res + off * es, cnt);
+            ucx_part_combine(o, op, 0, res + off * es, cnt);
             break;
         }
         off += cnt;
@@ -942,7 +942,7 @@ static void fused_outputs(ucx_op *o)
                 break;
             case CCQ_KIND_REDUCE_SCATTER: /* this local rank's block of the part */
                 out[0] = dst;
-                write_result(o, out, 1, res + ((c->fr[o->me] + k) * total + off) * es, cnt);
+                ucx_write_result(o, out, 1, res + ((c->fr[o->me] + k) * total + off) * es, cnt);
                 break;
             default:
                 out[k] = dst;
@@ -950,7 +950,7 @@ static void fused_outputs(ucx_op *o)
             }
         }
         if (op != NULL && o->kind == CCQ_KIND_ALL_REDUCE)
-            write_result(o, out, op->nparts, res + off * es, cnt);
+            ucx_write_result(o, out, op->nparts, res + off * es, cnt);
         off += cnt;
     }
     if (fz->part[0].op != NULL)

@@ -85,7 +85,7 @@ static bool fusable(const ucx_comm *c, const ccq_be_op *op)
     case CCQ_KIND_ALL_GATHER: /* no combine: any schedule gives the same bits */
         return true;
     case CCQ_KIND_REDUCE_SCATTER: /* its own schedule is the direct one, or a commuting pair */
-        return ucx_rs_direct(c, bytes * c->nranks) || pair;
+        return ucx_rs_direct(bytes * c->nranks) || pair;
     default: /* all_reduce: its own is recursive doubling (ucx_select), or a commuting pair */
         return bytes <= c->e->ring_bytes || op->count < c->nprocs || pair;
     }

@@ -57,7 +57,7 @@ const ucx_alg *ucx_select(const ucx_op *o)
     case CCQ_KIND_ALL_GATHER:
         return all <= DIRECT_BYTES ? &ucx_allgather_direct : &ucx_allgather_ring;
     case CCQ_KIND_REDUCE_SCATTER:
-        return ucx_rs_direct(o->c, all) ? &ucx_reduce_scatter_direct : &ucx_reduce_scatter_ring;
+        return ucx_rs_direct(all) ? &ucx_reduce_scatter_direct : &ucx_reduce_scatter_ring;
     case CCQ_KIND_ALL_TO_ALL:
         return &ucx_alltoall_pairwise;
     case CCQ_KIND_GATHER:
@@ -71,9 +71,8 @@ const ucx_alg *ucx_select(const ucx_op *o)
     }
 }
 
-bool ucx_rs_direct(const ucx_comm *c, size_t all)
+bool ucx_rs_direct(size_t all)
 {
-    (void)c;
     return all <= DIRECT_BYTES;
 }
 

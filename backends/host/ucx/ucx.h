@@ -388,6 +388,11 @@ const ucx_alg *ucx_select(const ucx_op *o);
 /* Shared pieces of the schedules (ucx/select.c). */
 /* Reduce n inputs (in that order) into dst, count elements of o's dtype and op (AVG sums). */
 void ucx_reduce(const ucx_op *o, uint32_t n, const void *const *src, void *dst, size_t count);
+/* One local operation's combine of its parts' inputs (elems elements from byte `from` of
+ * each) into `to`: the kernel and part order of the whole-buffer combine (engine.c). */
+void ucx_part_combine(const ucx_op *o, const ccq_be_op *op, size_t from, char *to, size_t elems);
+/* out[k] = res (AVG: res / nranks, divided once) for each of n outputs (NULL: skipped). */
+void ucx_write_result(const ucx_op *o, void *const *out, uint32_t n, const char *res, size_t elems);
 /* The elements of block b of P nearly equal blocks of n elements: [*off, *off + *len). */
 void ucx_block(size_t n, uint32_t P, uint32_t b, size_t *off, size_t *len);
 /* Local ranks of member process p, and its first rank. */
@@ -427,9 +432,9 @@ static inline size_t ucx_block_len(const ucx_op *o, uint32_t p)
 ccq_status ucx_segments(ucx_op *o, size_t elems, size_t seg_bytes, uint32_t window,
                         ccq_errbuf *err);
 uint32_t ucx_window(void);
-/* Whether a reduce_scatter of `all` bytes in all (every rank's block) on c runs the direct
+/* Whether a reduce_scatter of `all` bytes in all (every rank's block) runs the direct
  * schedule (one combine order) rather than the ring (another): fusion keeps a part's own. */
-bool ucx_rs_direct(const ucx_comm *c, size_t all);
+bool ucx_rs_direct(size_t all);
 /* Whether a fused all_reduce runs the ring rather than recursive doubling (ucx/fused.c): two
  * processes, a commuting combine, above the ring threshold (the same single combine of two
  * partials per element; half the reduction work of exchanging whole buffers). */
