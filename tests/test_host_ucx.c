@@ -18,8 +18,9 @@
  *                              others' fences fail naming it within 10 s (none crashes or
  *                              hangs), then 8 MiB all_reduces among the survivors are exact.
  *   test_host_ucx kill_fused   the last process is killed at a random moment inside a stream of
- *                              bursts of 48 small all_reduces per device, which fusion runs as
- *                              one engine operation per burst: the others' fences fail naming
+ *                              bursts of 48 small all_reduces, reduce_scatters or all_gathers
+ *                              per device (the kind cycling burst by burst), which fusion runs
+ *                              as one engine operation per burst: the others' fences fail naming
  *                              it within 10 s, every part of a burst ends either exact or
  *                              failed with its output untouched or exact (never partly
  *                              written), the fused operations in flight when it died fail
@@ -373,34 +374,59 @@ static void killed_large(ccq_runtime *rt)
         free(ys[k]);
 }
 
-/* The last process dies at a random moment while fused bursts of small all_reduces run
- * (kill_fused; issue 27: a failure inside a fused group). Part i of a burst on device k sums
- * (p + 1) * (i + 1) over every device of every process p: exact in float. */
-enum { FOPS = 48, FCOUNT = 256 };
+/* The last process dies at a random moment while fused bursts of small all_reduces,
+ * reduce_scatters or all_gathers run (kill_fused; issue 27: a failure inside a fused group).
+ * Process p's input of part i is (p + 1) * (i + 1) everywhere: an all_reduce or a
+ * reduce_scatter sums that over every device of every process, an all_gather's block r is
+ * its rank's process's value; exact in float. */
+enum { FOPS = 48, FCOUNT = 256, FRANKS = 4 * NDEV };
 static const float untouched = -7.0f; /* what a failed part's output must still hold */
+static const ccq_kind fkinds[] = {CCQ_KIND_ALL_REDUCE, CCQ_KIND_REDUCE_SCATTER,
+                                  CCQ_KIND_ALL_GATHER};
 
 typedef struct fburst {
-    float x[FOPS][FCOUNT];
-    float y[NDEV][FOPS][FCOUNT];
+    float x[FOPS][FRANKS * FCOUNT];
+    float y[NDEV][FOPS][FRANKS * FCOUNT];
     ccq_status st[NDEV][FOPS];
 } fburst;
 
-/* Submits and fences one burst on `set`; returns the first failure (CCQ_OK: all exact). */
+static ccq_status fsubmit(ccq_runtime *rt, ccq_kind kind, uint32_t k, uint32_t i, fburst *b,
+                          const ccq_device_id *set, uint32_t n)
+{
+    ccq_device_id dev = first + k;
+    ccq_stream_id s = (ccq_stream_id)i;
+    if (kind == CCQ_KIND_REDUCE_SCATTER)
+        return ccq_reduce_scatter(rt, dev, s, b->x[i], b->y[k][i], FCOUNT, CCQ_FLOAT32, CCQ_SUM,
+                                  set, n);
+    if (kind == CCQ_KIND_ALL_GATHER)
+        return ccq_all_gather(rt, dev, s, b->x[i], b->y[k][i], FCOUNT, CCQ_FLOAT32, set, n);
+    return ccq_all_reduce(rt, dev, s, b->x[i], b->y[k][i], FCOUNT, CCQ_FLOAT32, CCQ_SUM, set, n);
+}
+
+/* Submits and fences one burst of `kind` on `set`; returns the first failure (CCQ_OK: all
+ * exact). */
 static ccq_status fused_burst(ccq_runtime *rt, fburst *b, const ccq_device_id *set, uint32_t n,
-                              uint32_t nproc)
+                              uint32_t nproc, ccq_kind kind)
 {
     ccq_status first_bad = CCQ_OK;
+    uint32_t outn = kind == CCQ_KIND_ALL_GATHER ? n * FCOUNT : FCOUNT;
+    /* all_gather and reduce_scatter send each peer its ranks' blocks of the fused group: a
+     * third of the parts keeps those messages (16 KiB x 3 ranks) below the single-copy
+     * endpoint's 64 KiB. A peer that dies during a single-copy read aborts the reader (UCX 1.13:
+     * an error on an endpoint without error handling is fatal; docs/multiprocess-host.md, "Large
+     * messages"), which this drill is not about. */
+    uint32_t nops = kind == CCQ_KIND_ALL_REDUCE ? FOPS : FOPS / 3;
+    CHECK(n <= FRANKS, "%u ranks", n);
     for (uint32_t k = 0; k < NDEV; k++)
         for (uint32_t i = 0; i < FOPS; i++) {
-            for (uint32_t j = 0; j < FCOUNT; j++)
+            for (uint32_t j = 0; j < outn; j++)
                 b->y[k][i][j] = untouched;
             b->st[k][i] = CCQ_ERR_INVALID_ARGUMENT; /* not submitted */
         }
     for (uint32_t k = 0; k < NDEV && first_bad == CCQ_OK; k++)
-        for (uint32_t i = 0; i < FOPS && first_bad == CCQ_OK; i++) {
+        for (uint32_t i = 0; i < nops && first_bad == CCQ_OK; i++) {
             /* A submit fails at once once the loss is known here: that is a detection too. */
-            ccq_status s = ccq_all_reduce(rt, first + k, (ccq_stream_id)i, b->x[i], b->y[k][i],
-                                          FCOUNT, CCQ_FLOAT32, CCQ_SUM, set, n);
+            ccq_status s = fsubmit(rt, kind, k, i, b, set, n);
             if (s != CCQ_OK)
                 first_bad = s;
             else
@@ -420,17 +446,24 @@ static ccq_status fused_burst(ccq_runtime *rt, fburst *b, const ccq_device_id *s
              * wrong: a part whose data had all come and been written when the loss was applied
              * still fails as that loss (job health: an operation in flight when a member is lost
              * fails), but nothing writes its output after its fence returned. */
-            float exact = (float)(NDEV * (i + 1) * nproc * (nproc + 1) / 2);
-            float want = b->st[k][i] == CCQ_OK || b->y[k][i][0] == exact ? exact : untouched;
-            for (uint32_t j = 0; j < FCOUNT; j++)
-                CHECK(b->y[k][i][j] == want, "device %u part %u [%u] = %g, want %g (%s)", first + k,
-                      i, j, (double)b->y[k][i][j], (double)want, ccq_status_name(b->st[k][i]));
+            bool ran = b->st[k][i] == CCQ_OK || b->y[k][i][0] != untouched;
+            for (uint32_t j = 0; j < outn; j++) {
+                float exact = kind == CCQ_KIND_ALL_GATHER
+                                  ? (float)((set[j / FCOUNT] / NDEV + 1) * (i + 1))
+                                  : (float)(NDEV * (i + 1) * nproc * (nproc + 1) / 2);
+                float want = ran ? exact : untouched;
+                CHECK(b->y[k][i][j] == want, "%s: device %u part %u [%u] = %g, want %g (%s)",
+                      ccq_kind_name(kind), first + k, i, j, (double)b->y[k][i][j], (double)want,
+                      ccq_status_name(b->st[k][i]));
+            }
         }
     return first_bad;
 }
 
-/* The fused operations the recorder holds (its newest events), counted by outcome. */
-static void fused_counts(ccq_runtime *rt, uint64_t *ok, uint64_t *failed)
+/* The fused operations the recorder holds (its newest events), counted by outcome; *ok_of
+ * (optional): the good ones of kind `kind`. */
+static void fused_counts_of(ccq_runtime *rt, uint64_t *ok, uint64_t *failed, ccq_kind kind,
+                            uint64_t *ok_of)
 {
     size_t cap = 1u << 18, n = 0;
     ccq_event *ev = malloc(cap * sizeof *ev);
@@ -438,12 +471,21 @@ static void fused_counts(ccq_runtime *rt, uint64_t *ok, uint64_t *failed)
     ev[0].struct_size = sizeof *ev;
     CHECK(ccq_trace_snapshot(rt, ev, cap, &n, NULL) == CCQ_OK, "snapshot");
     *ok = *failed = 0;
+    if (ok_of != NULL)
+        *ok_of = 0;
     for (size_t e = 0; e < n; e++)
         if (ev[e].type == CCQ_EV_FUSED) {
             *ok += ev[e].status == CCQ_OK;
             *failed += ev[e].status != CCQ_OK;
+            if (ok_of != NULL && ev[e].status == CCQ_OK && ev[e].kind == kind)
+                (*ok_of)++;
         }
     free(ev);
+}
+
+static void fused_counts(ccq_runtime *rt, uint64_t *ok, uint64_t *failed)
+{
+    fused_counts_of(rt, ok, failed, CCQ_KIND_ALL_REDUCE, NULL);
 }
 
 static void killed_fused(ccq_runtime *rt)
@@ -458,7 +500,7 @@ static void killed_fused(ccq_runtime *rt)
     CHECK(b != NULL, "memory");
     world_and_rest(rt, all, rest);
     for (uint32_t i = 0; i < FOPS; i++)
-        for (uint32_t j = 0; j < FCOUNT; j++)
+        for (uint32_t j = 0; j < FRANKS * FCOUNT; j++)
             b->x[i][j] = (float)((wrank + 1) * (i + 1));
     last_ok = now_ms();
     for (it = 0; it < 100000 && st == CCQ_OK; it++) {
@@ -466,7 +508,7 @@ static void killed_fused(ccq_runtime *rt)
          * in the set-up. */
         if (it == 1 && wrank + 1 == wsize)
             die_soon(20, 300);
-        if ((st = fused_burst(rt, b, all, n, wsize)) == CCQ_OK)
+        if ((st = fused_burst(rt, b, all, n, wsize, fkinds[it % 3])) == CCQ_OK)
             last_ok = now_ms();
     }
     check_death_seen(st, last_ok);
@@ -480,7 +522,14 @@ static void killed_fused(ccq_runtime *rt)
            (unsigned long long)(now_ms() - last_ok), ccq_status_name(st));
     /* The survivors fuse on among themselves, exactly. */
     for (int r = 0; r < 3; r++)
-        CHECK(fused_burst(rt, b, rest, nr, wsize - 1) == CCQ_OK, "survivors' burst %d", r);
+        CHECK(fused_burst(rt, b, rest, nr, wsize - 1, fkinds[r]) == CCQ_OK, "survivors' %s burst",
+              ccq_kind_name(fkinds[r]));
+    /* ...every kind of them fused (the recorder's newest events hold those bursts). */
+    for (int r = 0; r < 3; r++) {
+        uint64_t of;
+        fused_counts_of(rt, &fok, &ffail, fkinds[r], &of);
+        CHECK(of > 0, "the survivors' %s burst did not fuse", ccq_kind_name(fkinds[r]));
+    }
     free(b);
 }
 
