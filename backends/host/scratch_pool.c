@@ -2,13 +2,13 @@
  * (page faults, zeroing, the memory cgroup's charge) costs as much as moving them, and freeing
  * them gives the pages back to the system for the next operation to fault in again.
  *
- * Capacities are powers of two (at least a page), one free list per power, so a get is a pop
- * and a put a push. What is kept: every buffer while the pool holds at most CCQ_POOL_BYTES in
- * all (many operations in flight at once, each with its own scratch: 90 all_gathers of 64 KiB
- * per rank on 2 x 2 spent a third of their time in page faults with the earlier pool of 16
- * buffers), and beyond that up to CCQ_POOL_PER_CLASS buffers of each size, so that large
- * operations repeated keep theirs whatever the budget. Memory goes back to the system only
- * when the owner frees the pool. */
+ * Capacities are powers of two (at least a page), one stack of kept buffers per power (held
+ * apart from the buffers), so a get is a pop and a put a push. What is kept: every buffer while the
+ * pool holds at most CCQ_POOL_BYTES in all (many operations in flight at once, each with its own
+ * scratch: 90 all_gathers of 64 KiB per rank on 2 x 2 spent a third of their time in page faults
+ * with the earlier pool of 16 buffers), and beyond that up to CCQ_POOL_PER_CLASS buffers of each
+ * size, so that large operations repeated keep theirs whatever the budget. Memory goes back to the
+ * system only when the owner frees the pool. */
 #include "backends/host/scratch_pool.h"
 
 #include <stdlib.h>
@@ -24,17 +24,14 @@ static unsigned class_of(size_t cap)
 void *ccq_pool_get(ccq_scratch_pool *pool, size_t bytes, size_t *cap)
 {
     unsigned c = class_of(bytes);
-    ccq_pooled *b = pool->free[c];
     *cap = (size_t)1 << c;
     if (*cap < bytes) { /* beyond the largest class: never pooled */
         *cap = (bytes + 4095) & ~(size_t)4095;
         return aligned_alloc(4096, *cap);
     }
-    if (b != NULL) {
-        pool->free[c] = b->next;
-        pool->count[c]--;
+    if (pool->count[c] > 0) {
         pool->bytes -= *cap;
-        return b;
+        return pool->free[c][--pool->count[c]];
     }
     return aligned_alloc(4096, *cap);
 }
@@ -42,7 +39,6 @@ void *ccq_pool_get(ccq_scratch_pool *pool, size_t bytes, size_t *cap)
 void ccq_pool_put(ccq_scratch_pool *pool, void *p, size_t cap)
 {
     unsigned c = class_of(cap);
-    ccq_pooled *b = p;
     if (p == NULL)
         return;
     if (((size_t)1 << c) != cap ||
@@ -50,21 +46,28 @@ void ccq_pool_put(ccq_scratch_pool *pool, void *p, size_t cap)
         free(p);
         return;
     }
-    b->next = pool->free[c];
-    pool->free[c] = b;
-    pool->count[c]++;
+    if (pool->count[c] == pool->room[c]) {
+        uint32_t room = pool->room[c] ? 2 * pool->room[c] : 16;
+        void **grown = realloc(pool->free[c], room * sizeof *grown);
+        if (grown == NULL) {
+            free(p);
+            return;
+        }
+        pool->free[c] = grown;
+        pool->room[c] = room;
+    }
+    pool->free[c][pool->count[c]++] = p;
     pool->bytes += cap;
 }
 
 void ccq_pool_free(ccq_scratch_pool *pool)
 {
     for (unsigned c = 0; c < CCQ_POOL_CLASSES; c++) {
-        while (pool->free[c] != NULL) {
-            ccq_pooled *b = pool->free[c];
-            pool->free[c] = b->next;
-            free(b);
-        }
-        pool->count[c] = 0;
+        while (pool->count[c] > 0)
+            free(pool->free[c][--pool->count[c]]);
+        free(pool->free[c]);
+        pool->free[c] = NULL;
+        pool->room[c] = 0;
     }
     pool->bytes = 0;
 }

@@ -11,13 +11,12 @@
 #define CCQ_POOL_BYTES     ((size_t)64 << 20) /* kept in all, whatever the sizes... */
 #define CCQ_POOL_PER_CLASS 4                  /* ...and beyond that, this many of each size */
 
-typedef struct ccq_pooled {
-    struct ccq_pooled *next; /* written into the free buffer itself */
-} ccq_pooled;
-
 typedef struct ccq_scratch_pool {
-    ccq_pooled *free[CCQ_POOL_CLASSES];
-    uint32_t count[CCQ_POOL_CLASSES];
+    /* Per power of two, the kept buffers (a stack). Kept apart from the buffers themselves:
+     * a late write into a buffer given back (an engine's transfer the owner gave up) must
+     * never corrupt the pool. */
+    void **free[CCQ_POOL_CLASSES];
+    uint32_t count[CCQ_POOL_CLASSES], room[CCQ_POOL_CLASSES];
     size_t bytes;   /* kept in all */
 } ccq_scratch_pool; /* zero-initialized: empty */
 

@@ -647,6 +647,18 @@ ccq_status ucx_recv_step(ucx_op *o, uint32_t src, uint32_t step, void *land, siz
     case MSG_RNDV: {
         ucp_request_param_t prm;
         void *req;
+        if (peer->failed != UCS_OK) {
+            /* Its sender failed after announcing it: never fetch (UCX may have destroyed the
+             * endpoint the announcement names; fetching then asserted inside UCX: seen once in
+             * CI's ASan run of test_host_ucx_kill_large_np3). The message stays unreleased, as
+             * any dropped rendezvous from a failed peer (docs/multiprocess-host.md). */
+            snprintf(err->msg, sizeof err->msg,
+                     "process %u failed (UCX: %s) during %s sequence %" PRIu64
+                     " (this is process %u, its message announced but not fetched)",
+                     o->c->procs[src], ucs_status_string(peer->failed), ucx_kind_name(o->kind),
+                     o->seq, o->c->procs[o->me]);
+            return CCQ_ERR_BACKEND;
+        }
         memset(&prm, 0, sizeof prm);
         m->ucx_data = false; /* UCX owns the descriptor from here on */
         m->buf = land;
