@@ -410,12 +410,10 @@ static ccq_status fused_burst(ccq_runtime *rt, fburst *b, const ccq_device_id *s
 {
     ccq_status first_bad = CCQ_OK;
     uint32_t outn = kind == CCQ_KIND_ALL_GATHER ? n * FCOUNT : FCOUNT;
-    /* all_gather and reduce_scatter send each peer its ranks' blocks of the fused group: a
-     * third of the parts keeps those messages (16 KiB x 3 ranks) below the single-copy
-     * endpoint's 64 KiB. A peer that dies during a single-copy read aborts the reader (UCX 1.13:
-     * an error on an endpoint without error handling is fatal; docs/multiprocess-host.md, "Large
-     * messages"), which this drill is not about. */
-    uint32_t nops = kind == CCQ_KIND_ALL_REDUCE ? FOPS : FOPS / 3;
+    /* all_gather and reduce_scatter send each peer its ranks' blocks of the fused group (48 KiB
+     * x 3 ranks): above 64 KiB, so those go on the single-copy endpoint, whose reads of a peer
+     * that dies must fail the operation, never abort the reader (docs/multiprocess-host.md,
+     * "Large messages": it did 1 run in 15 until 2026-12-02). */
     CHECK(n <= FRANKS, "%u ranks", n);
     for (uint32_t k = 0; k < NDEV; k++)
         for (uint32_t i = 0; i < FOPS; i++) {
@@ -424,7 +422,7 @@ static ccq_status fused_burst(ccq_runtime *rt, fburst *b, const ccq_device_id *s
             b->st[k][i] = CCQ_ERR_INVALID_ARGUMENT; /* not submitted */
         }
     for (uint32_t k = 0; k < NDEV && first_bad == CCQ_OK; k++)
-        for (uint32_t i = 0; i < nops && first_bad == CCQ_OK; i++) {
+        for (uint32_t i = 0; i < FOPS && first_bad == CCQ_OK; i++) {
             /* A submit fails at once once the loss is known here: that is a detection too. */
             ccq_status s = fsubmit(rt, kind, k, i, b, set, n);
             if (s != CCQ_OK)

@@ -3,10 +3,14 @@
  * two of at least a page, many buffers are kept up to the byte budget (operations in flight at
  * once each hold one), and beyond it only a few of each size. */
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -74,11 +78,43 @@ static void test_budget(void **state)
     assert_int_equal(pool.bytes, 0);
 }
 
+/* CCQ_SCRATCH_POISON: a buffer handed out again untouched passes; one written after it was
+ * given back (a transfer outliving its operation) aborts the process at the next get. */
+static void test_poison(void **state)
+{
+    ccq_scratch_pool pool = {{0}};
+    size_t cap;
+    int status;
+    (void)state;
+    setenv("CCQ_SCRATCH_POISON", "1", 1);
+    char *a = ccq_pool_get(&pool, 64 * 1024, &cap);
+    assert_non_null(a);
+    memset(a, 3, cap);
+    ccq_pool_put(&pool, a, cap);
+    assert_int_equal(pool.poison, 2);
+    assert_int_equal((unsigned char)a[0], 0xa5);
+    assert_ptr_equal(ccq_pool_get(&pool, 64 * 1024, &cap), a); /* untouched: handed out */
+    ccq_pool_put(&pool, a, cap);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        close(2);    /* the abort's message is expected */
+        a[1000] = 1; /* a late write */
+        (void)ccq_pool_get(&pool, 64 * 1024, &cap);
+        _exit(0);
+    }
+    assert_int_equal(waitpid(child, &status, 0), child);
+    assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT);
+    ccq_pool_free(&pool);
+    unsetenv("CCQ_SCRATCH_POISON");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reuse_and_classes),
         cmocka_unit_test(test_budget),
+        cmocka_unit_test(test_poison),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

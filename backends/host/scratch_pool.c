@@ -11,7 +11,40 @@
  * system only when the owner frees the pool. */
 #include "backends/host/scratch_pool.h"
 
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+
+#define POISON 0xa5
+
+static bool poisoned(ccq_scratch_pool *pool)
+{
+    if (pool->poison == 0) {
+        const char *v = getenv("CCQ_SCRATCH_POISON");
+        pool->poison = v != NULL && v[0] != '\0' && strcmp(v, "0") != 0 ? 2 : 1;
+    }
+    return pool->poison == 2;
+}
+
+/* A kept buffer is about to be handed out: it must still hold the pattern put wrote. */
+static void poison_check(const void *p, size_t cap)
+{
+    const unsigned char *b = p;
+    size_t first = 0, last;
+    while (first < cap && b[first] == POISON)
+        first++;
+    if (first == cap)
+        return;
+    last = cap;
+    while (last > first && b[last - 1] == POISON)
+        last--;
+    fprintf(stderr,
+            "ccq: scratch pool (CCQ_SCRATCH_POISON): a buffer of %zu bytes at %p was written at "
+            "bytes %zu..%zu after it was given back\n",
+            cap, p, first, last - 1);
+    abort();
+}
 
 static unsigned class_of(size_t cap)
 {
@@ -30,8 +63,11 @@ void *ccq_pool_get(ccq_scratch_pool *pool, size_t bytes, size_t *cap)
         return aligned_alloc(4096, *cap);
     }
     if (pool->count[c] > 0) {
+        void *p = pool->free[c][--pool->count[c]];
         pool->bytes -= *cap;
-        return pool->free[c][--pool->count[c]];
+        if (poisoned(pool))
+            poison_check(p, *cap);
+        return p;
     }
     return aligned_alloc(4096, *cap);
 }
@@ -56,6 +92,8 @@ void ccq_pool_put(ccq_scratch_pool *pool, void *p, size_t cap)
         pool->free[c] = grown;
         pool->room[c] = room;
     }
+    if (poisoned(pool))
+        memset(p, POISON, cap);
     pool->free[c][pool->count[c]++] = p;
     pool->bytes += cap;
 }

@@ -18,9 +18,14 @@ typedef struct ccq_scratch_pool {
     void **free[CCQ_POOL_CLASSES];
     uint32_t count[CCQ_POOL_CLASSES], room[CCQ_POOL_CLASSES];
     size_t bytes;   /* kept in all */
+    int poison;     /* CCQ_SCRATCH_POISON: 0 not read yet, 1 off, 2 on */
 } ccq_scratch_pool; /* zero-initialized: empty */
 
-/* A page-aligned buffer of at least `bytes` (its capacity in *cap), or NULL. */
+/* A page-aligned buffer of at least `bytes` (its capacity in *cap), or NULL.
+ *
+ * CCQ_SCRATCH_POISON=1 (a debugging aid; the kill drills set it): every buffer kept is filled
+ * with a pattern that get checks, so a write into a buffer after it was given back (a transfer
+ * that outlived its operation) aborts the process, naming the bytes written. */
 void *ccq_pool_get(ccq_scratch_pool *pool, size_t bytes, size_t *cap);
 /* A buffer back, with the capacity get gave it (p NULL: nothing): kept or freed. */
 void ccq_pool_put(ccq_scratch_pool *pool, void *p, size_t cap);

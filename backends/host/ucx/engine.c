@@ -125,7 +125,9 @@ void ucx_comm_fail(ucx_comm *c, ccq_status st, const char *detail, bool remote)
 }
 
 /* UCX's endpoint error callback (inside ucp_worker_progress, on the scheduler thread): the
- * peer died or its connection broke. check_peers acts on it once progress returned. */
+ * peer died or its connection broke, seen on either of its endpoints (the large-payload one
+ * often first: a single-copy read of the dead peer's memory). check_peers acts on it once
+ * progress returned. */
 static void peer_error(void *arg, ucp_ep_h ep, ucs_status_t status)
 {
     ucx_peer_err *pe = arg;
@@ -203,9 +205,16 @@ ucp_ep_h ucx_bulk_ep(ucx_engine *e, ucx_peer *p)
     if (p->bulk != NULL || p->failed != UCS_OK || p->ep == NULL)
         return p->bulk != NULL ? p->bulk : p->ep;
     memset(&ep, 0, sizeof ep);
-    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
     ep.address = p->addr;
     ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+    /* No error handling mode (so that UCX uses CMA), but a callback all the same: a transport
+     * error on this endpoint (a single-copy read of a peer that died: process_vm_readv fails)
+     * then goes to peer_error, and UCX discards the endpoint's lanes and fails its requests.
+     * Without a callback UCX 1.13 treats that error as fatal and aborts this process. */
+    ep.err_handler.cb = peer_error;
+    ep.err_handler.arg = p->cb_arg;
     if (ucp_ep_create(e->worker, &ep, &p->bulk) != UCS_OK)
         p->bulk = NULL;
     return p->bulk != NULL ? p->bulk : p->ep;
@@ -310,12 +319,21 @@ static void op_free(ucx_op *o);
 static uint32_t ucx_reap(ccq_host_engine *base, uint64_t now_ns);
 
 /* Data this process still owes a peer: sends of operations that succeeded here (a detached
- * send, a finished schedule's last messages), not those of failed ones (notices). */
-static bool owed(const ucx_engine *e)
+ * send, a finished schedule's last messages); with notices, also the notices of failed ones
+ * (what a member waiting for this process's message learns the failure from: without it, it
+ * waits for its own deadline), but not their data messages (a peer that stopped would hold
+ * destroy for timeout_ms). */
+static bool owed(const ucx_engine *e, bool notices)
 {
-    for (const ucx_op *o = e->background; o != NULL; o = o->next)
-        if (o->moving && o->status == CCQ_OK)
+    for (const ucx_op *o = e->background; o != NULL; o = o->next) {
+        if (!o->moving)
+            continue;
+        if (o->status == CCQ_OK)
             return true;
+        for (const ucx_send *s = o->sends; notices && s != NULL; s = s->next)
+            if (s->tag == UCX_NOTICE_TAG && ucp_request_check_status(s->req) == UCS_INPROGRESS)
+                return true;
+    }
     return false;
 }
 
@@ -328,10 +346,14 @@ static void ucx_destroy(ccq_host_engine *base)
      * process): let them finish, up to timeout_ms, as the runtime lets issued work finish at
      * destroy. A receiver that is gone ends them sooner (its endpoint's error). */
     if (e->worker != NULL && e->nmoving > 0) {
-        uint64_t until =
-            ccq_now_ns() + (e->timeout_ns < 60000000000ull ? e->timeout_ns : 60000000000ull);
-        while (owed(e) && ccq_now_ns() < until)
-            ucx_reap(base, ccq_now_ns());
+        uint64_t now = ccq_now_ns();
+        uint64_t until = now + (e->timeout_ns < 60000000000ull ? e->timeout_ns : 60000000000ull);
+        /* A failure's notices are a few hundred bytes, eager: they leave at once unless the
+         * peer's connection is full or gone; a second bounds them. */
+        uint64_t notices_until =
+            now + (e->timeout_ns < 1000000000ull ? e->timeout_ns : 1000000000ull);
+        while ((now = ccq_now_ns()) < until && owed(e, now < notices_until))
+            ucx_reap(base, now);
     }
     /* Operations UCX still held (abandoned, failed): cancel what can be, then close the
      * endpoints, which ends every request on them. */
@@ -567,6 +589,15 @@ static ccq_status ucx_comm_create(ccq_host_engine *base, const ccq_be_comm_desc 
         st = peer_ep(e, d->procs[p], err);
         if (st == CCQ_ERR_NO_MEMORY)
             goto fail;
+        /* The large-payload endpoint too, now rather than at the first large send: both sides
+         * make it right after the first (the same order, so UCX pairs the two), and a peer's
+         * large message then arrives on an endpoint this process made, with its error
+         * callback. Made only by the peer, UCX's side of it is an internal endpoint that UCX
+         * destroys at once when the peer dies, while a rendezvous announced on it may wait
+         * here to be fetched: fetching then dereferenced the freed endpoint (a UCX assertion,
+         * test_host_ucx_kill_large_np3 1 run in 50-100 under load). */
+        if (st == CCQ_OK && e->bulk_bytes != SIZE_MAX)
+            (void)ucx_bulk_ep(e, &e->peers[d->procs[p]]);
         if (st != CCQ_OK && dead[0] == '\0')
             snprintf(dead, sizeof dead,
                      "%.400s: a member of this communicator (this is process %u)", err->msg,

@@ -592,7 +592,7 @@ void ucx_notice(ucx_op *o)
     for (uint32_t p = 0; p < o->P; p++) {
         ucx_send *s;
         ccq_errbuf ignored;
-        if (p == o->me || (s = send_new(o, p, UCX_MSG_NOTICE, 0, UCX_ALL - 1)) == NULL)
+        if (p == o->me || (s = send_new(o, p, UCX_MSG_NOTICE, 0, UCX_NOTICE_TAG)) == NULL)
             continue;
         s->hdr.status = (uint16_t)(-o->status);
         s->copy = malloc(n);

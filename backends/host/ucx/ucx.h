@@ -89,7 +89,9 @@ typedef struct ucx_peer {
     /* Large payloads only (ucx_engine.bulk_bytes): an endpoint without peer error handling,
      * so that UCX may use its single-copy transport (CMA), which it refuses under peer error
      * handling (docs/multiprocess-host.md, "Large messages"). Failures are still seen on ep
-     * (keepalive, the same peer). NULL until the first large payload to this peer. */
+     * (keepalive, the same peer), and on this one through the same error callback. Made with
+     * ep by every communicator that has the peer (ucx_comm_create), so that both processes make
+     * it in the same order and UCX pairs them. */
     ucp_ep_h bulk;
     const void *addr; /* its worker address (a copy held by the engine) */
     size_t addr_len;
@@ -320,6 +322,8 @@ void ucx_msg_done(ucx_engine *e, ucx_msg *m);
 /* True once every send of o with this tag (UCX_ALL: every send) has completed; frees the
  * completed ones. A send that failed sets *st (an error) and err. */
 #define UCX_ALL UINT32_MAX
+/* The tag of a failure's notices (ucx_notice): ucx_runtime_destroy lets them leave. */
+#define UCX_NOTICE_TAG (UCX_ALL - 1)
 bool ucx_sends_done(ucx_op *o, uint32_t tag, ccq_status *st, ccq_errbuf *err);
 /* Fail o with st and detail (sticky; the first reason wins). Returns st. */
 ccq_status ucx_op_fail(ucx_op *o, ccq_status st, const char *fmt, ...)
@@ -337,13 +341,14 @@ void ucx_adopt_orphans(ucx_engine *e, ucx_comm *c);
 void ucx_comm_drop_messages(ucx_comm *c);
 /* c can no longer be used: its later operations fail with st and detail. remote: a member
  * reported it (so this process need not tell the others). */
-/* The endpoint for p's large payloads (ucx_peer.bulk, made on first use; p->ep if it cannot
- * be made). */
+/* The endpoint for p's large payloads (ucx_peer.bulk, made if it was not yet; p->ep if it
+ * cannot be made). */
 ucp_ep_h ucx_bulk_ep(ucx_engine *e, ucx_peer *p);
 void ucx_comm_fail(ucx_comm *c, ccq_status st, const char *detail, bool remote);
 /* o succeeded here: remember its header fields for late messages (ucx_comm.ended). */
 void ucx_comm_ended(ucx_comm *c, const ucx_op *o);
-/* Tell every other member that o failed (a mismatch): payload = o's detail. */
+/* Tell every other member that o failed (a mismatch): payload = o's detail (sends tagged
+ * UCX_NOTICE_TAG). */
 void ucx_notice(ucx_op *o);
 
 /* Operations (ucx/engine.c): a new one, not started (counted in flight; c referenced); start
