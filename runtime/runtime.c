@@ -309,9 +309,14 @@ static void runtime_free(ccq_runtime *rt)
     ccq_sched_destroy(rt);
     ccq_trace_fini(&rt->trace);
     ccq_comm_free_all(rt);
-    ccq_world_fini(&rt->world);
+    /* The backend before the world: its destroy lets messages this process still owes its
+     * peers leave (a rendezvous a peer has yet to fetch from this process's memory), and closing
+     * the world's bootstrap first (rank 0's tcp server) told the others this process was gone
+     * while they still needed it: their operation then failed as a loss (a survivor of
+     * test_host_ucx_kill_fused_np3, 1 run in 150). */
     if (rt->be != NULL)
         rt->be_ops->destroy(rt->be);
+    ccq_world_fini(&rt->world);
     if (rt->streams != NULL) {
         for (uint32_t i = 0; i < nstreams; i++)
             ccq_stream_fini(&rt->streams[i]);

@@ -1234,14 +1234,18 @@ static void ucx_describe(ccq_host_engine *base, const ccq_heng_op *h, uint64_t n
     }
     if (w < sizeof err->msg && o->wait_src < c->nprocs) {
         bool landing = false;
+        uint32_t leaving = 0; /* this process's messages to it that UCX has not completed */
         for (const ucx_msg *m = o->arrivals; m != NULL; m = m->next)
             landing |=
                 m->hdr.src == o->wait_src && m->hdr.step == o->wait_step && m->state == MSG_LANDING;
+        for (const ucx_send *s = o->sends; s != NULL; s = s->next)
+            leaving += s->dst == o->wait_src && ucp_request_check_status(s->req) == UCS_INPROGRESS;
         w += (size_t)snprintf(err->msg + w, sizeof err->msg - w,
                               "(%u ranks; this is process %u) waits for process %u's message "
-                              "(step %u%s)",
+                              "(step %u%s; %u of this process's messages to it still leaving)",
                               c->nranks, c->procs[c->me], c->procs[o->wait_src], o->wait_step,
-                              landing ? ": it arrived, its data is still being fetched" : "");
+                              landing ? ": it arrived, its data is still being fetched" : "",
+                              leaving);
     } else if (w < sizeof err->msg)
         w += (size_t)snprintf(err->msg + w, sizeof err->msg - w,
                               "(%u ranks; this is process %u) waits for its sends to complete",
