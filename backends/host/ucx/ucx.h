@@ -322,7 +322,7 @@ void ucx_msg_done(ucx_engine *e, ucx_msg *m);
 /* True once every send of o with this tag (UCX_ALL: every send) has completed; frees the
  * completed ones. A send that failed sets *st (an error) and err. */
 #define UCX_ALL UINT32_MAX
-/* The tag of a failure's notices (ucx_notice): ucx_runtime_destroy lets them leave. */
+/* The tag of a failure's notices (ucx_notice): the engine's destroy lets them leave. */
 #define UCX_NOTICE_TAG (UCX_ALL - 1)
 bool ucx_sends_done(ucx_op *o, uint32_t tag, ccq_status *st, ccq_errbuf *err);
 /* Fail o with st and detail (sticky; the first reason wins). Returns st. */
@@ -339,11 +339,11 @@ void ucx_adopt_early(ucx_op *o);
 void ucx_adopt_orphans(ucx_engine *e, ucx_comm *c);
 /* Drop every message c still holds (it failed or is going away). */
 void ucx_comm_drop_messages(ucx_comm *c);
-/* c can no longer be used: its later operations fail with st and detail. remote: a member
- * reported it (so this process need not tell the others). */
 /* The endpoint for p's large payloads (ucx_peer.bulk, made if it was not yet; p->ep if it
  * cannot be made). */
 ucp_ep_h ucx_bulk_ep(ucx_engine *e, ucx_peer *p);
+/* c can no longer be used: its later operations fail with st and detail. remote: a member
+ * reported it (so this process need not tell the others). */
 void ucx_comm_fail(ucx_comm *c, ccq_status st, const char *detail, bool remote);
 /* o succeeded here: remember its header fields for late messages (ucx_comm.ended). */
 void ucx_comm_ended(ucx_comm *c, const ucx_op *o);
