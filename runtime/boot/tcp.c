@@ -43,6 +43,8 @@
 
 /* How long close() lets the I/O thread flush a goodbye (and rank 0 its last notices). */
 #define LINGER_NS (200u * 1000000u)
+/* ...and at least this long to see the server take its goodbye (drain_close). */
+#define DRAIN_MIN_NS (100u * 1000000u)
 /* Connecting to a rendezvous not up yet: retry after this, doubling up to RETRY_MAX_NS. */
 #define RETRY_NS     (10u * 1000000u)
 #define RETRY_MAX_NS (200u * 1000000u)
@@ -163,6 +165,37 @@ static bool flush_buf(int fd, ccq_tcp_buf *b)
         return k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
     }
     return true;
+}
+
+/* A client's clean close, its goodbye written: half-close, then read (and drop) until the
+ * server closes its side (it does once it read the goodbye and the end) or until `until`.
+ * Closing with the server's frames unread would send a reset, which can discard the goodbye
+ * still unread at the server: it would then tell everyone this process was lost (test_boot_tcp
+ * under ASan, once). */
+static void drain_close(int fd, uint64_t until)
+{
+    char buf[4096];
+    (void)shutdown(fd, SHUT_WR);
+    for (;;) {
+        uint64_t now = now_ns();
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        int r;
+        if (now >= until)
+            return;
+        r = poll(&pf, 1, (int)((until - now + 999999) / 1000000));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return;
+        for (;;) {
+            ssize_t k = recv(fd, buf, sizeof buf, 0);
+            if (k > 0 || (k < 0 && errno == EINTR))
+                continue;
+            if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+                break;
+            return; /* the server closed (0) or the connection broke */
+        }
+    }
 }
 
 /* ---- the peers' states --------------------------------------------------------------- */
@@ -888,8 +921,23 @@ static void *io_main(void *arg)
                 ccq_tcp_server_output(t->srv, i, &p, &len);
                 srv_busy |= t->srv_fd[i] >= 0 && len > 0;
             }
-            if (now >= linger_until || ((state != C_READY || !out_pending) && !srv_busy))
+            if ((state != C_READY || !out_pending) && !srv_busy) {
+                if (state == C_READY && t->fd >= 0 && t->srv == NULL)
+                    drain_close(t->fd, linger_until > now + DRAIN_MIN_NS ? linger_until
+                                                                         : now + DRAIN_MIN_NS);
                 break;
+            }
+            if (now >= linger_until) {
+                /* Past the linger without a write: this thread did not run for that long (a
+                 * loaded machine: test_boot_tcp under ASan once saw a clean close as a loss).
+                 * One last non-blocking try, so that a goodbye the socket can take is said. */
+                if (state == C_READY && t->fd >= 0) {
+                    pthread_mutex_lock(&t->mu);
+                    (void)flush_buf(t->fd, &t->out);
+                    pthread_mutex_unlock(&t->mu);
+                }
+                break;
+            }
         }
         if (state == C_IDLE && t->fd < 0 && !stop) {
             if (now >= t->retry_at)
