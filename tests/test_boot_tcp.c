@@ -457,6 +457,23 @@ static void watcher(void *arg, uint32_t rank, ccq_boot_peer st)
         s->left[rank]++;
 }
 
+/* What process q's record holds now, for a failure's message. */
+static const char *beat_text(ccq_boot *b, uint32_t q)
+{
+    static char text[64];
+    void *rec = NULL;
+    size_t len = 0;
+    ccq_errbuf err = {{0}};
+    ccq_status st = ccq_boot_beat_fetch(b, q, &rec, &len, &err);
+    if (st != CCQ_OK)
+        snprintf(text, sizeof text, "none (%s)", ccq_status_name(st));
+    else
+        snprintf(text, sizeof text, "\"%.*s\" (%zu bytes)", (int)(len < 40 ? len : 40),
+                 (const char *)rec, len);
+    free(rec);
+    return text;
+}
+
 /* Wait until rank q's latest heartbeat record is `want` (job health's records). */
 static bool beat_is(ccq_boot *b, uint32_t q, const char *want)
 {
@@ -562,6 +579,65 @@ static void test_tcp_peers(void **state)
     assert_int_equal(run_procs(4, peers_child, NULL), 0);
 }
 
+/* ---- a record published as the server is lost ---------------------------------------------- */
+
+typedef struct {
+    ccq_boot *b;
+    unsigned rank;
+} publisher;
+
+/* Publishes "lost R" from the bootstrap's own thread the moment it reports the server lost:
+ * before the client moves to the successor (server_lost), when the health monitor may too. */
+static void publish_on_loss(void *arg, uint32_t rank, ccq_boot_peer state)
+{
+    publisher *p = arg;
+    char rec[32];
+    ccq_errbuf err = {{0}};
+    if (rank != 0 || state != CCQ_BOOT_PEER_LOST)
+        return;
+    snprintf(rec, sizeof rec, "lost %u", p->rank);
+    (void)ccq_boot_beat_publish(p->b, rec, strlen(rec) + 1, &err);
+}
+
+/* Process 0, which serves, dies; 1 and 2 each publish a record as they see it, then meet
+ * through 1: each reads the other's record (it was once dropped with what was queued for the
+ * lost server: test_tcp_stopped_server under TSan, 1 run in ~20). */
+static int record_child(unsigned rank, unsigned size, void *arg)
+{
+    ccq_boot *b;
+    ccq_errbuf err = {{0}};
+    uint32_t all[3] = {0, 1, 2}, two[2] = {1, 2};
+    uint64_t mine = rank, out[3];
+    static publisher p;
+    char want[32];
+    (void)arg;
+    CHILD_CHECK(open_tcp(rank, size, &b, &err) == CCQ_OK, "open: %s", err.msg);
+    p.b = b;
+    p.rank = rank;
+    CHILD_CHECK(ccq_boot_watch_peers(b, publish_on_loss, &p) == CCQ_OK, "watch");
+    CHILD_CHECK(ccq_boot_exchange(b, "all", all, 3, &mine, 8, out, deadline_ms(20000), &err) ==
+                    CCQ_OK,
+                "all: %s", err.msg);
+    if (rank == 0)
+        _exit(0);
+    CHILD_CHECK(ccq_boot_exchange(b, "two", two, 2, &mine, 8, out, deadline_ms(20000), &err) ==
+                        CCQ_OK &&
+                    out[0] == 1 && out[1] == 2,
+                "two: %s", err.msg);
+    snprintf(want, sizeof want, "lost %u", 3 - rank);
+    CHILD_CHECK(beat_is(b, 3 - rank, want), "process %u's record: %s (want \"%s\")", 3 - rank,
+                beat_text(b, 3 - rank), want);
+    ccq_boot_close(b);
+    return 0;
+}
+
+static void test_tcp_record_at_takeover(void **state)
+{
+    (void)state;
+    snprintf(spec, sizeof spec, "tcp://127.0.0.1:%u", free_port());
+    assert_int_equal(run_procs(3, record_child, NULL), 0);
+}
+
 /* ---- a stopped server ------------------------------------------------------------------- */
 
 #ifndef CCQ_TEST_BEAT_SCALE
@@ -598,7 +674,8 @@ static int stopped_child(unsigned rank, unsigned size, void *arg)
                         ccq_boot_peer_state(b, 2) != CCQ_BOOT_PEER_LOST,
                     "peers: %d %d", ccq_boot_peer_state(b, 1), ccq_boot_peer_state(b, 2));
         /* The successor's answer carried the others' heartbeat records. */
-        CHILD_CHECK(beat_is(b, 1, "beat 1.after"), "rank 1's record after the takeover");
+        CHILD_CHECK(beat_is(b, 1, "beat 1.after"), "rank 1's record after the takeover: %s",
+                    beat_text(b, 1));
         st = ccq_boot_exchange(b, "late", all, 3, &mine, 8, out, deadline_ms(2000), &err);
         CHILD_CHECK(st == CCQ_ERR_PROCESS_LOST && strstr(err.msg, "fenced off") != NULL,
                     "late: %s: %s", ccq_status_name(st), err.msg);
@@ -861,15 +938,15 @@ static void test_tcp_server_keepalive(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_tcp_worlds),
-        cmocka_unit_test(test_tcp_any_interface),
-        cmocka_unit_test(test_tcp_refusals),
-        cmocka_unit_test(test_tcp_hostile_clients),
-        cmocka_unit_test(test_tcp_peers),
-        cmocka_unit_test(test_tcp_server_memory),
-        cmocka_unit_test(test_tcp_server_beats),
-        cmocka_unit_test(test_tcp_stopped_server),
-        cmocka_unit_test(test_tcp_server_keepalive),
+        cmocka_unit_test(test_tcp_worlds),         cmocka_unit_test(test_tcp_any_interface),
+        cmocka_unit_test(test_tcp_refusals),       cmocka_unit_test(test_tcp_hostile_clients),
+        cmocka_unit_test(test_tcp_peers),          cmocka_unit_test(test_tcp_server_memory),
+        cmocka_unit_test(test_tcp_server_beats),   cmocka_unit_test(test_tcp_record_at_takeover),
+        cmocka_unit_test(test_tcp_stopped_server), cmocka_unit_test(test_tcp_server_keepalive),
     };
+    /* CCQ_TEST_FILTER=pattern runs only the matching tests (cmocka's wildcard syntax). */
+    const char *filter = getenv("CCQ_TEST_FILTER");
+    if (filter != NULL && *filter != '\0')
+        cmocka_set_test_filter(filter);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -102,7 +102,7 @@ typedef struct tcp_boot {
                                     * relay_window reads it, a moment late is no matter) */
     uint64_t suspect_until; /* server: after a gap in this thread's run, closes are checked */
     bool given_up;          /* the others gave this process up: stop serving, fence off */
-    uint64_t ran_ns;        /* when poll() last returned (or an answer came: ask_successor) */
+    uint64_t ran_ns;        /* when this thread last ran (note_run; ask_successor's answer) */
     /* Shared, under mu. */
     pthread_mutex_t mu;
     int state;          /* C_* */
@@ -117,6 +117,10 @@ typedef struct tcp_boot {
         uint8_t *rec; /* NULL: none yet */
         size_t len;
     } * beats; /* [size]: each process's latest heartbeat record */
+    struct {
+        uint8_t *rec; /* NULL: none published yet */
+        size_t len;
+    } mine; /* this process's latest record: sent again to a successor (server_lost) */
     void (*watch)(void *, uint32_t, ccq_boot_peer);
     void *watch_arg;
     bool stop;
@@ -837,9 +841,14 @@ static void server_lost(tcp_boot *t, const char *how)
     snprintf(t->host, sizeof t->host, "%s", host);
     snprintf(t->port, sizeof t->port, "%u", (unsigned)port);
     t->server_rank = next;
-    /* What was queued for the lost server may be cut mid-frame: start afresh with the open
-     * exchanges (the next heartbeat follows on its own). */
+    /* What was queued for the lost server may be cut mid-frame: start afresh with this
+     * process's record and then its open exchanges, the order they were published in (a
+     * record published just now, once this process saw the loss, was queued before the reset:
+     * it must not be lost, nor come after an exchange published after it). */
     t->out.off = t->out.len = 0;
+    if (t->mine.rec != NULL)
+        ccq_tcp_put_frame(&t->out, CLIENT_OUT_MAX, CCQ_TCP_BEAT, t->mine.rec, t->mine.len, NULL, 0,
+                          NULL, 0);
     for (open_xchg *o = t->open; o != NULL; o = o->next) {
         uint16_t tl = (uint16_t)strlen(o->tag);
         ccq_tcp_put_frame(&t->out, CLIENT_OUT_MAX, CCQ_TCP_PUT, &tl, 2, o->tag, tl, o->rec, o->len);
@@ -858,6 +867,26 @@ static void server_lost(tcp_boot *t, const char *how)
 
 /* ---- the I/O thread ------------------------------------------------------------------ */
 
+/* This thread runs again at `now`, having meant to sleep slept_ns since it last ran: a longer
+ * absence (the process was stopped, or starved) says nothing of the server's silence meanwhile,
+ * so the server counts as heard now. And if this process serves and was away long enough that a
+ * process may have heard nothing from it for heartbeat_timeout_ms (its last keepalive went up to
+ * a heartbeat before), a connection that closes now may have given it up: server_close_conn
+ * asks before it tells anyone. A shorter pause is not suspect (nobody asks, nobody waits).
+ * Checked after poll() and again before the silence check at the top of the loop: a stop can
+ * land anywhere in between, and rank 0, a client of its own server, once took its own gap for
+ * its server's silence (TSan, test_boot_tcp's stopped server). */
+static void note_run(tcp_boot *t, uint64_t now, uint64_t slept_ns, uint64_t silent, uint64_t hb)
+{
+    uint64_t away = now - t->ran_ns > slept_ns ? now - t->ran_ns - slept_ns : 0;
+
+    if (silent != 0 && away > silent / 2)
+        atomic_store_explicit(&t->last_recv_ns, now, memory_order_relaxed);
+    if (silent != 0 && t->srv != NULL && away > silent / 2 && away + 2 * hb >= silent)
+        t->suspect_until = now + silent;
+    t->ran_ns = now;
+}
+
 static void *io_main(void *arg)
 {
     tcp_boot *t = arg;
@@ -875,7 +904,7 @@ static void *io_main(void *arg)
     for (;;) {
         int n = 0, state, timeout_ms = -1;
         bool stop, out_pending;
-        uint64_t now = now_ns(), next = UINT64_MAX, hb, silent, heard, away;
+        uint64_t now = now_ns(), next = UINT64_MAX, hb, silent, heard;
 
         pthread_mutex_lock(&t->mu);
         stop = t->stop;
@@ -887,6 +916,7 @@ static void *io_main(void *arg)
         if (silent != silent_was) /* heartbeats just began: the server is heard from now on */
             atomic_store_explicit(&t->last_recv_ns, now, memory_order_relaxed);
         silent_was = silent;
+        note_run(t, now, 0, silent, hb);
         if (t->srv != NULL)
             ccq_tcp_server_keepalive(t->srv, hb);
         /* Nothing from the server for heartbeat_timeout_ms while it should send something every
@@ -998,20 +1028,7 @@ static void *io_main(void *arg)
         if (poll(pf, (nfds_t)n, timeout_ms) < 0 && errno != EINTR)
             break;
         now = now_ns();
-        away = now - t->ran_ns > (uint64_t)timeout_ms * 1000000u
-                   ? now - t->ran_ns - (uint64_t)timeout_ms * 1000000u
-                   : 0;
-        /* This thread did not run for a while (the process was stopped, or starved): the
-         * server's silence meanwhile says nothing of it. */
-        if (silent != 0 && away > silent / 2)
-            atomic_store_explicit(&t->last_recv_ns, now, memory_order_relaxed);
-        /* And if it serves and was away long enough that a process may have heard nothing from
-         * it for heartbeat_timeout_ms (its last keepalive went up to a heartbeat before), a
-         * connection that closes now may have given it up: server_close_conn asks before it
-         * tells anyone. A shorter pause is not suspect (nobody asks, nobody waits). */
-        if (silent != 0 && t->srv != NULL && away > silent / 2 && away + 2 * hb >= silent)
-            t->suspect_until = now + silent;
-        t->ran_ns = now;
+        note_run(t, now, (uint64_t)timeout_ms * 1000000u, silent, hb);
         for (int j = 0; j < n; j++) {
             if (pf[j].revents == 0)
                 continue;
@@ -1256,6 +1273,7 @@ static void tcp_close(ccq_boot *b)
     for (uint32_t r = 0; t->beats != NULL && r < t->size; r++)
         free(t->beats[r].rec);
     free(t->beats);
+    free(t->mine.rec);
     free(t->addrs);
     free(t->reported);
     free(t->silent);
@@ -1296,11 +1314,24 @@ static ccq_status tcp_watch(ccq_boot *b, void (*fn)(void *, uint32_t, ccq_boot_p
 static ccq_status tcp_beat_publish(ccq_boot *b, const void *rec, size_t len, ccq_errbuf *err)
 {
     tcp_boot *t = b->impl;
+    uint8_t *copy = malloc(len > 0 ? len : 1); /* kept as this process's record (mine) */
     bool ok;
 
+    if (copy == NULL) {
+        ccq_boot_err(err, "bootstrap: out of memory");
+        return CCQ_ERR_NO_MEMORY;
+    }
+    memcpy(copy, rec, len);
     pthread_mutex_lock(&t->mu);
     ok = ccq_tcp_put_frame(&t->out, CLIENT_OUT_MAX, CCQ_TCP_BEAT, rec, len, NULL, 0, NULL, 0);
+    if (ok) {
+        free(t->mine.rec);
+        t->mine.rec = copy;
+        t->mine.len = len;
+        copy = NULL;
+    }
     pthread_mutex_unlock(&t->mu);
+    free(copy);
     if (!ok) {
         ccq_boot_err(err, "more than %u bytes waiting for the rendezvous (or out of memory)",
                      CLIENT_OUT_MAX);
