@@ -233,6 +233,25 @@ static void config_default(ucp_config_t *cfg, const char *name, const char *valu
     (void)ucp_config_modify(cfg, name, value);
 }
 
+/* Whether UCX_TLS (unset: all) may select a shared-memory transport: MM_ERROR_HANDLING is
+ * set only then (UCX warns "invalid configuration" for a setting no selected transport reads,
+ * as with docs/multiprocess-host.md's UCX_TLS=tcp,self,cma). */
+static bool tls_has_shm(void)
+{
+    static const char *const shm[] = {"all", "sm", "shm", "mm", "posix", "sysv", "xpmem"};
+    const char *tls = getenv("UCX_TLS");
+    char list[256], *save = NULL;
+
+    if (tls == NULL || tls[0] == '^' || strlen(tls) >= sizeof list)
+        return true; /* everything, everything but some, or too long to read: assume so */
+    snprintf(list, sizeof list, "%s", tls);
+    for (char *t = strtok_r(list, ",", &save); t != NULL; t = strtok_r(NULL, ",", &save))
+        for (size_t i = 0; i < sizeof shm / sizeof shm[0]; i++)
+            if (strcmp(t, shm[i]) == 0)
+                return true;
+    return false;
+}
+
 static ccq_status ucx_create(const ccq_config *cfg, ccq_host_engine **out, ccq_errbuf *err)
 {
     ucx_engine *e = calloc(1, sizeof *e);
@@ -257,7 +276,8 @@ static ccq_status ucx_create(const ccq_config *cfg, ccq_host_engine **out, ccq_e
         snprintf(err->msg, sizeof err->msg, "UCX: ucp_config_read: %s", ucs_status_string(us));
         goto fail;
     }
-    config_default(ucfg, "MM_ERROR_HANDLING", "y", "UCX_SYSV_ERROR_HANDLING");
+    if (tls_has_shm())
+        config_default(ucfg, "MM_ERROR_HANDLING", "y", "UCX_SYSV_ERROR_HANDLING");
     config_default(ucfg, "KEEPALIVE_INTERVAL", "250ms", NULL);
     memset(&params, 0, sizeof params);
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
