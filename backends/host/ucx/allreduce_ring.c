@@ -20,36 +20,51 @@
  * checked by every member (a message reaches the last step only through all of them), so a
  * mismatch still leaves dst untouched, and nothing writes dst after the operation ended
  * (UCX itself only ever writes the scratch). In place (src == dst) holds: a block of dst is
- * written only after this process's own input for it was read. */
+ * written only after this process's own input for it was read.
+ *
+ * Then the result scratch (buf[BUF_RES]) need hold only the segments in flight and the ones
+ * whose last sends may still be read: segment g uses slot g % (2 x window) of it (x[1] = 1), so
+ * a 64 MiB operation keeps 8 MiB of engine scratch, not 64. A slot is reused only once every
+ * send the segment before in it made has left (the peer may still be reading the last one);
+ * twice the window makes that wait rare (with one window's worth the wait could stall the
+ * pipeline). A fused group's result scratch holds its packed inputs (ucx/fused.c): it stays
+ * whole (x[1] = 0). */
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "backends/host/ucx/ucx.h"
 
-/* x[0] = largest block of a segment (elements): the landing slot's size. */
+/* x[0] = largest block of a segment (elements): the landing slot's size; x[1]: 1 when the
+ * result scratch holds 2 x window segments, used in turn, 0 when it holds the whole buffer. */
 
 static ccq_status ring_init(ucx_op *o, ccq_errbuf *err)
 {
     ccq_status st = ucx_segments(o, o->count, 0, ucx_window(), err);
+    size_t res_elems = o->count;
     if (st != CCQ_OK)
         return st;
     o->x[0] = (uint32_t)((o->seg_elems + o->P - 1) / o->P);
-    if (ucx_scratch(o, BUF_TMP, (size_t)o->window * o->x[0] * o->es) == NULL) {
+    o->x[1] = (o->own != NULL || o->parts_lazy) && o->nseg > 2 * o->window;
+    if (o->x[1])
+        res_elems = (size_t)2 * o->window * o->seg_elems;
+    if (ucx_scratch(o, BUF_RES, res_elems * o->es) == NULL ||
+        ucx_scratch(o, BUF_TMP, (size_t)o->window * o->x[0] * o->es) == NULL) {
         snprintf(err->msg, sizeof err->msg, "out of memory for UCX scratch");
         return CCQ_ERR_NO_MEMORY;
     }
     return CCQ_OK;
 }
 
-/* parts_lazy: a finished block into every part's dst (ucx_write_result: AVG divided once). */
-static void put_out_parts(const ucx_op *o, size_t at, size_t elems)
+/* parts_lazy: a finished block (at res, element `at` of the operation) into every part's dst
+ * (ucx_write_result: AVG divided once). */
+static void put_out_parts(const ucx_op *o, const char *res, size_t at, size_t elems)
 {
     const ccq_be_op *op = o->op;
     void *out[CCQ_MAX_DEVICES];
     for (uint32_t k = 0; k < op->nparts; k++)
         out[k] = (char *)op->parts[k].dst + at * o->es;
-    ucx_write_result(o, out, op->nparts, (const char *)o->buf[BUF_RES] + at * o->es, elems);
+    ucx_write_result(o, out, op->nparts, res, elems);
 }
 
 static ccq_status ring_seg(ucx_op *o, uint32_t g, ccq_errbuf *err)
@@ -57,12 +72,23 @@ static ccq_status ring_seg(ucx_op *o, uint32_t g, ccq_errbuf *err)
     uint32_t P = o->P, me = o->me;
     size_t off0 = (size_t)g * o->seg_elems, es = o->es;
     size_t len = o->count - off0 < o->seg_elems ? o->count - off0 : o->seg_elems;
-    char *res = (char *)o->buf[BUF_RES] + off0 * es;
+    char *res = (char *)o->buf[BUF_RES] +
+                (o->x[1] ? (size_t)(g % (2 * o->window)) * o->seg_elems : off0) * es;
     const char *own = o->own != NULL ? o->own + off0 * es : res; /* this process's input */
     char *out = o->out != NULL ? o->out + off0 * es : NULL;      /* its output, or none */
     char *slot = (char *)o->buf[BUF_TMP] + (size_t)(g % o->window) * o->x[0] * es;
     ucx_seg *s = &o->seg[g];
-    ccq_status st;
+    ccq_status st = CCQ_OK;
+
+    /* A shared result slot: the segment before in it is done (the window moved past it), but
+     * its last send may still be read by the peer. */
+    if (o->x[1] && g >= 2 * o->window && s->step == 0 && !s->sent) {
+        bool left = ucx_sends_done(o, g - 2 * o->window, &st, err);
+        if (st != CCQ_OK)
+            return st;
+        if (!left)
+            return CCQ_IN_PROGRESS;
+    }
 
     while (s->step < 2 * P - 2) {
         uint32_t k = s->step, sb, rb;
@@ -98,7 +124,7 @@ static ccq_status ring_seg(ucx_op *o, uint32_t g, ccq_errbuf *err)
             void *dst = out + ro * es;
             ucx_write_result(o, &dst, 1, res + ro * es, rl);
         } else if (o->parts_lazy && k >= P - 2)
-            put_out_parts(o, off0 + ro, rl);
+            put_out_parts(o, res + ro * es, off0 + ro, rl);
     }
     return CCQ_OK;
 }

@@ -777,15 +777,10 @@ static ccq_status local_combine(ucx_op *o, size_t elems, ccq_errbuf *err)
 {
     const ccq_be_op *op = o->op;
     const void *src[CCQ_MAX_DEVICES];
-    void *res = ucx_scratch(o, BUF_RES, elems * o->es);
-    if (res == NULL) {
-        snprintf(err->msg, sizeof err->msg, "out of memory for %zu bytes of UCX scratch",
-                 elems * o->es);
-        return CCQ_ERR_NO_MEMORY;
-    }
+    void *res;
     if (o->alg == &ucx_allreduce_ring) {
         /* Read and written in place, or combined and written block by block, as the schedule
-         * goes (ucx/allreduce_ring.c). */
+         * goes; its scratch is the segments in flight only (ucx/allreduce_ring.c). */
         if (op->nparts == 1) {
             o->own = op->parts[0].src;
             o->out = op->parts[0].dst;
@@ -793,6 +788,12 @@ static ccq_status local_combine(ucx_op *o, size_t elems, ccq_errbuf *err)
             o->parts_lazy = true;
         }
         return CCQ_OK;
+    }
+    res = ucx_scratch(o, BUF_RES, elems * o->es);
+    if (res == NULL) {
+        snprintf(err->msg, sizeof err->msg, "out of memory for %zu bytes of UCX scratch",
+                 elems * o->es);
+        return CCQ_ERR_NO_MEMORY;
     }
     if (op->nparts == 1) {
         memcpy(res, op->parts[0].src, elems * o->es);
