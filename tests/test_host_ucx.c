@@ -28,7 +28,8 @@
  *                              bursts among the survivors are exact.
  *   test_host_ucx stop         the last process stops submitting and stays: the others' next
  *                              operation with it times out (CCQ_ERR_TIMEOUT naming it), a
- *                              communicator without it keeps working.
+ *                              communicator without it keeps working; process 0's pair with it
+ *                              times out saying whom it waits for and what is still leaving.
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -531,12 +532,41 @@ static void killed_fused(ccq_runtime *rt)
     free(b);
 }
 
+/* Process 0's 256 KiB all_reduce with the silent last process alone (a pair: the ring, whose
+ * first step sends a 128 KiB block on the single-copy endpoint): the silent one's engine holds
+ * the announcement of an operation it never started without fetching the payload, so the
+ * timeout's detail says whom process 0 waits for and that its own message is still leaving. */
+static void stopped_pair(ccq_runtime *rt, const ccq_device_id *pair)
+{
+    enum { COUNT = 65536 };
+    static float x[NDEV][COUNT], y[NDEV][COUNT];
+    char want[96];
+    ccq_status st;
+
+    for (uint32_t k = 0; k < NDEV; k++)
+        CHECK(ccq_all_reduce(rt, first + k, 4, x[k], y[k], COUNT, CCQ_FLOAT32, CCQ_SUM, pair,
+                             2 * NDEV) == CCQ_OK,
+              "submit the pair's");
+    do
+        st = ccq_sync_collective(rt, first, 4);
+    while (st == CCQ_ERR_TIMEOUT &&
+           strstr(ccq_last_error_detail(), "commands it covers still pending") != NULL);
+    CHECK(st == CCQ_ERR_TIMEOUT, "the pair with the silent one: %s", ccq_status_name(st));
+    snprintf(want, sizeof want, "waits for process %u's message (step 0", wsize - 1);
+    CHECK(strstr(ccq_last_error_detail(), want) != NULL &&
+              strstr(ccq_last_error_detail(), "1 of this process's messages to it still leaving") !=
+                  NULL,
+          "the pair's detail says whom it waits for and what is still leaving: %s",
+          ccq_last_error_detail());
+    printf("process %u, the pair: %s\n", wrank, ccq_last_error_detail());
+}
+
 /* The last process stops submitting (and stays): the others' next operation with it ends
  * with CCQ_ERR_TIMEOUT after about timeout_ms, naming the operation, its sequence and the
  * processes; a communicator without it keeps working meanwhile. */
 static void stopped(ccq_runtime *rt, uint64_t timeout_ms)
 {
-    ccq_device_id all[32], rest[32];
+    ccq_device_id all[32], rest[32], pair[2 * NDEV];
     uint32_t n = wsize * NDEV, nr = (wsize - 1) * NDEV;
     float x[NDEV][64] = {{0}}, y[NDEV][64];
     uint64_t t0;
@@ -544,7 +574,13 @@ static void stopped(ccq_runtime *rt, uint64_t timeout_ms)
 
     for (uint32_t d = 0; d < n; d++)
         all[d] = rest[d] = d;
+    for (uint32_t k = 0; k < NDEV; k++) {
+        pair[k] = k;                             /* process 0's devices */
+        pair[NDEV + k] = (wsize - 1) * NDEV + k; /* the silent one's */
+    }
     CHECK(ccq_comm_init(rt, all, n) == CCQ_OK, "world comm");
+    if (wrank == 0 || wrank + 1 == wsize)
+        CHECK(ccq_comm_init(rt, pair, 2 * NDEV) == CCQ_OK, "pair comm");
     for (uint32_t k = 0; k < NDEV; k++)
         CHECK(ccq_all_reduce(rt, first + k, 0, x[k], y[k], 64, CCQ_FLOAT32, CCQ_SUM, all, n) ==
                   CCQ_OK,
@@ -552,7 +588,7 @@ static void stopped(ccq_runtime *rt, uint64_t timeout_ms)
     for (uint32_t k = 0; k < NDEV; k++)
         CHECK(ccq_sync_collective(rt, first + k, 0) == CCQ_OK, "the first one works");
     if (wrank + 1 == wsize) { /* stays, silent, until the others are done */
-        struct timespec t = {(time_t)(2 * timeout_ms / 1000 + 1), 0};
+        struct timespec t = {(time_t)(3 * timeout_ms / 1000 + 2), 0};
         nanosleep(&t, NULL);
         return;
     }
@@ -589,6 +625,8 @@ static void stopped(ccq_runtime *rt, uint64_t timeout_ms)
               "submit the survivors' last");
     for (uint32_t k = 0; k < NDEV; k++)
         CHECK(ccq_sync_collective(rt, first + k, 1) == CCQ_OK, "the survivors' last");
+    if (wrank == 0)
+        stopped_pair(rt, pair);
 }
 
 int main(int argc, char **argv)

@@ -1271,26 +1271,27 @@ static void ucx_describe(ccq_host_engine *base, const ccq_heng_op *h, uint64_t n
         w += (size_t)snprintf(err->msg + w, sizeof err->msg - w,
                               "(%u ranks; this is process %u) waits for its sends to complete",
                               c->nranks, c->procs[c->me]);
-    /* A process of the world that died (any: the one whose dying write matters need not be a
-     * member here) while the awaited member is alive: UCX's shared-memory receive queue may be
-     * what stopped (docs/multiprocess-host.md, "A process killed while writing"). */
-    uint32_t dead = UINT32_MAX;
-    for (uint32_t r = 0; e->peers_failed > 0 && r < e->world_size && dead == UINT32_MAX; r++)
-        if (e->peers[r].failed != UCS_OK)
-            dead = r;
-    if (w < sizeof err->msg && dead != UINT32_MAX &&
-        (o->wait_src >= c->nprocs || e->peers[c->procs[o->wait_src]].failed == UCS_OK))
-        w +=
-            (size_t)snprintf(err->msg + w, sizeof err->msg - w,
-                             ", pending for %.0f ms: process %u died earlier, and a process killed "
-                             "while writing into another's UCX shared-memory receive queue "
-                             "leaves that one deaf to every sender (docs/multiprocess-host.md)",
-                             (double)(now_ns - o->start_ns) / 1e6, dead);
-    else if (w < sizeof err->msg)
+    if (w < sizeof err->msg)
         w += (size_t)snprintf(err->msg + w, sizeof err->msg - w,
                               ", pending for %.0f ms: a member process died, hangs, or stopped "
                               "submitting on this communicator",
                               (double)(now_ns - o->start_ns) / 1e6);
+    /* A process of the world whose endpoint failed (any: the one whose dying write matters need
+     * not be a member here) while the awaited member is alive: UCX's shared-memory receive
+     * queue may be what stopped (docs/multiprocess-host.md, "A process killed while writing").
+     * A process that destroyed its runtime and exited cleanly fails its endpoints too, so the
+     * detail says "exited or died". */
+    uint32_t gone = UINT32_MAX;
+    for (uint32_t r = 0; e->peers_failed > 0 && r < e->world_size && gone == UINT32_MAX; r++)
+        if (e->peers[r].failed != UCS_OK)
+            gone = r;
+    if (w < sizeof err->msg && gone != UINT32_MAX &&
+        (o->wait_src >= c->nprocs || e->peers[c->procs[o->wait_src]].failed == UCS_OK))
+        w += (size_t)snprintf(err->msg + w, sizeof err->msg - w,
+                              "; process %u's UCX connection failed earlier (it exited or died: "
+                              "one killed while writing into a peer's UCX shared-memory queue "
+                              "leaves that peer deaf to every sender, docs/multiprocess-host.md)",
+                              gone);
     /* What the engine holds, for whoever has to work out why. */
     if (w < sizeof err->msg) {
         uint32_t early = 0;
