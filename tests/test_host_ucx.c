@@ -587,9 +587,20 @@ static void stopped(ccq_runtime *rt, uint64_t timeout_ms)
               "submit");
     for (uint32_t k = 0; k < NDEV; k++)
         CHECK(ccq_sync_collective(rt, first + k, 0) == CCQ_OK, "the first one works");
-    if (wrank + 1 == wsize) { /* stays, silent, until the others are done */
-        struct timespec t = {(time_t)(3 * timeout_ms / 1000 + 2), 0};
-        nanosleep(&t, NULL);
+    if (wrank + 1 == wsize) {
+        /* Stays, silent, until the others are done (they left: job health says so), at most
+         * 20 x timeout_ms (a sanitizer's slow run must not see it leave early). */
+        for (uint64_t t1 = now_ms(); now_ms() - t1 < 20 * timeout_ms;) {
+            uint32_t done = 0;
+            struct timespec t = {0, 50000000L};
+            for (uint32_t p = 0; p + 1 < wsize; p++) {
+                ccq_process_state ps = CCQ_PROCESS_ALIVE;
+                done += ccq_world_process_state(rt, p, &ps) == CCQ_OK && ps != CCQ_PROCESS_ALIVE;
+            }
+            if (done + 1 == wsize)
+                break;
+            nanosleep(&t, NULL);
+        }
         return;
     }
     CHECK(ccq_comm_init(rt, rest, nr) == CCQ_OK, "comm without the last");
