@@ -938,11 +938,18 @@ static void test_tcp_server_keepalive(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_tcp_worlds),         cmocka_unit_test(test_tcp_any_interface),
-        cmocka_unit_test(test_tcp_refusals),       cmocka_unit_test(test_tcp_hostile_clients),
-        cmocka_unit_test(test_tcp_peers),          cmocka_unit_test(test_tcp_server_memory),
-        cmocka_unit_test(test_tcp_server_beats),   cmocka_unit_test(test_tcp_record_at_takeover),
-        cmocka_unit_test(test_tcp_stopped_server), cmocka_unit_test(test_tcp_server_keepalive),
+        /* clang-format off */
+        cmocka_unit_test(test_tcp_worlds),
+        cmocka_unit_test(test_tcp_any_interface),
+        cmocka_unit_test(test_tcp_refusals),
+        cmocka_unit_test(test_tcp_hostile_clients),
+        cmocka_unit_test(test_tcp_peers),
+        cmocka_unit_test(test_tcp_server_memory),
+        cmocka_unit_test(test_tcp_server_beats),
+        cmocka_unit_test(test_tcp_record_at_takeover),
+        cmocka_unit_test(test_tcp_stopped_server),
+        cmocka_unit_test(test_tcp_server_keepalive),
+        /* clang-format on */
     };
     /* CCQ_TEST_FILTER=pattern runs only the matching tests (cmocka's wildcard syntax). */
     const char *filter = getenv("CCQ_TEST_FILTER");
