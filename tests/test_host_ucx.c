@@ -30,6 +30,11 @@
  *                              operation with it times out (CCQ_ERR_TIMEOUT naming it), a
  *                              communicator without it keeps working; process 0's pair with it
  *                              times out saying whom it waits for and what is still leaving.
+ *   test_host_ucx last_burst   (run with UCX_TLS=self,tcp) process 0 sends a burst of small
+ *                              messages to process 1, fences and destroys its runtime at once,
+ *                              many times over: process 1, which takes them late, gets every
+ *                              one (destroy flushes the endpoints of live peers before closing
+ *                              them: a completed send over TCP may still sit in UCX's buffer).
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -640,6 +645,62 @@ static void stopped(ccq_runtime *rt, uint64_t timeout_ms)
         stopped_pair(rt, pair);
 }
 
+/* Process 0 sends LB_MSGS messages to process 1 (1024 words, every 16th and the last 20480:
+ * those go on the large-payload endpoint) and destroys its runtime right after its fence;
+ * process 1 posts its receives only after a pause (the sender's last bytes are then still in
+ * UCX's TCP buffer when it destroys), checks every message, and then finds that a receive of
+ * one more message fails at once, naming process 0 as gone. */
+enum { LB_ROUNDS = 20, LB_MSGS = 256, LB_SMALL = 1024, LB_LARGE = 20480 };
+
+static uint32_t lb_count(uint32_t m)
+{
+    return m % 16 == 15 ? LB_LARGE : LB_SMALL;
+}
+
+static void last_burst(ccq_runtime *rt, uint32_t round)
+{
+    static uint32_t buf[LB_MSGS][LB_LARGE];
+    ccq_device_id peer = wrank == 0 ? NDEV : 0;
+    ccq_status st;
+
+    if (wrank > 1)
+        return;
+    if (wrank == 0) {
+        for (uint32_t m = 0; m < LB_MSGS; m++) {
+            for (uint32_t i = 0; i < lb_count(m); i++)
+                buf[m][i] = round * 1000003u + m * 7919u + i;
+            CHECK(ccq_send(rt, 0, 1, buf[m], lb_count(m), CCQ_UINT32, peer) == CCQ_OK, "send");
+        }
+        CHECK(ccq_sync_collective(rt, 0, 1) == CCQ_OK, "the burst's sends");
+        return;
+    }
+    memset(buf, 0, sizeof buf);
+    {
+        struct timespec t = {0, 20000000L};
+        nanosleep(&t, NULL);
+    }
+    for (uint32_t m = 0; m < LB_MSGS; m++)
+        CHECK(ccq_recv(rt, NDEV, 1, buf[m], lb_count(m), CCQ_UINT32, peer) == CCQ_OK, "recv");
+    CHECK(ccq_sync_collective(rt, NDEV, 1) == CCQ_OK, "round %u: the burst arrives", round);
+    for (uint32_t m = 0; m < LB_MSGS; m++)
+        for (uint32_t i = 0; i < lb_count(m); i++)
+            CHECK(buf[m][i] == round * 1000003u + m * 7919u + i, "round %u: message %u word %u: %u",
+                  round, m, i, buf[m][i]);
+    if (round + 1 < LB_ROUNDS)
+        return;
+    /* One more: process 0 never sends it; once it has left, the receive fails (at once, not
+     * after timeout_ms), saying so. */
+    {
+        uint64_t t0 = now_ms();
+        CHECK(ccq_recv(rt, NDEV, 1, buf[0], LB_SMALL, CCQ_UINT32, peer) == CCQ_OK, "recv");
+        st = ccq_sync_collective(rt, NDEV, 1);
+        CHECK(st != CCQ_OK && strstr(ccq_last_error_detail(), "process 0 left") != NULL,
+              "a receive from a process that left: %s", ccq_status_name(st));
+        CHECK(now_ms() - t0 < 5000, "it failed after %llu ms", (unsigned long long)(now_ms() - t0));
+        printf("process 1: %s\n", ccq_last_error_detail());
+    }
+}
+
 int main(int argc, char **argv)
 {
     ccq_config cfg;
@@ -649,6 +710,7 @@ int main(int argc, char **argv)
     bool stop_mode = argc > 1 && strcmp(argv[1], "stop") == 0;
     bool large_mode = argc > 1 && strcmp(argv[1], "kill_large") == 0;
     bool fused_mode = argc > 1 && strcmp(argv[1], "kill_fused") == 0;
+    bool burst_mode = argc > 1 && strcmp(argv[1], "last_burst") == 0;
 
     ccq_config_init(&cfg);
     wrank = cfg.world_rank;
@@ -662,6 +724,22 @@ int main(int argc, char **argv)
         cfg.timeout_ms = 15000;
     if (fused_mode)
         cfg.trace_capacity = 1u << 18;
+    if (burst_mode) {
+        /* A runtime a round, each meeting in a directory of its own under the file
+         * bootstrap's. */
+        char dir[512];
+        const char *base = cfg.bootstrap;
+        CHECK(strncmp(cfg.bootstrap, "file:", 5) == 0, "last_burst needs a file: bootstrap");
+        for (uint32_t round = 0; round < LB_ROUNDS; round++) {
+            snprintf(dir, sizeof dir, "%s/r%u", base, round);
+            cfg.bootstrap = dir;
+            CHECK(ccq_runtime_create(&cfg, &rt) == CCQ_OK, "ccq_runtime_create, round %u", round);
+            last_burst(rt, round);
+            CHECK(ccq_runtime_destroy(rt) == CCQ_OK, "destroy, round %u", round);
+        }
+        printf("process %u of %u: %u rounds OK\n", wrank, wsize, (unsigned)LB_ROUNDS);
+        return 0;
+    }
     CHECK(ccq_runtime_create(&cfg, &rt) == CCQ_OK, "ccq_runtime_create");
     CHECK(ccq_local_devices(rt, &first, &cnt) == CCQ_OK && cnt == NDEV, "local devices");
     if (kill_mode) {

@@ -136,16 +136,30 @@ static void peer_error(void *arg, ucp_ep_h ep, ucs_status_t status)
     (void)ep;
     if (p->failed == UCS_OK) {
         p->failed = status != UCS_OK ? status : UCS_ERR_ENDPOINT_TIMEOUT;
+        p->failed_ns = ccq_now_ns();
         e->peers_failed++;
     }
+}
+
+/* Whether a peer whose connection just failed said goodbye first. Its goodbye left before it
+ * closed anything (ucx_destroy), but over TCP each endpoint is a connection of its own: the
+ * close of its large-payload one may be read here before the goodbye waiting on the other.
+ * What is readable now is read first (a few ms at most): a real loss is seen that much later. */
+static bool said_goodbye(ucx_engine *e, const ucx_peer *p)
+{
+    uint64_t until = ccq_now_ns() + 5000000ull;
+    while (!p->left && ucp_worker_progress(e->worker) != 0 && ccq_now_ns() < until)
+        ;
+    return p->left;
 }
 
 /* A peer failed: every communicator it is a member of fails, so that operations on them end
  * now, whoever they wait for (a process waiting on a survivor that waits on the dead one).
  * The runtime's job health hears of it (base.peer_failed) when it cut an operation in
- * flight: a process that destroyed its runtime cleanly and exited also ends in a peer error
- * here, sometimes before its "left" heartbeat is read, and only work that still needed it
- * makes that a loss. */
+ * flight. A peer that said goodbye (it destroyed its runtime cleanly: ucx_peer.left) is no
+ * failure: its closed connection ends nothing here, operations take the messages it sent,
+ * and only one that needs a message it never sent, or to send it one, fails
+ * (ucx_recv_step, post in ucx/msg.c); job health reads its "left" record. */
 static void check_peers(ucx_engine *e)
 {
     if (e->peers_failed == e->peers_seen)
@@ -155,7 +169,7 @@ static void check_peers(ucx_engine *e)
         for (uint32_t p = 0; p < c->nprocs && c->failed == CCQ_OK; p++) {
             ucx_peer *peer = &e->peers[c->procs[p]];
             char why[CCQ_DETAIL_LEN];
-            if (p == c->me || peer->failed == UCS_OK)
+            if (p == c->me || peer->failed == UCS_OK || said_goodbye(e, peer))
                 continue;
             snprintf(why, sizeof why,
                      "process %u failed (UCX: %s): a member of this communicator (this is "
@@ -357,6 +371,58 @@ static bool owed(const ucx_engine *e, bool notices)
     return false;
 }
 
+/* Before its endpoints close: tell every live peer goodbye, with how many messages this
+ * process sent it (ucx_peer.left), and flush both endpoints, so that what UCX reported sent
+ * has left this process (over TCP a completed send may still sit in UCX's buffer, which a
+ * forced close discards). Bounded: a second at most (timeout_ms if less), for a peer too busy
+ * to read. */
+static void say_goodbye(ucx_engine *e)
+{
+    uint32_t n = e->world_size;
+    ucx_hdr *bye = calloc(n, sizeof *bye);
+    void **reqs = calloc(3 * (size_t)n, sizeof *reqs);
+    ucp_request_param_t prm;
+    uint64_t until = ccq_now_ns() + (e->timeout_ns < 1000000000ull ? e->timeout_ns : 1000000000ull);
+    bool busy = true;
+
+    if (bye == NULL || reqs == NULL) {
+        free(bye);
+        free(reqs);
+        return;
+    }
+    memset(&prm, 0, sizeof prm);
+    for (uint32_t r = 0; r < n; r++) {
+        ucx_peer *p = &e->peers[r];
+        if (r == e->world_rank || p->ep == NULL || p->failed != UCS_OK || p->left)
+            continue;
+        bye[r].magic = UCX_MAGIC;
+        bye[r].version = UCX_VERSION;
+        bye[r].type = UCX_MSG_BYE;
+        bye[r].wsrc = e->world_rank;
+        bye[r].seq = p->sent;
+        reqs[3 * r] = ucp_am_send_nbx(p->ep, UCX_AM_ID, &bye[r], sizeof bye[r], NULL, 0, &prm);
+        reqs[3 * r + 1] = ucp_ep_flush_nbx(p->ep, &prm);
+        if (p->bulk != NULL)
+            reqs[3 * r + 2] = ucp_ep_flush_nbx(p->bulk, &prm);
+    }
+    while (busy && ccq_now_ns() < until) {
+        busy = false;
+        ucp_worker_progress(e->worker);
+        for (uint32_t k = 0; k < 3 * n; k++)
+            busy |= reqs[k] != NULL && !UCS_PTR_IS_ERR(reqs[k]) &&
+                    ucp_request_check_status(reqs[k]) == UCS_INPROGRESS;
+    }
+    /* Closing the endpoints ends what is still in progress; UCX frees those then. */
+    for (uint32_t k = 0; k < 3 * n; k++)
+        if (reqs[k] != NULL && !UCS_PTR_IS_ERR(reqs[k]))
+            ucp_request_free(reqs[k]);
+    free(reqs);
+    if (!busy)
+        free(bye);
+    else
+        e->bye = bye; /* a goodbye not sent yet still reads its header: freed with the worker */
+}
+
 static void ucx_destroy(ccq_host_engine *base)
 {
     ucx_engine *e = to_ucx(base);
@@ -375,6 +441,8 @@ static void ucx_destroy(ccq_host_engine *base)
         while ((now = ccq_now_ns()) < until && owed(e, now < notices_until))
             ucx_reap(base, now);
     }
+    if (e->worker != NULL && e->peers != NULL)
+        say_goodbye(e);
     /* Operations UCX still held (abandoned, failed): cancel what can be, then close the
      * endpoints, which ends every request on them. */
     for (ucx_op *o = e->background; o != NULL; o = o->next)
@@ -411,6 +479,7 @@ static void ucx_destroy(ccq_host_engine *base)
         ucp_worker_release_address(e->worker, e->addr);
     if (e->worker != NULL)
         ucp_worker_destroy(e->worker);
+    free(e->bye);
     if (e->ctx != NULL)
         ucp_cleanup(e->ctx);
     for (uint32_t r = 0; e->peers != NULL && r < e->world_size; r++)

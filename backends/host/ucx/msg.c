@@ -375,9 +375,18 @@ ucs_status_t ucx_am_recv(void *arg, const void *header, size_t header_length, vo
     }
     memcpy(&h, header, sizeof h);
     if (h.magic != UCX_MAGIC || h.version != UCX_VERSION ||
-        (h.type != UCX_MSG_DATA && h.type != UCX_MSG_NOTICE)) {
+        (h.type != UCX_MSG_DATA && h.type != UCX_MSG_NOTICE && h.type != UCX_MSG_BYE)) {
         e->dropped++;
         return UCS_OK;
+    }
+    if (h.wsrc < e->world_size && h.wsrc != e->world_rank) {
+        ucx_peer *peer = &e->peers[h.wsrc];
+        if (h.type == UCX_MSG_BYE) {
+            peer->left = true;
+            peer->bye_count = h.seq;
+            return UCS_OK;
+        }
+        peer->got++;
     }
     c = find_comm(e, h.comm);
     if (c == NULL && (comm_gone(e, h.comm) || e->norphans >= UCX_ORPHANS_MAX ||
@@ -488,6 +497,15 @@ static ccq_status post(ucx_op *o, uint32_t dst, ucx_send *s, const void *buf, si
     ucp_ep_h ep;
     void *req;
 
+    if (peer->left) {
+        snprintf(err->msg, sizeof err->msg,
+                 "process %u left (destroyed its runtime) before %s sequence %" PRIu64
+                 " could send to it (this is process %u)",
+                 o->c->procs[dst], ucx_kind_name(o->kind), o->seq, o->c->procs[o->me]);
+        free(s->copy);
+        free(s);
+        return CCQ_ERR_BACKEND;
+    }
     if (peer->failed != UCS_OK || peer->ep == NULL) {
         snprintf(err->msg, sizeof err->msg,
                  "process %u failed (UCX: %s) during %s sequence %" PRIu64 " (this is process %u)",
@@ -500,6 +518,8 @@ static ccq_status post(ucx_op *o, uint32_t dst, ucx_send *s, const void *buf, si
     }
     ep = bytes >= o->e->bulk_bytes ? ucx_bulk_ep(o->e, peer) : peer->ep;
     req = ucp_am_send_nbx(ep, UCX_AM_ID, &s->hdr, sizeof s->hdr, buf, bytes, &o->e->send_param);
+    if (!UCS_PTR_IS_ERR(req))
+        peer->sent++;  /* what our goodbye will say (ucx_destroy) */
     if (req == NULL) { /* done at once */
         free(s->copy);
         free(s);
@@ -607,6 +627,19 @@ void ucx_notice(ucx_op *o)
 
 /* ---- receives ----------------------------------------------------------------------------- */
 
+int ucx_peer_left(const ucx_peer *p, uint64_t now_ns)
+{
+    if (!p->left)
+        return UCX_LEFT_NO;
+    if (p->got >= p->bye_count)
+        return UCX_LEFT_ALL;
+    /* Some are still on their way (over TCP each endpoint is its own connection: the goodbye
+     * may overtake a payload on the large-message endpoint); a connection that failed this
+     * long ago brings nothing more. */
+    return p->failed != UCS_OK && now_ns - p->failed_ns > UCX_LEFT_GRACE_NS ? UCX_LEFT_LOST
+                                                                            : UCX_LEFT_NO;
+}
+
 ccq_status ucx_recv_step(ucx_op *o, uint32_t src, uint32_t step, void *land, size_t bytes,
                          ucx_msg **out, ccq_errbuf *err)
 {
@@ -619,9 +652,20 @@ ccq_status ucx_recv_step(ucx_op *o, uint32_t src, uint32_t step, void *land, siz
             break;
     m = *pp;
     if (m == NULL) {
+        int left = ucx_peer_left(peer, ccq_now_ns());
         o->wait_src = src;
         o->wait_step = step;
-        if (peer->failed != UCS_OK) {
+        if (left != UCX_LEFT_NO) {
+            snprintf(err->msg, sizeof err->msg,
+                     "process %u left (destroyed its runtime) before sending its message "
+                     "(step %u of %s sequence %" PRIu64 "; this is process %u)%s",
+                     o->c->procs[src], step, ucx_kind_name(o->kind), o->seq, o->c->procs[o->me],
+                     left == UCX_LEFT_LOST ? ": some of its last messages never arrived (its "
+                                             "connection failed first)"
+                                           : "");
+            return CCQ_ERR_BACKEND;
+        }
+        if (peer->failed != UCS_OK && !peer->left) {
             snprintf(err->msg, sizeof err->msg,
                      "process %u failed (UCX: %s) during %s sequence %" PRIu64
                      " (this is process %u, waiting for its message)",

@@ -33,6 +33,8 @@
 enum {
     UCX_MSG_DATA = 0,   /* a step of an operation's schedule */
     UCX_MSG_NOTICE = 1, /* "this operation failed": payload = the detail, every member fails */
+    UCX_MSG_BYE = 2,    /* "this process destroys its runtime": seq = how many messages it sent
+                           the receiver before this one (ucx_destroy; ucx_peer.left) */
 };
 
 typedef struct ucx_hdr {
@@ -96,7 +98,14 @@ typedef struct ucx_peer {
     const void *addr; /* its worker address (a copy held by the engine) */
     size_t addr_len;
     ucs_status_t failed; /* UCS_OK, or what UCX's error callback said about it */
+    uint64_t failed_ns;  /* when the error callback said it */
     bool reported;       /* told to the runtime (base.peer_failed) */
+    /* A peer that destroyed its runtime cleanly said goodbye (UCX_MSG_BYE) with the number of
+     * messages it sent here: once that many arrived, nothing more will come from it, and the
+     * error its closed connection raises is no failure of work that already has its messages
+     * (ucx_peer_left). sent and got count ccq's messages (data and notices) each way. */
+    bool left;
+    uint64_t sent, got, bye_count;
     struct ucx_peer_err *cb_arg;
 } ucx_peer;
 
@@ -137,6 +146,7 @@ struct ucx_engine {
     ucx_msg *free_msgs;                /* recycled arrival records */
     ccq_scratch_pool pool;             /* scratch kept for reuse */
     ucp_request_param_t send_param;
+    ucx_hdr *bye;   /* goodbyes UCX had not sent when destroy closed the endpoints */
     char note[160]; /* how the engine was set up (transports, keepalive), for details */
 };
 
@@ -342,6 +352,13 @@ void ucx_comm_drop_messages(ucx_comm *c);
 /* The endpoint for p's large payloads (ucx_peer.bulk, made if it was not yet; p->ep if it
  * cannot be made). */
 ucp_ep_h ucx_bulk_ep(ucx_engine *e, ucx_peer *p);
+/* How p stands after saying goodbye (UCX_MSG_BYE): UCX_LEFT_NO while it did not, or while
+ * its messages are still arriving; UCX_LEFT_ALL once they all arrived (a message not here
+ * now never comes); UCX_LEFT_LOST when some never did (its connection failed
+ * UCX_LEFT_GRACE_NS ago and they are still missing). */
+enum { UCX_LEFT_NO = 0, UCX_LEFT_ALL, UCX_LEFT_LOST };
+#define UCX_LEFT_GRACE_NS 2000000000ull
+int ucx_peer_left(const ucx_peer *p, uint64_t now_ns);
 /* c can no longer be used: its later operations fail with st and detail. remote: a member
  * reported it (so this process need not tell the others). */
 void ucx_comm_fail(ucx_comm *c, ccq_status st, const char *detail, bool remote);
