@@ -33,8 +33,10 @@
  *   test_host_ucx last_burst   (run with UCX_TLS=self,tcp) process 0 sends a burst of small
  *                              messages to process 1, fences and destroys its runtime at once,
  *                              many times over: process 1, which takes them late, gets every
- *                              one (destroy flushes the endpoints of live peers before closing
- *                              them: a completed send over TCP may still sit in UCX's buffer).
+ *                              one (destroy says goodbye and flushes before closing its
+ *                              endpoints: a completed send over TCP may still sit in UCX's
+ *                              buffer); then a receive process 0 never sent for, and the
+ *                              others' all_reduce with it, fail at once saying it left.
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -661,10 +663,16 @@ static void last_burst(ccq_runtime *rt, uint32_t round)
 {
     static uint32_t buf[LB_MSGS][LB_LARGE];
     ccq_device_id peer = wrank == 0 ? NDEV : 0;
+    ccq_device_id all[8 * NDEV];
+    bool last = round + 1 == LB_ROUNDS;
     ccq_status st;
 
+    for (uint32_t d = 0; d < wsize * NDEV; d++)
+        all[d] = d;
+    if (last) /* the world, for the others' operation with process 0 after it left */
+        CHECK(ccq_comm_init(rt, all, wsize * NDEV) == CCQ_OK, "world comm");
     if (wrank > 1)
-        return;
+        goto world;
     if (wrank == 0) {
         for (uint32_t m = 0; m < LB_MSGS; m++) {
             for (uint32_t i = 0; i < lb_count(m); i++)
@@ -686,7 +694,7 @@ static void last_burst(ccq_runtime *rt, uint32_t round)
         for (uint32_t i = 0; i < lb_count(m); i++)
             CHECK(buf[m][i] == round * 1000003u + m * 7919u + i, "round %u: message %u word %u: %u",
                   round, m, i, buf[m][i]);
-    if (round + 1 < LB_ROUNDS)
+    if (!last)
         return;
     /* One more: process 0 never sends it; once it has left, the receive fails (at once, not
      * after timeout_ms), saying so. */
@@ -698,6 +706,34 @@ static void last_burst(ccq_runtime *rt, uint32_t round)
               "a receive from a process that left: %s", ccq_status_name(st));
         CHECK(now_ms() - t0 < 5000, "it failed after %llu ms", (unsigned long long)(now_ms() - t0));
         printf("process 1: %s\n", ccq_last_error_detail());
+    }
+world:
+    if (!last || wrank == 0)
+        return;
+    /* The others' all_reduce with process 0, which left: it fails at once (the member that
+     * needed its message says so, and tells the rest), not after timeout_ms; process 0 is
+     * "left", not lost. */
+    {
+        static float x[NDEV][64], y[NDEV][64];
+        ccq_process_state ps = CCQ_PROCESS_ALIVE;
+        uint64_t t0 = now_ms();
+        for (uint32_t k = 0; k < NDEV; k++)
+            CHECK(ccq_all_reduce(rt, wrank * NDEV + k, 2, x[k], y[k], 64, CCQ_FLOAT32, CCQ_SUM, all,
+                                 wsize * NDEV) == CCQ_OK,
+                  "submit");
+        for (uint32_t k = 0; k < NDEV; k++) {
+            st = ccq_sync_collective(rt, wrank * NDEV + k, 2);
+            CHECK(st != CCQ_OK && strstr(ccq_last_error_detail(), "process 0 left") != NULL,
+                  "an all_reduce with a process that left: %s", ccq_status_name(st));
+        }
+        CHECK(now_ms() - t0 < 5000, "it failed after %llu ms", (unsigned long long)(now_ms() - t0));
+        printf("process %u, the world: %s\n", wrank, ccq_last_error_detail());
+        for (uint64_t t1 = now_ms(); ps == CCQ_PROCESS_ALIVE && now_ms() - t1 < 10000;) {
+            struct timespec t = {0, 20000000L};
+            CHECK(ccq_world_process_state(rt, 0, &ps) == CCQ_OK, "process state");
+            nanosleep(&t, NULL);
+        }
+        CHECK(ps == CCQ_PROCESS_LEFT, "process 0's state: %d (2 = left)", (int)ps);
     }
 }
 
