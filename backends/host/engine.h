@@ -60,6 +60,8 @@ typedef struct ccq_host_engine_ops {
     /* CCQ_OK: done, every local output written, h freed; CCQ_IN_PROGRESS; or an error (h
      * freed or kept by the engine, err set). */
     ccq_status (*test)(ccq_host_engine *e, ccq_heng_op *h, ccq_errbuf *err);
+    /* (An error test returns aborts the communicator in the runtime, a mismatch aside, unless
+     * the engine sets ccq_host_engine.op_error_only before returning it.) */
     /* What h waits for, for a timeout's detail. */
     void (*describe)(ccq_host_engine *e, const ccq_heng_op *h, uint64_t now_ns, ccq_errbuf *err);
     /* Give up on h (timeout, abort): the engine keeps what the transport may still touch and
@@ -105,6 +107,10 @@ struct ccq_host_engine {
      * inside one of its functions; the runtime's job health declares the process lost. */
     void (*peer_failed)(void *arg, uint32_t world_rank);
     void *peer_failed_arg;
+    /* Set by test with an error that is that operation's alone: the communicator stays usable
+     * (the UCX engine, when a member that left cleanly never sent what the operation needs:
+     * operations that have their messages still complete). The host backend clears it. */
+    bool op_error_only;
 };
 
 /* The engines' tables. Each engine is a module (backends/module.h) whose entry names its table

@@ -306,6 +306,7 @@ ccq_be_batch *host_xp_poll(host_xp *x, ccq_be_batch *list)
             ccq_status st;
             if (m->h[k] == NULL)
                 continue;
+            eng->op_error_only = false;
             if (host_op_aborted(op)) {
                 /* Give the operation up (the engine keeps what its transport may still touch);
                  * the runtime's reason is on the comm. */
@@ -326,7 +327,8 @@ ccq_be_batch *host_xp_poll(host_xp *x, ccq_be_batch *list)
                 /* A mismatch across processes is found before any data moves and leaves
                  * nothing pending: the communicator goes on with the next operation. Other
                  * errors may leave MPI state behind: later work would queue behind it. */
-                op->comm_aborted = st != CCQ_ERR_MISMATCH;
+                op->comm_aborted = st != CCQ_ERR_MISMATCH && !eng->op_error_only;
+                eng->op_error_only = false;
                 batch_fail_detail(b, &e);
                 x->background++;
             }

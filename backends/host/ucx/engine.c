@@ -1246,6 +1246,7 @@ static ccq_status ucx_test(ccq_host_engine *base, ccq_heng_op *h, ccq_errbuf *er
         st = fz->status;
         if (st != CCQ_OK)
             snprintf(err->msg, sizeof err->msg, "%s", fz->detail.msg);
+        base->op_error_only = st != CCQ_OK && fz->op_only;
         o->op = NULL;
         op_retire(o);
         return st;
@@ -1259,7 +1260,11 @@ static ccq_status ucx_test(ccq_host_engine *base, ccq_heng_op *h, ccq_errbuf *er
          * operation that failed here. */
         bool remote = o->noticed; /* it came from a member's notice */
         ucx_notice(o);
-        ucx_comm_fail(c, st, o->detail.msg, remote);
+        if (!o->op_only)
+            ucx_comm_fail(c, st, o->detail.msg, remote);
+        base->op_error_only = o->op_only;
+        if (o->fz != NULL)
+            o->fz->op_only = o->op_only;
     }
     ucx_fused_end(o, st, o->detail.msg);
     o->op = NULL;

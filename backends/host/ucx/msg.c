@@ -258,6 +258,8 @@ static void take_notice(ucx_op *o, ucx_msg *m)
     if (n == 0 || memchr(text, '\0', n) == NULL)
         text[n] = '\0';
     o->noticed = true;
+    if (o->status == CCQ_IN_PROGRESS)
+        o->op_only = m->hdr.step == UCX_NOTICE_OP_ONLY;
     ucx_op_fail(o, st < 0 ? st : CCQ_ERR_MISMATCH, "%s (reported by process %u)",
                 n ? text : "a member process failed this operation", c->procs[m->hdr.src]);
 }
@@ -269,8 +271,8 @@ static void late_notice(ucx_comm *c, const ucx_msg *m)
     char text[CCQ_DETAIL_LEN - 160];
     size_t n;
 
-    if (m->hdr.type != UCX_MSG_NOTICE || c->failed != CCQ_OK)
-        return;
+    if (m->hdr.type != UCX_MSG_NOTICE || c->failed != CCQ_OK || m->hdr.step == UCX_NOTICE_OP_ONLY)
+        return; /* (a member failed it for want of a leaver's message: this one had them) */
     n = m->state == MSG_EAGER && m->len < sizeof text ? m->len : 0;
     memcpy(text, m->data, n);
     text[n < sizeof text ? n : sizeof text - 1] = '\0';
@@ -498,6 +500,8 @@ static ccq_status post(ucx_op *o, uint32_t dst, ucx_send *s, const void *buf, si
     void *req;
 
     if (peer->left) {
+        if (s->hdr.type == UCX_MSG_DATA) /* (a notice to it: it needs none) */
+            o->op_only = true;
         snprintf(err->msg, sizeof err->msg,
                  "process %u left (destroyed its runtime) before %s sequence %" PRIu64
                  " could send to it (this is process %u)",
@@ -612,7 +616,8 @@ void ucx_notice(ucx_op *o)
     for (uint32_t p = 0; p < o->P; p++) {
         ucx_send *s;
         ccq_errbuf ignored;
-        if (p == o->me || (s = send_new(o, p, UCX_MSG_NOTICE, 0, UCX_NOTICE_TAG)) == NULL)
+        if (p == o->me || (s = send_new(o, p, UCX_MSG_NOTICE, o->op_only ? UCX_NOTICE_OP_ONLY : 0,
+                                        UCX_NOTICE_TAG)) == NULL)
             continue;
         s->hdr.status = (uint16_t)(-o->status);
         s->copy = malloc(n);
@@ -656,6 +661,7 @@ ccq_status ucx_recv_step(ucx_op *o, uint32_t src, uint32_t step, void *land, siz
         o->wait_src = src;
         o->wait_step = step;
         if (left != UCX_LEFT_NO) {
+            o->op_only = true;
             snprintf(err->msg, sizeof err->msg,
                      "process %u left (destroyed its runtime) before sending its message "
                      "(step %u of %s sequence %" PRIu64 "; this is process %u)%s",

@@ -207,6 +207,7 @@ typedef struct ucx_pend {
 typedef struct ucx_fused {
     uint32_t n, refs;
     ccq_status status; /* CCQ_IN_PROGRESS while the head runs */
+    bool op_only;      /* its failure is the group's alone (ucx_op.op_only) */
     bool abandoned;    /* the head was given up: the members wait for their own deadline */
     ucx_op *head;      /* NULL once it ended */
     ccq_errbuf detail; /* its failure, or what it waited for when given up */
@@ -299,6 +300,11 @@ struct ucx_op {
     bool moving;                  /* in the background with sends still to leave (e->nmoving) */
     uint64_t retired_ns;
     bool noticed; /* the members were told of its failure (or told us of it) */
+    /* It failed because a member that left cleanly (ucx_peer.left) never sent what it needs,
+     * or must be sent something: that failure is its own, the communicator goes on, so that
+     * operations that have their messages still complete (later ones that need the leaver fail
+     * the same way, at once). Its notices say so (UCX_NOTICE_OP_ONLY). */
+    bool op_only;
     /* Fusion (ucx/fused.c). */
     uint8_t phase;   /* UCX_PH_* */
     uint32_t follow; /* operations of its start_run after it (a fused group: after its last) */
@@ -332,6 +338,8 @@ void ucx_msg_done(ucx_engine *e, ucx_msg *m);
 /* True once every send of o with this tag (UCX_ALL: every send) has completed; frees the
  * completed ones. A send that failed sets *st (an error) and err. */
 #define UCX_ALL UINT32_MAX
+/* A notice's step: the failure is the operation's alone (ucx_op.op_only); else 0. */
+#define UCX_NOTICE_OP_ONLY 1u
 /* The tag of a failure's notices (ucx_notice): the engine's destroy lets them leave. */
 #define UCX_NOTICE_TAG (UCX_ALL - 1)
 bool ucx_sends_done(ucx_op *o, uint32_t tag, ccq_status *st, ccq_errbuf *err);
