@@ -43,8 +43,11 @@
 
 /* How long close() lets the I/O thread flush a goodbye (and rank 0 its last notices). */
 #define LINGER_NS (200u * 1000000u)
-/* ...and at least this long to see the server take its goodbye (drain_close). */
-#define DRAIN_MIN_NS (100u * 1000000u)
+/* ...and up to this long to see the server take its goodbye (drain_close; a server thread
+ * starved on a loaded machine may take that long to read it: closing sooner can reset the
+ * connection with the goodbye unread, and the others then hear of a loss). Only a server that
+ * does not read makes close wait that long. */
+#define DRAIN_MIN_NS (1000u * 1000000u)
 /* Connecting to a rendezvous not up yet: retry after this, doubling up to RETRY_MAX_NS. */
 #define RETRY_NS     (10u * 1000000u)
 #define RETRY_MAX_NS (200u * 1000000u)
@@ -965,6 +968,8 @@ static void *io_main(void *arg)
                     pthread_mutex_lock(&t->mu);
                     (void)flush_buf(t->fd, &t->out);
                     pthread_mutex_unlock(&t->mu);
+                    if (t->srv == NULL)
+                        drain_close(t->fd, now + DRAIN_MIN_NS);
                 }
                 break;
             }
