@@ -963,7 +963,12 @@ static void *io_main(void *arg)
             if (now >= linger_until) {
                 /* Past the linger without a write: this thread did not run for that long (a
                  * loaded machine: test_boot_tcp under ASan once saw a clean close as a loss).
-                 * One last non-blocking try, so that a goodbye the socket can take is said. */
+                 * One last non-blocking try, so that a goodbye the socket can take is said,
+                 * and, serving, what the members' sockets can take of what it owes them (a
+                 * record an exchange it answered still waits for). */
+                for (int i = 0; t->srv != NULL && i < ccq_tcp_server_conn_bound(t->srv); i++)
+                    if (t->srv_fd[i] >= 0)
+                        server_io(t, i, POLLOUT);
                 if (state == C_READY && t->fd >= 0) {
                     pthread_mutex_lock(&t->mu);
                     (void)flush_buf(t->fd, &t->out);
