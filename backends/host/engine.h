@@ -109,7 +109,8 @@ struct ccq_host_engine {
     void *peer_failed_arg;
     /* Set by test with an error that is that operation's alone: the communicator stays usable
      * (the UCX engine, when a member that left cleanly never sent what the operation needs:
-     * operations that have their messages still complete). The host backend clears it. */
+     * operations that have their messages still complete). The host backend clears it before
+     * each test. */
     bool op_error_only;
 };
 

@@ -328,7 +328,6 @@ ccq_be_batch *host_xp_poll(host_xp *x, ccq_be_batch *list)
                  * nothing pending: the communicator goes on with the next operation. Other
                  * errors may leave MPI state behind: later work would queue behind it. */
                 op->comm_aborted = st != CCQ_ERR_MISMATCH && !eng->op_error_only;
-                eng->op_error_only = false;
                 batch_fail_detail(b, &e);
                 x->background++;
             }

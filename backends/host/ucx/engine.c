@@ -141,16 +141,18 @@ static void peer_error(void *arg, ucp_ep_h ep, ucs_status_t status)
     }
 }
 
-/* Whether a peer whose connection just failed said goodbye first. Its goodbye left before it
- * closed anything (ucx_destroy), but over TCP each endpoint is a connection of its own: the
- * close of its large-payload one may be read here before the goodbye waiting on the other.
- * What is readable now is read first (a few ms at most): a real loss is seen that much later. */
-static bool said_goodbye(ucx_engine *e, const ucx_peer *p)
+/* Peers whose connection failed read what is readable now first, so that a goodbye already
+ * on its way counts (ucx_peer.left). It left before the peer closed anything (ucx_destroy),
+ * but over TCP each endpoint is a connection of its own: the close of its large-payload one may
+ * be read here before the goodbye waiting on the other. A few ms at most: a real loss is seen
+ * that much later. */
+static void read_goodbyes(ucx_engine *e)
 {
     uint64_t until = ccq_now_ns() + 5000000ull;
-    while (!p->left && ucp_worker_progress(e->worker) != 0 && ccq_now_ns() < until)
-        ;
-    return p->left;
+    for (uint32_t r = 0; r < e->world_size; r++)
+        while (e->peers[r].failed != UCS_OK && !e->peers[r].left &&
+               ucp_worker_progress(e->worker) != 0 && ccq_now_ns() < until)
+            ;
 }
 
 /* A peer failed: every communicator it is a member of fails, so that operations on them end
@@ -165,11 +167,12 @@ static void check_peers(ucx_engine *e)
     if (e->peers_failed == e->peers_seen)
         return;
     e->peers_seen = e->peers_failed;
+    read_goodbyes(e);
     for (ucx_comm *c = e->comms; c != NULL; c = c->next) {
         for (uint32_t p = 0; p < c->nprocs && c->failed == CCQ_OK; p++) {
             ucx_peer *peer = &e->peers[c->procs[p]];
             char why[CCQ_DETAIL_LEN];
-            if (p == c->me || peer->failed == UCS_OK || said_goodbye(e, peer))
+            if (p == c->me || peer->failed == UCS_OK || peer->left)
                 continue;
             snprintf(why, sizeof why,
                      "process %u failed (UCX: %s): a member of this communicator (this is "
