@@ -3,7 +3,10 @@
 # build-bench before and after a change) side by side in one run, with MPI_Allreduce beside
 # them: P plain processes x G devices of ccq-perf on the UCX engine over tcp:// (loopback),
 # all_reduce float32 out of place, one size at a time, A then B then MPI, REPS times; each cell
-# is the median of its REPS runs (rank 0's mean time per op, as nccl-tests reports).
+# is the median of its REPS runs (rank 0's mean time per op, as nccl-tests reports), and the
+# fastest of them beside it: the 2-vCPU VMs of docs/performance.md switch for seconds at a time
+# between a fast and a 3-4x slower memory (MPI_Allreduce alone too), which moves a median of
+# few runs more than most changes do; the fastest run of each is the cost without that.
 # Usage: bench/ab-libs.sh DIR_A DIR_B P G SIZE...   e.g. bench/ab-libs.sh /tmp/a /tmp/b 2 1 64K 1M
 # Env: REPS (5), ITERS (20), OP (sum; MPI_Allreduce always sums), PORT (29800).
 # libccq.so is taken from each directory through LD_LIBRARY_PATH (ccq-perf's RUNPATH gives
@@ -62,14 +65,18 @@ def first(path):
 print(f"# all_reduce float32 {op}, {p} processes x {g} devices, UCX engine over tcp://; "
       f"MPI_Allreduce (sum) with {int(p) * int(g)} processes")
 print(f"# time per op (us), median of {reps} runs; A/B > 1: B faster; MPI/X > 1: X faster than MPI")
-print(f"{'size':>8} {'A':>9} {'B':>9} {'A/B':>6} {'MPI':>9} {'MPI/A':>6} {'MPI/B':>6} wrong")
+print(f"{'size':>8} {'A':>9} {'B':>9} {'A/B':>6} {'MPI':>9} {'MPI/A':>6} {'MPI/B':>6} | fastest:"
+      f" {'A':>9} {'B':>9} {'A/B':>6} {'MPI':>9} {'MPI/B':>6} wrong")
 for s in sizes:
     a = [first(f"{out}/A.{s}.{r}.r0") for r in range(1, reps + 1)]
     b = [first(f"{out}/B.{s}.{r}.r0") for r in range(1, reps + 1)]
     m = [first(f) for f in glob.glob(f"{out}/M.{s}.*")]
     ma, mb = statistics.median(x[0] for x in a), statistics.median(x[0] for x in b)
     mm = statistics.median(x[0] for x in m) if m else float("nan")
-    print(f"{s:>8} {ma:>9.1f} {mb:>9.1f} {ma / mb:>6.2f} {mm:>9.1f} {mm / ma:>6.2f} {mm / mb:>6.2f}"
+    fa, fb = min(x[0] for x in a), min(x[0] for x in b)
+    fm = min(x[0] for x in m) if m else float("nan")
+    print(f"{s:>8} {ma:>9.1f} {mb:>9.1f} {ma / mb:>6.2f} {mm:>9.1f} {mm / ma:>6.2f} {mm / mb:>6.2f} |"
+          f"          {fa:>9.1f} {fb:>9.1f} {fa / fb:>6.2f} {fm:>9.1f} {fm / fb:>6.2f}"
           f" {sum(x[1] for x in a + b)}")
 PY
 rm -rf "$out"

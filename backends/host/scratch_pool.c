@@ -8,15 +8,35 @@
  * scratch: 90 all_gathers of 64 KiB per rank on 2 x 2 spent a third of their time in page faults
  * with the earlier pool of 16 buffers), and beyond that up to CCQ_POOL_PER_CLASS buffers of each
  * size, so that large operations repeated keep theirs whatever the budget. Memory goes back to the
- * system only when the owner frees the pool. */
+ * system only when the owner frees the pool.
+ *
+ * Buffers from 2 MiB on are transparent huge pages where the system grants them on request
+ * (madvise mode, Debian's default): the peer's single-copy reads (CMA) pin the sender's pages
+ * one by one, which took 8% of a 2 x 1 all_reduce of 4 MiB (follow_page_pte, get_user_pages;
+ * under 0.5% with huge pages), and the copies and sums take fewer TLB misses. */
+#define _DEFAULT_SOURCE /* madvise, MADV_HUGEPAGE */
 #include "backends/host/scratch_pool.h"
 
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
-#define POISON 0xa5
+#define POISON     0xa5
+#define HUGE_BYTES ((size_t)2 << 20)
+
+/* A new buffer of cap bytes (a multiple of 4 KiB). From 2 MiB on it is aligned to 2 MiB and
+ * asks for transparent huge pages (where the system leaves them to madvise, as Debian does). */
+static void *alloc_cap(size_t cap)
+{
+    void *p;
+    if (cap < HUGE_BYTES)
+        return aligned_alloc(4096, cap);
+    if ((p = aligned_alloc(HUGE_BYTES, (cap + HUGE_BYTES - 1) & ~(HUGE_BYTES - 1))) != NULL)
+        (void)madvise(p, cap, MADV_HUGEPAGE);
+    return p;
+}
 
 static bool poisoned(ccq_scratch_pool *pool)
 {
@@ -60,7 +80,7 @@ void *ccq_pool_get(ccq_scratch_pool *pool, size_t bytes, size_t *cap)
     *cap = (size_t)1 << c;
     if (*cap < bytes) { /* beyond the largest class: never pooled */
         *cap = (bytes + 4095) & ~(size_t)4095;
-        return aligned_alloc(4096, *cap);
+        return alloc_cap(*cap);
     }
     if (pool->count[c] > 0) {
         void *p = pool->free[c][--pool->count[c]];
@@ -69,7 +89,7 @@ void *ccq_pool_get(ccq_scratch_pool *pool, size_t bytes, size_t *cap)
             poison_check(p, *cap);
         return p;
     }
-    return aligned_alloc(4096, *cap);
+    return alloc_cap(*cap);
 }
 
 void ccq_pool_put(ccq_scratch_pool *pool, void *p, size_t cap)
