@@ -837,11 +837,17 @@ static void local_srcs(const ccq_be_op *op, size_t off, const void **src)
         src[k] = (const char *)op->parts[k].src + off;
 }
 
+void ucx_reduce_to(const ucx_op *o, uint32_t n, const void *const *src, uint32_t nout,
+                   void *const *dst, size_t count)
+{
+    ccq_reduce_op ro = o->redop == CCQ_AVG ? CCQ_SUM : (ccq_reduce_op)o->redop;
+    ccq_host_reduce_range((ccq_dtype)o->dtype, ro, n, src, nout, dst, 0, count, 0);
+}
+
 void ucx_reduce(const ucx_op *o, uint32_t n, const void *const *src, void *dst, size_t count)
 {
     void *d[1] = {dst};
-    ccq_reduce_op ro = o->redop == CCQ_AVG ? CCQ_SUM : (ccq_reduce_op)o->redop;
-    ccq_host_reduce_range((ccq_dtype)o->dtype, ro, n, src, 1, d, 0, count, 0);
+    ucx_reduce_to(o, n, src, 1, d, count);
 }
 
 /* Combine this process's parts (elements per part: elems) into res. */

@@ -418,6 +418,10 @@ const ucx_alg *ucx_select(const ucx_op *o);
 /* Shared pieces of the schedules (ucx/select.c). */
 /* Reduce n inputs (in that order) into dst, count elements of o's dtype and op (AVG sums). */
 void ucx_reduce(const ucx_op *o, uint32_t n, const void *const *src, void *dst, size_t count);
+/* The same into nout outputs at once (the host backend's kernel writes each finished block to
+ * all of them). */
+void ucx_reduce_to(const ucx_op *o, uint32_t n, const void *const *src, uint32_t nout,
+                   void *const *dst, size_t count);
 /* One local operation's combine of its parts' inputs (elems elements from byte `from` of
  * each) into `to`: the kernel and part order of the whole-buffer combine (engine.c). */
 void ucx_part_combine(const ucx_op *o, const ccq_be_op *op, size_t from, char *to, size_t elems);
@@ -440,11 +444,12 @@ ccq_status ucx_exchange_all(ucx_op *o, ucx_place_fn out, ucx_place_fn in, char *
                             ccq_errbuf *err);
 /* One step of a ring in segment g (step id `id`): send to the next member, take the previous
  * one's message into land (recv_len bytes), then write it (+) mine into reduce_into (the
- * incoming partial first; mine NULL: reduce_into's own contents) or, when reduce_into is
- * NULL, leave it at land. Advances seg[g].step when done. */
+ * incoming partial first; mine NULL: reduce_into's own contents) and into each of the nalso
+ * buffers also[] (the same pass: a block final here goes to the outputs without a second
+ * read), or, when reduce_into is NULL, leave it at land. Advances seg[g].step when done. */
 ccq_status ucx_ring_step(ucx_op *o, uint32_t g, uint32_t id, const char *send, size_t send_len,
                          char *land, size_t recv_len, char *reduce_into, const char *mine,
-                         ccq_errbuf *err);
+                         uint32_t nalso, void *const *also, ccq_errbuf *err);
 /* Process p's block of a per-process layout (its ranks' count elements each): offset and
  * length in elements. */
 static inline size_t ucx_block_off(const ucx_op *o, uint32_t p)
