@@ -419,9 +419,10 @@ static ccq_status fused_burst(ccq_runtime *rt, fburst *b, const ccq_device_id *s
     ccq_status first_bad = CCQ_OK;
     uint32_t outn = kind == CCQ_KIND_ALL_GATHER ? n * FCOUNT : FCOUNT;
     /* all_gather and reduce_scatter send each peer its ranks' blocks of the fused group (48 KiB
-     * x 3 ranks): above 64 KiB, so those go on the single-copy endpoint, whose reads of a peer
-     * that dies must fail the operation, never abort the reader (docs/multiprocess-host.md,
-     * "Large messages": it did 1 run in 15 until 2026-12-02). */
+     * x 3 ranks): above the 64 KiB CMake sets CCQ_UCX_BULK_BYTES to for this drill, so those go
+     * on the single-copy endpoint, whose reads of a peer that dies must fail the operation,
+     * never abort the reader (docs/multiprocess-host.md, "Large messages": it did 1 run in 15
+     * until 2026-12-02). */
     CHECK(n <= FRANKS, "%u ranks", n);
     for (uint32_t k = 0; k < NDEV; k++)
         for (uint32_t i = 0; i < FOPS; i++) {
@@ -540,7 +541,8 @@ static void killed_fused(ccq_runtime *rt)
 }
 
 /* Process 0's 256 KiB all_reduce with the silent last process alone (a pair: the ring, whose
- * first step sends a 128 KiB block on the single-copy endpoint): the silent one's engine holds
+ * first step sends a 128 KiB block: on the single-copy endpoint in test_host_ucx_stop_np3, by
+ * UCX's copying rendezvous in test_host_ucx_stop_copied_np3): the silent one's engine holds
  * the announcement of an operation it never started without fetching the payload, so the
  * timeout's detail says whom process 0 waits for and that its own message is still leaving. */
 static void stopped_pair(ccq_runtime *rt, const ccq_device_id *pair)

@@ -20,10 +20,12 @@
 /* Pipelined schedules: segment size, and how many segments move at once. */
 #define SEG_BYTES (1u << 20)
 #define WINDOW    4u
-/* Payloads from this size go on the single-copy endpoint (ucx_peer.bulk): UCX's rendezvous
- * starts at 8 KiB on shared memory; below 64 KiB the copy saved is worth less than the
- * handshake. */
-#define BULK_BYTES (64u * 1024u)
+/* Payloads from this size go on the single-copy endpoint (ucx_peer.bulk). Below it the other
+ * endpoint's copying rendezvous (UCX's starts at 8 KiB on shared memory) is faster: the single
+ * copy's handshake, system call and page pinning cost more than the copy saved. Measured on
+ * the 2-vCPU AMD VM (interleaved runs, 2 x 1): 64 KiB and 128 KiB messages 1.27-1.41x faster
+ * copied, 256 KiB even, 512 KiB 1.5x faster single-copied (docs/performance.md). */
+#define BULK_BYTES (256u * 1024u)
 
 static uint64_t knob(const char *name, uint64_t def)
 {
