@@ -514,9 +514,14 @@ static ccq_status ucx_world_blob(ccq_host_engine *base, void *blob, size_t *len,
  * slower than every 4th; 2 processes on 2 cores, every 4th 0.81-1.03x, so they keep every 16th.
  * A multi-host world counts as if on one host: at worst a poll then waits one system call
  * longer when a core was free. */
+static bool oversubscribed(uint32_t world_size)
+{
+    return world_size > ccq_usable_cores();
+}
+
 static uint32_t yield_mask(uint32_t world_size)
 {
-    return world_size > ccq_usable_cores() ? 3u : 15u;
+    return oversubscribed(world_size) ? 3u : 15u;
 }
 
 static ccq_status ucx_world_ready(ccq_host_engine *base, uint32_t world_rank, uint32_t world_size,
@@ -528,6 +533,8 @@ static ccq_status ucx_world_ready(ccq_host_engine *base, uint32_t world_rank, ui
     e->world_rank = world_rank;
     e->world_size = world_size;
     e->yield_mask = yield_mask(world_size);
+    if (e->bulk_auto)
+        e->bulk_bytes = ucx_bulk_default(oversubscribed(world_size));
     for (uint32_t p = 0; p < world_size; p++) {
         if (blobs == NULL || blobs[p] == NULL || blob_len[p] == 0) {
             snprintf(err->msg, sizeof err->msg,

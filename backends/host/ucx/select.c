@@ -23,9 +23,16 @@
 /* Payloads from this size go on the single-copy endpoint (ucx_peer.bulk). Below it the other
  * endpoint's copying rendezvous (UCX's starts at 8 KiB on shared memory) is faster: the single
  * copy's handshake, system call and page pinning cost more than the copy saved. Measured on
- * the 2-vCPU AMD VM (interleaved runs, 2 x 1): 64 KiB and 128 KiB messages 1.27-1.41x faster
- * copied, 256 KiB even, 512 KiB 1.5x faster single-copied (docs/performance.md). */
-#define BULK_BYTES (256u * 1024u)
+ * the 2-vCPU AMD VM (interleaved runs, docs/performance.md): 2 x 1 and 2 x 2, 64 KiB and
+ * 128 KiB messages 1.3-1.4x faster copied, 256 KiB even, 512 KiB 1.5x faster single-copied.
+ * But the copying rendezvous pipelines fragments through a queue both sides must serve, where
+ * the single copy is the reader's alone: with more processes than cores (4 x 1 on 2) 128 KiB
+ * messages were 0.76-0.95x as fast copied, so such a world keeps 64 KiB (the rule and the
+ * caveat of yield_mask, ucx/engine.c). Processes that disagree (another core count) only differ
+ * in which unfetched rendezvous of a failed peer they release before the worker's end (msg.c,
+ * ucx_msg_done). */
+#define BULK_BYTES      (256u * 1024u)
+#define BULK_BYTES_OVER (64u * 1024u)
 
 static uint64_t knob(const char *name, uint64_t def)
 {
@@ -37,11 +44,18 @@ void ucx_tuning(ucx_engine *e)
 {
     e->ring_bytes = knob("CCQ_UCX_RING_BYTES", RING_BYTES);
     e->seg_bytes = knob("CCQ_UCX_SEG_BYTES", SEG_BYTES);
-    /* 0 = never (every payload on the endpoint with peer error handling). */
+    /* 0 = never (every payload on the endpoint with peer error handling). Unset: chosen by
+     * ucx_bulk_default once the world's size is known, BULK_BYTES until then. */
     uint64_t bulk;
-    if (ccq_env_u64("CCQ_UCX_BULK_BYTES", 0, 1ull << 40, &bulk) <= 0)
+    e->bulk_auto = ccq_env_u64("CCQ_UCX_BULK_BYTES", 0, 1ull << 40, &bulk) <= 0;
+    if (e->bulk_auto)
         bulk = BULK_BYTES;
     e->bulk_bytes = bulk == 0 ? SIZE_MAX : (size_t)bulk;
+}
+
+size_t ucx_bulk_default(bool oversubscribed)
+{
+    return oversubscribed ? BULK_BYTES_OVER : BULK_BYTES;
 }
 
 const ucx_alg *ucx_select(const ucx_op *o)

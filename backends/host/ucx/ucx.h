@@ -140,6 +140,7 @@ struct ucx_engine {
     uint64_t last_activity_ns;         /* the last arrival or start (the poll interval's clock) */
     size_t ring_bytes, seg_bytes;      /* schedule thresholds (ucx/select.c) */
     size_t bulk_bytes;                 /* payloads of at least this go on ucx_peer.bulk */
+    bool bulk_auto;                    /* bulk_bytes is the default (no CCQ_UCX_BULK_BYTES) */
     uint32_t idle_polls;               /* progress calls in a row that moved nothing */
     uint32_t yield_mask;               /* ...of which every (yield_mask + 1)th yields */
     uint32_t peers_failed, peers_seen; /* peer errors so far, and those check_peers handled */
@@ -476,6 +477,9 @@ bool ucx_rs_direct(size_t all);
 bool ucx_fused_ring(const ucx_op *head);
 /* The schedules' thresholds (CCQ_UCX_RING_BYTES, CCQ_UCX_SEG_BYTES), read once. */
 void ucx_tuning(ucx_engine *e);
+/* The single-copy threshold when CCQ_UCX_BULK_BYTES is unset: lower when the world has more
+ * processes than this process may use cores. */
+size_t ucx_bulk_default(bool oversubscribed);
 /* Advance every active segment of o with step(o, g) (CCQ_OK: segment g done; an error ends
  * o) and move the window past done segments: CCQ_OK once all are done. */
 ccq_status ucx_run_segments(ucx_op *o, ccq_status (*step)(ucx_op *o, uint32_t g, ccq_errbuf *err),
