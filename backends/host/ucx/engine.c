@@ -534,7 +534,7 @@ static ccq_status ucx_world_ready(ccq_host_engine *base, uint32_t world_rank, ui
     e->world_size = world_size;
     e->yield_mask = yield_mask(world_size);
     if (e->bulk_auto)
-        e->bulk_bytes = ucx_bulk_default(oversubscribed(world_size));
+        e->bulk_bytes = ucx_bulk_default(world_size, oversubscribed(world_size));
     for (uint32_t p = 0; p < world_size; p++) {
         if (blobs == NULL || blobs[p] == NULL || blob_len[p] == 0) {
             snprintf(err->msg, sizeof err->msg,

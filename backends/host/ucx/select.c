@@ -25,14 +25,18 @@
  * copy's handshake, system call and page pinning cost more than the copy saved. Measured on
  * the 2-vCPU AMD VM (interleaved runs, docs/performance.md): 2 x 1 and 2 x 2, 64 KiB and
  * 128 KiB messages 1.3-1.4x faster copied, 256 KiB even, 512 KiB 1.5x faster single-copied.
- * But the copying rendezvous pipelines fragments through a queue both sides must serve, where
- * the single copy is the reader's alone: with more processes than cores (4 x 1 on 2) 128 KiB
- * messages were 0.76-0.95x as fast copied, so such a world keeps 64 KiB (the rule and the
- * caveat of yield_mask, ucx/engine.c). Processes that disagree (another core count) only differ
+ * That holds for a world of two processes with a core each, and only there is it the default:
+ * - with more processes than cores the copying pipeline needs both schedulers at once, where
+ *   the single copy is the reader's alone (4 x 1 on 2 cores: 0.76-0.95x copied at 512 KiB);
+ * - with three processes or more, survivors of a process killed with rendezvous fragments
+ *   queued for it had their own copying rendezvous stop moving (UCX 1.13 over shared memory,
+ *   2-3 runs in 60 of test_host_ucx_kill_large_np3 before the single-copy endpoint existed);
+ *   two processes leave one survivor, who has no one left to talk to.
+ * Such worlds keep BULK_BYTES_SAFE. Processes that disagree (another core count) only differ
  * in which unfetched rendezvous of a failed peer they release before the worker's end (msg.c,
  * ucx_msg_done). */
-#define BULK_BYTES      (256u * 1024u)
-#define BULK_BYTES_OVER (64u * 1024u)
+#define BULK_BYTES_PAIR (256u * 1024u)
+#define BULK_BYTES_SAFE (64u * 1024u)
 
 static uint64_t knob(const char *name, uint64_t def)
 {
@@ -45,17 +49,17 @@ void ucx_tuning(ucx_engine *e)
     e->ring_bytes = knob("CCQ_UCX_RING_BYTES", RING_BYTES);
     e->seg_bytes = knob("CCQ_UCX_SEG_BYTES", SEG_BYTES);
     /* 0 = never (every payload on the endpoint with peer error handling). Unset: chosen by
-     * ucx_bulk_default once the world's size is known, BULK_BYTES until then. */
+     * ucx_bulk_default once the world's size is known, BULK_BYTES_SAFE until then. */
     uint64_t bulk;
     e->bulk_auto = ccq_env_u64("CCQ_UCX_BULK_BYTES", 0, 1ull << 40, &bulk) <= 0;
     if (e->bulk_auto)
-        bulk = BULK_BYTES;
+        bulk = BULK_BYTES_SAFE;
     e->bulk_bytes = bulk == 0 ? SIZE_MAX : (size_t)bulk;
 }
 
-size_t ucx_bulk_default(bool oversubscribed)
+size_t ucx_bulk_default(uint32_t world_size, bool oversubscribed)
 {
-    return oversubscribed ? BULK_BYTES_OVER : BULK_BYTES;
+    return world_size == 2 && !oversubscribed ? BULK_BYTES_PAIR : BULK_BYTES_SAFE;
 }
 
 const ucx_alg *ucx_select(const ucx_op *o)

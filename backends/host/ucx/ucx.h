@@ -477,9 +477,9 @@ bool ucx_rs_direct(size_t all);
 bool ucx_fused_ring(const ucx_op *head);
 /* The schedules' thresholds (CCQ_UCX_RING_BYTES, CCQ_UCX_SEG_BYTES), read once. */
 void ucx_tuning(ucx_engine *e);
-/* The single-copy threshold when CCQ_UCX_BULK_BYTES is unset: lower when the world has more
- * processes than this process may use cores. */
-size_t ucx_bulk_default(bool oversubscribed);
+/* The single-copy threshold when CCQ_UCX_BULK_BYTES is unset: higher in a world of two
+ * processes with a core each (ucx/select.c says why). */
+size_t ucx_bulk_default(uint32_t world_size, bool oversubscribed);
 /* Advance every active segment of o with step(o, g) (CCQ_OK: segment g done; an error ends
  * o) and move the window past done segments: CCQ_OK once all are done. */
 ccq_status ucx_run_segments(ucx_op *o, ccq_status (*step)(ucx_op *o, uint32_t g, ccq_errbuf *err),
