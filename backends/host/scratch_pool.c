@@ -30,11 +30,12 @@
  * asks for transparent huge pages (where the system leaves them to madvise, as Debian does). */
 static void *alloc_cap(size_t cap)
 {
+    size_t whole = (cap + HUGE_BYTES - 1) & ~(HUGE_BYTES - 1); /* what aligned_alloc needs */
     void *p;
     if (cap < HUGE_BYTES)
         return aligned_alloc(4096, cap);
-    if ((p = aligned_alloc(HUGE_BYTES, (cap + HUGE_BYTES - 1) & ~(HUGE_BYTES - 1))) != NULL)
-        (void)madvise(p, cap, MADV_HUGEPAGE);
+    if ((p = aligned_alloc(HUGE_BYTES, whole)) != NULL)
+        (void)madvise(p, whole, MADV_HUGEPAGE);
     return p;
 }
 

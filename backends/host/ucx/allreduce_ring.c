@@ -101,8 +101,8 @@ static ccq_status ring_seg(ucx_op *o, uint32_t g, ccq_errbuf *err)
     }
 
     while (s->step < 2 * P - 2) {
-        uint32_t k = s->step, sb, rb, nalso;
-        void *also[CCQ_MAX_DEVICES];
+        uint32_t k = s->step, sb, rb, nout = 0;
+        void *into[1 + CCQ_MAX_DEVICES]; /* the scratch's block, then the outputs' */
         size_t so, sl, ro, rl;
         bool scatter = k < P - 1; /* the reduce-scatter half, then the all-gather half */
         if (scatter) {
@@ -127,17 +127,17 @@ static ccq_status ring_seg(ucx_op *o, uint32_t g, ccq_errbuf *err)
         }
         /* The reduce-scatter's last step reduces its block into the outputs too, in the same
          * pass (AVG divides its outputs apart: res keeps the sum the all-gather sends). */
-        nalso = 0;
+        into[0] = res + ro * es;
         if (k == P - 2 && o->redop != CCQ_AVG)
-            nalso = outputs(o, out, off0 + ro, ro, also);
+            nout = outputs(o, out, off0 + ro, ro, into + 1);
         st = ucx_ring_step(o, g, g * (2 * P) + k, res + so * es, sl * es,
-                           scatter ? slot : res + ro * es, rl * es, scatter ? res + ro * es : NULL,
-                           scatter ? own + ro * es : NULL, nalso, also, err);
+                           scatter ? slot : res + ro * es, rl * es, scatter ? 1 + nout : 0, into,
+                           scatter ? own + ro * es : NULL, err);
         if (st != CCQ_OK)
             return st;
         /* Fully reduced here (the reduce-scatter's last step) or landed (the all-gather). */
-        if (k >= P - 2 && nalso == 0 && (nalso = outputs(o, out, off0 + ro, ro, also)) > 0)
-            ucx_write_result(o, also, nalso, res + ro * es, rl);
+        if (k >= P - 2 && nout == 0 && (nout = outputs(o, out, off0 + ro, ro, into + 1)) > 0)
+            ucx_write_result(o, into + 1, nout, res + ro * es, rl);
     }
     return CCQ_OK;
 }

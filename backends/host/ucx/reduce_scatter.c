@@ -102,10 +102,12 @@ static ccq_status ring_seg(ucx_op *o, uint32_t g, ccq_errbuf *err)
     while (s->step < P - 1) {
         uint32_t k = s->step, sb = (me + 2 * P - k - 1) % P, rb = (me + 2 * P - k - 2) % P;
         size_t so, sl, ro, rl;
+        void *into[1];
         ucx_block(ucx_block_len(o, sb), o->nseg, g, &so, &sl);
         ucx_block(ucx_block_len(o, rb), o->nseg, g, &ro, &rl);
+        into[0] = res + (ucx_block_off(o, rb) + ro) * es;
         st = ucx_ring_step(o, g, g * P + k, res + (ucx_block_off(o, sb) + so) * es, sl * es, slot,
-                           rl * es, res + (ucx_block_off(o, rb) + ro) * es, NULL, 0, NULL, err);
+                           rl * es, 1, into, NULL, err);
         if (st != CCQ_OK)
             return st;
     }

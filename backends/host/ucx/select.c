@@ -187,8 +187,8 @@ ccq_status ucx_exchange_all(ucx_op *o, ucx_place_fn out, ucx_place_fn in, char *
 }
 
 ccq_status ucx_ring_step(ucx_op *o, uint32_t g, uint32_t id, const char *send, size_t send_len,
-                         char *land, size_t recv_len, char *reduce_into, const char *mine,
-                         uint32_t nalso, void *const *also, ccq_errbuf *err)
+                         char *land, size_t recv_len, uint32_t ninto, void *const *into,
+                         const char *mine, ccq_errbuf *err)
 {
     uint32_t next = (o->me + 1) % o->P, prev = (o->me + o->P - 1) % o->P;
     ucx_seg *s = &o->seg[g];
@@ -208,13 +208,9 @@ ccq_status ucx_ring_step(ucx_op *o, uint32_t g, uint32_t id, const char *send, s
     }
     if ((st = ucx_recv_step(o, prev, id, land, recv_len, &m, err)) != CCQ_OK)
         return st;
-    if (reduce_into != NULL) { /* the incoming partial first, then this process's */
-        const void *src[2] = {m->buf, mine != NULL ? mine : reduce_into};
-        void *into[CCQ_MAX_DEVICES + 1] = {reduce_into};
-        for (uint32_t k = 0; k < nalso && k < CCQ_MAX_DEVICES; k++)
-            into[k + 1] = also[k];
-        ucx_reduce_to(o, 2, src, 1 + (nalso < CCQ_MAX_DEVICES ? nalso : CCQ_MAX_DEVICES), into,
-                      recv_len / o->es);
+    if (ninto > 0) { /* the incoming partial first, then this process's */
+        const void *src[2] = {m->buf, mine != NULL ? mine : into[0]};
+        ucx_reduce_to(o, 2, src, ninto, into, recv_len / o->es);
     } else if (m->buf != land) {
         memcpy(land, m->buf, recv_len);
     }

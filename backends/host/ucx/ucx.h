@@ -444,13 +444,13 @@ typedef void (*ucx_place_fn)(const ucx_op *o, uint32_t p, char **at, size_t *len
 ccq_status ucx_exchange_all(ucx_op *o, ucx_place_fn out, ucx_place_fn in, char *got,
                             ccq_errbuf *err);
 /* One step of a ring in segment g (step id `id`): send to the next member, take the previous
- * one's message into land (recv_len bytes), then write it (+) mine into reduce_into (the
- * incoming partial first; mine NULL: reduce_into's own contents) and into each of the nalso
- * buffers also[] (the same pass: a block final here goes to the outputs without a second
- * read), or, when reduce_into is NULL, leave it at land. Advances seg[g].step when done. */
+ * one's message into land (recv_len bytes), then, with ninto > 0, write it (+) mine (the
+ * incoming partial first; mine NULL: into[0]'s own contents) into each of into[0..ninto) in
+ * one pass (a block final here goes to the outputs without a second read), or leave it at
+ * land. Advances seg[g].step when done. */
 ccq_status ucx_ring_step(ucx_op *o, uint32_t g, uint32_t id, const char *send, size_t send_len,
-                         char *land, size_t recv_len, char *reduce_into, const char *mine,
-                         uint32_t nalso, void *const *also, ccq_errbuf *err);
+                         char *land, size_t recv_len, uint32_t ninto, void *const *into,
+                         const char *mine, ccq_errbuf *err);
 /* Process p's block of a per-process layout (its ranks' count elements each): offset and
  * length in elements. */
 static inline size_t ucx_block_off(const ucx_op *o, uint32_t p)
