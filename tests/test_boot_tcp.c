@@ -5,7 +5,9 @@
  * an oversized frame, half a frame and then nothing, or nothing at all, while real processes
  * keep exchanging; peers' states (LOST when a process dies, LEFT when it closes, rank 0's
  * death seen by everyone); a stopped rank 0 (SIGSTOP): found by its silence, the rendezvous
- * taken over, and rank 0, continued, learns it was given up. The server's logic alone
+ * taken over, and rank 0, continued, learns it was given up; many generations back to back at
+ * random moments; a record the server refused fails the exchange where it was published. The
+ * server's logic alone
  * (tcp_server.c, no sockets): records forgotten once delivered, its memory bounded, its
  * keepalives.
  *
@@ -153,6 +155,59 @@ static void test_tcp_worlds(void **state)
      * process 0 serving every interface. */
     snprintf(spec, sizeof spec, "tcp://127.0.0.1:%u", free_port());
     assert_int_equal(run_procs(3, world_child, &two), 0);
+}
+
+/* Many generations back to back, each process opening and closing at its own random moments
+ * (a runtime per test case, as test_fusion_world does): a process that closed one generation
+ * and opened the next while another still closes the earlier one must meet the next one only.
+ * By hand: CCQ_TEST_GENS (how many, default 12), CCQ_TEST_GENS_PAUSE (the longest random pause,
+ * ms, default 15), CCQ_TEST_GENS_LATE (ms the last process comes late to every third one). */
+static unsigned gens_pause = 15;
+static int gens_child(unsigned rank, unsigned size, void *arg)
+{
+    uint32_t all[MAXP];
+    unsigned gens = *(unsigned *)arg, seed = 7919u * (rank + 1);
+    (void)size;
+    for (uint32_t p = 0; p < size; p++)
+        all[p] = p;
+    for (unsigned g = 0; g < gens; g++) {
+        ccq_boot *b;
+        ccq_errbuf err = {{0}};
+        uint64_t mine = value_of(rank, 1 + g), out[MAXP];
+        static unsigned char big[MAXP][600];
+        unsigned char me[600];
+        if (getenv("CCQ_TEST_GENS_LATE") != NULL && rank == size - 1 && g % 3 == 1)
+            sleep_ms((unsigned)atoi(getenv("CCQ_TEST_GENS_LATE")));
+        CHILD_CHECK(open_tcp(rank, size, &b, &err) == CCQ_OK, "gen %u: open: %s", g, err.msg);
+        sleep_ms(rand_r(&seed) % gens_pause);
+        ccq_status st = ccq_boot_exchange(b, "world", all, size, &mine, sizeof mine, out,
+                                          deadline_ms(20000), &err);
+        CHILD_CHECK(st == CCQ_OK, "gen %u: world: %s: %s", g, ccq_status_name(st), err.msg);
+        for (uint32_t p = 0; p < size; p++)
+            CHILD_CHECK(out[p] == value_of(p, 1 + g), "gen %u: world out[%u]", g, p);
+        memset(me, (int)(rank + 1 + g), sizeof me);
+        st = ccq_boot_exchange(b, "world/backend", all, size, me, sizeof me, big,
+                               deadline_ms(20000), &err);
+        CHILD_CHECK(st == CCQ_OK, "gen %u: backend: %s: %s", g, ccq_status_name(st), err.msg);
+        for (uint32_t p = 0; p < size; p++)
+            CHILD_CHECK(big[p][0] == (unsigned char)(p + 1 + g), "gen %u: big[%u]", g, p);
+        sleep_ms(rand_r(&seed) % gens_pause);
+        ccq_boot_close(b);
+        sleep_ms(rand_r(&seed) % (gens_pause / 3 + 1));
+    }
+    return 0;
+}
+
+static void test_tcp_generations(void **state)
+{
+    const char *env = getenv("CCQ_TEST_GENS");
+    unsigned gens = env != NULL ? (unsigned)atoi(env) : 12;
+    if (getenv("CCQ_TEST_GENS_PAUSE") != NULL)
+        gens_pause = (unsigned)atoi(getenv("CCQ_TEST_GENS_PAUSE"));
+    int status[MAXP];
+    (void)state;
+    snprintf(spec, sizeof spec, "tcp://127.0.0.1:%u", free_port());
+    assert_int_equal(procs_run(4, gens_child, &gens, 30 + gens * 2, status), 0);
 }
 
 /* Process 0 on "*", the others on its address. */
@@ -332,6 +387,130 @@ static void frame(int fd, uint16_t type, uint16_t version, uint32_t len, const v
     assert_int_equal(send(fd, h, 12, 0), 12);
     if (plen)
         assert_int_equal(send(fd, p, plen, 0), (ssize_t)plen);
+}
+
+/* ---- a record the server refused ----------------------------------------------------------- */
+
+/* Rank 1 of 2 against a fake server that WELCOMEs it, refuses its record (ERR) and still
+ * relays rank 0's: the exchange must fail with the server's reason, not complete here while
+ * the others can never complete it (the CI flake of 2026-12-03: a process went on past
+ * 'world' while the others waited for its record until their deadline). */
+static int refused_child(unsigned rank, unsigned size, void *arg)
+{
+    ccq_boot *b;
+    ccq_errbuf err = {{0}};
+    uint32_t all[2] = {0, 1};
+    uint64_t mine = 11, out[2];
+    ccq_status st;
+    (void)rank;
+    (void)arg;
+    CHILD_CHECK(ccq_boot_open(spec, NULL, -1, 1, size, &b, &err) == CCQ_OK, "open: %s", err.msg);
+    st = ccq_boot_exchange(b, "w", all, 2, &mine, 8, out, deadline_ms(10000), &err);
+    CHILD_CHECK(st == CCQ_ERR_BACKEND, "the exchange ended with %s: %s", ccq_status_name(st),
+                err.msg);
+    CHILD_CHECK(strstr(err.msg, "fake refusal") != NULL, "detail: %s", err.msg);
+    ccq_boot_close(b);
+    return 0;
+}
+
+/* Read frames from fd until one of `type` (its payload copied to p, up to cap): its length. */
+static size_t read_frame_of(int fd, uint16_t type, uint8_t *p, size_t cap)
+{
+    static uint8_t buf[65536];
+    static size_t have;
+    for (;;) {
+        ccq_tcp_frame f;
+        size_t used = 0;
+        ccq_errbuf err;
+        int r = ccq_tcp_parse(buf, have, sizeof buf, &f, &used, &err);
+        assert_true(r >= 0);
+        if (r > 0) {
+            size_t n = f.len < cap ? f.len : cap;
+            bool match = f.type == type;
+            if (match)
+                memcpy(p, f.payload, n);
+            memmove(buf, buf + used, have - used);
+            have -= used;
+            if (match)
+                return n;
+            continue;
+        }
+        ssize_t k = recv(fd, buf + have, sizeof buf - have, 0);
+        assert_true(k > 0);
+        have += (size_t)k;
+    }
+}
+
+static void send_frame_to(int fd, uint16_t type, const void *a, size_t alen, const void *b2,
+                          size_t blen, const void *c, size_t clen)
+{
+    ccq_tcp_buf o = {0};
+    assert_true(ccq_tcp_put_frame(&o, SIZE_MAX, type, a, alen, b2, blen, c, clen));
+    assert_int_equal(send(fd, o.p + o.off, o.len - o.off, 0), (ssize_t)(o.len - o.off));
+    ccq_tcp_buf_free(&o);
+}
+
+static void test_tcp_refused_record(void **state)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    int lfd = socket(AF_INET, SOCK_STREAM, 0), fd, ws;
+    uint8_t hello[512], rec[sizeof(ccq_boot_hdr) + 1 + 8];
+    uint32_t size = 2, all[2] = {0, 1}, r0 = 0;
+    uint16_t tl = 1;
+    uint64_t v0 = 10;
+    ccq_boot_hdr h;
+    pid_t pid;
+    (void)state;
+
+    assert_int_equal(bind(lfd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(lfd, 4), 0);
+    assert_int_equal(getsockname(lfd, (struct sockaddr *)&a, &al), 0);
+    snprintf(spec, sizeof spec, "tcp://127.0.0.1:%u", ntohs(a.sin_port));
+    fflush(NULL);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0)
+        _exit(refused_child(1, 2, NULL));
+    fd = accept(lfd, NULL, NULL);
+    assert_true(fd >= 0);
+    assert_true(read_frame_of(fd, CCQ_TCP_HELLO, hello, sizeof hello) >= 24);
+    send_frame_to(fd, CCQ_TCP_WELCOME, &size, 4, NULL, 0, NULL, 0);
+    (void)read_frame_of(fd, CCQ_TCP_GET, rec, sizeof rec); /* after its PUT */
+    /* Its record refused, as the real server's tag_err does, then rank 0's record, in one
+     * write (the real server answers the PUT and the GET in one pass): the client reads both
+     * before its exchange looks. */
+    memset(&h, 0, sizeof h);
+    h.magic = CCQ_BOOT_MAGIC;
+    h.version = CCQ_BOOT_VERSION;
+    h.hdr_size = sizeof h;
+    h.world_size = 2;
+    h.rank = 0;
+    memcpy(&h.gen, hello + 8, 4); /* the child's generation, from its HELLO */
+    h.nmembers = 2;
+    h.nonce = 99;
+    h.members_hash = ccq_boot_fnv1a(all, sizeof all, CCQ_FNV_OFFSET);
+    h.tag_len = 1;
+    h.len = 8;
+    memcpy(rec, &h, sizeof h);
+    rec[sizeof h] = 'w';
+    memcpy(rec + sizeof h + 1, &v0, 8);
+    {
+        uint8_t head[6];
+        ccq_tcp_buf o = {0};
+        memcpy(head, &r0, 4);
+        memcpy(head + 4, &tl, 2);
+        assert_true(
+            ccq_tcp_put_frame(&o, SIZE_MAX, CCQ_TCP_ERR, &tl, 2, "w", 1, "fake refusal", 12));
+        assert_true(ccq_tcp_put_frame(&o, SIZE_MAX, CCQ_TCP_REC, head, 6, "w", 1, rec, sizeof rec));
+        assert_int_equal(send(fd, o.p + o.off, o.len - o.off, 0), (ssize_t)(o.len - o.off));
+        ccq_tcp_buf_free(&o);
+    }
+    assert_int_equal(waitpid(pid, &ws, 0), pid);
+    assert_true(WIFEXITED(ws));
+    assert_int_equal(WEXITSTATUS(ws), 0);
+    close(fd);
+    close(lfd);
 }
 
 /* Ranks 0 and 1 exchange repeatedly while the parent attacks the server. */
@@ -940,6 +1119,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         /* clang-format off */
         cmocka_unit_test(test_tcp_worlds),
+        cmocka_unit_test(test_tcp_generations),
+        cmocka_unit_test(test_tcp_refused_record),
         cmocka_unit_test(test_tcp_any_interface),
         cmocka_unit_test(test_tcp_refusals),
         cmocka_unit_test(test_tcp_hostile_clients),

@@ -1157,7 +1157,17 @@ static ccq_status tcp_fetch(ccq_boot *b, ccq_boot_xchg *x, uint32_t rank, void *
     ccq_status st = CCQ_IN_PROGRESS;
 
     pthread_mutex_lock(&t->mu);
-    for (mail **pp = &t->mail; *pp != NULL; pp = &(*pp)->next) {
+    /* The server refused this process's record or request first: the exchange cannot complete
+     * for the others (they never get this record), so it must not complete here either, even
+     * with every record it asked for already in (it would go on while they wait out their
+     * deadline; the server answers a PUT before the GET that follows it). */
+    for (dead_tag *d = t->dead; d != NULL; d = d->next)
+        if (d->why != NULL && strcmp(d->tag, x->tag) == 0) {
+            ccq_boot_err(err, "the rendezvous (process %u) refused this exchange: %s",
+                         t->server_rank, d->why);
+            st = CCQ_ERR_BACKEND;
+        }
+    for (mail **pp = &t->mail; st == CCQ_IN_PROGRESS && *pp != NULL; pp = &(*pp)->next) {
         mail *m = *pp;
         if (m->rank == rank && strcmp(m->tag, x->tag) == 0) {
             *pp = m->next;
@@ -1169,11 +1179,6 @@ static ccq_status tcp_fetch(ccq_boot *b, ccq_boot_xchg *x, uint32_t rank, void *
             return CCQ_OK;
         }
     }
-    for (dead_tag *d = t->dead; d != NULL; d = d->next)
-        if (d->why != NULL && strcmp(d->tag, x->tag) == 0) {
-            ccq_boot_err(err, "the rendezvous (process 0) refused this exchange: %s", d->why);
-            st = CCQ_ERR_BACKEND;
-        }
     if (st == CCQ_IN_PROGRESS && (t->state == C_FAILED || t->state == C_CLOSED)) {
         ccq_boot_err(err, "%s", t->why);
         st = t->fail_st ? t->fail_st : CCQ_ERR_BACKEND;
