@@ -115,6 +115,12 @@ typedef struct ccq_boot_mech {
     /* Optional (tcp): ccq_boot_peer_state and ccq_boot_watch_peers. */
     ccq_boot_peer (*peer_state)(ccq_boot *b, uint32_t rank);
     ccq_status (*watch_peers)(ccq_boot *b, void (*fn)(void *, uint32_t, ccq_boot_peer), void *arg);
+    /* Optional (tcp: its I/O thread receives on its own), called without the boot's lock:
+     * ccq_boot_xchg_wait sleeps in `wait` instead of polling. `arrivals` counts what may end
+     * an exchange (a record, a refusal, a change of the connection); `wait` returns once it
+     * differs from `seen` (read before the test that found nothing) or at until_ns. */
+    uint64_t (*arrivals)(ccq_boot *b);
+    void (*wait)(ccq_boot *b, uint64_t seen, uint64_t until_ns);
 } ccq_boot_mech;
 
 /* The largest heartbeat record a mechanism carries (runtime/health/record.h stays below). */

@@ -708,19 +708,38 @@ static void sleep_ns(uint64_t ns)
         ;
 }
 
+/* The longest a waiter sleeps in a mechanism's wait before it tests again (a missed wake-up
+ * costs at most this). */
+#define WAIT_SLICE_NS (100u * 1000000u)
+
 ccq_status ccq_boot_xchg_wait(ccq_boot_xchg *x, void *out, uint64_t deadline_ns, ccq_errbuf *err)
 {
-    uint64_t pause = 20000, cap = x->boot->mech->poll_ns;
+    const ccq_boot_mech *m = x->boot->mech;
+    uint64_t pause = 20000, cap = m->poll_ns;
+    bool sleeps = m->arrivals != NULL && m->wait != NULL;
 
     for (;;) {
-        ccq_status st = ccq_boot_xchg_test(x, out, err);
-        uint64_t now;
+        ccq_status st;
+        uint64_t now, seen = sleeps ? m->arrivals(x->boot) : 0;
 
+        if (sleeps) { /* woken by an arrival: look now, whatever the poll interval says */
+            pthread_mutex_lock(&x->boot->lock);
+            x->next_poll_ns = 0;
+            st = xchg_test_locked(x, out, err);
+            pthread_mutex_unlock(&x->boot->lock);
+        } else {
+            st = ccq_boot_xchg_test(x, out, err);
+        }
         if (st != CCQ_IN_PROGRESS)
             return st;
         now = ccq_boot_now_ns();
         if (deadline_ns != 0 && now >= deadline_ns)
             break;
+        if (sleeps) {
+            uint64_t until = now + WAIT_SLICE_NS;
+            m->wait(x->boot, seen, deadline_ns != 0 && deadline_ns < until ? deadline_ns : until);
+            continue;
+        }
         if (deadline_ns != 0 && deadline_ns - now < pause)
             pause = deadline_ns - now;
         sleep_ns(pause);

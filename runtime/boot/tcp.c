@@ -136,6 +136,8 @@ typedef struct tcp_boot {
     uint64_t hb_ns, silent_ns; /* ccq_boot_beat_config: 0 when heartbeats are off */
     uint8_t *silent;           /* [size] LOST because it fell silent (silent_peers, once) */
     uint64_t ready_since;      /* when this process last was WELCOMEd (relay_window) */
+    uint64_t arrivals;         /* frames read and state changes (tcp_arrivals, tcp_wait) */
+    pthread_cond_t arrived;    /* signalled with each (CLOCK_MONOTONIC) */
     bool gave_up;              /* ccq_boot_given_up (set with given_up_by) */
     uint32_t given_up_by;
 } tcp_boot;
@@ -150,6 +152,16 @@ static void wake_thread(tcp_boot *t)
     char c = 1;
     ssize_t k = write(t->wake[1], &c, 1);
     (void)k; /* a full pipe already wakes it */
+}
+
+/* Wake the callers asleep in ccq_boot_xchg_wait (tcp_wait): a frame was read or the
+ * connection's state changed. Takes mu. */
+static void tell_waiters(tcp_boot *t)
+{
+    pthread_mutex_lock(&t->mu);
+    t->arrivals++;
+    pthread_cond_broadcast(&t->arrived);
+    pthread_mutex_unlock(&t->mu);
 }
 
 static void no_delay(int fd)
@@ -241,6 +253,8 @@ static void client_fail(tcp_boot *t, int state, ccq_status st, const char *fmt, 
     va_end(ap);
     t->state = state;
     t->fail_st = st;
+    t->arrivals++;
+    pthread_cond_broadcast(&t->arrived);
     pthread_mutex_unlock(&t->mu);
 }
 
@@ -261,6 +275,8 @@ static void client_retry(tcp_boot *t, const char *why)
     snprintf(t->why, sizeof t->why, "%s", why);
     if (t->state != C_FAILED && t->state != C_CLOSED)
         t->state = C_IDLE;
+    t->arrivals++; /* the timeout detail's note changes */
+    pthread_cond_broadcast(&t->arrived);
     pthread_mutex_unlock(&t->mu);
     t->retry_at = now_ns() + t->retry_ns;
     t->retry_ns = t->retry_ns * 2 > RETRY_MAX_NS ? RETRY_MAX_NS : t->retry_ns * 2;
@@ -528,6 +544,7 @@ static void client_read(tcp_boot *t)
                 return;
             ccq_tcp_buf_consume(&t->in, used);
         }
+        tell_waiters(t);
     }
 }
 
@@ -863,6 +880,8 @@ static void server_lost(tcp_boot *t, const char *how)
              lost, how, next);
     if (t->state != C_FAILED && t->state != C_CLOSED)
         t->state = C_IDLE;
+    t->arrivals++;
+    pthread_cond_broadcast(&t->arrived);
     pthread_mutex_unlock(&t->mu);
     t->retry_ns = RETRY_NS;
     t->retry_at = 0; /* connect now */
@@ -1284,6 +1303,7 @@ static void tcp_close(ccq_boot *b)
     ccq_tcp_buf_free(&t->out);
     close(t->wake[0]);
     close(t->wake[1]);
+    pthread_cond_destroy(&t->arrived);
     pthread_mutex_destroy(&t->mu);
     for (uint32_t r = 0; t->beats != NULL && r < t->size; r++)
         free(t->beats[r].rec);
@@ -1446,10 +1466,36 @@ static void tcp_relay_window(ccq_boot *b, uint64_t *since, uint64_t *until)
         *until = atomic_load_explicit(&t->last_recv_ns, memory_order_relaxed) + hb;
 }
 
+static uint64_t tcp_arrivals(ccq_boot *b)
+{
+    tcp_boot *t = b->impl;
+    uint64_t n;
+    pthread_mutex_lock(&t->mu);
+    n = t->arrivals;
+    pthread_mutex_unlock(&t->mu);
+    return n;
+}
+
+/* Asleep until the I/O thread reads a frame or the connection changes (tell_waiters): a
+ * process waiting for a late peer takes no CPU (polling every 20 us cost a third of a core
+ * per waiting process). */
+static void tcp_wait(ccq_boot *b, uint64_t seen, uint64_t until_ns)
+{
+    tcp_boot *t = b->impl;
+    struct timespec ts = {(time_t)(until_ns / 1000000000ull), (long)(until_ns % 1000000000ull)};
+    pthread_mutex_lock(&t->mu);
+    while (t->arrivals == seen && now_ns() < until_ns)
+        if (pthread_cond_timedwait(&t->arrived, &t->mu, &ts) == ETIMEDOUT)
+            break;
+    pthread_mutex_unlock(&t->mu);
+}
+
 static const ccq_boot_mech tcp_mech = {
     .name = "tcp",
     /* A test is a look at what the I/O thread already received (no system call). */
     .poll_ns = 20000,
+    .arrivals = tcp_arrivals,
+    .wait = tcp_wait,
     .publish = tcp_publish,
     .fetch = tcp_fetch,
     .xchg_free = tcp_xchg_free,
@@ -1579,6 +1625,13 @@ ccq_status ccq_boot_tcp_open(ccq_boot *b, const char *spec, ccq_errbuf *err)
     snprintf(t->spec, sizeof t->spec, "tcp://%.280s", spec);
     ccq_tcp_default_limits(&t->lim, b->size);
     pthread_mutex_init(&t->mu, NULL);
+    {
+        pthread_condattr_t ca;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&t->arrived, &ca);
+        pthread_condattr_destroy(&ca);
+    }
     t->peer = calloc(b->size, 1);
     t->reported = calloc(b->size, 1);
     t->silent = calloc(b->size, 1);
@@ -1631,6 +1684,7 @@ ccq_status ccq_boot_tcp_open(ccq_boot *b, const char *spec, ccq_errbuf *err)
         free(t->silent);
         free(t->beats);
         free(t->addrs);
+        pthread_cond_destroy(&t->arrived);
         pthread_mutex_destroy(&t->mu);
         free(t);
         return st;
