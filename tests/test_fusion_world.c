@@ -551,7 +551,16 @@ static void mismatch(int variant, long m, size_t nops)
                    (unsigned long long)(now_ms() - t0));
         run_free(r, &w);
         free(r);
+        /* A stray payload of the mismatch that its receiver dropped unfetched must not hold
+         * its sender's destroy for timeout_ms (20 s: the next world's deadline, which the
+         * others then missed, CI 2026-12-03): the receiver's goodbye ends the wait. */
+        t0 = now_ms();
         world_close(&w);
+        CHECK(now_ms() - t0 < 10000, "variant %d: destroy took %llu ms", variant,
+              (unsigned long long)(now_ms() - t0));
+        if (getenv("CCQ_TEST_VERBOSE") != NULL)
+            printf("process %u: destroy after the mismatch: %llu ms\n", wrank,
+                   (unsigned long long)(now_ms() - t0));
         return;
     }
     /* The engine checks every member's signature before data moves (issue 22): the mismatched

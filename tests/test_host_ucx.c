@@ -878,7 +878,16 @@ int main(int argc, char **argv)
         mismatch_p2p(rt);
         same_bits(rt);
     }
-    CHECK(ccq_runtime_destroy(rt) == CCQ_OK, "destroy");
+    {
+        /* The mismatches leave stray payloads that their receivers drop unfetched (two roots of
+         * a large broadcast): those never leave, and destroy must not wait timeout_ms (20 s)
+         * for them once their receivers said goodbye (2 runs in 12 of the np4 case waited
+         * the whole 20 s before; send_owed in ucx/engine.c). */
+        uint64_t t0 = now_ms();
+        CHECK(ccq_runtime_destroy(rt) == CCQ_OK, "destroy");
+        CHECK(kill_mode || stop_mode || large_mode || fused_mode || now_ms() - t0 < 10000,
+              "destroy took %llu ms", (unsigned long long)(now_ms() - t0));
+    }
     printf("process %u of %u: OK\n", wrank, wsize);
     return 0;
 }

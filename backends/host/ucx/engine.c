@@ -355,6 +355,18 @@ static void op_free(ucx_op *o);
 
 static uint32_t ucx_reap(ccq_host_engine *base, uint64_t now_ns);
 
+/* Can s still leave? Not when UCX completed it, nor when its receiver failed or said goodbye
+ * (ucx_peer.left): a process that destroyed its engine takes nothing more, and a rendezvous it
+ * dropped unfetched (ucx_msg_done leaves one on the single-copy endpoint to the worker's end)
+ * completes only when the sender sees its worker go, which over shared memory with the process
+ * alive is never (a stray payload after a mismatch once held its sender's destroy for
+ * timeout_ms, CI 2026-12-03). */
+static bool send_owed(const ucx_engine *e, const ucx_op *o, const ucx_send *s)
+{
+    const ucx_peer *p = &e->peers[o->c->procs[s->dst]];
+    return ucp_request_check_status(s->req) == UCS_INPROGRESS && p->failed == UCS_OK && !p->left;
+}
+
 /* Data this process still owes a peer: sends of operations that succeeded here (a detached
  * send, a finished schedule's last messages); with notices, also the notices of failed ones
  * (what a member waiting for this process's message learns the failure from: without it, it
@@ -365,10 +377,9 @@ static bool owed(const ucx_engine *e, bool notices)
     for (const ucx_op *o = e->background; o != NULL; o = o->next) {
         if (!o->moving)
             continue;
-        if (o->status == CCQ_OK)
-            return true;
-        for (const ucx_send *s = o->sends; notices && s != NULL; s = s->next)
-            if (s->tag == UCX_NOTICE_TAG && ucp_request_check_status(s->req) == UCS_INPROGRESS)
+        for (const ucx_send *s = o->sends; s != NULL; s = s->next)
+            if ((o->status == CCQ_OK || (notices && s->tag == UCX_NOTICE_TAG)) &&
+                send_owed(e, o, s))
                 return true;
     }
     return false;
@@ -793,6 +804,17 @@ static bool ucx_sends_pending(ucx_op *o)
     ccq_status st = CCQ_OK;
     ccq_errbuf ignored;
     return !ucx_sends_done(o, UCX_ALL, &st, &ignored);
+}
+
+/* Has o a send that can still leave (send_owed)? Its completed sends are reaped first. */
+static bool sends_owed(const ucx_engine *e, ucx_op *o)
+{
+    if (!ucx_sends_pending(o))
+        return false;
+    for (const ucx_send *s = o->sends; s != NULL; s = s->next)
+        if (send_owed(e, o, s))
+            return true;
+    return false;
 }
 
 /* Does UCX still hold anything of o (a send, a landing receive)? */
@@ -1443,8 +1465,9 @@ static uint32_t ucx_reap(ccq_host_engine *base, uint64_t now_ns)
     for (ucx_op **pp = &e->background; *pp != NULL;) {
         ucx_op *o = *pp;
         if (op_held(o)) {
-            if (o->moving && (!ucx_sends_pending(o) || now_ns - o->retired_ns > e->timeout_ns)) {
-                /* Nobody took its messages within timeout_ms: stop busy-polling for them. */
+            if (o->moving && (!sends_owed(e, o) || now_ns - o->retired_ns > e->timeout_ns)) {
+                /* Its messages left, their receivers went, or nobody took them within
+                 * timeout_ms: stop busy-polling for them. */
                 o->moving = false;
                 e->nmoving--;
             }
