@@ -334,6 +334,11 @@ static ccq_status ucx_create(const ccq_config *cfg, ccq_host_engine **out, ccq_e
      * arriving before its operation started waits for it without a copy. */
     ap.flags = UCP_AM_FLAG_WHOLE_MSG | UCP_AM_FLAG_PERSISTENT_DATA;
     us = ucp_worker_set_am_recv_handler(e->worker, &ap);
+    if (us == UCS_OK) {
+        ap.id = UCX_AM_ID_BULK;
+        ap.cb = ucx_am_recv_bulk;
+        us = ucp_worker_set_am_recv_handler(e->worker, &ap);
+    }
     if (us == UCS_OK)
         us = ucp_worker_get_address(e->worker, &e->addr, &e->addr_len);
     if (us != UCS_OK) {

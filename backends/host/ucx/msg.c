@@ -52,7 +52,7 @@ void ucx_msg_done(ucx_engine *e, ucx_msg *m)
          * failure or deadline, as it would of any dropped message. */
         bool peer_ok =
             e->peers == NULL || m->wsrc >= e->world_size || e->peers[m->wsrc].failed == UCS_OK;
-        if (m->state != MSG_RNDV || (peer_ok && m->len < e->bulk_bytes))
+        if (m->state != MSG_RNDV || (peer_ok && !m->bulk))
             ucp_am_data_release(e->worker, m->data);
     } else if (m->state == MSG_EAGER || (m->state == MSG_READY && m->data != NULL)) {
         free(m->data); /* our own copy */
@@ -360,8 +360,23 @@ static bool comm_gone(const ucx_engine *e, uint64_t id)
     return false;
 }
 
+static ucs_status_t am_recv(void *arg, const void *header, size_t header_length, void *data,
+                            size_t length, const ucp_am_recv_param_t *param, bool bulk);
+
 ucs_status_t ucx_am_recv(void *arg, const void *header, size_t header_length, void *data,
                          size_t length, const ucp_am_recv_param_t *param)
+{
+    return am_recv(arg, header, header_length, data, length, param, false);
+}
+
+ucs_status_t ucx_am_recv_bulk(void *arg, const void *header, size_t header_length, void *data,
+                              size_t length, const ucp_am_recv_param_t *param)
+{
+    return am_recv(arg, header, header_length, data, length, param, true);
+}
+
+static ucs_status_t am_recv(void *arg, const void *header, size_t header_length, void *data,
+                            size_t length, const ucp_am_recv_param_t *param, bool bulk)
 {
     ucx_engine *e = arg;
     bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
@@ -407,6 +422,7 @@ ucs_status_t ucx_am_recv(void *arg, const void *header, size_t header_length, vo
         return UCS_OK;
     }
     m->hdr = h;
+    m->bulk = bulk;
     m->wsrc = h.wsrc < e->world_size ? h.wsrc : UINT32_MAX;
     m->len = length;
     m->at_ns = e->last_activity_ns;
@@ -521,7 +537,8 @@ static ccq_status post(ucx_op *o, uint32_t dst, ucx_send *s, const void *buf, si
         return CCQ_ERR_BACKEND;
     }
     ep = bytes >= o->e->bulk_bytes ? ucx_bulk_ep(o->e, peer) : peer->ep;
-    req = ucp_am_send_nbx(ep, UCX_AM_ID, &s->hdr, sizeof s->hdr, buf, bytes, &o->e->send_param);
+    req = ucp_am_send_nbx(ep, ep != peer->ep ? UCX_AM_ID_BULK : UCX_AM_ID, &s->hdr, sizeof s->hdr,
+                          buf, bytes, &o->e->send_param);
     if (!UCS_PTR_IS_ERR(req))
         peer->sent++;  /* what our goodbye will say (ucx_destroy) */
     if (req == NULL) { /* done at once */

@@ -32,9 +32,11 @@
  *   queued for it had their own copying rendezvous stop moving (UCX 1.13 over shared memory,
  *   2-3 runs in 60 of test_host_ucx_kill_large_np3 before the single-copy endpoint existed);
  *   two processes leave one survivor, who has no one left to talk to.
- * Such worlds keep BULK_BYTES_SAFE. Processes that disagree (another core count) only differ
- * in which unfetched rendezvous of a failed peer they release before the worker's end (msg.c,
- * ucx_msg_done). */
+ * Such worlds keep BULK_BYTES_SAFE. Processes may disagree (another core count, another
+ * CCQ_UCX_BULK_BYTES): each sender picks the endpoint by its own threshold and the active
+ * message id tells the receiver which one a payload came on (UCX_AM_ID_BULK), so an
+ * unfetched rendezvous is released or left to the worker's end by where it came from
+ * (msg.c, ucx_msg_done), never by the receiver's threshold. */
 #define BULK_BYTES_PAIR (256u * 1024u)
 #define BULK_BYTES_SAFE (64u * 1024u)
 

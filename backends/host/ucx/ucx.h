@@ -29,6 +29,9 @@
 #define UCX_MAGIC   0x58554343u /* "CCUX" */
 #define UCX_VERSION 2u
 #define UCX_AM_ID   0x3c /* ccq's active message id on its own worker */
+/* The same messages sent on the single-copy endpoint (ucx_peer.bulk): the id tells the receiver
+ * which endpoint a payload came on (ucx_msg.bulk), whatever its own threshold is. */
+#define UCX_AM_ID_BULK 0x3d
 
 enum {
     UCX_MSG_DATA = 0,   /* a step of an operation's schedule */
@@ -75,6 +78,7 @@ typedef struct ucx_msg {
     void *buf;     /* MSG_READY: where the payload is readable */
     uint8_t state; /* MSG_* */
     bool ucx_data; /* data is UCX's: release it with ucp_am_data_release */
+    bool bulk;     /* it came on the single-copy endpoint (UCX_AM_ID_BULK) */
     uint32_t wsrc; /* the sender's world rank (hdr.wsrc, checked) */
     uint64_t at_ns;
 } ucx_msg;
@@ -352,6 +356,8 @@ void ucx_progress(ucx_engine *e);
 /* The AM handler and the routing of arrivals (ucx/msg.c). */
 ucs_status_t ucx_am_recv(void *arg, const void *header, size_t header_length, void *data,
                          size_t length, const ucp_am_recv_param_t *param);
+ucs_status_t ucx_am_recv_bulk(void *arg, const void *header, size_t header_length, void *data,
+                              size_t length, const ucp_am_recv_param_t *param);
 /* Hand the communicator's early messages of o to o (o just started), and the engine's
  * orphans of c to c (c just formed). */
 void ucx_adopt_early(ucx_op *o);
