@@ -26,6 +26,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "free_port.h"
+
 #define MAXP 64
 
 static double now_s(void)
@@ -33,60 +35,6 @@ static double now_s(void)
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
-
-/* Whether port is free on 127.0.0.1 now (nothing bound to it). */
-static int port_free(int port)
-{
-    struct sockaddr_in sa = {.sin_family = AF_INET,
-                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
-                             .sin_port = htons((uint16_t)port)};
-    int fd = socket(AF_INET, SOCK_STREAM, 0), ok;
-    if (fd < 0)
-        return 0;
-    ok = bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
-    close(fd);
-    return ok;
-}
-
-/* A port nobody uses now, below the kernel's ephemeral range (ip_local_port_range): a port
- * the kernel picks (bind to 0) is one it also hands to outgoing connections, so between two
- * runtimes of a test some other socket's source port could take it and the world's process 0
- * could no longer bind it (seen: "Address already in use" for a second runtime). Random, so
- * launches running at once rarely try the same one; checked free. */
-static int free_port(void)
-{
-    int lo = 32768;
-    FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
-    if (f != NULL) {
-        if (fscanf(f, "%d", &lo) != 1)
-            lo = 32768;
-        fclose(f);
-    }
-    if (lo > 12000) {
-        srand((unsigned)getpid() ^ (unsigned)(now_s() * 1e6));
-        for (int k = 0; k < 200; k++) {
-            int port = 10000 + rand() % (lo - 10000);
-            if (port_free(port))
-                return port;
-        }
-    }
-    {
-        /* the kernel's pick */
-        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-        socklen_t sl = sizeof sa;
-        int fd = socket(AF_INET, SOCK_STREAM, 0), port = -1;
-        if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
-            getsockname(fd, (struct sockaddr *)&sa, &sl) == 0)
-            port = ntohs(sa.sin_port);
-        if (fd >= 0)
-            close(fd);
-        if (port < 0) {
-            perror("launch: choosing a free port");
-            exit(1);
-        }
-        return port;
-    }
 }
 
 /* s with "@PORT@" replaced by port (a new string), or s itself. */
@@ -144,7 +92,7 @@ int main(int argc, char **argv)
     if (n < 1 || n > MAXP || a >= argc)
         usage();
     {
-        int port = free_port();
+        int port = ccq_test_free_port();
         char *tp = torch_port != NULL ? with_port((char *)torch_port, port) : NULL;
         torch_port = tp;
         for (int k = 0; k < nenv; k++)

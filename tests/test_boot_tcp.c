@@ -12,8 +12,8 @@
  * keepalives.
  *
  * Forks happen before the parent starts any thread; children report by exit status. Ports
- * come from the kernel (an ephemeral port, bound and released) so parallel tests never
- * share one. */
+ * are free ones below the kernel's ephemeral range (free_port.h: one the kernel picks may be
+ * taken as a connection's own port before process 0 listens on it). */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <setjmp.h>
@@ -34,6 +34,7 @@
 #include "runtime/boot/boot_impl.h"
 #include "runtime/boot/bootstrap.h"
 #include "runtime/boot/tcp_proto.h"
+#include "free_port.h"
 #include "procs.h"
 
 #define MAXP 8
@@ -59,19 +60,10 @@ static void sleep_ms(unsigned ms)
     nanosleep(&t, NULL);
 }
 
-/* A port nobody uses right now. */
+/* A port nobody uses right now, below the ephemeral range (free_port.h). */
 static unsigned free_port(void)
 {
-    struct sockaddr_in a;
-    socklen_t l = sizeof a;
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &l), 0);
-    close(fd);
-    return ntohs(a.sin_port);
+    return (unsigned)ccq_test_free_port();
 }
 
 /* Fork n children (procs.h); how many did not exit 0 (killed after 60 s). */

@@ -320,6 +320,20 @@ static void client_connect(tcp_boot *t)
     pthread_mutex_unlock(&t->mu);
 }
 
+/* A connection to a port in the ephemeral range that nobody listens on can be given that very
+ * port as its own and connect to itself (TCP's simultaneous open): it would then hold the port
+ * process 0 is about to listen on and wait for an answer from itself. Seen as process 0's
+ * "Address already in use" in test_boot_tcp, whose ports are ephemeral ones. */
+static bool self_connected(int fd)
+{
+    struct sockaddr_storage a, b;
+    socklen_t al = sizeof a, bl = sizeof b;
+    if (getsockname(fd, (struct sockaddr *)&a, &al) != 0 ||
+        getpeername(fd, (struct sockaddr *)&b, &bl) != 0)
+        return false;
+    return al == bl && memcmp(&a, &b, al) == 0;
+}
+
 /* The connection is up: say who this is. */
 static void client_hello(tcp_boot *t)
 {
@@ -396,6 +410,8 @@ static void client_frame(tcp_boot *t, const ccq_tcp_frame *f)
         pthread_mutex_lock(&t->mu);
         if (t->state == C_HELLO)
             t->state = C_READY;
+        if (t->stop) /* leaving: the goodbye tcp_close could not queue (io_main, shaking) */
+            ccq_tcp_put_frame(&t->out, SIZE_MAX, CCQ_TCP_BYE, NULL, 0, NULL, 0, NULL, 0);
         t->why[0] = '\0';
         t->ready_since = now_ns();
         pthread_mutex_unlock(&t->mu);
@@ -915,7 +931,7 @@ static void *io_main(void *arg)
     int nfd_cap = 3 + (int)t->lim.conns_max; /* any process may come to serve */
     struct pollfd *pf = calloc((size_t)nfd_cap, sizeof *pf);
     int *ids = calloc((size_t)nfd_cap, sizeof *ids);
-    uint64_t linger_until = 0, silent_was = 0;
+    uint64_t linger_until = 0, shake_until = 0, silent_was = 0;
 
     if (pf == NULL || ids == NULL) {
         client_fail(t, C_FAILED, CCQ_ERR_NO_MEMORY, "out of memory in the bootstrap's thread");
@@ -959,8 +975,21 @@ static void *io_main(void *arg)
         }
         if (silent != 0 && state == C_READY && t->fd >= 0)
             next = heard + silent + 1000000u;
+        /* Leaving with a connection to the server in its handshake (just after a takeover, or
+         * before the first WELCOME), or between servers after a takeover: finish it, up to
+         * DRAIN_MIN_NS, to say goodbye (a WELCOME while stopping queues it): a connection that
+         * closes after its HELLO without a goodbye reads at the server as a loss (test_boot_tcp's
+         * worlds, 7 runs in 40 under load, 2026-12-03: the last process closing while it
+         * reconnected to process 0's successor). */
+        bool shaking =
+            stop && now < shake_until && !t->given_up && t->server_rank != t->rank &&
+            (state == C_CONNECTING || state == C_HELLO || (state == C_IDLE && t->ready_since != 0));
         if (stop && linger_until == 0) {
             linger_until = now + LINGER_NS;
+            shake_until = now + DRAIN_MIN_NS;
+            shaking = !t->given_up && t->server_rank != t->rank &&
+                      (state == C_CONNECTING || state == C_HELLO ||
+                       (state == C_IDLE && t->ready_since != 0));
             /* Process 0 leaves cleanly: everyone hears it before its connections close. */
             if (t->srv != NULL)
                 ccq_tcp_server_leaving(t->srv, t->rank, now);
@@ -973,13 +1002,13 @@ static void *io_main(void *arg)
                 ccq_tcp_server_output(t->srv, i, &p, &len);
                 srv_busy |= t->srv_fd[i] >= 0 && len > 0;
             }
-            if ((state != C_READY || !out_pending) && !srv_busy) {
+            if (!shaking && (state != C_READY || !out_pending) && !srv_busy) {
                 if (state == C_READY && t->fd >= 0 && t->srv == NULL)
                     drain_close(t->fd, linger_until > now + DRAIN_MIN_NS ? linger_until
                                                                          : now + DRAIN_MIN_NS);
                 break;
             }
-            if (now >= linger_until) {
+            if (!shaking && now >= linger_until) {
                 /* Past the linger without a write: this thread did not run for that long (a
                  * loaded machine: test_boot_tcp under ASan once saw a clean close as a loss).
                  * One last non-blocking try, so that a goodbye the socket can take is said,
@@ -998,7 +1027,7 @@ static void *io_main(void *arg)
                 break;
             }
         }
-        if (state == C_IDLE && t->fd < 0 && !stop) {
+        if (state == C_IDLE && t->fd < 0 && (!stop || shaking)) {
             if (now >= t->retry_at)
                 client_connect(t);
             else if (t->retry_at < next)
@@ -1048,6 +1077,8 @@ static void *io_main(void *arg)
         }
         if (stop && linger_until < next)
             next = linger_until;
+        if (shaking && shake_until < next)
+            next = shake_until;
         if (next != UINT64_MAX)
             timeout_ms = next <= now ? 0 : (int)((next - now + 999999) / 1000000);
         /* With heartbeats on, wake at least every heartbeat: a gap in this thread's run is
@@ -1083,6 +1114,10 @@ static void *io_main(void *arg)
                                  "running, and is this its address?)",
                                  t->host, t->port, strerror(e));
                         client_retry(t, why);
+                        continue;
+                    }
+                    if (self_connected(t->fd)) {
+                        client_retry(t, "nobody listens there yet (the connection met itself)");
                         continue;
                     }
                     client_hello(t);
