@@ -320,10 +320,11 @@ static void client_connect(tcp_boot *t)
     pthread_mutex_unlock(&t->mu);
 }
 
-/* A connection to a port in the ephemeral range that nobody listens on can be given that very
- * port as its own and connect to itself (TCP's simultaneous open): it would then hold the port
- * process 0 is about to listen on and wait for an answer from itself. Seen as process 0's
- * "Address already in use" in test_boot_tcp, whose ports are ephemeral ones. */
+/* A connection to a port in the kernel's ephemeral range that nobody listens on yet can be
+ * given that very port as its own and connect to itself (TCP's simultaneous open): it would
+ * then hold the port process 0 is about to listen on ("Address already in use" there) and wait
+ * for an answer from itself. Possible whenever a process connects before process 0 listens on
+ * such a port (tests/free_port.h keeps the tests' ports below that range). */
 static bool self_connected(int fd)
 {
     struct sockaddr_storage a, b;
@@ -975,6 +976,13 @@ static void *io_main(void *arg)
         }
         if (silent != 0 && state == C_READY && t->fd >= 0)
             next = heard + silent + 1000000u;
+        if (stop && linger_until == 0) {
+            linger_until = now + LINGER_NS;
+            shake_until = now + DRAIN_MIN_NS;
+            /* Process 0 leaves cleanly: everyone hears it before its connections close. */
+            if (t->srv != NULL)
+                ccq_tcp_server_leaving(t->srv, t->rank, now);
+        }
         /* Leaving with a connection to the server in its handshake (just after a takeover, or
          * before the first WELCOME), or between servers after a takeover: finish it, up to
          * DRAIN_MIN_NS, to say goodbye (a WELCOME while stopping queues it): a connection that
@@ -984,16 +992,6 @@ static void *io_main(void *arg)
         bool shaking =
             stop && now < shake_until && !t->given_up && t->server_rank != t->rank &&
             (state == C_CONNECTING || state == C_HELLO || (state == C_IDLE && t->ready_since != 0));
-        if (stop && linger_until == 0) {
-            linger_until = now + LINGER_NS;
-            shake_until = now + DRAIN_MIN_NS;
-            shaking = !t->given_up && t->server_rank != t->rank &&
-                      (state == C_CONNECTING || state == C_HELLO ||
-                       (state == C_IDLE && t->ready_since != 0));
-            /* Process 0 leaves cleanly: everyone hears it before its connections close. */
-            if (t->srv != NULL)
-                ccq_tcp_server_leaving(t->srv, t->rank, now);
-        }
         if (stop) {
             bool srv_busy = false;
             for (int i = 0; t->srv != NULL && i < ccq_tcp_server_conn_bound(t->srv); i++) {
