@@ -155,12 +155,17 @@ static void wake_thread(tcp_boot *t)
 }
 
 /* Wake the callers asleep in ccq_boot_xchg_wait (tcp_wait): a frame was read or the
- * connection's state changed. Takes mu. */
+ * connection's state changed. With mu held. */
+static void tell_waiters_locked(tcp_boot *t)
+{
+    t->arrivals++;
+    pthread_cond_broadcast(&t->arrived);
+}
+
 static void tell_waiters(tcp_boot *t)
 {
     pthread_mutex_lock(&t->mu);
-    t->arrivals++;
-    pthread_cond_broadcast(&t->arrived);
+    tell_waiters_locked(t);
     pthread_mutex_unlock(&t->mu);
 }
 
@@ -253,8 +258,7 @@ static void client_fail(tcp_boot *t, int state, ccq_status st, const char *fmt, 
     va_end(ap);
     t->state = state;
     t->fail_st = st;
-    t->arrivals++;
-    pthread_cond_broadcast(&t->arrived);
+    tell_waiters_locked(t);
     pthread_mutex_unlock(&t->mu);
 }
 
@@ -275,8 +279,7 @@ static void client_retry(tcp_boot *t, const char *why)
     snprintf(t->why, sizeof t->why, "%s", why);
     if (t->state != C_FAILED && t->state != C_CLOSED)
         t->state = C_IDLE;
-    t->arrivals++; /* the timeout detail's note changes */
-    pthread_cond_broadcast(&t->arrived);
+    tell_waiters_locked(t); /* the timeout detail's note changes */
     pthread_mutex_unlock(&t->mu);
     t->retry_at = now_ns() + t->retry_ns;
     t->retry_ns = t->retry_ns * 2 > RETRY_MAX_NS ? RETRY_MAX_NS : t->retry_ns * 2;
@@ -897,8 +900,7 @@ static void server_lost(tcp_boot *t, const char *how)
              lost, how, next);
     if (t->state != C_FAILED && t->state != C_CLOSED)
         t->state = C_IDLE;
-    t->arrivals++;
-    pthread_cond_broadcast(&t->arrived);
+    tell_waiters_locked(t);
     pthread_mutex_unlock(&t->mu);
     t->retry_ns = RETRY_NS;
     t->retry_at = 0; /* connect now */

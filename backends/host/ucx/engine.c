@@ -803,19 +803,9 @@ static void op_free(ucx_op *o)
     free(o);
 }
 
-/* Has o a send UCX has not completed? */
-static bool ucx_sends_pending(ucx_op *o)
+/* Has o a send that can still leave (send_owed)? */
+static bool sends_owed(const ucx_engine *e, const ucx_op *o)
 {
-    ccq_status st = CCQ_OK;
-    ccq_errbuf ignored;
-    return !ucx_sends_done(o, UCX_ALL, &st, &ignored);
-}
-
-/* Has o a send that can still leave (send_owed)? Its completed sends are reaped first. */
-static bool sends_owed(const ucx_engine *e, ucx_op *o)
-{
-    if (!ucx_sends_pending(o))
-        return false;
     for (const ucx_send *s = o->sends; s != NULL; s = s->next)
         if (send_owed(e, o, s))
             return true;
