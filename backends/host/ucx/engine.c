@@ -362,7 +362,7 @@ static uint32_t ucx_reap(ccq_host_engine *base, uint64_t now_ns);
 
 /* Can s still leave? Not when UCX completed it, nor when its receiver failed or said goodbye
  * (ucx_peer.left): a process that destroyed its engine takes nothing more, and a rendezvous it
- * dropped unfetched (ucx_msg_done leaves one on the single-copy endpoint to the worker's end)
+ * dropped unfetched without releasing it (ucx_msg_done: one whose endpoint it had closed)
  * completes only when the sender sees its worker go, which over shared memory with the process
  * alive is never (a stray payload after a mismatch once held its sender's destroy for
  * timeout_ms, CI 2026-12-03). */

@@ -44,15 +44,19 @@ void ucx_msg_done(ucx_engine *e, ucx_msg *m)
         ucp_request_free(m->req);
     }
     if (m->ucx_data) {
-        /* An eager payload, or an unfetched rendezvous. A rendezvous that came on a failed
-         * peer's endpoints, or on the single-copy endpoint (ucx_peer.bulk, whose peer may die
-         * unseen by UCX's error handling), is left to the worker's end instead: releasing it
-         * answers the sender through its endpoint, which UCX may have destroyed (it asserts
-         * on it). Its sender, if alive, then learns the outcome from its own operation's
-         * failure or deadline, as it would of any dropped message. */
-        bool peer_ok =
-            e->peers == NULL || m->wsrc >= e->world_size || e->peers[m->wsrc].failed == UCS_OK;
-        if (m->state != MSG_RNDV || (peer_ok && !m->bulk))
+        /* An eager payload, or an unfetched rendezvous, whose release answers its sender (the
+         * sender's send completes) through the endpoint the announcement names. That endpoint
+         * must still exist: for a failed peer UCX may have destroyed it (it asserted, fetching
+         * or releasing), so such a rendezvous is left to the worker's end, as is one from the
+         * single-copy endpoint once this process closed it (ucx_peer.bulk: without peer error
+         * handling UCX names it by its address, not by an id it can look up safely). While the
+         * peer is alive and the endpoint open, a dropped payload is released at once: left
+         * unreleased, its sender's send never ended and held its destroy, and its scheduler's
+         * polling, until this process said goodbye (test_host_ucx with CCQ_TEST_LINGER_MS).
+         * Its sender, if it died unseen, gets an answer it never reads. */
+        const ucx_peer *p = e->peers != NULL && m->wsrc < e->world_size ? &e->peers[m->wsrc] : NULL;
+        bool peer_ok = p == NULL || p->failed == UCS_OK;
+        if (m->state != MSG_RNDV || (peer_ok && (!m->bulk || (p != NULL && p->bulk != NULL))))
             ucp_am_data_release(e->worker, m->data);
     } else if (m->state == MSG_EAGER || (m->state == MSG_READY && m->data != NULL)) {
         free(m->data); /* our own copy */

@@ -34,9 +34,9 @@
  *   two processes leave one survivor, who has no one left to talk to.
  * Such worlds keep BULK_BYTES_SAFE. Processes may disagree (another core count, another
  * CCQ_UCX_BULK_BYTES): each sender picks the endpoint by its own threshold and the active
- * message id tells the receiver which one a payload came on (UCX_AM_ID_BULK), so an
- * unfetched rendezvous is released or left to the worker's end by where it came from
- * (msg.c, ucx_msg_done), never by the receiver's threshold. */
+ * message id tells the receiver which one a payload came on (UCX_AM_ID_BULK), so whether an
+ * unfetched rendezvous can be released (the endpoint it names still open: msg.c,
+ * ucx_msg_done) is judged by where it came from, never by the receiver's threshold. */
 #define BULK_BYTES_PAIR (256u * 1024u)
 #define BULK_BYTES_SAFE (64u * 1024u)
 
