@@ -47,13 +47,15 @@ void ucx_msg_done(ucx_engine *e, ucx_msg *m)
         /* An eager payload, or an unfetched rendezvous, whose release answers its sender (the
          * sender's send completes) through the endpoint the announcement names. That endpoint
          * must still exist: for a failed peer UCX may have destroyed it (it asserted, fetching
-         * or releasing), so such a rendezvous is left to the worker's end, as is one from the
-         * single-copy endpoint once this process closed it (ucx_peer.bulk: without peer error
-         * handling UCX names it by its address, not by an id it can look up safely). While the
-         * peer is alive and the endpoint open, a dropped payload is released at once: left
-         * unreleased, its sender's send never ended and held its destroy, and its scheduler's
-         * polling, until this process said goodbye (test_host_ucx with CCQ_TEST_LINGER_MS).
-         * Its sender, if it died unseen, gets an answer it never reads. */
+         * or releasing), so such a rendezvous is left to the worker's end. So is one from the
+         * single-copy endpoint once this process closed it, or when it never opened one
+         * (CCQ_UCX_BULK_BYTES=0 here: the sender's endpoint then pairs with one UCX made):
+         * without peer error handling UCX names that endpoint by its address, not by an id it
+         * can look up safely. While the peer is alive and ucx_peer.bulk open, a dropped payload
+         * is released at once: left unreleased, its sender's send never ended and held its
+         * destroy, and its scheduler's polling, until this process said goodbye (test_host_ucx
+         * with CCQ_TEST_LINGER_MS). Its sender, if it died unseen, gets an answer it never
+         * reads. */
         const ucx_peer *p = e->peers != NULL && m->wsrc < e->world_size ? &e->peers[m->wsrc] : NULL;
         bool peer_ok = p == NULL || p->failed == UCS_OK;
         if (m->state != MSG_RNDV || (peer_ok && (!m->bulk || (p != NULL && p->bulk != NULL))))
