@@ -43,11 +43,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <netinet/in.h>
-#include <sys/socket.h>
-
 #include "ccq.h"
 #include "fake/fake_cuda_nccl.h"
+#include "free_port.h"
 
 enum { MAXP = 4, N = 257, AFTER_STEPS = 100, PAIR_STEPS = 10 };
 enum { MODE_KILL, MODE_STOP };
@@ -430,21 +428,6 @@ out:
 
 /* ---- the driver ---- */
 
-/* A port nobody listens on now (the kernel's pick; free again once closed). */
-static int free_port(void)
-{
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t al = sizeof a;
-    int fd = socket(AF_INET, SOCK_STREAM, 0), port = 29500;
-
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &al) == 0)
-        port = ntohs(a.sin_port);
-    if (fd >= 0)
-        close(fd);
-    return port;
-}
-
 static int cmp_u64(const void *a, const void *b)
 {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -673,7 +656,10 @@ int main(int argc, char **argv)
         if (o.victim >= 0)
             sh->victim = o.victim % sh->nprocs;
         if (sh->boot == BOOT_TCP)
-            sh->port = free_port();
+            /* Below the ephemeral range (free_port.h): a port the kernel picked could be
+             * taken as a connection's own before process 0 listened (CI 2026-12-03,
+             * drill_health_tcp_rank0: no process met). */
+            sh->port = ccq_test_free_port();
         sh->hb_ms = o.hb_ms;
         sh->hb_timeout_ms = o.hb_timeout_ms;
         sh->nccl_version = o.nccl_version;
