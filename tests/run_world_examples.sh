@@ -13,6 +13,7 @@ doc=$2
 shift 2
 tmp=$(mktemp -d /tmp/ccq-example-XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
+free_port_py=$(cd "$(dirname "$0")" && pwd)/free_port.py
 cd "$bin"
 
 # The one-liner, exactly as the table's "file:DIR" row has it but for the directory.
@@ -35,10 +36,9 @@ mode=$(stat -c %a "$job")
 [ "$mode" = 700 ] || { echo "FAIL: the bootstrap made $job with mode $mode, not 700" >&2; exit 1; }
 
 # The tcp one-liner and the torchrun-style one, each as the table has it but for the port
-# (a free one: tests run in parallel). On the UCX engine the world's all_reduce works.
-free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
+# (a free one below the kernel's ephemeral range, tests/free_port.py: tests run in parallel).
+# On the UCX engine the world's all_reduce works.
+free_port() { python3 "$free_port_py"; }
 for row in '`"tcp://HOST:PORT"`' 'torchrun'; do
     line=$(grep -F "| $row" "$doc" | sed -n 's/.*| `\(for r in .*\)` |$/\1/p')
     [ -n "$line" ] || { echo "no $row one-liner in $doc" >&2; exit 1; }

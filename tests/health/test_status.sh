@@ -7,9 +7,9 @@
 # Usage: test_status.sh <survive_fake> <python3> <tools/ccq-trace> [file|tcp]
 set -u
 survive=$1 py=$2 tool=$3 mode=${4:-file}
-free_port() {
-    "$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
+# a port below the kernel's ephemeral range (tests/free_port.py says why)
+free_port_py=$(cd "$(dirname "$0")/.." && pwd)/free_port.py
+free_port() { "$py" "$free_port_py"; }
 boot=""
 if [ "$mode" = tcp ]; then
     boot="--boot tcp://127.0.0.1:$(free_port)"

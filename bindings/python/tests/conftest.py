@@ -12,6 +12,18 @@ INCLUDE = os.environ.get("CCQ_INCLUDE_DIR") or os.path.join(HERE, "..", "..", ".
 DEVS = [0, 1, 2, 3]
 
 
+def free_port():
+    """A port free on 127.0.0.1 below the kernel's ephemeral range, for a tcp:// rendezvous
+    (the repository's tests/free_port.py, shared with the shell tests: why not the kernel's
+    pick is said there)."""
+    import importlib.util
+    path = os.path.join(HERE, "..", "..", "..", "tests", "free_port.py")
+    spec = importlib.util.spec_from_file_location("ccq_test_free_port", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.free_port()
+
+
 def has_ucx_engine():
     """Whether this libccq has the host backend's UCX engine (its module libccq-ucx.so.0 beside
     libccq, where libccq loads it from): plain processes then span a communicator with no

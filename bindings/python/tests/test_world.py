@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import has_ucx_engine
+from conftest import free_port, has_ucx_engine
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "world_worker.py")
 CANNOT_SPAN = "cannot span processes"
@@ -96,11 +96,8 @@ def test_world_over_tcp_all_reduce_across(tmp_path):
     on a free port) instead of a directory."""
     if not has_ucx_engine():
         pytest.skip("this libccq has no UCX engine (libccq-ucx.so.0)")
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    outs = spawn(3, 3, tmp_path, extra_env={"CCQ_BOOTSTRAP": "tcp://127.0.0.1:%d" % port})
+    outs = spawn(3, 3, tmp_path,
+                 extra_env={"CCQ_BOOTSTRAP": "tcp://127.0.0.1:%d" % free_port()})
     check_meeting(outs)
     assert all(o["span"]["all_reduce"] == [21.0] for o in outs), outs
 
