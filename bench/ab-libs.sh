@@ -8,7 +8,9 @@
 # between a fast and a 3-4x slower memory (MPI_Allreduce alone too), which moves a median of
 # few runs more than most changes do; the fastest run of each is the cost without that.
 # Usage: bench/ab-libs.sh DIR_A DIR_B P G SIZE...   e.g. bench/ab-libs.sh /tmp/a /tmp/b 2 1 64K 1M
-# Env: REPS (5), ITERS (20), OP (sum; MPI_Allreduce always sums), PORT (29800).
+# Env: REPS (5), ITERS (20), OP (sum; MPI_Allreduce always sums), PORT (29800), ENV_A and ENV_B
+#   (VAR=VALUE words set for A's or B's processes only: one build, two settings, e.g.
+#   ENV_B=CCQ_UCX_RING_BYTES=131072 bench/ab-libs.sh build-bench build-bench 2 1 64K).
 # libccq.so is taken from each directory through LD_LIBRARY_PATH (ccq-perf's RUNPATH gives
 # way to it) and the modules from beside it (docs/layout.md, Loading).
 set -euo pipefail
@@ -32,11 +34,12 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 for rep in $(seq 1 "$REPS"); do
     for S in "$@"; do
         for X in A B; do
-            dir=$A
-            [ "$X" = B ] && dir=$B
+            dir=$A extra=${ENV_A:-}
+            [ "$X" = B ] && dir=$B extra=${ENV_B:-}
             pids=()
             for r in $(seq 0 $((P - 1))); do
-                LD_LIBRARY_PATH=$dir CCQ_WORLD_RANK=$r CCQ_WORLD_SIZE=$P \
+                # shellcheck disable=SC2086
+                env $extra LD_LIBRARY_PATH=$dir CCQ_WORLD_RANK=$r CCQ_WORLD_SIZE=$P \
                     CCQ_BOOTSTRAP=tcp://127.0.0.1:$PORT CCQ_HOST_ENGINE=ucx \
                     "$perf" -g "$G" -b "$S" -e "$S" -n "$ITERS" -w 5 -o "$OP" --json \
                     >"$out/$X.$S.$rep.r$r" &

@@ -348,6 +348,9 @@ static ccq_status ucx_create(const ccq_config *cfg, ccq_host_engine **out, ccq_e
         goto fail;
     }
     memset(&e->send_param, 0, sizeof e->send_param);
+    memset(&e->send_eager, 0, sizeof e->send_eager);
+    e->send_eager.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    e->send_eager.flags = UCP_AM_SEND_FLAG_EAGER;
     *out = &e->base;
     return CCQ_OK;
 

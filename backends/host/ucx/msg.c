@@ -543,8 +543,9 @@ static ccq_status post(ucx_op *o, uint32_t dst, ucx_send *s, const void *buf, si
         return CCQ_ERR_BACKEND;
     }
     ep = bytes >= o->e->bulk_bytes ? ucx_bulk_ep(o->e, peer) : peer->ep;
-    req = ucp_am_send_nbx(ep, ep != peer->ep ? UCX_AM_ID_BULK : UCX_AM_ID, &s->hdr, sizeof s->hdr,
-                          buf, bytes, &o->e->send_param);
+    req = ucp_am_send_nbx(
+        ep, ep != peer->ep ? UCX_AM_ID_BULK : UCX_AM_ID, &s->hdr, sizeof s->hdr, buf, bytes,
+        ep == peer->ep && bytes < o->e->eager_bytes ? &o->e->send_eager : &o->e->send_param);
     if (!UCS_PTR_IS_ERR(req))
         peer->sent++;  /* what our goodbye will say (ucx_destroy) */
     if (req == NULL) { /* done at once */

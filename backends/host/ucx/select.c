@@ -4,7 +4,8 @@
  * The thresholds are measured on the 2-core machines of docs/performance.md and can be
  * moved for experiments with CCQ_UCX_RING_BYTES (all_reduce: recursive doubling up to it,
  * the ring above) and CCQ_UCX_SEG_BYTES (the pipelined schedules' segment size). Every
- * process must run the same schedule for an operation: set them alike everywhere. */
+ * process must run the same schedule for an operation: set them alike everywhere. How a
+ * payload travels (CCQ_UCX_EAGER_BYTES, CCQ_UCX_BULK_BYTES) is each sender's own choice. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +38,17 @@
  * message id tells the receiver which one a payload came on (UCX_AM_ID_BULK), so whether an
  * unfetched rendezvous can be released (the endpoint it names still open: msg.c,
  * ucx_msg_done) is judged by where it came from, never by the receiver's threshold. */
+/* Payloads below this on the copying endpoint go by UCX's eager protocol
+ * (UCP_AM_SEND_FLAG_EAGER: copied into the transport's queue as the send is posted), not by
+ * its copying rendezvous, which UCX 1.13 starts at 8 KiB on shared memory: a round trip (the
+ * announcement, the receiver's request for the data) before any byte moves. Measured 2 x 1 on
+ * the 2-vCPU AMD VM (bench/ab-libs.sh, 11 interleaved runs, medians): all_reduce 8 KiB 1.84x,
+ * 32 KiB 1.81x, 64 KiB 1.22x, 128 KiB 1.18x faster eager; 256 KiB (the ring's 128 KiB
+ * payloads) 1.18x more with 256 KiB than with 128 KiB here. So in a pair everything on the
+ * copying endpoint goes eager (BULK_BYTES_PAIR below); CCQ_UCX_EAGER_BYTES moves it (1: never).
+ * The cost: an eager payload waits in the receiver's memory (UCX's, kept until its operation
+ * takes it) where a rendezvous left it in the sender's scratch until fetched. */
+#define EAGER_BYTES     (256u * 1024u)
 #define BULK_BYTES_PAIR (256u * 1024u)
 #define BULK_BYTES_SAFE (64u * 1024u)
 
@@ -49,6 +61,7 @@ static uint64_t knob(const char *name, uint64_t def)
 void ucx_tuning(ucx_engine *e)
 {
     e->ring_bytes = knob("CCQ_UCX_RING_BYTES", RING_BYTES);
+    e->eager_bytes = knob("CCQ_UCX_EAGER_BYTES", EAGER_BYTES);
     e->seg_bytes = knob("CCQ_UCX_SEG_BYTES", SEG_BYTES);
     /* 0 = never (every payload on the endpoint with peer error handling). Unset: chosen by
      * ucx_bulk_default once the world's size is known, BULK_BYTES_SAFE until then. */

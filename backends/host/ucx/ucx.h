@@ -151,6 +151,10 @@ struct ucx_engine {
     ucx_msg *free_msgs;                /* recycled arrival records */
     ccq_scratch_pool pool;             /* scratch kept for reuse */
     ucp_request_param_t send_param;
+    /* The same, forcing UCX's eager protocol: payloads below eager_bytes on the copying
+     * endpoint (ucx/select.c, EAGER_BYTES). */
+    ucp_request_param_t send_eager;
+    size_t eager_bytes;
     ucx_hdr *bye;   /* goodbyes UCX had not sent when destroy closed the endpoints */
     char note[160]; /* how the engine was set up (transports, keepalive), for details */
 };
