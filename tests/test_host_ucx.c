@@ -554,9 +554,10 @@ static void killed_fused(ccq_runtime *rt)
 
 /* Process 0's 256 KiB all_reduce with the silent last process alone (a pair: the ring, whose
  * first step sends a 128 KiB block: on the single-copy endpoint in test_host_ucx_stop_np3, by
- * UCX's copying rendezvous in test_host_ucx_stop_copied_np3): the silent one's engine holds
- * the announcement of an operation it never started without fetching the payload, so the
- * timeout's detail says whom process 0 waits for and that its own message is still leaving. */
+ * UCX's copying rendezvous in test_host_ucx_stop_copied_np3, eager in
+ * test_host_ucx_stop_eager_np3): the silent one's engine holds the announcement (or the eager
+ * payload) of an operation it never started, so the timeout's detail says whom process 0 waits
+ * for and that its own message is still leaving (its send has not completed). */
 static void stopped_pair(ccq_runtime *rt, const ccq_device_id *pair)
 {
     enum { COUNT = 65536 };

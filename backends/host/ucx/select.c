@@ -45,7 +45,7 @@
  * the 2-vCPU AMD VM (bench/ab-libs.sh, 11 interleaved runs, medians): all_reduce 8 KiB 1.84x,
  * 32 KiB 1.81x, 64 KiB 1.22x, 128 KiB 1.18x faster eager; 256 KiB (the ring's 128 KiB
  * payloads) 1.18x more with 256 KiB than with 128 KiB here. So in a pair everything on the
- * copying endpoint goes eager (BULK_BYTES_PAIR below); CCQ_UCX_EAGER_BYTES moves it (1: never).
+ * copying endpoint goes eager (BULK_BYTES_PAIR below); CCQ_UCX_EAGER_BYTES moves it (0: never).
  * The cost: an eager payload waits in the receiver's memory (UCX's, kept until its operation
  * takes it) where a rendezvous left it in the sender's scratch until fetched. */
 #define EAGER_BYTES     (256u * 1024u)
@@ -61,7 +61,10 @@ static uint64_t knob(const char *name, uint64_t def)
 void ucx_tuning(ucx_engine *e)
 {
     e->ring_bytes = knob("CCQ_UCX_RING_BYTES", RING_BYTES);
-    e->eager_bytes = knob("CCQ_UCX_EAGER_BYTES", EAGER_BYTES);
+    /* 0 = never (every payload from 8 KiB by UCX's rendezvous, as before 2026-12-04). */
+    uint64_t eager;
+    e->eager_bytes =
+        ccq_env_u64("CCQ_UCX_EAGER_BYTES", 0, 1ull << 40, &eager) > 0 ? (size_t)eager : EAGER_BYTES;
     e->seg_bytes = knob("CCQ_UCX_SEG_BYTES", SEG_BYTES);
     /* 0 = never (every payload on the endpoint with peer error handling). Unset: chosen by
      * ucx_bulk_default once the world's size is known, BULK_BYTES_SAFE until then. */
