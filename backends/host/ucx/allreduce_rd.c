@@ -43,11 +43,25 @@ static uint32_t real_of(const ucx_op *o, uint32_t v)
     return v < o->x[1] ? 2 * v + 1 : v + o->x[1];
 }
 
-/* res = first (+) second, the lower-ranked partial first. */
+/* res = first (+) second, the lower-ranked partial first. The last round's combine of a
+ * process that hands nothing on (no unfold) writes the outputs instead, as local_outputs
+ * would from res, so no copy out is left (AVG: each output's sum divided in place, the bits
+ * local_outputs gives); a fused group's parts are written from res (fused_outputs). */
 static void combine(ucx_op *o, const void *lower, const void *higher)
 {
     const void *src[2] = {lower, higher};
-    ucx_reduce(o, 2, src, o->buf[BUF_RES], o->count);
+    const ccq_be_op *op = o->op;
+    void *out[CCQ_MAX_DEVICES];
+    if (o->fz != NULL || o->k + 1 != o->x[2] || o->me < 2 * o->x[1] || o->stage != ST_ROUNDS) {
+        ucx_reduce(o, 2, src, o->buf[BUF_RES], o->count);
+        return;
+    }
+    for (uint32_t k = 0; k < op->nparts; k++)
+        out[k] = op->parts[k].dst;
+    ucx_reduce_to(o, 2, src, op->nparts, out, o->count);
+    for (uint32_t k = 0; o->redop == CCQ_AVG && k < op->nparts; k++)
+        ucx_write_result(o, out + k, 1, out[k], o->count); /* each sum divided in place */
+    o->rd_out = true;
 }
 
 static ccq_status rd_advance(ucx_op *o, ccq_errbuf *err)

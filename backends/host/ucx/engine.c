@@ -987,7 +987,7 @@ static void local_outputs(ucx_op *o)
 
     switch (o->kind) {
     case CCQ_KIND_ALL_REDUCE:
-        if (o->out != NULL || o->parts_lazy) /* the ring wrote them as it went */
+        if (o->out != NULL || o->parts_lazy || o->rd_out) /* the schedule wrote them */
             break;
         for (uint32_t k = 0; k < op->nparts; k++)
             out[k] = op->parts[k].dst;

@@ -297,6 +297,8 @@ struct ucx_op {
      * block, so the block is in cache for its send or reduction), and each finished block goes
      * to every part's dst as `out` would. */
     bool parts_lazy;
+    /* Recursive doubling's last combine wrote the outputs itself (ucx/allreduce_rd.c). */
+    bool rd_out;
     /* Schedule state (algorithms use what they need). */
     uint32_t nseg, window, active_lo; /* segments, how many at once, lowest not done */
     size_t seg_elems;
