@@ -735,7 +735,7 @@ static void test_divide(void **state)
     for (int dt = 0; dt < CCQ_DTYPE_COUNT_; dt++) {
         size_t es = ref_dtype_size((ccq_dtype)dt);
         unsigned char *x = malloc(N * es), *zero = calloc(N, es), *got = malloc(N * es),
-                      *want = malloc(N * es);
+                      *want = malloc(N * es), *streamed = malloc(N * es + 16);
         bool is_float = dt == CCQ_FLOAT16 || dt == CCQ_FLOAT32 || dt == CCQ_FLOAT64 ||
                         dt == CCQ_BFLOAT16 || dt == CCQ_FLOAT8E4M3 || dt == CCQ_FLOAT8E5M2;
         /* x + (-0) is x for every x (+0 + -0 is +0, -0 + -0 is -0): the other inputs are
@@ -766,11 +766,22 @@ static void test_divide(void **state)
             memcpy(got, x, N * es); /* in place too */
             ccq_host_divide((ccq_dtype)dt, got, got, N, ns[k]);
             assert_int_equal(ref_compare((ccq_dtype)dt, got, want, N, NULL, 0), 0);
+            /* Streamed (the UCX engine's outputs beyond the caches), through its L1 block and
+             * into an output 3 bytes off alignment: the same bytes, nothing written past. */
+            memset(streamed, GUARD_BYTE, N * es + 16);
+            ccq_host_divide_ex((ccq_dtype)dt, x, streamed + 3, N, ns[k], CCQ_HOST_REDUCE_NT);
+            ccq_host_store_fence(CCQ_HOST_REDUCE_NT);
+            if (memcmp(streamed + 3, want, N * es) != 0)
+                fail_msg("dtype %d / %u streamed: wrong bytes", dt, ns[k]);
+            for (size_t b = N * es + 3; b < N * es + 16; b++)
+                assert_int_equal(streamed[b], GUARD_BYTE);
+            assert_int_equal(streamed[0], GUARD_BYTE);
         }
         free(x);
         free(zero);
         free(got);
         free(want);
+        free(streamed);
     }
 }
 

@@ -6,6 +6,7 @@
 #include <emmintrin.h>
 #endif
 
+#include "backends/fuse.h"
 #include "convert.h"
 
 /* nout: the outputs the write-out step fills (n for all_reduce, 1 for reduce and
@@ -345,5 +346,23 @@ void ccq_host_divide(ccq_dtype dtype, const void *src, void *dst, size_t count, 
         break;
     default:
         break;
+    }
+}
+
+void ccq_host_divide_ex(ccq_dtype dtype, const void *src, void *dst, size_t count, uint32_t n,
+                        unsigned flags)
+{
+    size_t es = ccq_fuse_esize((uint8_t)dtype);
+    if (!(flags & CCQ_HOST_REDUCE_NT) || es == 0 || src == dst) {
+        ccq_host_divide(dtype, src, dst, count, n);
+        return;
+    }
+    /* Block by block through a buffer in L1, then streamed out. */
+    _Alignas(64) char block[CCQ_HOST_REDUCE_BLOCK_BYTES];
+    size_t per = sizeof block / es;
+    for (size_t off = 0; off < count; off += per) {
+        size_t len = count - off < per ? count - off : per;
+        ccq_host_divide(dtype, (const char *)src + off * es, block, len, n);
+        put_block((char *)dst + off * es, block, len * es, 1);
     }
 }

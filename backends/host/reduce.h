@@ -61,6 +61,10 @@ void ccq_host_reduce_range(ccq_dtype dtype, ccq_reduce_op op, uint32_t n, const 
  * once). For n a power of two a float division is done as a multiplication by 1/n, which
  * gives the same bits (both round the same exact value) and vectorizes. dst may be src. */
 void ccq_host_divide(ccq_dtype dtype, const void *src, void *dst, size_t count, uint32_t n);
+/* The same, with flags: CCQ_HOST_REDUCE_NT writes dst by streaming stores (then fence, as
+ * for ccq_host_copy). */
+void ccq_host_divide_ex(ccq_dtype dtype, const void *src, void *dst, size_t count, uint32_t n,
+                        unsigned flags);
 
 /* Copy `bytes` from src to dst (not overlapping); with CCQ_HOST_REDUCE_NT by non-temporal
  * stores from the first 16-byte boundary of dst on. Those are weakly ordered: call

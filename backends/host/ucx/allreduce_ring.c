@@ -18,7 +18,9 @@
  * the part's dst in the same pass as to the scratch (a second output of the kernel; AVG is
  * divided into dst apart, since the scratch keeps the sum the all-gather sends), and each
  * block the all-gather lands is copied there at once (AVG: divided on the way, as
- * local_outputs would). The one-pass write-out together with the scratch's huge pages
+ * local_outputs would). From STREAM_BYTES (ucx/select.c) every output block is instead
+ * streamed apart from the scratch's block the pass just wrote (in cache): streaming stores
+ * skip reading the user's lines before overwriting them. The one-pass write-out together with the scratch's huge pages
  * (scratch_pool.c), 2 x 1, 15 interleaved runs: 1 MiB 1.11x, 4 MiB 1.28x, 8 MiB 1.19x
  * (medians; fastest runs 1.13-1.58x). Both writes happen in this thread once the block's chain
  * of headers was checked by every member (a message reaches the last step only through all of
@@ -126,9 +128,10 @@ static ccq_status ring_seg(ucx_op *o, uint32_t g, ccq_errbuf *err)
             s->combined = k + 1;
         }
         /* The reduce-scatter's last step reduces its block into the outputs too, in the same
-         * pass (AVG divides its outputs apart: res keeps the sum the all-gather sends). */
+         * pass (AVG divides its outputs apart: res keeps the sum the all-gather sends; streamed
+         * outputs are copied apart too, from the block the pass left in cache). */
         into[0] = res + ro * es;
-        if (k == P - 2 && o->redop != CCQ_AVG)
+        if (k == P - 2 && o->redop != CCQ_AVG && !o->out_nt)
             nout = outputs(o, out, off0 + ro, ro, into + 1);
         st = ucx_ring_step(o, g, g * (2 * P) + k, res + so * es, sl * es,
                            scatter ? slot : res + ro * es, rl * es, scatter ? 1 + nout : 0, into,

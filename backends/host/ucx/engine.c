@@ -959,7 +959,9 @@ static void copy_out(void *dst, const void *src, size_t bytes)
 }
 
 /* out[k] = res (AVG: res / nranks) for each of n outputs. res itself is never written: a
- * send may still read it (the schedule's last messages leave after this process is done). */
+ * send may still read it (the schedule's last messages leave after this process is done).
+ * With o->out_nt the outputs are written by streaming stores, each from res (an output just
+ * streamed is no longer in cache), fenced before the operation can be seen done. */
 void ucx_write_result(const ucx_op *o, void *const *out, uint32_t n, const char *res, size_t elems)
 {
     bool avg = o->redop == CCQ_AVG && ccq_kinds[o->kind].reduces;
@@ -967,13 +969,16 @@ void ucx_write_result(const ucx_op *o, void *const *out, uint32_t n, const char 
     for (uint32_t k = 0; k < n; k++) {
         if (out[k] == NULL)
             continue;
-        if (avg && from == res) {
-            ccq_host_divide((ccq_dtype)o->dtype, res, out[k], elems, o->c->nranks);
+        if (avg && (from == res || o->out_nt)) {
+            ccq_host_divide_ex((ccq_dtype)o->dtype, res, out[k], elems, o->c->nranks, o->out_nt);
             from = out[k];
+        } else if (o->out_nt) {
+            ccq_host_copy(out[k], res, elems * o->es, o->out_nt);
         } else {
             copy_out(out[k], from, elems * o->es);
         }
     }
+    ccq_host_store_fence(o->out_nt);
 }
 
 /* Every header checked, every step done: write the local outputs. */
@@ -1157,6 +1162,23 @@ void ucx_op_discard(ucx_op *o)
     op_free(o);
 }
 
+/* Whether ucx_write_result streams this operation's outputs (ucx/select.c, STREAM_BYTES):
+ * buffers beyond the caches, and no output that is also an input (its lines are cached, and
+ * a streamed write would evict what is read next). */
+static unsigned outputs_streamed(const ucx_op *o)
+{
+    uint32_t n = o->fz != NULL ? o->fz->n : 1;
+    if (o->count * o->es < o->e->stream_bytes)
+        return 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const ccq_be_op *op = o->fz != NULL ? o->fz->part[i].op : o->op;
+        for (uint32_t k = 0; op != NULL && k < op->nparts; k++)
+            if (op->parts[k].src == op->parts[k].dst)
+                return 0;
+    }
+    return CCQ_HOST_REDUCE_NT;
+}
+
 ccq_status ucx_op_launch(ucx_op *o, ccq_errbuf *err)
 {
     ucx_engine *e = o->e;
@@ -1173,6 +1195,7 @@ ccq_status ucx_op_launch(ucx_op *o, ccq_errbuf *err)
         o->alg = o->kind == CCQ_KIND_REDUCE_SCATTER ? &ucx_reduce_scatter_direct
                  : ucx_fused_ring(o)                ? &ucx_allreduce_ring
                                                     : &ucx_allreduce_rd;
+    o->out_nt = outputs_streamed(o);
     st = o->fz != NULL ? fused_inputs(o, err) : local_inputs(o, err);
     if (st == CCQ_OK)
         st = o->alg->init(o, err);

@@ -143,6 +143,7 @@ struct ucx_engine {
     uint64_t dropped;  /* messages discarded (aborted comm, failed op, malformed) */
     uint64_t last_activity_ns;         /* the last arrival or start (the poll interval's clock) */
     size_t ring_bytes, seg_bytes;      /* schedule thresholds (ucx/select.c) */
+    size_t stream_bytes;               /* outputs by streaming stores from (ucx/select.c) */
     size_t bulk_bytes;                 /* payloads of at least this go on ucx_peer.bulk */
     bool bulk_auto;                    /* bulk_bytes is the default (no CCQ_UCX_BULK_BYTES) */
     uint32_t idle_polls;               /* progress calls in a row that moved nothing */
@@ -299,6 +300,10 @@ struct ucx_op {
     bool parts_lazy;
     /* Recursive doubling's last combine wrote the outputs itself (ucx/allreduce_rd.c). */
     bool rd_out;
+    /* CCQ_HOST_REDUCE_NT when ucx_write_result writes the outputs by streaming stores (the
+     * operation's buffers are beyond the caches, none in place: ucx/select.c, STREAM_BYTES),
+     * else 0. */
+    unsigned out_nt;
     /* Schedule state (algorithms use what they need). */
     uint32_t nseg, window, active_lo; /* segments, how many at once, lowest not done */
     size_t seg_elems;
