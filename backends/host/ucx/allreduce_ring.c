@@ -20,13 +20,13 @@
  * block the all-gather lands is copied there at once (AVG: divided on the way, as
  * local_outputs would). From STREAM_BYTES (ucx/select.c) every output block is instead
  * streamed apart from the scratch's block the pass just wrote (in cache): streaming stores
- * skip reading the user's lines before overwriting them. The one-pass write-out together with the
- * scratch's huge pages (scratch_pool.c), 2 x 1, 15 interleaved runs: 1 MiB 1.11x, 4 MiB 1.28x, 8
- * MiB 1.19x (medians; fastest runs 1.13-1.58x). Both writes happen in this thread once the block's
- * chain of headers was checked by every member (a message reaches the last step only through all of
- * them), so a mismatch still leaves dst untouched, and nothing writes dst after the operation
- * ended (UCX itself only ever writes the scratch). In place (src == dst) holds: a block of dst is
- * written only after this process's own input for it was read.
+ * skip reading the user's lines before overwriting them. The one-pass write-out together with
+ * the scratch's huge pages (scratch_pool.c), 2 x 1, 15 interleaved runs: 1 MiB 1.11x, 4 MiB
+ * 1.28x, 8 MiB 1.19x (medians; fastest runs 1.13-1.58x). Both writes happen in this thread once
+ * the block's chain of headers was checked by every member (a message reaches the last step only
+ * through all of them), so a mismatch still leaves dst untouched, and nothing writes dst after the
+ * operation ended (UCX itself only ever writes the scratch). In place (src == dst) holds: a block
+ * of dst is written only after this process's own input for it was read.
  *
  * Then the result scratch (buf[BUF_RES]) need hold only the segments in flight and the ones
  * whose last sends may still be read: segment g uses slot g % (4 x window) of it (x[1] = 1), so
