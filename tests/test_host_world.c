@@ -256,15 +256,15 @@ int main(void)
     CHECK(ccq_comm_init(rt, devs, total) == CCQ_OK, "comm_init of the world");
     every_kind(rt, devs, total, procs, wsize, 19, true);
     every_kind(rt, devs, total, procs, wsize, 40000, false);
-    /* all_reduce at 4 MiB, where a process with one part lands its partials in the result
-     * scratch (ucx/allreduce_ring.c, LAND_IN_PLACE_BYTES) and the outputs are streamed
-     * (ucx/select.c, STREAM_BYTES): every op, in place and not, on float32 and int32. */
+    /* all_reduce at 1 MiB, where a process with one part lands its partials in the result
+     * scratch (ucx/allreduce_ring.c, LAND_IN_PLACE_BYTES; streamed outputs from 4 MiB:
+     * test_host_world_ucx_stream_np3): every op, in place and not, on float32 and int32. */
     static const ccq_dtype large_dtypes[2] = {CCQ_INT32, CCQ_FLOAT32};
     for (int t = 0; t < 2; t++)
         for (int ro = 0; ro < CCQ_REDUCE_OP_COUNT_; ro++)
             for (int ip = 0; ip < 2; ip++)
                 check_coll(rt, devs, total, CCQ_KIND_ALL_REDUCE, large_dtypes[t], (ccq_reduce_op)ro,
-                           0, 1u << 20, ip != 0, 7000u + (uint32_t)(t * 100 + ro * 2 + ip));
+                           0, 1u << 18, ip != 0, 7000u + (uint32_t)(t * 100 + ro * 2 + ip));
 
     /* A subset spanning the first and the last process; the others meanwhile run one of
      * their own (one process, or several). */

@@ -70,7 +70,8 @@ static ccq_status ring_seg(ucx_op *o, uint32_t g, ccq_errbuf *err)
         ucx_block(ucx_block_len(o, sb), o->nseg, g, &so, &sl);
         ucx_block(ucx_block_len(o, rb), o->nseg, g, &ro, &rl);
         st = ucx_ring_step(o, g, g * P + k, res + (ucx_block_off(o, sb) + so) * es, sl * es,
-                           res + (ucx_block_off(o, rb) + ro) * es, rl * es, 0, NULL, NULL, err);
+                           res + (ucx_block_off(o, rb) + ro) * es, rl * es, 0, NULL, NULL, NULL,
+                           err);
         if (st != CCQ_OK)
             return st;
     }

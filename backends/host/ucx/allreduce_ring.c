@@ -122,6 +122,7 @@ static ccq_status ring_seg(ucx_op *o, uint32_t g, ccq_errbuf *err)
     while (s->step < 2 * P - 2) {
         uint32_t k = s->step, sb, rb, nout = 0;
         void *into[1 + CCQ_MAX_DEVICES]; /* the scratch's block, then the outputs' */
+        ucx_msg *m, **taken = NULL;
         size_t so, sl, ro, rl;
         bool scatter = k < P - 1; /* the reduce-scatter half, then the all-gather half */
         if (scatter) {
@@ -150,11 +151,21 @@ static ccq_status ring_seg(ucx_op *o, uint32_t g, ccq_errbuf *err)
         into[0] = res + ro * es;
         if (k == P - 2 && o->redop != CCQ_AVG && !o->out_nt)
             nout = outputs(o, out, off0 + ro, ro, into + 1);
-        st = ucx_ring_step(o, g, g * (2 * P) + k, res + so * es, sl * es,
-                           scatter && slot != NULL ? slot : res + ro * es, rl * es,
-                           scatter ? 1 + nout : 0, into, scatter ? own + ro * es : NULL, err);
+        /* The all-gather's last block is sent on by no one: it goes to the outputs straight
+         * from the message (an eager payload is not copied into res first). */
+        if (k == 2 * P - 3 && (nout = outputs(o, out, off0 + ro, ro, into + 1)) > 0)
+            taken = &m;
+        st =
+            ucx_ring_step(o, g, g * (2 * P) + k, res + so * es, sl * es,
+                          scatter && slot != NULL ? slot : res + ro * es, rl * es,
+                          scatter ? 1 + nout : 0, into, scatter ? own + ro * es : NULL, taken, err);
         if (st != CCQ_OK)
             return st;
+        if (taken != NULL) {
+            ucx_write_result(o, into + 1, nout, m->buf, rl);
+            ucx_msg_done(o->e, m);
+            continue;
+        }
         /* Fully reduced here (the reduce-scatter's last step) or landed (the all-gather). */
         if (k >= P - 2 && nout == 0 && (nout = outputs(o, out, off0 + ro, ro, into + 1)) > 0)
             ucx_write_result(o, into + 1, nout, res + ro * es, rl);

@@ -107,7 +107,7 @@ static ccq_status ring_seg(ucx_op *o, uint32_t g, ccq_errbuf *err)
         ucx_block(ucx_block_len(o, rb), o->nseg, g, &ro, &rl);
         into[0] = res + (ucx_block_off(o, rb) + ro) * es;
         st = ucx_ring_step(o, g, g * P + k, res + (ucx_block_off(o, sb) + so) * es, sl * es, slot,
-                           rl * es, 1, into, NULL, err);
+                           rl * es, 1, into, NULL, NULL, err);
         if (st != CCQ_OK)
             return st;
     }

@@ -221,7 +221,7 @@ ccq_status ucx_exchange_all(ucx_op *o, ucx_place_fn out, ucx_place_fn in, char *
 
 ccq_status ucx_ring_step(ucx_op *o, uint32_t g, uint32_t id, const char *send, size_t send_len,
                          char *land, size_t recv_len, uint32_t ninto, void *const *into,
-                         const char *mine, ccq_errbuf *err)
+                         const char *mine, ucx_msg **taken, ccq_errbuf *err)
 {
     uint32_t next = (o->me + 1) % o->P, prev = (o->me + o->P - 1) % o->P;
     ucx_seg *s = &o->seg[g];
@@ -241,13 +241,16 @@ ccq_status ucx_ring_step(ucx_op *o, uint32_t g, uint32_t id, const char *send, s
     }
     if ((st = ucx_recv_step(o, prev, id, land, recv_len, &m, err)) != CCQ_OK)
         return st;
-    if (ninto > 0) { /* the incoming partial first, then this process's */
+    if (taken != NULL) {
+        *taken = m;
+    } else if (ninto > 0) { /* the incoming partial first, then this process's */
         const void *src[2] = {m->buf, mine != NULL ? mine : into[0]};
         ucx_reduce_to(o, 2, src, ninto, into, recv_len / o->es);
     } else if (m->buf != land) {
         memcpy(land, m->buf, recv_len);
     }
-    ucx_msg_done(o->e, m);
+    if (taken == NULL)
+        ucx_msg_done(o->e, m);
     s->step++;
     s->sent = 0;
     return CCQ_OK;

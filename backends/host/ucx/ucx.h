@@ -464,10 +464,12 @@ ccq_status ucx_exchange_all(ucx_op *o, ucx_place_fn out, ucx_place_fn in, char *
  * one's message into land (recv_len bytes), then, with ninto > 0, write it (+) mine (the
  * incoming partial first; mine NULL: into[0]'s own contents) into each of into[0..ninto) in
  * one pass (a block final here goes to the outputs without a second read), or leave it at
- * land. Advances seg[g].step when done. */
+ * land. With taken, the message is handed over instead, its bytes at (*taken)->buf (land, or
+ * UCX's buffer of an eager payload: never copied to land), for the caller to use and end with
+ * ucx_msg_done. Advances seg[g].step when done. */
 ccq_status ucx_ring_step(ucx_op *o, uint32_t g, uint32_t id, const char *send, size_t send_len,
                          char *land, size_t recv_len, uint32_t ninto, void *const *into,
-                         const char *mine, ccq_errbuf *err);
+                         const char *mine, ucx_msg **taken, ccq_errbuf *err);
 /* Process p's block of a per-process layout (its ranks' count elements each): offset and
  * length in elements. */
 static inline size_t ucx_block_off(const ucx_op *o, uint32_t p)
