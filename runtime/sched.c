@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/boot/bootstrap.h"
 #include "runtime/sched.h"
 
 /* Grow a pointer array to hold at least `need` entries. */
@@ -337,6 +338,12 @@ void *ccq_sched_main(void *arg)
     unsigned spin_step = 0;
 
     ccq_tls_inside |= CCQ_INSIDE_SCHED;
+    S->boot_poll_min_ns = CCQ_FORM_POLL_NS;
+    if (rt->world.boot != NULL) { /* at least 10 us: a sleep, not a spin */
+        uint64_t iv = ccq_boot_poll_interval_ns(rt->world.boot);
+        S->boot_poll_min_ns = min_u64(iv > 10000 ? iv : 10000, CCQ_FORM_POLL_NS);
+    }
+    S->boot_poll_ns = S->boot_poll_min_ns;
 
     for (;;) {
         bool progress = false;
@@ -378,6 +385,7 @@ void *ccq_sched_main(void *arg)
         note_engine_polling(rt);
         if (progress) {
             busy_ns = now;
+            S->boot_poll_ns = S->boot_poll_min_ns;
             continue;
         }
         /* Poll a little before sleeping: work that arrives within spin_us of the last
@@ -398,8 +406,10 @@ void *ccq_sched_main(void *arg)
             if (iv > 0)
                 deadline = min_u64(deadline, ccq_add_sat(now, iv));
         }
-        if (S->forming != NULL || S->checking != NULL) /* the bootstrap cannot wake us */
-            deadline = min_u64(deadline, ccq_add_sat(now, CCQ_FORM_POLL_NS));
+        if (S->forming != NULL || S->checking != NULL) { /* the bootstrap cannot wake us */
+            deadline = min_u64(deadline, ccq_add_sat(now, S->boot_poll_ns));
+            S->boot_poll_ns = min_u64(2 * S->boot_poll_ns, CCQ_FORM_POLL_NS);
+        }
         if (S->held != NULL) /* failures waiting for their dump */
             deadline = min_u64(deadline, S->dump_after);
         uint32_t seq = ccq_wake_prepare(&rt->wake);

@@ -39,6 +39,11 @@ typedef struct ccq_sched {
                                  now (a communicator's group_limit): build it at once */
     bool refuse_retry;        /* a refusal was deferred or made: loop again without sleeping */
     uint64_t wd_next;         /* earliest watchdog deadline (UINT64_MAX: none) */
+    /* While a bootstrap exchange runs (forming, checking): the next idle sleep's length. It
+     * starts at the bootstrap's own poll interval after any progress and doubles up to
+     * CCQ_FORM_POLL_NS, so a meeting that completes at once is seen at once, and one that
+     * waits for a late process costs a wake-up per millisecond. */
+    uint64_t boot_poll_ns, boot_poll_min_ns;
     /* Shutdown. */
     bool closing, cancelled_incomplete, shutdown_aborted;
     uint64_t close_ns;
@@ -49,7 +54,8 @@ typedef struct ccq_sched {
 /* The longest wait between two dumps of failures (see ccq_sched_main). */
 #define CCQ_DUMP_GAP_MAX_NS 1000000000ull
 
-/* How often communicators that are forming are polled while the scheduler is otherwise idle. */
+/* How often, at the least, communicators that are forming (and signature checks) are polled
+ * while the scheduler is otherwise idle; from the bootstrap's own interval up to this. */
 #define CCQ_FORM_POLL_NS 1000000u
 
 static inline uint64_t min_u64(uint64_t a, uint64_t b)
