@@ -1163,12 +1163,13 @@ void ucx_op_discard(ucx_op *o)
 }
 
 /* Whether ucx_write_result streams this operation's outputs (ucx/select.c, STREAM_BYTES):
- * buffers beyond the caches, and no output that is also an input (its lines are cached, and
- * a streamed write would evict what is read next). */
+ * its buffers, or its run's (a data-parallel step's hundreds of gradients, none reused before
+ * the step ends), beyond the caches, and no output that is also an input (its lines are
+ * cached, and a streamed write would evict what is read next). */
 static unsigned outputs_streamed(const ucx_op *o)
 {
     uint32_t n = o->fz != NULL ? o->fz->n : 1;
-    if (o->count * o->es < o->e->stream_bytes)
+    if (o->count * o->es < o->e->stream_bytes && o->run_bytes < o->e->stream_bytes)
         return 0;
     for (uint32_t i = 0; i < n; i++) {
         const ccq_be_op *op = o->fz != NULL ? o->fz->part[i].op : o->op;

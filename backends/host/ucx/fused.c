@@ -310,9 +310,12 @@ ccq_status ucx_start_run(ccq_host_engine *base, ccq_heng_comm *hc, ccq_be_op *co
 {
     ucx_comm *c = (ucx_comm *)hc;
     ccq_status st = CCQ_OK;
+    uint64_t run_bytes = 0;
     uint32_t i;
 
     (void)base;
+    for (i = 0; i < n; i++)
+        run_bytes += ccq_fuse_bytes(ops[i]);
     *nstarted = 0;
     if (c->failed != CCQ_OK) {
         snprintf(err->msg, sizeof err->msg, "%s", c->failed_detail);
@@ -330,6 +333,7 @@ ccq_status ucx_start_run(ccq_host_engine *base, ccq_heng_comm *hc, ccq_be_op *co
             break;
         }
         o->follow = n - 1 - i;
+        o->run_bytes = run_bytes;
         if (fusable(c, ops[i])) {
             pq_push(c, ops[i]->seq, o); /* decided below, or once its window is agreed on */
         } else {

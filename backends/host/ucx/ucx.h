@@ -301,9 +301,12 @@ struct ucx_op {
     /* Recursive doubling's last combine wrote the outputs itself (ucx/allreduce_rd.c). */
     bool rd_out;
     /* CCQ_HOST_REDUCE_NT when ucx_write_result writes the outputs by streaming stores (the
-     * operation's buffers are beyond the caches, none in place: ucx/select.c, STREAM_BYTES),
-     * else 0. */
+     * operation's buffers, or those of the run it came in, are beyond the caches, none in
+     * place: ucx/select.c, STREAM_BYTES), else 0. */
     unsigned out_nt;
+    /* Bytes (count x dtype size) of all the operations of the start_run call it came in (a
+     * batch's consecutive collectives on its communicator); 0 when started alone. */
+    uint64_t run_bytes;
     /* Schedule state (algorithms use what they need). */
     uint32_t nseg, window, active_lo; /* segments, how many at once, lowest not done */
     size_t seg_elems;
