@@ -17,6 +17,9 @@
  *                              endpoint, UCX reading the dying process's memory): the
  *                              others' fences fail naming it within 10 s (none crashes or
  *                              hangs), then 8 MiB all_reduces among the survivors are exact.
+ *   test_host_ucx kill_large_one   the same with one device of every process taking part: each
+ *                              process reduces its partials in place in the result scratch and
+ *                              streams its outputs, what a process with one part does.
  *   test_host_ucx kill_fused   the last process is killed at a random moment inside a stream of
  *                              bursts of 48 small all_reduces, reduce_scatters or all_gathers
  *                              per device (the kind cycling burst by burst), which fusion runs
@@ -338,31 +341,44 @@ static void killed(ccq_runtime *rt)
         CHECK(ccq_sync_collective(rt, first + k, 1) == CCQ_OK, "survivors work");
 }
 
-static void killed_large(ccq_runtime *rt)
+/* The last process dies at a random moment inside a stream of 8 MiB all_reduces (kill_large,
+ * kill_large_one). `parts` devices of every process take part: NDEV, or 1, where the ring
+ * lands reduce-scatter partials straight in the result scratch (LAND_IN_PLACE_BYTES in
+ * ucx/allreduce_ring.c) and streams its outputs (STREAM_BYTES in ucx/select.c). */
+static void killed_large(ccq_runtime *rt, uint32_t parts)
 {
     enum { COUNT = 2u << 20 }; /* 8 MiB of float32 */
     ccq_device_id all[16], rest[16];
-    uint32_t n = wsize * NDEV, nr = (wsize - 1) * NDEV;
+    uint32_t n = wsize * parts, nr = (wsize - 1) * parts;
     float *x = malloc(sizeof(float) * COUNT), *ys[NDEV], *y;
     uint64_t last_ok;
     ccq_status st = CCQ_OK;
     int it;
 
-    for (uint32_t k = 0; k < NDEV; k++)
+    for (uint32_t k = 0; k < parts; k++)
         CHECK((ys[k] = malloc(sizeof(float) * COUNT)) != NULL, "memory");
     y = ys[0];
     CHECK(x != NULL, "memory");
-    world_and_rest(rt, all, rest);
+    if (parts == NDEV) {
+        world_and_rest(rt, all, rest);
+    } else {
+        /* Device 0 of every process; of every survivor. */
+        for (uint32_t p = 0; p < wsize; p++)
+            all[p] = rest[p] = p * NDEV;
+        CHECK(ccq_comm_init(rt, all, n) == CCQ_OK, "comm of one device a process");
+        if (wrank + 1 < wsize)
+            CHECK(ccq_comm_init(rt, rest, nr) == CCQ_OK, "comm without the last");
+    }
     if (wrank + 1 == wsize)
         die_soon(100, 400);
-    /* One device per process takes part (the others' parts come from the same buffers). */
+    /* The parts of one process all send the same buffer. */
     for (uint32_t i = 0; i < COUNT; i++)
         x[i] = (float)(wrank + 1);
     last_ok = now_ms();
     for (it = 0; it < 100000 && st == CCQ_OK; it++) {
         uint32_t sub = 0;
         /* A submit fails at once once the loss is known here: that is the detection too. */
-        for (; sub < NDEV && st == CCQ_OK; sub++)
+        for (; sub < parts && st == CCQ_OK; sub++)
             st =
                 ccq_all_reduce(rt, first + sub, 0, x, ys[sub], COUNT, CCQ_FLOAT32, CCQ_SUM, all, n);
         for (uint32_t k = 0; k < sub - (st != CCQ_OK); k++) {
@@ -374,23 +390,29 @@ static void killed_large(ccq_runtime *rt)
             last_ok = now_ms();
     }
     check_death_seen(st, last_ok);
-    printf("process %u: death after %d large all_reduces seen %llu ms after the last good "
-           "fence: %s\n",
-           wrank, it, (unsigned long long)(now_ms() - last_ok), ccq_status_name(st));
+    printf("process %u: death after %d large all_reduces (%u part%s a process) seen %llu ms "
+           "after the last good fence: %s\n",
+           wrank, it, parts, parts == 1 ? "" : "s", (unsigned long long)(now_ms() - last_ok),
+           ccq_status_name(st));
     for (int r = 0; r < 3; r++) {
-        for (uint32_t k = 0; k < NDEV; k++)
+        /* Each survivor p gives p + 1 from each of its parts. */
+        float want = (float)(parts * (wsize - 1) * wsize / 2);
+        for (uint32_t k = 0; k < parts; k++)
+            memset(ys[k], 0, sizeof(float) * COUNT);
+        for (uint32_t k = 0; k < parts; k++)
             CHECK(ccq_all_reduce(rt, first + k, 1, x, ys[k], COUNT, CCQ_FLOAT32, CCQ_SUM, rest,
                                  nr) == CCQ_OK,
                   "survivors submit");
-        for (uint32_t k = 0; k < NDEV; k++)
+        for (uint32_t k = 0; k < parts; k++)
             CHECK(ccq_sync_collective(rt, first + k, 1) == CCQ_OK, "survivors work");
-        /* Each survivor p gives p + 1 from each of its NDEV devices. */
-        float want = (float)(NDEV * (wsize - 1) * wsize / 2);
-        for (uint32_t i = 0; i < COUNT; i += 4099)
-            CHECK(y[i] == want, "survivors' sum [%u] = %g, want %g", i, (double)y[i], (double)want);
+        for (uint32_t k = 0; k < parts; k++)
+            for (uint32_t i = 0; i < COUNT; i += 4099)
+                CHECK(ys[k][i] == want, "survivors' sum [%u] of part %u = %g, want %g", i, k,
+                      (double)ys[k][i], (double)want);
+        CHECK(y[COUNT - 1] == want, "survivors' last element = %g", (double)y[COUNT - 1]);
     }
     free(x);
-    for (uint32_t k = 0; k < NDEV; k++)
+    for (uint32_t k = 0; k < parts; k++)
         free(ys[k]);
 }
 
@@ -760,6 +782,7 @@ int main(int argc, char **argv)
     bool kill_mode = argc > 1 && strcmp(argv[1], "kill") == 0;
     bool stop_mode = argc > 1 && strcmp(argv[1], "stop") == 0;
     bool large_mode = argc > 1 && strcmp(argv[1], "kill_large") == 0;
+    bool large_one_mode = argc > 1 && strcmp(argv[1], "kill_large_one") == 0;
     bool fused_mode = argc > 1 && strcmp(argv[1], "kill_fused") == 0;
     bool burst_mode = argc > 1 && strcmp(argv[1], "last_burst") == 0;
 
@@ -771,7 +794,7 @@ int main(int argc, char **argv)
     cfg.host_devices = NDEV;
     cfg.host_engine = "ucx";
     cfg.timeout_ms = kill_mode ? 60000 : stop_mode ? 3000 : 20000;
-    if (large_mode || fused_mode)
+    if (large_mode || large_one_mode || fused_mode)
         cfg.timeout_ms = 15000;
     if (fused_mode)
         cfg.trace_capacity = 1u << 18;
@@ -795,8 +818,8 @@ int main(int argc, char **argv)
     CHECK(ccq_local_devices(rt, &first, &cnt) == CCQ_OK && cnt == NDEV, "local devices");
     if (kill_mode) {
         killed(rt);
-    } else if (large_mode) {
-        killed_large(rt);
+    } else if (large_mode || large_one_mode) {
+        killed_large(rt, large_mode ? NDEV : 1);
     } else if (fused_mode) {
         killed_fused(rt);
     } else if (stop_mode) {
