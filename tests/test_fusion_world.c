@@ -446,8 +446,11 @@ static void identical(void)
 /* The UCX engine with two processes also fuses all_reduces above its ring threshold (32 KiB)
  * and reduce_scatters above its direct threshold (64 KiB in all) whose combine commutes
  * (ucx/fused.c): their fused recursive doubling and direct exchange must give the ring's bits.
- * Sizes around 256 KiB (every kind of the plan), fused and unfused side by side. */
-static void identical_ucx_pair(void)
+ * Sizes around `big` (every kind of the plan), fused and unfused side by side, the first
+ * ncases cases. Process 0 has one device: its fused rings read their parts' inputs in place
+ * (engine.c, ucx_fused_own_block), and from 1 MiB a group also lands its partials in place
+ * (ucx/allreduce_ring.c); process 1 packs its two devices' combine. */
+static void identical_ucx_pair(uint64_t big, size_t ncases)
 {
     static const struct {
         ccq_dtype dt;
@@ -455,13 +458,12 @@ static void identical_ucx_pair(void)
     } cases[] = {{CCQ_FLOAT32, CCQ_SUM},   {CCQ_FLOAT32, CCQ_AVG}, {CCQ_FLOAT16, CCQ_SUM},
                  {CCQ_BFLOAT16, CCQ_PROD}, {CCQ_FLOAT64, CCQ_SUM}, {CCQ_INT32, CCQ_MAX},
                  {CCQ_UINT8, CCQ_MIN}};
-    const uint64_t big = 256u * 1024u;
     world off, on;
     uint64_t l[1 + 2 * MAXF], fused;
     plan_f = big;
     world_open(&off, 0, NULL, 30000);
     world_open_slot(&on, big, NULL, 30000, 1);
-    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0] && c < ncases; c++) {
         run *a = malloc(sizeof *a), *b = malloc(sizeof *b);
         run_alloc(a, &off, 0, cases[c].dt, cases[c].op, false);
         run_alloc(b, &on, 0, cases[c].dt, cases[c].op, false);
@@ -487,9 +489,9 @@ static void identical_ucx_pair(void)
     CHECK(fused > 0, "nothing fused");
     check_kinds_fused(&on, true);
     if (wrank == 0)
-        printf("2 processes, parts up to 512 KiB: bit-identical fused (%llu fused operations) "
-               "and unfused\n",
-               (unsigned long long)fused);
+        printf("2 processes, parts up to %llu KiB: bit-identical fused (%llu fused "
+               "operations) and unfused\n",
+               (unsigned long long)(2 * big / 1024), (unsigned long long)fused);
     world_close(&on);
     world_close(&off);
     plan_f = F;
@@ -669,8 +671,10 @@ int main(void)
     setvbuf(stdout, NULL, _IOLBF, 0);
     patterns();
     identical();
-    if (ucx_engine() && wsize == 2)
-        identical_ucx_pair();
+    if (ucx_engine() && wsize == 2) {
+        identical_ucx_pair(256u * 1024u, 7);
+        identical_ucx_pair(1024u * 1024u, 2); /* groups of 1 MiB: float32 sum and average */
+    }
     mismatch(0, 5, 32);
     mismatch(1, 5, 32);
     mismatch(0, 53, 80); /* inside an all_gather group */

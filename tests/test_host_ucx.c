@@ -29,6 +29,9 @@
  *                              written), the fused operations in flight when it died fail
  *                              (the recorder's CCQ_EV_FUSED, counted and printed), and fused
  *                              bursts among the survivors are exact.
+ *   test_host_ucx kill_fused_one   the same with one device of every process taking part (in a
+ *                              pair, the fused all_reduces' ring reads its parts' inputs in
+ *                              place, without packing them).
  *   test_host_ucx stop         the last process stops submitting and stays: the others' next
  *                              operation with it times out (CCQ_ERR_TIMEOUT naming it), a
  *                              communicator without it keeps working; process 0's pair with it
@@ -422,6 +425,9 @@ static void killed_large(ccq_runtime *rt, uint32_t parts)
  * reduce_scatter sums that over every device of every process, an all_gather's block r is
  * its rank's process's value; exact in float. */
 enum { FOPS = 48, FCOUNT = 256, FRANKS = 4 * NDEV };
+/* Devices of every process that take part: NDEV, or 1 (kill_fused_one: a pair's fused rings
+ * then read their parts' inputs in place, ucx_fused_own_block). */
+static uint32_t fparts = NDEV;
 static const float untouched = -7.0f; /* what a failed part's output must still hold */
 static const ccq_kind fkinds[] = {CCQ_KIND_ALL_REDUCE, CCQ_KIND_REDUCE_SCATTER,
                                   CCQ_KIND_ALL_GATHER};
@@ -458,13 +464,13 @@ static ccq_status fused_burst(ccq_runtime *rt, fburst *b, const ccq_device_id *s
      * never abort the reader (docs/multiprocess-host.md, "Large messages": it did 1 run in 15
      * until 2026-12-02). */
     CHECK(n <= FRANKS, "%u ranks", n);
-    for (uint32_t k = 0; k < NDEV; k++)
+    for (uint32_t k = 0; k < fparts; k++)
         for (uint32_t i = 0; i < FOPS; i++) {
             for (uint32_t j = 0; j < outn; j++)
                 b->y[k][i][j] = untouched;
             b->st[k][i] = CCQ_ERR_INVALID_ARGUMENT; /* not submitted */
         }
-    for (uint32_t k = 0; k < NDEV && first_bad == CCQ_OK; k++)
+    for (uint32_t k = 0; k < fparts && first_bad == CCQ_OK; k++)
         for (uint32_t i = 0; i < FOPS && first_bad == CCQ_OK; i++) {
             /* A submit fails at once once the loss is known here: that is a detection too. */
             ccq_status s = fsubmit(rt, kind, k, i, b, set, n);
@@ -473,7 +479,7 @@ static ccq_status fused_burst(ccq_runtime *rt, fburst *b, const ccq_device_id *s
             else
                 b->st[k][i] = CCQ_IN_PROGRESS;
         }
-    for (uint32_t k = 0; k < NDEV; k++)
+    for (uint32_t k = 0; k < fparts; k++)
         for (uint32_t i = 0; i < FOPS; i++) {
             if (b->st[k][i] != CCQ_IN_PROGRESS)
                 continue;
@@ -481,7 +487,7 @@ static ccq_status fused_burst(ccq_runtime *rt, fburst *b, const ccq_device_id *s
             if (first_bad == CCQ_OK && b->st[k][i] != CCQ_OK)
                 first_bad = b->st[k][i];
         }
-    for (uint32_t k = 0; k < NDEV; k++)
+    for (uint32_t k = 0; k < fparts; k++)
         for (uint32_t i = 0; i < FOPS; i++) {
             /* Exact where it ran. Where it failed, untouched or exact, never partly written or
              * wrong: a part whose data had all come and been written when the loss was applied
@@ -491,7 +497,7 @@ static ccq_status fused_burst(ccq_runtime *rt, fburst *b, const ccq_device_id *s
             for (uint32_t j = 0; j < outn; j++) {
                 float exact = kind == CCQ_KIND_ALL_GATHER
                                   ? (float)((set[j / FCOUNT] / NDEV + 1) * (i + 1))
-                                  : (float)(NDEV * (i + 1) * nproc * (nproc + 1) / 2);
+                                  : (float)(fparts * (i + 1) * nproc * (nproc + 1) / 2);
                 float want = ran ? exact : untouched;
                 CHECK(b->y[k][i][j] == want, "%s: device %u part %u [%u] = %g, want %g (%s)",
                       ccq_kind_name(kind), first + k, i, j, (double)b->y[k][i][j], (double)want,
@@ -532,14 +538,22 @@ static void fused_counts(ccq_runtime *rt, uint64_t *ok, uint64_t *failed)
 static void killed_fused(ccq_runtime *rt)
 {
     ccq_device_id all[16], rest[16];
-    uint32_t n = wsize * NDEV, nr = (wsize - 1) * NDEV;
+    uint32_t n = wsize * fparts, nr = (wsize - 1) * fparts;
     fburst *b = malloc(sizeof *b);
     uint64_t last_ok, fok, ffail;
     ccq_status st = CCQ_OK;
     int it;
 
     CHECK(b != NULL, "memory");
-    world_and_rest(rt, all, rest);
+    if (fparts == NDEV) {
+        world_and_rest(rt, all, rest);
+    } else {
+        for (uint32_t p = 0; p < wsize; p++)
+            all[p] = rest[p] = p * NDEV;
+        CHECK(ccq_comm_init(rt, all, n) == CCQ_OK, "comm of one device a process");
+        if (wrank + 1 < wsize)
+            CHECK(ccq_comm_init(rt, rest, nr) == CCQ_OK, "comm without the last");
+    }
     for (uint32_t i = 0; i < FOPS; i++)
         for (uint32_t j = 0; j < FRANKS * FCOUNT; j++)
             b->x[i][j] = (float)((wrank + 1) * (i + 1));
@@ -783,7 +797,8 @@ int main(int argc, char **argv)
     bool stop_mode = argc > 1 && strcmp(argv[1], "stop") == 0;
     bool large_mode = argc > 1 && strcmp(argv[1], "kill_large") == 0;
     bool large_one_mode = argc > 1 && strcmp(argv[1], "kill_large_one") == 0;
-    bool fused_mode = argc > 1 && strcmp(argv[1], "kill_fused") == 0;
+    bool fused_mode =
+        argc > 1 && (strcmp(argv[1], "kill_fused") == 0 || strcmp(argv[1], "kill_fused_one") == 0);
     bool burst_mode = argc > 1 && strcmp(argv[1], "last_burst") == 0;
 
     ccq_config_init(&cfg);
@@ -821,6 +836,8 @@ int main(int argc, char **argv)
     } else if (large_mode || large_one_mode) {
         killed_large(rt, large_mode ? NDEV : 1);
     } else if (fused_mode) {
+        if (strcmp(argv[1], "kill_fused_one") == 0)
+            fparts = 1;
         killed_fused(rt);
     } else if (stop_mode) {
         stopped(rt, cfg.timeout_ms);

@@ -13,7 +13,10 @@
  * With one part in this process (o->own), its input is not copied into the scratch first:
  * each reduce-scatter step adds the incoming partial to the part's src directly, and only the
  * block a segment sends as it is (step 0) is copied, P times less than the whole buffer. The
- * reductions read the same values in the same order: the same bits. Nor is the result copied
+ * reductions read the same values in the same order: the same bits. A fused group whose
+ * operations each have one part here does the same over their inputs laid end to end (own_at:
+ * ucx_fused_own_block copies and reduces piece by piece); its outputs are written at the end
+ * (engine.c, fused_outputs), its result scratch whole. Nor is the result copied
  * out at the end (o->out): the last reduce-scatter step writes the block it fully reduces to
  * the part's dst in the same pass as to the scratch (a second output of the kernel; AVG is
  * divided into dst apart, since the scratch keeps the sum the all-gather sends), and each
@@ -69,7 +72,7 @@ static ccq_status ring_init(ucx_op *o, ccq_errbuf *err)
     o->x[1] = (o->own != NULL || o->parts_lazy) && o->nseg > 4 * o->window;
     if (o->x[1])
         res_elems = (size_t)4 * o->window * o->seg_elems;
-    o->x[2] = o->own != NULL && o->count * o->es >= LAND_IN_PLACE_BYTES;
+    o->x[2] = (o->own != NULL || o->own_at != NULL) && o->count * o->es >= LAND_IN_PLACE_BYTES;
     if (ucx_scratch(o, BUF_RES, res_elems * o->es) == NULL ||
         (!o->x[2] && ucx_scratch(o, BUF_TMP, (size_t)o->window * o->x[0] * o->es) == NULL)) {
         snprintf(err->msg, sizeof err->msg, "out of memory for UCX scratch");
@@ -135,8 +138,13 @@ static ccq_status ring_seg(ucx_op *o, uint32_t g, ccq_errbuf *err)
         }
         ucx_block(len, P, sb, &so, &sl);
         ucx_block(len, P, rb, &ro, &rl);
-        if (k == 0 && own != res && !s->sent)
-            memcpy(res + so * es, own + so * es, sl * es);
+        if (k == 0 && !s->sent) {
+            if (own != res)
+                memcpy(res + so * es, own + so * es, sl * es);
+            else if (o->own_at != NULL && (st = ucx_fused_own_block(o, off0 + so, sl, NULL,
+                                                                    res + so * es, err)) != CCQ_OK)
+                return st;
+        }
         if (o->parts_lazy && scatter && s->combined <= k) {
             /* This step's blocks: the one step 0 sends as it is, the one each step adds to.
              * Every block is combined once, before any dst is written (in place holds). */
@@ -155,15 +163,23 @@ static ccq_status ring_seg(ucx_op *o, uint32_t g, ccq_errbuf *err)
          * from the message (an eager payload is not copied into res first). */
         if (k == 2 * P - 3 && (nout = outputs(o, out, off0 + ro, ro, into + 1)) > 0)
             taken = &m;
-        st =
-            ucx_ring_step(o, g, g * (2 * P) + k, res + so * es, sl * es,
-                          scatter && slot != NULL ? slot : res + ro * es, rl * es,
-                          scatter ? 1 + nout : 0, into, scatter ? own + ro * es : NULL, taken, err);
+        /* A fused group read in place reduces with its parts' inputs itself (below). */
+        if (scatter && o->own_at != NULL)
+            taken = &m;
+        st = ucx_ring_step(o, g, g * (2 * P) + k, res + so * es, sl * es,
+                           scatter && slot != NULL ? slot : res + ro * es, rl * es,
+                           scatter && taken == NULL ? 1 + nout : 0, into,
+                           scatter ? own + ro * es : NULL, taken, err);
         if (st != CCQ_OK)
             return st;
         if (taken != NULL) {
-            ucx_write_result(o, into + 1, nout, m->buf, rl);
+            if (scatter) /* the incoming partial first, then this process's, as above */
+                st = ucx_fused_own_block(o, off0 + ro, rl, m->buf, res + ro * es, err);
+            else
+                ucx_write_result(o, into + 1, nout, m->buf, rl);
             ucx_msg_done(o->e, m);
+            if (st != CCQ_OK)
+                return st;
             continue;
         }
         /* Fully reduced here (the reduce-scatter's last step) or landed (the all-gather). */

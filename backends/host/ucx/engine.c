@@ -801,6 +801,7 @@ static void op_free(ucx_op *o)
     for (int k = 0; k < BUF_N; k++)
         ccq_pool_put(&e->pool, o->buf[k], o->cap[k]);
     free(o->seg);
+    free(o->own_at);
     ucx_fused_unref(o->fz);
     comm_unref(o->c);
     free(o);
@@ -1046,8 +1047,63 @@ void ucx_part_combine(const ucx_op *o, const ccq_be_op *op, size_t from, char *t
     ucx_reduce(o, op->nparts, src, to, elems);
 }
 
+/* Whether a fused all_reduce reads its inputs where they are (o->own_at): on the ring, every
+ * part with one part here (several are combined first: packed as they would be alone). */
+static bool fused_reads_in_place(const ucx_op *o)
+{
+    if (o->alg != &ucx_allreduce_ring)
+        return false;
+    for (uint32_t i = 0; i < o->fz->n; i++)
+        if (o->fz->part[i].op == NULL || o->fz->part[i].op->nparts != 1)
+            return false;
+    return true;
+}
+
+ccq_status ucx_fused_own_block(const ucx_op *o, size_t at, size_t elems, const char *msg, char *dst,
+                               ccq_errbuf *err)
+{
+    const ucx_fused *fz = o->fz;
+    const size_t *start = o->own_at;
+    size_t es = o->es;
+    uint32_t lo = 0, hi = fz->n; /* the part holding `at`: start[lo] <= at < start[lo + 1] */
+
+    while (hi - lo > 1) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (start[mid] <= at)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    for (uint32_t i = lo; elems > 0 && i < fz->n; i++) {
+        const ccq_be_op *op = fz->part[i].op;
+        size_t off = at - start[i], len = start[i + 1] - at < elems ? start[i + 1] - at : elems;
+        const char *in;
+        if (len == 0)
+            continue;
+        if (op == NULL) {
+            snprintf(err->msg, sizeof err->msg,
+                     "part %u of the fused operation was given up (timeout or abort)", i);
+            return CCQ_ERR_ABORTED;
+        }
+        in = (const char *)op->parts[0].src + off * es;
+        if (msg == NULL) {
+            memcpy(dst, in, len * es);
+        } else {
+            const void *src[2] = {msg, in};
+            void *to[1] = {dst};
+            ucx_reduce_to(o, 2, src, 1, to, len);
+            msg += len * es;
+        }
+        dst += len * es;
+        at += len;
+        elems -= len;
+    }
+    return CCQ_OK;
+}
+
 /* A fused group's combine (its head's launch): each part's inputs into the head's scratch,
- * laid out as above, each with the kernel it would meet alone. */
+ * laid out as above, each with the kernel it would meet alone; or, read in place
+ * (fused_reads_in_place), only where each part starts. */
 static ccq_status fused_inputs(ucx_op *o, ccq_errbuf *err)
 {
     const ucx_fused *fz = o->fz;
@@ -1060,6 +1116,18 @@ static ccq_status fused_inputs(ucx_op *o, ccq_errbuf *err)
         snprintf(err->msg, sizeof err->msg, "out of memory for %zu bytes of UCX scratch",
                  total * ranks * es);
         return CCQ_ERR_NO_MEMORY;
+    }
+    if (fused_reads_in_place(o) && o->e->fused_in_place) {
+        if ((o->own_at = malloc(((size_t)fz->n + 1) * sizeof *o->own_at)) == NULL) {
+            snprintf(err->msg, sizeof err->msg, "out of memory for %u fused parts", fz->n);
+            return CCQ_ERR_NO_MEMORY;
+        }
+        for (uint32_t i = 0; i < fz->n; i++) {
+            o->own_at[i] = off;
+            off += fz->part[i].count;
+        }
+        o->own_at[fz->n] = off;
+        return CCQ_OK;
     }
     for (uint32_t i = 0; i < fz->n; i++) {
         const ccq_be_op *op = fz->part[i].op;

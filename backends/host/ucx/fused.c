@@ -37,7 +37,9 @@
  *
  * The parts are laid out by the local combine (engine.c, fused_inputs), which copies every
  * input into engine scratch anyway (UCX never touches a user buffer: engine.c): one contiguous
- * message per step, no iov datatype needed.
+ * message per step, no iov datatype needed. A pair's fused ring in a process with one part in
+ * each operation copies less: it reads their inputs where they are as the schedule goes
+ * (ucx_op.own_at, engine.c's ucx_fused_own_block), as one operation with one part does.
  *
  * A disagreement: a fused group's header says how many operations it runs and a hash of
  * their counts, so members that cut differently (one submitted another count inside the

@@ -144,6 +144,7 @@ struct ucx_engine {
     uint64_t last_activity_ns;         /* the last arrival or start (the poll interval's clock) */
     size_t ring_bytes, seg_bytes;      /* schedule thresholds (ucx/select.c) */
     size_t stream_bytes;               /* outputs by streaming stores from (ucx/select.c) */
+    bool fused_in_place;               /* fused ring inputs read in place (ucx/select.c) */
     size_t bulk_bytes;                 /* payloads of at least this go on ucx_peer.bulk */
     bool bulk_auto;                    /* bulk_bytes is the default (no CCQ_UCX_BULK_BYTES) */
     uint32_t idle_polls;               /* progress calls in a row that moved nothing */
@@ -298,6 +299,11 @@ struct ucx_op {
      * block, so the block is in cache for its send or reduction), and each finished block goes
      * to every part's dst as `out` would. */
     bool parts_lazy;
+    /* A fused all_reduce on the ring whose parts each have one part in this process (ucx/fused.c):
+     * their inputs are read where they are as the schedule goes, as `own` is (own_at[i]: the
+     * group's element where part i starts, n + 1 of them), never packed into buf[BUF_RES]
+     * first; ucx_fused_own_block reads them. NULL: buf[BUF_RES] holds the packed inputs. */
+    size_t *own_at;
     /* Recursive doubling's last combine wrote the outputs itself (ucx/allreduce_rd.c). */
     bool rd_out;
     /* CCQ_HOST_REDUCE_NT when ucx_write_result writes the outputs by streaming stores (the
@@ -446,6 +452,12 @@ void ucx_reduce_to(const ucx_op *o, uint32_t n, const void *const *src, uint32_t
 /* One local operation's combine of its parts' inputs (elems elements from byte `from` of
  * each) into `to`: the kernel and part order of the whole-buffer combine (engine.c). */
 void ucx_part_combine(const ucx_op *o, const ccq_be_op *op, size_t from, char *to, size_t elems);
+/* Elements [at, at + elems) of a fused group's inputs laid end to end (o->own_at): copied to
+ * dst (msg NULL), or msg (+) them written to dst (the incoming partial first, as
+ * ucx_ring_step's reduction; msg may be dst). CCQ_ERR_ABORTED, err set, if one of those parts
+ * was given up (its buffers may be gone). */
+ccq_status ucx_fused_own_block(const ucx_op *o, size_t at, size_t elems, const char *msg, char *dst,
+                               ccq_errbuf *err);
 /* out[k] = res (AVG: res / nranks, divided once) for each of n outputs (NULL: skipped). */
 void ucx_write_result(const ucx_op *o, void *const *out, uint32_t n, const char *res, size_t elems);
 /* The elements of block b of P nearly equal blocks of n elements: [*off, *off + *len). */

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Two builds of libccq (or one build, two settings) side by side on the DDP step of
+# bench/ddp-step.sh (docs/performance.md, "Fusion: a data-parallel step"): 2 plain processes x G
+# devices of bench/ddp_step on the UCX engine over tcp:// (loopback), fusion at its default,
+# A then B then MPI alone (MPI_Allreduce per parameter and one of the packed gradients, 2 x G
+# processes under mpirun), REPS times interleaved. Prints the medians of the runs' median step
+# times, A/B (> 1: B faster), the fastest steps, and MPI against each (> 1: ccq faster).
+# Usage: bench/ab-ddp.sh DIR_A DIR_B [REPS [G]]   e.g. bench/ab-ddp.sh /tmp/a /tmp/b 9 1
+# Env: ENV_A and ENV_B (VAR=VALUE words for A's or B's processes only, e.g.
+#   ENV_A=CCQ_UCX_FUSED_IN_PLACE=0 bench/ab-ddp.sh build-bench build-bench), STEPS (20),
+#   PARAMS (500x1K,90x64K,10x1M), OUTDIR (a new temporary directory: the runs' JSON).
+# libccq.so is taken from each directory through LD_LIBRARY_PATH, the modules from beside it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ $# -ge 2 ] || {
+    sed -n '2,12p' "$0"
+    exit 2
+}
+A=$1 B=$2 REPS=${3:-7} G=${4:-1}
+d=$PWD/build-bench
+[ -x "$d/bench/ddp_step" ] && [ -x "$d/mpi_ddp_step" ] || {
+    echo "build build-bench and build-bench/mpi_ddp_step first (bench/ddp-step.sh does)" >&2
+    exit 2
+}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+out=${OUTDIR:-$(mktemp -d)}
+mkdir -p "$out"
+com=(-n "${STEPS:-20}" -w 3 -r 1 --params "${PARAMS:-500x1K,90x64K,10x1M}" --order interleaved)
+for r in $(seq 1 "$REPS"); do
+    for X in A B; do
+        lib=$A extra=${ENV_A:-}
+        [ "$X" = B ] && lib=$B extra=${ENV_B:-}
+        port=$((20000 + RANDOM % 20000))
+        pids=()
+        for p in 0 1; do
+            # shellcheck disable=SC2086 # extra holds VAR=VALUE words
+            env $extra LD_LIBRARY_PATH="$lib" CCQ_WORLD_RANK=$p CCQ_WORLD_SIZE=2 \
+                CCQ_BOOTSTRAP=tcp://127.0.0.1:$port CCQ_HOST_ENGINE=ucx "$d/bench/ddp_step" \
+                -g "$G" "${com[@]}" --fusion default --json "$out/$X.$r.json" > /dev/null &
+            pids+=($!)
+        done
+        wait "${pids[@]}"
+    done
+    mpirun --oversubscribe --bind-to none -np $((2 * G)) "$d/mpi_ddp_step" "${com[@]}" \
+        > "$out/M.$r.json" 2> /dev/null
+done
+echo "# DDP step, 2 processes x $G devices, UCX engine, fusion default; $REPS interleaved runs; $out"
+echo "# A: $A ${ENV_A:-}; B: $B ${ENV_B:-}; MPI alone: $((2 * G)) processes"
+python3 - "$out" "$REPS" << 'PY'
+import json, statistics, sys
+out, reps = sys.argv[1], int(sys.argv[2])
+def runs(x):
+    v = []
+    for r in range(1, reps + 1):
+        if x == 'M':
+            recs = [json.loads(l) for l in open(f"{out}/M.{r}.json") if l.strip()]
+        else:
+            recs = json.load(open(f"{out}/{x}.{r}.json"))["records"]
+        v += [(rec.get("mode", ""), rec["median_ms"], rec["min_ms"]) for rec in recs]
+    return v
+a, b, m = runs('A'), runs('B'), runs('M')
+ma = statistics.median(x[1] for x in a)
+mb = statistics.median(x[1] for x in b)
+fa, fb = min(x[2] for x in a), min(x[2] for x in b)
+print(f"A {ma:.3f} ms  B {mb:.3f} ms  A/B {ma / mb:.3f}  | fastest A {fa:.3f} B {fb:.3f} A/B {fa / fb:.3f}")
+for mode in sorted(set(x[0] for x in m)):
+    mm = statistics.median(x[1] for x in m if x[0] == mode)
+    print(f"MPI {mode} {mm:.3f} ms  MPI/A {mm / ma:.3f}  MPI/B {mm / mb:.3f}")
+PY
