@@ -254,13 +254,13 @@ static void same_bits(ccq_runtime *rt)
     }
 }
 
-/* The kill tests' communicators: every device (all) and, in the survivors, every device but
- * the last process's (rest), formed before the death. */
-static void world_and_rest(ccq_runtime *rt, ccq_device_id *all, ccq_device_id *rest)
+/* The kill tests' communicators: the first `parts` devices of every process (all: NDEV, or 1)
+ * and, in the survivors, those of every process but the last (rest), formed before the death. */
+static void world_and_rest(ccq_runtime *rt, ccq_device_id *all, ccq_device_id *rest, uint32_t parts)
 {
-    uint32_t n = wsize * NDEV, nr = (wsize - 1) * NDEV;
+    uint32_t n = wsize * parts, nr = (wsize - 1) * parts;
     for (uint32_t d = 0; d < n; d++)
-        all[d] = rest[d] = d;
+        all[d] = rest[d] = d / parts * NDEV + d % parts;
     CHECK(ccq_comm_init(rt, all, n) == CCQ_OK, "world comm");
     if (wrank + 1 < wsize)
         CHECK(ccq_comm_init(rt, rest, nr) == CCQ_OK, "comm without the last");
@@ -306,7 +306,7 @@ static void killed(ccq_runtime *rt)
     float x[NDEV][256], y[NDEV][256];
     uint64_t t0;
 
-    world_and_rest(rt, all, rest);
+    world_and_rest(rt, all, rest, NDEV);
     for (int it = 0; it < 5; it++) {
         for (uint32_t k = 0; k < NDEV; k++)
             CHECK(ccq_all_reduce(rt, first + k, 0, x[k], y[k], 256, CCQ_FLOAT32, CCQ_SUM, all, n) ==
@@ -362,16 +362,7 @@ static void killed_large(ccq_runtime *rt, uint32_t parts)
         CHECK((ys[k] = malloc(sizeof(float) * COUNT)) != NULL, "memory");
     y = ys[0];
     CHECK(x != NULL, "memory");
-    if (parts == NDEV) {
-        world_and_rest(rt, all, rest);
-    } else {
-        /* Device 0 of every process; of every survivor. */
-        for (uint32_t p = 0; p < wsize; p++)
-            all[p] = rest[p] = p * NDEV;
-        CHECK(ccq_comm_init(rt, all, n) == CCQ_OK, "comm of one device a process");
-        if (wrank + 1 < wsize)
-            CHECK(ccq_comm_init(rt, rest, nr) == CCQ_OK, "comm without the last");
-    }
+    world_and_rest(rt, all, rest, parts);
     if (wrank + 1 == wsize)
         die_soon(100, 400);
     /* The parts of one process all send the same buffer. */
@@ -545,15 +536,7 @@ static void killed_fused(ccq_runtime *rt)
     int it;
 
     CHECK(b != NULL, "memory");
-    if (fparts == NDEV) {
-        world_and_rest(rt, all, rest);
-    } else {
-        for (uint32_t p = 0; p < wsize; p++)
-            all[p] = rest[p] = p * NDEV;
-        CHECK(ccq_comm_init(rt, all, n) == CCQ_OK, "comm of one device a process");
-        if (wrank + 1 < wsize)
-            CHECK(ccq_comm_init(rt, rest, nr) == CCQ_OK, "comm without the last");
-    }
+    world_and_rest(rt, all, rest, fparts);
     for (uint32_t i = 0; i < FOPS; i++)
         for (uint32_t j = 0; j < FRANKS * FCOUNT; j++)
             b->x[i][j] = (float)((wrank + 1) * (i + 1));
