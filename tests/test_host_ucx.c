@@ -32,6 +32,10 @@
  *   test_host_ucx kill_fused_one   the same with one device of every process taking part (in a
  *                              pair, the fused all_reduces' ring reads its parts' inputs in
  *                              place, without packing them).
+ *   test_host_ucx stop_fused_one   kill_fused_one with the last process stopped (SIGSTOP) instead:
+ *                              its memory stays readable, its messages stop; the survivors
+ *                              (job health: heartbeats every 100 ms) fail naming it, every part
+ *                              exact or untouched, then kill it and go on.
  *   test_host_ucx stop         the last process stops submitting and stays: the others' next
  *                              operation with it times out (CCQ_ERR_TIMEOUT naming it), a
  *                              communicator without it keeps working; process 0's pair with it
@@ -266,12 +270,15 @@ static void world_and_rest(ccq_runtime *rt, ccq_device_id *all, ccq_device_id *r
         CHECK(ccq_comm_init(rt, rest, nr) == CCQ_OK, "comm without the last");
 }
 
-/* The last process's death at a random moment (kill_large, kill_fused). */
+/* The last process's death at a random moment (kill_large, kill_fused), or its stop
+ * (stop_fused_one: SIGSTOP, until a survivor kills it). */
+static int death_signal = SIGKILL;
+
 static void *die_later(void *arg)
 {
     struct timespec t = {0, (long)(uintptr_t)arg * 1000000L};
     nanosleep(&t, NULL);
-    raise(SIGKILL);
+    raise(death_signal);
     return NULL;
 }
 
@@ -528,6 +535,7 @@ static void fused_counts(ccq_runtime *rt, uint64_t *ok, uint64_t *failed)
 
 static void killed_fused(ccq_runtime *rt)
 {
+    uint32_t pids[16];
     ccq_device_id all[16], rest[16];
     uint32_t n = wsize * fparts, nr = (wsize - 1) * fparts;
     fburst *b = malloc(sizeof *b);
@@ -537,6 +545,13 @@ static void killed_fused(ccq_runtime *rt)
 
     CHECK(b != NULL, "memory");
     world_and_rest(rt, all, rest, fparts);
+    if (death_signal == SIGSTOP) { /* who the survivors kill once they found it stopped */
+        uint32_t me = (uint32_t)getpid();
+        CHECK(fparts == 1 && wsize <= 16, "stop_fused_one: one device a process");
+        CHECK(ccq_all_gather(rt, first, 0, &me, pids, 1, CCQ_UINT32, all, n) == CCQ_OK &&
+                  ccq_sync_collective(rt, first, 0) == CCQ_OK,
+              "pids");
+    }
     for (uint32_t i = 0; i < FOPS; i++)
         for (uint32_t j = 0; j < FRANKS * FCOUNT; j++)
             b->x[i][j] = (float)((wrank + 1) * (i + 1));
@@ -550,6 +565,8 @@ static void killed_fused(ccq_runtime *rt)
             last_ok = now_ms();
     }
     check_death_seen(st, last_ok);
+    if (death_signal == SIGSTOP && wrank == 0) /* found stopped: now it may go */
+        CHECK(kill((pid_t)pids[wsize - 1], SIGKILL) == 0, "kill the stopped process");
     fused_counts(rt, &fok, &ffail);
     /* The bursts ran fused (all parts are far below fusion_bytes): the recorder's window of the
      * newest events holds fused operations. */
@@ -781,7 +798,8 @@ int main(int argc, char **argv)
     bool large_mode = argc > 1 && strcmp(argv[1], "kill_large") == 0;
     bool large_one_mode = argc > 1 && strcmp(argv[1], "kill_large_one") == 0;
     bool fused_mode =
-        argc > 1 && (strcmp(argv[1], "kill_fused") == 0 || strcmp(argv[1], "kill_fused_one") == 0);
+        argc > 1 && (strcmp(argv[1], "kill_fused") == 0 || strcmp(argv[1], "kill_fused_one") == 0 ||
+                     strcmp(argv[1], "stop_fused_one") == 0);
     bool burst_mode = argc > 1 && strcmp(argv[1], "last_burst") == 0;
 
     ccq_config_init(&cfg);
@@ -819,8 +837,10 @@ int main(int argc, char **argv)
     } else if (large_mode || large_one_mode) {
         killed_large(rt, large_mode ? NDEV : 1);
     } else if (fused_mode) {
-        if (strcmp(argv[1], "kill_fused_one") == 0)
+        if (strcmp(argv[1], "kill_fused") != 0)
             fparts = 1;
+        if (strcmp(argv[1], "stop_fused_one") == 0)
+            death_signal = SIGSTOP;
         killed_fused(rt);
     } else if (stop_mode) {
         stopped(rt, cfg.timeout_ms);
