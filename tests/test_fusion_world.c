@@ -16,7 +16,8 @@
  *    count) fails that op with CCQ_ERR_MISMATCH in every process, also when one of them
  *    started it without waiting (it fences each op), and never hangs (MPI: it alone, the
  *    rest fused alike; UCX: it and the fused group around it, and the communicator is
- *    unusable afterwards, as for any mismatch on that engine);
+ *    unusable afterwards, as for any mismatch on that engine; a UCX pair also at 128 KiB,
+ *    where the group runs the ring and process 0 reads its inputs in place);
  *  - an injected failure inside a group (every process fails the same op) fails it alone
  *    (MPI only: the UCX engine cannot tell a member that it skipped an operation);
  *  - a process that stops submitting halfway: the others end with CCQ_ERR_TIMEOUT within
@@ -524,7 +525,7 @@ static void mismatch(int variant, long m, size_t nops)
     /* variant 1: process 0 fences each op, so it offers 1 and starts op m without waiting */
     int pattern = variant == 1 && wrank == 0 ? P_FENCE : P_GATED;
     uint64_t t0 = now_ms();
-    world_open(&w, F, NULL, 20000);
+    world_open(&w, plan_f, NULL, 20000);
     run_alloc(r, &w, nops, CCQ_FLOAT32, CCQ_SUM, true);
     CHECK((size_t)m < r->n, "op %ld of %zu", m, r->n);
     submit(&w, r, pattern, r->n, m, true, 5);
@@ -677,6 +678,11 @@ int main(void)
     }
     mismatch(0, 5, 32);
     mismatch(1, 5, 32);
+    if (ucx_engine() && wsize == 2) { /* ops 4 and 5 (128 KiB each) fuse into a pair's ring */
+        plan_f = 256u * 1024u;
+        mismatch(0, 5, 32);
+        plan_f = F;
+    }
     mismatch(0, 53, 80); /* inside an all_gather group */
     mismatch(1, 69, 80); /* inside a reduce_scatter group */
     /* An op one process skips (its parts failed before the engine): the MPI engine's records
