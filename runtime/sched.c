@@ -406,10 +406,9 @@ void *ccq_sched_main(void *arg)
             if (iv > 0)
                 deadline = min_u64(deadline, ccq_add_sat(now, iv));
         }
-        if (S->forming != NULL || S->checking != NULL) { /* the bootstrap cannot wake us */
+        bool boot_wait = S->forming != NULL || S->checking != NULL;
+        if (boot_wait) /* the bootstrap cannot wake us */
             deadline = min_u64(deadline, ccq_add_sat(now, S->boot_poll_ns));
-            S->boot_poll_ns = min_u64(2 * S->boot_poll_ns, CCQ_FORM_POLL_NS);
-        }
         if (S->held != NULL) /* failures waiting for their dump */
             deadline = min_u64(deadline, S->dump_after);
         uint32_t seq = ccq_wake_prepare(&rt->wake);
@@ -422,6 +421,8 @@ void *ccq_sched_main(void *arg)
             ccq_wake_cancel(&rt->wake);
             continue;
         }
+        if (boot_wait) /* the back-off grows with the sleeps actually taken */
+            S->boot_poll_ns = min_u64(2 * S->boot_poll_ns, CCQ_FORM_POLL_NS);
         ccq_wake_sleep(&rt->wake, seq, deadline == UINT64_MAX ? UINT64_MAX : deadline - now);
     }
 
