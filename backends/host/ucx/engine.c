@@ -1117,7 +1117,7 @@ static ccq_status fused_inputs(ucx_op *o, ccq_errbuf *err)
                  total * ranks * es);
         return CCQ_ERR_NO_MEMORY;
     }
-    if (fused_reads_in_place(o) && o->e->fused_in_place) {
+    if (o->e->fused_in_place && fused_reads_in_place(o)) {
         if ((o->own_at = malloc(((size_t)fz->n + 1) * sizeof *o->own_at)) == NULL) {
             snprintf(err->msg, sizeof err->msg, "out of memory for %u fused parts", fz->n);
             return CCQ_ERR_NO_MEMORY;
