@@ -20,6 +20,9 @@
  *   test_host_ucx kill_large_one   the same with one device of every process taking part: each
  *                              process reduces its partials in place in the result scratch and
  *                              streams its outputs, what a process with one part does.
+ *   test_host_ucx stop_large_one   the same with the last process stopped (SIGSTOP) instead: its
+ *                              memory stays readable, its messages stop; the survivors (job
+ *                              health, heartbeats every 100 ms) fail naming it, then kill it.
  *   test_host_ucx kill_fused   the last process is killed at a random moment inside a stream of
  *                              bursts of 48 small all_reduces, reduce_scatters or all_gathers
  *                              per device (the kind cycling burst by burst), which fusion runs
@@ -292,6 +295,26 @@ static void die_soon(unsigned min_ms, unsigned spread_ms)
           "timer");
 }
 
+/* With death_signal SIGSTOP, the survivors must end the stopped process themselves: every
+ * process's pid, gathered over `all` (one device a process) before anything else runs. */
+static void share_pids(ccq_runtime *rt, const ccq_device_id *all, uint32_t n, uint32_t *pids)
+{
+    uint32_t me = (uint32_t)getpid();
+    if (death_signal != SIGSTOP)
+        return;
+    CHECK(n == wsize && wsize <= 16, "stopping drills: one device a process");
+    CHECK(ccq_all_gather(rt, first, 0, &me, pids, 1, CCQ_UINT32, all, n) == CCQ_OK &&
+              ccq_sync_collective(rt, first, 0) == CCQ_OK,
+          "pids");
+}
+
+/* ...and once they found it stopped, it may go. */
+static void end_stopped(const uint32_t *pids)
+{
+    if (death_signal == SIGSTOP && wrank == 0)
+        CHECK(kill((pid_t)pids[wsize - 1], SIGKILL) == 0, "kill the stopped process");
+}
+
 /* A survivor's first failure st: the loss of the last process, named, within 10 s of its last
  * good operation (at last_ok), well before timeout_ms. */
 static void check_death_seen(ccq_status st, uint64_t last_ok)
@@ -357,6 +380,7 @@ static void killed(ccq_runtime *rt)
  * ucx/allreduce_ring.c) and streams its outputs (STREAM_BYTES in ucx/select.c). */
 static void killed_large(ccq_runtime *rt, uint32_t parts)
 {
+    uint32_t pids[16] = {0};
     enum { COUNT = 2u << 20 }; /* 8 MiB of float32 */
     ccq_device_id all[16], rest[16];
     uint32_t n = wsize * parts, nr = (wsize - 1) * parts;
@@ -370,6 +394,7 @@ static void killed_large(ccq_runtime *rt, uint32_t parts)
     y = ys[0];
     CHECK(x != NULL, "memory");
     world_and_rest(rt, all, rest, parts);
+    share_pids(rt, all, n, pids);
     if (wrank + 1 == wsize)
         die_soon(100, 400);
     /* The parts of one process all send the same buffer. */
@@ -391,6 +416,7 @@ static void killed_large(ccq_runtime *rt, uint32_t parts)
             last_ok = now_ms();
     }
     check_death_seen(st, last_ok);
+    end_stopped(pids);
     printf("process %u: death after %d large all_reduces (%u part%s a process) seen %llu ms "
            "after the last good fence: %s\n",
            wrank, it, parts, parts == 1 ? "" : "s", (unsigned long long)(now_ms() - last_ok),
@@ -535,7 +561,7 @@ static void fused_counts(ccq_runtime *rt, uint64_t *ok, uint64_t *failed)
 
 static void killed_fused(ccq_runtime *rt)
 {
-    uint32_t pids[16];
+    uint32_t pids[16] = {0};
     ccq_device_id all[16], rest[16];
     uint32_t n = wsize * fparts, nr = (wsize - 1) * fparts;
     fburst *b = malloc(sizeof *b);
@@ -545,13 +571,7 @@ static void killed_fused(ccq_runtime *rt)
 
     CHECK(b != NULL, "memory");
     world_and_rest(rt, all, rest, fparts);
-    if (death_signal == SIGSTOP) { /* who the survivors kill once they found it stopped */
-        uint32_t me = (uint32_t)getpid();
-        CHECK(fparts == 1 && wsize <= 16, "stop_fused_one: one device a process");
-        CHECK(ccq_all_gather(rt, first, 0, &me, pids, 1, CCQ_UINT32, all, n) == CCQ_OK &&
-                  ccq_sync_collective(rt, first, 0) == CCQ_OK,
-              "pids");
-    }
+    share_pids(rt, all, n, pids);
     for (uint32_t i = 0; i < FOPS; i++)
         for (uint32_t j = 0; j < FRANKS * FCOUNT; j++)
             b->x[i][j] = (float)((wrank + 1) * (i + 1));
@@ -565,8 +585,7 @@ static void killed_fused(ccq_runtime *rt)
             last_ok = now_ms();
     }
     check_death_seen(st, last_ok);
-    if (death_signal == SIGSTOP && wrank == 0) /* found stopped: now it may go */
-        CHECK(kill((pid_t)pids[wsize - 1], SIGKILL) == 0, "kill the stopped process");
+    end_stopped(pids);
     fused_counts(rt, &fok, &ffail);
     /* The bursts ran fused (all parts are far below fusion_bytes): the recorder's window of the
      * newest events holds fused operations. */
@@ -796,7 +815,8 @@ int main(int argc, char **argv)
     bool kill_mode = argc > 1 && strcmp(argv[1], "kill") == 0;
     bool stop_mode = argc > 1 && strcmp(argv[1], "stop") == 0;
     bool large_mode = argc > 1 && strcmp(argv[1], "kill_large") == 0;
-    bool large_one_mode = argc > 1 && strcmp(argv[1], "kill_large_one") == 0;
+    bool large_one_mode = argc > 1 && (strcmp(argv[1], "kill_large_one") == 0 ||
+                                       strcmp(argv[1], "stop_large_one") == 0);
     bool fused_mode =
         argc > 1 && (strcmp(argv[1], "kill_fused") == 0 || strcmp(argv[1], "kill_fused_one") == 0 ||
                      strcmp(argv[1], "stop_fused_one") == 0);
@@ -835,6 +855,8 @@ int main(int argc, char **argv)
     if (kill_mode) {
         killed(rt);
     } else if (large_mode || large_one_mode) {
+        if (strcmp(argv[1], "stop_large_one") == 0)
+            death_signal = SIGSTOP;
         killed_large(rt, large_mode ? NDEV : 1);
     } else if (fused_mode) {
         if (strcmp(argv[1], "kill_fused") != 0)
