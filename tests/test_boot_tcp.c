@@ -6,16 +6,18 @@
  * keep exchanging; peers' states (LOST when a process dies, LEFT when it closes, rank 0's
  * death seen by everyone); a stopped rank 0 (SIGSTOP): found by its silence, the rendezvous
  * taken over, and rank 0, continued, learns it was given up; many generations back to back at
- * random moments; a record the server refused fails the exchange where it was published. The
- * server's logic alone
- * (tcp_server.c, no sockets): records forgotten once delivered, its memory bounded, its
- * keepalives.
+ * random moments; a record the server refused fails the exchange where it was published; an
+ * exchange one member finished and the other was not sent the last record of when process 0
+ * was lost (a fake process 0 that holds that record back): the finished one offers it to the
+ * successor. The server's logic alone (tcp_server.c, no sockets): records forgotten once
+ * delivered, its memory bounded, its keepalives, finished exchanges offered to it (HAD).
  *
  * Forks happen before the parent starts any thread; children report by exit status. Ports
  * are free ones below the kernel's ephemeral range (free_port.h: one the kernel picks may be
  * taken as a connection's own port before process 0 listens on it). */
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -505,6 +507,161 @@ static void test_tcp_refused_record(void **state)
     close(lfd);
 }
 
+/* ---- a finished exchange at takeover --------------------------------------------------------- */
+
+static int finished_pipe[2];
+
+/* Ranks 1 and 2 of 3 exchange "x" through a fake process 0 (the parent) that passes rank 1's
+ * record to rank 2 and is lost before it sends rank 2's to rank 1. Rank 2 finished and freed
+ * "x"; rank 1 serves in 0's place, and rank 2 offers it the record of "x" (HAD): rank 1's "x"
+ * completes, then both meet through rank 1. */
+static int finished_child(unsigned rank, unsigned size, void *arg)
+{
+    ccq_boot *b;
+    ccq_errbuf err = {{0}};
+    uint32_t two[2] = {1, 2};
+    uint64_t mine = 100 + rank, out[2];
+    (void)arg;
+    CHILD_CHECK(open_tcp(rank, size, &b, &err) == CCQ_OK, "open: %s", err.msg);
+    CHILD_CHECK(ccq_boot_exchange(b, "x", two, 2, &mine, 8, out, deadline_ms(15000), &err) ==
+                        CCQ_OK &&
+                    out[0] == 101 && out[1] == 102,
+                "x: %s", err.msg);
+    if (rank == 2)
+        CHILD_CHECK(write(finished_pipe[1], "f", 1) == 1, "pipe");
+    mine += 10;
+    CHILD_CHECK(ccq_boot_exchange(b, "after", two, 2, &mine, 8, out, deadline_ms(15000), &err) ==
+                        CCQ_OK &&
+                    out[0] == 111 && out[1] == 112,
+                "after: %s", err.msg);
+    ccq_boot_close(b);
+    return 0;
+}
+
+/* How many bytes of what s has for connection id go before its first record of tag (all of it
+ * when there is none). */
+static size_t before_rec_of(ccq_tcp_server *s, int id, const char *tag)
+{
+    const uint8_t *p;
+    size_t len, off = 0;
+    ccq_tcp_server_output(s, id, &p, &len);
+    while (off < len) {
+        ccq_tcp_frame f;
+        size_t used = 0;
+        ccq_errbuf err;
+        uint16_t tl;
+        assert_int_equal(ccq_tcp_parse(p + off, len - off, SIZE_MAX, &f, &used, &err), 1);
+        if (f.type == CCQ_TCP_REC && (memcpy(&tl, f.payload + 4, 2), tl == strlen(tag)) &&
+            memcmp(f.payload + 6, tag, tl) == 0)
+            break;
+        off += used;
+    }
+    return off;
+}
+
+static void test_tcp_finished_at_takeover(void **state)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    int lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0), fd[3] = {-1, -1, -1}, id[3], ws;
+    ccq_tcp_limits lim;
+    ccq_tcp_server *s;
+    bool held = false, lost = false;
+    uint64_t until = deadline_ms(20000);
+    pid_t pid[3];
+    (void)state;
+
+    assert_int_equal(bind(lfd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(lfd, 4), 0);
+    assert_int_equal(getsockname(lfd, (struct sockaddr *)&a, &al), 0);
+    snprintf(spec, sizeof spec, "tcp://127.0.0.1:%u", ntohs(a.sin_port));
+    assert_int_equal(pipe(finished_pipe), 0);
+    setenv("CCQ_JOB_ID", "finished-at-takeover", 1); /* generation 0: the parent opens none */
+    fflush(NULL);
+    for (unsigned r = 1; r < 3; r++) {
+        pid[r] = fork();
+        assert_true(pid[r] >= 0);
+        if (pid[r] == 0) {
+            close(lfd);
+            close(finished_pipe[0]);
+            _exit(finished_child(r, 3, NULL));
+        }
+    }
+    unsetenv("CCQ_JOB_ID");
+    close(finished_pipe[1]);
+    ccq_tcp_default_limits(&lim, 3);
+    s = ccq_tcp_server_new("finished-at-takeover", 3, 0, &lim);
+    assert_non_null(s);
+    /* Serve (the real server's logic) until rank 2 finished "x": nothing of rank 1's output
+     * from its record of "x" on is written. */
+    while (!lost && ccq_boot_now_ns() < until) {
+        struct pollfd pf[4] = {{.fd = lfd, .events = POLLIN},
+                               {.fd = finished_pipe[0], .events = POLLIN}};
+        int n = 2, slot[4] = {-1, -1, -1, -1};
+        for (int c = 0; c < 3; c++) {
+            const uint8_t *p;
+            size_t len;
+            uint32_t r;
+            if (fd[c] < 0)
+                continue;
+            ccq_tcp_server_output(s, id[c], &p, &len);
+            if (ccq_tcp_server_conn_member(s, id[c], &r) && r == 1) {
+                size_t ok = before_rec_of(s, id[c], "x");
+                held |= ok < len;
+                len = ok;
+            }
+            pf[n] = (struct pollfd){.fd = fd[c], .events = POLLIN | (len > 0 ? POLLOUT : 0)};
+            slot[n++] = c;
+        }
+        assert_true(poll(pf, (nfds_t)n, 100) >= 0);
+        if (pf[0].revents & POLLIN) {
+            for (int c = 0; c < 3; c++)
+                if (fd[c] < 0) {
+                    fd[c] = accept(lfd, NULL, NULL);
+                    if (fd[c] >= 0)
+                        id[c] = ccq_tcp_server_open(s, ccq_boot_now_ns());
+                    break;
+                }
+        }
+        if (pf[1].revents & POLLIN)
+            lost = true;
+        for (int j = 2; j < n; j++) {
+            int c = slot[j];
+            if (pf[j].revents & POLLIN) {
+                uint8_t buf[65536];
+                ssize_t k = recv(fd[c], buf, sizeof buf, MSG_DONTWAIT);
+                if (k > 0)
+                    assert_true(ccq_tcp_server_input(s, id[c], buf, (size_t)k, ccq_boot_now_ns()));
+            }
+            if (pf[j].revents & POLLOUT) {
+                const uint8_t *p;
+                size_t len;
+                uint32_t r;
+                ccq_tcp_server_output(s, id[c], &p, &len);
+                if (ccq_tcp_server_conn_member(s, id[c], &r) && r == 1)
+                    len = before_rec_of(s, id[c], "x");
+                ssize_t k = send(fd[c], p, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+                if (k > 0)
+                    ccq_tcp_server_sent(s, id[c], (size_t)k, ccq_boot_now_ns());
+            }
+        }
+    }
+    assert_true(lost);
+    assert_true(held); /* rank 1 was never sent rank 2's record by process 0 */
+    /* Process 0 is lost: every connection closes at once. */
+    for (int c = 0; c < 3; c++)
+        if (fd[c] >= 0)
+            close(fd[c]);
+    close(lfd);
+    ccq_tcp_server_free(s);
+    for (unsigned r = 1; r < 3; r++) {
+        assert_int_equal(waitpid(pid[r], &ws, 0), pid[r]);
+        assert_true(WIFEXITED(ws));
+        assert_int_equal(WEXITSTATUS(ws), 0);
+    }
+    close(finished_pipe[0]);
+}
+
 /* Ranks 0 and 1 exchange repeatedly while the parent attacks the server. */
 static int steady_child(unsigned rank, unsigned size, void *arg)
 {
@@ -772,7 +929,13 @@ static void publish_on_loss(void *arg, uint32_t rank, ccq_boot_peer state)
 
 /* Process 0, which serves, dies; 1 and 2 each publish a record as they see it, then meet
  * through 1: each reads the other's record (it was once dropped with what was queued for the
- * lost server: test_tcp_stopped_server under TSan, 1 run in ~20). */
+ * lost server: test_tcp_stopped_server under TSan, 1 run in ~20). Process 0 dies once the
+ * others have its record of "all" (told through a pipe: its server could otherwise die with
+ * that record unsent, and "all" would wait for it in vain); "two" races its death: the old
+ * server may pass one's record of "two" and not the other's (finished_at_takeover makes that
+ * happen every time). */
+static int record_pipe[2];
+
 static int record_child(unsigned rank, unsigned size, void *arg)
 {
     ccq_boot *b;
@@ -789,8 +952,12 @@ static int record_child(unsigned rank, unsigned size, void *arg)
     CHILD_CHECK(ccq_boot_exchange(b, "all", all, 3, &mine, 8, out, deadline_ms(20000), &err) ==
                     CCQ_OK,
                 "all: %s", err.msg);
-    if (rank == 0)
+    if (rank == 0) {
+        char got[2];
+        CHILD_CHECK(read(record_pipe[0], got, 1) == 1 && read(record_pipe[0], got, 1) == 1, "pipe");
         _exit(0);
+    }
+    CHILD_CHECK(write(record_pipe[1], "a", 1) == 1, "pipe");
     CHILD_CHECK(ccq_boot_exchange(b, "two", two, 2, &mine, 8, out, deadline_ms(20000), &err) ==
                         CCQ_OK &&
                     out[0] == 1 && out[1] == 2,
@@ -806,7 +973,10 @@ static void test_tcp_record_at_takeover(void **state)
 {
     (void)state;
     snprintf(spec, sizeof spec, "tcp://127.0.0.1:%u", free_port());
+    assert_int_equal(pipe(record_pipe), 0);
     assert_int_equal(run_procs(3, record_child, NULL), 0);
+    close(record_pipe[0]);
+    close(record_pipe[1]);
 }
 
 /* ---- a stopped server ------------------------------------------------------------------- */
@@ -906,12 +1076,13 @@ static void put_hello(ccq_tcp_server *s, int id, uint32_t rank)
     ccq_tcp_buf_free(&b);
 }
 
-static void put_record(ccq_tcp_server *s, int id, uint32_t rank, const char *tag, size_t len)
+/* A record of a world of 3 as the bootstrap writes it: header, tag, len zero bytes (*rl bytes
+ * in all; free it). */
+static uint8_t *test_record(uint32_t rank, const char *tag, uint32_t nmembers, uint64_t hash,
+                            size_t len, size_t *rl)
 {
-    ccq_tcp_buf b = {0};
-    uint16_t tl = (uint16_t)strlen(tag);
-    size_t rl = sizeof(ccq_boot_hdr) + tl + len;
-    uint8_t *rec = calloc(1, rl);
+    size_t tl = strlen(tag);
+    uint8_t *rec = calloc(1, sizeof(ccq_boot_hdr) + tl + len);
     ccq_boot_hdr h;
     memset(&h, 0, sizeof h);
     h.magic = CCQ_BOOT_MAGIC;
@@ -919,11 +1090,22 @@ static void put_record(ccq_tcp_server *s, int id, uint32_t rank, const char *tag
     h.hdr_size = sizeof h;
     h.world_size = 3;
     h.rank = rank;
-    h.nmembers = 3;
-    h.tag_len = tl;
+    h.nmembers = nmembers;
+    h.members_hash = hash;
+    h.tag_len = (uint32_t)tl;
     h.len = len;
     memcpy(rec, &h, sizeof h);
     memcpy(rec + sizeof h, tag, tl);
+    *rl = sizeof h + tl + len;
+    return rec;
+}
+
+static void put_record(ccq_tcp_server *s, int id, uint32_t rank, const char *tag, size_t len)
+{
+    ccq_tcp_buf b = {0};
+    uint16_t tl = (uint16_t)strlen(tag);
+    size_t rl;
+    uint8_t *rec = test_record(rank, tag, 3, 0, len, &rl);
     ccq_tcp_put_frame(&b, SIZE_MAX, CCQ_TCP_PUT, &tl, 2, tag, tl, rec, rl);
     ccq_tcp_put_frame(&b, SIZE_MAX, CCQ_TCP_GET, &tl, 2, tag, tl, NULL, 0);
     assert_true(ccq_tcp_server_input(s, id, b.p, b.len, 2));
@@ -1044,6 +1226,120 @@ static void test_tcp_server_beats(void **state)
     ccq_tcp_server_free(s);
 }
 
+/* HAD (tcp_proto.h): a finished exchange offered to a server taking over, as
+ * runtime/boot/tcp.c's server_lost sends it: u16 tag length, tag, u32 n, the members, record
+ * (made for those members, or, hash not 0, for the members of that hash). */
+static bool put_had(ccq_tcp_server *s, int id, uint32_t rank, const char *tag,
+                    const uint32_t *members, uint32_t n, size_t len, uint64_t hash)
+{
+    ccq_tcp_buf b = {0};
+    uint16_t tl = (uint16_t)strlen(tag);
+    size_t rl, hl = 2u + tl + 4u + 4u * n;
+    uint8_t *rec = test_record(rank, tag, n,
+                               hash ? hash : ccq_boot_fnv1a(members, 4u * n, CCQ_FNV_OFFSET), len,
+                               &rl),
+            *head = malloc(hl);
+    bool ok;
+    memcpy(head, &tl, 2);
+    memcpy(head + 2, tag, tl);
+    memcpy(head + 2 + tl, &n, 4);
+    memcpy(head + 6 + tl, members, 4u * n);
+    ccq_tcp_put_frame(&b, SIZE_MAX, CCQ_TCP_HAD, head, hl, rec, rl, NULL, 0);
+    ok = ccq_tcp_server_input(s, id, b.p, b.len, 2);
+    ccq_tcp_buf_free(&b);
+    free(rec);
+    free(head);
+    return ok;
+}
+
+/* How many frames of each type (below 32) are in what the server has for id; then it is all
+ * sent. */
+typedef struct {
+    int n[32];
+} frame_counts;
+
+static frame_counts sent_frames(ccq_tcp_server *s, int id)
+{
+    const uint8_t *p;
+    size_t len, off = 0;
+    frame_counts c = {{0}};
+    ccq_tcp_server_output(s, id, &p, &len);
+    while (off < len) {
+        ccq_tcp_frame f;
+        size_t used = 0;
+        ccq_errbuf err;
+        assert_int_equal(ccq_tcp_parse(p + off, len - off, SIZE_MAX, &f, &used, &err), 1);
+        assert_true(f.type < 32);
+        c.n[f.type]++;
+        off += used;
+    }
+    drain(s, id);
+    return c;
+}
+
+/* A server taking over from lost process 0 is offered the exchanges process 2 finished: process
+ * 1, which had not, gets 2's record when it asks, 2 is sent nothing, and each exchange is
+ * forgotten once every member still there is served (0, gone, never asks): ten of them within
+ * a bound of two. One offered and never asked for stays until the member that did not ask
+ * goes. Offers whose members do not include the sender or do not match the record are
+ * refused. */
+static void test_tcp_server_had(void **state)
+{
+    ccq_tcp_limits lim;
+    ccq_tcp_server *s;
+    int id[3];
+    uint32_t all[3] = {0, 1, 2}, not_mine[2] = {0, 1}, just_2[1] = {2};
+    char tag[32];
+    frame_counts c1, c2;
+    (void)state;
+
+    ccq_tcp_default_limits(&lim, 3);
+    lim.mem_max = 1280u << 10;
+    s = ccq_tcp_server_new("job", 3, 0, &lim);
+    assert_non_null(s);
+    ccq_tcp_server_mark(s, 0, CCQ_BOOT_PEER_LOST);
+    for (uint32_t r = 1; r < 3; r++) {
+        id[r] = ccq_tcp_server_open(s, 0);
+        put_hello(s, id[r], r);
+        drain(s, id[r]);
+    }
+    for (int k = 0; k < 10; k++) {
+        snprintf(tag, sizeof tag, "x/%d", k);
+        assert_true(put_had(s, id[2], 2, tag, all, 3, 512u << 10, 0));
+        put_record(s, id[1], 1, tag, 512u << 10);
+        c1 = sent_frames(s, id[1]);
+        c2 = sent_frames(s, id[2]);
+        assert_int_equal(c1.n[CCQ_TCP_REC], 1);
+        assert_int_equal(c1.n[CCQ_TCP_ERR], 0);
+        assert_int_equal(c2.n[CCQ_TCP_REC], 0);
+        assert_int_equal(c2.n[CCQ_TCP_ERR], 0);
+    }
+    /* Offered, never asked for: held (the bound refuses a third), until rank 1 goes. */
+    assert_true(put_had(s, id[2], 2, "held/0", all, 3, 512u << 10, 0));
+    assert_true(put_had(s, id[2], 2, "held/1", all, 3, 512u << 10, 0));
+    assert_true(put_had(s, id[2], 2, "held/2", all, 3, 512u << 10, 0));
+    assert_int_equal(sent_frames(s, id[2]).n[CCQ_TCP_ERR], 1);
+    ccq_tcp_server_closed(s, id[1], 3);
+    assert_true(put_had(s, id[2], 2, "held/3", all, 3, 512u << 10, 0));
+    assert_true(put_had(s, id[2], 2, "held/4", all, 3, 512u << 10, 0));
+    assert_int_equal(sent_frames(s, id[2]).n[CCQ_TCP_ERR], 0);
+    /* Members without the sender; a member list the record was not made for. */
+    assert_true(put_had(s, id[2], 2, "z/0", not_mine, 2, 8, 0));
+    assert_int_equal(sent_frames(s, id[2]).n[CCQ_TCP_ERR], 1);
+    assert_true(put_had(s, id[2], 2, "z/1", just_2, 1, 8, 12345)); /* not FNV-1a of {2} */
+    assert_int_equal(sent_frames(s, id[2]).n[CCQ_TCP_ERR], 1);
+    /* No members at all: malformed, the connection is refused. */
+    {
+        ccq_tcp_buf b = {0};
+        uint8_t head[2 + 3 + 4] = {3, 0, 'z', '/', '2', 0, 0, 0, 0};
+        ccq_tcp_put_frame(&b, SIZE_MAX, CCQ_TCP_HAD, head, sizeof head, NULL, 0, NULL, 0);
+        assert_false(ccq_tcp_server_input(s, id[2], b.p, b.len, 5));
+        ccq_tcp_buf_free(&b);
+        assert_int_equal(sent_frames(s, id[2]).n[CCQ_TCP_REFUSE], 1);
+    }
+    ccq_tcp_server_free(s);
+}
+
 /* Keepalives: off by default; on, a PING to each process sent nothing for the interval (one
  * that was sent something meanwhile gets none), and the server wakes for the next one. */
 static void test_tcp_server_keepalive(void **state)
@@ -1119,7 +1415,9 @@ int main(void)
         cmocka_unit_test(test_tcp_peers),
         cmocka_unit_test(test_tcp_server_memory),
         cmocka_unit_test(test_tcp_server_beats),
+        cmocka_unit_test(test_tcp_server_had),
         cmocka_unit_test(test_tcp_record_at_takeover),
+        cmocka_unit_test(test_tcp_finished_at_takeover),
         cmocka_unit_test(test_tcp_stopped_server),
         cmocka_unit_test(test_tcp_server_keepalive),
         /* clang-format on */

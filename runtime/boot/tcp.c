@@ -55,6 +55,12 @@
 #define CLIENT_OUT_MAX (64u << 20)
 /* The longest a continued server waits for its successor's answer (ask_successor). */
 #define ASK_MAX_NS (2000u * 1000000ull)
+/* Exchanges finished here whose records a server taking over is offered (HAD): the latest
+ * this many, up to this many bytes. Only a member that was not sent a record before the
+ * server was lost needs it, so only exchanges that finished just before count; a member
+ * so far behind that it needs an older one (stopped for that long) waits until its deadline. */
+#define KEPT_MAX       64u
+#define KEPT_BYTES_MAX (4u << 20)
 
 enum { C_IDLE, C_CONNECTING, C_HELLO, C_READY, C_FAILED, C_CLOSED };
 
@@ -66,12 +72,15 @@ typedef struct mail {
     size_t len;
 } mail;
 
-/* An exchange this process published and has not freed: re-sent to a server taking over. */
+/* An exchange this process published and has not freed: re-sent to a server taking over. Or,
+ * kept, one it finished: offered to a server taking over (HAD, its head made when kept). */
 typedef struct open_xchg {
     struct open_xchg *next;
     char *tag;
     uint8_t *rec;
     size_t len;
+    uint8_t *had_head; /* kept: u16 tag length, tag, u32 n, the n members */
+    size_t had_len;
 } open_xchg;
 
 typedef struct dead_tag {
@@ -131,8 +140,10 @@ typedef struct tcp_boot {
     struct {
         uint16_t port; /* 0: not told */
         char text[CCQ_TCP_ADDR_MAX + 1];
-    } * addrs;                 /* [size]: where each process would serve (ADDRS) */
-    open_xchg *open;           /* this process's open exchanges */
+    } * addrs;       /* [size]: where each process would serve (ADDRS) */
+    open_xchg *open; /* this process's open exchanges */
+    open_xchg *kept; /* exchanges it finished, newest first (KEPT_MAX, KEPT_BYTES_MAX) */
+    size_t nkept, kept_bytes;
     uint64_t hb_ns, silent_ns; /* ccq_boot_beat_config: 0 when heartbeats are off */
     uint8_t *silent;           /* [size] LOST because it fell silent (silent_peers, once) */
     uint64_t ready_since;      /* when this process last was WELCOMEd (relay_window) */
@@ -351,13 +362,19 @@ static void client_hello(tcp_boot *t)
 }
 
 /* Tell the server where this process would serve in its place (ADDR): the address of this
- * end of the connection (the interface that reaches the server), and the port it listens on. */
+ * end of the connection (the interface that reaches the server), and the port it listens on.
+ * Ahead of every frame queued (nothing of t->out went on this connection before its WELCOME):
+ * the server tells the others before it passes on any record of this process, so a process
+ * that has a record of it knows where it would serve, and every survivor of a lost server
+ * picks the same successor (one that did not know would serve alone: test_boot_tcp's record
+ * at takeover). */
 static void send_own_addr(tcp_boot *t)
 {
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
     char text[CCQ_TCP_ADDR_MAX];
     const void *a = NULL;
+    ccq_tcp_buf b = {0};
 
     if (t->own_port == 0 || getsockname(t->fd, (struct sockaddr *)&ss, &sl) != 0)
         return;
@@ -366,15 +383,30 @@ static void send_own_addr(tcp_boot *t)
     if (a == NULL || inet_ntop(AF_INET, a, text, sizeof text) == NULL)
         return; /* IPv6 to the server: no successor here (docs/multiprocess.md) */
     pthread_mutex_lock(&t->mu);
-    ccq_tcp_put_frame(&t->out, CLIENT_OUT_MAX, CCQ_TCP_ADDR, &t->own_port, 2, text, strlen(text),
-                      NULL, 0);
+    size_t queued = t->out.len - t->out.off;
+    if (ccq_tcp_put_frame(&b, SIZE_MAX, CCQ_TCP_ADDR, &t->own_port, 2, text, strlen(text), NULL,
+                          0) &&
+        ccq_tcp_buf_reserve(&b, queued)) {
+        if (queued > 0)
+            memcpy(b.p + b.len, t->out.p + t->out.off, queued);
+        b.len += queued;
+        ccq_tcp_buf_free(&t->out);
+        t->out = b;
+    } else {
+        ccq_tcp_buf_free(&b); /* out of memory: no ADDR, so nobody picks this one to serve */
+    }
     pthread_mutex_unlock(&t->mu);
 }
 
-static bool tag_is_dead(tcp_boot *t, const char *tag, size_t tl)
+/* A record of an exchange this process is done with (freed after a failure, or finished and
+ * kept): dropped (a server taking over sends a finished one's records again). */
+static bool tag_is_done(tcp_boot *t, const char *tag, size_t tl)
 {
     for (dead_tag *d = t->dead; d != NULL; d = d->next)
         if (d->why == NULL && strlen(d->tag) == tl && memcmp(d->tag, tag, tl) == 0)
+            return true;
+    for (open_xchg *o = t->kept; o != NULL; o = o->next)
+        if (strlen(o->tag) == tl && memcmp(o->tag, tag, tl) == 0)
             return true;
     return false;
 }
@@ -452,7 +484,7 @@ static void client_frame(tcp_boot *t, const ccq_tcp_frame *f)
         if (tl == 0 || tl > CCQ_BOOT_TAG_MAX || f->len < 6u + tl)
             break;
         pthread_mutex_lock(&t->mu);
-        if (!tag_is_dead(t, (const char *)p + 6, tl) && (m = calloc(1, sizeof *m)) != NULL) {
+        if (!tag_is_done(t, (const char *)p + 6, tl) && (m = calloc(1, sizeof *m)) != NULL) {
             m->tag = strndup((const char *)p + 6, tl);
             m->len = f->len - 6u - tl;
             m->rec = malloc(m->len ? m->len : 1);
@@ -842,9 +874,11 @@ static ccq_status server_start(tcp_boot *t)
 /* The process serving the rendezvous is gone (its connection closed or broke: `how`). The
  * lowest surviving process serves in its place (every survivor picks the same one from the
  * states and addresses the servers told it), and this process connects there, says HELLO
- * again and re-sends its open exchanges; records the lost server held are gone, so an exchange
- * some members freed before it died waits for their records until its deadline. With nobody to
- * take over (no address known), exchanges fail from now on. */
+ * again and re-sends its open exchanges, and offers the records of those it finished lately
+ * (HAD): the lost server may have passed a record to some members and not to others, and a
+ * member that finished does not publish again (test_boot_tcp's record at takeover, 1 run in 30
+ * under ASan before). With nobody to take over (no address known), exchanges fail from now
+ * on. */
 static void server_lost(tcp_boot *t, const char *how)
 {
     uint32_t lost = t->server_rank, next = UINT32_MAX;
@@ -889,6 +923,9 @@ static void server_lost(tcp_boot *t, const char *how)
     if (t->mine.rec != NULL)
         ccq_tcp_put_frame(&t->out, CLIENT_OUT_MAX, CCQ_TCP_BEAT, t->mine.rec, t->mine.len, NULL, 0,
                           NULL, 0);
+    for (open_xchg *o = t->kept; o != NULL; o = o->next)
+        ccq_tcp_put_frame(&t->out, CLIENT_OUT_MAX, CCQ_TCP_HAD, o->had_head, o->had_len, o->rec,
+                          o->len, NULL, 0);
     for (open_xchg *o = t->open; o != NULL; o = o->next) {
         uint16_t tl = (uint16_t)strlen(o->tag);
         ccq_tcp_put_frame(&t->out, CLIENT_OUT_MAX, CCQ_TCP_PUT, &tl, 2, o->tag, tl, o->rec, o->len);
@@ -1251,7 +1288,39 @@ static void open_free(open_xchg *o)
 {
     free(o->tag);
     free(o->rec);
+    free(o->had_head);
     free(o);
+}
+
+/* Exchange o finished among the n members: keep it to offer a server taking over (its HAD's
+ * head made now), dropping the oldest beyond KEPT_MAX or KEPT_BYTES_MAX. mu held. */
+static void keep_finished(tcp_boot *t, open_xchg *o, const uint32_t *members, uint32_t n)
+{
+    uint16_t tl = (uint16_t)strlen(o->tag);
+    size_t hl = 2u + tl + 4u + 4u * (size_t)n;
+
+    if ((o->had_head = malloc(hl)) == NULL) {
+        open_free(o);
+        return;
+    }
+    memcpy(o->had_head, &tl, 2);
+    memcpy(o->had_head + 2, o->tag, tl);
+    memcpy(o->had_head + 2 + tl, &n, 4);
+    memcpy(o->had_head + 6 + tl, members, 4u * (size_t)n);
+    o->had_len = hl;
+    o->next = t->kept;
+    t->kept = o;
+    t->nkept++;
+    t->kept_bytes += hl + o->len;
+    while (t->nkept > KEPT_MAX || t->kept_bytes > KEPT_BYTES_MAX) {
+        open_xchg **pp = &t->kept;
+        while ((*pp)->next != NULL)
+            pp = &(*pp)->next;
+        t->nkept--;
+        t->kept_bytes -= (*pp)->had_len + (*pp)->len;
+        open_free(*pp);
+        *pp = NULL;
+    }
 }
 
 static void tcp_xchg_free(ccq_boot *b, ccq_boot_xchg *x)
@@ -1265,7 +1334,10 @@ static void tcp_xchg_free(ccq_boot *b, ccq_boot_xchg *x)
             continue;
         }
         *pp = o->next;
-        open_free(o);
+        if (x->status == CCQ_OK && x->n > 1)
+            keep_finished(t, o, x->members, x->n);
+        else
+            open_free(o);
     }
     for (mail **pp = &t->mail; *pp != NULL;) {
         mail *m = *pp;
@@ -1324,6 +1396,11 @@ static void tcp_close(ccq_boot *b)
     while (t->open != NULL) {
         open_xchg *o = t->open;
         t->open = o->next;
+        open_free(o);
+    }
+    while (t->kept != NULL) {
+        open_xchg *o = t->kept;
+        t->kept = o->next;
         open_free(o);
     }
     while (t->dead != NULL) {

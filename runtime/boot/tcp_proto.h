@@ -13,11 +13,15 @@
  * BYE), as PEER. Job health (runtime/health/): BEAT replaces this process's heartbeat record
  * at the server, which passes the latest of each process to every other one as BEATS (a
  * reader that falls behind gets only the newest: at most one record per process queued).
- * Taking over: every process but 0 listens from the start and says where (ADDR); the server
+ * Taking over: every process but 0 listens from the start and says where (ADDR, its first
+ * frame once WELCOMEd, so whoever got a record of it knows where it would serve); the server
  * tells everyone (ADDRS). When the serving process is lost, the lowest surviving process
  * serves in its place, seeded with the states its peers are known to be in, and every
- * survivor connects to it, says HELLO again and re-sends its open exchanges (runtime/boot/
- * tcp.c): losing process 0 is survivable like any other loss.
+ * survivor connects to it, says HELLO again and re-sends its open exchanges, and offers the
+ * records of the exchanges it finished lately (HAD: a member may not have been sent them
+ * before the server was lost; the server passes them to whoever asks and forgets them once
+ * every member still there has its own in or had them) (runtime/boot/tcp.c): losing process 0
+ * is survivable like any other loss.
  * An observer that is not a process of the job (`ccq-trace status tcp://...`) says LOOK
  * instead of HELLO: it gets the world's states and every heartbeat record once (LOOKED, then
  * BEATS), and the server closes; it takes no rank, so it cannot disturb the job.
@@ -39,8 +43,8 @@
 #include "backends/backend.h" /* ccq_errbuf */
 
 #define CCQ_TCP_MAGIC   0x54514343u /* "CCQT" */
-#define CCQ_TCP_VERSION 1u
-#define CCQ_TCP_HDR     12u /* magic, version, type, length */
+#define CCQ_TCP_VERSION 1u          /* HAD came later, additive: a server without it refuses it */
+#define CCQ_TCP_HDR     12u         /* magic, version, type, length */
 
 enum {
     CCQ_TCP_HELLO = 1,   /* c->s: u32 rank, u32 size, u32 gen, u32 0, u64 nonce, job bytes */
@@ -60,6 +64,8 @@ enum {
     CCQ_TCP_ADDR = 14,   /* c->s: u16 port, address text: where this process would serve */
     CCQ_TCP_ADDRS = 15,  /* s->c: u32 rank, u16 port, address text: another process's ADDR */
     CCQ_TCP_PING = 16,   /* s->c: nothing; the server runs (nothing else went for heartbeat_ms) */
+    CCQ_TCP_HAD = 17,    /* c->s: u16 tag length, tag, u32 n, n member ranks, record: an
+                          * exchange this process finished, offered to a server taking over */
 };
 
 /* The longest address text of ADDR (an IPv6 address in text is at most 45 bytes). */

@@ -139,7 +139,7 @@ void ccq_tcp_default_limits(ccq_tcp_limits *lim, uint32_t world_size)
 {
     uint64_t ms;
     lim->frame_max = CCQ_TCP_HDR + 8 + 2 + CCQ_BOOT_TAG_MAX + sizeof(ccq_boot_hdr) +
-                     CCQ_BOOT_TAG_MAX + CCQ_BOOT_VALUE_MAX;
+                     CCQ_BOOT_TAG_MAX + CCQ_BOOT_VALUE_MAX + 4 + 4 * (size_t)world_size; /* HAD */
     if (lim->frame_max < CCQ_TCP_HDR + 4 + CCQ_BOOT_BEAT_MAX)
         lim->frame_max = CCQ_TCP_HDR + 4 + CCQ_BOOT_BEAT_MAX;
     lim->mem_max = 256u << 20;
@@ -168,8 +168,11 @@ typedef struct tag_entry {
     uint32_t nmembers; /* from the first record (0 until one came) */
     rec *recs;
     uint32_t nrecs, recs_cap;
-    uint32_t *askers; /* world ranks that sent GET */
+    uint32_t *askers; /* world ranks that sent GET or HAD */
+    uint8_t *had;     /* [askers_cap]: that asker holds every record already (HAD): sent none */
     uint32_t naskers, askers_cap;
+    uint32_t *members; /* [nmembers] from a HAD (NULL until one came): lets a member that went
+                        * count as served (maybe_forget) */
 } tag_entry;
 
 typedef struct conn {
@@ -242,6 +245,10 @@ static void tag_free(ccq_tcp_server *s, tag_entry *t)
     }
     free(t->recs);
     free(t->askers);
+    free(t->had);
+    if (t->members != NULL)
+        s->held -= t->nmembers * sizeof *t->members;
+    free(t->members);
     free(t->tag);
     free(t);
     s->ntags--;
@@ -350,9 +357,11 @@ static tag_entry *find_tag(ccq_tcp_server *s, const uint8_t *tag, size_t tl, boo
     return t;
 }
 
-static void send_rec(ccq_tcp_server *s, tag_entry *t, rec *r, uint32_t to, uint64_t now)
+/* Record r to the k-th asker of t (one that sent HAD holds it already: counted, not sent). */
+static void send_rec(ccq_tcp_server *s, tag_entry *t, rec *r, uint32_t k, uint64_t now)
 {
-    int id = to < s->world_size ? s->by_rank[to] : -1;
+    uint32_t to = t->askers[k];
+    int id = to < s->world_size && !t->had[k] ? s->by_rank[to] : -1;
     uint16_t tl = (uint16_t)t->tag_len;
     uint8_t head[6];
     conn *c = get_conn(s, id);
@@ -363,22 +372,6 @@ static void send_rec(ccq_tcp_server *s, tag_entry *t, rec *r, uint32_t to, uint6
     r->delivered++;
 }
 
-/* Forget an exchange every member has finished with. */
-static void maybe_forget(ccq_tcp_server *s, tag_entry *t)
-{
-    if (t->nmembers == 0 || t->nrecs < t->nmembers || t->naskers < t->nmembers)
-        return;
-    for (uint32_t k = 0; k < t->nrecs; k++)
-        if (t->recs[k].delivered + 1 < t->nmembers)
-            return;
-    for (tag_entry **pp = &s->tags; *pp != NULL; pp = &(*pp)->next)
-        if (*pp == t) {
-            *pp = t->next;
-            break;
-        }
-    tag_free(s, t);
-}
-
 static bool asked(const tag_entry *t, uint32_t rank)
 {
     for (uint32_t k = 0; k < t->naskers; k++)
@@ -387,26 +380,53 @@ static bool asked(const tag_entry *t, uint32_t rank)
     return false;
 }
 
-/* PUT: u16 tag length, tag, record (the bootstrap's, checked against the connection). */
-static void on_put(ccq_tcp_server *s, conn *c, const uint8_t *p, uint32_t n, uint64_t now)
+static bool has_rec(const tag_entry *t, uint32_t rank)
 {
-    uint16_t tl;
+    for (uint32_t k = 0; k < t->nrecs; k++)
+        if (t->recs[k].rank == rank)
+            return true;
+    return false;
+}
+
+/* Forget an exchange every member has finished with: each published and asked (so was sent
+ * every record; HAD says both). With its members known (a HAD came), a member that left or
+ * was lost counts as finished: it will never ask (the records offered to a server taking over
+ * from a lost one would otherwise stay for good). */
+static void maybe_forget(ccq_tcp_server *s, tag_entry *t)
+{
+    if (t->members != NULL) {
+        for (uint32_t i = 0; i < t->nmembers; i++) {
+            uint32_t m = t->members[i];
+            if (s->state[m] < 2 && (!asked(t, m) || !has_rec(t, m)))
+                return;
+        }
+    } else {
+        if (t->nmembers == 0 || t->nrecs < t->nmembers || t->naskers < t->nmembers)
+            return;
+        for (uint32_t k = 0; k < t->nrecs; k++)
+            if (t->recs[k].delivered + 1 < t->nmembers)
+                return;
+    }
+    for (tag_entry **pp = &s->tags; *pp != NULL; pp = &(*pp)->next)
+        if (*pp == t) {
+            *pp = t->next;
+            break;
+        }
+    tag_free(s, t);
+}
+
+/* Keep c's record r (rl bytes) of exchange tag (the bootstrap's, checked against the
+ * connection): the record kept, or NULL when refused (c is told why). */
+static rec *take_record(ccq_tcp_server *s, conn *c, tag_entry **tp, const uint8_t *tag, uint16_t tl,
+                        const uint8_t *r, size_t rl, uint64_t now)
+{
     ccq_boot_hdr h;
-    const uint8_t *tag, *r;
-    size_t rl;
     tag_entry *t;
     rec *nr;
 
-    if (n < 2 || (tl = rd16(p)) == 0 || tl > CCQ_BOOT_TAG_MAX || n < 2u + tl) {
-        refuse(s, c, CCQ_TCP_REFUSE_FINAL, "malformed PUT", now);
-        return;
-    }
-    tag = p + 2;
-    r = tag + tl;
-    rl = n - 2u - tl;
     if (rl < sizeof h) {
         tag_err(s, c, tag, tl, "a record shorter than its header", now);
-        return;
+        return NULL;
     }
     memcpy(&h, r, sizeof h);
     if (h.magic != CCQ_BOOT_MAGIC || h.version != CCQ_BOOT_VERSION || h.hdr_size != sizeof h ||
@@ -417,22 +437,21 @@ static void on_put(ccq_tcp_server *s, conn *c, const uint8_t *p, uint32_t n, uin
                 "a record that does not match its connection (rank, world size, generation, "
                 "tag or length)",
                 now);
-        return;
+        return NULL;
     }
     if (s->held + rl > s->lim.mem_max) {
         tag_err(s, c, tag, tl, "the rendezvous server holds too many records (memory bound)", now);
-        return;
+        return NULL;
     }
     t = find_tag(s, tag, tl, true);
     if (t == NULL) {
         tag_err(s, c, tag, tl, "the rendezvous server holds too many exchanges", now);
-        return;
+        return NULL;
     }
-    for (uint32_t k = 0; k < t->nrecs; k++)
-        if (t->recs[k].rank == c->rank) {
-            tag_err(s, c, tag, tl, "this process published this exchange twice", now);
-            return;
-        }
+    if (has_rec(t, c->rank)) {
+        tag_err(s, c, tag, tl, "this process published this exchange twice", now);
+        return NULL;
+    }
     if (t->nmembers == 0)
         t->nmembers = h.nmembers;
     if (t->nrecs == t->recs_cap) {
@@ -440,7 +459,7 @@ static void on_put(ccq_tcp_server *s, conn *c, const uint8_t *p, uint32_t n, uin
         rec *m = cap <= s->world_size + 4u ? realloc(t->recs, cap * sizeof *m) : NULL;
         if (m == NULL) {
             tag_err(s, c, tag, tl, "out of memory", now);
-            return;
+            return NULL;
         }
         t->recs = m;
         t->recs_cap = cap;
@@ -449,7 +468,7 @@ static void on_put(ccq_tcp_server *s, conn *c, const uint8_t *p, uint32_t n, uin
     nr->bytes = malloc(rl);
     if (nr->bytes == NULL) {
         tag_err(s, c, tag, tl, "out of memory", now);
-        return;
+        return NULL;
     }
     memcpy(nr->bytes, r, rl);
     nr->len = rl;
@@ -457,10 +476,59 @@ static void on_put(ccq_tcp_server *s, conn *c, const uint8_t *p, uint32_t n, uin
     nr->delivered = 0;
     t->nrecs++;
     s->held += rl;
+    *tp = t;
+    return nr;
+}
+
+/* Pass a record just kept to those that asked (a HAD's sender is only counted). */
+static void pass_on(ccq_tcp_server *s, tag_entry *t, rec *nr, uint64_t now)
+{
     for (uint32_t k = 0; k < t->naskers; k++)
-        if (t->askers[k] != c->rank)
-            send_rec(s, t, nr, t->askers[k], now);
+        if (t->askers[k] != nr->rank)
+            send_rec(s, t, nr, k, now);
+}
+
+/* PUT: u16 tag length, tag, record. */
+static void on_put(ccq_tcp_server *s, conn *c, const uint8_t *p, uint32_t n, uint64_t now)
+{
+    uint16_t tl;
+    tag_entry *t = NULL;
+    rec *nr;
+
+    if (n < 2 || (tl = rd16(p)) == 0 || tl > CCQ_BOOT_TAG_MAX || n < 2u + tl) {
+        refuse(s, c, CCQ_TCP_REFUSE_FINAL, "malformed PUT", now);
+        return;
+    }
+    nr = take_record(s, c, &t, p + 2, tl, p + 2 + tl, n - 2u - tl, now);
+    if (nr == NULL)
+        return;
+    pass_on(s, t, nr, now);
     maybe_forget(s, t);
+}
+
+/* c's rank asks for t's records (GET), or says it holds them all (HAD): its asker index, or
+ * -1 when it asked already or was refused (told why). */
+static int64_t add_asker(ccq_tcp_server *s, conn *c, tag_entry *t, bool had, uint64_t now)
+{
+    if (asked(t, c->rank))
+        return -1;
+    if (t->naskers == t->askers_cap) {
+        uint32_t cap = t->askers_cap ? 2 * t->askers_cap : 4;
+        uint32_t *m = cap <= s->world_size + 4u ? realloc(t->askers, cap * sizeof *m) : NULL;
+        uint8_t *h = m != NULL ? realloc(t->had, cap) : NULL;
+        if (m != NULL)
+            t->askers = m;
+        if (h == NULL) {
+            tag_err(s, c, (const uint8_t *)t->tag, (uint16_t)t->tag_len,
+                    "too many processes ask for this exchange", now);
+            return -1;
+        }
+        t->had = h;
+        t->askers_cap = cap;
+    }
+    t->had[t->naskers] = had;
+    t->askers[t->naskers] = c->rank;
+    return t->naskers++;
 }
 
 /* GET: u16 tag length, tag. */
@@ -468,6 +536,7 @@ static void on_get(ccq_tcp_server *s, conn *c, const uint8_t *p, uint32_t n, uin
 {
     uint16_t tl;
     tag_entry *t;
+    int64_t k;
 
     if (n < 2 || (tl = rd16(p)) == 0 || tl > CCQ_BOOT_TAG_MAX || n != 2u + tl) {
         refuse(s, c, CCQ_TCP_REFUSE_FINAL, "malformed GET", now);
@@ -478,22 +547,67 @@ static void on_get(ccq_tcp_server *s, conn *c, const uint8_t *p, uint32_t n, uin
         tag_err(s, c, p + 2, tl, "the rendezvous server holds too many exchanges", now);
         return;
     }
-    if (asked(t, c->rank))
+    if ((k = add_asker(s, c, t, false, now)) < 0)
         return;
-    if (t->naskers == t->askers_cap) {
-        uint32_t cap = t->askers_cap ? 2 * t->askers_cap : 4;
-        uint32_t *m = cap <= s->world_size + 4u ? realloc(t->askers, cap * sizeof *m) : NULL;
-        if (m == NULL) {
-            tag_err(s, c, p + 2, tl, "too many processes ask for this exchange", now);
+    for (uint32_t j = 0; j < t->nrecs; j++)
+        if (t->recs[j].rank != c->rank)
+            send_rec(s, t, &t->recs[j], (uint32_t)k, now);
+    maybe_forget(s, t);
+}
+
+/* HAD: u16 tag length, tag, u32 n, n member ranks (ascending), record: an exchange this
+ * process finished before the server it used was lost, offered to the one taking over for the
+ * members that had not (their records may have gone with the lost server). The members must
+ * be those the record was made for (its hash) and include the sender. */
+static void on_had(ccq_tcp_server *s, conn *c, const uint8_t *p, uint32_t n, uint64_t now)
+{
+    uint16_t tl;
+    uint32_t nm;
+    const uint8_t *mem;
+    ccq_boot_hdr h;
+    bool self = false;
+    tag_entry *t = NULL;
+    rec *nr;
+    int64_t k;
+
+    if (n < 2 || (tl = rd16(p)) == 0 || tl > CCQ_BOOT_TAG_MAX || n < 2u + tl + 4u ||
+        (nm = rd32(p + 2 + tl)) == 0 || nm > s->world_size ||
+        n < 2u + tl + 4u + 4u * nm + sizeof h) {
+        refuse(s, c, CCQ_TCP_REFUSE_FINAL, "malformed HAD", now);
+        return;
+    }
+    mem = p + 2 + tl + 4;
+    memcpy(&h, mem + 4u * nm, sizeof h);
+    for (uint32_t i = 0; i < nm; i++) {
+        uint32_t m = rd32(mem + 4u * i);
+        if (m >= s->world_size || (i > 0 && m <= rd32(mem + 4u * (i - 1)))) {
+            refuse(s, c, CCQ_TCP_REFUSE_FINAL, "malformed HAD (its members)", now);
             return;
         }
-        t->askers = m;
-        t->askers_cap = cap;
+        self |= m == c->rank;
     }
-    t->askers[t->naskers++] = c->rank;
-    for (uint32_t k = 0; k < t->nrecs; k++)
-        if (t->recs[k].rank != c->rank)
-            send_rec(s, t, &t->recs[k], c->rank, now);
+    if (!self || h.nmembers != nm ||
+        h.members_hash != ccq_boot_fnv1a(mem, 4u * nm, CCQ_FNV_OFFSET)) {
+        tag_err(s, c, p + 2, tl, "a finished exchange offered with members not its own", now);
+        return;
+    }
+    if (s->held + n > s->lim.mem_max) { /* the record and the members, and a little more */
+        tag_err(s, c, p + 2, tl, "the rendezvous server holds too many records (memory bound)",
+                now);
+        return;
+    }
+    nr = take_record(s, c, &t, p + 2, tl, mem + 4u * nm, n - (2u + tl + 4u + 4u * nm), now);
+    if (nr == NULL)
+        return;
+    if (t->members == NULL && t->nmembers == nm && (t->members = malloc(4u * nm)) != NULL) {
+        memcpy(t->members, mem, 4u * nm);
+        s->held += 4u * nm;
+    }
+    if ((k = add_asker(s, c, t, true, now)) >= 0)
+        for (uint32_t j = 0; j < t->nrecs; j++)
+            if (t->recs[j].rank != c->rank)
+                send_rec(s, t, &t->recs[j], (uint32_t)k, now); /* counted only */
+    pass_on(s, t, nr, now);
     maybe_forget(s, t);
 }
 
@@ -746,6 +860,9 @@ bool ccq_tcp_server_input(ccq_tcp_server *s, int id, const void *data, size_t le
         case CCQ_TCP_GET:
             on_get(s, c, f.payload, f.len, now_ns);
             break;
+        case CCQ_TCP_HAD:
+            on_had(s, c, f.payload, f.len, now_ns);
+            break;
         case CCQ_TCP_BEAT:
             on_beat(s, c, f.payload, f.len, now_ns);
             break;
@@ -806,6 +923,12 @@ void ccq_tcp_server_closed(ccq_tcp_server *s, int id, uint64_t now_ns)
                     t->askers[k] = UINT32_MAX; /* keeps counting as asked: it did */
         c->used = false;                       /* before the broadcast: not told of itself */
         broadcast_peer(s, r, s->state[r], now_ns);
+        /* Exchanges that waited only for it (their members known) are finished. */
+        for (tag_entry *t = s->tags, *next; t != NULL; t = next) {
+            next = t->next;
+            if (t->members != NULL)
+                maybe_forget(s, t);
+        }
     }
     ccq_tcp_buf_free(&c->in);
     ccq_tcp_buf_free(&c->out);

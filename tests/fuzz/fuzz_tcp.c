@@ -13,7 +13,9 @@
  *                                keepalives: a PING to each process sent nothing for 100 ms)
  *   5 c r                        connection c sends a valid HELLO as world rank r % 4
  *   6 c r t n_lo                 connection c PUTs a valid record of rank r % 4 under tag
- *                                "t<t % 8>" with n_lo bytes of payload (members 1..4 by r)
+ *                                "t<t % 8>" with n_lo bytes of payload (members 1..4 by r);
+ *                                n_lo >= 0xf0: a BEAT instead; 0xe0-0xef: a HAD (the
+ *                                members are ranks 0..nmembers-1, so may lack the sender)
  *   7 c t                        connection c GETs tag "t<t % 8>"
  * (5-7 build well-formed frames so that the fuzzer reaches the deep states quickly; 1 sends
  * anything at all.) tests/fuzz/make_tcp_seeds.py writes the seeds of tests/fuzz/corpus_tcp. */
@@ -155,10 +157,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             memcpy(rec + sizeof h, tag, tl);
             memset(rec + sizeof h + tl, 0xab, h.len);
             i += 4;
-            if (data[i - 1] >= 0xf0) /* a heartbeat record instead (LOOK sends them back) */
+            if (data[i - 1] >= 0xf0) { /* a heartbeat record instead (LOOK sends them back) */
                 ccq_tcp_put_frame(&b, SIZE_MAX, CCQ_TCP_BEAT, rec, sizeof h + (size_t)h.len, NULL,
                                   0, NULL, 0);
-            else
+            } else if (data[i - 1] >= 0xe0) { /* a finished exchange offered (HAD) */
+                uint8_t head[2 + 3 + 4 + 4 * WORLD];
+                uint32_t mem[WORLD];
+                for (uint32_t m = 0; m < h.nmembers; m++)
+                    mem[m] = m;
+                h.members_hash = ccq_boot_fnv1a(mem, 4u * h.nmembers, CCQ_FNV_OFFSET);
+                memcpy(rec, &h, sizeof h);
+                memcpy(head, &tl, 2);
+                memcpy(head + 2, tag, tl);
+                memcpy(head + 2 + tl, &h.nmembers, 4);
+                memcpy(head + 6 + tl, mem, 4u * h.nmembers);
+                ccq_tcp_put_frame(&b, SIZE_MAX, CCQ_TCP_HAD, head, 6u + tl + 4u * h.nmembers, rec,
+                                  sizeof h + tl + (size_t)h.len, NULL, 0);
+            } else
                 ccq_tcp_put_frame(&b, SIZE_MAX, CCQ_TCP_PUT, &tl, 2, tag, tl, rec,
                                   sizeof h + tl + (size_t)h.len);
             send_buf(s, ids[c], &b, now);
