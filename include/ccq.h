@@ -176,7 +176,8 @@ typedef struct ccq_config {
     uint32_t host_devices; /**< Host backend: virtual devices (default 4). Env: CCQ_HOST_DEVICES. */
     uint32_t max_streams;  /**< Streams per device (default 64). Env: CCQ_MAX_STREAMS. */
     uint32_t queue_depth;  /**< Commands outstanding per stream before backpressure
-                                (default 1024). Env: CCQ_QUEUE_DEPTH. */
+                                (default 1024; a blocked producer resumes once a quarter
+                                is free, or one slot after 1 ms). Env: CCQ_QUEUE_DEPTH. */
     uint32_t max_batch_ops; /**< Operations in one backend group (default 256).
                                  Env: CCQ_MAX_BATCH_OPS. */
     uint64_t timeout_ms;    /**< Watchdog and fence deadline; 0 = none (default 600000).

@@ -860,6 +860,58 @@ static void test_backpressure_blocking(void **state)
     assert_int_equal(ccq_runtime_destroy(rt), CCQ_OK);
 }
 
+/* A full stream of which only a few commands can end before this thread submits elsewhere:
+ * a producer waiting for room sleeps until a quarter of the queue is free, but at most a
+ * millisecond at a time, after which one free slot lets it in (stream.c, ROOM_NAP_NS). Here
+ * one thread fills device 0's stream with DEPTH all_reduce parts, device 1 has submitted one
+ * part only, so exactly one of device 0's can end: the next submission must get in (not wait
+ * for a quarter, DEPTH / 4 = 2, until timeout_ms), and the thread then submits device 1's. */
+static void test_backpressure_partial_drain(void **state)
+{
+    (void)state;
+    enum { DEPTH = 8, N = 16 };
+    ccq_config cfg;
+    ccq_config_init(&cfg);
+    cfg.host_devices = 2;
+    cfg.queue_depth = DEPTH;
+    cfg.timeout_ms = 20000;
+    ccq_runtime *rt = make_rt_cfg(&cfg);
+    ccq_device_id devs[2] = {0, 1};
+    int32_t in[2][DEPTH + 1][N], out[2][DEPTH + 1][N];
+
+    assert_int_equal(ccq_comm_init(rt, devs, 2), CCQ_OK);
+    for (int r = 0; r < 2; r++)
+        for (int k = 0; k <= DEPTH; k++)
+            for (int i = 0; i < N; i++)
+                in[r][k][i] = (r + 1) * 100 * (k + 1) + i;
+    assert_int_equal(ccq_all_reduce(rt, 1, 0, in[1][0], out[1][0], N, CCQ_INT32, CCQ_SUM, devs, 2),
+                     CCQ_OK);
+    for (int k = 0; k < DEPTH; k++)
+        assert_int_equal(
+            ccq_all_reduce(rt, 0, 0, in[0][k], out[0][k], N, CCQ_INT32, CCQ_SUM, devs, 2), CCQ_OK);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    assert_int_equal(
+        ccq_all_reduce(rt, 0, 0, in[0][DEPTH], out[0][DEPTH], N, CCQ_INT32, CCQ_SUM, devs, 2),
+        CCQ_OK);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double waited_ms =
+        (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+    /* A bound far from timeout_ms (a loaded machine may take a while), never near it. */
+    assert_true(waited_ms < 5000);
+    for (int k = 1; k <= DEPTH; k++)
+        assert_int_equal(
+            ccq_all_reduce(rt, 1, 0, in[1][k], out[1][k], N, CCQ_INT32, CCQ_SUM, devs, 2), CCQ_OK);
+    assert_int_equal(ccq_sync_collective(rt, 0, 0), CCQ_OK);
+    assert_int_equal(ccq_sync_collective(rt, 1, 0), CCQ_OK);
+    for (int k = 0; k <= DEPTH; k++)
+        for (int i = 0; i < N; i++) {
+            assert_int_equal(out[0][k][i], in[0][k][i] + in[1][k][i]);
+            assert_int_equal(out[1][k][i], in[0][k][i] + in[1][k][i]);
+        }
+    assert_int_equal(ccq_runtime_destroy(rt), CCQ_OK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -875,6 +927,7 @@ int main(void)
         cmocka_unit_test(test_missing_rank_timeout),
         cmocka_unit_test(test_backpressure_nonblocking),
         cmocka_unit_test(test_backpressure_blocking),
+        cmocka_unit_test(test_backpressure_partial_drain),
     };
     return cmocka_run_group_tests_name("errors", tests, NULL, NULL);
 }
