@@ -1,11 +1,49 @@
 /* How many cores this process may run on: its CPU affinity (taskset, cgroup cpusets, a
  * launcher's binding), else the online count, at least 1. Sizes the host backend's worker pool
- * and tells the UCX engine whether a job's processes outnumber the cores. */
+ * and tells the UCX engine whether a job's processes outnumber the cores.
+ *
+ * And a busy-polling thread's yield that notices when its core is shared (ccq_unstack): two
+ * processes' progress threads that the kernel placed on one core while another core idles (it
+ * wakes them onto busy cores at a burst's start, and then does not move a thread that runs all
+ * the time: it is "cache hot") take turns at every message, each turn a context switch: on a
+ * 2-core VM, 2 processes x 1 device, a chain of 8-byte all_reduces took 9.2-10.8 us per
+ * operation when stacked, 2.4-3.4 us when not, at random from run to run (docs/performance.md).
+ * When its yields keep giving the core away, the thread moves itself to another core it may run
+ * on (its own affinity mask, restored at once: the kernel keeps it where it landed). */
 #ifndef CCQ_COMMON_CORES_H
 #define CCQ_COMMON_CORES_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 uint32_t ccq_usable_cores(void);
+
+typedef struct ccq_unstack {
+    bool enabled;
+    uint32_t long_yields;  /* yields in a row that gave the core to another thread */
+    uint32_t short_yields; /* yields in a row that did not */
+    uint32_t coin;         /* a small generator: of two stacked threads, mostly one moves */
+    uint64_t gap_ns;       /* the wait after the next move (backs off) */
+    uint64_t next_hop_ns;  /* no move before (ccq_now_ns clock) */
+    uint64_t hops;         /* moves made (tests, the engine's description) */
+} ccq_unstack;
+
+/* enabled false: ccq_unstack_yield is sched_yield. seed tells stacked threads apart (a pid). */
+void ccq_unstack_init(ccq_unstack *u, bool enabled, uint32_t seed);
+
+/* sched_yield, timed: a yield that returned only after another thread ran (UNSTACK_LONG_NS)
+ * UNSTACK_AFTER times in a row moves this thread to another of its cores on a coin's throw (two
+ * threads stacked on one core both see it; if both moved, they would be stacked again
+ * elsewhere), then not again for a while that doubles at each move (cores.c). */
+void ccq_unstack_yield(ccq_unstack *u);
+
+/* The policy alone (ccq_unstack_yield's, for tests): a yield of yield_ns ended at now_ns;
+ * true when the thread should move now. */
+bool ccq_unstack_note(ccq_unstack *u, uint64_t yield_ns, uint64_t now_ns);
+
+/* Move the calling thread off the core it is on, to another core of its affinity mask, which
+ * is then restored as it was. False (and nothing changed) when it may run on one core only or
+ * the system refused. */
+bool ccq_cpu_hop(void);
 
 #endif /* CCQ_COMMON_CORES_H */

@@ -1,16 +1,137 @@
 /* ccq_usable_cores (common/cores.h): what the host backend sizes its worker pool by and the
  * UCX engine compares a world's process count with. It must follow the CPU affinity (a
- * launcher's binding, taskset), not the machine's core count. */
+ * launcher's binding, taskset), not the machine's core count.
+ * ccq_cpu_hop and ccq_unstack_yield: a polling thread that shares its core with another busy
+ * thread moves itself to another of its cores, its affinity mask left as it was. */
+#include <pthread.h>
 #include <sched.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
+#include "common/clock.h"
 #include "common/cores.h"
+
+/* Two CPUs this process may run on, or false. */
+static bool two_cpus(int *a, int *b)
+{
+    cpu_set_t all;
+    *a = *b = -1;
+    if (sched_getaffinity(0, sizeof all, &all) != 0)
+        return false;
+    for (int c = 0; c < CPU_SETSIZE && *b < 0; c++)
+        if (CPU_ISSET(c, &all))
+            *(*a < 0 ? a : b) = c;
+    return *b >= 0;
+}
+
+static void set_cpus(int a, int b)
+{
+    cpu_set_t s;
+    CPU_ZERO(&s);
+    CPU_SET(a, &s);
+    if (b >= 0)
+        CPU_SET(b, &s);
+    assert_int_equal(sched_setaffinity(0, sizeof s, &s), 0);
+}
+
+/* A hop lands on the other CPU and leaves the mask as it was; with one CPU it does nothing. */
+static void test_hop(void **state)
+{
+    (void)state;
+    cpu_set_t all, after;
+    int a, b;
+
+    assert_int_equal(sched_getaffinity(0, sizeof all, &all), 0);
+    if (!two_cpus(&a, &b)) {
+        assert_false(ccq_cpu_hop());
+        skip();
+    }
+    set_cpus(a, -1); /* now on a */
+    assert_int_equal(sched_getcpu(), a);
+    assert_false(ccq_cpu_hop()); /* one CPU: nowhere to go */
+    assert_int_equal(sched_getcpu(), a);
+    set_cpus(a, b);
+    for (int k = 0; k < 4; k++) {
+        int before = sched_getcpu();
+        assert_true(ccq_cpu_hop());
+        assert_int_equal(sched_getcpu(), before == a ? b : a);
+        assert_int_equal(sched_getaffinity(0, sizeof after, &after), 0);
+        assert_int_equal(CPU_COUNT(&after), 2);
+        assert_true(CPU_ISSET(a, &after) && CPU_ISSET(b, &after));
+    }
+    assert_int_equal(sched_setaffinity(0, sizeof all, &all), 0);
+}
+
+/* The policy: only a run of long yields (another thread had the core) moves the thread, on a
+ * coin's throw, then not again for a gap that doubles at each move up to a bound, and starts
+ * small again once the thread's yields stayed short (it has a core of its own). */
+static void test_unstack_policy(void **state)
+{
+    (void)state;
+    enum { LONG = 20000, SHORT = 500, STEP = 10000 }; /* ns */
+    ccq_unstack u;
+    uint64_t now = 1000000000ull, last = 0, gap_seen[64];
+    int moves = 0, long_in_row = 0;
+
+    ccq_unstack_init(&u, true, 7);
+    /* Short yields never move it; long ones alternating with short never either. */
+    for (int k = 0; k < 5000; k++)
+        assert_false(ccq_unstack_note(&u, k % 2 ? LONG : SHORT, now += STEP));
+    /* Long yields only: moves, each at least 4 long yields after the last look, the gaps
+     * between moves doubling from 100 us to 128 ms. */
+    for (int k = 0; k < 400000 && moves < 64; k++) {
+        now += STEP;
+        long_in_row++;
+        if (ccq_unstack_note(&u, LONG, now)) {
+            assert_true(long_in_row >= 4);
+            if (last != 0)
+                gap_seen[moves - 1] = now - last;
+            last = now;
+            moves++;
+            long_in_row = 0;
+        }
+    }
+    assert_true(moves >= 12);
+    for (int m = 0; m + 1 < moves - 1; m++) {
+        uint64_t want = 100000ull << (m < 20 ? m : 20);
+        want = want < 128000000ull ? want : 128000000ull;
+        assert_true(gap_seen[m] >= want);
+        assert_true(gap_seen[m] <= want + 64 * STEP); /* the coin delays a move a few looks */
+    }
+    /* Settled (1024 short yields in a row): the next move may come 100 us after the last. */
+    for (int k = 0; k < 1024; k++)
+        assert_false(ccq_unstack_note(&u, SHORT, now += STEP));
+    now += 128000000ull; /* past the last gap set */
+    while (!ccq_unstack_note(&u, LONG, now += STEP))
+        ;
+    last = now;
+    while (!ccq_unstack_note(&u, LONG, now += STEP))
+        ;
+    assert_true(now - last >= 100000 && now - last <= 100000 + 64 * STEP);
+    /* Two threads stacked both look: seeded apart, their coins differ in some looks, so one
+     * moves while the other stays. */
+    ccq_unstack x, y;
+    int apart = 0;
+    ccq_unstack_init(&x, true, 1234);
+    ccq_unstack_init(&y, true, 5678);
+    for (int k = 0; k < 400; k++) {
+        now += 200000000ull; /* every look past its gap */
+        bool mx = false, my = false;
+        for (int j = 0; j < 4; j++) {
+            mx = ccq_unstack_note(&x, LONG, now + (uint64_t)j);
+            my = ccq_unstack_note(&y, LONG, now + (uint64_t)j);
+        }
+        apart += mx != my;
+    }
+    assert_true(apart > 100);
+}
 
 static void test_follows_affinity(void **state)
 {
@@ -38,6 +159,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_follows_affinity),
+        cmocka_unit_test(test_hop),
+        cmocka_unit_test(test_unstack_policy),
     };
     return cmocka_run_group_tests_name("cores", tests, NULL, NULL);
 }

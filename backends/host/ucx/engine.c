@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backends/host/reduce.h"
 #include "backends/host/ucx/ucx.h"
@@ -94,9 +95,11 @@ void ucx_progress(ucx_engine *e)
         k++;
     /* Nothing moved: now and then (yield_mask) such a poll gives the core away for a
      * moment, so that on a machine with more busy threads than cores (processes of one job
-     * on few cores) the peer this process waits for gets to run. */
+     * on few cores) the peer this process waits for gets to run; and where the cores are
+     * enough, a thread whose yields keep giving its core to another (the peer's progress
+     * thread, placed on the same core) moves to another core (common/cores.h). */
     if (k == 0 && (++e->idle_polls & e->yield_mask) == 0)
-        sched_yield();
+        ccq_unstack_yield(&e->unstack);
     else if (k > 0)
         e->idle_polls = 0;
 }
@@ -287,6 +290,7 @@ static ccq_status ucx_create(const ccq_config *cfg, ccq_host_engine **out, ccq_e
     e->base.ops = &ccq_host_engine_ucx_ops;
     ucx_tuning(e);
     e->yield_mask = 15; /* until world_ready knows the world's size */
+    ccq_unstack_init(&e->unstack, false, (uint32_t)getpid());
     e->timeout_ns = cfg->timeout_ms ? cfg->timeout_ms * 1000000ull : UINT64_MAX;
     us = ucp_config_read(NULL, NULL, &ucfg);
     if (us != UCS_OK) {
@@ -449,6 +453,7 @@ static void ucx_destroy(ccq_host_engine *base)
 {
     ucx_engine *e = to_ucx(base);
 
+    e->unstack.enabled = false; /* the caller's thread now: never move it */
     /* Sends reported complete here (detached, or the last messages of a finished
      * operation) may still wait for their receiver to take them (a rendezvous needs this
      * process): let them finish, up to timeout_ms, as the runtime lets issued work finish at
@@ -552,6 +557,8 @@ static ccq_status ucx_world_ready(ccq_host_engine *base, uint32_t world_rank, ui
     e->world_rank = world_rank;
     e->world_size = world_size;
     e->yield_mask = yield_mask(world_size);
+    /* With more processes than cores, stacking is the rule and moving only trades places. */
+    ccq_unstack_init(&e->unstack, e->unstack_on && !oversubscribed(world_size), (uint32_t)getpid());
     if (e->bulk_auto)
         e->bulk_bytes = ucx_bulk_default(world_size, oversubscribed(world_size));
     for (uint32_t p = 0; p < world_size; p++) {

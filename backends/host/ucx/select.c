@@ -93,6 +93,9 @@ void ucx_tuning(ucx_engine *e)
     if (e->bulk_auto)
         bulk = BULK_BYTES_SAFE;
     e->bulk_bytes = bulk == 0 ? SIZE_MAX : (size_t)bulk;
+    /* 0 = a polling thread never moves itself off a shared core (common/cores.h). */
+    uint64_t unstack;
+    e->unstack_on = ccq_env_u64("CCQ_UCX_UNSTACK", 0, 1, &unstack) <= 0 || unstack;
 }
 
 size_t ucx_bulk_default(uint32_t world_size, bool oversubscribed)

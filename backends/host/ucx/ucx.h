@@ -20,6 +20,7 @@
 
 #include "backends/host/engine.h"
 #include "backends/host/scratch_pool.h"
+#include "common/cores.h"
 
 /* ---- the message header ---------------------------------------------------------------- */
 
@@ -147,8 +148,10 @@ struct ucx_engine {
     bool fused_in_place;               /* fused ring inputs read in place (ucx/select.c) */
     size_t bulk_bytes;                 /* payloads of at least this go on ucx_peer.bulk */
     bool bulk_auto;                    /* bulk_bytes is the default (no CCQ_UCX_BULK_BYTES) */
+    bool unstack_on;                   /* CCQ_UCX_UNSTACK (default 1) */
     uint32_t idle_polls;               /* progress calls in a row that moved nothing */
     uint32_t yield_mask;               /* ...of which every (yield_mask + 1)th yields */
+    ccq_unstack unstack;               /* ...timed: off a core shared with another poller */
     uint32_t peers_failed, peers_seen; /* peer errors so far, and those check_peers handled */
     ucx_msg *free_msgs;                /* recycled arrival records */
     ccq_scratch_pool pool;             /* scratch kept for reuse */
