@@ -728,74 +728,90 @@ static void test_missing_rank_timeout(void **state)
     assert_int_equal(ccq_runtime_destroy(rt), CCQ_OK);
 }
 
+/* The backpressure tests' world: 2 devices of one process, one all_reduce per index k on
+ * stream 0 of each ("part" r of operation k), inputs that tell every (r, k, i) apart. */
+enum { BP_N = 16, BP_MAX = 9 };
+
+typedef struct bp_world {
+    ccq_runtime *rt;
+    ccq_device_id devs[2];
+    int32_t in[2][BP_MAX][BP_N], out[2][BP_MAX][BP_N];
+} bp_world;
+
+static void bp_open(bp_world *w, uint32_t depth, uint32_t flags, uint64_t timeout_ms)
+{
+    ccq_config cfg;
+    ccq_config_init(&cfg);
+    cfg.host_devices = 2;
+    cfg.queue_depth = depth;
+    cfg.flags = flags;
+    if (timeout_ms != 0)
+        cfg.timeout_ms = timeout_ms;
+    w->rt = make_rt_cfg(&cfg);
+    w->devs[0] = 0;
+    w->devs[1] = 1;
+    assert_int_equal(ccq_comm_init(w->rt, w->devs, 2), CCQ_OK);
+    for (int r = 0; r < 2; r++)
+        for (int k = 0; k < BP_MAX; k++)
+            for (int i = 0; i < BP_N; i++)
+                w->in[r][k][i] = (r + 1) * 1000 * (k + 1) + i;
+}
+
+static ccq_status bp_part(bp_world *w, int r, int k)
+{
+    return ccq_all_reduce(w->rt, (ccq_device_id)r, 0, w->in[r][k], w->out[r][k], BP_N, CCQ_INT32,
+                          CCQ_SUM, w->devs, 2);
+}
+
+/* Both parts of operations 0..last fenced and summed. */
+static void bp_check(bp_world *w, int last)
+{
+    assert_int_equal(ccq_sync_collective(w->rt, 0, 0), CCQ_OK);
+    assert_int_equal(ccq_sync_collective(w->rt, 1, 0), CCQ_OK);
+    for (int k = 0; k <= last; k++)
+        for (int i = 0; i < BP_N; i++) {
+            assert_int_equal(w->out[0][k][i], w->in[0][k][i] + w->in[1][k][i]);
+            assert_int_equal(w->out[1][k][i], w->in[0][k][i] + w->in[1][k][i]);
+        }
+}
+
 /* Non-blocking submit: the queue_depth + 1st outstanding command is refused, nothing queued,
  * no sequence number used; once the stream drains it works again. */
 static void test_backpressure_nonblocking(void **state)
 {
     (void)state;
-    enum { DEPTH = 4, N = 32 };
-    ccq_config cfg;
-    ccq_config_init(&cfg);
-    cfg.host_devices = 2;
-    cfg.queue_depth = DEPTH;
-    cfg.flags = CCQ_FLAG_NONBLOCKING_SUBMIT;
-    ccq_runtime *rt = make_rt_cfg(&cfg);
-    ccq_device_id devs[2] = {0, 1};
-    int32_t in[2][DEPTH + 1][N], out[2][DEPTH + 1][N];
-
-    assert_int_equal(ccq_comm_init(rt, devs, 2), CCQ_OK);
-    for (int r = 0; r < 2; r++)
-        for (int k = 0; k <= DEPTH; k++)
-            for (int i = 0; i < N; i++)
-                in[r][k][i] = (r + 1) * 1000 * (k + 1) + i;
+    enum { DEPTH = 4 };
+    bp_world w;
+    bp_open(&w, DEPTH, CCQ_FLAG_NONBLOCKING_SUBMIT, 0);
     for (int k = 0; k < DEPTH; k++)
-        assert_int_equal(
-            ccq_all_reduce(rt, 0, 0, in[0][k], out[0][k], N, CCQ_INT32, CCQ_SUM, devs, 2), CCQ_OK);
-    REFUSED(rt,
-            ccq_all_reduce(rt, 0, 0, in[0][DEPTH], out[0][DEPTH], N, CCQ_INT32, CCQ_SUM, devs, 2),
-            CCQ_ERR_QUEUE_FULL, "queue_depth");
-    REFUSED(rt, ccq_send(rt, 0, 0, in[0][DEPTH], N, CCQ_INT32, 1), CCQ_ERR_QUEUE_FULL,
+        assert_int_equal(bp_part(&w, 0, k), CCQ_OK);
+    REFUSED(w.rt, bp_part(&w, 0, DEPTH), CCQ_ERR_QUEUE_FULL, "queue_depth");
+    REFUSED(w.rt, ccq_send(w.rt, 0, 0, w.in[0][DEPTH], BP_N, CCQ_INT32, 1), CCQ_ERR_QUEUE_FULL,
             "queue_depth");
-    assert_int_equal(stats_of(rt).submitted, DEPTH);
+    assert_int_equal(stats_of(w.rt).submitted, DEPTH);
     /* Another stream of the same device is not full. */
-    assert_int_equal(ccq_send(rt, 0, 1, in[0][DEPTH], N, CCQ_INT32, 1), CCQ_OK);
-    assert_int_equal(ccq_recv(rt, 1, 1, out[1][DEPTH], N, CCQ_INT32, 0), CCQ_OK);
-    assert_int_equal(ccq_sync_collective(rt, 1, 1), CCQ_OK);
-    assert_memory_equal(out[1][DEPTH], in[0][DEPTH], sizeof out[1][DEPTH]);
+    assert_int_equal(ccq_send(w.rt, 0, 1, w.in[0][DEPTH], BP_N, CCQ_INT32, 1), CCQ_OK);
+    assert_int_equal(ccq_recv(w.rt, 1, 1, w.out[1][DEPTH], BP_N, CCQ_INT32, 0), CCQ_OK);
+    assert_int_equal(ccq_sync_collective(w.rt, 1, 1), CCQ_OK);
+    assert_memory_equal(w.out[1][DEPTH], w.in[0][DEPTH], sizeof w.out[1][DEPTH]);
 
     for (int k = 0; k < DEPTH; k++)
-        assert_int_equal(
-            ccq_all_reduce(rt, 1, 0, in[1][k], out[1][k], N, CCQ_INT32, CCQ_SUM, devs, 2), CCQ_OK);
-    assert_int_equal(ccq_sync_collective(rt, 0, 0), CCQ_OK);
-    assert_int_equal(ccq_sync_collective(rt, 1, 0), CCQ_OK);
-    for (int k = 0; k < DEPTH; k++)
-        for (int i = 0; i < N; i++) {
-            assert_int_equal(out[0][k][i], in[0][k][i] + in[1][k][i]);
-            assert_int_equal(out[1][k][i], in[0][k][i] + in[1][k][i]);
-        }
+        assert_int_equal(bp_part(&w, 1, k), CCQ_OK);
+    bp_check(&w, DEPTH - 1);
     /* Drained: the refused collective can go now, and matches rank 1's next part. */
-    assert_int_equal(
-        ccq_all_reduce(rt, 0, 0, in[0][DEPTH], out[0][DEPTH], N, CCQ_INT32, CCQ_SUM, devs, 2),
-        CCQ_OK);
-    assert_int_equal(
-        ccq_all_reduce(rt, 1, 0, in[1][DEPTH], out[1][DEPTH], N, CCQ_INT32, CCQ_SUM, devs, 2),
-        CCQ_OK);
-    assert_int_equal(ccq_sync_collective(rt, 0, 0), CCQ_OK);
-    assert_int_equal(ccq_sync_collective(rt, 1, 0), CCQ_OK);
-    for (int i = 0; i < N; i++)
-        assert_int_equal(out[0][DEPTH][i], in[0][DEPTH][i] + in[1][DEPTH][i]);
-    ccq_stats st = stats_of(rt);
+    assert_int_equal(bp_part(&w, 0, DEPTH), CCQ_OK);
+    assert_int_equal(bp_part(&w, 1, DEPTH), CCQ_OK);
+    bp_check(&w, DEPTH);
+    ccq_stats st = stats_of(w.rt);
     assert_int_equal(st.submitted, 2 * DEPTH + 4);
     assert_int_equal(st.completed, 2 * DEPTH + 4);
     assert_int_equal(st.pending, 0);
-    assert_int_equal(ccq_runtime_destroy(rt), CCQ_OK);
+    assert_int_equal(ccq_runtime_destroy(w.rt), CCQ_OK);
 }
 
 typedef struct blocked_submit {
-    ccq_runtime *rt;
-    const int32_t *src;
-    int32_t *dst;
-    const ccq_device_id *devs;
+    bp_world *w;
+    int k;
     _Atomic int done;
     ccq_status status;
 } blocked_submit;
@@ -803,7 +819,7 @@ typedef struct blocked_submit {
 static void *blocked_submit_main(void *arg)
 {
     blocked_submit *b = arg;
-    b->status = ccq_all_reduce(b->rt, 0, 0, b->src, b->dst, 32, CCQ_INT32, CCQ_SUM, b->devs, 2);
+    b->status = bp_part(b->w, 0, b->k);
     atomic_store(&b->done, 1);
     return NULL;
 }
@@ -812,52 +828,32 @@ static void *blocked_submit_main(void *arg)
 static void test_backpressure_blocking(void **state)
 {
     (void)state;
-    enum { DEPTH = 2, N = 32 };
-    ccq_config cfg;
-    ccq_config_init(&cfg);
-    cfg.host_devices = 2;
-    cfg.queue_depth = DEPTH;
-    ccq_runtime *rt = make_rt_cfg(&cfg);
-    ccq_device_id devs[2] = {0, 1};
-    int32_t in[2][DEPTH + 1][N], out[2][DEPTH + 1][N];
+    enum { DEPTH = 2 };
+    bp_world w;
     pthread_t th;
 
-    assert_int_equal(ccq_comm_init(rt, devs, 2), CCQ_OK);
-    for (int r = 0; r < 2; r++)
-        for (int k = 0; k <= DEPTH; k++)
-            for (int i = 0; i < N; i++)
-                in[r][k][i] = (r + 1) * 100 * (k + 1) + i;
+    bp_open(&w, DEPTH, 0, 0);
     for (int k = 0; k < DEPTH; k++)
-        assert_int_equal(
-            ccq_all_reduce(rt, 0, 0, in[0][k], out[0][k], N, CCQ_INT32, CCQ_SUM, devs, 2), CCQ_OK);
-    blocked_submit b = {rt, in[0][DEPTH], out[0][DEPTH], devs, 0, CCQ_ERR_BACKEND};
+        assert_int_equal(bp_part(&w, 0, k), CCQ_OK);
+    blocked_submit b = {&w, DEPTH, 0, CCQ_ERR_BACKEND};
     assert_int_equal(pthread_create(&th, NULL, blocked_submit_main, &b), 0);
     /* It stays blocked while the stream is full (however long we look). */
     for (int i = 0; i < 20; i++) {
         sleep_ms(5);
         assert_int_equal(atomic_load(&b.done), 0);
     }
-    assert_int_equal(stats_of(rt).submitted, DEPTH);
+    assert_int_equal(stats_of(w.rt).submitted, DEPTH);
     /* Rank 1's parts drain the stream; the blocked submitter gets in. */
     for (int k = 0; k < DEPTH; k++)
-        assert_int_equal(
-            ccq_all_reduce(rt, 1, 0, in[1][k], out[1][k], N, CCQ_INT32, CCQ_SUM, devs, 2), CCQ_OK);
+        assert_int_equal(bp_part(&w, 1, k), CCQ_OK);
     assert_int_equal(pthread_join(th, NULL), 0);
     assert_int_equal(b.status, CCQ_OK);
-    assert_int_equal(
-        ccq_all_reduce(rt, 1, 0, in[1][DEPTH], out[1][DEPTH], N, CCQ_INT32, CCQ_SUM, devs, 2),
-        CCQ_OK);
-    assert_int_equal(ccq_sync_collective(rt, 0, 0), CCQ_OK);
-    assert_int_equal(ccq_sync_collective(rt, 1, 0), CCQ_OK);
-    for (int k = 0; k <= DEPTH; k++)
-        for (int i = 0; i < N; i++) {
-            assert_int_equal(out[0][k][i], in[0][k][i] + in[1][k][i]);
-            assert_int_equal(out[1][k][i], in[0][k][i] + in[1][k][i]);
-        }
-    ccq_stats st = stats_of(rt);
+    assert_int_equal(bp_part(&w, 1, DEPTH), CCQ_OK);
+    bp_check(&w, DEPTH);
+    ccq_stats st = stats_of(w.rt);
     assert_int_equal(st.submitted, 2 * (DEPTH + 1));
     assert_int_equal(st.completed, 2 * (DEPTH + 1));
-    assert_int_equal(ccq_runtime_destroy(rt), CCQ_OK);
+    assert_int_equal(ccq_runtime_destroy(w.rt), CCQ_OK);
 }
 
 /* A full stream of which only a few commands can end before this thread submits elsewhere:
@@ -869,47 +865,24 @@ static void test_backpressure_blocking(void **state)
 static void test_backpressure_partial_drain(void **state)
 {
     (void)state;
-    enum { DEPTH = 8, N = 16 };
-    ccq_config cfg;
-    ccq_config_init(&cfg);
-    cfg.host_devices = 2;
-    cfg.queue_depth = DEPTH;
-    cfg.timeout_ms = 20000;
-    ccq_runtime *rt = make_rt_cfg(&cfg);
-    ccq_device_id devs[2] = {0, 1};
-    int32_t in[2][DEPTH + 1][N], out[2][DEPTH + 1][N];
-
-    assert_int_equal(ccq_comm_init(rt, devs, 2), CCQ_OK);
-    for (int r = 0; r < 2; r++)
-        for (int k = 0; k <= DEPTH; k++)
-            for (int i = 0; i < N; i++)
-                in[r][k][i] = (r + 1) * 100 * (k + 1) + i;
-    assert_int_equal(ccq_all_reduce(rt, 1, 0, in[1][0], out[1][0], N, CCQ_INT32, CCQ_SUM, devs, 2),
-                     CCQ_OK);
+    enum { DEPTH = 8 };
+    bp_world w;
+    bp_open(&w, DEPTH, 0, 20000);
+    assert_int_equal(bp_part(&w, 1, 0), CCQ_OK);
     for (int k = 0; k < DEPTH; k++)
-        assert_int_equal(
-            ccq_all_reduce(rt, 0, 0, in[0][k], out[0][k], N, CCQ_INT32, CCQ_SUM, devs, 2), CCQ_OK);
+        assert_int_equal(bp_part(&w, 0, k), CCQ_OK);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    assert_int_equal(
-        ccq_all_reduce(rt, 0, 0, in[0][DEPTH], out[0][DEPTH], N, CCQ_INT32, CCQ_SUM, devs, 2),
-        CCQ_OK);
+    assert_int_equal(bp_part(&w, 0, DEPTH), CCQ_OK);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double waited_ms =
         (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
     /* A bound far from timeout_ms (a loaded machine may take a while), never near it. */
     assert_true(waited_ms < 5000);
     for (int k = 1; k <= DEPTH; k++)
-        assert_int_equal(
-            ccq_all_reduce(rt, 1, 0, in[1][k], out[1][k], N, CCQ_INT32, CCQ_SUM, devs, 2), CCQ_OK);
-    assert_int_equal(ccq_sync_collective(rt, 0, 0), CCQ_OK);
-    assert_int_equal(ccq_sync_collective(rt, 1, 0), CCQ_OK);
-    for (int k = 0; k <= DEPTH; k++)
-        for (int i = 0; i < N; i++) {
-            assert_int_equal(out[0][k][i], in[0][k][i] + in[1][k][i]);
-            assert_int_equal(out[1][k][i], in[0][k][i] + in[1][k][i]);
-        }
-    assert_int_equal(ccq_runtime_destroy(rt), CCQ_OK);
+        assert_int_equal(bp_part(&w, 1, k), CCQ_OK);
+    bp_check(&w, DEPTH);
+    assert_int_equal(ccq_runtime_destroy(w.rt), CCQ_OK);
 }
 
 int main(void)
