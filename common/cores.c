@@ -27,21 +27,21 @@ uint32_t ccq_usable_cores(void)
     return n > 0 ? (uint32_t)n : 1u;
 }
 
-bool ccq_cpu_hop(void)
+int ccq_cpu_hop(void)
 {
     cpu_set_t mask, others;
     int cpu = sched_getcpu();
     if (cpu < 0 || cpu >= CPU_SETSIZE || sched_getaffinity(0, sizeof mask, &mask) != 0 ||
         !CPU_ISSET(cpu, &mask) || CPU_COUNT(&mask) < 2)
-        return false;
+        return -1;
     others = mask;
     CPU_CLR(cpu, &others);
     /* The kernel moves a thread whose mask loses its core before the call returns; the mask
      * restored, nothing pulls it back while its new core is not busier. */
     if (sched_setaffinity(0, sizeof others, &others) != 0)
-        return false;
+        return -1;
     (void)sched_setaffinity(0, sizeof mask, &mask);
-    return true;
+    return cpu;
 }
 
 void ccq_unstack_init(ccq_unstack *u, bool enabled, uint32_t seed)
@@ -84,6 +84,6 @@ void ccq_unstack_yield(ccq_unstack *u)
     uint64_t t0 = ccq_now_ns();
     sched_yield();
     uint64_t t1 = ccq_now_ns();
-    if (ccq_unstack_note(u, t1 - t0, t1) && ccq_cpu_hop())
+    if (ccq_unstack_note(u, t1 - t0, t1) && ccq_cpu_hop() >= 0)
         u->hops++;
 }

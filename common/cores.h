@@ -42,8 +42,8 @@ void ccq_unstack_yield(ccq_unstack *u);
 bool ccq_unstack_note(ccq_unstack *u, uint64_t yield_ns, uint64_t now_ns);
 
 /* Move the calling thread off the core it is on, to another core of its affinity mask, which
- * is then restored as it was. False (and nothing changed) when it may run on one core only or
- * the system refused. */
-bool ccq_cpu_hop(void);
+ * is then restored as it was. Returns the core it left, or -1 (nothing changed) when it may run
+ * on one core only or the system refused. */
+int ccq_cpu_hop(void);
 
 #endif /* CCQ_COMMON_CORES_H */

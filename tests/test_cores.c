@@ -41,31 +41,35 @@ static void set_cpus(int a, int b)
     assert_int_equal(sched_setaffinity(0, sizeof s, &s), 0);
 }
 
-/* A hop lands on the other CPU and leaves the mask as it was; with one CPU it does nothing. */
+/* A hop lands on another CPU and leaves the mask as it was; with one CPU it does nothing. The
+ * kernel may move the thread too (between the hop and the look, under load), so most hops,
+ * not all, must be seen elsewhere; a hop that moved nothing would be seen elsewhere almost
+ * never. */
 static void test_hop(void **state)
 {
     (void)state;
     cpu_set_t all, after;
-    int a, b;
+    int a, b, elsewhere = 0;
 
     assert_int_equal(sched_getaffinity(0, sizeof all, &all), 0);
     if (!two_cpus(&a, &b)) {
-        assert_false(ccq_cpu_hop());
+        assert_int_equal(ccq_cpu_hop(), -1);
         skip();
     }
     set_cpus(a, -1); /* now on a */
     assert_int_equal(sched_getcpu(), a);
-    assert_false(ccq_cpu_hop()); /* one CPU: nowhere to go */
+    assert_int_equal(ccq_cpu_hop(), -1); /* one CPU: nowhere to go */
     assert_int_equal(sched_getcpu(), a);
     set_cpus(a, b);
-    for (int k = 0; k < 4; k++) {
-        int before = sched_getcpu();
-        assert_true(ccq_cpu_hop());
-        assert_int_equal(sched_getcpu(), before == a ? b : a);
+    for (int k = 0; k < 16; k++) {
+        int left = ccq_cpu_hop();
+        assert_true(left == a || left == b);
+        elsewhere += sched_getcpu() != left;
         assert_int_equal(sched_getaffinity(0, sizeof after, &after), 0);
         assert_int_equal(CPU_COUNT(&after), 2);
         assert_true(CPU_ISSET(a, &after) && CPU_ISSET(b, &after));
     }
+    assert_true(elsewhere >= 12);
     assert_int_equal(sched_setaffinity(0, sizeof all, &all), 0);
 }
 
