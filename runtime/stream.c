@@ -116,9 +116,12 @@ static uint64_t fence_spin_ns(const ccq_runtime *rt)
  * docs/performance.md). The sleep is capped at ROOM_NAP_NS, after which one free slot is
  * enough: a stream whose next commands can end only once this thread submitted elsewhere (a
  * few of them end now, the rest wait for its later submissions) still moves, as it did when one
- * slot woke the producer, at most ROOM_NAP_NS later.
+ * slot woke the producer, at most ROOM_NAP_NS later. A producer that stays blocked (a stalled
+ * peer) naps twice as long each time, up to ROOM_NAP_MAX_NS: a few wake-ups a second, not a
+ * thousand.
  */
-#define ROOM_NAP_NS 1000000u
+#define ROOM_NAP_NS     1000000u
+#define ROOM_NAP_MAX_NS 64000000u
 
 typedef struct room_wait {
     ccq_stream *s;
@@ -150,7 +153,7 @@ static bool has_room_or_closed(void *arg)
 ccq_status ccq_stream_reserve_slow(ccq_runtime *rt, ccq_stream *s, const char *fn, uint64_t *out)
 {
     uint64_t t = atomic_load_explicit(&s->tickets, memory_order_relaxed);
-    uint64_t deadline = 0;
+    uint64_t deadline = 0, nap_ns = ROOM_NAP_NS;
 
     for (;;) {
         if (t & CCQ_TICKET_CLOSED)
@@ -184,10 +187,11 @@ ccq_status ccq_stream_reserve_slow(ccq_runtime *rt, ccq_stream *s, const char *f
                             fn, s->device, s->id, rt->cfg.queue_depth,
                             (unsigned long long)rt->cfg.timeout_ms);
         room_wait w = {s, rt->cfg.queue_depth, room_slack(rt->cfg.queue_depth)};
-        uint64_t nap = ccq_add_sat(now, ROOM_NAP_NS);
+        uint64_t nap = ccq_add_sat(now, nap_ns);
         /* Either way round again: one free slot takes a ticket, none waits on. */
         (void)ccq_signal_wait_level(&s->ev, has_room_or_closed, room_level, &w,
                                     nap < deadline ? nap : deadline, fence_spin_ns(rt));
+        nap_ns = nap_ns < ROOM_NAP_MAX_NS / 2 ? 2 * nap_ns : ROOM_NAP_MAX_NS;
         t = atomic_load_explicit(&s->tickets, memory_order_relaxed);
     }
 }

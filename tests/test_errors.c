@@ -14,6 +14,7 @@
 #include "test_util.h"
 
 #include <pthread.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "ccq.h"
@@ -814,12 +815,17 @@ typedef struct blocked_submit {
     int k;
     _Atomic int done;
     ccq_status status;
+    long sleeps; /* voluntary context switches while it waited */
 } blocked_submit;
 
 static void *blocked_submit_main(void *arg)
 {
     blocked_submit *b = arg;
+    struct rusage r0, r1;
+    getrusage(RUSAGE_THREAD, &r0);
     b->status = bp_part(b->w, 0, b->k);
+    getrusage(RUSAGE_THREAD, &r1);
+    b->sleeps = r1.ru_nvcsw - r0.ru_nvcsw;
     atomic_store(&b->done, 1);
     return NULL;
 }
@@ -835,7 +841,7 @@ static void test_backpressure_blocking(void **state)
     bp_open(&w, DEPTH, 0, 0);
     for (int k = 0; k < DEPTH; k++)
         assert_int_equal(bp_part(&w, 0, k), CCQ_OK);
-    blocked_submit b = {&w, DEPTH, 0, CCQ_ERR_BACKEND};
+    blocked_submit b = {&w, DEPTH, 0, CCQ_ERR_BACKEND, 0};
     assert_int_equal(pthread_create(&th, NULL, blocked_submit_main, &b), 0);
     /* It stays blocked while the stream is full (however long we look). */
     for (int i = 0; i < 20; i++) {
@@ -848,6 +854,9 @@ static void test_backpressure_blocking(void **state)
         assert_int_equal(bp_part(&w, 1, k), CCQ_OK);
     assert_int_equal(pthread_join(th, NULL), 0);
     assert_int_equal(b.status, CCQ_OK);
+    /* Blocked 100 ms or more, it napped 1, 2, 4 ... ms (stream.c, ROOM_NAP_NS), not every
+     * millisecond (100 wake-ups or more). */
+    assert_true(b.sleeps < 40);
     assert_int_equal(bp_part(&w, 1, DEPTH), CCQ_OK);
     bp_check(&w, DEPTH);
     ccq_stats st = stats_of(w.rt);
