@@ -25,7 +25,6 @@ typedef struct ccq_unstack {
     uint32_t coin;         /* a small generator: of two stacked threads, mostly one moves */
     uint64_t gap_ns;       /* the wait after the next move (backs off) */
     uint64_t next_hop_ns;  /* no move before (ccq_now_ns clock) */
-    uint64_t hops;         /* moves made (tests, the engine's description) */
 } ccq_unstack;
 
 /* enabled false: ccq_unstack_yield is sched_yield. seed tells stacked threads apart (a pid). */

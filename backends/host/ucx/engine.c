@@ -20,7 +20,6 @@
  *    failed, aborted or timed-out operation can never have UCX write a user buffer later. */
 #define _GNU_SOURCE
 #include <inttypes.h>
-#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
