@@ -17,6 +17,7 @@ static void plan_clear(ccq_fault_plan *p)
     p->drop_rank = -1;
     p->drop_after = 0;
     p->drop_count = -1;
+    p->lag_us = 0;
 }
 
 /* Parse "key=value" with a non-negative integer value. */
@@ -72,8 +73,10 @@ int ccq_fault_parse(const char *spec, ccq_fault_plan *out, char *err, size_t err
         }
         memcpy(kind, c, kl);
         kind[kl] = '\0';
-        if (strcmp(kind, "fail") && strcmp(kind, "delay") && strcmp(kind, "drop")) {
-            snprintf(err, errlen, "fault spec: unknown kind \"%s\" (fail, delay or drop)", kind);
+        if (strcmp(kind, "fail") && strcmp(kind, "delay") && strcmp(kind, "drop") &&
+            strcmp(kind, "lag")) {
+            snprintf(err, errlen, "fault spec: unknown kind \"%s\" (fail, delay, drop or lag)",
+                     kind);
             return -1;
         }
         for (const char *a = colon + 1; a < c + len;) {
@@ -104,6 +107,11 @@ int ccq_fault_parse(const char *spec, ccq_fault_plan *out, char *err, size_t err
                     out->delay_count = v;
                 else
                     ok = 0;
+            } else if (!strcmp(kind, "lag")) {
+                if (!strcmp(key, "us") && v > 0)
+                    out->lag_us = v;
+                else
+                    ok = 0;
             } else {
                 if (!strcmp(key, "rank"))
                     out->drop_rank = v;
@@ -129,6 +137,10 @@ int ccq_fault_parse(const char *spec, ccq_fault_plan *out, char *err, size_t err
             snprintf(err, errlen, "fault spec \"delay\": needs us=U > 0");
             return -1;
         }
+        if (!strcmp(kind, "lag") && out->lag_us == 0) {
+            snprintf(err, errlen, "fault spec \"lag\": needs us=U > 0");
+            return -1;
+        }
         if (!strcmp(kind, "drop") && out->drop_rank < 0) {
             snprintf(err, errlen, "fault spec \"drop\": needs rank=R");
             return -1;
@@ -140,7 +152,8 @@ int ccq_fault_parse(const char *spec, ccq_fault_plan *out, char *err, size_t err
 
 int ccq_fault_any(const ccq_fault_plan *p)
 {
-    return p->fail_op >= 0 || p->fail_every > 0 || p->delay_us > 0 || p->drop_rank >= 0;
+    return p->fail_op >= 0 || p->fail_every > 0 || p->delay_us > 0 || p->drop_rank >= 0 ||
+           p->lag_us > 0;
 }
 
 int ccq_fault_fails(const ccq_fault_plan *p, uint64_t op)

@@ -19,6 +19,9 @@
  *   drop:rank=R[,after=N][,count=C]  device R's commands after its first N are dropped on
  *                               arrival, as if that rank never submitted them (default C
  *                               unlimited); each dropped command fails on its own stream
+ *   lag:us=U                    tcp:// rendezvous: what this process reads from the server
+ *                               takes effect U microseconds after its bytes arrive (its I/O
+ *                               thread preempted between the two, as on a loaded machine)
  * Example: CCQ_FAULT="fail:op=17;delay:us=200000,op=3;drop:rank=2,after=5,count=1"
  */
 typedef struct ccq_fault_plan {
@@ -31,6 +34,7 @@ typedef struct ccq_fault_plan {
     int64_t drop_rank;   /* -1: none */
     int64_t drop_after;  /* commands of that device let through first */
     int64_t drop_count;  /* -1: unlimited */
+    int64_t lag_us;      /* 0: none (the bootstrap's, ccq_boot_fault_lag) */
 } ccq_fault_plan;
 
 /* Parse a spec (NULL or "" = no faults). Returns 0, or -1 with a message in err. */

@@ -454,6 +454,8 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
         snprintf(rt->span_detail, sizeof rt->span_detail, "%s", werr.msg);
     }
     ccq_world_drop_blobs(&rt->world);
+    if (rt->fault.lag_us > 0 && rt->world.boot != NULL)
+        ccq_boot_fault_lag(rt->world.boot, (uint64_t)rt->fault.lag_us * 1000u);
     rt->ndev_world = rt->world.first[rt->world.size];
     if (rt->fault.drop_rank >= (int64_t)rt->ndev_world) {
         ccq_status bad = ccq_fail(CCQ_ERR_INVALID_ARGUMENT,

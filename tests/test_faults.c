@@ -976,6 +976,9 @@ static void test_fault_malformed(void **state)
         {"delay:us=0", "needs us=U > 0"},
         {"drop:after=2", "needs rank=R"},
         {"drop:rank=1,us=5", "unknown or invalid key \"us\""},
+        {"lag:us=0", "unknown or invalid key \"us\""},
+        {"lag:op=2", "unknown or invalid key \"op\""},
+        {"lag:", "needs us=U > 0"},
         {"fail:op=1;drop", "expected kind:key=value"},
         {"fail:op=99999999999999999999999", "is not key=N"},
     };

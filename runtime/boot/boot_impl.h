@@ -112,6 +112,8 @@ typedef struct ccq_boot_mech {
     size_t (*silent_peers)(ccq_boot *b, uint32_t *ranks, size_t cap);
     bool (*given_up)(ccq_boot *b, uint32_t *by);
     void (*relay_window)(ccq_boot *b, uint64_t *since, uint64_t *until);
+    /* Optional (tcp): ccq_boot_fault_lag. */
+    void (*fault_lag)(ccq_boot *b, uint64_t lag_ns);
     /* Optional (tcp): ccq_boot_peer_state and ccq_boot_watch_peers. */
     ccq_boot_peer (*peer_state)(ccq_boot *b, uint32_t rank);
     ccq_status (*watch_peers)(ccq_boot *b, void (*fn)(void *, uint32_t, ccq_boot_peer), void *arg);

@@ -904,6 +904,15 @@ bool ccq_boot_given_up(ccq_boot *b, uint32_t *by)
     return up;
 }
 
+void ccq_boot_fault_lag(ccq_boot *b, uint64_t lag_ns)
+{
+    if (b->mech->fault_lag == NULL)
+        return;
+    pthread_mutex_lock(&b->lock);
+    b->mech->fault_lag(b, lag_ns);
+    pthread_mutex_unlock(&b->lock);
+}
+
 void ccq_boot_relay_window(ccq_boot *b, uint64_t *since, uint64_t *until)
 {
     *since = 0;

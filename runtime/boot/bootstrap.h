@@ -174,6 +174,9 @@ bool ccq_boot_given_up(ccq_boot *boot, uint32_t *by);
  * process is not silent while whatever relays its records is. 0 and UINT64_MAX where records
  * come without a relay (file, store). */
 void ccq_boot_relay_window(ccq_boot *boot, uint64_t *since, uint64_t *until);
+/* Fault injection (CCQ_FAULT "lag:us=U", drills only): what this process reads from the
+ * rendezvous takes effect lag_ns after its bytes arrive (tcp; a no-op elsewhere). */
+void ccq_boot_fault_lag(ccq_boot *boot, uint64_t lag_ns);
 /* This handle's nonce (random per open), and the nonce world rank `rank` used in the
  * records this handle took from it (0 when none yet): a heartbeat record carries its
  * writer's, so one of an earlier job with the same id is told apart. */

@@ -35,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -111,7 +112,8 @@ typedef struct tcp_boot {
     ccq_tcp_buf hello;
     uint64_t retry_at, retry_ns;
     _Atomic uint64_t last_recv_ns; /* client: when the server last sent anything (relaxed:
-                                    * relay_window reads it, a moment late is no matter) */
+                                    * only this thread and its note_run use it) */
+    _Atomic uint64_t lag_ns;       /* ccq_boot_fault_lag: 0 (drills only) */
     uint64_t suspect_until; /* server: after a gap in this thread's run, closes are checked */
     bool given_up;          /* the others gave this process up: stop serving, fence off */
     uint64_t ran_ns;        /* when this thread last ran (note_run; ask_successor's answer) */
@@ -147,6 +149,7 @@ typedef struct tcp_boot {
     uint64_t hb_ns, silent_ns; /* ccq_boot_beat_config: 0 when heartbeats are off */
     uint8_t *silent;           /* [size] LOST because it fell silent (silent_peers, once) */
     uint64_t ready_since;      /* when this process last was WELCOMEd (relay_window) */
+    uint64_t relayed_ns;       /* when it last read frames from the server, ready (relay_window) */
     uint64_t arrivals;         /* frames read and state changes (tcp_arrivals, tcp_wait) */
     pthread_cond_t arrived;    /* signalled with each (CLOCK_MONOTONIC) */
     bool gave_up;              /* ccq_boot_given_up (set with given_up_by) */
@@ -171,13 +174,6 @@ static void tell_waiters_locked(tcp_boot *t)
 {
     t->arrivals++;
     pthread_cond_broadcast(&t->arrived);
-}
-
-static void tell_waiters(tcp_boot *t)
-{
-    pthread_mutex_lock(&t->mu);
-    tell_waiters_locked(t);
-    pthread_mutex_unlock(&t->mu);
 }
 
 static void no_delay(int fd)
@@ -548,6 +544,15 @@ static void client_frame(tcp_boot *t, const ccq_tcp_frame *f)
 
 static void server_lost(tcp_boot *t, const char *how);
 
+/* Fault injection (ccq_boot_fault_lag): this thread preempted between a read and its frames. */
+static void lag_now(tcp_boot *t)
+{
+    uint64_t ns = atomic_load_explicit(&t->lag_ns, memory_order_relaxed);
+    struct timespec ts = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
+    while (ns != 0 && nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
 static void client_read(tcp_boot *t)
 {
     for (;;) {
@@ -570,6 +575,7 @@ static void client_read(tcp_boot *t)
             return;
         }
         atomic_store_explicit(&t->last_recv_ns, now_ns(), memory_order_relaxed);
+        lag_now(t);
         if (!ccq_tcp_buf_reserve(&t->in, (size_t)k)) {
             client_retry(t, "out of memory");
             return;
@@ -596,7 +602,14 @@ static void client_read(tcp_boot *t)
                 return;
             ccq_tcp_buf_consume(&t->in, used);
         }
-        tell_waiters(t);
+        /* Noted after the frames took effect (the records they carried are kept, a WELCOME
+         * set ready_since), never before: a monitor that reads the window and then the records
+         * must find in them whatever the window counts (relay_window). */
+        pthread_mutex_lock(&t->mu);
+        if (t->state == C_READY)
+            t->relayed_ns = now_ns();
+        tell_waiters_locked(t);
+        pthread_mutex_unlock(&t->mu);
     }
 }
 
@@ -762,22 +775,47 @@ static void give_up(tcp_boot *t, uint32_t by)
     pthread_mutex_unlock(&t->mu);
 }
 
+/* This thread runs again at `now`, having meant to sleep slept_ns since it last ran: a longer
+ * absence (the process was stopped, or starved) says nothing of the server's silence meanwhile,
+ * so the server counts as heard now. And if this process serves and was away long enough that a
+ * process may have heard nothing from it for heartbeat_timeout_ms (its last keepalive went up to
+ * a heartbeat before), a connection that closes now may have given it up: server_close_conn
+ * asks before it tells anyone. A shorter pause is not suspect (nobody asks, nobody waits).
+ * Checked after poll(), again before the silence check at the top of the loop, and before a
+ * server connection's close is judged: a stop can land anywhere in between, and rank 0, a
+ * client of its own server, once took its own gap for its server's silence (TSan,
+ * test_boot_tcp's stopped server). */
+static void note_run(tcp_boot *t, uint64_t now, uint64_t slept_ns, uint64_t silent, uint64_t hb)
+{
+    uint64_t away = now - t->ran_ns > slept_ns ? now - t->ran_ns - slept_ns : 0;
+
+    if (silent != 0 && away > silent / 2)
+        atomic_store_explicit(&t->last_recv_ns, now, memory_order_relaxed);
+    if (silent != 0 && t->srv != NULL && away > silent / 2 && away + 2 * hb >= silent)
+        t->suspect_until = now + silent;
+    t->ran_ns = now;
+}
+
 /* ---- the server (world rank 0, or the process serving in its place) ------------------------ */
 
 static void server_close_conn(tcp_boot *t, int id)
 {
     uint32_t r, by;
-    uint64_t now = now_ns();
+    uint64_t now = now_ns(), silent, hb;
 
+    pthread_mutex_lock(&t->mu);
+    silent = t->silent_ns;
+    hb = t->hb_ns;
+    pthread_mutex_unlock(&t->mu);
+    /* A stop may have landed since this thread last looked (after poll(), in the reads of this
+     * same pass): seen here, right before the close is judged (drill_health_tcp_stop0 with
+     * CCQ_FAULT lag, beside a busy core: process 0 continued told of a loss it had caused). */
+    note_run(t, now, 0, silent, hb);
     /* A process's connection that closes right after this thread did not run for a while: it
      * may have given this process up. Known before anyone is told it was lost. */
     if (t->suspect_until > now && ccq_tcp_server_conn_member(t->srv, id, &r) && r != t->rank) {
-        uint64_t budget;
         t->suspect_until = 0; /* one answer is enough */
-        pthread_mutex_lock(&t->mu);
-        budget = t->silent_ns;
-        pthread_mutex_unlock(&t->mu);
-        if (ask_successor(t, budget, &by)) {
+        if (ask_successor(t, silent, &by)) {
             give_up(t, by);
             return;
         }
@@ -944,26 +982,6 @@ static void server_lost(tcp_boot *t, const char *how)
 }
 
 /* ---- the I/O thread ------------------------------------------------------------------ */
-
-/* This thread runs again at `now`, having meant to sleep slept_ns since it last ran: a longer
- * absence (the process was stopped, or starved) says nothing of the server's silence meanwhile,
- * so the server counts as heard now. And if this process serves and was away long enough that a
- * process may have heard nothing from it for heartbeat_timeout_ms (its last keepalive went up to
- * a heartbeat before), a connection that closes now may have given it up: server_close_conn
- * asks before it tells anyone. A shorter pause is not suspect (nobody asks, nobody waits).
- * Checked after poll() and again before the silence check at the top of the loop: a stop can
- * land anywhere in between, and rank 0, a client of its own server, once took its own gap for
- * its server's silence (TSan, test_boot_tcp's stopped server). */
-static void note_run(tcp_boot *t, uint64_t now, uint64_t slept_ns, uint64_t silent, uint64_t hb)
-{
-    uint64_t away = now - t->ran_ns > slept_ns ? now - t->ran_ns - slept_ns : 0;
-
-    if (silent != 0 && away > silent / 2)
-        atomic_store_explicit(&t->last_recv_ns, now, memory_order_relaxed);
-    if (silent != 0 && t->srv != NULL && away > silent / 2 && away + 2 * hb >= silent)
-        t->suspect_until = now + silent;
-    t->ran_ns = now;
-}
 
 static void *io_main(void *arg)
 {
@@ -1550,6 +1568,12 @@ static void tcp_beat_config(ccq_boot *b, uint64_t hb_ns, uint64_t timeout_ns)
     wake_thread(t);
 }
 
+static void tcp_fault_lag(ccq_boot *b, uint64_t lag_ns)
+{
+    tcp_boot *t = b->impl;
+    atomic_store_explicit(&t->lag_ns, lag_ns, memory_order_relaxed);
+}
+
 static bool tcp_given_up(ccq_boot *b, uint32_t *by)
 {
     tcp_boot *t = b->impl;
@@ -1563,19 +1587,22 @@ static bool tcp_given_up(ccq_boot *b, uint32_t *by)
 }
 
 /* Records come through the server: since this process last connected to it, until a
- * heartbeat after it last sent anything (it sends something every heartbeat: later than that,
- * it is the silent one, which the I/O thread sees). */
+ * heartbeat after this process last read frames from it (it sends something every heartbeat:
+ * later than that, it is the silent one, which the I/O thread sees). Both read under mu, and
+ * from what the frames did, not from last_recv_ns: that one moves when bytes arrive, before
+ * their frames are parsed, and when this thread was away (note_run), and a window that
+ * reached past the records at hand made a live process look silent (drill_health_tcp_stop0
+ * under TSan: read between the successor's first bytes and its WELCOME, the old connection's
+ * start and the new one's time made every record 1 s old). */
 static void tcp_relay_window(ccq_boot *b, uint64_t *since, uint64_t *until)
 {
     tcp_boot *t = b->impl;
-    uint64_t hb;
 
     pthread_mutex_lock(&t->mu);
     *since = t->ready_since;
-    hb = t->silent_ns != 0 ? t->hb_ns : 0;
+    if (t->silent_ns != 0)
+        *until = t->relayed_ns + t->hb_ns;
     pthread_mutex_unlock(&t->mu);
-    if (hb != 0)
-        *until = atomic_load_explicit(&t->last_recv_ns, memory_order_relaxed) + hb;
 }
 
 static uint64_t tcp_arrivals(ccq_boot *b)
@@ -1616,6 +1643,7 @@ static const ccq_boot_mech tcp_mech = {
     .beat_fetch = tcp_beat_fetch,
     .closed_peers = tcp_closed_peers,
     .beat_config = tcp_beat_config,
+    .fault_lag = tcp_fault_lag,
     .silent_peers = tcp_silent_peers,
     .given_up = tcp_given_up,
     .relay_window = tcp_relay_window,
@@ -1728,6 +1756,7 @@ ccq_status ccq_boot_tcp_open(ccq_boot *b, const char *spec, ccq_errbuf *err)
     t->fd = t->listen_fd = t->wake[0] = t->wake[1] = -1;
     t->ran_ns = now_ns();
     atomic_init(&t->last_recv_ns, 0);
+    atomic_init(&t->lag_ns, 0);
     t->rank = b->rank;
     t->size = b->size;
     t->gen = b->gen;

@@ -246,18 +246,14 @@ static void read_one(ccq_health *h, uint32_t q, uint64_t now)
     relay_losses(h, &v); /* (v points into p->rec, which only this thread replaces) */
 }
 
-/* Processes whose beat stopped: declared, unless this process hears nobody at all (then the
+/* Processes whose beat stopped within the relay window [since, until] of the last read:
+ * declared, unless this process hears nobody at all (then the
  * silence is more likely its own: a full disk, a cut link; with one other process it cannot
  * tell, and declares). */
-static void check_ages(ccq_health *h, uint64_t now)
+static void check_ages(ccq_health *h, uint64_t now, uint64_t since, uint64_t until)
 {
     uint32_t others = 0, heard = 0;
-    /* Records could reach this process only within this window (tcp: through the server,
-     * since this process connected to it and while it sends): an age counts within it only,
-     * so a silent server makes nobody else look silent. */
-    uint64_t since, until, at;
-    ccq_boot_relay_window(h->boot, &since, &until);
-    at = now < until ? now : until;
+    uint64_t at = now < until ? now : until;
 
     if (ccq_health_state_of(h, h->rank) != CCQ_PROCESS_ALIVE)
         return; /* fenced off: its view counts for nothing */
@@ -319,6 +315,7 @@ static void *monitor_main(void *arg)
      * heartbeat, and an age is measured to that resolution. */
     uint64_t read_ns = h->hb_ns / 2;
     uint64_t now = ccq_now_ns(), next_beat = now, next_read = now, last = now;
+    uint64_t win_since = 0, win_until = UINT64_MAX; /* the relay window of the last read */
     /* A pass that comes this late means the process was stopped (SIGSTOP, a debugger) or
      * starved: the others' silence meanwhile says nothing about them. */
     uint64_t gap_ns;
@@ -356,6 +353,13 @@ static void *monitor_main(void *arg)
              * processes of this host. */
             next_read = next_beat = now + 3600000000000ull;
         } else if (now >= next_read) {
+            /* Records could reach this process only within this window (tcp: through the
+             * server, since this process connected to it and while it sends): an age counts
+             * within it only, so a silent server makes nobody else look silent. Read before
+             * the records, never after: a window that counts frames the records at hand do not
+             * hold yet would age them (this thread read them, the I/O thread then took fresh
+             * ones in). */
+            ccq_boot_relay_window(h->boot, &win_since, &win_until);
             for (uint32_t q = 0; q < h->size; q++)
                 if (q != h->rank && ccq_health_state_of(h, q) == CCQ_PROCESS_ALIVE)
                     read_one(h, q, now);
@@ -389,7 +393,7 @@ static void *monitor_main(void *arg)
                     ccq_health_declare(h, closed[k], h->rank, CCQ_HOW_CLOSED,
                                        now - h->peers[closed[k]].change_ns, realtime_ns());
         if (h->records)
-            check_ages(h, now);
+            check_ages(h, now, win_since, win_until);
 
         /* Sleep until the next beat or read, a watched process exiting, or a kick. */
         pfd[n].fd = h->wake_fd;
@@ -407,9 +411,14 @@ static void *monitor_main(void *arg)
             }
         }
         pthread_mutex_unlock(&h->lock);
-        last = ccq_now_ns();
+        /* A stop that lands within this pass (its reads and checks) shows only here: the pass
+         * then counts as ending at its start, so the next one sees the gap (a process 0 stopped
+         * while it read once declared a live process silent on SIGCONT: drill_health_tcp_stop0
+         * under TSan beside a busy core). */
+        uint64_t ran = ccq_now_ns();
+        last = ran - now > gap_ns ? now : ran;
         uint64_t until = next_beat < next_read ? next_beat : next_read;
-        int ms = until > last ? (int)((until - last + 999999u) / 1000000u) : 0;
+        int ms = until > ran ? (int)((until - ran + 999999u) / 1000000u) : 0;
         int r = poll(pfd, n, ms);
         now = ccq_now_ns();
         if (r > 0) {
