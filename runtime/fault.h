@@ -21,7 +21,8 @@
  *                               unlimited); each dropped command fails on its own stream
  *   lag:us=U                    tcp:// rendezvous: what this process reads from the server
  *                               takes effect U microseconds after its bytes arrive (its I/O
- *                               thread preempted between the two, as on a loaded machine)
+ *                               thread preempted between the two, as on a loaded machine),
+ *                               once per wake-up of that thread
  * Example: CCQ_FAULT="fail:op=17;delay:us=200000,op=3;drop:rank=2,after=5,count=1"
  */
 typedef struct ccq_fault_plan {

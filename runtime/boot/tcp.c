@@ -544,7 +544,8 @@ static void client_frame(tcp_boot *t, const ccq_tcp_frame *f)
 
 static void server_lost(tcp_boot *t, const char *how);
 
-/* Fault injection (ccq_boot_fault_lag): this thread preempted between a read and its frames. */
+/* Fault injection (ccq_boot_fault_lag): this thread preempted between a read and its frames,
+ * once per wake-up (client_read). */
 static void lag_now(tcp_boot *t)
 {
     uint64_t ns = atomic_load_explicit(&t->lag_ns, memory_order_relaxed);
@@ -555,6 +556,8 @@ static void lag_now(tcp_boot *t)
 
 static void client_read(tcp_boot *t)
 {
+    bool lagged = false;
+
     for (;;) {
         uint8_t buf[65536];
         ssize_t k = recv(t->fd, buf, sizeof buf, 0);
@@ -575,7 +578,9 @@ static void client_read(tcp_boot *t)
             return;
         }
         atomic_store_explicit(&t->last_recv_ns, now_ns(), memory_order_relaxed);
-        lag_now(t);
+        if (!lagged) /* once per wake-up: a lag at every read never let the loop end */
+            lag_now(t);
+        lagged = true;
         if (!ccq_tcp_buf_reserve(&t->in, (size_t)k)) {
             client_retry(t, "out of memory");
             return;
