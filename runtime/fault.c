@@ -150,12 +150,6 @@ int ccq_fault_parse(const char *spec, ccq_fault_plan *out, char *err, size_t err
     return 0;
 }
 
-int ccq_fault_any(const ccq_fault_plan *p)
-{
-    return p->fail_op >= 0 || p->fail_every > 0 || p->delay_us > 0 || p->drop_rank >= 0 ||
-           p->lag_us > 0;
-}
-
 int ccq_fault_fails(const ccq_fault_plan *p, uint64_t op)
 {
     if (p->fail_every > 0 && (op + 1) % (uint64_t)p->fail_every == 0)

@@ -41,9 +41,6 @@ typedef struct ccq_fault_plan {
 /* Parse a spec (NULL or "" = no faults). Returns 0, or -1 with a message in err. */
 int ccq_fault_parse(const char *spec, ccq_fault_plan *out, char *err, size_t errlen);
 
-/* Whether the plan injects anything. */
-int ccq_fault_any(const ccq_fault_plan *p);
-
 /* Whether operation number `op` (0-based, in the order the backend runs them) fails, and
  * how long it is delayed (microseconds, 0 if not). */
 int ccq_fault_fails(const ccq_fault_plan *p, uint64_t op);

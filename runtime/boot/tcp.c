@@ -111,12 +111,11 @@ typedef struct tcp_boot {
     ccq_tcp_buf in;   /* client: bytes received, not parsed yet */
     ccq_tcp_buf hello;
     uint64_t retry_at, retry_ns;
-    _Atomic uint64_t last_recv_ns; /* client: when the server last sent anything (relaxed:
-                                    * only this thread and its note_run use it) */
-    _Atomic uint64_t lag_ns;       /* ccq_boot_fault_lag: 0 (drills only) */
-    uint64_t suspect_until; /* server: after a gap in this thread's run, closes are checked */
-    bool given_up;          /* the others gave this process up: stop serving, fence off */
-    uint64_t ran_ns;        /* when this thread last ran (note_run; ask_successor's answer) */
+    uint64_t last_recv_ns;   /* client: when the server last sent anything (the silence check) */
+    _Atomic uint64_t lag_ns; /* ccq_boot_fault_lag: 0 (drills only) */
+    uint64_t suspect_until;  /* server: after a gap in this thread's run, closes are checked */
+    bool given_up;           /* the others gave this process up: stop serving, fence off */
+    uint64_t ran_ns;         /* when this thread last ran (note_run; ask_successor's answer) */
     /* Shared, under mu. */
     pthread_mutex_t mu;
     int state;          /* C_* */
@@ -577,10 +576,11 @@ static void client_read(tcp_boot *t)
             }
             return;
         }
-        atomic_store_explicit(&t->last_recv_ns, now_ns(), memory_order_relaxed);
-        if (!lagged) /* once per wake-up: a lag at every read never let the loop end */
+        t->last_recv_ns = now_ns();
+        if (!lagged) { /* once per wake-up: a lag at every read never let the loop end */
             lag_now(t);
-        lagged = true;
+            lagged = true;
+        }
         if (!ccq_tcp_buf_reserve(&t->in, (size_t)k)) {
             client_retry(t, "out of memory");
             return;
@@ -795,7 +795,7 @@ static void note_run(tcp_boot *t, uint64_t now, uint64_t slept_ns, uint64_t sile
     uint64_t away = now - t->ran_ns > slept_ns ? now - t->ran_ns - slept_ns : 0;
 
     if (silent != 0 && away > silent / 2)
-        atomic_store_explicit(&t->last_recv_ns, now, memory_order_relaxed);
+        t->last_recv_ns = now;
     if (silent != 0 && t->srv != NULL && away > silent / 2 && away + 2 * hb >= silent)
         t->suspect_until = now + silent;
     t->ran_ns = now;
@@ -1015,14 +1015,14 @@ static void *io_main(void *arg)
         silent = t->silent_ns;
         pthread_mutex_unlock(&t->mu);
         if (silent != silent_was) /* heartbeats just began: the server is heard from now on */
-            atomic_store_explicit(&t->last_recv_ns, now, memory_order_relaxed);
+            t->last_recv_ns = now;
         silent_was = silent;
         note_run(t, now, 0, silent, hb);
         if (t->srv != NULL)
             ccq_tcp_server_keepalive(t->srv, hb);
         /* Nothing from the server for heartbeat_timeout_ms while it should send something every
          * heartbeat_ms: it stopped (its connection stays open). Take over as for a close. */
-        heard = atomic_load_explicit(&t->last_recv_ns, memory_order_relaxed);
+        heard = t->last_recv_ns;
         if (silent != 0 && !stop && state == C_READY && t->fd >= 0 && now - heard > silent) {
             char how[200];
             pthread_mutex_lock(&t->mu);
@@ -1760,7 +1760,6 @@ ccq_status ccq_boot_tcp_open(ccq_boot *b, const char *spec, ccq_errbuf *err)
     }
     t->fd = t->listen_fd = t->wake[0] = t->wake[1] = -1;
     t->ran_ns = now_ns();
-    atomic_init(&t->last_recv_ns, 0);
     atomic_init(&t->lag_ns, 0);
     t->rank = b->rank;
     t->size = b->size;
