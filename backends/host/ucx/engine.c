@@ -778,14 +778,45 @@ static uint32_t owner(const ucx_comm *c, uint32_t rank)
     return p;
 }
 
-static void op_unlink(ucx_op *o)
+/* (ucx.h) */
+ucx_op *ucx_comm_find(const ucx_comm *c, uint32_t chan, uint64_t seq)
 {
-    for (ucx_op **pp = &o->c->ops; *pp != NULL; pp = &(*pp)->comm_next)
+    for (ucx_op *o = c->by_seq[ucx_seq_bucket(chan, seq)]; o != NULL; o = o->seq_next)
+        if (o->chan == chan && o->seq == seq)
+            return o;
+    return NULL;
+}
+
+/* (ucx.h) */
+void ucx_comm_link(ucx_comm *c, ucx_op *o)
+{
+    ucx_op **b = &c->by_seq[ucx_seq_bucket(o->chan, o->seq)];
+    o->comm_prev = NULL;
+    o->comm_next = c->ops;
+    if (c->ops != NULL)
+        c->ops->comm_prev = o;
+    c->ops = o;
+    o->seq_next = *b;
+    *b = o;
+}
+
+/* (ucx.h) Also for one never linked (a pending operation that failed): nothing to undo. */
+void ucx_comm_unlink(ucx_op *o)
+{
+    ucx_comm *c = o->c;
+    for (ucx_op **pp = &c->by_seq[ucx_seq_bucket(o->chan, o->seq)]; *pp != NULL;
+         pp = &(*pp)->seq_next)
         if (*pp == o) {
-            *pp = o->comm_next;
+            *pp = o->seq_next;
             break;
         }
-    o->comm_next = NULL;
+    if (o->comm_prev != NULL)
+        o->comm_prev->comm_next = o->comm_next;
+    else if (c->ops == o)
+        c->ops = o->comm_next;
+    if (o->comm_next != NULL)
+        o->comm_next->comm_prev = o->comm_prev;
+    o->comm_next = o->comm_prev = o->seq_next = NULL;
 }
 
 static void op_free(ucx_op *o)
@@ -841,7 +872,7 @@ static bool op_held(ucx_op *o)
 static void op_retire(ucx_op *o)
 {
     ucx_engine *e = o->e;
-    op_unlink(o);
+    ucx_comm_unlink(o);
     e->inflight--;
     if (o->c->agree_unit == o) { /* it ended without telling: the communicator failed */
         o->c->agree_unit = NULL;
@@ -1278,8 +1309,7 @@ ccq_status ucx_op_launch(ucx_op *o, ccq_errbuf *err)
         return st;
     o->phase = UCX_PH_RUN;
     o->minf = o->follow;
-    o->comm_next = c->ops;
-    c->ops = o;
+    ucx_comm_link(c, o);
     e->last_activity_ns = ccq_now_ns();
     if (c->next_seq[o->chan] < o->seq + o->nops)
         c->next_seq[o->chan] = o->seq + o->nops;
@@ -1502,13 +1532,10 @@ static void ucx_describe(ccq_host_engine *base, const ccq_heng_op *h, uint64_t n
                               gone);
     /* What the engine holds, for whoever has to work out why. */
     if (w < sizeof err->msg) {
-        uint32_t early = 0;
-        for (const ucx_msg *m = c->early; m != NULL; m = m->next)
-            early++;
         snprintf(err->msg + w, sizeof err->msg - w,
                  " (engine: %u message(s) here for later operations, %zu for communicators "
                  "not formed here, %" PRIu64 " dropped)",
-                 early, e->norphans, e->dropped);
+                 c->nearly, e->norphans, e->dropped);
     }
 }
 

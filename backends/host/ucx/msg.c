@@ -332,9 +332,9 @@ static bool comm_route(ucx_comm *c, ucx_msg *m, bool fresh)
         drop(e, m, fresh);
         return false;
     }
-    for (ucx_op *o = c->ops; o != NULL; o = o->comm_next)
-        if (o->chan == m->hdr.chan && o->seq == m->hdr.seq)
-            return op_adopt(o, m, fresh);
+    ucx_op *o = ucx_comm_find(c, m->hdr.chan, m->hdr.seq);
+    if (o != NULL)
+        return op_adopt(o, m, fresh);
     if (m->hdr.seq < c->next_seq[m->hdr.chan] &&
         !(m->hdr.chan == 0 && ucx_pend_has(c, m->hdr.seq))) {
         /* Its operation already ended here. A notice then says the communicator is no longer
@@ -344,8 +344,10 @@ static bool comm_route(ucx_comm *c, ucx_msg *m, bool fresh)
         drop(e, m, fresh);
         return false;
     }
-    m->next = c->early;
-    c->early = m;
+    ucx_msg **b = &c->early[ucx_seq_bucket(m->hdr.chan, m->hdr.seq)];
+    m->next = *b;
+    *b = m;
+    c->nearly++;
     return true;
 }
 
@@ -481,7 +483,7 @@ void ucx_adopt_early(ucx_op *o)
     ucx_msg *mine = NULL;
 
     /* Arrival order is kept (the early list is newest first). */
-    for (ucx_msg **pp = &c->early; *pp != NULL;) {
+    for (ucx_msg **pp = &c->early[ucx_seq_bucket(o->chan, o->seq)]; *pp != NULL;) {
         ucx_msg *m = *pp;
         if (m->hdr.chan != o->chan || m->hdr.seq != o->seq) {
             pp = &m->next;
@@ -490,6 +492,7 @@ void ucx_adopt_early(ucx_op *o)
         *pp = m->next;
         m->next = mine;
         mine = m;
+        c->nearly--;
     }
     while (mine != NULL) {
         ucx_msg *m = mine;
@@ -500,11 +503,13 @@ void ucx_adopt_early(ucx_op *o)
 
 void ucx_comm_drop_messages(ucx_comm *c)
 {
-    while (c->early != NULL) {
-        ucx_msg *m = c->early;
-        c->early = m->next;
-        drop(c->e, m, false);
-    }
+    for (uint32_t b = 0; b < UCX_OP_BUCKETS; b++)
+        while (c->early[b] != NULL) {
+            ucx_msg *m = c->early[b];
+            c->early[b] = m->next;
+            drop(c->e, m, false);
+        }
+    c->nearly = 0;
 }
 
 /* ---- sends ------------------------------------------------------------------------------ */

@@ -171,6 +171,12 @@ struct ucx_engine {
  * broadcast's root), a disagreement shows only in a message that arrives after the
  * operation ended here. */
 #define UCX_ENDED 16u
+/* Buckets of ucx_comm.by_seq and ucx_comm.early (a power of two), and an operation's. */
+#define UCX_OP_BUCKETS 64u
+static inline uint32_t ucx_seq_bucket(uint32_t chan, uint64_t seq)
+{
+    return (uint32_t)(seq * 3u + chan) & (UCX_OP_BUCKETS - 1u);
+}
 typedef struct ucx_ended {
     uint64_t seq, count, shape; /* seq + 1: 0 = empty slot */
     uint32_t root, nops;
@@ -185,12 +191,19 @@ struct ucx_comm {
     uint32_t *procs;     /* [nprocs] world ranks */
     uint32_t *fr;        /* [nprocs + 1] first rank of each member process */
     uint32_t nranks;
-    ucx_msg *early;       /* messages of operations not started here yet */
+    /* Messages of operations not started here yet, nearly of them, in buckets as by_seq
+     * (each newest first): an operation that starts takes its own from one bucket. */
+    ucx_msg *early[UCX_OP_BUCKETS];
+    uint32_t nearly;
     uint64_t next_seq[3]; /* per channel (0, 1, 2): operations started so far */
     /* The last UCX_ENDED operations that succeeded here, per channel (slot seq %
      * UCX_ENDED): what a late message of one of them is compared with (ucx_comm_ended). */
     ucx_ended ended[3][UCX_ENDED];
-    ucx_op *ops;        /* operations in flight on it (for arrivals) */
+    ucx_op *ops; /* operations in flight on it, newest first */
+    /* ...and the same operations by channel and sequence (ucx_comm_find): an arrival finds its
+     * operation in a bucket, not by walking every operation in flight (hundreds when a batch
+     * of independent operations is launched at once). */
+    ucx_op *by_seq[UCX_OP_BUCKETS];
     ccq_status failed;  /* CCQ_OK, or why it can no longer be used (sticky) */
     bool failed_remote; /* ...as a member told this process */
     char failed_detail[CCQ_DETAIL_LEN];
@@ -268,7 +281,9 @@ enum { BUF_RES, BUF_TMP, BUF_AUX, BUF_N };
 
 struct ucx_op {
     ucx_op *next;      /* engine background list */
-    ucx_op *comm_next; /* the communicator's list of operations in flight */
+    ucx_op *comm_next; /* the communicator's list of operations in flight (c->ops)... */
+    ucx_op *comm_prev; /* ...linked both ways: one that ends leaves it at once */
+    ucx_op *seq_next;  /* the next one in its c->by_seq bucket */
     ucx_engine *e;
     ucx_comm *c;
     const ccq_be_op *op; /* NULL once abandoned or detached */
@@ -441,6 +456,12 @@ extern const ucx_alg ucx_reduce_scatter_direct, ucx_reduce_scatter_ring;
 extern const ucx_alg ucx_alltoall_pairwise;
 extern const ucx_alg ucx_gather_binomial, ucx_scatter_binomial;
 extern const ucx_alg ucx_send_direct, ucx_recv_direct;
+
+/* The operation in flight on c with this channel and sequence, or NULL; linking one in (at
+ * launch) and out (when it ends). */
+ucx_op *ucx_comm_find(const ucx_comm *c, uint32_t chan, uint64_t seq);
+void ucx_comm_link(ucx_comm *c, ucx_op *o);
+void ucx_comm_unlink(ucx_op *o);
 
 /* The schedule for o (kind, size, process count). */
 const ucx_alg *ucx_select(const ucx_op *o);
