@@ -1,11 +1,22 @@
-/* all_reduce by recursive doubling, for small buffers: log2(P) rounds in which partners swap
- * their whole partial sums. With P not a power of two, the first 2R processes (R = P - P2, P2
- * the largest power of two <= P) pair up first: the even one hands its buffer to the odd
- * one and gets the result back at the end.
+/* all_reduce for small buffers: two schedules with the same combines.
+ *
+ * Recursive doubling: log2(P) rounds in which partners swap their whole partial sums. With P
+ * not a power of two, the first 2R processes (R = P - P2, P2 the largest power of two <= P)
+ * pair up first: the even one hands its buffer to the odd one and gets the result back at
+ * the end.
  *
  * Every combine puts the partial of the lower-ranked processes first, and both partners of
  * a round combine the same two partials, so every process ends with the same bits (float
- * sums too), whatever the order the messages arrived in. */
+ * sums too), whatever the order the messages arrived in: the result is one fixed tree over
+ * the processes' inputs (the pairs of the fold, then the rounds' halves).
+ *
+ * Direct (three processes or more, the smallest buffers): every process sends its buffer to
+ * every other at once, one round, and combines the P buffers itself along that same tree.
+ * The bits are recursive doubling's (a fused group of such operations runs recursive
+ * doubling over its parts: ucx/fused.c), and no process waits for a partner's earlier round:
+ * one message on the way to each process instead of 2 in a row with 4 processes, or 3 with 3
+ * (the fold, the round, the unfold). It costs P - 1 messages and combines per process instead
+ * of log2(P), so it stops at a size and a world size (ucx/select.c, DIRECT_AR_BYTES). */
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -156,3 +167,105 @@ static ccq_status rd_advance(ucx_op *o, ccq_errbuf *err)
 }
 
 const ucx_alg ucx_allreduce_rd = {"recursive doubling", rd_init, rd_advance};
+
+/* ---- direct ---------------------------------------------------------------------------- */
+
+/* BUF_TMP: one slot per member, where its buffer lands (this process's own slot, unused by
+ * the exchange, holds a partial of the tree); BUF_AUX: one flag per member. x[0] counts the
+ * arrivals (ucx_exchange_all), x[1] = R, x[2] = log2(P2), x[3] = P2. */
+
+static char *slot(const ucx_op *o, uint32_t p)
+{
+    return (char *)o->buf[BUF_TMP] + (size_t)p * o->count * o->es;
+}
+
+static void whole_out(const ucx_op *o, uint32_t q, char **at, size_t *len)
+{
+    (void)q;
+    *at = o->buf[BUF_RES];
+    *len = o->count * o->es;
+}
+
+static void slot_in(const ucx_op *o, uint32_t p, char **at, size_t *len)
+{
+    *at = slot(o, p);
+    *len = o->count * o->es;
+}
+
+static ccq_status direct_init(ucx_op *o, ccq_errbuf *err)
+{
+    uint32_t p2 = 1, lg = 0;
+    while (p2 * 2 <= o->P) {
+        p2 *= 2;
+        lg++;
+    }
+    if (o->P > UCX_DIRECT_AR_MAX_P) { /* ucx_select never picks it there */
+        snprintf(err->msg, sizeof err->msg, "the direct all_reduce spans at most %u processes",
+                 UCX_DIRECT_AR_MAX_P);
+        return CCQ_ERR_BACKEND;
+    }
+    if (ucx_scratch(o, BUF_TMP, o->count * o->es * o->P) == NULL ||
+        ucx_scratch(o, BUF_AUX, o->P) == NULL) {
+        snprintf(err->msg, sizeof err->msg, "out of memory for UCX scratch");
+        return CCQ_ERR_NO_MEMORY;
+    }
+    memset(o->buf[BUF_AUX], 0, o->P);
+    o->x[0] = 0;
+    o->x[1] = o->P - p2;
+    o->x[2] = lg;
+    o->x[3] = p2;
+    o->stage = ST_ROUNDS;
+    return CCQ_OK;
+}
+
+/* Member p's buffer: this process's own in res, the others' where they landed. */
+static const char *input_of(const ucx_op *o, uint32_t p)
+{
+    return p == o->me ? o->buf[BUF_RES] : slot(o, p);
+}
+
+/* Recursive doubling's tree over the P buffers, every combine the lower-ranked partial
+ * first: the fold's pairs (2v, 2v + 1) for v < R, then log2(P2) levels of halves. Node v's
+ * partial is written into the slot of real_of(v), which holds nothing else needed any more;
+ * the root's into res (this process's own sends, which read res, have left by then). */
+static void direct_tree(ucx_op *o)
+{
+    uint32_t R = o->x[1], lg = o->x[2], P2 = o->x[3];
+    const void *node[UCX_DIRECT_AR_MAX_P];
+    for (uint32_t v = 0; v < P2; v++) {
+        if (v < R) {
+            const void *src[2] = {input_of(o, 2 * v), input_of(o, 2 * v + 1)};
+            ucx_reduce(o, 2, src, slot(o, 2 * v + 1), o->count);
+            node[v] = slot(o, 2 * v + 1);
+        } else {
+            node[v] = input_of(o, v + R);
+        }
+    }
+    for (uint32_t k = 0; k < lg; k++) {
+        for (uint32_t v = 0; v < P2; v += 2u << k) {
+            const void *src[2] = {node[v], node[v + (1u << k)]};
+            void *dst = k + 1 == lg ? o->buf[BUF_RES] : slot(o, real_of(o, v));
+            ucx_reduce(o, 2, src, dst, o->count);
+            node[v] = dst;
+        }
+    }
+}
+
+static ccq_status direct_advance(ucx_op *o, ccq_errbuf *err)
+{
+    ccq_status st;
+    if (o->stage == ST_DONE)
+        return CCQ_OK;
+    if ((st = ucx_exchange_all(o, whole_out, slot_in, o->buf[BUF_AUX], err)) != CCQ_OK)
+        return st;
+    /* res is written by the tree's root: its sends must have left. */
+    if (!ucx_sends_done(o, 0, &st, err))
+        return st != CCQ_OK ? st : CCQ_IN_PROGRESS;
+    if (st != CCQ_OK)
+        return st;
+    direct_tree(o);
+    o->stage = ST_DONE;
+    return CCQ_OK;
+}
+
+const ucx_alg ucx_allreduce_direct = {"direct", direct_init, direct_advance};

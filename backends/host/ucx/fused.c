@@ -6,11 +6,11 @@
  * follow the sender's engine operation in a member's start_run (its run), among the members
  * the sender heard from in this operation (itself included). An all_reduce's schedule moves
  * information from every member to every member (recursive doubling, its pre and post steps
- * too, and the ring), so when it ends every member holds the same fewest, W: the next W
- * operations are started in every member, in the same start_run call as that one (so in one
- * batch, as a fused operation's parts must be: backend.h). Those W operations form the window:
- * every member cuts it into fused groups by the rule of backends/fuse.h, from the same
- * operations, so alike, and starts them at once; the window's last engine operation tells
+ * too, the direct exchange, and the ring), so when it ends every member holds the same fewest,
+ * W: the next W operations are started in every member, in the same start_run call as that one
+ * (so in one batch, as a fused operation's parts must be: backend.h). Those W operations form
+ * the window: every member cuts it into fused groups by the rule of backends/fuse.h, from the
+ * same operations, so alike, and starts them at once; the window's last engine operation tells
  * the next window. An operation at the start of a window whose predecessor has not ended
  * yet waits for it (it cannot know whether it fuses before); one the previous agreement
  * gave no window (W = 0) runs alone and tells the next. Nothing ever waits for an operation
@@ -20,9 +20,10 @@
  * member to every member too, so the same agreement covers them.
  *
  * Which operations fuse (below fusion_bytes each): all_reduces whose own schedule would be
- * recursive doubling (at most the ring threshold, ucx/select.c); reduce_scatters whose own
- * would be the direct exchange (at most its threshold in all); either at any size with two
- * member processes and a commutative combine (integers; sum, product and average of floats);
+ * recursive doubling or the direct one, which combines along its tree (at most the ring
+ * threshold, ucx/select.c); reduce_scatters whose own would be the direct exchange (at most its
+ * threshold in all); either at any size with two member processes and a commutative combine
+ * (integers; sum, product and average of floats);
  * all_gathers of any size (they combine nothing). A fused all_reduce runs recursive doubling
  * over its parts laid end to end (with two processes and a commuting combine above the ring
  * threshold, the ring: the same one combine of two partials per element, half the reduction

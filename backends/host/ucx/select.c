@@ -16,6 +16,9 @@
 /* all_reduce: recursive doubling (log2 P rounds of whole buffers) up to this many bytes, the
  * ring (2 (P - 1) steps of 1/P of them each) above. */
 #define RING_BYTES (32u * 1024u)
+/* all_reduce of 3 to UCX_DIRECT_AR_MAX_P processes: everyone to everyone at once up to this many
+ * bytes (0: never), recursive doubling's combines done by each (ucx/allreduce_rd.c). */
+#define DIRECT_AR_BYTES (2u * 1024u)
 /* all_gather, reduce_scatter: everyone to everyone at once up to this many bytes in all. */
 #define DIRECT_BYTES (64u * 1024u)
 /* Pipelined schedules: segment size, and how many segments move at once. */
@@ -73,6 +76,11 @@ static uint64_t knob(const char *name, uint64_t def)
 void ucx_tuning(ucx_engine *e)
 {
     e->ring_bytes = knob("CCQ_UCX_RING_BYTES", RING_BYTES);
+    /* 0 = never (recursive doubling at every small size, as before 2026-12-05). */
+    uint64_t direct;
+    e->direct_ar_bytes = ccq_env_u64("CCQ_UCX_DIRECT_AR_BYTES", 0, 1ull << 40, &direct) > 0
+                             ? (size_t)direct
+                             : DIRECT_AR_BYTES;
     /* 0 = never (every payload from 8 KiB by UCX's rendezvous, as before 2026-12-04). */
     uint64_t eager;
     e->eager_bytes =
@@ -109,6 +117,9 @@ const ucx_alg *ucx_select(const ucx_op *o)
     size_t all = bytes * o->c->nranks;
     switch (o->kind) {
     case CCQ_KIND_ALL_REDUCE:
+        if (bytes <= o->e->direct_ar_bytes && o->e->direct_ar_bytes > 0 && o->P >= 3 &&
+            o->P <= UCX_DIRECT_AR_MAX_P)
+            return &ucx_allreduce_direct;
         return bytes <= o->e->ring_bytes || o->count < o->P ? &ucx_allreduce_rd
                                                             : &ucx_allreduce_ring;
     case CCQ_KIND_REDUCE:

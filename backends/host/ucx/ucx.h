@@ -144,6 +144,7 @@ struct ucx_engine {
     uint64_t dropped;  /* messages discarded (aborted comm, failed op, malformed) */
     uint64_t last_activity_ns;         /* the last arrival or start (the poll interval's clock) */
     size_t ring_bytes, seg_bytes;      /* schedule thresholds (ucx/select.c) */
+    size_t direct_ar_bytes;            /* all_reduce: the direct schedule up to it */
     size_t stream_bytes;               /* outputs by streaming stores from (ucx/select.c) */
     bool fused_in_place;               /* fused ring inputs read in place (ucx/select.c) */
     size_t bulk_bytes;                 /* payloads of at least this go on ucx_peer.bulk */
@@ -449,7 +450,9 @@ const char *ucx_op_name(uint8_t op);
 
 /* ---- the schedules (one file each; ucx/select.c picks one) ---------------------------- */
 
-extern const ucx_alg ucx_allreduce_rd, ucx_allreduce_ring;
+extern const ucx_alg ucx_allreduce_rd, ucx_allreduce_ring, ucx_allreduce_direct;
+/* The most processes the direct all_reduce spans (ucx/allreduce_rd.c). */
+#define UCX_DIRECT_AR_MAX_P 8u
 extern const ucx_alg ucx_reduce_binomial, ucx_bcast_binomial;
 extern const ucx_alg ucx_allgather_direct, ucx_allgather_ring;
 extern const ucx_alg ucx_reduce_scatter_direct, ucx_reduce_scatter_ring;
