@@ -6,10 +6,12 @@
  * "scheduler only". */
 #define _GNU_SOURCE
 #include <inttypes.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/cores.h"
 #include "runtime/boot/bootstrap.h"
 #include "runtime/sched.h"
 
@@ -336,6 +338,16 @@ void *ccq_sched_main(void *arg)
     ccq_sched *S = rt->sched;
     uint64_t spin_ns = rt->spin_ns, busy_ns = ccq_now_ns();
     unsigned spin_step = 0;
+    /* Once commands ended and nothing is in flight, the idle spin gives the core away after
+     * its first step, as a fence waiter does after submitting (queue/wake.c): the two threads
+     * hand work to each other, and where a process's threads outnumber the cores left to it
+     * (2 processes on 2 cores: a submitting thread and a scheduler each) the fence waiter
+     * waits for this very core. One 8-byte all_reduce then a fence: 2 x 1 1.4-1.8x faster,
+     * 2 x 2 1.4x. Only in a world whose processes do not outnumber the cores: with more
+     * (4 x 1 on 2) the core may go to another process's busy scheduler instead, and nothing
+     * measured there showed a gain beyond its noise; in one process a back-to-back fence came
+     * out slower (0.8x). docs/performance.md, "The scheduler's hand-off yield". */
+    bool handoff_yield = rt->world.size > 1 && rt->world.size <= ccq_usable_cores();
 
     ccq_tls_inside |= CCQ_INSIDE_SCHED;
     S->boot_poll_min_ns = CCQ_FORM_POLL_NS;
@@ -393,10 +405,19 @@ void *ccq_sched_main(void *arg)
          * system call either, since `sleeping` stays 0). Bounded, so an idle runtime does
          * not hold a core. */
         if (now - busy_ns < spin_ns) {
-            for (int k = 0; k < 8 && !work_visible(rt); k++)
+            for (int k = 0; k < 8 && !work_visible(rt); k++) {
+                /* Commands just ended and nothing is left in flight: a fence waiter is
+                 * about to run, maybe queued on this very core, which the spin would hold
+                 * for 7 steps (see handoff_yield). */
+                if (k == 1 && handoff_yield && S->ended_pass && S->ninflight == 0) {
+                    S->ended_pass = false;
+                    sched_yield();
+                }
                 ccq_spin_step(&spin_step);
+            }
             continue;
         }
+        S->ended_pass = false;
 
         deadline = min_u64(
             S->wd_next, ccq_trace_next_tick(&rt->trace, S->completed + S->failed + S->cancelled));

@@ -24,6 +24,7 @@ typedef struct ccq_sched {
     ccq_batch *batch_free;
     ccq_batch *inflight; /* batches issued and not returned (next links) */
     uint32_t ninflight;
+    bool ended_pass;    /* commands ended since the scheduler last went idle (ccq_sched_main) */
     ccq_be_batch *done; /* completions polled but not processed yet */
     uint64_t pass, attempt, batch_id;
     /* The current attempt's tentative set and undo lists. */

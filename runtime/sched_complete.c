@@ -126,6 +126,7 @@ void sched_publish_ended(ccq_runtime *rt, ccq_stream *s, uint64_t n)
     atomic_store_explicit(&rt->stats.failed, S->failed, memory_order_release);
     atomic_store_explicit(&rt->stats.cancelled, S->cancelled, memory_order_release);
     ccq_stream_publish_ended(s, n);
+    S->ended_pass = true;
     ccq_gw_passed(s, s->ending);
     /* GPU-side waits: commands that never reached the device advance the counter here. */
     if (rt->be_ops->stream_ended != NULL)
