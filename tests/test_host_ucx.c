@@ -633,8 +633,8 @@ static void stopped_pair(ccq_runtime *rt, const ccq_device_id *pair)
     snprintf(want, sizeof want, "waits for process %u's message (step 0", wsize - 1);
     /* An eager send completes once the block is in the silent one's queue: it is if the
      * endpoint to it was connected before it fell silent (by an earlier operation's message
-     * to it: the first all_reduce's direct schedule sends to everyone), still leaving if the
-     * connection waits for it. A rendezvous waits for it either way. */
+     * to it, as the direct all_reduce sends to everyone), still leaving if the connection
+     * waits for it. A rendezvous waits for it either way. */
     const char *eager_bytes = getenv("CCQ_UCX_EAGER_BYTES"), *bulk = getenv("CCQ_UCX_BULK_BYTES");
     bool eager =
         (eager_bytes == NULL || atoi(eager_bytes) > 0) && bulk != NULL && atoi(bulk) > 128 * 1024;

@@ -10,8 +10,9 @@
  * sums too), whatever the order the messages arrived in: the result is one fixed tree over
  * the processes' inputs (the pairs of the fold, then the rounds' halves).
  *
- * Direct (three processes or more, the smallest buffers): every process sends its buffer to
- * every other at once, one round, and combines the P buffers itself along that same tree.
+ * Direct (opt-in: ucx/select.c, DIRECT_AR_BYTES; three processes or more, the smallest
+ * buffers): every process sends its buffer to every other at once, one round, and combines
+ * the P buffers itself along that same tree.
  * The bits are recursive doubling's (a fused group of such operations runs recursive
  * doubling over its parts: ucx/fused.c), and no process waits for a partner's earlier round:
  * one message on the way to each process instead of 2 in a row with 4 processes, or 3 with 3

@@ -17,8 +17,12 @@
  * ring (2 (P - 1) steps of 1/P of them each) above. */
 #define RING_BYTES (32u * 1024u)
 /* all_reduce of 3 to UCX_DIRECT_AR_MAX_P processes: everyone to everyone at once up to this many
- * bytes (0: never), recursive doubling's combines done by each (ucx/allreduce_rd.c). */
-#define DIRECT_AR_BYTES (2u * 1024u)
+ * bytes, recursive doubling's combines done by each (ucx/allreduce_rd.c). Off by default
+ * (0): on the 2-core machines of docs/performance.md, where 3 or 4 processes take turns on 2
+ * cores whatever the schedule, it measured within the noise of recursive doubling (0.80-1.10x
+ * by size and method); where every process has a core it saves round trips, not measured
+ * here. CCQ_UCX_DIRECT_AR_BYTES=2048 turns it on. */
+#define DIRECT_AR_BYTES 0u
 /* all_gather, reduce_scatter: everyone to everyone at once up to this many bytes in all. */
 #define DIRECT_BYTES (64u * 1024u)
 /* Pipelined schedules: segment size, and how many segments move at once. */
@@ -76,7 +80,7 @@ static uint64_t knob(const char *name, uint64_t def)
 void ucx_tuning(ucx_engine *e)
 {
     e->ring_bytes = knob("CCQ_UCX_RING_BYTES", RING_BYTES);
-    /* 0 = never (recursive doubling at every small size, as before 2026-12-05). */
+    /* 0 = never (recursive doubling at every small size: the default). */
     uint64_t direct;
     e->direct_ar_bytes = ccq_env_u64("CCQ_UCX_DIRECT_AR_BYTES", 0, 1ull << 40, &direct) > 0
                              ? (size_t)direct
