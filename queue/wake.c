@@ -88,6 +88,12 @@ static void name_level(ccq_signal *ev, uint64_t lv)
 bool ccq_signal_wait_level(ccq_signal *ev, bool (*pred)(void *), uint64_t (*level)(void *),
                            void *arg, uint64_t deadline_ns, uint64_t spin_ns)
 {
+    return ccq_signal_wait_level_flags(ev, pred, level, arg, deadline_ns, spin_ns, 0);
+}
+
+bool ccq_signal_wait_level_flags(ccq_signal *ev, bool (*pred)(void *), uint64_t (*level)(void *),
+                                 void *arg, uint64_t deadline_ns, uint64_t spin_ns, unsigned flags)
+{
     bool ok;
     uint64_t spin_end = 0;
 
@@ -97,13 +103,14 @@ bool ccq_signal_wait_level(ccq_signal *ev, bool (*pred)(void *), uint64_t (*leve
     for (unsigned step = 0; spin_ns > 0;) {
         if (pred(arg))
             return true;
-        /* Not done after one step (~1 us): give the core away once, at once rather than at
-         * the 8th step. A waiter has usually just handed work to another thread (a fence
-         * after a submission: the scheduler); where threads outnumber cores that thread may
-         * be waiting for this very core, and each step spun delays it. Where a core is free
-         * the yield costs one system call. Measured (docs/performance.md, "A waiter's first
-         * yield"): one all_reduce then a fence, 2 processes on 2 cores, 1.6x faster. */
-        if (step == 1)
+        /* CCQ_WAIT_HANDOFF, not done after one step (~1 us): give the core away once, at
+         * once rather than at the 8th step. Such a waiter has just handed work to another
+         * thread (a fence after a submission: the scheduler); where threads outnumber cores
+         * that thread may be waiting for this very core, and each step spun delays it. Where
+         * a core is free the yield costs one system call: in one process a back-to-back
+         * fence paid it (0.8x), so the runtime asks for it only across processes
+         * (docs/performance.md, "A waiter's first yield"). */
+        if (step == 1 && (flags & CCQ_WAIT_HANDOFF))
             sched_yield();
         ccq_spin_step(&step);
         uint64_t now = ccq_now_ns();

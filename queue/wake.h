@@ -164,4 +164,10 @@ bool ccq_signal_wait_spin(ccq_signal *ev, bool (*pred)(void *), void *arg, uint6
 bool ccq_signal_wait_level(ccq_signal *ev, bool (*pred)(void *), uint64_t (*level)(void *),
                            void *arg, uint64_t deadline_ns, uint64_t spin_ns);
 
+/* The same with options: CCQ_WAIT_HANDOFF yields once after the first spin step (a waiter
+ * that just handed work to a thread that may need this core; see wake.c). */
+#define CCQ_WAIT_HANDOFF 1u
+bool ccq_signal_wait_level_flags(ccq_signal *ev, bool (*pred)(void *), uint64_t (*level)(void *),
+                                 void *arg, uint64_t deadline_ns, uint64_t spin_ns, unsigned flags);
+
 #endif /* CCQ_QUEUE_WAKE_H */

@@ -108,6 +108,16 @@ static uint64_t fence_spin_ns(const ccq_runtime *rt)
     return rt->spin_ns;
 }
 
+/* ...and whether it gives its core away after its first step (CCQ_WAIT_HANDOFF): in a world of
+ * several processes, where a submitting thread and its scheduler take turns on shared cores
+ * (one 8-byte all_reduce then a fence, 2 x 1: the queue part 8 -> 3 us); in one process a
+ * back-to-back fence only paid the system call (docs/performance.md, "A waiter's first
+ * yield"). */
+static unsigned fence_wait_flags(const ccq_runtime *rt)
+{
+    return rt->world.size > 1 ? CCQ_WAIT_HANDOFF : 0;
+}
+
 /*
  * A producer that finds its stream full sleeps until a quarter of the queue is free again
  * (room_slack), not one slot: woken at every ended command, a long chain of small operations
@@ -189,8 +199,9 @@ ccq_status ccq_stream_reserve_slow(ccq_runtime *rt, ccq_stream *s, const char *f
         room_wait w = {s, rt->cfg.queue_depth, room_slack(rt->cfg.queue_depth)};
         uint64_t nap = ccq_add_sat(now, nap_ns);
         /* Either way round again: one free slot takes a ticket, none waits on. */
-        (void)ccq_signal_wait_level(&s->ev, has_room_or_closed, room_level, &w,
-                                    nap < deadline ? nap : deadline, fence_spin_ns(rt));
+        (void)ccq_signal_wait_level_flags(&s->ev, has_room_or_closed, room_level, &w,
+                                          nap < deadline ? nap : deadline, fence_spin_ns(rt),
+                                          fence_wait_flags(rt));
         nap_ns = nap_ns < ROOM_NAP_MAX_NS / 2 ? 2 * nap_ns : ROOM_NAP_MAX_NS;
         t = atomic_load_explicit(&s->tickets, memory_order_relaxed);
     }
@@ -411,8 +422,8 @@ CCQ_API ccq_status ccq_fence_wait(ccq_runtime *rt, ccq_device_id device, ccq_str
         st = fence_status(rt, s, "ccq_fence_wait", f, false); /* arguments, before sleeping */
         if (st != CCQ_IN_PROGRESS)
             return st;
-        if (!ccq_signal_wait_level(&s->ev, fence_done, fence_level, &w, deadline,
-                                   fence_spin_ns(rt))) {
+        if (!ccq_signal_wait_level_flags(&s->ev, fence_done, fence_level, &w, deadline,
+                                         fence_spin_ns(rt), fence_wait_flags(rt))) {
             uint64_t e = atomic_load_explicit(&s->ended, memory_order_acquire);
             return ccq_fail(CCQ_IN_PROGRESS,
                             "ccq_fence_wait: device %u stream %u: %llu of the commands it "
@@ -515,8 +526,8 @@ static ccq_status sync_collective(ccq_runtime *rt, ccq_device_id device, ccq_str
         uint64_t grace =
             rt->timeout_ns / 4 < 250000000ull ? rt->timeout_ns / 4 + 50000000ull : 300000000ull;
         deadline = ccq_deadline_in(ccq_add_sat(rt->timeout_ns, grace));
-        bool ok =
-            ccq_signal_wait_level(&s->ev, fence_done, fence_level, &w, deadline, fence_spin_ns(rt));
+        bool ok = ccq_signal_wait_level_flags(&s->ev, fence_done, fence_level, &w, deadline,
+                                              fence_spin_ns(rt), fence_wait_flags(rt));
         /* Issued work is aborted timeout_ms after it was issued, which can be later than
          * this fence's deadline: wait for that verdict rather than report a bare timeout. */
         uint64_t issued = atomic_load_explicit(&s->issued_ns, memory_order_acquire);
