@@ -30,13 +30,21 @@ enum { ST_FOLD, ST_ROUNDS, ST_UNFOLD, ST_WAIT_FINAL, ST_DONE };
 
 /* x[0] = P2, x[1] = R, x[2] = log2(P2) */
 
+/* P2, the largest power of two <= P, and its log2 (*lg): the tree both schedules follow. */
+static uint32_t pow2_below(uint32_t P, uint32_t *lg)
+{
+    uint32_t p2 = 1;
+    *lg = 0;
+    while (p2 * 2 <= P) {
+        p2 *= 2;
+        ++*lg;
+    }
+    return p2;
+}
+
 static ccq_status rd_init(ucx_op *o, ccq_errbuf *err)
 {
-    uint32_t p2 = 1, lg = 0;
-    while (p2 * 2 <= o->P) {
-        p2 *= 2;
-        lg++;
-    }
+    uint32_t lg, p2 = pow2_below(o->P, &lg);
     o->x[0] = p2;
     o->x[1] = o->P - p2;
     o->x[2] = lg;
@@ -195,11 +203,7 @@ static void slot_in(const ucx_op *o, uint32_t p, char **at, size_t *len)
 
 static ccq_status direct_init(ucx_op *o, ccq_errbuf *err)
 {
-    uint32_t p2 = 1, lg = 0;
-    while (p2 * 2 <= o->P) {
-        p2 *= 2;
-        lg++;
-    }
+    uint32_t lg, p2 = pow2_below(o->P, &lg);
     if (o->P > UCX_DIRECT_AR_MAX_P) { /* ucx_select never picks it there */
         snprintf(err->msg, sizeof err->msg, "the direct all_reduce spans at most %u processes",
                  UCX_DIRECT_AR_MAX_P);
@@ -215,7 +219,7 @@ static ccq_status direct_init(ucx_op *o, ccq_errbuf *err)
     o->x[1] = o->P - p2;
     o->x[2] = lg;
     o->x[3] = p2;
-    o->stage = ST_ROUNDS;
+    o->stage = ST_ROUNDS; /* anything but ST_DONE: the tree not combined yet */
     return CCQ_OK;
 }
 

@@ -172,7 +172,8 @@ struct ucx_engine {
  * broadcast's root), a disagreement shows only in a message that arrives after the
  * operation ended here. */
 #define UCX_ENDED 16u
-/* Buckets of ucx_comm.by_seq and ucx_comm.early (a power of two), and an operation's. */
+/* Buckets of ucx_comm.by_seq and ucx_comm.early (a power of two), and the bucket of a
+ * channel's sequence number. */
 #define UCX_OP_BUCKETS 64u
 static inline uint32_t ucx_seq_bucket(uint32_t chan, uint64_t seq)
 {
