@@ -258,6 +258,14 @@ typedef struct ccq_backend_ops {
      * not limited: NCCL matches them per peer in order whatever the grouping, and an
      * exchange between processes needs both directions in one group. */
     uint32_t span_group_limit;
+    /* Where span_group_limit is 0: the collectives of one communicator spanning processes a
+     * batch holds at most, by choice, not for correctness (0 = as many as max_batch_ops).
+     * Each process cuts alone, which such an engine allows; the runtime's ccq_comm.group_limit
+     * starts at this (CCQ_SPAN_BATCH_OPS overrides it). The host backend's 64: its engines run
+     * a batch's operations all at once, and a DDP step's 1 MiB rings and fused groups all in
+     * flight together ran slower than fewer at a time (docs/performance.md, "Batches across
+     * processes"). */
+    uint32_t span_batch_ops;
 
     /* ---- Optional hooks called on user threads (NULL when unused). They must be
      * thread-safe and must not call into anything that is not (no NCCL calls): they exist

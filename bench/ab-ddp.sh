@@ -2,9 +2,10 @@
 # Two builds of libccq (or one build, two settings) side by side on the DDP step of
 # bench/ddp-step.sh (docs/performance.md, "Fusion: a data-parallel step"): 2 plain processes x G
 # devices of bench/ddp_step on the UCX engine over tcp:// (loopback), fusion at its default,
-# A then B then MPI alone (MPI_Allreduce per parameter and one of the packed gradients, 2 x G
-# processes under mpirun), REPS times interleaved. Prints the medians of the runs' median step
-# times, A/B (> 1: B faster), the fastest steps, and MPI against each (> 1: ccq faster).
+# A, B and MPI alone (MPI_Allreduce per parameter and one of the packed gradients, 2 x G
+# processes under mpirun), REPS times interleaved, the order rotating. Prints the medians of
+# the runs' median step times, A/B (> 1: B faster), the fastest steps, and MPI against each
+# (> 1: ccq faster).
 # Usage: bench/ab-ddp.sh DIR_A DIR_B [REPS [G]]   e.g. bench/ab-ddp.sh /tmp/a /tmp/b 9 1
 # Env: ENV_A and ENV_B (VAR=VALUE words for A's or B's processes only, e.g.
 #   ENV_A=CCQ_UCX_FUSED_IN_PLACE=0 bench/ab-ddp.sh build-bench build-bench), STEPS (20),
@@ -16,7 +17,7 @@ cd "$(dirname "$0")/.."
     sed -n '2,12p' "$0"
     exit 2
 }
-A=$1 B=$2 REPS=${3:-7} G=${4:-1}
+A=$1 B=$2 REPS=${3:-9} G=${4:-1}
 d=$PWD/build-bench
 [ -x "$d/bench/ddp_step" ] && [ -x "$d/mpi_ddp_step" ] || {
     echo "build build-bench and build-bench/mpi_ddp_step first (bench/ddp-step.sh does)" >&2
@@ -26,23 +27,33 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 out=${OUTDIR:-$(mktemp -d)}
 mkdir -p "$out"
 com=(-n "${STEPS:-20}" -w 3 -r 1 --params "${PARAMS:-500x1K,90x64K,10x1M}" --order interleaved)
-for r in $(seq 1 "$REPS"); do
-    for X in A B; do
-        lib=$A extra=${ENV_A:-}
-        [ "$X" = B ] && lib=$B extra=${ENV_B:-}
-        port=$((20000 + RANDOM % 20000))
-        pids=()
-        for p in 0 1; do
-            # shellcheck disable=SC2086 # extra holds VAR=VALUE words
-            env $extra LD_LIBRARY_PATH="$lib" CCQ_WORLD_RANK=$p CCQ_WORLD_SIZE=2 \
-                CCQ_BOOTSTRAP=tcp://127.0.0.1:$port CCQ_HOST_ENGINE=ucx "$d/bench/ddp_step" \
-                -g "$G" "${com[@]}" --fusion default --json "$out/$X.$r.json" > /dev/null &
-            pids+=($!)
-        done
-        wait "${pids[@]}"
+# The order rotates every repetition (A B M, B M A, M A B): on these VMs whichever of two
+# back-to-back runs comes second was often up to 15-20% faster (2026-12-05: a setting A/B'd in
+# both orders gave 1.18x and 0.88x), so a fixed order biases every ratio below. Each takes
+# every place once in 3 repetitions: give REPS as a multiple of 3.
+run_ccq() { # run_ccq A|B REP
+    local lib=$A extra=${ENV_A:-} port=$((20000 + RANDOM % 20000)) pids=() p
+    [ "$1" = B ] && lib=$B extra=${ENV_B:-}
+    for p in 0 1; do
+        # shellcheck disable=SC2086 # extra holds VAR=VALUE words
+        env $extra LD_LIBRARY_PATH="$lib" CCQ_WORLD_RANK=$p CCQ_WORLD_SIZE=2 \
+            CCQ_BOOTSTRAP=tcp://127.0.0.1:$port CCQ_HOST_ENGINE=ucx "$d/bench/ddp_step" \
+            -g "$G" "${com[@]}" --fusion default --json "$out/$1.$2.json" > /dev/null &
+        pids+=($!)
     done
-    mpirun --oversubscribe --bind-to none -np $((2 * G)) "$d/mpi_ddp_step" "${com[@]}" \
-        > "$out/M.$r.json" 2> /dev/null
+    wait "${pids[@]}"
+}
+order=(A B M)
+for r in $(seq 1 "$REPS"); do
+    k=$(((r - 1) % 3))
+    for X in "${order[@]:k}" "${order[@]:0:k}"; do
+        if [ "$X" = M ]; then
+            mpirun --oversubscribe --bind-to none -np $((2 * G)) "$d/mpi_ddp_step" "${com[@]}" \
+                > "$out/M.$r.json" 2> /dev/null
+        else
+            run_ccq "$X" "$r"
+        fi
+    done
 done
 echo "# DDP step, 2 processes x $G devices, UCX engine, fusion default; $REPS interleaved runs; $out"
 echo "# A: $A ${ENV_A:-}; B: $B ${ENV_B:-}; MPI alone: $((2 * G)) processes"

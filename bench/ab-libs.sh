@@ -2,13 +2,14 @@
 # Two builds of libccq (each a directory holding libccq.so and its modules, e.g. copies of
 # build-bench before and after a change) side by side in one run, with MPI_Allreduce beside
 # them: P plain processes x G devices of ccq-perf on the UCX engine over tcp:// (loopback),
-# all_reduce float32 out of place, one size at a time, A then B then MPI, REPS times; each cell
-# is the median of its REPS runs (rank 0's mean time per op, as nccl-tests reports), and the
-# fastest of them beside it: the 2-vCPU VMs of docs/performance.md switch for seconds at a time
-# between a fast and a 3-4x slower memory (MPI_Allreduce alone too), which moves a median of
-# few runs more than most changes do; the fastest run of each is the cost without that.
+# all_reduce float32 out of place, one size at a time, A, B and MPI (the order rotating), REPS
+# times; each cell is the median of its REPS runs (rank 0's mean time per op, as nccl-tests
+# reports), and the fastest of them beside it: the 2-vCPU VMs of docs/performance.md switch
+# for seconds at a time between a fast and a 3-4x slower memory (MPI_Allreduce alone too),
+# which moves a median of few runs more than most changes do; the fastest run of each is the
+# cost without that.
 # Usage: bench/ab-libs.sh DIR_A DIR_B P G SIZE...   e.g. bench/ab-libs.sh /tmp/a /tmp/b 2 1 64K 1M
-# Env: REPS (5), ITERS (20), OP (sum; MPI_Allreduce always sums), PORT (29800), ENV_A and ENV_B
+# Env: REPS (6), ITERS (20), OP (sum; MPI_Allreduce always sums), PORT (29800), ENV_A and ENV_B
 #   (VAR=VALUE words set for A's or B's processes only: one build, two settings, e.g.
 #   ENV_B=CCQ_UCX_RING_BYTES=131072 bench/ab-libs.sh build-bench build-bench 2 1 64K).
 # libccq.so is taken from each directory through LD_LIBRARY_PATH (ccq-perf's RUNPATH gives
@@ -21,7 +22,7 @@ cd "$(dirname "$0")/.."
 }
 A=$1 B=$2 P=$3 G=$4
 shift 4
-REPS=${REPS:-5}
+REPS=${REPS:-6}
 ITERS=${ITERS:-20}
 OP=${OP:-sum}
 PORT=${PORT:-29800}
@@ -31,27 +32,35 @@ mpi=$PWD/build-bench/mpi_allreduce
 out=$(mktemp -d)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
+run_ccq() { # run_ccq A|B SIZE REP
+    local dir=$A extra=${ENV_A:-} pids=() r
+    [ "$1" = B ] && dir=$B extra=${ENV_B:-}
+    for r in $(seq 0 $((P - 1))); do
+        # shellcheck disable=SC2086
+        env $extra LD_LIBRARY_PATH=$dir CCQ_WORLD_RANK=$r CCQ_WORLD_SIZE=$P \
+            CCQ_BOOTSTRAP=tcp://127.0.0.1:$PORT CCQ_HOST_ENGINE=ucx \
+            "$perf" -g "$G" -b "$2" -e "$2" -n "$ITERS" -w 5 -o "$OP" --json \
+            >"$out/$1.$2.$3.r$r" &
+        pids+=($!)
+    done
+    for r in "${pids[@]}"; do wait "$r"; done
+    PORT=$((PORT + 1))
+}
+# The order rotates every repetition (A B M, B M A, M A B; M = MPI): whichever of two
+# back-to-back runs came second was often faster on these VMs (ab-ddp.sh), so a fixed order
+# biases the ratios. Each takes every place once in 3 repetitions: give REPS as a multiple of 3.
+order=(A B M)
 for rep in $(seq 1 "$REPS"); do
+    k=$(((rep - 1) % 3))
     for S in "$@"; do
-        for X in A B; do
-            dir=$A extra=${ENV_A:-}
-            [ "$X" = B ] && dir=$B extra=${ENV_B:-}
-            pids=()
-            for r in $(seq 0 $((P - 1))); do
-                # shellcheck disable=SC2086
-                env $extra LD_LIBRARY_PATH=$dir CCQ_WORLD_RANK=$r CCQ_WORLD_SIZE=$P \
-                    CCQ_BOOTSTRAP=tcp://127.0.0.1:$PORT CCQ_HOST_ENGINE=ucx \
-                    "$perf" -g "$G" -b "$S" -e "$S" -n "$ITERS" -w 5 -o "$OP" --json \
-                    >"$out/$X.$S.$rep.r$r" &
-                pids+=($!)
-            done
-            for p in "${pids[@]}"; do wait "$p"; done
-            PORT=$((PORT + 1))
+        for X in "${order[@]:k}" "${order[@]:0:k}"; do
+            if [ "$X" != M ]; then
+                run_ccq "$X" "$S" "$rep"
+            elif [ -x "$mpi" ]; then
+                mpirun --oversubscribe --bind-to none -np $((P * G)) "$mpi" -b "$S" -e "$S" \
+                    -n "$ITERS" -w 5 >"$out/M.$S.$rep" 2>/dev/null
+            fi
         done
-        if [ -x "$mpi" ]; then
-            mpirun --oversubscribe --bind-to none -np $((P * G)) "$mpi" -b "$S" -e "$S" \
-                -n "$ITERS" -w 5 >"$out/M.$S.$rep" 2>/dev/null
-        fi
     done
 done
 

@@ -99,7 +99,9 @@ static ccq_comm *comm_new(ccq_runtime *rt, const ccq_device_id *sorted, uint32_t
         comm_free(c);
         return NULL;
     }
-    c->group_limit = c->nprocs > 1 ? rt->be_ops->span_group_limit : 0;
+    c->group_limit = c->nprocs <= 1                      ? 0
+                     : rt->be_ops->span_group_limit != 0 ? rt->be_ops->span_group_limit
+                                                         : rt->span_batch_ops;
     for (uint32_t i = 0; i < n; i++)
         atomic_init(&c->coll_seq[i].v, 0);
     for (int i = 0; i < 2; i++) {

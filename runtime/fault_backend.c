@@ -353,6 +353,7 @@ ccq_status ccq_fault_wrap(const ccq_fault_plan *plan, const ccq_backend_ops **op
         .abort = fault_abort,
         .stages_sends = in->stages_sends, /* ops reach the inner backend as they are */
         .span_group_limit = in->span_group_limit,
+        .span_batch_ops = in->span_batch_ops,
         .poll_interval_ns = in->poll_interval_ns && in->poll_interval_ns < FAULT_POLL_INTERVAL_NS
                                 ? in->poll_interval_ns
                                 : FAULT_POLL_INTERVAL_NS,

@@ -137,7 +137,8 @@ typedef struct ccq_comm {
      * (one backend group) may hold; 0 = no limit. Set at creation: the backend's
      * span_group_limit when the communicator spans processes (each process's scheduler cuts
      * its batches alone, and an engine that plans a group per communicator needs every
-     * process to hand it the same collectives), 0 otherwise. A mechanism by which the
+     * process to hand it the same collectives), else the runtime's span_batch_ops (a cap
+     * by choice, backend.h), 0 for a communicator of one process. A mechanism by which the
      * member processes agree on a grouping (a rule depending only on the sequence of
      * operations, or an agreement over the engine) may raise or lift it from the scheduler
      * thread. Written before the communicator is published; scheduler only afterwards. */
@@ -252,8 +253,12 @@ struct ccq_runtime {
      * Written by the scheduler only (relaxed: a stale value only costs a spin or a sleep). */
     _Atomic uint32_t engine_polling;
     bool fence_spin_always; /* CCQ_FENCE_SPIN=1: spin anyway (measurements) */
-    ccq_fault_plan fault;   /* fault injection (cfg.fault); the runtime applies `drop` */
-    ccq_stream *streams;    /* [ndev * max_streams] */
+    /* ccq_backend_ops.span_batch_ops where the world's processes do not outnumber the cores
+     * (else 0 = no cap), or CCQ_SPAN_BATCH_OPS: the group_limit of communicators spanning
+     * processes on a backend whose span_group_limit is 0. */
+    uint32_t span_batch_ops;
+    ccq_fault_plan fault; /* fault injection (cfg.fault); the runtime applies `drop` */
+    ccq_stream *streams;  /* [ndev * max_streams] */
 
     /* Wake-up of the scheduler, and its inputs besides the stream queues. */
     ccq_wake wake;

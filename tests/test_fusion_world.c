@@ -21,7 +21,10 @@
  *  - an injected failure inside a group (every process fails the same op) fails it alone
  *    (MPI only: the UCX engine cannot tell a member that it skipped an operation);
  *  - a process that stops submitting halfway: the others end with CCQ_ERR_TIMEOUT within
- *    timeout_ms, and destroy returns.
+ *    timeout_ms, and destroy returns;
+ *  - a batch holds at most 64 collectives of the world's communicator (span_batch_ops) where
+ *    the processes do not outnumber the cores, any number where they do, and as
+ *    CCQ_SPAN_BATCH_OPS says.
  * Float inputs of the result checks are in {-1, 0, 1} (any order of combining gives the same
  * bits); the bit-identity check uses ref_fill's full values. */
 #include <stdio.h>
@@ -30,6 +33,7 @@
 #include <time.h>
 
 #include "ccq.h"
+#include "common/cores.h"
 #include "fusion_work.h"
 #include "ref.h"
 
@@ -515,6 +519,64 @@ static void barrier(world *w)
     CHECK(ccq_sync_collective(w->rt, w->first, 7) == CCQ_OK && y == wsize, "barrier fence");
 }
 
+/* A batch holds at most CCQ_HOST_SPAN_BATCH_OPS (64) collectives of a communicator spanning
+ * processes (backend.h, span_batch_ops) where the world's processes do not outnumber the
+ * cores, and any number where they do: 200 one-element all_reduces, all queued before the
+ * scheduler may issue any (the gate), run in batches of at most 64 of them (and the gate's
+ * pair per local device), or in one (max_batch_ops' 256 bounds it), every result right.
+ * env: CCQ_SPAN_BATCH_OPS for every process (NULL: unset, the default). */
+static void batch_cap(const char *env)
+{
+    enum { N = 200, CAP = 64 };
+    static float v[N][2];
+    static uint32_t gate_out[2][1], gate_in[2][1];
+    world w;
+    ccq_stats st = {.struct_size = sizeof st};
+    bool capped = env != NULL ? strcmp(env, "0") != 0 : wsize <= ccq_usable_cores();
+    if (env != NULL)
+        setenv("CCQ_SPAN_BATCH_OPS", env, 1);
+    world_open(&w, F, NULL, 60000);
+    unsetenv("CCQ_SPAN_BATCH_OPS");
+    float want = (float)w.total * (float)(w.total + 1) / 2.0f;
+    for (uint32_t k = 0; k < w.cnt; k++)
+        CHECK(ccq_send(w.rt, w.first + k, 0, gate_in[k], 1, CCQ_UINT32, w.first + k) == CCQ_OK,
+              "gate");
+    for (size_t i = 0; i < N; i++)
+        for (uint32_t k = 0; k < w.cnt; k++) {
+            v[i][k] = (float)(w.first + k + 1);
+            CHECK(ccq_all_reduce(w.rt, w.first + k, 0, v[i] + k, v[i] + k, 1, CCQ_FLOAT32, CCQ_SUM,
+                                 w.devs, w.total) == CCQ_OK,
+                  "all_reduce %zu", i);
+        }
+    for (uint32_t k = 0; k < w.cnt; k++)
+        CHECK(ccq_recv(w.rt, w.first + k, 3, gate_out[k], 1, CCQ_UINT32, w.first + k) == CCQ_OK,
+              "gate opens");
+    for (uint32_t k = 0; k < w.cnt; k++)
+        CHECK(ccq_sync_collective(w.rt, w.first + k, 0) == CCQ_OK &&
+                  ccq_sync_collective(w.rt, w.first + k, 3) == CCQ_OK,
+              "fence: %s", ccq_last_error_detail());
+    for (size_t i = 0; i < N; i++)
+        for (uint32_t k = 0; k < w.cnt; k++)
+            CHECK(v[i][k] == want, "all_reduce %zu: %g, want %g", i, (double)v[i][k], (double)want);
+    CHECK(ccq_get_stats(w.rt, &st) == CCQ_OK, "stats");
+    if (capped)
+        CHECK(st.max_batch_ops <= CAP + w.cnt && st.batches >= (N + CAP - 1) / CAP,
+              "capped (CCQ_SPAN_BATCH_OPS %s): %llu operations in the largest batch, %llu "
+              "batches",
+              env ? env : "unset", (unsigned long long)st.max_batch_ops,
+              (unsigned long long)st.batches);
+    else
+        CHECK(st.max_batch_ops > CAP + w.cnt,
+              "not capped (CCQ_SPAN_BATCH_OPS %s): %llu operations in the largest batch",
+              env ? env : "unset", (unsigned long long)st.max_batch_ops);
+    world_close(&w);
+    if (wrank == 0)
+        printf("CCQ_SPAN_BATCH_OPS %s, %u processes on %u cores: largest batch %llu operations, "
+               "%llu batches\n",
+               env ? env : "unset", wsize, ccq_usable_cores(), (unsigned long long)st.max_batch_ops,
+               (unsigned long long)st.batches);
+}
+
 /* Process 1 submits op m (of the plan's first nops) with one more element. m = 5: inside the
  * first all_reduce run (ops 4 and 5, F/2 each, would fuse); 53: the all_gather run's; 69: the
  * reduce_scatter run's. */
@@ -670,6 +732,9 @@ int main(void)
     wsize = cfg.world_size;
     CHECK(wsize >= 2 && wsize <= 8, "run me under mpiexec -n 2..8 (world_size %u)", wsize);
     setvbuf(stdout, NULL, _IOLBF, 0);
+    batch_cap(NULL);
+    batch_cap("64");
+    batch_cap("0");
     patterns();
     identical();
     if (ucx_engine() && wsize == 2) {

@@ -675,6 +675,7 @@ const ccq_backend_ops ccq_host_backend_ops = {
     .comm_destroy = host_comm_destroy,
     .issue = host_issue,
     .stages_sends = true,
+    .span_batch_ops = CCQ_HOST_SPAN_BATCH_OPS,
     .poll = host_poll,
     .abort = host_abort,
     .poll_interval_ns = 0,

@@ -11,6 +11,15 @@
 #include "backends/backend.h"
 #include "backends/host/engine.h"
 
+/* The collectives of one communicator spanning processes that one batch holds at most
+ * (ccq_backend_ops.span_batch_ops; CCQ_SPAN_BATCH_OPS overrides it). A DDP step of 600
+ * gradients (bench/ab-ddp.sh, 15 runs, the order rotating) ran 1.16-1.19x faster with 64
+ * than with max_batch_ops' 256 (2 x 1), 1.32x (2 x 2); 32 and 16 the same as 64, 128 between,
+ * 1024 (one batch) 0.78-0.88x: a batch's 1 MiB rings and fused groups all move at once, and
+ * fewer at a time run faster on memory two cores share. One process's batches are not capped:
+ * small-op throughput in one process is the same at 32, 64 and 256 (bench_throughput). */
+#define CCQ_HOST_SPAN_BATCH_OPS 64u
+
 typedef struct host_comm {
     uint32_t n;
     _Atomic uint32_t aborted;
