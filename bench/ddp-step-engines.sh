@@ -5,16 +5,16 @@
 #   ccq on the MPI engine under mpirun, fusion on and off
 #   MPI alone: MPI_Allreduce per parameter, and one of the packed gradients
 # for 2 processes x 1 device (MPI alone: 2 processes) and 2 x 2 (MPI alone: 4). Every
-# configuration runs ROUNDS times, interleaved; the table (bench/ddp_engines_summary.py) takes
-# the median of the per-run medians.
-# Usage: bench/ddp-step-engines.sh   Env: ROUNDS (3), STEPS (15), WARMUP (3), PARAMS
+# configuration runs ROUNDS times, interleaved, the order rotating; the table
+# (bench/ddp_engines_summary.py) takes the median of the per-run medians.
+# Usage: bench/ddp-step-engines.sh   Env: ROUNDS (6), STEPS (15), WARMUP (3), PARAMS
 #   (500x1K,90x64K,10x1M), ORDER (interleaved), OUTDIR (build-bench/results-engines),
 #   SWEEP (0,64K,256K,1M,4M,16M: fusion_bytes values on the UCX engine; empty: none), PLOT
 #   (docs/img/ddp-fusion-ucx.png)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/common.sh
-ROUNDS=${ROUNDS:-3}
+ROUNDS=${ROUNDS:-6}
 STEPS=${STEPS:-15}
 WARMUP=${WARMUP:-3}
 PARAMS=${PARAMS:-500x1K,90x64K,10x1M}
@@ -43,15 +43,33 @@ tcp_world() {
     return $rc
 }
 
+# The order rotates from round to round (the three runs, and fusion on and off within each):
+# on these VMs the second of two back-to-back runs was often 15-20% faster (bench/ab-ddp.sh), so
+# a fixed order biased every ratio of the table. Give ROUNDS as a multiple of 6 to balance it.
+one_run() { # one_run ucx|mpieng|mpi G ROUND FUSIONS
+    case $1 in
+    ucx) tcp_world 2 -g "$2" "${common[@]}" --fusion "$4" --json "$out/ddp-ucx-p2g$2-r$3.json" ;;
+    mpieng)
+        $run -np 2 -x CCQ_HOST_ENGINE=mpi "$dir/bench/ddp_step" -g "$2" "${common[@]}" \
+            --fusion "$4" --json "$out/ddp-mpieng-p2g$2-r$3.json"
+        ;;
+    mpi)
+        $run -np $((2 * $2)) "$dir/mpi_ddp_step" "${common[@]}" \
+            >"$out/ddp-mpi-np$((2 * $2))-r$3.json"
+        ;;
+    esac
+}
 rm -f "$out"/ddp-*.json
+runs=(ucx mpieng mpi)
 for r in $(seq 1 "$ROUNDS"); do
     echo "== round $r of $ROUNDS"
+    k=$(((r - 1) % 3))
+    fusions=default,0
+    [ $((r % 2)) = 0 ] && fusions=0,default
     for g in 1 2; do
-        np=$((2 * g))
-        tcp_world 2 -g "$g" "${common[@]}" --fusion default,0 --json "$out/ddp-ucx-p2g$g-r$r.json"
-        $run -np 2 -x CCQ_HOST_ENGINE=mpi "$dir/bench/ddp_step" -g "$g" "${common[@]}" \
-            --fusion default,0 --json "$out/ddp-mpieng-p2g$g-r$r.json"
-        $run -np "$np" "$dir/mpi_ddp_step" "${common[@]}" >"$out/ddp-mpi-np$np-r$r.json"
+        for x in "${runs[@]:k}" "${runs[@]:0:k}"; do
+            one_run "$x" "$g" "$r" "$fusions"
+        done
     done
 done
 python3 bench/ddp_engines_summary.py "$out" | tee "$out/ddp-engines-summary.txt"
