@@ -6,8 +6,8 @@
 #   MPI       blocking MPI_Allreduce, bench/mpi_allreduce.c, P*G processes
 #   Gloo      bench/gloo_allreduce.cc (TCP loopback, a FileStore), P*G processes
 # float32 sum, out of place, mean time per op over ITERS (the slowest process's, as
-# nccl-tests reports); the four run in turn, REPS times, and each cell is the median of its
-# REPS runs. Ratios: other / ccq UCX.
+# nccl-tests reports); the four run in turn, in an order rotating from run to run, REPS times,
+# and each cell is the median of its REPS runs. Ratios: other / ccq UCX.
 # Usage: bench/compare-world.sh [P] [G] [maxbytes]   (defaults: 2, 1, 64M)
 # Env: ITERS (10), WARMUP (3), MINB (8), FACTOR (2), REPS (3), OUTDIR (build-bench/results),
 # PORT (29600), SKIP (columns not run: "mpie" the MPI engine, "gloo"; e.g. SKIP="mpie gloo"
@@ -53,24 +53,45 @@ plain_ucx() {
     rm -f "$1".r*
 }
 
-for rep in $(seq 1 "$REPS"); do
-    echo "== run $rep of $REPS: ccq (UCX engine, plain processes): $P processes x $G devices"
-    plain_ucx "$out/world-ccq-ucx-$tag.$rep.json"
-    rm -f "$out/world-ccq-mpi-$tag.$rep.json" "$out/world-gloo-np$N.$rep.json"
-    if [[ " ${SKIP:-} " != *" mpie "* ]]; then
-        echo "== run $rep of $REPS: ccq (MPI engine, mpirun): $P processes x $G devices"
+# One column's run number $2 ($1: ucx, mpie, mpi or gloo; a skipped one does nothing).
+run_one() {
+    case $1 in
+    ucx)
+        echo "== run $2 of $REPS: ccq (UCX engine, plain processes): $P processes x $G devices"
+        plain_ucx "$out/world-ccq-ucx-$tag.$2.json"
+        ;;
+    mpie)
+        rm -f "$out/world-ccq-mpi-$tag.$2.json"
+        [[ " ${SKIP:-} " != *" mpie "* ]] || return 0
+        echo "== run $2 of $REPS: ccq (MPI engine, mpirun): $P processes x $G devices"
         CCQ_HOST_ENGINE=mpi $run -x CCQ_HOST_ENGINE -np "$P" "$dir/tools/ccq-perf" -g "$G" \
-            "${flags[@]}" --json >"$out/world-ccq-mpi-$tag.$rep.json"
-    fi
-    echo "== run $rep of $REPS: MPI_Allreduce: $N processes"
-    $run -np "$N" "$dir/mpi_allreduce" "${flags[@]}" >"$out/world-mpi-np$N.$rep.json"
-    if [[ " ${SKIP:-} " != *" gloo "* ]]; then
-        echo "== run $rep of $REPS: Gloo allreduce (TCP loopback, FileStore): $N processes"
+            "${flags[@]}" --json >"$out/world-ccq-mpi-$tag.$2.json"
+        ;;
+    mpi)
+        echo "== run $2 of $REPS: MPI_Allreduce: $N processes"
+        $run -np "$N" "$dir/mpi_allreduce" "${flags[@]}" >"$out/world-mpi-np$N.$2.json"
+        ;;
+    gloo)
+        rm -f "$out/world-gloo-np$N.$2.json"
+        [[ " ${SKIP:-} " != *" gloo "* ]] || return 0
+        echo "== run $2 of $REPS: Gloo allreduce (TCP loopback, FileStore): $N processes"
+        local store
         store=$(mktemp -d)
         GLOO_STORE_DIR=$store $run -x GLOO_STORE_DIR -np "$N" "$dir/gloo_allreduce" \
-            "${flags[@]}" >"$out/world-gloo-np$N.$rep.json"
+            "${flags[@]}" >"$out/world-gloo-np$N.$2.json"
         rm -rf "$store"
-    fi
+        ;;
+    esac
+}
+
+# The columns take turns in an order that rotates from run to run (whichever of two
+# back-to-back runs came second was often faster on these VMs: bench/ab-ddp.sh).
+cols=(ucx mpie mpi gloo)
+for rep in $(seq 1 "$REPS"); do
+    k=$(((rep - 1) % 4))
+    for c in "${cols[@]:k}" "${cols[@]:0:k}"; do
+        run_one "$c" "$rep"
+    done
 done
 
 python3 - "$out" "$tag" "$N" "$P" "$G" "$REPS" <<'PY' | tee "$out/world-compare-$tag.txt"
