@@ -253,9 +253,12 @@ struct ccq_runtime {
      * Written by the scheduler only (relaxed: a stale value only costs a spin or a sleep). */
     _Atomic uint32_t engine_polling;
     bool fence_spin_always; /* CCQ_FENCE_SPIN=1: spin anyway (measurements) */
-    /* ccq_backend_ops.span_batch_ops where the world's processes do not outnumber the cores
-     * (else 0 = no cap), or CCQ_SPAN_BATCH_OPS: the group_limit of communicators spanning
-     * processes on a backend whose span_group_limit is 0. */
+    /* A world of several processes that do not outnumber this process's cores (set once the
+     * world formed): where the scheduler's hand-off yield and the batch cut below pay. */
+    bool procs_fit_cores;
+    /* ccq_backend_ops.span_batch_ops where procs_fit_cores (else 0 = no cap), or
+     * CCQ_SPAN_BATCH_OPS: the group_limit of communicators spanning processes on a backend
+     * whose span_group_limit is 0. */
     uint32_t span_batch_ops;
     ccq_fault_plan fault; /* fault injection (cfg.fault); the runtime applies `drop` */
     ccq_stream *streams;  /* [ndev * max_streams] */

@@ -455,6 +455,7 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
         snprintf(rt->span_detail, sizeof rt->span_detail, "%s", werr.msg);
     }
     ccq_world_drop_blobs(&rt->world);
+    rt->procs_fit_cores = rt->world.size > 1 && rt->world.size <= ccq_usable_cores();
     {
         /* Batches across processes (backend.h, span_batch_ops), only where the world's
          * processes do not outnumber the cores: 4 x 1 on 2 cores ran a DDP step 0.72-0.79x as
@@ -463,7 +464,7 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
         uint64_t v;
         if (ccq_env_u64("CCQ_SPAN_BATCH_OPS", 0, CCQ_MAX_BATCH_MAX, &v) == 1)
             rt->span_batch_ops = (uint32_t)v;
-        else if (rt->world.size <= ccq_usable_cores())
+        else if (rt->procs_fit_cores)
             rt->span_batch_ops = rt->be_ops->span_batch_ops;
     }
     if (rt->fault.lag_us > 0 && rt->world.boot != NULL)

@@ -11,7 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/cores.h"
 #include "runtime/boot/bootstrap.h"
 #include "runtime/sched.h"
 
@@ -347,7 +346,7 @@ void *ccq_sched_main(void *arg)
      * (4 x 1 on 2) the core may go to another process's busy scheduler instead, and nothing
      * measured there showed a gain beyond its noise; in one process a back-to-back fence came
      * out slower (0.8x). docs/performance.md, "The scheduler's hand-off yield". */
-    bool handoff_yield = rt->world.size > 1 && rt->world.size <= ccq_usable_cores();
+    bool handoff_yield = rt->procs_fit_cores;
 
     ccq_tls_inside |= CCQ_INSIDE_SCHED;
     S->boot_poll_min_ns = CCQ_FORM_POLL_NS;
