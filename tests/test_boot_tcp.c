@@ -1066,6 +1066,52 @@ static void test_tcp_stopped_server(void **state)
     assert_int_equal(run_procs(3, stopped_child, NULL), 0);
 }
 
+/* Ranks 1 and 2 turn heartbeats on at once and wait for an exchange; rank 0, which serves,
+ * turns them on only after twice the silence bound (its process met the others later: a
+ * sanitizer build's process 0 once took 2 s longer, and its clients took over from a running
+ * server). Its server sent no keepalive in that time, which is not silence: nobody takes over,
+ * nobody is lost, the exchange completes; and once its keepalives began, they keep the others
+ * from taking over while nothing else is said. */
+static int late_keepalive_child(unsigned rank, unsigned size, void *arg)
+{
+    ccq_boot *b;
+    ccq_errbuf err = {{0}};
+    uint32_t all[3] = {0, 1, 2}, ranks[4], by = 99;
+    uint64_t mine = rank, out[3];
+    const uint64_t hb = 50000000ull * CCQ_TEST_BEAT_SCALE,
+                   silent = 500000000ull * CCQ_TEST_BEAT_SCALE;
+    (void)arg;
+    CHILD_CHECK(open_tcp(rank, size, &b, &err) == CCQ_OK, "open: %s", err.msg);
+    if (rank == 0)
+        sleep_ms((unsigned)(2 * silent / 1000000u));
+    ccq_boot_beat_config(b, hb, silent);
+    CHILD_CHECK(ccq_boot_exchange(b, "all", all, 3, &mine, 8, out, deadline_ms(20000), &err) ==
+                        CCQ_OK &&
+                    out[0] == 0 && out[1] == 1 && out[2] == 2,
+                "all: %s", err.msg);
+    /* Quiet for three silence bounds: only keepalives go. */
+    sleep_ms((unsigned)(3 * silent / 1000000u));
+    for (uint32_t r = 0; r < 3; r++)
+        CHILD_CHECK(ccq_boot_peer_state(b, r) != CCQ_BOOT_PEER_LOST, "process %u lost", r);
+    CHILD_CHECK(ccq_boot_silent_peers(b, ranks, 4) == 0, "silent: %u", ranks[0]);
+    CHILD_CHECK(ccq_boot_closed_peers(b, ranks, 4) == 0, "closed: %u", ranks[0]);
+    CHILD_CHECK(!ccq_boot_given_up(b, &by), "given up by %u", by);
+    mine = rank + 10;
+    CHILD_CHECK(ccq_boot_exchange(b, "end", all, 3, &mine, 8, out, deadline_ms(20000), &err) ==
+                        CCQ_OK &&
+                    out[0] == 10 && out[2] == 12,
+                "end: %s", err.msg);
+    ccq_boot_close(b);
+    return 0;
+}
+
+static void test_tcp_late_keepalive(void **state)
+{
+    (void)state;
+    snprintf(spec, sizeof spec, "tcp://127.0.0.1:%u", free_port());
+    assert_int_equal(run_procs(3, late_keepalive_child, NULL), 0);
+}
+
 /* ---- the server's logic alone ----------------------------------------------------------- */
 
 static void put_hello(ccq_tcp_server *s, int id, uint32_t rank)
@@ -1421,6 +1467,7 @@ int main(void)
         cmocka_unit_test(test_tcp_record_at_takeover),
         cmocka_unit_test(test_tcp_finished_at_takeover),
         cmocka_unit_test(test_tcp_stopped_server),
+        cmocka_unit_test(test_tcp_late_keepalive),
         cmocka_unit_test(test_tcp_server_keepalive),
         /* clang-format on */
     };

@@ -11,8 +11,9 @@
  *
  * A stopped server (SIGSTOP, a hung host) keeps its connections open: with heartbeats on
  * (ccq_boot_beat_config) it sends every process something at least every heartbeat_ms, and a
- * process that hears nothing from it for heartbeat_timeout_ms takes over as for a closed
- * connection (server_lost), reporting it as silent (ccq_boot_silent_peers). The server, when it
+ * process that hears nothing from it for heartbeat_timeout_ms, once it had a PING from it
+ * (the first goes at once: tcp_server.c, ping_now), takes over as for a closed connection
+ * (server_lost), reporting it as silent (ccq_boot_silent_peers). The server, when it
  * runs again, notices the gap in its own run; a client's connection that closes then is checked
  * with the successor before anyone is reported lost (ask_successor): when the others gave this
  * process up, it stops serving and is fenced off (ccq_boot_given_up).
@@ -112,6 +113,7 @@ typedef struct tcp_boot {
     ccq_tcp_buf hello;
     uint64_t retry_at, retry_ns;
     uint64_t last_recv_ns;   /* client: when the server last sent anything (the silence check) */
+    bool server_pinged;      /* client: the server it is connected to sent a PING (judge_silence) */
     _Atomic uint64_t lag_ns; /* ccq_boot_fault_lag: 0 (drills only) */
     uint64_t suspect_until;  /* server: after a gap in this thread's run, closes are checked */
     bool given_up;           /* the others gave this process up: stop serving, fence off */
@@ -438,6 +440,7 @@ static void client_frame(tcp_boot *t, const ccq_tcp_frame *f)
 
     switch (f->type) {
     case CCQ_TCP_WELCOME:
+        t->server_pinged = false; /* a server of its own: heard keep alive once it pings */
         pthread_mutex_lock(&t->mu);
         if (t->state == C_HELLO)
             t->state = C_READY;
@@ -536,7 +539,10 @@ static void client_frame(tcp_boot *t, const ccq_tcp_frame *f)
                 peer_changed(t, u[0], (ccq_boot_peer)u[1]);
         }
         break;
-    default: /* PING (it only says the server runs), or what a later version sends */
+    case CCQ_TCP_PING: /* the server runs, and sends keepalives: its silence now counts */
+        t->server_pinged = true;
+        break;
+    default: /* what a later version sends */
         break;
     }
 }
@@ -1021,9 +1027,14 @@ static void *io_main(void *arg)
         if (t->srv != NULL)
             ccq_tcp_server_keepalive(t->srv, hb);
         /* Nothing from the server for heartbeat_timeout_ms while it should send something every
-         * heartbeat_ms: it stopped (its connection stays open). Take over as for a close. */
+         * heartbeat_ms: it stopped (its connection stays open). Take over as for a close. Only
+         * once it pinged (server_pinged): until then its process may not have turned
+         * keepalives on yet (it met the others later than this one did: a sanitizer build's
+         * process 0 once took 2 s longer, and its clients took over from a running server,
+         * test_boot_tcp's stopped server), which is not silence. */
         heard = t->last_recv_ns;
-        if (silent != 0 && !stop && state == C_READY && t->fd >= 0 && now - heard > silent) {
+        bool judge_silence = silent != 0 && t->server_pinged && state == C_READY && t->fd >= 0;
+        if (judge_silence && !stop && now - heard > silent) {
             char how[200];
             pthread_mutex_lock(&t->mu);
             if (t->server_rank < t->size)
@@ -1036,7 +1047,7 @@ static void *io_main(void *arg)
             server_lost(t, how);
             continue;
         }
-        if (silent != 0 && state == C_READY && t->fd >= 0)
+        if (judge_silence)
             next = heard + silent + 1000000u;
         if (stop && linger_until == 0) {
             linger_until = now + LINGER_NS;

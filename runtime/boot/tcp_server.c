@@ -177,6 +177,7 @@ typedef struct tag_entry {
 
 typedef struct conn {
     bool used, hello, closing, bye;
+    bool pinged; /* sent a PING since keepalives began: its client may judge silence (tcp.c) */
     uint32_t rank;
     uint64_t opened_ns, partial_since, out_since;
     uint64_t queued_ns; /* when a frame was last queued for it (keepalive) */
@@ -314,6 +315,17 @@ static void send_frame(ccq_tcp_server *s, conn *c, uint16_t type, const void *a,
     c->queued_ns = now;
     if (!ccq_tcp_put_frame(&c->out, s->lim.out_max, type, a, alen, b, blen, d, dlen))
         c->closing = true; /* it does not read, or we are out of memory: let it go */
+}
+
+/* A PING. A client judges this server's silence only once it had one (tcp.c, judge_silence):
+ * the first goes at once, when keepalives begin here or when the client's HELLO is taken with
+ * them on, so that it precedes anything an exchange sends it. Before that, the client cannot
+ * tell a stopped server from one whose process has not turned keepalives on yet (it met the
+ * others later than this client did, or never turns them on). */
+static void ping_now(ccq_tcp_server *s, conn *c, uint64_t now)
+{
+    send_frame(s, c, CCQ_TCP_PING, NULL, 0, NULL, 0, NULL, 0, now);
+    c->pinged = true;
 }
 
 static void refuse(ccq_tcp_server *s, conn *c, uint32_t code, const char *why, uint64_t now)
@@ -735,6 +747,9 @@ static void on_hello(ccq_tcp_server *s, conn *c, int id, const uint8_t *p, uint3
     s->by_rank[rank] = id;
     s->state[rank] = 1; /* CCQ_BOOT_PEER_ALIVE */
     send_frame(s, c, CCQ_TCP_WELCOME, &s->world_size, 4, NULL, 0, NULL, 0, now);
+    /* Keepalives on: say so at once, before anything an exchange answers (ping_now). */
+    if (s->keepalive_ns != 0)
+        ping_now(s, c, now);
     /* Tell it of those that already went. */
     for (uint32_t r = 0; r < s->world_size; r++)
         if (s->state[r] >= 2) {
@@ -964,9 +979,9 @@ size_t ccq_tcp_server_tick(ccq_tcp_server *s, uint64_t now, int *ids, size_t cap
             next = due;
         if (s->keepalive_ns != 0 && c->hello && !c->closing) {
             /* Something at least every keepalive_ns: its silence then means this server
-             * stopped (tcp.c). */
-            if (now - c->queued_ns >= s->keepalive_ns)
-                send_frame(s, c, CCQ_TCP_PING, NULL, 0, NULL, 0, NULL, 0, now);
+             * stopped (tcp.c). The first PING at once (ping_now). */
+            if (!c->pinged || now - c->queued_ns >= s->keepalive_ns)
+                ping_now(s, c, now);
             if (c->queued_ns + s->keepalive_ns < next)
                 next = c->queued_ns + s->keepalive_ns;
         }
