@@ -1450,6 +1450,63 @@ static void test_tcp_server_keepalive(void **state)
     ccq_tcp_server_free(s);
 }
 
+/* The type of the frame after `skip` whole frames in p[0..len) (0: none there). */
+static uint16_t frame_type_at(const uint8_t *p, size_t len, unsigned skip)
+{
+    size_t off = 0;
+    uint16_t type;
+    uint32_t flen;
+    for (;;) {
+        if (off + CCQ_TCP_HDR > len)
+            return 0;
+        memcpy(&type, p + off + 6, 2);
+        memcpy(&flen, p + off + 8, 4);
+        if (skip-- == 0)
+            return type;
+        off += CCQ_TCP_HDR + flen;
+    }
+}
+
+/* The first PING goes at once, whatever was queued just before (a client judges silence only
+ * once it had one, tcp.c): to a member when keepalives begin, and right after the WELCOME of a
+ * member that says HELLO while they are on, before anything an exchange sends it. */
+static void test_tcp_server_first_ping(void **state)
+{
+    ccq_tcp_limits lim;
+    ccq_tcp_server *s;
+    int id[2], gone[4];
+    const uint8_t *p;
+    size_t len;
+    uint64_t next, t = 1000000000ull;
+    (void)state;
+
+    ccq_tcp_default_limits(&lim, 3);
+    s = ccq_tcp_server_new("job", 3, 0, &lim);
+    assert_non_null(s);
+    id[0] = ccq_tcp_server_open(s, t);
+    put_hello(s, id[0], 0);
+    ccq_tcp_server_output(s, id[0], &p, &len);
+    assert_int_equal(frame_type_at(p, len, 0), CCQ_TCP_WELCOME);
+    assert_int_equal(frame_type_at(p, len, 1), 0); /* keepalives off: no PING */
+    ccq_tcp_server_sent(s, id[0], len, t);
+    ccq_tcp_server_keepalive(s, 100000000ull);
+    /* Something was queued 0 ns ago: a later PING would wait 100 ms, the first goes now. */
+    assert_int_equal(ccq_tcp_server_tick(s, t, gone, 4, &next), 0);
+    ccq_tcp_server_output(s, id[0], &p, &len);
+    assert_int_equal(frame_type_at(p, len, 0), CCQ_TCP_PING);
+    ccq_tcp_server_sent(s, id[0], len, t);
+    assert_int_equal(ccq_tcp_server_tick(s, t + 1, gone, 4, &next), 0);
+    ccq_tcp_server_output(s, id[0], &p, &len);
+    assert_int_equal(len, 0); /* then every keepalive_ns */
+    assert_int_equal(next, t + 100000000ull);
+    id[1] = ccq_tcp_server_open(s, t + 2);
+    put_hello(s, id[1], 1);
+    ccq_tcp_server_output(s, id[1], &p, &len);
+    assert_int_equal(frame_type_at(p, len, 0), CCQ_TCP_WELCOME);
+    assert_int_equal(frame_type_at(p, len, 1), CCQ_TCP_PING);
+    ccq_tcp_server_free(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1469,6 +1526,7 @@ int main(void)
         cmocka_unit_test(test_tcp_stopped_server),
         cmocka_unit_test(test_tcp_late_keepalive),
         cmocka_unit_test(test_tcp_server_keepalive),
+        cmocka_unit_test(test_tcp_server_first_ping),
         /* clang-format on */
     };
     /* CCQ_TEST_FILTER=pattern runs only the matching tests (cmocka's wildcard syntax). */
