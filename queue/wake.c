@@ -10,12 +10,17 @@
 #include <time.h>
 #include <unistd.h>
 
+void ccq_spin_step_n(unsigned *step, unsigned pauses, unsigned yield_mask)
+{
+    for (unsigned k = 0; k < pauses; k++)
+        ck_pr_stall();
+    if ((++*step & yield_mask) == 0)
+        sched_yield();
+}
+
 void ccq_spin_step(unsigned *step)
 {
-    for (int k = 0; k < 32; k++)
-        ck_pr_stall();
-    if ((++*step & 7) == 0)
-        sched_yield();
+    ccq_spin_step_n(step, 32, 7);
 }
 
 void ccq_futex_wait(_Atomic uint32_t *word, uint32_t expected, uint64_t timeout_ns)

@@ -17,6 +17,10 @@
  * eighth step a sched_yield(), so a poller never keeps a runnable thread (often the one
  * doing the work it waits for) off a core when the machine has more threads than cores. */
 void ccq_spin_step(unsigned *step);
+/* The same with `pauses` pauses per step and a yield every yield_mask + 1 steps (a power of
+ * two): ccq_spin_step is (32, 7); the scheduler polling an engine takes shorter steps
+ * (runtime/sched.c, sched_poll_step). */
+void ccq_spin_step_n(unsigned *step, unsigned pauses, unsigned yield_mask);
 
 /* Block while *word == expected, at most timeout_ns (UINT64_MAX = no limit). Returns
  * early on a wake, a changed value or a signal; callers re-check their condition. */

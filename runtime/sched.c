@@ -11,8 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <ck_pr.h>
-
 #include "runtime/boot/bootstrap.h"
 #include "runtime/sched.h"
 
@@ -299,15 +297,12 @@ static bool shutdown_step(ccq_runtime *rt, uint64_t now, bool *progress)
  * its engine 5 times as often": bench/ab-libs.sh, 18 runs, medians): all_reduce 8 B-2 MiB,
  * 2 x 1 0.97-1.32x and 4 x 1 0.95-1.18x as fast as with 32 pauses (12 of 16 sizes faster, none
  * beyond the noise slower). Fences, producers and one-process batches keep ccq_spin_step. */
-#define SCHED_POLL_PAUSES     4
+#define SCHED_POLL_PAUSES     4u
 #define SCHED_POLL_YIELD_MASK 63u
 
 static void sched_poll_step(unsigned *step)
 {
-    for (int k = 0; k < SCHED_POLL_PAUSES; k++)
-        ck_pr_stall();
-    if ((++*step & SCHED_POLL_YIELD_MASK) == 0)
-        sched_yield();
+    ccq_spin_step_n(step, SCHED_POLL_PAUSES, SCHED_POLL_YIELD_MASK);
 }
 
 /* Anything to do? Checked after announcing sleep, so a concurrent push is never missed. */
