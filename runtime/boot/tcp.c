@@ -440,7 +440,7 @@ static void client_frame(tcp_boot *t, const ccq_tcp_frame *f)
 
     switch (f->type) {
     case CCQ_TCP_WELCOME:
-        t->server_pinged = false; /* a server of its own: heard keep alive once it pings */
+        t->server_pinged = false; /* a server newly joined: its silence counts once it pings */
         pthread_mutex_lock(&t->mu);
         if (t->state == C_HELLO)
             t->state = C_READY;
