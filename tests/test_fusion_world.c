@@ -16,7 +16,7 @@
  *    count) fails that op with CCQ_ERR_MISMATCH in every process, also when one of them
  *    started it without waiting (it fences each op), and never hangs (MPI: it alone, the
  *    rest fused alike; UCX: it and the fused group around it, and the communicator is
- *    unusable afterwards, as for any mismatch on that engine; a UCX pair also at 128 KiB,
+ *    unusable afterwards, as for any fused group's mismatch there; a UCX pair also at 128 KiB,
  *    where the group runs the ring and process 0 reads its inputs in place);
  *  - an injected failure inside a group (every process fails the same op) fails it alone
  *    (MPI only: the UCX engine cannot tell a member that it skipped an operation);
@@ -503,9 +503,9 @@ static void identical_ucx_pair(uint64_t big, size_t ncases)
 }
 
 /* Every process here before any goes on: an all_reduce on a communicator of each process's
- * first device (not the world's, which a mismatch on the UCX engine leaves unusable). So no
- * process destroys its runtime while another still waits to hear of a failure from it (its
- * exit would reach the other as a lost peer first). */
+ * first device (not the world's, which a fused group's mismatch on the UCX engine leaves
+ * unusable). So no process destroys its runtime while another still waits to hear of a
+ * failure from it (its exit would reach the other as a lost peer first). */
 static void barrier(world *w)
 {
     ccq_device_id firsts[8];

@@ -5,7 +5,9 @@
  *                              root, kind (and a send/recv pair on its count) all fail it with
  *                              CCQ_ERR_MISMATCH naming the disagreeing process and the field
  *                              (a process that had already completed its part fails its next
- *                              operation on that communicator with it), and no user buffer of
+ *                              operation on that communicator with it; where every process ran
+ *                              all_reduce or all_gather, every one fails it at once and the
+ *                              communicator's next all_reduce is exact), and no user buffer of
  *                              a failed operation is written; results are the same bits in
  *                              every process and in every run, float sums whose order matters
  *                              included (recursive doubling and the pipelined ring).
@@ -120,8 +122,18 @@ static ccq_status submit(ccq_runtime *rt, ccq_kind kind, ccq_device_id dev, void
     }
 }
 
+/* Kinds whose result at every process needs every process's part (the engine's rule for a
+ * mismatch that fails the operation alone, ucx/msg.c fails_alone). */
+static bool hears_everyone(ccq_kind k)
+{
+    return k == CCQ_KIND_ALL_REDUCE || k == CCQ_KIND_ALL_GATHER || k == CCQ_KIND_REDUCE_SCATTER ||
+           k == CCQ_KIND_ALL_TO_ALL;
+}
+
 /* One disagreement on its own communicator: every process fails (now, or at its next
- * operation on it); the detail names process 1 and the field; outputs stay untouched. */
+ * operation on it); the detail names process 1 and the field; outputs stay untouched. Where
+ * every process ran a kind that hears everyone, every one fails it at once and the
+ * communicator goes on: its next all_reduce is exact everywhere. */
 static void mismatch(ccq_runtime *rt, const mcase *mc, uint32_t pick)
 {
     ccq_device_id set[16];
@@ -168,9 +180,84 @@ static void mismatch(ccq_runtime *rt, const mcase *mc, uint32_t pick)
         for (size_t i = 0; i < sizeof dst; i++)
             CHECK(dst[i] == 0x5a, "%s: the failed operation wrote its output [%zu]", mc->field, i);
     }
+    if (hears_everyone(mc->kind[0]) && hears_everyone(mc->kind[1])) {
+        /* No process can have completed it (each needs every member's part): every one
+         * failed it above, and the communicator goes on, as on the MPI engine. */
+        float x[4] = {(float)wrank + 1, 1, 2, 3}, y[4] = {0};
+        CHECK(st == CCQ_ERR_MISMATCH, "%s: %s", mc->field, ccq_status_name(st));
+        CHECK(ccq_all_reduce(rt, dev, 0, x, y, 4, CCQ_FLOAT32, CCQ_SUM, set, n) == CCQ_OK &&
+                  ccq_sync_collective(rt, dev, 0) == CCQ_OK,
+              "%s: the next operation on the communicator: %s", mc->field, ccq_last_error_detail());
+        CHECK(y[0] == (float)(wsize * (wsize + 1) / 2) && y[3] == (float)(3 * wsize),
+              "%s: the next operation's result %g %g", mc->field, (double)y[0], (double)y[3]);
+    }
     CHECK(strstr(detail, mc->field) != NULL &&
               strstr(detail, mc->halves ? "process " : "process 1") != NULL,
           "%s: the detail names neither: %s", mc->field, detail);
+}
+
+/* Three processes disagree on the kind: all_reduce (process 0 and any beyond 2), all_gather
+ * (process 1), a broadcast rooted at process 2. However the disagreement is found, the
+ * processes end alike: every one's next operation on the communicator fails with
+ * CCQ_ERR_MISMATCH, or every one's succeeds, exact (all failed it alone), well before
+ * timeout_ms (none waits for another). Where processes 0 and 1 find it on each other's headers
+ * they fail it alone (both kinds hear everyone) and tell process 2: one that has not completed
+ * its broadcast fails it alone too, one that had (a root only sends) fails the communicator
+ * and its next operation tells the others (ucx_comm_tell). Where process 2's header reaches
+ * them first, or process 2 finds it on theirs (it is late: late_ms > 0 submits its broadcast
+ * that much later, their messages and notices already there), the communicator fails
+ * everywhere. Which of these happens depends on the order of arrivals: the test asks only
+ * that all processes end alike, and soon. */
+static void mismatch_three_kinds(ccq_runtime *rt, uint32_t pick, uint32_t late_ms)
+{
+    ccq_device_id set[16] = {0}, firsts[16];
+    uint32_t n = set_of(pick, set);
+    ccq_device_id dev = set[wrank];
+    ccq_kind kind = wrank == 1   ? CCQ_KIND_ALL_GATHER
+                    : wrank == 2 ? CCQ_KIND_BROADCAST
+                                 : CCQ_KIND_ALL_REDUCE;
+    static float src[64], dst[64 * 8];
+    float x[4] = {(float)wrank + 1, 1, 2, 3}, y[4] = {0};
+    uint32_t ok, oks = 0;
+    ccq_status st;
+    uint64_t t0;
+
+    if (wsize < 3)
+        return;
+    CHECK(ccq_comm_init(rt, set, n) == CCQ_OK, "comm for three kinds");
+    if (wrank == 2 && late_ms > 0) {
+        struct timespec t = {0, (long)late_ms * 1000000L};
+        nanosleep(&t, NULL);
+    }
+    CHECK(submit(rt, kind, dev, src, dst, 64, CCQ_FLOAT32, CCQ_SUM, set[2], set, n) == CCQ_OK,
+          "submit three kinds");
+    st = ccq_sync_collective(rt, dev, 0);
+    CHECK(st == CCQ_ERR_MISMATCH || (st == CCQ_OK && wrank == 2 && late_ms == 0),
+          "three kinds (%u ms late): %s: %s", late_ms, ccq_status_name(st),
+          ccq_last_error_detail());
+    t0 = now_ms();
+    CHECK(ccq_all_reduce(rt, dev, 0, x, y, 4, CCQ_FLOAT32, CCQ_SUM, set, n) == CCQ_OK, "next");
+    st = ccq_sync_collective(rt, dev, 0);
+    CHECK((st == CCQ_ERR_MISMATCH || st == CCQ_OK) && now_ms() - t0 < 5000,
+          "three kinds (%u ms late): the next operation: %s after %llu ms: %s", late_ms,
+          ccq_status_name(st), (unsigned long long)(now_ms() - t0), ccq_last_error_detail());
+    CHECK(st != CCQ_OK || (y[0] == (float)(wsize * (wsize + 1) / 2) && y[3] == (float)(3 * wsize)),
+          "three kinds: the next operation's result %g", (double)y[0]);
+    if (getenv("CCQ_TEST_VERBOSE") != NULL)
+        printf("process %u: three kinds (%u ms late): next %s\n", wrank, late_ms,
+               ccq_status_name(st));
+    /* Alike everywhere: how many processes' next operation succeeded, over another
+     * communicator (each process's first device). */
+    ok = st == CCQ_OK;
+    for (uint32_t p = 0; p < wsize; p++)
+        firsts[p] = p * NDEV;
+    CHECK(ccq_comm_init(rt, firsts, wsize) == CCQ_OK, "comm of first devices");
+    CHECK(ccq_all_reduce(rt, wrank * NDEV, 1, &ok, &oks, 1, CCQ_UINT32, CCQ_SUM, firsts, wsize) ==
+                  CCQ_OK &&
+              ccq_sync_collective(rt, wrank * NDEV, 1) == CCQ_OK,
+          "tally");
+    CHECK(oks == 0 || oks == wsize, "three kinds (%u ms late): %u of %u processes went on", late_ms,
+          oks, wsize);
 }
 
 /* A send/recv pair between processes 0 and 1 that disagree on the count. */
@@ -951,6 +1038,8 @@ int main(int argc, char **argv)
                 mc.root[1] = wsize - 1;
             mismatch(rt, &mc, pick++);
         }
+        mismatch_three_kinds(rt, pick++, 0);
+        mismatch_three_kinds(rt, pick++, 100);
         mismatch_p2p(rt);
         same_bits(rt);
     }

@@ -895,6 +895,19 @@ static void op_retire(ucx_op *o)
     e->nmoving += o->moving;
 }
 
+/* (ucx.h) The operation never runs: it exists to send its notices (kept until they left). */
+void ucx_comm_tell(ucx_comm *c, const ccq_be_op *op, uint64_t now_ns)
+{
+    ucx_op *o;
+    if (!c->failed_untold || (o = ucx_op_new(c, op, now_ns)) == NULL)
+        return;
+    c->failed_untold = false;
+    ucx_op_fail(o, c->failed, "%s", c->failed_detail);
+    ucx_notice(o);
+    o->op = NULL; /* the runtime fails its own with c's detail */
+    op_retire(o);
+}
+
 /* The local combine's inputs: part k's src (offset off bytes). */
 static void local_srcs(const ccq_be_op *op, size_t off, const void **src)
 {
@@ -1333,6 +1346,7 @@ static ccq_status ucx_start(ccq_host_engine *base, ccq_heng_comm *hc, const ccq_
     (void)base;
     *out = NULL;
     if (c->failed != CCQ_OK) {
+        ucx_comm_tell(c, op, now_ns);
         snprintf(err->msg, sizeof err->msg, "%s", c->failed_detail);
         return c->failed;
     }
@@ -1358,7 +1372,10 @@ static ccq_status op_step(ucx_op *o)
     if (o->status != CCQ_IN_PROGRESS)
         return o->status;
     if (o->c->failed != CCQ_OK) {
-        o->noticed = o->c->failed_remote; /* else tell the members (a dead peer seen here) */
+        /* Tell the members, unless one told this process and they all know: a dead peer seen
+         * here, or a late notice of a failure they took for the operation's alone. */
+        o->noticed = o->c->failed_remote && !o->c->failed_untold;
+        o->c->failed_untold = false;
         return ucx_op_fail(o, o->c->failed == CCQ_ERR_ABORTED ? CCQ_ERR_ABORTED : o->c->failed,
                            "%s", o->c->failed_detail);
     }

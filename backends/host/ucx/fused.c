@@ -321,6 +321,7 @@ ccq_status ucx_start_run(ccq_host_engine *base, ccq_heng_comm *hc, ccq_be_op *co
         run_bytes += ccq_fuse_bytes(ops[i]);
     *nstarted = 0;
     if (c->failed != CCQ_OK) {
+        ucx_comm_tell(c, ops[0], now_ns);
         snprintf(err->msg, sizeof err->msg, "%s", c->failed_detail);
         return c->failed;
     }

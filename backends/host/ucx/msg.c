@@ -171,6 +171,32 @@ static bool header_differs(const ucx_want *w, const ucx_hdr *h, char *theirs, ch
     return true;
 }
 
+/* Kinds whose result at every member depends on every member's input (all_reduce,
+ * all_gather, reduce_scatter, all_to_all): whatever schedule runs them, a member completes
+ * one only once a message from every member reached it, directly or through members that
+ * checked its header on the way. */
+static bool hears_everyone(uint8_t kind)
+{
+    return kind == CCQ_KIND_ALL_REDUCE || kind == CCQ_KIND_ALL_GATHER ||
+           kind == CCQ_KIND_REDUCE_SCATTER || kind == CCQ_KIND_ALL_TO_ALL;
+}
+
+/* Whether a disagreement on o (unfused, a collective) with a member that ran `their_kind`
+ * (unfused too) fails o alone, the communicator going on (ucx_op.op_only). Where both kinds
+ * hear everyone, no member can complete the operation before the disagreement reached it:
+ * a member that received a disagreeing header fails it, and one that did not is starved of
+ * that member's part until the finders' notices arrive. So every member fails it, and every
+ * member's next operation is the same one (sequence numbers count operations, not what they
+ * are), as on the MPI engine. Elsewhere a member whose part only sends (a broadcast's root, a
+ * reduce's sender, a send) may have completed it first, and a fused group's members may
+ * have cut their windows differently (their next operations differ): there the
+ * communicator fails, so that every member hears of it, never silently (late_notice). */
+static bool fails_alone(const ucx_op *o, uint8_t their_kind, uint32_t their_nops)
+{
+    return o->chan == 0 && o->fz == NULL && o->nops == 1 && their_nops == 1 &&
+           hears_everyone(o->kind) && hears_everyone(their_kind);
+}
+
 /* Compare m's header with o; on a disagreement fail o with CCQ_ERR_MISMATCH naming both
  * processes and every field that differs, and return false. */
 static bool header_agrees(ucx_op *o, const ucx_hdr *h)
@@ -181,6 +207,7 @@ static bool header_agrees(ucx_op *o, const ucx_hdr *h)
 
     if (!header_differs(&w, h, theirs, mine, sizeof theirs))
         return true;
+    o->op_only = fails_alone(o, h->kind, h->nops);
     if (o->nops > 1 || h->nops > 1) {
         ucx_op_fail(o, CCQ_ERR_MISMATCH,
                     "processes disagree on %s sequence %" PRIu64
@@ -248,13 +275,19 @@ static void late_check(ucx_comm *c, const ucx_msg *m)
 
 /* ---- routing ------------------------------------------------------------------------------ */
 
+/* What a notice says its operation failed with (an older sender: 0, a mismatch). */
+static ccq_status notice_status(const ucx_msg *m)
+{
+    return m->hdr.status ? -(ccq_status)m->hdr.status : CCQ_ERR_MISMATCH;
+}
+
 /* A notice: o failed elsewhere (a member found a mismatch). */
 static void take_notice(ucx_op *o, ucx_msg *m)
 {
     const ucx_comm *c = o->c;
     char text[CCQ_DETAIL_LEN - 64];
     size_t n = 0;
-    ccq_status st = m->hdr.status ? -(ccq_status)m->hdr.status : CCQ_ERR_MISMATCH;
+    ccq_status st = notice_status(m);
 
     if (m->state == MSG_EAGER) {
         n = m->len < sizeof text - 1 ? m->len : sizeof text - 1;
@@ -264,29 +297,58 @@ static void take_notice(ucx_op *o, ucx_msg *m)
     if (n == 0 || memchr(text, '\0', n) == NULL)
         text[n] = '\0';
     o->noticed = true;
-    if (o->status == CCQ_IN_PROGRESS)
+    if (o->status == CCQ_IN_PROGRESS) {
         o->op_only = m->hdr.step == UCX_NOTICE_OP_ONLY;
+        if (o->op_only && st == CCQ_ERR_MISMATCH && (o->fz != NULL || o->nops > 1)) {
+            /* A disagreement the finder failed alone (fails_alone), but this process runs
+             * the operation in a fused group, whose other operations would fail with it
+             * while the members run them alone: the communicator fails here, and this
+             * process tells the members, whose communicators fail too (late_notice). An
+             * unfused operation, whatever its kind, fails alone like the finder's: every
+             * member that had not completed it fails it, and one that had fails the
+             * communicator instead (late_notice, ucx_comm_tell). */
+            o->op_only = false;
+            o->noticed = false;
+        }
+    }
     ucx_op_fail(o, st < 0 ? st : CCQ_ERR_MISMATCH, "%s (reported by process %u)",
                 n ? text : "a member process failed this operation", c->procs[m->hdr.src]);
 }
 
-/* A notice for an operation that succeeded here: the communicator is no longer usable, its
- * next operation fails with the reporter's detail. */
+/* Whether the operation at (chan, seq) succeeded here, as far as the last UCX_ENDED
+ * operations of its channel tell. */
+static bool ended_here(const ucx_comm *c, uint32_t chan, uint64_t seq)
+{
+    return chan < 3 && c->ended[chan][seq % UCX_ENDED].seq == seq + 1;
+}
+
+/* A notice for an operation that ended here (it succeeded, or failed alone: ucx_op.op_only):
+ * the communicator is no longer usable, its next operation fails with the reporter's
+ * detail. Except a notice of a failure that is the operation's alone: a member failed it
+ * for want of a leaver's message (this one had them), or every member failed it over a
+ * disagreement (fails_alone: this one too, unless it completed it, which only a member
+ * running another kind can have). */
 static void late_notice(ucx_comm *c, const ucx_msg *m)
 {
     char text[CCQ_DETAIL_LEN - 160];
     size_t n;
 
-    if (m->hdr.type != UCX_MSG_NOTICE || c->failed != CCQ_OK || m->hdr.step == UCX_NOTICE_OP_ONLY)
-        return; /* (a member failed it for want of a leaver's message: this one had them) */
+    if (m->hdr.type != UCX_MSG_NOTICE || c->failed != CCQ_OK)
+        return;
+    if (m->hdr.step == UCX_NOTICE_OP_ONLY &&
+        (notice_status(m) != CCQ_ERR_MISMATCH || !ended_here(c, m->hdr.chan, m->hdr.seq)))
+        return;
     n = m->state == MSG_EAGER && m->len < sizeof text ? m->len : 0;
     memcpy(text, m->data, n);
     text[n < sizeof text ? n : sizeof text - 1] = '\0';
-    c->failed = m->hdr.status ? -(ccq_status)m->hdr.status : CCQ_ERR_MISMATCH;
+    c->failed = notice_status(m);
     c->failed_remote = true;
+    /* A failure the others took for the operation's alone (fails_alone): they went on, and
+     * would wait for this process in their next operation until timeout_ms. */
+    c->failed_untold = m->hdr.step == UCX_NOTICE_OP_ONLY;
     snprintf(c->failed_detail, sizeof c->failed_detail,
              "%.340s (reported by process %u after sequence %" PRIu64
-             " completed here; the communicator is no longer usable)",
+             " ended here; the communicator is no longer usable)",
              text[0] ? text : "a member process failed an operation",
              m->hdr.src < c->nprocs ? c->procs[m->hdr.src] : UINT32_MAX, m->hdr.seq);
     ucx_comm_drop_messages(c);
@@ -303,8 +365,8 @@ static bool op_adopt(ucx_op *o, ucx_msg *m, bool fresh)
     if (m->hdr.type == UCX_MSG_NOTICE) {
         if (o->status == CCQ_IN_PROGRESS)
             take_notice(o, m);
-        else if (o->status == CCQ_OK) /* ended here, not yet retired */
-            late_notice(o->c, m);
+        else if (o->status == CCQ_OK || (o->op_only && notice_status(m) == CCQ_ERR_MISMATCH))
+            late_notice(o->c, m); /* ended here, not yet retired */
         drop(e, m, fresh);
         return false;
     }

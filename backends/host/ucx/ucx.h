@@ -208,6 +208,9 @@ struct ucx_comm {
     ucx_op *by_seq[UCX_OP_BUCKETS];
     ccq_status failed;  /* CCQ_OK, or why it can no longer be used (sticky) */
     bool failed_remote; /* ...as a member told this process */
+    /* ...and some members may not know (late_notice): the next operation started here tells
+     * them (ucx_comm_tell) before it fails. */
+    bool failed_untold;
     char failed_detail[CCQ_DETAIL_LEN];
     uint32_t refs; /* 1 for the communicator + operations still referring to it */
     bool destroyed;
@@ -422,6 +425,9 @@ void ucx_comm_ended(ucx_comm *c, const ucx_op *o);
 /* Tell every other member that o failed (a mismatch): payload = o's detail (sends tagged
  * UCX_NOTICE_TAG). */
 void ucx_notice(ucx_op *o);
+/* c failed and some members may not know (ucx_comm.failed_untold): fail op, the next operation
+ * started here, at once and tell the members with notices that fail it, and so c, there too. */
+void ucx_comm_tell(ucx_comm *c, const ccq_be_op *op, uint64_t now_ns);
 
 /* Operations (ucx/engine.c): a new one, not started (counted in flight; c referenced); start
  * it (its local combine, its schedule: a fused head runs recursive doubling over its group);
