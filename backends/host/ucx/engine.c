@@ -874,7 +874,7 @@ static void op_retire(ucx_op *o)
     ucx_engine *e = o->e;
     ucx_comm_unlink(o);
     e->inflight--;
-    if (o->c->agree_unit == o) { /* it ended without telling: the communicator failed */
+    if (o->c->agree_unit == o) { /* it ended without telling: it failed (every member did) */
         o->c->agree_unit = NULL;
         o->c->agree_w = 0;
     }
@@ -895,16 +895,20 @@ static void op_retire(ucx_op *o)
     e->nmoving += o->moving;
 }
 
-/* (ucx.h) The operation never runs: it exists to send its notices (kept until they left). */
+/* (ucx.h) An operation that never runs: it exists to send its notices, as the one that ended
+ * here (its channel and sequence), and is kept until they left. Not as op itself: a
+ * send/recv's channel and sequence are its pair's, which the other members never reach. */
 void ucx_comm_tell(ucx_comm *c, const ccq_be_op *op, uint64_t now_ns)
 {
     ucx_op *o;
     if (!c->failed_untold || (o = ucx_op_new(c, op, now_ns)) == NULL)
         return;
     c->failed_untold = false;
+    o->chan = c->untold_chan;
+    o->seq = c->untold_seq;
     ucx_op_fail(o, c->failed, "%s", c->failed_detail);
     ucx_notice(o);
-    o->op = NULL; /* the runtime fails its own with c's detail */
+    o->op = NULL; /* the runtime fails op itself, with c's detail */
     op_retire(o);
 }
 
@@ -1374,8 +1378,9 @@ static ccq_status op_step(ucx_op *o)
     if (o->c->failed != CCQ_OK) {
         /* Tell the members, unless one told this process and they all know: a dead peer seen
          * here, or a late notice of a failure they took for the operation's alone. */
-        o->noticed = o->c->failed_remote && !o->c->failed_untold;
-        o->c->failed_untold = false;
+        if (o->op != NULL)
+            ucx_comm_tell(o->c, o->op, ccq_now_ns());
+        o->noticed = o->c->failed_remote;
         return ucx_op_fail(o, o->c->failed == CCQ_ERR_ABORTED ? CCQ_ERR_ABORTED : o->c->failed,
                            "%s", o->c->failed_detail);
     }

@@ -271,6 +271,11 @@ static void late_check(ucx_comm *c, const ucx_msg *m)
              ucx_kind_name(r->kind), m->hdr.seq, c->procs[m->hdr.src], theirs, c->procs[c->me],
              mine);
     ucx_comm_fail(c, CCQ_ERR_MISMATCH, detail, false);
+    /* The others may have failed it alone (fails_alone: their kinds hear everyone, this one's
+     * only sent) and gone on: tell them. */
+    c->failed_untold = true;
+    c->untold_chan = m->hdr.chan;
+    c->untold_seq = m->hdr.seq;
 }
 
 /* ---- routing ------------------------------------------------------------------------------ */
@@ -346,6 +351,8 @@ static void late_notice(ucx_comm *c, const ucx_msg *m)
     /* A failure the others took for the operation's alone (fails_alone): they went on, and
      * would wait for this process in their next operation until timeout_ms. */
     c->failed_untold = m->hdr.step == UCX_NOTICE_OP_ONLY;
+    c->untold_chan = m->hdr.chan;
+    c->untold_seq = m->hdr.seq;
     snprintf(c->failed_detail, sizeof c->failed_detail,
              "%.340s (reported by process %u after sequence %" PRIu64
              " ended here; the communicator is no longer usable)",
@@ -365,8 +372,8 @@ static bool op_adopt(ucx_op *o, ucx_msg *m, bool fresh)
     if (m->hdr.type == UCX_MSG_NOTICE) {
         if (o->status == CCQ_IN_PROGRESS)
             take_notice(o, m);
-        else if (o->status == CCQ_OK || (o->op_only && notice_status(m) == CCQ_ERR_MISMATCH))
-            late_notice(o->c, m); /* ended here, not yet retired */
+        else if (o->status == CCQ_OK || o->op_only)
+            late_notice(o->c, m); /* ended here, not yet retired (as comm_route does after) */
         drop(e, m, fresh);
         return false;
     }

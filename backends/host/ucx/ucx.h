@@ -208,9 +208,12 @@ struct ucx_comm {
     ucx_op *by_seq[UCX_OP_BUCKETS];
     ccq_status failed;  /* CCQ_OK, or why it can no longer be used (sticky) */
     bool failed_remote; /* ...as a member told this process */
-    /* ...and some members may not know (late_notice): the next operation started here tells
-     * them (ucx_comm_tell) before it fails. */
+    /* ...and some members may not know: they failed the operation at (untold_chan, untold_seq)
+     * alone and went on, where it had completed here (late_notice, late_check). The next
+     * operation that starts or is tested here tells them (ucx_comm_tell). */
     bool failed_untold;
+    uint32_t untold_chan;
+    uint64_t untold_seq;
     char failed_detail[CCQ_DETAIL_LEN];
     uint32_t refs; /* 1 for the communicator + operations still referring to it */
     bool destroyed;
@@ -425,8 +428,9 @@ void ucx_comm_ended(ucx_comm *c, const ucx_op *o);
 /* Tell every other member that o failed (a mismatch): payload = o's detail (sends tagged
  * UCX_NOTICE_TAG). */
 void ucx_notice(ucx_op *o);
-/* c failed and some members may not know (ucx_comm.failed_untold): fail op, the next operation
- * started here, at once and tell the members with notices that fail it, and so c, there too. */
+/* c failed and some members may not know (ucx_comm.failed_untold): tell them, with notices
+ * of the operation they failed alone (every member has started it, so each routes the notice to
+ * late_notice, which fails c there too); op is the operation that found it (for its fields). */
 void ucx_comm_tell(ucx_comm *c, const ccq_be_op *op, uint64_t now_ns);
 
 /* Operations (ucx/engine.c): a new one, not started (counted in flight; c referenced); start
