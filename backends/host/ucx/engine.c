@@ -1390,8 +1390,9 @@ static ccq_status op_step(ucx_op *o)
     if (o->status != CCQ_IN_PROGRESS)
         return o->status;
     if (o->c->failed != CCQ_OK) {
-        /* Tell the members, unless one told this process and they all know: a dead peer seen
-         * here, or a late notice of a failure they took for the operation's alone. */
+        /* Members that failed an operation alone while it completed here are told first
+         * (ucx_comm_tell); then this operation's own notices, unless a member told this
+         * process of the failure (a dead peer seen here: they may not know). */
         if (o->op != NULL)
             ucx_comm_tell(o->c, o->op, ccq_now_ns());
         o->noticed = o->c->failed_remote;
