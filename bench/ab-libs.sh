@@ -9,7 +9,8 @@
 # which moves a median of few runs more than most changes do; the fastest run of each is the
 # cost without that.
 # Usage: bench/ab-libs.sh DIR_A DIR_B P G SIZE...   e.g. bench/ab-libs.sh /tmp/a /tmp/b 2 1 64K 1M
-# Env: REPS (6), ITERS (20), OP (sum; MPI_Allreduce always sums), PORT (29800), ENV_A and ENV_B
+# Env: REPS (6), ITERS (20), WARMUP (5: warm-up operations before the timed ones, ccq and MPI
+#   alike), OP (sum; MPI_Allreduce always sums), PORT (29800), ENV_A and ENV_B
 #   (VAR=VALUE words set for A's or B's processes only: one build, two settings, e.g.
 #   ENV_B=CCQ_UCX_RING_BYTES=131072 bench/ab-libs.sh build-bench build-bench 2 1 64K).
 # libccq.so is taken from each directory through LD_LIBRARY_PATH (ccq-perf's RUNPATH gives
@@ -24,6 +25,7 @@ A=$1 B=$2 P=$3 G=$4
 shift 4
 REPS=${REPS:-6}
 ITERS=${ITERS:-20}
+WARMUP=${WARMUP:-5}
 OP=${OP:-sum}
 PORT=${PORT:-29800}
 perf=$PWD/build-bench/tools/ccq-perf
@@ -39,7 +41,7 @@ run_ccq() { # run_ccq A|B SIZE REP
         # shellcheck disable=SC2086
         env $extra LD_LIBRARY_PATH=$dir CCQ_WORLD_RANK=$r CCQ_WORLD_SIZE=$P \
             CCQ_BOOTSTRAP=tcp://127.0.0.1:$PORT CCQ_HOST_ENGINE=ucx \
-            "$perf" -g "$G" -b "$2" -e "$2" -n "$ITERS" -w 5 -o "$OP" --json \
+            "$perf" -g "$G" -b "$2" -e "$2" -n "$ITERS" -w "$WARMUP" -o "$OP" --json \
             >"$out/$1.$2.$3.r$r" &
         pids+=($!)
     done
@@ -58,7 +60,7 @@ for rep in $(seq 1 "$REPS"); do
                 run_ccq "$X" "$S" "$rep"
             elif [ -x "$mpi" ]; then
                 mpirun --oversubscribe --bind-to none -np $((P * G)) "$mpi" -b "$S" -e "$S" \
-                    -n "$ITERS" -w 5 >"$out/M.$S.$rep" 2>/dev/null
+                    -n "$ITERS" -w "$WARMUP" >"$out/M.$S.$rep" 2>/dev/null
             fi
         done
     done
