@@ -483,7 +483,7 @@ static void test_tcp_refused_record(void **state)
     memcpy(&h.gen, hello + 8, 4); /* the child's generation, from its HELLO */
     h.nmembers = 2;
     h.nonce = 99;
-    h.members_hash = ccq_fnv1a(all, sizeof all, CCQ_FNV_OFFSET);
+    h.members_hash = ccq_boot_fnv1a(all, sizeof all, CCQ_FNV_OFFSET);
     h.tag_len = 1;
     h.len = 8;
     memcpy(rec, &h, sizeof h);
@@ -1284,7 +1284,8 @@ static bool put_had(ccq_tcp_server *s, int id, uint32_t rank, const char *tag,
     uint16_t tl = (uint16_t)strlen(tag);
     size_t rl, hl = 2u + tl + 4u + 4u * n;
     uint8_t *rec = test_record(rank, tag, n,
-                               hash ? hash : ccq_fnv1a(members, 4u * n, CCQ_FNV_OFFSET), len, &rl),
+                               hash ? hash : ccq_boot_fnv1a(members, 4u * n, CCQ_FNV_OFFSET), len,
+                               &rl),
             *head = malloc(hl);
     bool ok;
     memcpy(head, &tl, 2);

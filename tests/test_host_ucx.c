@@ -45,15 +45,6 @@
  *                              operation with it times out (CCQ_ERR_TIMEOUT naming it), a
  *                              communicator without it keeps working; process 0's pair with it
  *                              times out saying whom it waits for and what is still leaving.
- *   test_host_ucx warm         a chain of 2 KiB all_reduces over one device of every process:
- *                              operations 10-90 take no more page faults (getrusage) than 80
- *                              after every FIFO element served twice (ucx/warm.c: the first
- *                              message to a peer of this host warmed UCX's shared-memory
- *                              descriptors, one per element of UCX_MM_FIFO_SIZE);
- *                              with CCQ_UCX_WARM_MSGS=0 they must take at least 48 more (the
- *                              first touch the warm-up moves: 125 in a pair on the VM measured),
- *                              which shows the count sees it (under ThreadSanitizer, whose
- *                              shadow memory faults too, the results only).
  *   test_host_ucx last_burst   (run with UCX_TLS=self,tcp) process 0 sends a burst of small
  *                              messages to process 1, fences and destroys its runtime at once,
  *                              many times over: process 1, which takes them late, gets every
@@ -69,27 +60,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "ccq.h"
 
 #define NDEV 3
-
-/* ThreadSanitizer faults in its own shadow of every page the program touches first, UCX's
- * shared memory included (1100 faults in operations 10-90 without the warm-up, 290-530 with):
- * the warm case then checks the results only. */
-#if defined(__SANITIZE_THREAD__)
-#define TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define TSAN 1
-#endif
-#endif
-#ifndef TSAN
-#define TSAN 0
-#endif
 
 static uint32_t wrank, wsize;
 static ccq_device_id first;
@@ -928,76 +904,6 @@ world:
     }
 }
 
-static long minor_faults(void)
-{
-    struct rusage u;
-    getrusage(RUSAGE_SELF, &u);
-    return u.ru_minflt;
-}
-
-/* Page faults of the operations [from, to) of a chain of all_reduces, fenced every 10 and at
- * the end. */
-static long chain_faults(ccq_runtime *rt, const ccq_device_id *set, uint32_t n, float *src,
-                         float *dst, size_t count, int from, int to, int *done)
-{
-    long f0 = 0;
-    for (; *done < to; ++*done) {
-        if (*done == from)
-            f0 = minor_faults();
-        CHECK(ccq_all_reduce(rt, first, 0, src, dst, count, CCQ_FLOAT32, CCQ_SUM, set, n) == CCQ_OK,
-              "all_reduce %d", *done);
-        if (*done % 10 == 9 || *done + 1 == to)
-            CHECK(ccq_sync_collective(rt, first, 0) == CCQ_OK, "fence after %d", *done);
-    }
-    return minor_faults() - f0;
-}
-
-static void warmed(ccq_runtime *rt)
-{
-    enum { COUNT = 512 }; /* 2 KiB: above the FIFO element's inline payload, below SEG_SIZE */
-    ccq_device_id set[8];
-    uint32_t n = set_of(0, set);
-    float *src = calloc(COUNT, sizeof *src), *dst = calloc(COUNT, sizeof *dst);
-    const char *w = getenv("CCQ_UCX_WARM_MSGS");
-    bool off = w != NULL && strcmp(w, "0") == 0;
-    int done = 0;
-
-    CHECK(src != NULL && dst != NULL, "memory");
-    for (uint32_t i = 0; i < COUNT; i++)
-        src[i] = (float)(wrank + i % 7);
-    CHECK(ccq_comm_init(rt, set, n) == CCQ_OK, "comm");
-    /* The steady window starts once every FIFO element has been used twice over (UCX's
-     * UCX_MM_FIFO_SIZE, as the engine reads it): unwarmed, the first touch lasts that long. */
-    int fifo = 64;
-    const char *names[] = {"UCX_POSIX_FIFO_SIZE", "UCX_SYSV_FIFO_SIZE", "UCX_MM_FIFO_SIZE"};
-    for (int i = 2; i >= 0; i--)
-        if (getenv(names[i]) != NULL)
-            fifo = atoi(getenv(names[i]));
-    (void)chain_faults(rt, set, n, src, dst, COUNT, 0, 10, &done);
-    long ramp = chain_faults(rt, set, n, src, dst, COUNT, 10, 90, &done);
-    (void)chain_faults(rt, set, n, src, dst, COUNT, 90, 2 * fifo + 10, &done);
-    long steady = chain_faults(rt, set, n, src, dst, COUNT, 2 * fifo + 10, 2 * fifo + 90, &done);
-    for (uint32_t i = 0; i < COUNT; i++) {
-        float want = 0;
-        for (uint32_t p = 0; p < wsize; p++)
-            want += (float)(p + i % 7);
-        CHECK(dst[i] == want, "element %u: %g, want %g", i, (double)dst[i], (double)want);
-    }
-    printf("process %u: page faults in operations 10-90: %ld, %d-%d: %ld (warm-up %s)\n", wrank,
-           ramp, 2 * fifo + 10, 2 * fifo + 90, steady, off ? "off" : "on");
-    if (!TSAN && off)
-        CHECK(ramp - steady >= 48,
-              "without the warm-up, operations 10-90 took %ld faults, 80 later ones %ld: the count "
-              "does not see UCX's first touch",
-              ramp, steady);
-    if (!TSAN && !off)
-        CHECK(ramp - steady < 24,
-              "operations 10-90 took %ld page faults, 80 later ones %ld: the path was not warmed",
-              ramp, steady);
-    free(src);
-    free(dst);
-}
-
 int main(int argc, char **argv)
 {
     ccq_config cfg;
@@ -1012,7 +918,6 @@ int main(int argc, char **argv)
         argc > 1 && (strcmp(argv[1], "kill_fused") == 0 || strcmp(argv[1], "kill_fused_one") == 0 ||
                      strcmp(argv[1], "stop_fused_one") == 0);
     bool burst_mode = argc > 1 && strcmp(argv[1], "last_burst") == 0;
-    bool warm_mode = argc > 1 && strcmp(argv[1], "warm") == 0;
 
     ccq_config_init(&cfg);
     wrank = cfg.world_rank;
@@ -1044,9 +949,7 @@ int main(int argc, char **argv)
     }
     CHECK(ccq_runtime_create(&cfg, &rt) == CCQ_OK, "ccq_runtime_create");
     CHECK(ccq_local_devices(rt, &first, &cnt) == CCQ_OK && cnt == NDEV, "local devices");
-    if (warm_mode) {
-        warmed(rt);
-    } else if (kill_mode) {
+    if (kill_mode) {
         killed(rt);
     } else if (large_mode || large_one_mode) {
         if (strcmp(argv[1], "stop_large_one") == 0)

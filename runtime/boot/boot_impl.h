@@ -8,7 +8,6 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "common/hash.h" /* ccq_fnv1a: the members hash */
 #include "runtime/boot/bootstrap.h"
 
 /*
@@ -146,5 +145,7 @@ typedef struct ccq_boot_module {
 
 /* Stateless helpers (helpers.c; the MPI module links its own copy). */
 void ccq_boot_err(ccq_errbuf *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+uint64_t ccq_boot_fnv1a(const void *p, size_t n, uint64_t h);
+#define CCQ_FNV_OFFSET 0xcbf29ce484222325ull
 
 #endif /* CCQ_RUNTIME_BOOT_IMPL_H */

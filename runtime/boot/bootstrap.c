@@ -487,7 +487,7 @@ ccq_status ccq_boot_xchg_post(ccq_boot *b, const char *tag, const uint32_t *memb
     if (x->tag == NULL || x->members == NULL || x->data == NULL || x->got == NULL || x->rec == NULL)
         goto no_memory;
     memcpy(x->members, members, n * sizeof *members);
-    x->members_hash = ccq_fnv1a(members, n * sizeof *members, CCQ_FNV_OFFSET);
+    x->members_hash = ccq_boot_fnv1a(members, n * sizeof *members, CCQ_FNV_OFFSET);
     if (len > 0)
         memcpy(x->data + (size_t)self * len, mine, len);
     x->got[self] = true;

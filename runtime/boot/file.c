@@ -45,7 +45,7 @@ static void escape_field(const char *s, char *out)
                     (*c >= '0' && *c <= '9') || *c == '_' || *c == '-';
         if (w + (keep ? 1 : 3) > NAME_FIELD_MAX) {
             snprintf(out, NAME_FIELD_MAX + 1, "h%016llx",
-                     (unsigned long long)ccq_fnv1a(s, strlen(s), CCQ_FNV_OFFSET));
+                     (unsigned long long)ccq_boot_fnv1a(s, strlen(s), CCQ_FNV_OFFSET));
             return;
         }
         if (keep) {

@@ -16,3 +16,13 @@ void ccq_boot_err(ccq_errbuf *err, const char *fmt, ...)
     vsnprintf(err->msg, sizeof err->msg, fmt, ap);
     va_end(ap);
 }
+
+uint64_t ccq_boot_fnv1a(const void *p, size_t n, uint64_t h)
+{
+    const unsigned char *c = p;
+    for (size_t i = 0; i < n; i++) {
+        h ^= c[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}

@@ -598,7 +598,8 @@ static void on_had(ccq_tcp_server *s, conn *c, const uint8_t *p, uint32_t n, uin
         }
         self |= m == c->rank;
     }
-    if (!self || h.nmembers != nm || h.members_hash != ccq_fnv1a(mem, 4u * nm, CCQ_FNV_OFFSET)) {
+    if (!self || h.nmembers != nm ||
+        h.members_hash != ccq_boot_fnv1a(mem, 4u * nm, CCQ_FNV_OFFSET)) {
         tag_err(s, c, p + 2, tl, "a finished exchange offered with members not its own", now);
         return;
     }

@@ -15,7 +15,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "common/host_id.h"
+#include "runtime/boot/boot_impl.h" /* ccq_boot_fnv1a */
 #include "runtime/health/health_impl.h"
 #include "runtime/world.h"
 
@@ -56,8 +56,25 @@ static uint64_t start_time_of(long pid)
 void ccq_os_identity(uint32_t *pid, uint64_t *host_id, uint64_t *start_time, char *hostname,
                      size_t len)
 {
-    *host_id = ccq_host_id(true, hostname, len); /* 0: cannot tell hosts apart, never watched */
+    char boot_id[64] = "";
+    struct stat ns;
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
+    uint64_t h = CCQ_FNV_OFFSET;
+
+    if (f != NULL) {
+        if (fgets(boot_id, sizeof boot_id, f) == NULL)
+            boot_id[0] = '\0';
+        fclose(f);
+    }
+    if (gethostname(hostname, len) != 0)
+        snprintf(hostname, len, "?");
+    hostname[len - 1] = '\0';
+    h = ccq_boot_fnv1a(boot_id, strlen(boot_id), h);
+    h = ccq_boot_fnv1a(hostname, strlen(hostname), h);
+    if (stat("/proc/self/ns/pid", &ns) == 0)
+        h = ccq_boot_fnv1a(&ns.st_ino, sizeof ns.st_ino, h);
     *pid = (uint32_t)getpid();
+    *host_id = boot_id[0] != '\0' ? h : 0; /* 0: cannot tell hosts apart, never watched */
     *start_time = start_time_of((long)getpid());
 }
 

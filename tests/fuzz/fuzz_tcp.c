@@ -165,7 +165,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 uint32_t mem[WORLD];
                 for (uint32_t m = 0; m < h.nmembers; m++)
                     mem[m] = m;
-                h.members_hash = ccq_fnv1a(mem, 4u * h.nmembers, CCQ_FNV_OFFSET);
+                h.members_hash = ccq_boot_fnv1a(mem, 4u * h.nmembers, CCQ_FNV_OFFSET);
                 memcpy(rec, &h, sizeof h);
                 memcpy(head, &tl, 2);
                 memcpy(head + 2, tag, tl);

@@ -28,7 +28,6 @@
 
 #include "backends/host/reduce.h"
 #include "backends/host/ucx/ucx.h"
-#include "common/host_id.h"
 #include "common/clock.h"
 #include "common/cores.h"
 
@@ -301,7 +300,6 @@ static ccq_status ucx_create(const ccq_config *cfg, ccq_host_engine **out, ccq_e
     e->base.ops = &ccq_host_engine_ucx_ops;
     ucx_tuning(e);
     e->yield_mask = 15; /* until world_ready knows the world's size */
-    e->host_id = ccq_host_id(false, NULL, 0);
     ccq_unstack_init(&e->unstack, false, (uint32_t)getpid());
     e->timeout_ns = cfg->timeout_ms ? cfg->timeout_ms * 1000000ull : UINT64_MAX;
     us = ucp_config_read(NULL, NULL, &ucfg);
@@ -313,8 +311,6 @@ static ccq_status ucx_create(const ccq_config *cfg, ccq_host_engine **out, ccq_e
         config_default(ucfg, "MM_ERROR_HANDLING", "y", "UCX_SYSV_ERROR_HANDLING");
         if (getenv("UCX_SYSV_FIFO_ELEM_SIZE") == NULL && getenv("UCX_POSIX_FIFO_ELEM_SIZE") == NULL)
             config_default(ucfg, "MM_FIFO_ELEM_SIZE", UCX_FIFO_ELEM_SIZE, NULL);
-    } else {
-        e->warm_msgs = 0; /* no shared-memory descriptors to warm (ucx/warm.c) */
     }
     config_default(ucfg, "KEEPALIVE_INTERVAL", "250ms", NULL);
     memset(&params, 0, sizeof params);
@@ -358,12 +354,6 @@ static ccq_status ucx_create(const ccq_config *cfg, ccq_host_engine **out, ccq_e
     if (us == UCS_OK) {
         ap.id = UCX_AM_ID_BULK;
         ap.cb = ucx_am_recv_bulk;
-        us = ucp_worker_set_am_recv_handler(e->worker, &ap);
-    }
-    if (us == UCS_OK) {
-        ap.id = UCX_AM_ID_WARM;
-        ap.cb = ucx_am_recv_warm;
-        ap.flags = UCP_AM_FLAG_WHOLE_MSG;
         us = ucp_worker_set_am_recv_handler(e->worker, &ap);
     }
     if (us == UCS_OK)
@@ -539,21 +529,17 @@ static void ucx_destroy(ccq_host_engine *base)
     free(e);
 }
 
-/* The world blob: this host's id (ccq_host_id: which peers share its memory, ucx/warm.c),
- * then the worker's address. */
 static ccq_status ucx_world_blob(ccq_host_engine *base, void *blob, size_t *len, ccq_errbuf *err)
 {
     ucx_engine *e = to_ucx(base);
-    size_t need = sizeof e->host_id + e->addr_len;
-    if (*len < need) {
-        snprintf(err->msg, sizeof err->msg,
-                 "the UCX worker address and host id take %zu bytes (room for %zu)", need, *len);
+    if (*len < e->addr_len) {
+        snprintf(err->msg, sizeof err->msg, "the UCX worker address has %zu bytes (room for %zu)",
+                 e->addr_len, *len);
         *len = 0;
         return CCQ_ERR_UNSUPPORTED;
     }
-    memcpy(blob, &e->host_id, sizeof e->host_id);
-    memcpy((char *)blob + sizeof e->host_id, e->addr, e->addr_len);
-    *len = need;
+    memcpy(blob, e->addr, e->addr_len);
+    *len = e->addr_len;
     return CCQ_OK;
 }
 
@@ -589,7 +575,7 @@ static ccq_status ucx_world_ready(ccq_host_engine *base, uint32_t world_rank, ui
     if (e->bulk_auto)
         e->bulk_bytes = ucx_bulk_default(world_size, oversubscribed(world_size));
     for (uint32_t p = 0; p < world_size; p++) {
-        if (blobs == NULL || blobs[p] == NULL || blob_len[p] <= sizeof e->host_id) {
+        if (blobs == NULL || blobs[p] == NULL || blob_len[p] == 0) {
             snprintf(err->msg, sizeof err->msg,
                      "the host backend cannot span processes with its UCX engine: process %u "
                      "has no UCX worker address (its engine is %s)",
@@ -607,14 +593,10 @@ static ccq_status ucx_world_ready(ccq_host_engine *base, uint32_t world_rank, ui
         return CCQ_ERR_NO_MEMORY;
     }
     for (uint32_t p = 0; p < world_size; p++) {
-        uint64_t host;
-        size_t alen = blob_len[p] - sizeof host;
-        memcpy(&host, blobs[p], sizeof host);
-        memcpy(e->addrs + off, (const char *)blobs[p] + sizeof host, alen);
+        memcpy(e->addrs + off, blobs[p], blob_len[p]);
         e->peers[p].addr = e->addrs + off;
-        e->peers[p].addr_len = alen;
-        e->peers[p].near = p != world_rank && host != 0 && host == e->host_id;
-        off += alen;
+        e->peers[p].addr_len = blob_len[p];
+        off += blob_len[p];
     }
     return CCQ_OK;
 }

@@ -616,8 +616,6 @@ static ccq_status post(ucx_op *o, uint32_t dst, ucx_send *s, const void *buf, si
         free(s);
         return CCQ_ERR_BACKEND;
     }
-    if (!peer->warmed) /* ccq's first message to it: the warm-up goes first (ucx/warm.c) */
-        ucx_warm_path(o->e, peer);
     ep = bytes >= o->e->bulk_bytes ? ucx_bulk_ep(o->e, peer) : peer->ep;
     req = ucp_am_send_nbx(
         ep, ep != peer->ep ? UCX_AM_ID_BULK : UCX_AM_ID, &s->hdr, sizeof s->hdr, buf, bytes,

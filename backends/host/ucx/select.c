@@ -108,7 +108,6 @@ void ucx_tuning(ucx_engine *e)
     /* 0 = a polling thread never moves itself off a shared core (common/cores.h). */
     uint64_t unstack;
     e->unstack_on = ccq_env_u64("CCQ_UCX_UNSTACK", 0, 1, &unstack) <= 0 || unstack;
-    e->warm_msgs = ucx_warm_default();
 }
 
 size_t ucx_bulk_default(uint32_t world_size, bool oversubscribed)

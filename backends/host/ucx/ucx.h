@@ -33,8 +33,6 @@
 /* The same messages sent on the single-copy endpoint (ucx_peer.bulk): the id tells the receiver
  * which endpoint a payload came on (ucx_msg.bulk), whatever its own threshold is. */
 #define UCX_AM_ID_BULK 0x3d
-/* Messages that only warm the shared-memory path to a peer, dropped on arrival (ucx/warm.c). */
-#define UCX_AM_ID_WARM 0x3e
 
 enum {
     UCX_MSG_DATA = 0,   /* a step of an operation's schedule */
@@ -113,8 +111,6 @@ typedef struct ucx_peer {
      * (ucx_peer_left). sent and got count ccq's messages (data and notices) each way. */
     bool left;
     uint64_t sent, got, bye_count;
-    bool near;   /* on this host (the same ccq_host_id): its path is warmed (ucx/warm.c) */
-    bool warmed; /* ...before ccq's first message to it (or nothing to warm) */
     struct ucx_peer_err *cb_arg;
 } ucx_peer;
 
@@ -154,8 +150,6 @@ struct ucx_engine {
     size_t bulk_bytes;                 /* payloads of at least this go on ucx_peer.bulk */
     bool bulk_auto;                    /* bulk_bytes is the default (no CCQ_UCX_BULK_BYTES) */
     bool unstack_on;                   /* CCQ_UCX_UNSTACK (default 1) */
-    uint32_t warm_msgs;                /* to each peer of this host (CCQ_UCX_WARM_MSGS) */
-    uint64_t host_id;                  /* ccq_host_id, first in the world blob (0: unknown) */
     uint32_t idle_polls;               /* progress calls in a row that moved nothing */
     uint32_t yield_mask;               /* ...of which every (yield_mask + 1)th yields */
     ccq_unstack unstack;               /* ...timed: off a core shared with another poller */
@@ -410,13 +404,6 @@ ucs_status_t ucx_am_recv(void *arg, const void *header, size_t header_length, vo
                          size_t length, const ucp_am_recv_param_t *param);
 ucs_status_t ucx_am_recv_bulk(void *arg, const void *header, size_t header_length, void *data,
                               size_t length, const ucp_am_recv_param_t *param);
-/* Warming the path to a peer of this host (ucx/warm.c): the handler of UCX_AM_ID_WARM, how
- * many messages (CCQ_UCX_WARM_MSGS, else the FIFO's size), and the sends, made once, before
- * ccq's first message to the peer (sets ucx_peer.warmed). */
-ucs_status_t ucx_am_recv_warm(void *arg, const void *header, size_t header_length, void *data,
-                              size_t length, const ucp_am_recv_param_t *param);
-uint32_t ucx_warm_default(void);
-void ucx_warm_path(ucx_engine *e, ucx_peer *p);
 /* Hand the communicator's early messages of o to o (o just started), and the engine's
  * orphans of c to c (c just formed). */
 void ucx_adopt_early(ucx_op *o);
