@@ -9,8 +9,9 @@
 # which moves a median of few runs more than most changes do; the fastest run of each is the
 # cost without that.
 # Usage: bench/ab-libs.sh DIR_A DIR_B P G SIZE...   e.g. bench/ab-libs.sh /tmp/a /tmp/b 2 1 64K 1M
-# Env: REPS (6), ITERS (20), WARMUP (5: warm-up operations before the timed ones, ccq and MPI
-#   alike), OP (sum; MPI_Allreduce always sums), PORT (29800), ENV_A and ENV_B
+# Env: REPS (6), ITERS (20), WARMUP (100: warm-up operations before the timed ones, ccq and MPI
+#   alike; the first ~64 operations on a shared-memory path pay UCX's first touch of its receive
+#   descriptors, docs/performance.md), OP (sum; MPI_Allreduce always sums), PORT (29800), ENV_A and ENV_B
 #   (VAR=VALUE words set for A's or B's processes only: one build, two settings, e.g.
 #   ENV_B=CCQ_UCX_RING_BYTES=131072 bench/ab-libs.sh build-bench build-bench 2 1 64K).
 # libccq.so is taken from each directory through LD_LIBRARY_PATH (ccq-perf's RUNPATH gives
@@ -25,7 +26,7 @@ A=$1 B=$2 P=$3 G=$4
 shift 4
 REPS=${REPS:-6}
 ITERS=${ITERS:-20}
-WARMUP=${WARMUP:-5}
+WARMUP=${WARMUP:-100}
 OP=${OP:-sum}
 PORT=${PORT:-29800}
 perf=$PWD/build-bench/tools/ccq-perf

@@ -9,9 +9,10 @@
 # nccl-tests reports); the four run in turn, in an order rotating from run to run, REPS times,
 # and each cell is the median of its REPS runs. Ratios: other / ccq UCX.
 # Usage: bench/compare-world.sh [P] [G] [maxbytes]   (defaults: 2, 1, 64M)
-# Env: ITERS (10), WARMUP (3), MINB (8), FACTOR (2), REPS (3), OUTDIR (build-bench/results),
+# Env: ITERS (10), WARMUP (100: every column alike; the first ~64 operations on a shared-memory
+# path pay UCX's first touch of its receive descriptors, docs/performance.md), MINB (8), FACTOR (2), REPS (3), OUTDIR (build-bench/results),
 # PORT (29600), SKIP (columns not run: "mpie" the MPI engine, "gloo"; e.g. SKIP="mpie gloo"
-# with ITERS=200 WARMUP=50 for the steady state against MPI alone). Installs openmpi-bin, libopenmpi-dev, libucx-dev and libgloo-dev from Debian
+# with ITERS=200 for the steady state against MPI alone). Installs openmpi-bin, libopenmpi-dev, libucx-dev and libgloo-dev from Debian
 # when missing (as root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +21,7 @@ P=${1:-2}
 G=${2:-1}
 MAX=${3:-64M}
 ITERS=${ITERS:-10}
-WARMUP=${WARMUP:-3}
+WARMUP=${WARMUP:-100}
 MINB=${MINB:-8}
 FACTOR=${FACTOR:-2}
 REPS=${REPS:-3}
