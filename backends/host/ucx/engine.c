@@ -252,14 +252,21 @@ ucp_ep_h ucx_bulk_ep(ucx_engine *e, ucx_peer *p)
 
 /* ---- create, the world ------------------------------------------------------------------ */
 
-/* Set a UCX configuration value unless the user set it in the environment (UCX_<name>). */
-static void config_default(ucp_config_t *cfg, const char *name, const char *value,
-                           const char *also_env)
+/* Set a UCX configuration value unless the user set it in the environment: UCX_<name>, and for
+ * a shared-memory setting (MM_<x>) either transport's own, UCX_SYSV_<x> or UCX_POSIX_<x>. */
+static void config_default(ucp_config_t *cfg, const char *name, const char *value)
 {
+    static const char *const mm_env[] = {"UCX_SYSV_", "UCX_POSIX_"};
     char env[96];
+
     snprintf(env, sizeof env, "UCX_%s", name);
-    if (getenv(env) != NULL || (also_env != NULL && getenv(also_env) != NULL))
+    if (getenv(env) != NULL)
         return;
+    for (size_t i = 0; strncmp(name, "MM_", 3) == 0 && i < sizeof mm_env / sizeof mm_env[0]; i++) {
+        snprintf(env, sizeof env, "%s%s", mm_env[i], name + 3);
+        if (getenv(env) != NULL)
+            return;
+    }
     (void)ucp_config_modify(cfg, name, value);
 }
 
@@ -308,11 +315,10 @@ static ccq_status ucx_create(const ccq_config *cfg, ccq_host_engine **out, ccq_e
         goto fail;
     }
     if (tls_has_shm()) {
-        config_default(ucfg, "MM_ERROR_HANDLING", "y", "UCX_SYSV_ERROR_HANDLING");
-        if (getenv("UCX_SYSV_FIFO_ELEM_SIZE") == NULL && getenv("UCX_POSIX_FIFO_ELEM_SIZE") == NULL)
-            config_default(ucfg, "MM_FIFO_ELEM_SIZE", UCX_FIFO_ELEM_SIZE, NULL);
+        config_default(ucfg, "MM_ERROR_HANDLING", "y");
+        config_default(ucfg, "MM_FIFO_ELEM_SIZE", UCX_FIFO_ELEM_SIZE);
     }
-    config_default(ucfg, "KEEPALIVE_INTERVAL", "250ms", NULL);
+    config_default(ucfg, "KEEPALIVE_INTERVAL", "250ms");
     memset(&params, 0, sizeof params);
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
     params.features = UCP_FEATURE_AM;
@@ -926,6 +932,14 @@ void ucx_comm_tell(ucx_comm *c, const ccq_be_op *op, uint64_t now_ns)
     op_retire(o);
 }
 
+/* (ucx.h) */
+ccq_status ucx_comm_refuse(ucx_comm *c, const ccq_be_op *op, uint64_t now_ns, ccq_errbuf *err)
+{
+    ucx_comm_tell(c, op, now_ns);
+    snprintf(err->msg, sizeof err->msg, "%s", c->failed_detail);
+    return c->failed;
+}
+
 /* The local combine's inputs: part k's src (offset off bytes). */
 static void local_srcs(const ccq_be_op *op, size_t off, const void **src)
 {
@@ -1363,11 +1377,8 @@ static ccq_status ucx_start(ccq_host_engine *base, ccq_heng_comm *hc, const ccq_
 
     (void)base;
     *out = NULL;
-    if (c->failed != CCQ_OK) {
-        ucx_comm_tell(c, op, now_ns);
-        snprintf(err->msg, sizeof err->msg, "%s", c->failed_detail);
-        return c->failed;
-    }
+    if (c->failed != CCQ_OK)
+        return ucx_comm_refuse(c, op, now_ns, err);
     if ((o = ucx_op_new(c, op, now_ns)) == NULL) {
         snprintf(err->msg, sizeof err->msg, "out of memory");
         return CCQ_ERR_NO_MEMORY;

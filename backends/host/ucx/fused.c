@@ -320,11 +320,8 @@ ccq_status ucx_start_run(ccq_host_engine *base, ccq_heng_comm *hc, ccq_be_op *co
     for (i = 0; i < n; i++)
         run_bytes += ccq_fuse_bytes(ops[i]);
     *nstarted = 0;
-    if (c->failed != CCQ_OK) {
-        ucx_comm_tell(c, ops[0], now_ns);
-        snprintf(err->msg, sizeof err->msg, "%s", c->failed_detail);
-        return c->failed;
-    }
+    if (c->failed != CCQ_OK)
+        return ucx_comm_refuse(c, ops[0], now_ns, err);
     if (!pq_reserve(c, n)) {
         snprintf(err->msg, sizeof err->msg, "out of memory");
         return CCQ_ERR_NO_MEMORY;

@@ -241,6 +241,15 @@ void ucx_comm_ended(ucx_comm *c, const ucx_op *o)
     r->redop = w.redop;
 }
 
+/* c failed here over the operation m is a message of, which other members may have failed
+ * alone and gone on from: the next operation here tells them (ucx_comm_tell). */
+static void untold(ucx_comm *c, const ucx_msg *m)
+{
+    c->failed_untold = true;
+    c->untold_chan = m->hdr.chan;
+    c->untold_seq = m->hdr.seq;
+}
+
 /* A data message of an operation that already ended here: if that operation succeeded here
  * (and is recent enough to be remembered) and m's header disagrees with it, the members
  * did not run the same operation (each only sent, so nobody compared a header in time).
@@ -273,9 +282,7 @@ static void late_check(ucx_comm *c, const ucx_msg *m)
     ucx_comm_fail(c, CCQ_ERR_MISMATCH, detail, false);
     /* The others may have failed it alone (fails_alone: their kinds hear everyone, this one's
      * only sent) and gone on: tell them. */
-    c->failed_untold = true;
-    c->untold_chan = m->hdr.chan;
-    c->untold_seq = m->hdr.seq;
+    untold(c, m);
 }
 
 /* ---- routing ------------------------------------------------------------------------------ */
@@ -350,9 +357,8 @@ static void late_notice(ucx_comm *c, const ucx_msg *m)
     c->failed_remote = true;
     /* A failure the others took for the operation's alone (fails_alone): they went on, and
      * would wait for this process in their next operation until timeout_ms. */
-    c->failed_untold = m->hdr.step == UCX_NOTICE_OP_ONLY;
-    c->untold_chan = m->hdr.chan;
-    c->untold_seq = m->hdr.seq;
+    if (m->hdr.step == UCX_NOTICE_OP_ONLY)
+        untold(c, m);
     snprintf(c->failed_detail, sizeof c->failed_detail,
              "%.340s (reported by process %u after sequence %" PRIu64
              " ended here; the communicator is no longer usable)",

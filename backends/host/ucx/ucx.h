@@ -432,6 +432,9 @@ void ucx_notice(ucx_op *o);
  * of the operation they failed alone (every member has started it, so each routes the notice to
  * late_notice, which fails c there too); op is the operation that found it (for its fields). */
 void ucx_comm_tell(ucx_comm *c, const ccq_be_op *op, uint64_t now_ns);
+/* An operation starting on c, which failed: tell the members who may not know (ucx_comm_tell)
+ * and refuse it with c's failure and detail. */
+ccq_status ucx_comm_refuse(ucx_comm *c, const ccq_be_op *op, uint64_t now_ns, ccq_errbuf *err);
 
 /* Operations (ucx/engine.c): a new one, not started (counted in flight; c referenced); start
  * it (its local combine, its schedule: a fused head runs recursive doubling over its group);
