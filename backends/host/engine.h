@@ -71,8 +71,10 @@ typedef struct ccq_host_engine_ops {
      * engine finishes it in the background, moved by reap). */
     bool (*detach)(ccq_host_engine *e, ccq_heng_op *h);
     /* Background work (abandoned and detached operations): progress it, free what ended;
-     * returns how many are left. */
-    uint32_t (*reap)(ccq_host_engine *e, uint64_t now_ns);
+     * returns how many are left. Called at every poll: the engine reads the clock itself,
+     * and only for background work that has a deadline (a clock read was a tenth of a
+     * scheduler's time per operation, docs/performance.md). */
+    uint32_t (*reap)(ccq_host_engine *e);
     /* How often the host backend must poll now: while operations are in flight (busy),
      * or with background work that only polling moves; 0 = no need. */
     uint64_t (*poll_interval)(ccq_host_engine *e, bool busy);

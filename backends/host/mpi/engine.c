@@ -1192,8 +1192,9 @@ void ccq_hmpi_abandon(ccq_hmpi_op *h)
     ccq_mpi_unlock();
 }
 
-uint32_t ccq_hmpi_reap(uint64_t now_ns, uint64_t timeout_ns)
+uint32_t ccq_hmpi_reap(uint64_t timeout_ns)
 {
+    uint64_t now_ns = 0; /* read once, if a detached send needs it */
     uint32_t left;
     ccq_mpi_lock();
     hmpi_check_flush();
@@ -1203,6 +1204,8 @@ uint32_t ccq_hmpi_reap(uint64_t now_ns, uint64_t timeout_ns)
         /* flag says whether all completed, also when one of them failed */
         MPI_Testall(RQ_N, h->req, &flag, MPI_STATUSES_IGNORE);
         if (!flag) {
+            if (h->detached && now_ns == 0)
+                now_ns = mono_ns();
             if (h->detached && now_ns - h->start_ns > timeout_ns) {
                 /* Nobody received it within timeout_ms: stop polling for it. */
                 h->detached = false;

@@ -108,7 +108,7 @@ uint32_t ccq_hmpi_detached(void);
 uint64_t ccq_hmpi_last_step(void);
 
 /* Test abandoned operations and free those MPI completed; returns how many are left. */
-uint32_t ccq_hmpi_reap(uint64_t now_ns, uint64_t timeout_ns);
+uint32_t ccq_hmpi_reap(uint64_t timeout_ns);
 
 #ifdef __cplusplus
 }

@@ -243,11 +243,11 @@ static bool mpi_detach(ccq_host_engine *e, ccq_heng_op *h)
     return true;
 }
 
-static uint32_t mpi_reap(ccq_host_engine *e, uint64_t now_ns)
+static uint32_t mpi_reap(ccq_host_engine *e)
 {
     mpi_engine *m = to_mpi(e);
     if (m->background > 0)
-        m->background = ccq_hmpi_reap(now_ns, m->timeout_ns);
+        m->background = ccq_hmpi_reap(m->timeout_ns);
     return m->background;
 }
 

@@ -384,7 +384,7 @@ fail:
 
 static void op_free(ucx_op *o);
 
-static uint32_t ucx_reap(ccq_host_engine *base, uint64_t now_ns);
+static uint32_t ucx_reap(ccq_host_engine *base);
 
 /* Can s still leave? Not when UCX completed it, nor when its receiver failed or said goodbye
  * (ucx_peer.left): a process that destroyed its engine takes nothing more, and a rendezvous it
@@ -485,7 +485,7 @@ static void ucx_destroy(ccq_host_engine *base)
         uint64_t notices_until =
             now + (e->timeout_ns < 1000000000ull ? e->timeout_ns : 1000000000ull);
         while ((now = ccq_now_ns()) < until && owed(e, now < notices_until))
-            ucx_reap(base, now);
+            ucx_reap(base);
     }
     if (e->worker != NULL && e->peers != NULL)
         say_goodbye(e);
@@ -1355,7 +1355,7 @@ ccq_status ucx_op_launch(ucx_op *o, ccq_errbuf *err)
     o->phase = UCX_PH_RUN;
     o->minf = o->follow;
     ucx_comm_link(c, o);
-    e->last_activity_ns = ccq_now_ns();
+    e->activity++;
     if (c->next_seq[o->chan] < o->seq + o->nops)
         c->next_seq[o->chan] = o->seq + o->nops;
     ucx_adopt_early(o);
@@ -1627,16 +1627,20 @@ static bool ucx_detach(ccq_host_engine *base, ccq_heng_op *h)
     return true;
 }
 
-static uint32_t ucx_reap(ccq_host_engine *base, uint64_t now_ns)
+static uint32_t ucx_reap(ccq_host_engine *base)
 {
     ucx_engine *e = to_ucx(base);
+    uint64_t now_ns = 0; /* read once, if a moving operation needs it */
 
     ucx_progress(e);
     check_peers(e);
     for (ucx_op **pp = &e->background; *pp != NULL;) {
         ucx_op *o = *pp;
         if (op_held(o)) {
-            if (o->moving && (!sends_owed(e, o) || now_ns - o->retired_ns > e->timeout_ns)) {
+            bool owes = o->moving && sends_owed(e, o);
+            if (owes && now_ns == 0)
+                now_ns = ccq_now_ns();
+            if (o->moving && (!owes || now_ns - o->retired_ns > e->timeout_ns)) {
                 /* Its messages left, their receivers went, or nobody took them within
                  * timeout_ms: stop busy-polling for them. */
                 o->moving = false;
@@ -1661,7 +1665,12 @@ static uint64_t ucx_poll_interval(ccq_host_engine *base, bool busy)
         return 0;
     /* Back to back while messages flow; a peer that has been silent for UCX_BUSY_NS is late
      * (not submitted yet, descheduled, dead): then poll calmly, leaving the core to it. */
-    if (ccq_now_ns() - e->last_activity_ns > UCX_BUSY_NS)
+    uint64_t now = ccq_now_ns();
+    if (e->activity != e->activity_seen) {
+        e->activity_seen = e->activity;
+        e->last_activity_ns = now;
+    }
+    if (now - e->last_activity_ns > UCX_BUSY_NS)
         return UCX_SLOW_POLL_NS;
     return 1;
 }

@@ -468,7 +468,7 @@ static ucs_status_t am_recv(void *arg, const void *header, size_t header_length,
     ucx_msg *m;
     ucx_hdr h;
 
-    e->last_activity_ns = ccq_now_ns();
+    e->activity++;
     if (header_length != sizeof h) {
         e->dropped++;
         return UCS_OK; /* not ccq's: a rendezvous payload is dropped, its sender completes */
@@ -508,7 +508,6 @@ static ucs_status_t am_recv(void *arg, const void *header, size_t header_length,
     m->bulk = bulk;
     m->wsrc = h.wsrc < e->world_size ? h.wsrc : UINT32_MAX;
     m->len = length;
-    m->at_ns = e->last_activity_ns;
     if (rndv || held) {
         /* Kept without a copy until its operation takes it (ucp_am_recv_data_nbx for a
          * rendezvous, ucp_am_data_release for both). */
@@ -761,7 +760,8 @@ ccq_status ucx_recv_step(ucx_op *o, uint32_t src, uint32_t step, void *land, siz
             break;
     m = *pp;
     if (m == NULL) {
-        int left = ucx_peer_left(peer, ccq_now_ns());
+        /* The clock only for a peer that left: this runs at every poll while waiting. */
+        int left = peer->left ? ucx_peer_left(peer, ccq_now_ns()) : UCX_LEFT_NO;
         o->wait_src = src;
         o->wait_step = step;
         if (left != UCX_LEFT_NO) {

@@ -81,7 +81,6 @@ typedef struct ucx_msg {
     bool ucx_data; /* data is UCX's: release it with ucp_am_data_release */
     bool bulk;     /* it came on the single-copy endpoint (UCX_AM_ID_BULK) */
     uint32_t wsrc; /* the sender's world rank (hdr.wsrc, checked) */
-    uint64_t at_ns;
 } ucx_msg;
 
 /* ---- the engine ------------------------------------------------------------------------ */
@@ -142,7 +141,10 @@ struct ucx_engine {
                           progress; the others only wait to be freed */
     uint32_t inflight; /* operations started and not ended */
     uint64_t dropped;  /* messages discarded (aborted comm, failed op, malformed) */
-    uint64_t last_activity_ns;         /* the last arrival or start (the poll interval's clock) */
+    /* Arrivals and starts, counted (no clock read each: ucx_poll_interval stamps the time it
+     * first sees the count move, once per scheduler pass), and when the count last moved. */
+    uint64_t activity, activity_seen;
+    uint64_t last_activity_ns;
     size_t ring_bytes, seg_bytes;      /* schedule thresholds (ucx/select.c) */
     size_t direct_ar_bytes;            /* all_reduce: the direct schedule up to it */
     size_t stream_bytes;               /* outputs by streaming stores from (ucx/select.c) */
