@@ -36,7 +36,7 @@ typedef struct host_xp {
     uint64_t stream_bytes;        /* for the local ops of its batches */
     struct host_xbatch *xbatches; /* batches with engine operations in flight */
     uint32_t background;          /* engine work given up on or detached, not yet ended */
-    uint32_t polls;               /* host_xp_poll calls: deadlines are checked every 16th */
+    uint32_t polls;               /* host_xp_poll calls: deadlines are checked every 8th */
 } host_xp;
 
 static inline bool host_op_aborted(const ccq_be_op *op)

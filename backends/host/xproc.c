@@ -290,13 +290,15 @@ ccq_status host_xp_issue(host_xp *x, ccq_be_batch *b, ccq_errbuf *err)
 ccq_be_batch *host_xp_poll(host_xp *x, ccq_be_batch *list)
 {
     ccq_host_engine *eng = x->engine;
-    /* The engine operations' deadlines (timeout_ms, a little less) are checked every 16th
+    /* The engine operations' deadlines (timeout_ms, a little less) are checked every 8th
      * poll, not at each: the scheduler polls back to back while an operation waits for a
      * peer, and reading the clock at every poll was 5% of its time per operation (an 8-byte
      * all_reduce, 2 x 1: docs/performance.md, "Where the time of a small operation goes").
-     * 16 polls are microseconds while busy, at most 16 of the engine's slow polls while a
-     * peer is late: a timeout fires that much later, never sooner. */
-    uint64_t now = (++x->polls & 15) == 0 ? ccq_now_ns() : 0;
+     * 8 polls are microseconds while busy, and while a peer is late 8 of the engine's slow
+     * polls (UCX 200 us, MPI its poll_us, each plus the kernel's timer slack): a timeout fires
+     * that much later, never sooner, and still well inside the 10 ms or more by which the
+     * engine's deadline comes before the watchdog's (host_xp_issue). */
+    uint64_t now = (++x->polls & 7) == 0 ? ccq_now_ns() : 0;
 
     /* Background work: given up, detached, or (UCX) done here while its last messages still
      * move. The engine knows what it has; asking costs little. */
