@@ -72,8 +72,8 @@ typedef struct ccq_host_engine_ops {
     bool (*detach)(ccq_host_engine *e, ccq_heng_op *h);
     /* Background work (abandoned and detached operations): progress it, free what ended;
      * returns how many are left. Called at every poll: the engine reads the clock itself,
-     * and only for background work that has a deadline (a clock read was a tenth of a
-     * scheduler's time per operation, docs/performance.md). */
+     * and only for background work that has a deadline (reads of the clock at every poll
+     * added up to a fifth of a scheduler's time per operation, docs/performance.md). */
     uint32_t (*reap)(ccq_host_engine *e);
     /* How often the host backend must poll now: while operations are in flight (busy),
      * or with background work that only polling moves; 0 = no need. */
