@@ -207,8 +207,14 @@ static void mismatch(ccq_runtime *rt, const mcase *mc, uint32_t pick)
  * them first, or process 2 finds it on theirs (it is late: late_ms > 0 submits its broadcast
  * that much later, their messages and notices already there), the communicator fails
  * everywhere. Which of these happens depends on the order of arrivals: the test asks only
- * that all processes end alike, and soon. */
-static void mismatch_three_kinds(ccq_runtime *rt, uint32_t pick, uint32_t late_ms)
+ * that all processes end alike, and soon.
+ * root_first: the others submit late_ms later instead, so process 2's broadcast has completed
+ * (it only sends) before any of them starts, and its header is already there when they do:
+ * they cannot fail it alone (a root may have completed), so the communicator fails
+ * everywhere and every process's next operation fails, at once. (The path where 2 completed
+ * but 0 and 1 found the disagreement on each other's headers first, and 2 tells them, is
+ * not ordered by any test: it needs 2's message to arrive after theirs.) */
+static void mismatch_three_kinds(ccq_runtime *rt, uint32_t pick, uint32_t late_ms, bool root_first)
 {
     ccq_device_id set[16] = {0}, firsts[16];
     uint32_t n = set_of(pick, set);
@@ -225,16 +231,18 @@ static void mismatch_three_kinds(ccq_runtime *rt, uint32_t pick, uint32_t late_m
     if (wsize < 3)
         return;
     CHECK(ccq_comm_init(rt, set, n) == CCQ_OK, "comm for three kinds");
-    if (wrank == 2 && late_ms > 0) {
+    if ((wrank == 2) != root_first && late_ms > 0) {
         struct timespec t = {0, (long)late_ms * 1000000L};
         nanosleep(&t, NULL);
     }
     CHECK(submit(rt, kind, dev, src, dst, 64, CCQ_FLOAT32, CCQ_SUM, set[2], set, n) == CCQ_OK,
           "submit three kinds");
     st = ccq_sync_collective(rt, dev, 0);
-    CHECK(st == CCQ_ERR_MISMATCH || (st == CCQ_OK && wrank == 2 && late_ms == 0),
+    CHECK(st == CCQ_ERR_MISMATCH || (st == CCQ_OK && wrank == 2 && (late_ms == 0 || root_first)),
           "three kinds (%u ms late): %s: %s", late_ms, ccq_status_name(st),
           ccq_last_error_detail());
+    /* A root that started late_ms before the others completed alone (unless this machine
+     * stalled for late_ms: then the others' headers reached it in time, the other path). */
     t0 = now_ms();
     CHECK(ccq_all_reduce(rt, dev, 0, x, y, 4, CCQ_FLOAT32, CCQ_SUM, set, n) == CCQ_OK, "next");
     st = ccq_sync_collective(rt, dev, 0);
@@ -243,6 +251,9 @@ static void mismatch_three_kinds(ccq_runtime *rt, uint32_t pick, uint32_t late_m
           ccq_status_name(st), (unsigned long long)(now_ms() - t0), ccq_last_error_detail());
     CHECK(st != CCQ_OK || (y[0] == (float)(wsize * (wsize + 1) / 2) && y[3] == (float)(3 * wsize)),
           "three kinds: the next operation's result %g", (double)y[0]);
+    if (root_first)
+        CHECK(st == CCQ_ERR_MISMATCH, "three kinds, root first: the next operation: %s: %s",
+              ccq_status_name(st), ccq_last_error_detail());
     if (getenv("CCQ_TEST_VERBOSE") != NULL)
         printf("process %u: three kinds (%u ms late): next %s\n", wrank, late_ms,
                ccq_status_name(st));
@@ -1038,8 +1049,9 @@ int main(int argc, char **argv)
                 mc.root[1] = wsize - 1;
             mismatch(rt, &mc, pick++);
         }
-        mismatch_three_kinds(rt, pick++, 0);
-        mismatch_three_kinds(rt, pick++, 100);
+        mismatch_three_kinds(rt, pick++, 0, false);
+        mismatch_three_kinds(rt, pick++, 100, false);
+        mismatch_three_kinds(rt, pick++, 100, true);
         mismatch_p2p(rt);
         same_bits(rt);
     }
