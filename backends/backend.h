@@ -205,9 +205,11 @@ typedef struct ccq_backend_ops {
      * (blob_len[p] bytes) is what process p's world_blob gave (NULL and 0 when none), valid
      * during the call. An error (with err) says this backend cannot span these processes:
      * the runtime then refuses every communicator spanning processes at once, with that
-     * detail, instead of meeting. */
+     * detail, instead of meeting. crowded: this host's processes of the world outnumber the
+     * cores they may run on (ccq_world_crowded), so threads that progress them take turns. */
     ccq_status (*world_ready)(ccq_backend *be, uint32_t world_rank, uint32_t world_size,
-                              const void *const *blobs, const size_t *blob_len, ccq_errbuf *err);
+                              bool crowded, const void *const *blobs, const size_t *blob_len,
+                              ccq_errbuf *err);
     /* Poll a communicator comm_create left in progress: CCQ_OK, CCQ_IN_PROGRESS, or an
      * error (the runtime then destroys it). NULL when comm_create never returns
      * CCQ_IN_PROGRESS. */

@@ -27,6 +27,17 @@ uint32_t ccq_usable_cores(void)
     return n > 0 ? (uint32_t)n : 1u;
 }
 
+uint32_t ccq_first_usable_core(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) != 0)
+        return 0;
+    for (uint32_t c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &set))
+            return c;
+    return 0;
+}
+
 int ccq_cpu_hop(void)
 {
     cpu_set_t mask, others;

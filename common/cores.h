@@ -17,6 +17,9 @@
 #include <stdint.h>
 
 uint32_t ccq_usable_cores(void);
+/* The lowest-numbered of them (0 when the affinity cannot be read). With ccq_usable_cores it
+ * tells the processes of one host apart by where they run (ccq_world_crowded). */
+uint32_t ccq_first_usable_core(void);
 
 typedef struct ccq_unstack {
     bool enabled;

@@ -86,10 +86,12 @@ static ccq_status fwd_world_blob(ccq_backend *be, void *blob, size_t *len, ccq_e
 }
 
 static ccq_status fwd_world_ready(ccq_backend *be, uint32_t world_rank, uint32_t world_size,
-                                  const void *const *blobs, const size_t *blob_len, ccq_errbuf *err)
+                                  bool crowded, const void *const *blobs, const size_t *blob_len,
+                                  ccq_errbuf *err)
 {
     fault_be *f = to_fault(be);
-    return f->inner_ops->world_ready(f->inner, world_rank, world_size, blobs, blob_len, err);
+    return f->inner_ops->world_ready(f->inner, world_rank, world_size, crowded, blobs, blob_len,
+                                     err);
 }
 
 static ccq_status fwd_comm_create(ccq_backend *be, const ccq_be_comm_desc *d, ccq_be_comm **out,

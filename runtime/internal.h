@@ -253,8 +253,9 @@ struct ccq_runtime {
      * Written by the scheduler only (relaxed: a stale value only costs a spin or a sleep). */
     _Atomic uint32_t engine_polling;
     bool fence_spin_always; /* CCQ_FENCE_SPIN=1: spin anyway (measurements) */
-    /* A world of several processes that do not outnumber this process's cores (set once the
-     * world formed): where the scheduler's hand-off yield and the batch cut below pay. */
+    /* A world of several processes, and this host's do not outnumber the cores they may run
+     * on (ccq_world.crowded, set once the world formed): where the scheduler's hand-off yield
+     * and the batch cut below pay. */
     bool procs_fit_cores;
     /* ccq_backend_ops.span_batch_ops where procs_fit_cores (else 0 = no cap), or
      * CCQ_SPAN_BATCH_OPS: the group_limit of communicators spanning processes on a backend

@@ -10,7 +10,6 @@
 
 #include "backends/module.h"
 #include "ccq/ccq_nccl.h"
-#include "common/cores.h"
 #include "common/env.h"
 #include "runtime/boot/bootstrap.h"
 #include "runtime/fault.h"
@@ -450,15 +449,16 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
     rt->dev_first = rt->world.first[rt->world.rank];
     if (rt->world.size > 1 && rt->be_ops->world_ready != NULL) {
         ccq_errbuf werr = {{0}};
-        rt->span_status = rt->be_ops->world_ready(rt->be, rt->world.rank, rt->world.size,
-                                                  rt->world.blob, rt->world.blob_len, &werr);
+        rt->span_status =
+            rt->be_ops->world_ready(rt->be, rt->world.rank, rt->world.size, rt->world.crowded,
+                                    rt->world.blob, rt->world.blob_len, &werr);
         snprintf(rt->span_detail, sizeof rt->span_detail, "%s", werr.msg);
     }
     ccq_world_drop_blobs(&rt->world);
-    rt->procs_fit_cores = rt->world.size > 1 && rt->world.size <= ccq_usable_cores();
+    rt->procs_fit_cores = rt->world.size > 1 && !rt->world.crowded;
     {
-        /* Batches across processes (backend.h, span_batch_ops), only where the world's
-         * processes do not outnumber the cores: 4 x 1 on 2 cores ran a DDP step 0.72-0.79x as
+        /* Batches across processes (backend.h, span_batch_ops), only where this host's
+         * processes do not outnumber their cores: 4 x 1 on 2 cores ran a DDP step 0.72-0.79x as
          * fast capped (each cut is one more meeting of 4 processes that take turns on the
          * cores). CCQ_SPAN_BATCH_OPS sets it anyway (0 = no cap; malformed: ignored). */
         uint64_t v;

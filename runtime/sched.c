@@ -360,10 +360,10 @@ void *ccq_sched_main(void *arg)
      * hand work to each other, and where a process's threads outnumber the cores left to it
      * (2 processes on 2 cores: a submitting thread and a scheduler each) the fence waiter
      * waits for this very core. One 8-byte all_reduce then a fence: 2 x 1 1.4-1.8x faster,
-     * 2 x 2 1.4x. Only in a world whose processes do not outnumber the cores: with more
-     * (4 x 1 on 2) the core may go to another process's busy scheduler instead, and nothing
-     * measured there showed a gain beyond its noise; in one process a back-to-back fence came
-     * out slower (0.8x). docs/performance.md, "The scheduler's hand-off yield". */
+     * 2 x 2 1.4x. Only where the host's processes do not outnumber their cores (procs_fit_cores):
+     * with more (4 x 1 on 2) the core may go to another process's busy scheduler instead, and
+     * nothing measured there showed a gain beyond its noise; in one process a back-to-back fence
+     * came out slower (0.8x). docs/performance.md, "The scheduler's hand-off yield". */
     bool handoff_yield = rt->procs_fit_cores;
 
     ccq_tls_inside |= CCQ_INSIDE_SCHED;

@@ -5,8 +5,10 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/clock.h"
+#include "common/cores.h"
 #include "runtime/boot/bootstrap.h"
 #include "runtime/internal.h"
 
@@ -34,6 +36,41 @@ uint32_t ccq_world_owner(const ccq_world *w, ccq_device_id d)
             hi = mid;
     }
     return lo;
+}
+
+/* (first_core, cores) of one process, to find the distinct ones. */
+typedef struct core_span {
+    uint32_t first, count;
+} core_span;
+
+static int span_cmp(const void *a, const void *b)
+{
+    const core_span *x = a, *y = b;
+    if (x->first != y->first)
+        return x->first < y->first ? -1 : 1;
+    return x->count < y->count ? -1 : x->count > y->count;
+}
+
+bool ccq_world_crowded(const ccq_world_proc *procs, uint32_t n, uint32_t me, uint32_t host_cpus)
+{
+    uint64_t host = procs[me].host_id, together = 0;
+    uint32_t nlocal = 0;
+    core_span *spans = malloc((size_t)n * sizeof *spans);
+
+    if (spans == NULL) /* as a process alone would judge it */
+        return n > (procs[me].cores ? procs[me].cores : 1u);
+    for (uint32_t p = 0; p < n; p++)
+        if (host == 0 || procs[p].host_id == host)
+            spans[nlocal++] =
+                (core_span){procs[p].first_core, procs[p].cores ? procs[p].cores : 1u};
+    qsort(spans, nlocal, sizeof *spans, span_cmp);
+    for (uint32_t i = 0; i < nlocal; i++)
+        if (i == 0 || span_cmp(&spans[i], &spans[i - 1]) != 0)
+            together += spans[i].count;
+    free(spans);
+    if (host_cpus > 0 && together > host_cpus)
+        together = host_cpus;
+    return nlocal > together;
 }
 
 static ccq_status world_of_one(ccq_world *w, uint32_t local_devices)
@@ -154,6 +191,8 @@ ccq_status ccq_world_setup(ccq_world *w, const ccq_config *cfg, const char *back
     snprintf(mine.backend, sizeof mine.backend, "%s", backend);
     mine.blob_len = (uint32_t)blob_len;
     ccq_health_identity(&mine.proc);
+    mine.proc.cores = ccq_usable_cores();
+    mine.proc.first_core = ccq_first_usable_core();
     all = calloc(w->size, sizeof *all);
     members = malloc(w->size * sizeof *members);
     w->first = malloc((w->size + 1) * sizeof *w->first);
@@ -211,6 +250,11 @@ ccq_status ccq_world_setup(ccq_world *w, const ccq_config *cfg, const char *back
         goto fail;
     }
     w->first[w->size] = (uint32_t)total;
+    {
+        long online = sysconf(_SC_NPROCESSORS_ONLN);
+        w->crowded =
+            ccq_world_crowded(w->procs, w->size, w->rank, online > 0 ? (uint32_t)online : 0);
+    }
     ccq_boot_xchg_free(x);
     x = NULL;
     st = world_blobs(w, all, blob, blob_len, members, deadline);

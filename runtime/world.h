@@ -4,6 +4,7 @@
 #ifndef CCQ_RUNTIME_WORLD_H
 #define CCQ_RUNTIME_WORLD_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "ccq.h"
@@ -14,14 +15,20 @@ struct ccq_boot;
  * this host through it from the start (runtime/health/oswatch.c). */
 typedef struct ccq_world_proc {
     uint32_t pid;
+    uint32_t cores;      /* how many cores it may run on (its affinity: ccq_usable_cores)... */
     uint64_t host_id;    /* boot id and pid namespace; 0 = unknown */
     uint64_t start_time; /* clock ticks since boot */
+    uint32_t first_core; /* ...and the lowest of them (ccq_world_crowded) */
+    uint32_t reserved;
 } ccq_world_proc;
 
 typedef struct ccq_world {
     uint32_t rank, size;
     uint32_t *first;       /* [size + 1]: prefix sums of the processes' local device counts */
     ccq_world_proc *procs; /* [size] (NULL in a world of one) */
+    /* This host's processes of the world outnumber the cores they may run on
+     * (ccq_world_crowded): the threads that progress them then take turns on the cores. */
+    bool crowded;
     struct ccq_boot *boot; /* how processes meet; NULL in a world of one */
     /* Every process's backend blob (world_blob), until ccq_world_drop_blobs: blob[p] has
      * blob_len[p] bytes (NULL when no process has one). */
@@ -41,6 +48,15 @@ ccq_status ccq_world_setup(ccq_world *w, const ccq_config *cfg, const char *back
 /* Free the blobs (once the backend has taken what it needs). */
 void ccq_world_drop_blobs(ccq_world *w);
 void ccq_world_fini(ccq_world *w);
+
+/* Whether the processes of process me's host (those with its host_id; every process when it
+ * is 0, unknown) outnumber the cores they may run on together, host_cpus at most (this host's
+ * online count). The cores together are counted from what each process said: processes that
+ * start at the same core with as many cores are taken to share them (one affinity, or none:
+ * every process may use every core), others to have their own (a launcher's binding, one
+ * core or one socket each). A process sees only its own affinity; this is the host's view
+ * the world's exchange gives everyone alike. procs[p].cores 0 (unknown) counts as 1. */
+bool ccq_world_crowded(const ccq_world_proc *procs, uint32_t n, uint32_t me, uint32_t host_cpus);
 
 /* The process that owns global device d (d < first[size]). O(log size). */
 uint32_t ccq_world_owner(const ccq_world *w, ccq_device_id d);

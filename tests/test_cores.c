@@ -2,7 +2,9 @@
  * UCX engine compares a world's process count with. It must follow the CPU affinity (a
  * launcher's binding, taskset), not the machine's core count.
  * ccq_cpu_hop and ccq_unstack_yield: a polling thread that shares its core with another busy
- * thread moves itself to another of its cores, its affinity mask left as it was. */
+ * thread moves itself to another of its cores, its affinity mask left as it was.
+ * ccq_world_crowded (runtime/world.h): whether a host's processes outnumber the cores they may
+ * run on together, from what each said when the world formed. */
 #include <pthread.h>
 #include <sched.h>
 #include <setjmp.h>
@@ -17,6 +19,7 @@
 
 #include "common/clock.h"
 #include "common/cores.h"
+#include "runtime/world.h"
 
 /* Two CPUs this process may run on, or false. */
 static bool two_cpus(int *a, int *b)
@@ -151,12 +154,77 @@ static void test_follows_affinity(void **state)
     assert_true(first >= 0);
     CPU_ZERO(&one);
     CPU_SET(first, &one);
+    assert_int_equal(ccq_first_usable_core(), (uint32_t)first);
     assert_int_equal(sched_setaffinity(0, sizeof one, &one), 0);
     assert_int_equal(ccq_usable_cores(), 1);
+    assert_int_equal(ccq_first_usable_core(), (uint32_t)first);
+    {
+        int a, b;
+        if (sched_setaffinity(0, sizeof all, &all) == 0 && two_cpus(&a, &b)) {
+            set_cpus(b, -1); /* the lowest follows the mask */
+            assert_int_equal(ccq_first_usable_core(), (uint32_t)b);
+        }
+    }
     assert_int_equal(sched_setaffinity(0, sizeof all, &all), 0);
     assert_int_equal(ccq_usable_cores(), (uint32_t)CPU_COUNT(&all));
     /* Never more than the machine has online. */
     assert_true(ccq_usable_cores() <= (uint32_t)sysconf(_SC_NPROCESSORS_ONLN));
+}
+
+/* proc: host h, cores [first, first + count). */
+static ccq_world_proc proc(uint64_t h, uint32_t first, uint32_t count)
+{
+    return (ccq_world_proc){
+        .pid = 1, .host_id = h, .start_time = 1, .cores = count, .first_core = first};
+}
+
+/* The host's view: the processes of this host only (others and their cores do not count),
+ * processes that say the same cores share them, processes bound apart do not. */
+static void test_world_crowded(void **state)
+{
+    (void)state;
+    ccq_world_proc w[8];
+
+    /* 4 processes, no binding, 2 cores: crowded; 2 of them: not. */
+    for (int p = 0; p < 4; p++)
+        w[p] = proc(7, 0, 2);
+    assert_true(ccq_world_crowded(w, 4, 0, 2));
+    assert_false(ccq_world_crowded(w, 2, 1, 2));
+    /* Each bound to a core of its own (mpirun --bind-to core): 2 on 2 cores fit, though each
+     * sees one core; two bound to one core do not. */
+    w[0] = proc(7, 0, 1);
+    w[1] = proc(7, 1, 1);
+    assert_false(ccq_world_crowded(w, 2, 0, 2));
+    w[1] = proc(7, 0, 1);
+    assert_true(ccq_world_crowded(w, 2, 1, 2));
+    /* Two hosts of 4 cores, 4 processes each, unbound: 8 processes fit (each host's 4 do);
+     * 5 on one host do not, for every process of that host, and the other host's fit. */
+    for (int p = 0; p < 8; p++)
+        w[p] = proc(p < 4 ? 7 : 9, 0, 4);
+    for (uint32_t me = 0; me < 8; me++)
+        assert_false(ccq_world_crowded(w, 8, me, 4));
+    w[4] = proc(7, 0, 4);
+    assert_true(ccq_world_crowded(w, 8, 0, 4));
+    assert_false(ccq_world_crowded(w, 8, 5, 4));
+    /* Bound per socket (2 x 2 cores): 4 processes on 4 cores fit; 6 do not. */
+    for (int p = 0; p < 6; p++)
+        w[p] = proc(7, p % 2 ? 2 : 0, 2);
+    assert_false(ccq_world_crowded(w, 4, 0, 4));
+    assert_true(ccq_world_crowded(w, 6, 0, 4));
+    /* Never more cores than the host has online (affinities that claim more). */
+    for (int p = 0; p < 4; p++)
+        w[p] = proc(7, (uint32_t)p, 4);
+    assert_false(ccq_world_crowded(w, 4, 0, 0));
+    assert_true(ccq_world_crowded(w, 4, 0, 2));
+    /* A host unknown (0): every process counts as this host's, as a process alone judges. */
+    for (int p = 0; p < 4; p++)
+        w[p] = proc(p < 2 ? 0 : 3, 0, 2);
+    assert_true(ccq_world_crowded(w, 4, 0, 2));
+    assert_false(ccq_world_crowded(w, 4, 2, 2));
+    /* A count unknown (0) counts as one core. */
+    w[0] = proc(7, 0, 0);
+    w[1] = proc(7, 0, 0);
+    assert_true(ccq_world_crowded(w, 2, 0, 8));
 }
 
 int main(void)
@@ -165,6 +233,7 @@ int main(void)
         cmocka_unit_test(test_follows_affinity),
         cmocka_unit_test(test_hop),
         cmocka_unit_test(test_unstack_policy),
+        cmocka_unit_test(test_world_crowded),
     };
     return cmocka_run_group_tests_name("cores", tests, NULL, NULL);
 }

@@ -38,9 +38,10 @@ typedef struct ccq_host_engine_ops {
     /* Every process of the world calls it at the same point, right after the processes met
      * (backend world_ready), with every process's world_blob bytes (blobs[p], blob_len[p];
      * blobs NULL when no process gave any). An error says this engine cannot span these
-     * processes. */
+     * processes. crowded: as the backend's world_ready was told. */
     ccq_status (*world_ready)(ccq_host_engine *e, uint32_t world_rank, uint32_t world_size,
-                              const void *const *blobs, const size_t *blob_len, ccq_errbuf *err);
+                              bool crowded, const void *const *blobs, const size_t *blob_len,
+                              ccq_errbuf *err);
     /* On the lowest member process only: the bytes every member's comm_create gets in
      * d->root_blob (at most CCQ_HENG_BLOB_MAX; *len in: room, out: used). */
     ccq_status (*root_blob)(ccq_host_engine *e, const ccq_be_comm_desc *d, void *blob, size_t *len,

@@ -372,10 +372,11 @@ static ccq_status host_world_blob(ccq_backend *be, void *blob, size_t *len, ccq_
 
 /* Every process of the world calls this at the same point. */
 static ccq_status host_world_ready(ccq_backend *be, uint32_t world_rank, uint32_t world_size,
-                                   const void *const *blobs, const size_t *blob_len,
+                                   bool crowded, const void *const *blobs, const size_t *blob_len,
                                    ccq_errbuf *err)
 {
-    return host_xp_world_ready(&to_host(be)->xp, world_rank, world_size, blobs, blob_len, err);
+    return host_xp_world_ready(&to_host(be)->xp, world_rank, world_size, crowded, blobs, blob_len,
+                               err);
 }
 
 static ccq_status host_comm_test(ccq_backend *be, ccq_be_comm *comm, ccq_errbuf *err)

@@ -63,7 +63,7 @@ void host_free_staged(void **staged, uint32_t nops);
  * x->engine stays NULL and engine_err says why. */
 void host_xp_open(host_xp *x, const ccq_config *cfg, const ccq_be_hooks *hooks);
 ccq_status host_xp_world_blob(host_xp *x, void *blob, size_t *len, ccq_errbuf *err);
-ccq_status host_xp_world_ready(host_xp *x, uint32_t world_rank, uint32_t world_size,
+ccq_status host_xp_world_ready(host_xp *x, uint32_t world_rank, uint32_t world_size, bool crowded,
                                const void *const *blobs, const size_t *blob_len, ccq_errbuf *err);
 /* Whether a batch needs the engine (an op on a communicator spanning processes, or a half of
  * a pair across processes). */

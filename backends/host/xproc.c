@@ -103,7 +103,7 @@ ccq_status host_xp_world_blob(host_xp *x, void *blob, size_t *len, ccq_errbuf *e
 }
 
 /* Every process of the world calls this at the same point. */
-ccq_status host_xp_world_ready(host_xp *x, uint32_t world_rank, uint32_t world_size,
+ccq_status host_xp_world_ready(host_xp *x, uint32_t world_rank, uint32_t world_size, bool crowded,
                                const void *const *blobs, const size_t *blob_len, ccq_errbuf *err)
 {
     ccq_status st;
@@ -111,7 +111,8 @@ ccq_status host_xp_world_ready(host_xp *x, uint32_t world_rank, uint32_t world_s
         snprintf(err->msg, sizeof err->msg, "%s", x->engine_err.msg);
         return CCQ_ERR_UNSUPPORTED;
     }
-    st = x->engine->ops->world_ready(x->engine, world_rank, world_size, blobs, blob_len, err);
+    st = x->engine->ops->world_ready(x->engine, world_rank, world_size, crowded, blobs, blob_len,
+                                     err);
     if (st != CCQ_OK) {
         if (x->ucx_why[0] != '\0') { /* the default's fallback: say why not UCX too */
             size_t n = strlen(err->msg);

@@ -77,11 +77,13 @@ static void mpi_destroy(ccq_host_engine *e)
  * all do, while later a process that makes no ccq call (no MPI call) would hold it back for
  * everyone, and a communicator of other processes would wait for it (issue 22). */
 static ccq_status mpi_world_ready(ccq_host_engine *e, uint32_t world_rank, uint32_t world_size,
-                                  const void *const *blobs, const size_t *blob_len, ccq_errbuf *err)
+                                  bool crowded, const void *const *blobs, const size_t *blob_len,
+                                  ccq_errbuf *err)
 {
     mpi_engine *m = to_mpi(e);
     (void)world_rank;
     (void)world_size;
+    (void)crowded;
     (void)blobs;
     (void)blob_len;
     if (ccq_hmpi_world_post(m->mpi_comm, &m->world, &m->world_err) == CCQ_OK) {

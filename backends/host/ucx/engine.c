@@ -549,37 +549,34 @@ static ccq_status ucx_world_blob(ccq_host_engine *base, void *blob, size_t *len,
     return CCQ_OK;
 }
 
-/* How often an idle poll yields (ucx_progress): every 16th, or every 4th when the world has
- * more processes than this process may use cores, so that the schedulers alone (each process
- * has one, busy while operations are in flight) outnumber the cores. Measured (bench/ab-libs.sh,
+/* How often an idle poll yields (ucx_progress): every 16th, or every 4th when this host's
+ * processes outnumber the cores they may run on (crowded: ccq_world_crowded, from every
+ * process's affinity, so a launcher's binding of one core each is not mistaken for it, nor
+ * the processes of other hosts counted), so that the schedulers alone (each process has one,
+ * busy while operations are in flight) outnumber the cores. Measured (bench/ab-libs.sh,
  * medians of 7 interleaved runs, docs/performance.md): 4 processes on 2 cores, all_reduce 8 B
  * to 512 KiB, every 4th 1.07-1.44x faster (3 processes: 1.07-1.64x), every 2nd or every poll
- * slower than every 4th; 2 processes on 2 cores, every 4th 0.81-1.03x, so they keep every 16th.
- * A multi-host world counts as if on one host: at worst a poll then waits one system call
- * longer when a core was free. */
-static bool oversubscribed(uint32_t world_size)
+ * slower than every 4th; 2 processes on 2 cores, every 4th 0.81-1.03x, so they keep every
+ * 16th. */
+static uint32_t yield_mask(bool crowded)
 {
-    return world_size > ccq_usable_cores();
-}
-
-static uint32_t yield_mask(uint32_t world_size)
-{
-    return oversubscribed(world_size) ? 3u : 15u;
+    return crowded ? 3u : 15u;
 }
 
 static ccq_status ucx_world_ready(ccq_host_engine *base, uint32_t world_rank, uint32_t world_size,
-                                  const void *const *blobs, const size_t *blob_len, ccq_errbuf *err)
+                                  bool crowded, const void *const *blobs, const size_t *blob_len,
+                                  ccq_errbuf *err)
 {
     ucx_engine *e = to_ucx(base);
     size_t total = 0, off = 0;
 
     e->world_rank = world_rank;
     e->world_size = world_size;
-    e->yield_mask = yield_mask(world_size);
+    e->yield_mask = yield_mask(crowded);
     /* With more processes than cores, stacking is the rule and moving only trades places. */
-    ccq_unstack_init(&e->unstack, e->unstack_on && !oversubscribed(world_size), (uint32_t)getpid());
+    ccq_unstack_init(&e->unstack, e->unstack_on && !crowded, (uint32_t)getpid());
     if (e->bulk_auto)
-        e->bulk_bytes = ucx_bulk_default(world_size, oversubscribed(world_size));
+        e->bulk_bytes = ucx_bulk_default(world_size, crowded);
     for (uint32_t p = 0; p < world_size; p++) {
         if (blobs == NULL || blobs[p] == NULL || blob_len[p] == 0) {
             snprintf(err->msg, sizeof err->msg,
