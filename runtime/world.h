@@ -16,10 +16,13 @@ struct ccq_boot;
 typedef struct ccq_world_proc {
     uint32_t pid;
     uint32_t cores;      /* how many cores it may run on (its affinity: ccq_usable_cores)... */
-    uint64_t host_id;    /* boot id and pid namespace; 0 = unknown */
+    uint64_t host_id;    /* boot id, host name and pid namespace; 0 = unknown */
     uint64_t start_time; /* clock ticks since boot */
     uint32_t first_core; /* ...and the lowest of them (ccq_world_crowded) */
     uint32_t reserved;
+    /* The kernel it runs under (its boot id alone): the machine whose cores it shares, with
+     * the processes of other containers on it too (ccq_world_crowded); 0 = unknown. */
+    uint64_t kernel_id;
 } ccq_world_proc;
 
 typedef struct ccq_world {
@@ -49,13 +52,14 @@ ccq_status ccq_world_setup(ccq_world *w, const ccq_config *cfg, const char *back
 void ccq_world_drop_blobs(ccq_world *w);
 void ccq_world_fini(ccq_world *w);
 
-/* Whether the processes of process me's host (those with its host_id; every process when it
- * is 0, unknown) outnumber the cores they may run on together, host_cpus at most (this host's
- * online count). The cores together are counted from what each process said: processes that
- * start at the same core with as many cores are taken to share them (one affinity, or none:
- * every process may use every core), others to have their own (a launcher's binding, one
- * core or one socket each). A process sees only its own affinity; this is the host's view
- * the world's exchange gives everyone alike. procs[p].cores 0 (unknown) counts as 1. */
+/* Whether the processes of process me's machine (those with its kernel_id, whatever their
+ * container; every process when it is 0, unknown) outnumber the cores they may run on
+ * together, host_cpus at most (this machine's online count). The cores together are counted from
+ * what each process said: processes that start at the same core with as many cores are taken to
+ * share them (one affinity, or none: every process may use every core), others to have their own (a
+ * launcher's binding, one core or one socket each). A process sees only its own affinity; this is
+ * the host's view the world's exchange gives everyone alike. procs[p].cores 0 (unknown) counts
+ * as 1. */
 bool ccq_world_crowded(const ccq_world_proc *procs, uint32_t n, uint32_t me, uint32_t host_cpus);
 
 /* The process that owns global device d (d < first[size]). O(log size). */

@@ -171,15 +171,22 @@ static void test_follows_affinity(void **state)
     assert_true(ccq_usable_cores() <= (uint32_t)sysconf(_SC_NPROCESSORS_ONLN));
 }
 
-/* proc: host h, cores [first, first + count). */
-static ccq_world_proc proc(uint64_t h, uint32_t first, uint32_t count)
+/* proc: on the machine of kernel k (its containers alike: their host ids differ), cores
+ * [first, first + count). */
+static ccq_world_proc proc(uint64_t k, uint32_t first, uint32_t count)
 {
-    return (ccq_world_proc){
-        .pid = 1, .host_id = h, .start_time = 1, .cores = count, .first_core = first};
+    static uint64_t container;
+    return (ccq_world_proc){.pid = 1,
+                            .host_id = ++container,
+                            .kernel_id = k,
+                            .start_time = 1,
+                            .cores = count,
+                            .first_core = first};
 }
 
-/* The host's view: the processes of this host only (others and their cores do not count),
- * processes that say the same cores share them, processes bound apart do not. */
+/* The host's view: the processes of this machine only, in whatever container (others and
+ * their cores do not count), processes that say the same cores share them, processes bound
+ * apart do not. */
 static void test_world_crowded(void **state)
 {
     (void)state;
@@ -216,7 +223,7 @@ static void test_world_crowded(void **state)
         w[p] = proc(7, (uint32_t)p, 4);
     assert_false(ccq_world_crowded(w, 4, 0, 0));
     assert_true(ccq_world_crowded(w, 4, 0, 2));
-    /* A host unknown (0): every process counts as this host's, as a process alone judges. */
+    /* A machine unknown (0): every process counts as this one's, as a process alone judges. */
     for (int p = 0; p < 4; p++)
         w[p] = proc(p < 2 ? 0 : 3, 0, 2);
     assert_true(ccq_world_crowded(w, 4, 0, 2));

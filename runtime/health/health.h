@@ -30,7 +30,7 @@ typedef struct ccq_health ccq_health;
 /* ---- lifetime (runtime.c, world.c) ---- */
 
 struct ccq_world_proc;
-/* This process's identity for the world exchange (pid, host, start time). */
+/* This process's identity for the world exchange (pid, host, kernel, start time). */
 void ccq_health_identity(struct ccq_world_proc *out);
 
 /* Before the scheduler starts: the process table (every process alive). A world of one gets

@@ -53,19 +53,27 @@ static uint64_t start_time_of(long pid)
     return t;
 }
 
-void ccq_os_identity(uint32_t *pid, uint64_t *host_id, uint64_t *start_time, char *hostname,
-                     size_t len)
+/* The running kernel's boot id ("" when it cannot be read): one per machine (or VM) and boot,
+ * the same in every container on it. */
+static void read_boot_id(char *boot_id, size_t len)
 {
-    char boot_id[64] = "";
-    struct stat ns;
     FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
-    uint64_t h = CCQ_FNV_OFFSET;
-
+    boot_id[0] = '\0';
     if (f != NULL) {
-        if (fgets(boot_id, sizeof boot_id, f) == NULL)
+        if (fgets(boot_id, (int)len, f) == NULL)
             boot_id[0] = '\0';
         fclose(f);
     }
+}
+
+void ccq_os_identity(uint32_t *pid, uint64_t *host_id, uint64_t *start_time, char *hostname,
+                     size_t len)
+{
+    char boot_id[64];
+    struct stat ns;
+    uint64_t h = CCQ_FNV_OFFSET;
+
+    read_boot_id(boot_id, sizeof boot_id);
     if (gethostname(hostname, len) != 0)
         snprintf(hostname, len, "?");
     hostname[len - 1] = '\0';
@@ -80,8 +88,11 @@ void ccq_os_identity(uint32_t *pid, uint64_t *host_id, uint64_t *start_time, cha
 
 void ccq_health_identity(ccq_world_proc *out)
 {
-    char host[64];
+    char host[64], boot_id[64];
     ccq_os_identity(&out->pid, &out->host_id, &out->start_time, host, sizeof host);
+    read_boot_id(boot_id, sizeof boot_id);
+    out->kernel_id =
+        boot_id[0] != '\0' ? ccq_boot_fnv1a(boot_id, strlen(boot_id), CCQ_FNV_OFFSET) : 0;
 }
 
 bool ccq_os_watch(ccq_health *h, hpeer *p, uint32_t pid, uint64_t host_id, uint64_t start_time)
