@@ -223,7 +223,8 @@ static void synthetic_story(void **state)
     /* The story, piece by piece (the golden file could be regenerated wrong). */
     has(got, "\"backend\":\"host\",\"devices\":2,\"events\":18,\"dropped_events\":3");
     has(got, "\"ccq\":{\"format\":1,\"version\":\"@VERSION@\",\"world_rank\":0,\"world_size\":1,"
-             "\"local_devices\":[0,2],\"max_streams\":2,\"pid\":4242,\"hostname\":\"node7\","
+             "\"local_devices\":[0,2],\"crowded\":false,\"max_streams\":2,\"pid\":4242,"
+             "\"hostname\":\"node7\","
              "\"backend\":\"host\",\"reason\":\"error\",\"events\":18,\"dropped_events\":3,"
              "\"clock\":{\"domain\":\"CLOCK_MONOTONIC\",\"t0_ns\":1000000,\"dump_ns\":1006000,"
              "\"realtime_offset_ns\":1764547200000000000},\"comms\":[{\"id\":0,\"set\":\"{0,1}\","
@@ -301,6 +302,7 @@ static void global_ids(void **state)
                 .world_rank = 2,
                 .world_size = 3,
                 .dev_first = 4,
+                .crowded = true,
                 .dump_ns = T0 + 200},
         .ev = ev,
         .nev = 2,
@@ -308,7 +310,7 @@ static void global_ids(void **state)
         .ncomms = 1,
     };
     char *got = write_view(&v);
-    has(got, "\"world_rank\":2,\"world_size\":3,\"local_devices\":[4,2]");
+    has(got, "\"world_rank\":2,\"world_size\":3,\"local_devices\":[4,2],\"crowded\":true");
     has(got, "\"comms\":[{\"id\":0,\"set\":\"{1,3,5}\",\"devices\":[1,3,5]}]");
     has(got, "\"pid\":4,\"args\":{\"name\":\"device 4\"}");
     has(got, "\"pid\":5,\"args\":{\"name\":\"device 5\"}");

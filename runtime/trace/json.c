@@ -199,9 +199,10 @@ static void emit_header(jw *w)
             CCQ_VERSION_STRING, h->backend, h->ndev, w->v->nev, h->dropped, h->t0_ns);
     fprintf(w->f,
             "\"ccq\":{\"format\":%d,\"version\":\"%s\",\"world_rank\":%u,\"world_size\":%u,"
-            "\"local_devices\":[%u,%u],\"max_streams\":%u,\"pid\":%" PRId64 ",\"hostname\":",
+            "\"local_devices\":[%u,%u],\"crowded\":%s,\"max_streams\":%u,\"pid\":%" PRId64
+            ",\"hostname\":",
             CCQ_TRACE_FORMAT, CCQ_VERSION_STRING, h->world_rank, h->world_size, h->dev_first,
-            h->ndev, h->max_streams, h->pid);
+            h->ndev, h->crowded ? "true" : "false", h->max_streams, h->pid);
     json_str(w->f, h->host != NULL ? h->host : "");
     fprintf(w->f, ",\"backend\":\"%s\",\"reason\":", h->backend);
     json_str(w->f, h->reason != NULL ? h->reason : "");

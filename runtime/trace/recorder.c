@@ -289,8 +289,8 @@ void ccq_trace_tick(ccq_trace *t, uint64_t now, uint64_t ended)
 /* ---- public API ---- */
 
 static const char *const ev_names[CCQ_EV_TYPE_COUNT_] = {
-    "submitted",  "matched",     "issued",    "completed", "failed", "batch",
-    "batch_done", "fence_begin", "fence_end", "watchdog",  "abort",  "process_lost", "fused",
+    "submitted",   "matched",   "issued",   "completed", "failed",       "batch", "batch_done",
+    "fence_begin", "fence_end", "watchdog", "abort",     "process_lost", "fused",
 };
 
 CCQ_API const char *ccq_event_type_name(uint32_t type)
@@ -455,6 +455,7 @@ static int take_view(ccq_runtime *rt, ccq_trace_view *v, char *host, const char 
     v->hdr.ndev = rt->ndev;
     v->hdr.max_streams = rt->max_streams;
     world_of(rt, &v->hdr.world_rank, &v->hdr.world_size, &v->hdr.dev_first);
+    v->hdr.crowded = rt->world.crowded;
     v->hdr.pid = (int64_t)getpid();
     if (gethostname(host, 64) != 0)
         host[0] = '\0';

@@ -1,9 +1,10 @@
-/* A trace dump as plain data: what runtime/trace/recorder.c copies out of a runtime (under its locks)
- * and runtime/trace/json.c writes, so the writer needs no runtime, no locks, and can be fed
+/* A trace dump as plain data: what runtime/trace/recorder.c copies out of a runtime (under its
+ * locks) and runtime/trace/json.c writes, so the writer needs no runtime, no locks, and can be fed
  * a hand-built view (tests/test_trace_json.c) or, later, views read back from files. */
 #ifndef CCQ_RUNTIME_TRACE_VIEW_H
 #define CCQ_RUNTIME_TRACE_VIEW_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -42,7 +43,10 @@ typedef struct ccq_trace_header {
     uint64_t dropped; /* events lost to overwriting before this copy */
     /* ---- the process in its world (format 1) ---- */
     uint32_t world_rank, world_size;
-    uint32_t dev_first;         /* global id of this process's first device */
+    uint32_t dev_first; /* global id of this process's first device */
+    /* This host's processes outnumber the cores they may run on (ccq_world.crowded): their
+     * threads take turns, and the rules that pay with a core each are off. */
+    bool crowded;
     int64_t pid;                /* 0: not written (a hand-built view) */
     const char *host;           /* NULL: not written */
     uint64_t dump_ns;           /* CLOCK_MONOTONIC when the copy was taken; 0 = unknown */
