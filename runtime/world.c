@@ -53,14 +53,14 @@ static int span_cmp(const void *a, const void *b)
 
 bool ccq_world_crowded(const ccq_world_proc *procs, uint32_t n, uint32_t me, uint32_t host_cpus)
 {
-    uint64_t host = procs[me].kernel_id, together = 0;
+    uint64_t machine = procs[me].kernel_id, together = 0;
     uint32_t nlocal = 0;
     core_span *spans = malloc((size_t)n * sizeof *spans);
 
     if (spans == NULL) /* as a process alone would judge it */
         return n > (procs[me].cores ? procs[me].cores : 1u);
     for (uint32_t p = 0; p < n; p++)
-        if (host == 0 || procs[p].kernel_id == host)
+        if (machine == 0 || procs[p].kernel_id == machine)
             spans[nlocal++] =
                 (core_span){procs[p].first_core, procs[p].cores ? procs[p].cores : 1u};
     qsort(spans, nlocal, sizeof *spans, span_cmp);

@@ -91,9 +91,10 @@ void ccq_health_exited(ccq_health *h, uint32_t q);
 void ccq_health_kick(ccq_health *h);
 
 /* ---- oswatch.c: the OS's word on processes of this host ---- */
-/* This process's identity: pid, host id (boot id + pid namespace), start time, host name. */
+/* This process's identity: pid, host id (boot id + host name + pid namespace), start time,
+ * host name, and (kernel_id non-NULL) the kernel's id (boot id alone: ccq_world_proc). */
 void ccq_os_identity(uint32_t *pid, uint64_t *host_id, uint64_t *start_time, char *hostname,
-                     size_t len);
+                     size_t len, uint64_t *kernel_id);
 /* Start watching p's process if it runs on this host (its identity says so). Lock held.
  * False if it is already gone (then declare it). */
 bool ccq_os_watch(ccq_health *h, hpeer *p, uint32_t pid, uint64_t host_id, uint64_t start_time);

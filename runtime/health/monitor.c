@@ -481,7 +481,7 @@ ccq_status ccq_health_create(ccq_runtime *rt)
         atomic_init(&h->peers[q].state, CCQ_PROCESS_ALIVE);
         h->peers[q].pidfd = -1;
     }
-    ccq_os_identity(&h->pid, &h->host_id, &h->start_time, h->hostname, sizeof h->hostname);
+    ccq_os_identity(&h->pid, &h->host_id, &h->start_time, h->hostname, sizeof h->hostname, NULL);
     h->final_state = CCQ_HB_LEFT;
     rt->health = h;
     return CCQ_OK;

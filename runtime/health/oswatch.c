@@ -53,31 +53,26 @@ static uint64_t start_time_of(long pid)
     return t;
 }
 
-/* The running kernel's boot id ("" when it cannot be read): one per machine (or VM) and boot,
- * the same in every container on it. */
-static void read_boot_id(char *boot_id, size_t len)
+void ccq_os_identity(uint32_t *pid, uint64_t *host_id, uint64_t *start_time, char *hostname,
+                     size_t len, uint64_t *kernel_id)
 {
+    /* The kernel's boot id: one per machine (or VM) and boot, the same in every container. */
+    char boot_id[64] = "";
+    struct stat ns;
     FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
-    boot_id[0] = '\0';
+    uint64_t h = CCQ_FNV_OFFSET;
+
     if (f != NULL) {
-        if (fgets(boot_id, (int)len, f) == NULL)
+        if (fgets(boot_id, sizeof boot_id, f) == NULL)
             boot_id[0] = '\0';
         fclose(f);
     }
-}
-
-void ccq_os_identity(uint32_t *pid, uint64_t *host_id, uint64_t *start_time, char *hostname,
-                     size_t len)
-{
-    char boot_id[64];
-    struct stat ns;
-    uint64_t h = CCQ_FNV_OFFSET;
-
-    read_boot_id(boot_id, sizeof boot_id);
     if (gethostname(hostname, len) != 0)
         snprintf(hostname, len, "?");
     hostname[len - 1] = '\0';
     h = ccq_boot_fnv1a(boot_id, strlen(boot_id), h);
+    if (kernel_id != NULL)
+        *kernel_id = boot_id[0] != '\0' ? h : 0;
     h = ccq_boot_fnv1a(hostname, strlen(hostname), h);
     if (stat("/proc/self/ns/pid", &ns) == 0)
         h = ccq_boot_fnv1a(&ns.st_ino, sizeof ns.st_ino, h);
@@ -88,11 +83,8 @@ void ccq_os_identity(uint32_t *pid, uint64_t *host_id, uint64_t *start_time, cha
 
 void ccq_health_identity(ccq_world_proc *out)
 {
-    char host[64], boot_id[64];
-    ccq_os_identity(&out->pid, &out->host_id, &out->start_time, host, sizeof host);
-    read_boot_id(boot_id, sizeof boot_id);
-    out->kernel_id =
-        boot_id[0] != '\0' ? ccq_boot_fnv1a(boot_id, strlen(boot_id), CCQ_FNV_OFFSET) : 0;
+    char host[64];
+    ccq_os_identity(&out->pid, &out->host_id, &out->start_time, host, sizeof host, &out->kernel_id);
 }
 
 bool ccq_os_watch(ccq_health *h, hpeer *p, uint32_t pid, uint64_t host_id, uint64_t start_time)
