@@ -221,6 +221,14 @@ typedef struct ccq_backend_ops {
     ccq_status (*issue)(ccq_backend *be, ccq_be_batch *batch, ccq_errbuf *err);
     /* Return the list (next_done links) of batches completed since the last call, or NULL. */
     ccq_be_batch *(*poll)(ccq_backend *be);
+    /* Optional: the watchdog found a batch still in flight timeout_ms after its issue. A
+     * backend with deadlines of its own that come before the watchdog's, so that a stuck
+     * operation fails alone naming what it waits for (the host backend's engines), checks
+     * them at its next poll() even where it reads the clock only every few polls; the
+     * watchdog aborts what is still in flight a pass later. NULL: it aborts at once. Without
+     * this, a scheduler that stood still past both deadlines (its process stopped or
+     * preempted) would find the watchdog's first. */
+    void (*check_deadlines)(ccq_backend *be);
     /* Abort a communicator: issued work on it must still come back through poll() (failed
      * with CCQ_ERR_ABORTED) once the backend no longer touches its buffers. */
     void (*abort)(ccq_backend *be, ccq_be_comm *comm);

@@ -18,6 +18,8 @@ static void plan_clear(ccq_fault_plan *p)
     p->drop_after = 0;
     p->drop_count = -1;
     p->lag_us = 0;
+    p->stall_us = 0;
+    p->stall_op = 0;
 }
 
 /* Parse "key=value" with a non-negative integer value. */
@@ -74,9 +76,9 @@ int ccq_fault_parse(const char *spec, ccq_fault_plan *out, char *err, size_t err
         memcpy(kind, c, kl);
         kind[kl] = '\0';
         if (strcmp(kind, "fail") && strcmp(kind, "delay") && strcmp(kind, "drop") &&
-            strcmp(kind, "lag")) {
-            snprintf(err, errlen, "fault spec: unknown kind \"%s\" (fail, delay, drop or lag)",
-                     kind);
+            strcmp(kind, "lag") && strcmp(kind, "stall")) {
+            snprintf(err, errlen,
+                     "fault spec: unknown kind \"%s\" (fail, delay, drop, lag or stall)", kind);
             return -1;
         }
         for (const char *a = colon + 1; a < c + len;) {
@@ -112,6 +114,13 @@ int ccq_fault_parse(const char *spec, ccq_fault_plan *out, char *err, size_t err
                     out->lag_us = v;
                 else
                     ok = 0;
+            } else if (!strcmp(kind, "stall")) {
+                if (!strcmp(key, "us"))
+                    out->stall_us = v;
+                else if (!strcmp(key, "op"))
+                    out->stall_op = v;
+                else
+                    ok = 0;
             } else {
                 if (!strcmp(key, "rank"))
                     out->drop_rank = v;
@@ -135,6 +144,10 @@ int ccq_fault_parse(const char *spec, ccq_fault_plan *out, char *err, size_t err
         }
         if (!strcmp(kind, "delay") && out->delay_us == 0) {
             snprintf(err, errlen, "fault spec \"delay\": needs us=U > 0");
+            return -1;
+        }
+        if (!strcmp(kind, "stall") && out->stall_us == 0) {
+            snprintf(err, errlen, "fault spec \"stall\": needs us=U > 0");
             return -1;
         }
         if (!strcmp(kind, "lag") && out->lag_us == 0) {

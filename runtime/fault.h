@@ -23,6 +23,11 @@
  *                               takes effect U microseconds after its bytes arrive (its I/O
  *                               thread preempted between the two, as on a loaded machine),
  *                               once per wake-up of that thread
+ *   stall:us=U[,op=N]           the scheduler thread stands still for U microseconds right
+ *                               after handing the backend the group holding operation N
+ *                               (default 0), once: as a process stopped or preempted on a
+ *                               loaded machine, the deadlines of what is in flight pass
+ *                               while nobody looks
  * Example: CCQ_FAULT="fail:op=17;delay:us=200000,op=3;drop:rank=2,after=5,count=1"
  */
 typedef struct ccq_fault_plan {
@@ -36,6 +41,8 @@ typedef struct ccq_fault_plan {
     int64_t drop_after;  /* commands of that device let through first */
     int64_t drop_count;  /* -1: unlimited */
     int64_t lag_us;      /* 0: none (the bootstrap's, ccq_boot_fault_lag) */
+    int64_t stall_us;    /* 0: none */
+    int64_t stall_op;    /* the operation whose issue the stall follows */
 } ccq_fault_plan;
 
 /* Parse a spec (NULL or "" = no faults). Returns 0, or -1 with a message in err. */
@@ -46,9 +53,9 @@ int ccq_fault_parse(const char *spec, ccq_fault_plan *out, char *err, size_t err
 int ccq_fault_fails(const ccq_fault_plan *p, uint64_t op);
 uint64_t ccq_fault_delay_us(const ccq_fault_plan *p, uint64_t op);
 
-/* Put the plan's fail and delay clauses around a backend (runtime/fault_backend.c): on
+/* Put the plan's fail, delay and stall clauses around a backend (runtime/fault_backend.c): on
  * CCQ_OK *ops and *be are the wrapper's, which owns the inner backend from then on (its
- * destroy destroys both). A plan without fail or delay leaves them unchanged. drop is the
+ * destroy destroys both). A plan without fail, delay or stall leaves them unchanged. drop is the
  * scheduler's (it acts on commands, not operations). */
 ccq_status ccq_fault_wrap(const ccq_fault_plan *plan, const ccq_backend_ops **ops,
                           ccq_backend **be);

@@ -1,15 +1,18 @@
 /* Fault injection as a runtime layer: a backend that wraps the real one (host, NCCL, the
- * fake NCCL of the tests) and applies the plan's `fail` and `delay` clauses to the
+ * fake NCCL of the tests) and applies the plan's `fail`, `delay` and `stall` clauses to the
  * operations it is handed, so fault drills behave the same on every backend. `drop` is not
  * here: it acts on commands as they reach the scheduler (runtime/sched.c, arrive()).
  *
- * Only installed when the plan fails or delays something, so a runtime without fault
+ * Only installed when the plan fails, delays or stalls something, so a runtime without fault
  * injection calls its backend directly and pays nothing. Like every backend it runs on the
  * scheduler thread only, except the forwarded user-thread hooks (check, submit, fence,
  * bind_stream, mem_*), which touch nothing of the wrapper's state. */
+#define _GNU_SOURCE /* nanosleep */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "queue/wake.h"
 #include "runtime/fault.h"
@@ -37,6 +40,7 @@ typedef struct fault_be {
     uint64_t next_op; /* operations issued so far: the numbering `op=N` refers to */
     fault_job *held;  /* delayed, not handed to the inner backend yet */
     fault_job *done;  /* ended without the inner backend (every op failed or aborted) */
+    bool stalled;     /* the stall clause was carried out */
 } fault_be;
 
 static fault_be *to_fault(ccq_backend *be)
@@ -191,9 +195,24 @@ static void job_end_now(fault_be *f, fault_job *j)
     f->done = j;
 }
 
+/* stall: the scheduler thread stands still once, right after it handed the backend the group
+ * holding operation stall_op, as if its process were stopped or preempted. */
+static void stall_after(fault_be *f, uint64_t first_op)
+{
+    uint64_t op = (uint64_t)f->plan.stall_op;
+    if (f->plan.stall_us <= 0 || f->stalled || op < first_op || op >= f->next_op)
+        return;
+    f->stalled = true;
+    struct timespec ts = {(time_t)(f->plan.stall_us / 1000000),
+                          (long)(f->plan.stall_us % 1000000) * 1000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
 static ccq_status fault_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
 {
     fault_be *f = to_fault(be);
+    uint64_t first_op = f->next_op;
     fault_job *j = malloc(sizeof *j + (b->nops ? b->nops : 1) * sizeof j->ops[0]);
     uint64_t delay_us = 0;
     uint32_t n = 0, failed = 0;
@@ -228,6 +247,7 @@ static ccq_status fault_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
     b->be_priv = j;
     if (n == 0) {
         job_end_now(f, j);
+        stall_after(f, first_op);
         return CCQ_OK;
     }
     if (delay_us > 0) {
@@ -236,6 +256,7 @@ static ccq_status fault_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
         j->release_ns = ccq_now_ns() + delay_us * 1000u;
         j->next = f->held;
         f->held = j;
+        stall_after(f, first_op);
         return CCQ_OK;
     }
     ccq_status st = job_start(f, j, err);
@@ -243,6 +264,7 @@ static ccq_status fault_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
         b->be_priv = NULL;
         free(j);
     }
+    stall_after(f, first_op);
     return st;
 }
 
@@ -299,6 +321,12 @@ static ccq_be_batch *fault_poll(ccq_backend *be)
     return list;
 }
 
+static void fwd_check_deadlines(ccq_backend *be)
+{
+    fault_be *f = to_fault(be);
+    f->inner_ops->check_deadlines(f->inner);
+}
+
 /* An abort also ends the held operations of that communicator: they never started, so
  * they fail at once and their buffers are untouched. */
 static void fault_abort(ccq_backend *be, ccq_be_comm *comm)
@@ -330,7 +358,7 @@ ccq_status ccq_fault_wrap(const ccq_fault_plan *plan, const ccq_backend_ops **op
     const ccq_backend_ops *in = *ops;
     fault_be *f;
 
-    if (plan->fail_op < 0 && plan->fail_every <= 0 && plan->delay_us <= 0)
+    if (plan->fail_op < 0 && plan->fail_every <= 0 && plan->delay_us <= 0 && plan->stall_us <= 0)
         return CCQ_OK; /* nothing for a backend layer to do */
     f = calloc(1, sizeof *f);
     if (f == NULL)
@@ -352,6 +380,7 @@ ccq_status ccq_fault_wrap(const ccq_fault_plan *plan, const ccq_backend_ops **op
         .comm_destroy = fwd_comm_destroy,
         .issue = fault_issue,
         .poll = fault_poll,
+        .check_deadlines = in->check_deadlines ? fwd_check_deadlines : NULL,
         .abort = fault_abort,
         .stages_sends = in->stages_sends, /* ops reach the inner backend as they are */
         .span_group_limit = in->span_group_limit,

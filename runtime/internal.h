@@ -221,6 +221,7 @@ typedef struct ccq_batch {
     ccq_stream *streams; /* streams with commands in this batch (batch_next links) */
     struct ccq_batch *next;
     bool aborting;
+    bool overdue; /* past timeout_ms; the backend was asked to check its own deadlines first */
     uint32_t seen_early; /* be.ndone_early when its early completions were last taken */
 } ccq_batch;
 

@@ -293,6 +293,7 @@ static ccq_batch *batch_get(ccq_sched *S)
     b->streams = NULL;
     b->next = NULL;
     b->aborting = false;
+    b->overdue = false;
     return b;
 }
 

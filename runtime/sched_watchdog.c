@@ -299,14 +299,15 @@ void sched_abort_batch(ccq_runtime *rt, ccq_batch *b, const char *why)
     }
 }
 
-/* Fail what waited too long; abort what was issued and did not complete. Runs only when
- * the earliest known deadline has passed; returns true if it failed or aborted anything. */
+/* Fail what waited too long; abort what was issued and did not complete (after the backend,
+ * if it has deadlines of its own, looked first). Runs only when the earliest known deadline
+ * has passed; returns true if it failed or aborted anything or asked the backend to look. */
 bool sched_watchdog(ccq_runtime *rt, uint64_t now)
 {
     ccq_sched *S = rt->sched;
     char detail[CCQ_REPORT_LEN];
     uint64_t next = UINT64_MAX;
-    bool any = false;
+    bool any = false, ask_backend = false;
 
     if (now < S->wd_next)
         return false;
@@ -338,6 +339,17 @@ bool sched_watchdog(ccq_runtime *rt, uint64_t now)
             next = min_u64(next, dl);
             continue;
         }
+        if (!b->overdue && rt->be_ops->check_deadlines != NULL) {
+            /* The backend's own deadlines come before this one, so that a stuck operation
+             * fails alone, naming what it waits for, and only its communicator is aborted.
+             * Past both at once (this thread stood still: its process stopped, preempted),
+             * the backend has not looked yet: it does at the next poll, and what is still in
+             * flight after it is aborted in the next pass (no sleep in between: next = now). */
+            b->overdue = true;
+            ask_backend = true;
+            next = now;
+            continue;
+        }
         size_t w = ccq_format(detail, sizeof detail,
                               "batch %" PRIu64 " (%u ops) issued %.0f ms ago did not complete "
                               "within timeout_ms; the watchdog aborted its communicators",
@@ -358,8 +370,10 @@ bool sched_watchdog(ccq_runtime *rt, uint64_t now)
         sched_abort_batch(rt, b, detail);
         any = true;
     }
+    if (ask_backend)
+        rt->be_ops->check_deadlines(rt->be);
     if (S->closing && !S->shutdown_aborted)
         next = min_u64(next, ccq_add_sat(S->close_ns, rt->timeout_ns));
     S->wd_next = next;
-    return any;
+    return any || ask_backend;
 }

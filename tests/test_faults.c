@@ -617,18 +617,16 @@ static void test_delay_watchdog_aborts(void **state)
     xop_free(&p8);
 }
 
-/* A delay shorter than timeout_ms: ops 1 and 2 take at least 60 ms longer and complete
- * correctly; nothing fails. */
-static void test_delay_short_completes(void **state)
+/* M ops one at a time under `fault`, each fenced: every one completes correctly, nothing
+ * fails, and ops slow_first..slow_last end at least slow_ms after their submission. */
+static void slow_ops_complete(const char *fault, uint32_t m, uint32_t slow_first,
+                              uint32_t slow_last, unsigned slow_ms)
 {
-    enum { M = 5, DELAY_MS = 60 };
-    ccq_runtime *rt;
+    ccq_runtime *rt = make_rt(4, 300, fault);
     uint64_t cmds = 0;
 
-    (void)state;
-    rt = make_rt(4, 300, "delay:us=60000,op=1,count=2");
     init_round_comms(rt);
-    for (uint32_t i = 0; i < M; i++) {
+    for (uint32_t i = 0; i < m; i++) {
         xop o;
         uint64_t t0, ms;
         char what[64];
@@ -639,15 +637,32 @@ static void test_delay_short_completes(void **state)
         ms = (now_ns() - t0) / 1000000u;
         snprintf(what, sizeof what, "op %u", i);
         xop_check(&o, true, what);
-        if ((i == 1 || i == 2) && ms < DELAY_MS - 5)
-            fail_msg("op %u was delayed by %d ms but completed after %llu ms", i, DELAY_MS,
-                     (unsigned long long)ms);
+        if (i >= slow_first && i <= slow_last && ms + 5 < slow_ms)
+            fail_msg("%s: op %u should take %u ms more but completed after %llu ms", fault, i,
+                     slow_ms, (unsigned long long)ms);
         if (verbose())
             printf("    op %u: %llu ms\n", i, (unsigned long long)ms);
         cmds += o.n;
         xop_free(&o);
     }
     finish(rt, cmds, 0);
+}
+
+/* A delay shorter than timeout_ms: ops 1 and 2 take at least 60 ms longer and complete
+ * correctly; nothing fails. */
+static void test_delay_short_completes(void **state)
+{
+    (void)state;
+    slow_ops_complete("delay:us=60000,op=1,count=2", 5, 1, 2, 60);
+}
+
+/* stall shorter than timeout_ms: the scheduler stands still once, right after issuing op 1
+ * (as a stopped or preempted process); op 1 ends that much later, every op completes
+ * correctly and nothing fails. (Past timeout_ms across processes: test_host_drills late.) */
+static void test_stall_short_completes(void **state)
+{
+    (void)state;
+    slow_ops_complete("stall:us=80000,op=1", 4, 1, 1, 80);
 }
 
 /*
@@ -979,6 +994,9 @@ static void test_fault_malformed(void **state)
         {"lag:us=0", "unknown or invalid key \"us\""},
         {"lag:op=2", "unknown or invalid key \"op\""},
         {"lag:", "needs us=U > 0"},
+        {"stall:op=2", "needs us=U > 0"},
+        {"stall:us=5,rank=1", "unknown or invalid key \"rank\""},
+        {"freeze:us=5", "(fail, delay, drop, lag or stall)"},
         {"fail:op=1;drop", "expected kind:key=value"},
         {"fail:op=99999999999999999999999", "is not key=N"},
     };
@@ -1215,6 +1233,7 @@ int main(void)
         cmocka_unit_test(test_fail_op_count),
         cmocka_unit_test(test_delay_watchdog_aborts),
         cmocka_unit_test(test_delay_short_completes),
+        cmocka_unit_test(test_stall_short_completes),
         cmocka_unit_test(test_delay_abort_takes_batch),
         cmocka_unit_test(test_delay_then_shutdown),
         cmocka_unit_test(test_drop_rank_count1),

@@ -15,6 +15,11 @@
  *              pair {0,1} keeps working on another stream at its usual speed.
  *   destroy    -n 2: a pair's first collective is never joined by process 1: process 0's
  *              fence fails and its ccq_runtime_destroy returns.
+ *   late       -n 2: process 0's scheduler stands still past timeout_ms (CCQ_FAULT stall)
+ *              right after issuing an all_reduce process 1 never joins, as a stopped or
+ *              preempted process: it wakes past both the engine's deadline and the
+ *              watchdog's, and the engine's still ends the operation (CCQ_ERR_TIMEOUT naming
+ *              what it waits for), not the watchdog's abort of its batch's communicators.
  *   idle       -n 3: process 2 creates its runtime and makes no ccq call for 4 s; the pair
  *              {0,1} forms and works at once, and every process exits cleanly (MPI_Finalize).
  *   stress N   -n 3: 3 devices per process, one thread each, N rounds of rings both ways,
@@ -67,11 +72,13 @@ static void bound(unsigned seconds)
     alarm(seconds);
 }
 
-static ccq_runtime *make(uint32_t ndev, uint64_t timeout_ms, const char *trace_file)
+static ccq_runtime *make_faulty(uint32_t ndev, uint64_t timeout_ms, const char *trace_file,
+                                const char *fault)
 {
     ccq_config cfg;
     ccq_runtime *rt = NULL;
     ccq_config_init(&cfg);
+    cfg.fault = fault;
     if (cfg.bootstrap == NULL) /* under mpiexec; plain processes set CCQ_BOOTSTRAP (tcp://) */
         cfg.bootstrap = "mpi";
     cfg.host_devices = ndev;
@@ -80,6 +87,11 @@ static ccq_runtime *make(uint32_t ndev, uint64_t timeout_ms, const char *trace_f
         cfg.trace_file = trace_file;
     CHECK(ccq_runtime_create(&cfg, &rt) == CCQ_OK, "ccq_runtime_create");
     return rt;
+}
+
+static ccq_runtime *make(uint32_t ndev, uint64_t timeout_ms, const char *trace_file)
+{
+    return make_faulty(ndev, timeout_ms, trace_file, NULL);
 }
 
 /* A fence that may end before the command it covers (its own wait started later): fence
@@ -328,6 +340,53 @@ static int drill_destroy(void)
     return 0;
 }
 
+/* ---- 4b. a scheduler that stood still past both deadlines -------------------------------- */
+
+static int drill_late(void)
+{
+    enum { WARM = 3, TIMEOUT_MS = 1000, STALL_MS = 1500 };
+    ccq_device_id pair[2] = {0, 1}, d = wrank;
+    char fault[64];
+    ccq_runtime *rt;
+
+    bound(60);
+    /* Operations 0..WARM-1 are the warm-up's (each fenced before the next: numbered in
+     * order); the stall follows the issue of operation WARM, the one process 1 never joins. */
+    snprintf(fault, sizeof fault, "stall:us=%d,op=%d", STALL_MS * 1000, WARM);
+    rt = make_faulty(1, TIMEOUT_MS, NULL, wrank == 0 ? fault : "");
+    CHECK(ccq_comm_init(rt, pair, 2) == CCQ_OK, "comm_init of the pair");
+    for (int k = 0; k < WARM; k++)
+        expect_works(rt, pair, 2, d, 1, "warm-up");
+    if (wrank == 0) {
+        float x[64] = {0}, y[64];
+        uint64_t t0 = now_ms();
+        char detail[1024];
+        CHECK(ccq_all_reduce(rt, 0, 0, x, y, 64, CCQ_FLOAT32, CCQ_SUM, pair, 2) == CCQ_OK,
+              "submit");
+        ccq_status st = fence_end(rt, 0, 0);
+        snprintf(detail, sizeof detail, "%s", ccq_last_error_detail());
+        printf("process 0: after a %d ms stall (timeout_ms %d): %s: %s\n", STALL_MS, TIMEOUT_MS,
+               ccq_status_name(st), detail);
+        CHECK(now_ms() - t0 >= STALL_MS, "the stall did not happen (%llu ms)",
+              (unsigned long long)(now_ms() - t0));
+        CHECK(st == CCQ_ERR_TIMEOUT, "the stuck all_reduce: %s, want the engine's timeout",
+              ccq_status_name(st));
+        /* The engine's detail names what the operation waits for: its sequence and the
+         * process whose part it lacks (MPI: "process 1 never submitted it", UCX: "waits for
+         * process 1's message"). */
+        CHECK(strstr(detail, "timed out: ") != NULL && strstr(detail, "sequence 3") != NULL &&
+                  (strstr(detail, "process 1 never submitted it") != NULL ||
+                   strstr(detail, "waits for process 1's message") != NULL) &&
+                  strstr(detail, "watchdog") == NULL,
+              "the engine's detail: %s", detail);
+    } else {
+        sleep(4); /* never joins; stays until process 0 has seen its operation fail */
+    }
+    CHECK(ccq_runtime_destroy(rt) == CCQ_OK, "destroy");
+    printf("process %u: late drill OK\n", wrank);
+    return 0;
+}
+
 /* ---- 5. an idle process outside the communicator ----------------------------------------- */
 
 static int drill_idle(void)
@@ -504,13 +563,15 @@ int main(int argc, char **argv)
         return drill_stall();
     if (strcmp(mode, "destroy") == 0 && wsize == 2)
         return drill_destroy();
+    if (strcmp(mode, "late") == 0 && wsize == 2)
+        return drill_late();
     if (strcmp(mode, "idle") == 0 && wsize == 3)
         return drill_idle();
     if (strcmp(mode, "stress") == 0 && wsize == 3)
         return drill_stress(argc > 2 ? (uint32_t)atoi(argv[2]) : 20);
     fprintf(stderr,
             "usage: mpiexec -n 3 %s dump DIR | mismatch | stall | idle | stress [ROUNDS]\n"
-            "       mpiexec -n 2 %s destroy\n",
+            "       mpiexec -n 2 %s destroy | late\n",
             argv[0], argv[0]);
     return 2;
 }

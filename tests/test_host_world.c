@@ -368,12 +368,9 @@ int main(void)
                 goto a_done;
             CHECK(st == CCQ_ERR_TIMEOUT || st == CCQ_ERR_ABORTED, "A: %s", ccq_status_name(st));
             CHECK(now_ms() - t0 >= 1000, "A failed after about timeout_ms");
-            /* On a loaded machine the scheduler may wake past both deadlines at once: the
-             * watchdog's (issue + timeout_ms) then aborts A's communicator before the engine's
-             * (a little earlier) named what A waits for. */
-            if (st == CCQ_ERR_ABORTED &&
-                strstr(detail, "the watchdog aborted its communicators") != NULL)
-                goto a_done;
+            /* The engine's deadline (a little before the watchdog's) names what A waits for,
+             * also where a loaded machine wakes the scheduler past both at once (the watchdog
+             * lets the engine look first: drill_late). */
             CHECK((strstr(detail, "MPI_Iallreduce") != NULL ||
                    strstr(detail, "UCX all_reduce") != NULL) &&
                       strstr(detail, "sequence 0") != NULL &&

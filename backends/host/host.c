@@ -621,6 +621,13 @@ static ccq_be_batch *host_poll(ccq_backend *be)
     return list;
 }
 
+/* The watchdog found a batch in flight past timeout_ms: the engines' deadlines, which come
+ * a little before it, are checked at the next poll (xproc.c, host_xp_poll). */
+static void host_check_deadlines(ccq_backend *be)
+{
+    to_host(be)->xp.deadlines_due = true;
+}
+
 /* Unclaimed chunks of the comm's ops are skipped; running ones finish (host copies cannot
  * be interrupted, and they are short), then the batch comes back failed. */
 static void host_abort(ccq_backend *be, ccq_be_comm *comm)
@@ -678,6 +685,7 @@ const ccq_backend_ops ccq_host_backend_ops = {
     .stages_sends = true,
     .span_batch_ops = CCQ_HOST_SPAN_BATCH_OPS,
     .poll = host_poll,
+    .check_deadlines = host_check_deadlines,
     .abort = host_abort,
     .poll_interval_ns = 0,
     .mem_alloc = host_mem_alloc,

@@ -37,6 +37,7 @@ typedef struct host_xp {
     struct host_xbatch *xbatches; /* batches with engine operations in flight */
     uint32_t background;          /* engine work given up on or detached, not yet ended */
     uint32_t polls;               /* host_xp_poll calls: deadlines are checked every 8th */
+    bool deadlines_due;           /* check them at the next poll (the watchdog asked) */
 } host_xp;
 
 static inline bool host_op_aborted(const ccq_be_op *op)

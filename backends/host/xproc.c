@@ -298,8 +298,13 @@ ccq_be_batch *host_xp_poll(host_xp *x, ccq_be_batch *list)
      * 8 polls are microseconds while busy, and while a peer is late 8 of the engine's slow
      * polls (UCX 200 us, MPI its poll_us, each plus the kernel's timer slack): a timeout fires
      * that much later, never sooner, and still well inside the 10 ms or more by which the
-     * engine's deadline comes before the watchdog's (host_xp_issue). */
-    uint64_t now = (++x->polls & 7) == 0 ? ccq_now_ns() : 0;
+     * engine's deadline comes before the watchdog's (host_xp_issue). A scheduler that stood
+     * still past both (its process stopped or preempted) runs the watchdog before its 8th
+     * poll: the watchdog then asks for the check first (host_check_deadlines), so the
+     * stuck operation still fails alone, naming what it waits for. */
+    uint64_t now = (++x->polls & 7) == 0 || x->deadlines_due ? ccq_now_ns() : 0;
+
+    x->deadlines_due = false;
 
     /* Background work: given up, detached, or (UCX) done here while its last messages still
      * move. The engine knows what it has; asking costs little. */
