@@ -2,7 +2,11 @@
 #define _GNU_SOURCE
 #include "common/cores.h"
 
+#include <limits.h>
 #include <sched.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/clock.h"
@@ -25,6 +29,150 @@ uint32_t ccq_usable_cores(void)
     if (n <= 0)
         n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (uint32_t)n : 1u;
+}
+
+uint32_t ccq_worker_cores(void)
+{
+    uint32_t n = ccq_usable_cores(), limit = ccq_cpu_limit(NULL, 0);
+    return limit > 0 && limit < n ? limit : n;
+}
+
+/* ---- A cgroup's CPU limit ----------------------------------------------------------------- */
+
+/* Cores of quota per period, rounded up (a limit of 1.5 lets two threads run at 3/4 each). */
+static uint32_t quota_cores(long long quota, long long period)
+{
+    if (quota <= 0 || period <= 0)
+        return 0;
+    long long n = (quota + period - 1) / period;
+    return n > (long long)UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+}
+
+/* The first line of dir/name, or false. */
+static bool read_line(const char *dir, const char *name, char *text, size_t len)
+{
+    char file[PATH_MAX + 32];
+    FILE *f;
+    bool ok;
+
+    snprintf(file, sizeof file, "%s/%s", dir, name);
+    if ((f = fopen(file, "re")) == NULL)
+        return false;
+    ok = fgets(text, (int)len, f) != NULL;
+    fclose(f);
+    return ok;
+}
+
+/* One cgroup directory's limit: v2 "cpu.max" ("max 100000" or "QUOTA PERIOD"), v1
+ * "cpu.cfs_quota_us" (-1: none) over "cpu.cfs_period_us". 0: none, or no such files. */
+static uint32_t dir_limit(const char *dir, bool v2)
+{
+    char text[64], text2[64];
+    long long quota = 0, period = 0;
+
+    if (v2) {
+        if (!read_line(dir, "cpu.max", text, sizeof text) ||
+            sscanf(text, "%lld %lld", &quota, &period) != 2) /* "max ...": none */
+            return 0;
+    } else if (!read_line(dir, "cpu.cfs_quota_us", text, sizeof text) ||
+               !read_line(dir, "cpu.cfs_period_us", text2, sizeof text2) ||
+               sscanf(text, "%lld", &quota) != 1 || sscanf(text2, "%lld", &period) != 1) {
+        return 0;
+    }
+    return quota_cores(quota, period);
+}
+
+/* The smallest limit of dir and its ancestors down to (and with) base; where = the
+ * directory it comes from. */
+static uint32_t walk_up(const char *base, const char *path, bool v2, uint32_t best, char *where,
+                        size_t len)
+{
+    char dir[PATH_MAX];
+    size_t blen = strlen(base);
+    int n = snprintf(dir, sizeof dir, "%s%s%s", base, path[0] == '/' ? "" : "/", path);
+
+    if (n < 0 || (size_t)n >= sizeof dir)
+        return best;
+    while (strlen(dir) > blen && dir[strlen(dir) - 1] == '/')
+        dir[strlen(dir) - 1] = '\0';
+    for (;;) {
+        uint32_t lim = dir_limit(dir, v2);
+        if (lim > 0 && (best == 0 || lim < best)) {
+            best = lim;
+            if (where != NULL && len > 0)
+                snprintf(where, len, "%s", dir);
+        }
+        char *slash = strrchr(dir, '/');
+        if (strlen(dir) <= blen || slash == NULL || (size_t)(slash - dir) < blen)
+            break;
+        *slash = '\0';
+    }
+    return best;
+}
+
+static bool is_dir(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* Whether the comma-separated list holds `name`. */
+static bool lists(const char *list, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *c = list; *c != '\0';) {
+        const char *e = strchr(c, ',');
+        size_t l = e ? (size_t)(e - c) : strlen(c);
+        if (l == n && strncmp(c, name, n) == 0)
+            return true;
+        c += l + (e ? 1 : 0);
+    }
+    return false;
+}
+
+uint32_t ccq_cpu_limit_at(const char *proc_cgroup, const char *root, char *where, size_t len)
+{
+    char line[PATH_MAX + 64], base[PATH_MAX + 64];
+    uint32_t best = 0;
+    FILE *f = fopen(proc_cgroup, "re");
+
+    if (where != NULL && len > 0)
+        where[0] = '\0';
+    if (f == NULL)
+        return 0;
+    /* "ID:CONTROLLERS:PATH" per hierarchy; v2's is "0::PATH". The path is the cgroup's under
+     * its hierarchy's root, which a container sees mounted at root (with a cgroup namespace
+     * the path is "/" and the mount is its own cgroup; without, the mount may still be its
+     * own cgroup: then the path's directories do not exist under it and walking up ends at
+     * the mount's own files). */
+    while (fgets(line, sizeof line, f) != NULL) {
+        char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL, *path;
+        if (c2 == NULL)
+            continue;
+        *c1 = *c2 = '\0';
+        path = c2 + 1;
+        path[strcspn(path, "\n")] = '\0';
+        if (c1[1] == '\0' && strcmp(line, "0") == 0) { /* v2 (or hybrid: under "unified") */
+            snprintf(base, sizeof base, "%s/cgroup.controllers", root);
+            if (access(base, F_OK) == 0)
+                snprintf(base, sizeof base, "%s", root);
+            else
+                snprintf(base, sizeof base, "%s/unified", root);
+            best = walk_up(base, path, true, best, where, len);
+        } else if (lists(c1 + 1, "cpu")) { /* v1: mounted as its controllers, or cpu alone */
+            snprintf(base, sizeof base, "%s/%s", root, c1 + 1);
+            if (!is_dir(base))
+                snprintf(base, sizeof base, "%s/cpu", root);
+            best = walk_up(base, path, false, best, where, len);
+        }
+    }
+    fclose(f);
+    return best;
+}
+
+uint32_t ccq_cpu_limit(char *where, size_t len)
+{
+    return ccq_cpu_limit_at("/proc/self/cgroup", "/sys/fs/cgroup", where, len);
 }
 
 uint32_t ccq_first_usable_core(void)

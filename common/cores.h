@@ -1,6 +1,7 @@
 /* How many cores this process may run on: its CPU affinity (taskset, cgroup cpusets, a
- * launcher's binding), else the online count, at least 1. Sizes the host backend's worker pool
- * and tells the UCX engine whether a job's processes outnumber the cores.
+ * launcher's binding), else the online count, at least 1. Tells the world whether a host's
+ * processes outnumber their cores (ccq_world_crowded), and with a container's CPU limit sizes
+ * the host backend's worker pool (ccq_worker_cores).
  *
  * And a busy-polling thread's yield that notices when its core is shared (ccq_unstack): two
  * processes' progress threads that the kernel placed on one core while another core idles (it
@@ -14,9 +15,26 @@
 #define CCQ_COMMON_CORES_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 uint32_t ccq_usable_cores(void);
+/* This process's CPU limit from its cgroup (a container's: Kubernetes' limits.cpu, docker
+ * --cpus, systemd's CPUQuota), in cores rounded up, 0 when there is none: the quota over the
+ * period of its cgroup and every ancestor's (the smallest), cgroup v2 (cpu.max) or v1
+ * (cpu.cfs_quota_us, cpu.cfs_period_us). A pod limited to 2 CPUs on a 64-core node sees all
+ * 64 in its affinity. where (len bytes, may be NULL) receives the directory of the cgroup
+ * whose limit it is ("" when none). */
+uint32_t ccq_cpu_limit(char *where, size_t len);
+/* The threads worth running in parallel for one process's work: ccq_usable_cores, at most
+ * ccq_cpu_limit (as Go's GOMAXPROCS, the JVM's and .NET's processor counts): more would only
+ * spend the quota sooner and then stand throttled for the rest of its period. Not used for
+ * ccq_world_crowded: threads under a quota still run side by side on distinct cores, and the
+ * crowded rules (threads taking turns on a core) measured slower there (docs/performance.md,
+ * "A container's CPU limit"). */
+uint32_t ccq_worker_cores(void);
+/* The same from proc_cgroup (the file /proc/self/cgroup) and the cgroup mount root (tests). */
+uint32_t ccq_cpu_limit_at(const char *proc_cgroup, const char *root, char *where, size_t len);
 /* The lowest-numbered of them (0 when the affinity cannot be read). With ccq_usable_cores it
  * tells the processes of one host apart by where they run (ccq_world_crowded). */
 uint32_t ccq_first_usable_core(void);

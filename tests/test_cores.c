@@ -4,7 +4,9 @@
  * ccq_cpu_hop and ccq_unstack_yield: a polling thread that shares its core with another busy
  * thread moves itself to another of its cores, its affinity mask left as it was.
  * ccq_world_crowded (runtime/world.h): whether a host's processes outnumber the cores they may
- * run on together, from what each said when the world formed. */
+ * run on together, from what each said when the world formed.
+ * ccq_cpu_limit_at: a container's cgroup CPU limit, on cgroup trees made here; with the
+ * affinity it sizes the host backend's worker pool (ccq_worker_cores). */
 #include <pthread.h>
 #include <sched.h>
 #include <setjmp.h>
@@ -13,6 +15,9 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -140,6 +145,14 @@ static void test_unstack_policy(void **state)
     assert_true(apart > 100);
 }
 
+/* The mask's count, or this process's cgroup CPU limit where that is smaller (ccq_worker_cores;
+ * CI may run in a container that has one). */
+static uint32_t affinity_or_limit(const cpu_set_t *set)
+{
+    uint32_t n = (uint32_t)CPU_COUNT(set), limit = ccq_cpu_limit(NULL, 0);
+    return limit > 0 && limit < n ? limit : n;
+}
+
 static void test_follows_affinity(void **state)
 {
     (void)state;
@@ -148,6 +161,7 @@ static void test_follows_affinity(void **state)
 
     assert_int_equal(sched_getaffinity(0, sizeof all, &all), 0);
     assert_int_equal(ccq_usable_cores(), (uint32_t)CPU_COUNT(&all));
+    assert_int_equal(ccq_worker_cores(), affinity_or_limit(&all));
     for (int c = 0; c < CPU_SETSIZE && first < 0; c++)
         if (CPU_ISSET(c, &all))
             first = c;
@@ -157,6 +171,7 @@ static void test_follows_affinity(void **state)
     assert_int_equal(ccq_first_usable_core(), (uint32_t)first);
     assert_int_equal(sched_setaffinity(0, sizeof one, &one), 0);
     assert_int_equal(ccq_usable_cores(), 1);
+    assert_int_equal(ccq_worker_cores(), 1);
     assert_int_equal(ccq_first_usable_core(), (uint32_t)first);
     {
         int a, b;
@@ -234,13 +249,120 @@ static void test_world_crowded(void **state)
     assert_true(ccq_world_crowded(w, 2, 0, 8));
 }
 
+/* ---- cgroup CPU limits, on trees made here (ccq_cpu_limit_at) ----------------------------- */
+
+static char tree[64];
+
+static void put(const char *rel, const char *text)
+{
+    char path[256], cmd[300], *slash;
+    snprintf(path, sizeof path, "%s/%s", tree, rel);
+    slash = strrchr(path, '/');
+    *slash = '\0'; /* mkdir -p of the file's directory */
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s'", path);
+    *slash = '/';
+    assert_int_equal(system(cmd), 0);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* The limit of the tree with /proc/self/cgroup saying `self`; where, relative to the tree. */
+static uint32_t limit_of(const char *self, char *where, size_t len)
+{
+    char file[128], w[512];
+    uint32_t n;
+    snprintf(file, sizeof file, "%s/self-cgroup", tree);
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    fputs(self, f);
+    fclose(f);
+    n = ccq_cpu_limit_at(file, tree, w, sizeof w);
+    snprintf(where, len, "%s", strncmp(w, tree, strlen(tree)) == 0 ? w + strlen(tree) : w);
+    return n;
+}
+
+static void new_tree(void)
+{
+    char cmd[128];
+    if (tree[0] != '\0') {
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", tree);
+        assert_int_equal(system(cmd), 0);
+    }
+    snprintf(tree, sizeof tree, "/tmp/ccq-cgroup-XXXXXX");
+    assert_non_null(mkdtemp(tree));
+}
+
+/* A container's CPU limit caps the cores its processes count (Kubernetes limits.cpu, docker
+ * --cpus), whatever their affinity shows: cgroup v2 (the cgroup's cpu.max or an ancestor's,
+ * the smallest), v1 (cpu.cfs_quota_us over cpu.cfs_period_us), the hybrid layout, a
+ * container's own cgroup mounted at the root; rounded up; none where no limit is set. */
+static void test_cpu_limit(void **state)
+{
+    char where[512];
+    (void)state;
+
+    /* cgroup v2, a pod's limit of 2 above its container's "max". */
+    new_tree();
+    put("cgroup.controllers", "cpu memory\n");
+    put("kubepods/pod1/cpu.max", "200000 100000\n");
+    put("kubepods/pod1/c1/cpu.max", "max 100000\n");
+    assert_int_equal(limit_of("0::/kubepods/pod1/c1\n", where, sizeof where), 2);
+    assert_string_equal(where, "/kubepods/pod1");
+    /* The container's own, tighter, rounded up: 1.5 -> 2; then 0.5 -> 1. */
+    put("kubepods/pod1/c1/cpu.max", "150000 100000\n");
+    assert_int_equal(limit_of("0::/kubepods/pod1/c1\n", where, sizeof where), 2);
+    put("kubepods/pod1/c1/cpu.max", "50000 100000\n");
+    assert_int_equal(limit_of("0::/kubepods/pod1/c1\n", where, sizeof where), 1);
+    assert_string_equal(where, "/kubepods/pod1/c1");
+    /* A cgroup namespace: the path is "/" and the root is the container's cgroup. */
+    put("cpu.max", "300000 100000\n");
+    assert_int_equal(limit_of("0::/\n", where, sizeof where), 3);
+    /* No namespace, but its own cgroup mounted at the root (the path is not there). */
+    assert_int_equal(limit_of("0::/system.slice/docker-1.scope\n", where, sizeof where), 3);
+    assert_string_equal(where, "");
+    /* No limit anywhere. */
+    new_tree();
+    put("cgroup.controllers", "cpu\n");
+    put("a/cpu.max", "max 100000\n");
+    assert_int_equal(limit_of("0::/a\n", where, sizeof where), 0);
+    assert_string_equal(where, "");
+
+    /* The hybrid layout: v2 under "unified", the cpu controller in v1 (this VM's). */
+    new_tree();
+    put("unified/a/cpu.max", "100000 100000\n");
+    put("cpu/a/cpu.cfs_quota_us", "-1\n");
+    put("cpu/a/cpu.cfs_period_us", "100000\n");
+    assert_int_equal(limit_of("1:cpu:/a\n0::/a\n", where, sizeof where), 1);
+    assert_string_equal(where, "/unified/a");
+    /* v1 alone, mounted as "cpu,cpuacct", 2.5 -> 3. */
+    new_tree();
+    put("cpu,cpuacct/docker/x/cpu.cfs_quota_us", "250000\n");
+    put("cpu,cpuacct/docker/x/cpu.cfs_period_us", "100000\n");
+    assert_int_equal(limit_of("4:cpu,cpuacct:/docker/x\n1:memory:/docker/x\n", where, sizeof where),
+                     3);
+    assert_string_equal(where, "/cpu,cpuacct/docker/x");
+    /* v1, "-1": none; the container's own cgroup at the mount's root, found by walking up. */
+    put("cpu,cpuacct/docker/x/cpu.cfs_quota_us", "-1\n");
+    assert_int_equal(limit_of("4:cpu,cpuacct:/docker/x\n", where, sizeof where), 0);
+    put("cpu,cpuacct/cpu.cfs_quota_us", "100000\n");
+    put("cpu,cpuacct/cpu.cfs_period_us", "100000\n");
+    assert_int_equal(limit_of("4:cpu,cpuacct:/docker/y\n", where, sizeof where), 1);
+    /* Lines it cannot read are skipped; "cpuacct" alone is not "cpu"; no file: none. */
+    assert_int_equal(limit_of("garbage\n2:cpuacct:/docker/x\n::\n", where, sizeof where), 0);
+    assert_int_equal(ccq_cpu_limit_at("/nonexistent/cgroup", tree, where, sizeof where), 0);
+    new_tree();
+    rmdir(tree);
+    tree[0] = '\0';
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_follows_affinity),
-        cmocka_unit_test(test_hop),
-        cmocka_unit_test(test_unstack_policy),
-        cmocka_unit_test(test_world_crowded),
+        cmocka_unit_test(test_follows_affinity), cmocka_unit_test(test_hop),
+        cmocka_unit_test(test_unstack_policy),   cmocka_unit_test(test_world_crowded),
+        cmocka_unit_test(test_cpu_limit),
     };
     return cmocka_run_group_tests_name("cores", tests, NULL, NULL);
 }

@@ -330,7 +330,7 @@ static ccq_status host_create(const ccq_config *cfg, const ccq_be_hooks *hooks, 
     h->base.ops = &ccq_host_backend_ops;
     h->hooks = *hooks;
     h->ndev = cfg->host_devices;
-    h->nworkers = cfg->host_workers ? cfg->host_workers : ccq_usable_cores();
+    h->nworkers = cfg->host_workers ? cfg->host_workers : ccq_worker_cores();
     h->spin_ns = (uint64_t)cfg->spin_us * 1000u;
     h->stream_bytes = cfg->host_stream_bytes ? cfg->host_stream_bytes : HOST_NT_BYTES;
     h->xp.timeout_ns = cfg->timeout_ms ? cfg->timeout_ms * 1000000ull : UINT64_MAX;
