@@ -27,7 +27,7 @@ typedef struct fault_job {
     ccq_be_batch inner;
     ccq_be_batch *outer;
     uint64_t release_ns;    /* delayed: handed to the inner backend at this time */
-    struct fault_job *next; /* on the held or done list */
+    struct fault_job *next; /* on the held, running or done list */
     ccq_be_op *ops[];       /* inner.ops */
 } fault_job;
 
@@ -37,10 +37,11 @@ typedef struct fault_be {
     const ccq_backend_ops *inner_ops;
     ccq_backend *inner;
     ccq_fault_plan plan;
-    uint64_t next_op; /* operations issued so far: the numbering `op=N` refers to */
-    fault_job *held;  /* delayed, not handed to the inner backend yet */
-    fault_job *done;  /* ended without the inner backend (every op failed or aborted) */
-    bool stalled;     /* the stall clause was carried out */
+    uint64_t next_op;   /* operations issued so far: the numbering `op=N` refers to */
+    fault_job *held;    /* delayed, not handed to the inner backend yet */
+    fault_job *running; /* handed to the inner backend, not back yet */
+    fault_job *done;    /* ended without the inner backend (every op failed or aborted) */
+    bool stalled;       /* the stall clause was carried out */
 } fault_be;
 
 static fault_be *to_fault(ccq_backend *be)
@@ -183,10 +184,14 @@ static ccq_status fwd_mem_copy(ccq_backend *be, ccq_device_id device, void *dst,
 static ccq_status job_start(fault_be *f, fault_job *j, ccq_errbuf *err)
 {
     ccq_status st = f->inner_ops->issue(f->inner, &j->inner, err);
-    if (st != CCQ_OK)
+    if (st != CCQ_OK) {
         for (uint32_t k = 0; k < j->inner.nops; k++)
             j->inner.ops[k]->status = st;
-    return st;
+        return st;
+    }
+    j->next = f->running;
+    f->running = j;
+    return CCQ_OK;
 }
 
 static void job_end_now(fault_be *f, fault_job *j)
@@ -313,11 +318,21 @@ static ccq_be_batch *fault_poll(ccq_backend *be)
     }
     for (ccq_be_batch *ib = f->inner_ops->poll(f->inner); ib != NULL;) {
         ccq_be_batch *next = ib->next_done;
-        ccq_be_batch *b = job_finish(ccq_container_of(ib, fault_job, inner));
+        fault_job *j = ccq_container_of(ib, fault_job, inner);
+        for (fault_job **pp = &f->running; *pp != NULL; pp = &(*pp)->next)
+            if (*pp == j) {
+                *pp = j->next;
+                break;
+            }
+        ccq_be_batch *b = job_finish(j);
         b->next_done = list;
         list = b;
         ib = next;
     }
+    /* Operations the inner backend ended before their batch (ccq_be_op.done_early: the ops
+     * are the outer batch's own): the scheduler counts them on the outer batch. */
+    for (fault_job *j = f->running; j != NULL; j = j->next)
+        j->outer->ndone_early = j->inner.ndone_early;
     return list;
 }
 

@@ -15,6 +15,11 @@
  *              pair {0,1} keeps working on another stream at its usual speed.
  *   destroy    -n 2: a pair's first collective is never joined by process 1: process 0's
  *              fence fails and its ccq_runtime_destroy returns.
+ *   early      -n 3, 2 devices each: one batch of process 0 holds the world's all_reduce
+ *              (process 2 never joins it) and a pair's (made so by a stall of its scheduler:
+ *              CCQ_FAULT stall, which installs the fault layer): the pair's fence returns at
+ *              once, not at the world's deadline (ccq_be_op.done_early passed on by the fault
+ *              layer).
  *   late       -n 2: process 0's scheduler stands still past timeout_ms (CCQ_FAULT stall)
  *              right after issuing an all_reduce process 1 never joins, as a stopped or
  *              preempted process: it wakes past both the engine's deadline and the
@@ -340,6 +345,83 @@ static int drill_destroy(void)
     return 0;
 }
 
+static ccq_stats stats_of(ccq_runtime *rt)
+{
+    ccq_stats st = {.struct_size = sizeof st};
+    CHECK(ccq_get_stats(rt, &st) == CCQ_OK, "ccq_get_stats");
+    return st;
+}
+
+/* ---- 3b. operations of one batch end one by one ------------------------------------------ */
+
+static int drill_early(void)
+{
+    enum { N = 64, TIMEOUT_MS = 3000 };
+    /* Process p has devices 2p and 2p + 1. */
+    ccq_device_id world[3] = {0, 2, 4}, pair[2] = {1, 3}, local[2] = {0, 1};
+    float lx[N], ly[2][N], wx[N], wy[N], px[N], py[N];
+    ccq_runtime *rt;
+
+    bound(60);
+    /* Process 0's scheduler stands still 300 ms right after issuing operation 0 (the local
+     * all_reduce), meanwhile the world's and the pair's parts are submitted: when it goes on,
+     * both are ready and issue in one batch. The stall installs the fault layer, whose batches
+     * must pass early ends on (before, the pair's fence waited for the world's deadline). */
+    rt = make_faulty(2, TIMEOUT_MS, NULL, wrank == 0 ? "stall:us=300000,op=0" : "");
+    for (int e = 0; e < N; e++) {
+        lx[e] = wx[e] = 1.0f;
+        px[e] = (float)(wrank + 1);
+    }
+    CHECK(ccq_comm_init(rt, world, 3) == CCQ_OK, "comm_init of the world");
+    if (wrank < 2)
+        CHECK(ccq_comm_init(rt, pair, 2) == CCQ_OK, "comm_init of the pair");
+    if (wrank == 0) {
+        uint64_t before = stats_of(rt).batched_ops;
+        CHECK(ccq_comm_init(rt, local, 2) == CCQ_OK, "comm_init of the local pair");
+        for (ccq_device_id d = 0; d < 2; d++)
+            CHECK(ccq_all_reduce(rt, d, 1, lx, ly[d], N, CCQ_FLOAT32, CCQ_SUM, local, 2) == CCQ_OK,
+                  "local part %u", d);
+        while (stats_of(rt).batched_ops == before) /* issued: the stall has begun */
+            usleep(1000);
+        CHECK(ccq_all_reduce(rt, 0, 0, wx, wy, N, CCQ_FLOAT32, CCQ_SUM, world, 3) == CCQ_OK,
+              "world");
+        CHECK(ccq_all_reduce(rt, 1, 0, px, py, N, CCQ_FLOAT32, CCQ_SUM, pair, 2) == CCQ_OK, "pair");
+    } else if (wrank == 1) {
+        CHECK(ccq_all_reduce(rt, 2, 0, wx, wy, N, CCQ_FLOAT32, CCQ_SUM, world, 3) == CCQ_OK,
+              "world");
+        CHECK(ccq_all_reduce(rt, 3, 0, px, py, N, CCQ_FLOAT32, CCQ_SUM, pair, 2) == CCQ_OK, "pair");
+    }
+    if (wrank < 2) {
+        uint64_t t0 = now_ms(), took;
+        CHECK(fence_end(rt, wrank == 0 ? 1 : 3, 0) == CCQ_OK, "the pair's all_reduce");
+        took = now_ms() - t0;
+        printf("process %u: the pair's all_reduce beside the stuck world's: %llu ms\n", wrank,
+               (unsigned long long)took);
+        CHECK(took < TIMEOUT_MS / 2, "the pair's all_reduce waited for the world's (%llu ms)",
+              (unsigned long long)took);
+        for (int e = 0; e < N; e++)
+            CHECK(py[e] == 3.0f, "pair [%d] = %g", e, (double)py[e]);
+        if (wrank == 0) {
+            CHECK(stats_of(rt).batches == 2,
+                  "%llu batches (want the local one, then the "
+                  "world's and the pair's together)",
+                  (unsigned long long)stats_of(rt).batches);
+            for (ccq_device_id d = 0; d < 2; d++)
+                CHECK(fence_end(rt, d, 1) == CCQ_OK && ly[d][0] == 2.0f, "the local all_reduce");
+        }
+        ccq_status st = fence_end(rt, wrank == 0 ? 0 : 2, 0);
+        CHECK(st == CCQ_ERR_TIMEOUT || st == CCQ_ERR_ABORTED, "the world's all_reduce: %s",
+              ccq_status_name(st));
+        if (wrank == 1)
+            sleep(1); /* its deadline came 300 ms before process 0's: stay until that one */
+    } else {
+        sleep(5); /* never joins; leaves after the others' deadline */
+    }
+    CHECK(ccq_runtime_destroy(rt) == CCQ_OK, "destroy");
+    printf("process %u: early drill OK\n", wrank);
+    return 0;
+}
+
 /* ---- 4b. a scheduler that stood still past both deadlines -------------------------------- */
 
 static int drill_late(void)
@@ -563,6 +645,8 @@ int main(int argc, char **argv)
         return drill_stall();
     if (strcmp(mode, "destroy") == 0 && wsize == 2)
         return drill_destroy();
+    if (strcmp(mode, "early") == 0 && wsize == 3)
+        return drill_early();
     if (strcmp(mode, "late") == 0 && wsize == 2)
         return drill_late();
     if (strcmp(mode, "idle") == 0 && wsize == 3)
@@ -570,7 +654,7 @@ int main(int argc, char **argv)
     if (strcmp(mode, "stress") == 0 && wsize == 3)
         return drill_stress(argc > 2 ? (uint32_t)atoi(argv[2]) : 20);
     fprintf(stderr,
-            "usage: mpiexec -n 3 %s dump DIR | mismatch | stall | idle | stress [ROUNDS]\n"
+            "usage: mpiexec -n 3 %s dump DIR | mismatch | stall | early | idle | stress [ROUNDS]\n"
             "       mpiexec -n 2 %s destroy | late\n",
             argv[0], argv[0]);
     return 2;
