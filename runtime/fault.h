@@ -23,10 +23,11 @@
  *                               takes effect U microseconds after its bytes arrive (its I/O
  *                               thread preempted between the two, as on a loaded machine),
  *                               once per wake-up of that thread
- *   stall:us=U[,op=N]           the scheduler thread stands still for U microseconds right
- *                               after handing the backend the group holding operation N
- *                               (default 0), once: as a process stopped or preempted on a
- *                               loaded machine, the deadlines of what is in flight pass
+ *   stall:us=U[,op=N]           the scheduler thread stands still for U microseconds in its
+ *                               first poll of the backend after handing it the group holding
+ *                               operation N (default 0), once: as a process stopped or
+ *                               preempted on a loaded machine, what it started has sent its
+ *                               first messages, and the deadlines of what is in flight pass
  *                               while nobody looks
  * Example: CCQ_FAULT="fail:op=17;delay:us=200000,op=3;drop:rank=2,after=5,count=1"
  */

@@ -41,7 +41,8 @@ typedef struct fault_be {
     fault_job *held;    /* delayed, not handed to the inner backend yet */
     fault_job *running; /* handed to the inner backend, not back yet */
     fault_job *done;    /* ended without the inner backend (every op failed or aborted) */
-    bool stalled;       /* the stall clause was carried out */
+    bool stalled;       /* the stall clause was armed (it happens once) */
+    bool stall_due;     /* ...and is carried out in the next poll */
 } fault_be;
 
 static fault_be *to_fault(ccq_backend *be)
@@ -200,16 +201,21 @@ static void job_end_now(fault_be *f, fault_job *j)
     f->done = j;
 }
 
-/* stall: the scheduler thread stands still once, right after it handed the backend the group
- * holding operation stall_op, as if its process were stopped or preempted. */
-static void stall_after(fault_be *f, uint64_t first_op)
+/* stall: the scheduler thread stands still once, in its first poll after it handed the
+ * backend the group holding operation stall_op (so the backend started it and looked at it
+ * once: its first messages left), as if its process were stopped or preempted. */
+static void stall_arm(fault_be *f, uint64_t first_op)
 {
     uint64_t op = (uint64_t)f->plan.stall_op;
-    if (f->plan.stall_us <= 0 || f->stalled || op < first_op || op >= f->next_op)
-        return;
-    f->stalled = true;
+    if (f->plan.stall_us > 0 && !f->stalled && op >= first_op && op < f->next_op)
+        f->stalled = f->stall_due = true;
+}
+
+static void stall_now(fault_be *f)
+{
     struct timespec ts = {(time_t)(f->plan.stall_us / 1000000),
                           (long)(f->plan.stall_us % 1000000) * 1000L};
+    f->stall_due = false;
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
         ;
 }
@@ -252,7 +258,7 @@ static ccq_status fault_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
     b->be_priv = j;
     if (n == 0) {
         job_end_now(f, j);
-        stall_after(f, first_op);
+        stall_arm(f, first_op);
         return CCQ_OK;
     }
     if (delay_us > 0) {
@@ -261,7 +267,7 @@ static ccq_status fault_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
         j->release_ns = ccq_now_ns() + delay_us * 1000u;
         j->next = f->held;
         f->held = j;
-        stall_after(f, first_op);
+        stall_arm(f, first_op);
         return CCQ_OK;
     }
     ccq_status st = job_start(f, j, err);
@@ -269,7 +275,7 @@ static ccq_status fault_issue(ccq_backend *be, ccq_be_batch *b, ccq_errbuf *err)
         b->be_priv = NULL;
         free(j);
     }
-    stall_after(f, first_op);
+    stall_arm(f, first_op);
     return st;
 }
 
@@ -333,6 +339,8 @@ static ccq_be_batch *fault_poll(ccq_backend *be)
      * are the outer batch's own): the scheduler counts them on the outer batch. */
     for (fault_job *j = f->running; j != NULL; j = j->next)
         j->outer->ndone_early = j->inner.ndone_early;
+    if (f->stall_due)
+        stall_now(f);
     return list;
 }
 

@@ -20,6 +20,20 @@
  *              CCQ_FAULT stall, which installs the fault layer): the pair's fence returns at
  *              once, not at the world's deadline (ccq_be_op.done_early passed on by the fault
  *              layer).
+ *   told       -n 4, UCX engine: the path where members completed an operation the others
+ *              failed alone over a disagreement among themselves, and their next operation
+ *              tells them (ucx_comm_tell). Processes 0 and 1 run all_reduces of two counts
+ *              (recursive doubling: each other's partner at its first step), 2 and 3 a
+ *              broadcast rooted at 2 (2 sends to 0 and 3; 3 receives only from 2). Ordered by
+ *              when each submits: 1 first, then 2 and 3 (who complete: nobody has failed
+ *              anything yet), then 0, whose queue holds 1's header before 2's: it fails the
+ *              all_reduce alone on the count and tells everyone; 2 and 3, done with it, can
+ *              only fail the communicator, and their next operation tells 0 and 1. Then every
+ *              process's next operation fails with CCQ_ERR_MISMATCH, soon, except that 0's
+ *              and 1's may complete (exact) with the data 2 and 3 sent for it before they
+ *              heard, when the tell comes after that: then the one after fails (docs/
+ *              multiprocess-host.md). Without the tell, 0 and 1 would wait for 2 and 3 until
+ *              timeout_ms.
  *   late       -n 2: process 0's scheduler stands still past timeout_ms (CCQ_FAULT stall)
  *              right after issuing an all_reduce process 1 never joins, as a stopped or
  *              preempted process: it wakes past both the engine's deadline and the
@@ -422,6 +436,70 @@ static int drill_early(void)
     return 0;
 }
 
+/* ---- 3c. a root that completed tells the others --------------------------------------- */
+
+static int drill_told(void)
+{
+    enum { N = 16, TIMEOUT_MS = 10000 };
+    ccq_device_id world[4] = {0, 1, 2, 3}, d = wrank;
+    static float src[2 * N], dst[2 * N];
+    float x[4] = {(float)wrank + 1, 1, 2, 3}, y[4];
+    /* When each submits after the warm-up (ms): 1, then 2 and 3, then 0. */
+    static const unsigned after_ms[4] = {400, 0, 100, 100};
+    char detail[1024];
+    ccq_runtime *rt;
+    ccq_status st;
+    uint64_t t0;
+
+    bound(60);
+    /* Unfused: a fused run's operations wait for the members' agreement on its window (the
+     * broadcast would wait for word from 0 and 1, docs/fusion.md). */
+    CHECK(setenv("CCQ_FUSION_BYTES", "0", 1) == 0, "setenv");
+    rt = make(1, TIMEOUT_MS, NULL);
+    CHECK(ccq_comm_init(rt, world, 4) == CCQ_OK, "comm_init of the world");
+    for (int k = 0; k < 3; k++) /* also lines the processes up within a few ms */
+        expect_works(rt, world, 4, d, 0, "warm-up");
+    usleep(after_ms[wrank] * 1000u);
+    st = wrank < 2
+             ? ccq_all_reduce(rt, d, 0, src, dst, N * (1 + wrank), CCQ_FLOAT32, CCQ_SUM, world, 4)
+             : ccq_broadcast(rt, d, 0, src, dst, N, CCQ_FLOAT32, 2, world, 4);
+    CHECK(st == CCQ_OK, "submit the disagreement");
+    st = fence_end(rt, d, 0);
+    snprintf(detail, sizeof detail, "%s", ccq_last_error_detail());
+    printf("process %u: %s: %s\n", wrank, ccq_status_name(st), st == CCQ_OK ? "" : detail);
+    if (wrank >= 2) {
+        CHECK(st == CCQ_OK, "the broadcast completed before it heard: %s", ccq_status_name(st));
+    } else {
+        /* Found on the other's header (the count), not on the root's (the kind). */
+        CHECK(st == CCQ_ERR_MISMATCH && strstr(detail, "count") != NULL &&
+                  strstr(detail, "broadcast") == NULL,
+              "0 and 1 disagree among themselves: %s: %s", ccq_status_name(st), detail);
+    }
+    /* The next operation: 2's and 3's tell 0 and 1, and it fails everywhere, soon; or at 0
+     * and 1 it completes with the data 2 and 3 sent for it before they heard, and the one
+     * after fails. */
+    t0 = now_ms();
+    for (int k = 0; k < 2; k++) {
+        CHECK(ccq_all_reduce(rt, d, 0, x, y, 4, CCQ_FLOAT32, CCQ_SUM, world, 4) == CCQ_OK,
+              "submit the next");
+        st = fence_end(rt, d, 0);
+        printf("process %u: next operation %d: %s after %llu ms: %s\n", wrank, k + 1,
+               ccq_status_name(st), (unsigned long long)(now_ms() - t0), ccq_last_error_detail());
+        if (st != CCQ_OK)
+            break;
+        CHECK(k == 0 && wrank < 2, "next operation %d completed", k + 1);
+        CHECK(y[0] == 10.0f && y[3] == 12.0f, "the next operation's result %g %g", (double)y[0],
+              (double)y[3]);
+    }
+    CHECK(st == CCQ_ERR_MISMATCH && now_ms() - t0 < TIMEOUT_MS / 4,
+          "the next operations: %s after %llu ms", ccq_status_name(st),
+          (unsigned long long)(now_ms() - t0));
+    sleep(1); /* the others may still read this process's notices */
+    CHECK(ccq_runtime_destroy(rt) == CCQ_OK, "destroy");
+    printf("process %u: told drill OK\n", wrank);
+    return 0;
+}
+
 /* ---- 4b. a scheduler that stood still past both deadlines -------------------------------- */
 
 static int drill_late(void)
@@ -647,6 +725,8 @@ int main(int argc, char **argv)
         return drill_destroy();
     if (strcmp(mode, "early") == 0 && wsize == 3)
         return drill_early();
+    if (strcmp(mode, "told") == 0 && wsize == 4)
+        return drill_told();
     if (strcmp(mode, "late") == 0 && wsize == 2)
         return drill_late();
     if (strcmp(mode, "idle") == 0 && wsize == 3)
@@ -654,8 +734,10 @@ int main(int argc, char **argv)
     if (strcmp(mode, "stress") == 0 && wsize == 3)
         return drill_stress(argc > 2 ? (uint32_t)atoi(argv[2]) : 20);
     fprintf(stderr,
-            "usage: mpiexec -n 3 %s dump DIR | mismatch | stall | early | idle | stress [ROUNDS]\n"
-            "       mpiexec -n 2 %s destroy | late\n",
-            argv[0], argv[0]);
+            "usage: mpiexec -n 3 %s dump DIR | mismatch | stall | early | told | idle | stress "
+            "[ROUNDS]\n"
+            "       mpiexec -n 2 %s destroy | late\n"
+            "       mpiexec -n 4 %s told\n",
+            argv[0], argv[0], argv[0]);
     return 2;
 }
