@@ -212,8 +212,8 @@ static void mismatch(ccq_runtime *rt, const mcase *mc, uint32_t pick)
  * (it only sends) before any of them starts, and its header is already there when they do:
  * they cannot fail it alone (a root may have completed), so the communicator fails
  * everywhere and every process's next operation fails, at once. (The path where 2 completed
- * but 0 and 1 found the disagreement on each other's headers first, and 2 tells them, is
- * not ordered by any test: it needs 2's message to arrive after theirs.) */
+ * but 0 and 1 found the disagreement on each other's headers first, and 2 tells them, needs
+ * 2's message to arrive after theirs: test_host_drills told orders it, with 4 processes.) */
 static void mismatch_three_kinds(ccq_runtime *rt, uint32_t pick, uint32_t late_ms, bool root_first)
 {
     ccq_device_id set[16] = {0}, firsts[16];
