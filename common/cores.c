@@ -90,11 +90,13 @@ static uint32_t walk_up(const char *base, const char *path, bool v2, uint32_t be
     char dir[PATH_MAX];
     size_t blen = strlen(base);
     int n = snprintf(dir, sizeof dir, "%s%s%s", base, path[0] == '/' ? "" : "/", path);
+    size_t dlen = (size_t)n;
 
-    if (n < 0 || (size_t)n >= sizeof dir)
+    if (n < 0 || dlen >= sizeof dir)
         return best;
-    while (strlen(dir) > blen && dir[strlen(dir) - 1] == '/')
-        dir[strlen(dir) - 1] = '\0';
+    while (dlen > blen && dir[dlen - 1] == '/')
+        dir[--dlen] = '\0';
+    /* From the cgroup's own directory up to base, each ancestor cut off at its last '/'. */
     for (;;) {
         uint32_t lim = dir_limit(dir, v2);
         if (lim > 0 && (best == 0 || lim < best)) {
@@ -103,9 +105,10 @@ static uint32_t walk_up(const char *base, const char *path, bool v2, uint32_t be
                 snprintf(where, len, "%s", dir);
         }
         char *slash = strrchr(dir, '/');
-        if (strlen(dir) <= blen || slash == NULL || (size_t)(slash - dir) < blen)
+        if (dlen <= blen || slash == NULL || (size_t)(slash - dir) < blen)
             break;
         *slash = '\0';
+        dlen = (size_t)(slash - dir);
     }
     return best;
 }

@@ -715,29 +715,24 @@ int main(int argc, char **argv)
     wrank = cfg.world_rank;
     wsize = cfg.world_size;
     setvbuf(stdout, NULL, _IOLBF, 0);
+    /* The modes without an argument, and the world size each runs with. */
+    static const struct {
+        const char *name;
+        uint32_t procs;
+        int (*run)(void);
+    } modes[] = {{"mismatch", 3, drill_mismatch}, {"stall", 3, drill_stall},
+                 {"early", 3, drill_early},       {"idle", 3, drill_idle},
+                 {"destroy", 2, drill_destroy},   {"late", 2, drill_late},
+                 {"told", 4, drill_told}};
     if (strcmp(mode, "dump") == 0 && argc > 2 && wsize == 3)
         return drill_dump(argv[2]);
-    if (strcmp(mode, "mismatch") == 0 && wsize == 3)
-        return drill_mismatch();
-    if (strcmp(mode, "stall") == 0 && wsize == 3)
-        return drill_stall();
-    if (strcmp(mode, "destroy") == 0 && wsize == 2)
-        return drill_destroy();
-    if (strcmp(mode, "early") == 0 && wsize == 3)
-        return drill_early();
-    if (strcmp(mode, "told") == 0 && wsize == 4)
-        return drill_told();
-    if (strcmp(mode, "late") == 0 && wsize == 2)
-        return drill_late();
-    if (strcmp(mode, "idle") == 0 && wsize == 3)
-        return drill_idle();
     if (strcmp(mode, "stress") == 0 && wsize == 3)
         return drill_stress(argc > 2 ? (uint32_t)atoi(argv[2]) : 20);
-    fprintf(stderr,
-            "usage: mpiexec -n 3 %s dump DIR | mismatch | stall | early | told | idle | stress "
-            "[ROUNDS]\n"
-            "       mpiexec -n 2 %s destroy | late\n"
-            "       mpiexec -n 4 %s told\n",
-            argv[0], argv[0], argv[0]);
+    for (size_t k = 0; k < sizeof modes / sizeof modes[0]; k++)
+        if (strcmp(mode, modes[k].name) == 0 && wsize == modes[k].procs)
+            return modes[k].run();
+    fprintf(stderr, "usage: mpiexec -n 3 %s dump DIR | stress [ROUNDS]\n", argv[0]);
+    for (size_t k = 0; k < sizeof modes / sizeof modes[0]; k++)
+        fprintf(stderr, "       mpiexec -n %u %s %s\n", modes[k].procs, argv[0], modes[k].name);
     return 2;
 }
