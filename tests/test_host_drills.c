@@ -28,12 +28,18 @@
  *              when each submits: 1 first, then 2 and 3 (who complete: nobody has failed
  *              anything yet), then 0, whose queue holds 1's header before 2's: it fails the
  *              all_reduce alone on the count and tells everyone; 2 and 3, done with it, can
- *              only fail the communicator, and their next operation tells 0 and 1. Then every
- *              process's next operation fails with CCQ_ERR_MISMATCH, soon, except that 0's
- *              and 1's may complete (exact) with the data 2 and 3 sent for it before they
- *              heard, when the tell comes after that: then the one after fails (docs/
- *              multiprocess-host.md). Without the tell, 0 and 1 would wait for 2 and 3 until
- *              timeout_ms.
+ *              only fail the communicator; they submit their next operation after they
+ *              heard, which is refused and tells 0 and 1. Every process's next operation
+ *              fails with CCQ_ERR_MISMATCH, soon. Without the tell, 0 and 1 would wait for 2
+ *              and 3 until timeout_ms.
+ *   raced      -n 4, UCX engine: the same disagreement, but 2 and 3 submit their next
+ *              operation (everyone to everyone at once: CCQ_UCX_DIRECT_AR_BYTES) as soon as
+ *              the broadcast completed, and their schedulers stand still 800 ms after its
+ *              messages left (CCQ_FAULT stall): 0 and 1 hold every message of it before they
+ *              start it. Those say that 2 and 3 completed the operation 0 and 1 failed alone
+ *              (ucx_hdr.prior_sum, ucx/prior.c): the next operation fails with
+ *              CCQ_ERR_MISMATCH on every process. Without that, 0 and 1 completed it
+ *              (exact) while 2 and 3 failed it.
  *   late       -n 2: process 0's scheduler stands still past timeout_ms (CCQ_FAULT stall)
  *              right after issuing an all_reduce process 1 never joins, as a stopped or
  *              preempted process: it wakes past both the engine's deadline and the
@@ -46,6 +52,7 @@
  *              elements; every received element checked. */
 #include <pthread.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -436,16 +443,21 @@ static int drill_early(void)
     return 0;
 }
 
-/* ---- 3c. a root that completed tells the others --------------------------------------- */
+/* ---- 3c. members that completed what the others failed alone ---------------------------- */
 
-static int drill_told(void)
+/* The disagreement of drill_told and drill_raced (the header comment), then the next
+ * operation: it must fail with CCQ_ERR_MISMATCH on every process, soon. raced: 2 and 3 submit
+ * it as soon as theirs completed, and their schedulers stand still 800 ms right after its
+ * messages left (CCQ_FAULT stall); else they submit it 600 ms later, after they heard. */
+static int told_or_raced(bool raced)
 {
     enum { N = 16, TIMEOUT_MS = 10000 };
     ccq_device_id world[4] = {0, 1, 2, 3}, d = wrank;
     static float src[2 * N], dst[2 * N];
-    float x[4] = {(float)wrank + 1, 1, 2, 3}, y[4];
+    float x[4] = {(float)wrank + 1, 1, 2, 3}, y[4] = {0};
     /* When each submits after the warm-up (ms): 1, then 2 and 3, then 0. */
     static const unsigned after_ms[4] = {400, 0, 100, 100};
+    const char *name = raced ? "raced" : "told";
     char detail[1024];
     ccq_runtime *rt;
     ccq_status st;
@@ -455,7 +467,12 @@ static int drill_told(void)
     /* Unfused: a fused run's operations wait for the members' agreement on its window (the
      * broadcast would wait for word from 0 and 1, docs/fusion.md). */
     CHECK(setenv("CCQ_FUSION_BYTES", "0", 1) == 0, "setenv");
-    rt = make(1, TIMEOUT_MS, NULL);
+    /* raced: the next operation (16 bytes) everyone to everyone at once, so that 2's and 3's
+     * messages for it leave before they hear; the disagreement's (64 and 128 bytes) recursive
+     * doubling still. Operation 4 is the next one (3 warm-ups, the disagreement). */
+    if (raced)
+        CHECK(setenv("CCQ_UCX_DIRECT_AR_BYTES", "16", 1) == 0, "setenv");
+    rt = make_faulty(1, TIMEOUT_MS, NULL, raced && wrank >= 2 ? "stall:us=800000,op=4" : "");
     CHECK(ccq_comm_init(rt, world, 4) == CCQ_OK, "comm_init of the world");
     for (int k = 0; k < 3; k++) /* also lines the processes up within a few ms */
         expect_works(rt, world, 4, d, 0, "warm-up");
@@ -469,35 +486,45 @@ static int drill_told(void)
     printf("process %u: %s: %s\n", wrank, ccq_status_name(st), st == CCQ_OK ? "" : detail);
     if (wrank >= 2) {
         CHECK(st == CCQ_OK, "the broadcast completed before it heard: %s", ccq_status_name(st));
+        if (!raced)
+            usleep(600 * 1000u); /* 0 fails it at 400 ms: 2 and 3 hear before they go on */
     } else {
         /* Found on the other's header (the count), not on the root's (the kind). */
         CHECK(st == CCQ_ERR_MISMATCH && strstr(detail, "count") != NULL &&
                   strstr(detail, "broadcast") == NULL,
               "0 and 1 disagree among themselves: %s: %s", ccq_status_name(st), detail);
     }
-    /* The next operation: 2's and 3's tell 0 and 1, and it fails everywhere, soon; or at 0
-     * and 1 it completes with the data 2 and 3 sent for it before they heard, and the one
-     * after fails. */
+    /* The next operation fails everywhere: told, 2's and 3's is refused and tells 0 and 1
+     * (without the tell 0 and 1 would wait for them until timeout_ms); raced, 0 and 1 hold 2's
+     * and 3's messages for it when they start it, which say that 2 and 3 completed the one
+     * before (without that, 0 and 1 would complete it, exact, while 2 and 3 fail it). */
     t0 = now_ms();
-    for (int k = 0; k < 2; k++) {
-        CHECK(ccq_all_reduce(rt, d, 0, x, y, 4, CCQ_FLOAT32, CCQ_SUM, world, 4) == CCQ_OK,
-              "submit the next");
-        st = fence_end(rt, d, 0);
-        printf("process %u: next operation %d: %s after %llu ms: %s\n", wrank, k + 1,
-               ccq_status_name(st), (unsigned long long)(now_ms() - t0), ccq_last_error_detail());
-        if (st != CCQ_OK)
-            break;
-        CHECK(k == 0 && wrank < 2, "next operation %d completed", k + 1);
-        CHECK(y[0] == 10.0f && y[3] == 12.0f, "the next operation's result %g %g", (double)y[0],
-              (double)y[3]);
-    }
+    CHECK(ccq_all_reduce(rt, d, 0, x, y, 4, CCQ_FLOAT32, CCQ_SUM, world, 4) == CCQ_OK,
+          "submit the next");
+    st = fence_end(rt, d, 0);
+    snprintf(detail, sizeof detail, "%s", ccq_last_error_detail());
+    printf("process %u: next operation: %s after %llu ms: %s\n", wrank, ccq_status_name(st),
+           (unsigned long long)(now_ms() - t0), detail);
     CHECK(st == CCQ_ERR_MISMATCH && now_ms() - t0 < TIMEOUT_MS / 4,
-          "the next operations: %s after %llu ms", ccq_status_name(st),
-          (unsigned long long)(now_ms() - t0));
+          "the next operation: %s after %llu ms (result %g)", ccq_status_name(st),
+          (unsigned long long)(now_ms() - t0), (double)y[0]);
+    if (raced && wrank < 2)
+        CHECK(strstr(detail, "ended the collectives before sequence") != NULL,
+              "found on 2's or 3's message: %s", detail);
     sleep(1); /* the others may still read this process's notices */
     CHECK(ccq_runtime_destroy(rt) == CCQ_OK, "destroy");
-    printf("process %u: told drill OK\n", wrank);
+    printf("process %u: %s drill OK\n", wrank, name);
     return 0;
+}
+
+static int drill_told(void)
+{
+    return told_or_raced(false);
+}
+
+static int drill_raced(void)
+{
+    return told_or_raced(true);
 }
 
 /* ---- 4b. a scheduler that stood still past both deadlines -------------------------------- */
@@ -723,7 +750,7 @@ int main(int argc, char **argv)
     } modes[] = {{"mismatch", 3, drill_mismatch}, {"stall", 3, drill_stall},
                  {"early", 3, drill_early},       {"idle", 3, drill_idle},
                  {"destroy", 2, drill_destroy},   {"late", 2, drill_late},
-                 {"told", 4, drill_told}};
+                 {"told", 4, drill_told},         {"raced", 4, drill_raced}};
     if (strcmp(mode, "dump") == 0 && argc > 2 && wsize == 3)
         return drill_dump(argv[2]);
     if (strcmp(mode, "stress") == 0 && wsize == 3)

@@ -32,8 +32,8 @@
 #include "common/cores.h"
 
 /* Shared memory: the size of an element of a process's receive FIFO. UCX's 128 bytes hold a
- * message of at most 100 bytes inline (am_short), our header (ucx_hdr, 72 bytes) and UCP's
- * (8) included, so every payload above 20 bytes went by am_bcopy through a separate buffer;
+ * message of at most 100 bytes inline (am_short), our header (ucx_hdr, 72 bytes then, 88 now) and
+ * UCP's (8) included, so every payload above 20 bytes went by am_bcopy through a separate buffer;
  * 512 holds about 400 bytes of payload inline. Measured (bench/ab-libs.sh, before / after,
  * 9 interleaved runs, medians; docs/performance.md): all_reduce 4 x 1 32 B 1.55x, 128 B
  * 1.17x (fastest runs 1.64x); 2 x 1 32 B 1.49x, 128 B 1.54x; 8 B and 512 B-8 KiB within the
@@ -1412,6 +1412,8 @@ static ccq_status op_step(ucx_op *o)
         return st;
     if (st != CCQ_OK)
         return ucx_op_fail(o, st, "%s", err.msg[0] ? err.msg : "UCX operation failed");
+    if (!ucx_prior_settled(o))
+        return o->status; /* its members ended the collectives before it apart */
     if (o->fz != NULL)
         fused_outputs(o);
     else
@@ -1475,6 +1477,8 @@ static ccq_status ucx_test(ccq_host_engine *base, ccq_heng_op *h, ccq_errbuf *er
         if (o->fz != NULL)
             o->fz->op_only = o->op_only;
     }
+    if (o->chan == 0)
+        ucx_prior_ended(c, o->seq, o->nops, st == CCQ_ERR_MISMATCH && o->op_only);
     ucx_fused_end(o, st, o->detail.msg);
     o->op = NULL;
     op_retire(o);

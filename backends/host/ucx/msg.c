@@ -385,7 +385,8 @@ static bool op_adopt(ucx_op *o, ucx_msg *m, bool fresh)
     }
     if (o->status == CCQ_OK)
         late_check(o->c, m); /* ended here, not yet retired */
-    if (o->status != CCQ_IN_PROGRESS || !header_agrees(o, &m->hdr)) {
+    if (o->status != CCQ_IN_PROGRESS || !header_agrees(o, &m->hdr) ||
+        !ucx_prior_agrees(o, &m->hdr)) {
         drop(e, m, fresh); /* a failed operation's messages are never placed */
         return false;
     }
@@ -669,6 +670,8 @@ static ucx_send *send_new(ucx_op *o, uint32_t dst, uint8_t type, uint32_t step, 
     s->hdr.follow = o->minf;
     s->hdr.nops = o->nops;
     s->hdr.shape = o->shape;
+    if (o->chan == 0)
+        ucx_prior_stamp(o->c, &s->hdr);
     return s;
 }
 

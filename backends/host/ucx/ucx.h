@@ -28,7 +28,7 @@
  * against its own operation before it touches the payload: another kind, dtype, op, root or
  * count fails the operation with CCQ_ERR_MISMATCH on every member (notices below). */
 #define UCX_MAGIC   0x58554343u /* "CCUX" */
-#define UCX_VERSION 2u
+#define UCX_VERSION 3u
 #define UCX_AM_ID   0x3c /* ccq's active message id on its own worker */
 /* The same messages sent on the single-copy endpoint (ucx_peer.bulk): the id tells the receiver
  * which endpoint a payload came on (ucx_msg.bulk), whatever its own threshold is. */
@@ -64,6 +64,10 @@ typedef struct ucx_hdr {
     uint32_t follow;
     uint32_t nops;
     uint64_t shape;
+    /* What the sender made of the collectives before this one (channel 0; ucx/prior.c): every
+     * one below sequence prior_upto ended there (0: nothing to compare), and prior_sum sums
+     * ucx_prior_mix of those it failed alone over a disagreement. */
+    uint64_t prior_upto, prior_sum;
 } ucx_hdr;
 
 /* ---- arrivals: messages received, not consumed yet ------------------------------------- */
@@ -174,6 +178,11 @@ struct ucx_engine {
  * broadcast's root), a disagreement shows only in a message that arrives after the
  * operation ended here. */
 #define UCX_ENDED 16u
+/* Collectives that ended out of order above ucx_comm.prior_upto that ucx/prior.c marks (one
+ * ending further above stops the comparison on that communicator), and the sums below the last
+ * sequences it keeps (a message whose sender had ended fewer is not compared). */
+#define UCX_PRIOR_SLOTS 1024u
+#define UCX_PRIOR_HIST  64u
 /* Buckets of ucx_comm.by_seq and ucx_comm.early (a power of two), and the bucket of a
  * channel's sequence number. */
 #define UCX_OP_BUCKETS 64u
@@ -217,6 +226,17 @@ struct ucx_comm {
     uint32_t untold_chan;
     uint64_t untold_seq;
     char failed_detail[CCQ_DETAIL_LEN];
+    /* What this process made of its collectives (channel 0), stamped on its messages and
+     * compared with the members' (ucx/prior.c): every collective below prior_upto ended here,
+     * prior_sum sums ucx_prior_mix of those that failed alone over a disagreement, and
+     * prior_hist[k % UCX_PRIOR_HIST] = {k, that sum below k} for the last sequences it passed.
+     * prior_slot[seq % UCX_PRIOR_SLOTS] marks a collective that ended above prior_upto
+     * ((seq + 1) << 1 | failed alone); prior_off: one ended too far above to be marked, and
+     * this communicator stamps and compares nothing more. */
+    uint64_t prior_upto, prior_sum;
+    bool prior_off;
+    uint64_t prior_hist[UCX_PRIOR_HIST][2];
+    uint64_t prior_slot[UCX_PRIOR_SLOTS];
     uint32_t refs; /* 1 for the communicator + operations still referring to it */
     bool destroyed;
     /* Fusion (ucx/fused.c). The collectives start_run gave and that are not decided yet, in
@@ -365,6 +385,10 @@ struct ucx_op {
     uint32_t nops;   /* operations it runs: 1, or a fused group's (the header's) */
     uint64_t shape;  /* a fused group's hash of its parts' counts (0: unfused) */
     ucx_fused *fz;   /* head or member of a fused group */
+    /* A member's message whose collectives before it this process had not all ended when it
+     * arrived (ucx/prior.c): compared again before o completes. prior_upto 0: none. */
+    uint64_t prior_upto, prior_sum;
+    uint32_t prior_src;
 };
 
 enum {
@@ -437,6 +461,22 @@ void ucx_comm_tell(ucx_comm *c, const ccq_be_op *op, uint64_t now_ns);
 /* An operation starting on c, which failed: tell the members who may not know (ucx_comm_tell)
  * and refuse it with c's failure and detail. */
 ccq_status ucx_comm_refuse(ucx_comm *c, const ccq_be_op *op, uint64_t now_ns, ccq_errbuf *err);
+
+/* What each member made of the collectives before the one a message is of (ucx/prior.c,
+ * docs/multiprocess-host.md "Three or more members that disagree"): a member that failed one
+ * alone over a disagreement (fails_alone) must not complete the next with the data of a member
+ * that completed it (that one's communicator fails once it hears), nor the other way round.
+ * ucx_prior_ended: the collectives of sequences [seq, seq + n) ended here (alone: failed alone
+ * over a disagreement). ucx_prior_stamp: fill h's prior fields. ucx_prior_agrees: compare h
+ * (a data message of o, channel 0) with this process's own; on a difference fail o with
+ * CCQ_ERR_MISMATCH (its communicator with it) and return false; where this process has not
+ * ended as many yet, keep h's for ucx_prior_settled, which compares them again as o completes
+ * (false: o failed). */
+uint64_t ucx_prior_mix(uint64_t seq);
+void ucx_prior_ended(ucx_comm *c, uint64_t seq, uint32_t n, bool alone);
+void ucx_prior_stamp(const ucx_comm *c, ucx_hdr *h);
+bool ucx_prior_agrees(ucx_op *o, const ucx_hdr *h);
+bool ucx_prior_settled(ucx_op *o);
 
 /* Operations (ucx/engine.c): a new one, not started (counted in flight; c referenced); start
  * it (its local combine, its schedule: a fused head runs recursive doubling over its group);
