@@ -16,6 +16,8 @@
  * are free ones below the kernel's ephemeral range (free_port.h: one the kernel picks may be
  * taken as a connection's own port before process 0 listens on it). */
 #include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <setjmp.h>
@@ -772,6 +774,90 @@ static void test_tcp_hostile_clients(void **state)
     }
 }
 
+/* ---- the server's own leave ------------------------------------------------------------ */
+
+static int leave_pipe[2];
+
+/* Rank 0 (the server): opens, waits for the word, leaves cleanly. */
+static int leaver_child(unsigned rank, unsigned size, void *arg)
+{
+    ccq_boot *b;
+    ccq_errbuf err = {{0}};
+    char go;
+    (void)arg;
+    CHILD_CHECK(open_tcp(rank, size, &b, &err) == CCQ_OK, "open: %s", err.msg);
+    CHILD_CHECK(read(leave_pipe[0], &go, 1) == 1, "the word to leave");
+    ccq_boot_close(b);
+    return 0;
+}
+
+/* The server's process leaves while a member is still sending (here a PUT a byte at a time):
+ * the member must see the connection end in order (what the server sent, then the end), never a
+ * reset, whose arrival discards what the member's kernel had not delivered yet (over a real
+ * network, the server's last notices). Before, the server closed its members' sockets with
+ * their latest bytes unread, which makes the kernel send a reset. */
+static void test_tcp_server_leave_drains(void **state)
+{
+    uint8_t h[24 + 6];
+    uint32_t v[4] = {1, 2, 0, 0};
+    uint64_t nonce = 3;
+    uint32_t put_len = 60000;
+    int resets = 0;
+    (void)state;
+
+    setenv("CCQ_JOB_ID", "drains", 1);
+    for (int run = 0; run < 20; run++) {
+        char got[4096];
+        size_t sent = 0;
+        pid_t pid;
+        int fd, ws, flags;
+        uint64_t until;
+        bool ended = false;
+
+        snprintf(spec, sizeof spec, "tcp://127.0.0.1:%u", free_port());
+        assert_int_equal(pipe(leave_pipe), 0);
+        fflush(NULL);
+        if ((pid = fork()) == 0) {
+            alarm(30);
+            _exit(leaver_child(0, 2, NULL));
+        }
+        memcpy(h, v, 16);
+        memcpy(h + 16, &nonce, 8);
+        memcpy(h + 24, "drains", 6);
+        fd = raw_connect();
+        frame(fd, CCQ_TCP_HELLO, CCQ_TCP_VERSION, sizeof h, h, sizeof h);
+        (void)read_frame_of(fd, CCQ_TCP_WELCOME, (uint8_t *)got, sizeof got);
+        frame(fd, CCQ_TCP_PUT, CCQ_TCP_VERSION, put_len, NULL, 0);
+        assert_int_equal(write(leave_pipe[1], "x", 1), 1);
+        flags = fcntl(fd, F_GETFL);
+        assert_int_equal(fcntl(fd, F_SETFL, flags | O_NONBLOCK), 0);
+        until = deadline_ms(10000);
+        while (!ended && deadline_ms(0) < until) {
+            ssize_t k;
+            if (sent < put_len && send(fd, "p", 1, MSG_NOSIGNAL) == 1)
+                sent++;
+            k = recv(fd, got, sizeof got, 0);
+            if (k > 0)
+                continue; /* what the server says (its PEER notices); then the end */
+            if (k == 0) {
+                ended = true; /* in order */
+            } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+                resets += errno == ECONNRESET;
+                ended = true;
+            }
+        }
+        assert_true(ended);
+        (void)shutdown(fd, SHUT_WR); /* the server's drain reads to here */
+        close(fd);
+        close(leave_pipe[0]);
+        close(leave_pipe[1]);
+        assert_int_equal(waitpid(pid, &ws, 0), pid);
+        assert_true(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+    }
+    unsetenv("CCQ_JOB_ID");
+    assert_int_equal(resets, 0);
+}
+
 /* ---- peers' states ------------------------------------------------------------------------ */
 
 typedef struct seen {
@@ -1517,6 +1603,7 @@ int main(void)
         cmocka_unit_test(test_tcp_any_interface),
         cmocka_unit_test(test_tcp_refusals),
         cmocka_unit_test(test_tcp_hostile_clients),
+        cmocka_unit_test(test_tcp_server_leave_drains),
         cmocka_unit_test(test_tcp_peers),
         cmocka_unit_test(test_tcp_server_memory),
         cmocka_unit_test(test_tcp_server_beats),

@@ -199,35 +199,60 @@ static bool flush_buf(int fd, ccq_tcp_buf *b)
     return true;
 }
 
-/* A client's clean close, its goodbye written: half-close, then read (and drop) until the
- * server closes its side (it does once it read the goodbye and the end) or until `until`.
- * Closing with the server's frames unread would send a reset, which can discard the goodbye
- * still unread at the server: it would then tell everyone this process was lost (test_boot_tcp
- * under ASan, once). */
-static void drain_close(int fd, uint64_t until)
+/* A clean close of connections whose last frames are written: half-close each, then read (and
+ * drop) until the other side closes too (it does once it read the end) or until `until`;
+ * fds[i] < 0 are skipped, none is closed here. Closing with the other side's frames unread
+ * would send a reset, which discards what the kernel had not delivered yet: a client's goodbye
+ * still unread at the server (it would then tell everyone this process was lost: test_boot_tcp
+ * under ASan, once), and, at the server's own leave, its last notices to a member over a real
+ * network (on loopback they are already in the member's socket). */
+static void drain_close_all(const int *fds, int n, uint64_t until)
 {
     char buf[4096];
-    (void)shutdown(fd, SHUT_WR);
-    for (;;) {
+    struct pollfd *pf = calloc(n > 0 ? (size_t)n : 1, sizeof *pf);
+    int open = 0;
+
+    if (pf == NULL)
+        return;
+    for (int i = 0; i < n; i++) {
+        pf[i].fd = fds[i];
+        pf[i].events = POLLIN;
+        if (fds[i] >= 0) {
+            (void)shutdown(fds[i], SHUT_WR);
+            open++;
+        }
+    }
+    while (open > 0) {
         uint64_t now = now_ns();
-        struct pollfd pf = {.fd = fd, .events = POLLIN};
         int r;
         if (now >= until)
-            return;
-        r = poll(&pf, 1, (int)((until - now + 999999) / 1000000));
+            break;
+        r = poll(pf, (nfds_t)n, (int)((until - now + 999999) / 1000000));
         if (r < 0 && errno == EINTR)
             continue;
         if (r <= 0)
-            return;
-        for (;;) {
-            ssize_t k = recv(fd, buf, sizeof buf, 0);
-            if (k > 0 || (k < 0 && errno == EINTR))
+            break;
+        for (int i = 0; i < n; i++) {
+            if (pf[i].fd < 0 || pf[i].revents == 0)
                 continue;
-            if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            for (;;) {
+                ssize_t k = recv(pf[i].fd, buf, sizeof buf, 0);
+                if (k > 0 || (k < 0 && errno == EINTR))
+                    continue;
+                if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+                    break;
+                pf[i].fd = -1; /* it closed (0) or the connection broke */
+                open--;
                 break;
-            return; /* the server closed (0) or the connection broke */
+            }
         }
     }
+    free(pf);
+}
+
+static void drain_close(int fd, uint64_t until)
+{
+    drain_close_all(&fd, 1, until);
 }
 
 /* ---- the peers' states --------------------------------------------------------------- */
@@ -1415,9 +1440,15 @@ static void tcp_close(ccq_boot *b)
     client_drop(t);
     if (t->listen_fd >= 0)
         close(t->listen_fd);
-    for (int i = 0; t->srv != NULL && i < ccq_tcp_server_conn_bound(t->srv); i++)
-        if (t->srv_fd[i] >= 0)
-            close(t->srv_fd[i]);
+    if (t->srv != NULL) {
+        /* Serving to the end: the members read this process's last notices (it left) before
+         * their connections close (a process given up closed them as they were: give_up). */
+        int n = ccq_tcp_server_conn_bound(t->srv);
+        drain_close_all(t->srv_fd, n, now_ns() + DRAIN_MIN_NS);
+        for (int i = 0; i < n; i++)
+            if (t->srv_fd[i] >= 0)
+                close(t->srv_fd[i]);
+    }
     ccq_tcp_server_free(t->srv);
     free(t->srv_fd);
     while (t->mail != NULL) {
