@@ -63,6 +63,10 @@ static void test_in_order_and_out_of_order(void **state)
     ucx_prior_stamp(&f->c, &h);
     assert_int_equal(h.prior_upto, 5);
     assert_int_equal(h.prior_sum, 0);
+    /* A fused group longer than the slots, at prior_upto: passed one by one. */
+    ucx_prior_ended(&f->c, 5, 3 * UCX_PRIOR_SLOTS, false);
+    assert_false(f->c.prior_off);
+    assert_int_equal(f->c.prior_upto, 5 + 3 * UCX_PRIOR_SLOTS);
     free(f);
 }
 
@@ -112,30 +116,32 @@ static void test_member_failed_alone(void **state)
     free(f);
 }
 
-static void test_compared_as_it_completes(void **state)
+/* Collective 3 in flight here, 0 ended, and a member's message saying it ended 0-2 and failed
+ * 1 alone: kept, as this process has not ended 1 and 2; then 1 ends here (alone or not) and
+ * 2, and the message is compared again as collective 3 completes. */
+static fixture *ahead_then(bool alone_here)
 {
-    (void)state;
     fixture *f = fixture_new(3);
-    ucx_hdr h;
+    ucx_hdr h = from(1, 3, ucx_prior_mix(1));
 
     ucx_prior_ended(&f->c, 0, 1, false);
-    /* The member ended 0-2 (1 failed alone there); here 1 and 2 still run. */
-    h = from(1, 3, ucx_prior_mix(1));
     assert_true(ucx_prior_agrees(&f->o, &h));
     assert_int_equal(f->o.prior_upto, 3);  /* kept for later */
     assert_true(ucx_prior_settled(&f->o)); /* still not ended here: not known */
     ucx_prior_ended(&f->c, 2, 1, false);
-    ucx_prior_ended(&f->c, 1, 1, false); /* 1 completed here */
+    ucx_prior_ended(&f->c, 1, 1, alone_here);
+    return f;
+}
+
+static void test_compared_as_it_completes(void **state)
+{
+    (void)state;
+    fixture *f = ahead_then(false); /* 1 completed here */
     assert_false(ucx_prior_settled(&f->o));
     assert_int_equal(f->o.status, CCQ_ERR_MISMATCH);
     free(f);
 
-    f = fixture_new(3);
-    ucx_prior_ended(&f->c, 0, 1, false);
-    h = from(1, 3, ucx_prior_mix(1));
-    assert_true(ucx_prior_agrees(&f->o, &h));
-    ucx_prior_ended(&f->c, 1, 1, true); /* failed alone here too */
-    ucx_prior_ended(&f->c, 2, 1, false);
+    f = ahead_then(true); /* failed alone here too */
     assert_true(ucx_prior_settled(&f->o));
     assert_int_equal(f->o.status, CCQ_IN_PROGRESS);
     free(f);

@@ -47,20 +47,24 @@ void ucx_prior_ended(ucx_comm *c, uint64_t seq, uint32_t n, bool alone)
     for (uint64_t s = seq; s < seq + n && !c->prior_off; s++) {
         if (s < c->prior_upto)
             continue; /* (never: each sequence ends once) */
-        if (s - c->prior_upto >= UCX_PRIOR_SLOTS) {
-            c->prior_off = true; /* its slot still belongs to an earlier, unended one */
-            return;
+        if (s > c->prior_upto) {
+            if (s - c->prior_upto >= UCX_PRIOR_SLOTS) {
+                c->prior_off = true; /* its slot still belongs to an earlier, unended one */
+                return;
+            }
+            c->prior_slot[s % UCX_PRIOR_SLOTS] = (s + 1) << 1 | (alone ? 1u : 0u);
+            continue;
         }
-        c->prior_slot[s % UCX_PRIOR_SLOTS] = (s + 1) << 1 | (alone ? 1u : 0u);
-    }
-    /* Every collective at prior_upto that ended moves it on. */
-    while (!c->prior_off) {
-        uint64_t *slot = &c->prior_slot[c->prior_upto % UCX_PRIOR_SLOTS];
-        if (*slot >> 1 != c->prior_upto + 1)
-            break;
-        bool a = (*slot & 1u) != 0;
-        *slot = 0;
-        prior_pass(c, a);
+        /* The one at prior_upto: past it, and past those after it that ended before. */
+        prior_pass(c, alone);
+        for (;;) {
+            uint64_t *slot = &c->prior_slot[c->prior_upto % UCX_PRIOR_SLOTS];
+            if (*slot >> 1 != c->prior_upto + 1)
+                break;
+            bool a = (*slot & 1u) != 0;
+            *slot = 0;
+            prior_pass(c, a);
+        }
     }
 }
 
