@@ -212,15 +212,15 @@ static void drain_close_all(const int *fds, int n, uint64_t until)
     struct pollfd *pf = calloc(n > 0 ? (size_t)n : 1, sizeof *pf);
     int open = 0;
 
+    for (int i = 0; i < n; i++)
+        if (fds[i] >= 0)
+            (void)shutdown(fds[i], SHUT_WR);
     if (pf == NULL)
-        return;
+        return; /* (out of memory: half-closed, not drained) */
     for (int i = 0; i < n; i++) {
         pf[i].fd = fds[i];
         pf[i].events = POLLIN;
-        if (fds[i] >= 0) {
-            (void)shutdown(fds[i], SHUT_WR);
-            open++;
-        }
+        open += fds[i] >= 0;
     }
     while (open > 0) {
         uint64_t now = now_ns();

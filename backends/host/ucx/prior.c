@@ -109,19 +109,16 @@ static void prior_differs(ucx_op *o, uint32_t src, uint64_t t)
     char which[128];
 
     if (mine != UINT64_MAX)
-        snprintf(which, sizeof which,
-                 "this process failed sequence %" PRIu64
-                 " alone over a disagreement, which process %u completed",
-                 mine, c->procs[src]);
+        snprintf(which, sizeof which, "this process failed sequence %" PRIu64 " alone", mine);
     else
-        snprintf(which, sizeof which,
-                 "process %u failed one alone over a disagreement, which completed here",
-                 c->procs[src]);
+        snprintf(which, sizeof which, "this process failed none of the last %u alone",
+                 UCX_PRIOR_HIST);
     o->op_only = false; /* the communicator fails with it: its members ended apart */
     ucx_op_fail(o, CCQ_ERR_MISMATCH,
                 "%s sequence %" PRIu64 " of a communicator spanning processes: process %u and "
                 "process %u (this one) ended the collectives before sequence %" PRIu64
-                " differently (%s), so the communicator is no longer usable",
+                " differently (one completed what the other failed alone over a disagreement; "
+                "%s), so the communicator is no longer usable",
                 ucx_kind_name(o->kind), o->seq, c->procs[src], c->procs[c->me], t, which);
 }
 
