@@ -1412,8 +1412,6 @@ static ccq_status op_step(ucx_op *o)
         return st;
     if (st != CCQ_OK)
         return ucx_op_fail(o, st, "%s", err.msg[0] ? err.msg : "UCX operation failed");
-    if (!ucx_prior_settled(o))
-        return o->status; /* its members ended the collectives before it apart */
     if (o->fz != NULL)
         fused_outputs(o);
     else

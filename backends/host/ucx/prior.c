@@ -11,10 +11,15 @@
  * alone over a disagreement), and a receiver that ended as many compares them with its own
  * before it uses the payload: a difference fails the operation with CCQ_ERR_MISMATCH and the
  * communicator with it, on the receiver, and on the sender when the notices of the earlier
- * failure reach it. Where the receiver had not ended as many when the message arrived, the
- * comparison waits for the operation's completion here (ucx_prior_settled). A message whose
- * sender had not ended the disagreeing collective yet says nothing of it: that case is left
- * (docs/multiprocess-host.md, "Three or more members that disagree").
+ * failure reach it. A message whose sender had not ended the disagreeing collective yet says
+ * nothing of it, and a receiver that had not ended it yet takes the message as it is: then
+ * its own messages of that time said nothing of it either, and their receiver took them the
+ * same way. (Comparing again later, as the operation completes, was built and taken out: a
+ * pair whose only messages of the next one crossed before one of them ended the disagreeing
+ * collective would then fail the next one on that side and complete it on the other, which
+ * judged the crossing message by what it said; reasoned, not drilled.) What that leaves
+ * (several collectives in flight at once) is in docs/multiprocess-host.md, "Three or more
+ * members that disagree".
  *
  * Everything here runs on the scheduler thread (ucx.h). */
 #include <inttypes.h>
@@ -124,35 +129,12 @@ static void prior_differs(ucx_op *o, uint32_t src, uint64_t t)
 
 bool ucx_prior_agrees(ucx_op *o, const ucx_hdr *h)
 {
-    const ucx_comm *c = o->c;
     uint64_t mine;
 
-    if (o->chan != 0 || h->prior_upto == 0 || c->prior_off)
-        return true;
-    if (!prior_sum_below(c, h->prior_upto, &mine)) {
-        /* Not ended here yet (or too long ago): compared again as o completes, the
-         * furthest-seeing member's. */
-        if (h->prior_upto > c->prior_upto && h->prior_upto > o->prior_upto) {
-            o->prior_upto = h->prior_upto;
-            o->prior_sum = h->prior_sum;
-            o->prior_src = h->src;
-        }
-        return true;
-    }
-    if (mine == h->prior_sum)
+    /* Not ended here yet, or too long ago: taken as it is (above). */
+    if (o->chan != 0 || h->prior_upto == 0 || o->c->prior_off ||
+        !prior_sum_below(o->c, h->prior_upto, &mine) || mine == h->prior_sum)
         return true;
     prior_differs(o, h->src, h->prior_upto);
-    return false;
-}
-
-bool ucx_prior_settled(ucx_op *o)
-{
-    const ucx_comm *c = o->c;
-    uint64_t mine;
-
-    if (o->prior_upto == 0 || c->prior_off || !prior_sum_below(c, o->prior_upto, &mine) ||
-        mine == o->prior_sum)
-        return true; /* agrees, or still not ended here: not known (docs) */
-    prior_differs(o, o->prior_src, o->prior_upto);
     return false;
 }

@@ -385,10 +385,6 @@ struct ucx_op {
     uint32_t nops;   /* operations it runs: 1, or a fused group's (the header's) */
     uint64_t shape;  /* a fused group's hash of its parts' counts (0: unfused) */
     ucx_fused *fz;   /* head or member of a fused group */
-    /* A member's message whose collectives before it this process had not all ended when it
-     * arrived (ucx/prior.c): compared again before o completes. prior_upto 0: none. */
-    uint64_t prior_upto, prior_sum;
-    uint32_t prior_src;
 };
 
 enum {
@@ -470,13 +466,11 @@ ccq_status ucx_comm_refuse(ucx_comm *c, const ccq_be_op *op, uint64_t now_ns, cc
  * over a disagreement). ucx_prior_stamp: fill h's prior fields. ucx_prior_agrees: compare h
  * (a data message of o, channel 0) with this process's own; on a difference fail o with
  * CCQ_ERR_MISMATCH (its communicator with it) and return false; where this process has not
- * ended as many yet, keep h's for ucx_prior_settled, which compares them again as o completes
- * (false: o failed). */
+ * ended as many yet (or ended them too long ago), the message is taken as it is. */
 uint64_t ucx_prior_mix(uint64_t seq);
 void ucx_prior_ended(ucx_comm *c, uint64_t seq, uint32_t n, bool alone);
 void ucx_prior_stamp(const ucx_comm *c, ucx_hdr *h);
 bool ucx_prior_agrees(ucx_op *o, const ucx_hdr *h);
-bool ucx_prior_settled(ucx_op *o);
 
 /* Operations (ucx/engine.c): a new one, not started (counted in flight; c referenced); start
  * it (its local combine, its schedule: a fused head runs recursive doubling over its group);
