@@ -787,7 +787,11 @@ static int leaver_child(unsigned rank, unsigned size, void *arg)
     (void)arg;
     CHILD_CHECK(open_tcp(rank, size, &b, &err) == CCQ_OK, "open: %s", err.msg);
     CHILD_CHECK(read(leave_pipe[0], &go, 1) == 1, "the word to leave");
+    uint64_t t0 = deadline_ms(0);
     ccq_boot_close(b);
+    /* A member that never closes its side (stopped) holds the drain a second at most. */
+    CHILD_CHECK(deadline_ms(0) - t0 < 3000000000ull, "the server's close took %.1f s",
+                (double)(deadline_ms(0) - t0) / 1e9);
     return 0;
 }
 
@@ -854,8 +858,33 @@ static void test_tcp_server_leave_drains(void **state)
         assert_int_equal(waitpid(pid, &ws, 0), pid);
         assert_true(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
     }
-    unsetenv("CCQ_JOB_ID");
     assert_int_equal(resets, 0);
+
+    /* A member that never reads nor closes (as a stopped process): the server's process
+     * still leaves, within its drain's second. */
+    {
+        pid_t pid;
+        int fd, ws;
+        char got[256];
+        snprintf(spec, sizeof spec, "tcp://127.0.0.1:%u", free_port());
+        assert_int_equal(pipe(leave_pipe), 0);
+        fflush(NULL);
+        if ((pid = fork()) == 0) {
+            alarm(30);
+            _exit(leaver_child(0, 2, NULL));
+        }
+        fd = raw_connect();
+        frame(fd, CCQ_TCP_HELLO, CCQ_TCP_VERSION, sizeof h, h, sizeof h);
+        (void)read_frame_of(fd, CCQ_TCP_WELCOME, (uint8_t *)got, sizeof got);
+        frame(fd, CCQ_TCP_PUT, CCQ_TCP_VERSION, put_len, "p", 1); /* unread input at its leave */
+        assert_int_equal(write(leave_pipe[1], "x", 1), 1);
+        assert_int_equal(waitpid(pid, &ws, 0), pid);
+        assert_true(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+        close(fd);
+        close(leave_pipe[0]);
+        close(leave_pipe[1]);
+    }
+    unsetenv("CCQ_JOB_ID");
 }
 
 /* ---- peers' states ------------------------------------------------------------------------ */
