@@ -248,3 +248,40 @@ void ccq_unstack_yield(ccq_unstack *u)
     if (ccq_unstack_note(u, t1 - t0, t1))
         (void)ccq_cpu_hop();
 }
+
+/* ---- The scheduler's own core ------------------------------------------------------------ */
+
+_Static_assert(sizeof(cpu_set_t) <= sizeof(((ccq_core_pin *)0)->mask), "cpu_set_t fits");
+
+void ccq_core_pin_init(ccq_core_pin *p, uint32_t slot)
+{
+    cpu_set_t set;
+    int n;
+
+    memset(p, 0, sizeof *p);
+    p->cpu = -1;
+    if (sched_getaffinity(0, sizeof set, &set) != 0 || (n = CPU_COUNT(&set)) < 2)
+        return;
+    memcpy(p->mask, &set, sizeof set);
+    for (int c = 0, k = 0, want = (int)(slot % (uint32_t)n); c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &set) && k++ == want) {
+            p->cpu = c;
+            return;
+        }
+}
+
+void ccq_core_pin_set(ccq_core_pin *p, bool on)
+{
+    cpu_set_t set;
+
+    if (p->cpu < 0 || p->pinned == on)
+        return;
+    if (on) {
+        CPU_ZERO(&set);
+        CPU_SET(p->cpu, &set);
+    } else {
+        memcpy(&set, p->mask, sizeof set);
+    }
+    if (sched_setaffinity(0, sizeof set, &set) == 0)
+        p->pinned = on;
+}

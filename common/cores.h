@@ -66,4 +66,26 @@ bool ccq_unstack_note(ccq_unstack *u, uint64_t yield_ns, uint64_t now_ns);
  * on one core only or the system refused. */
 int ccq_cpu_hop(void);
 
+/* The scheduler's own core while its host's processes outnumber their cores
+ * (ccq_world_crowded; runtime/sched.c). Every busy scheduler then takes turns on the cores with
+ * the others; left to the kernel, they move between cores as the other threads of their
+ * processes wake and sleep, and the turns come unevenly: on a 2-vCPU VM, 4 processes x 1 device,
+ * a chain of 8-byte all_reduces took 8-16 us per operation from run to run, one scheduler on a
+ * core of its own 7.8-9.2 (docs/performance.md, "Each scheduler on a core of its own"). Only the
+ * scheduler thread is pinned; while large operations run it may go anywhere again (their
+ * copies are the work, and a core that waits should take it). */
+typedef struct ccq_core_pin {
+    int cpu;                 /* the core it takes; -1 = it never pins */
+    bool pinned;             /* on that core alone now */
+    unsigned char mask[128]; /* its affinity before (a cpu_set_t): given back to unpin */
+} ccq_core_pin;
+
+/* The slot-th core (modulo their count) of the calling thread's affinity into p->cpu and that
+ * affinity into p->mask; p->cpu -1 when it may run on one core only or it cannot be read.
+ * Pins nothing yet. */
+void ccq_core_pin_init(ccq_core_pin *p, uint32_t slot);
+/* Pin the calling thread to p->cpu (on true) or give it p->mask back (false); nothing when it
+ * already is so or p->cpu is -1. A refusal of the system leaves it as it was. */
+void ccq_core_pin_set(ccq_core_pin *p, bool on);
+
 #endif /* CCQ_COMMON_CORES_H */

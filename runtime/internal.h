@@ -222,6 +222,7 @@ typedef struct ccq_batch {
     struct ccq_batch *next;
     bool aborting;
     bool overdue; /* past timeout_ms; the backend was asked to check its own deadlines first */
+    bool big;     /* an operation of at least pin_bytes: the scheduler unpinned while it runs */
     uint32_t seen_early; /* be.ndone_early when its early completions were last taken */
 } ccq_batch;
 
@@ -262,6 +263,13 @@ struct ccq_runtime {
      * CCQ_SPAN_BATCH_OPS: the group_limit of communicators spanning processes on a backend
      * whose span_group_limit is 0. */
     uint32_t span_batch_ops;
+    /* The scheduler's own core (ccq_core_pin) where this host's processes outnumber their cores:
+     * the slot of its process among those sharing its cores (ccq_world_core_slot), -1 = it
+     * never pins (not crowded, or CCQ_SCHED_PIN=0). Batches with an operation of pin_bytes or
+     * more (CCQ_SCHED_PIN_BYTES) run unpinned. */
+    int64_t pin_slot;
+    uint64_t pin_bytes;
+#define CCQ_SCHED_PIN_BYTES_DEFAULT (1ull << 20)
     ccq_fault_plan fault; /* fault injection (cfg.fault); the runtime applies `drop` */
     ccq_stream *streams;  /* [ndev * max_streams] */
 

@@ -367,6 +367,11 @@ void *ccq_sched_main(void *arg)
     bool handoff_yield = rt->procs_fit_cores;
 
     ccq_tls_inside |= CCQ_INSIDE_SCHED;
+    S->pin.cpu = -1;
+    if (rt->pin_slot >= 0) { /* this host's processes outnumber their cores (common/cores.h) */
+        ccq_core_pin_init(&S->pin, (uint32_t)rt->pin_slot);
+        ccq_core_pin_set(&S->pin, true);
+    }
     S->boot_poll_min_ns = CCQ_FORM_POLL_NS;
     if (rt->world.boot != NULL) { /* at least 10 us: a sleep, not a spin */
         uint64_t iv = ccq_boot_poll_interval_ns(rt->world.boot);

@@ -2,6 +2,7 @@
 #ifndef CCQ_RUNTIME_SCHED_H
 #define CCQ_RUNTIME_SCHED_H
 
+#include "common/cores.h"
 #include "runtime/internal.h"
 
 typedef struct ccq_sched {
@@ -24,8 +25,10 @@ typedef struct ccq_sched {
     ccq_batch *batch_free;
     ccq_batch *inflight; /* batches issued and not returned (next links) */
     uint32_t ninflight;
-    bool ended_pass;    /* commands ended since the scheduler last went idle (ccq_sched_main) */
-    ccq_be_batch *done; /* completions polled but not processed yet */
+    ccq_core_pin pin;      /* this thread's own core while crowded (rt->pin_slot) */
+    uint32_t big_inflight; /* batches in flight with an operation of pin_bytes or more */
+    bool ended_pass;       /* commands ended since the scheduler last went idle (ccq_sched_main) */
+    ccq_be_batch *done;    /* completions polled but not processed yet */
     uint64_t pass, attempt, batch_id;
     /* The current attempt's tentative set and undo lists. */
     ccq_inst **work;

@@ -319,6 +319,23 @@ static void stats_batch(ccq_runtime *rt, uint32_t nops)
         atomic_store_explicit(&rt->stats.max_batch_ops, nops, memory_order_relaxed);
 }
 
+/* A batch with an operation of pin_bytes or more runs with the scheduler unpinned
+ * (common/cores.h, ccq_core_pin): pinned again once no such batch is in flight
+ * (sched_batch_done). */
+static void pin_for(ccq_runtime *rt, ccq_batch *b)
+{
+    ccq_sched *S = rt->sched;
+
+    b->big = false;
+    if (S->pin.cpu < 0)
+        return;
+    for (uint32_t k = 0; k < b->be.nops && !b->big; k++)
+        b->big = (uint64_t)b->ops[k]->count * ccq_dtype_size((ccq_dtype)b->ops[k]->dtype) >=
+                 rt->pin_bytes;
+    if (b->big && S->big_inflight++ == 0)
+        ccq_core_pin_set(&S->pin, false);
+}
+
 /* Hand a built batch to the backend. Operations of one channel go in sequence order
  * (NCCL requires every rank to call a communicator's collectives in the same order). */
 static void issue(ccq_runtime *rt, ccq_batch *b)
@@ -387,6 +404,7 @@ static void issue(ccq_runtime *rt, ccq_batch *b)
     S->ninflight++;
     S->wd_next = min_u64(S->wd_next, ccq_add_sat(b->issue_ns, rt->timeout_ns));
     stats_batch(rt, b->be.nops);
+    pin_for(rt, b);
 
     st = rt->be_ops->issue(rt->be, &b->be, &err);
     if (traced) { /* bytes = how long issuing took (for the host backend: inline work too) */

@@ -73,6 +73,18 @@ bool ccq_world_crowded(const ccq_world_proc *procs, uint32_t n, uint32_t me, uin
     return nlocal > together;
 }
 
+uint32_t ccq_world_core_slot(const ccq_world_proc *procs, uint32_t n, uint32_t me)
+{
+    const ccq_world_proc *m = &procs[me];
+    uint32_t slot = 0;
+
+    for (uint32_t p = 0; p < me && p < n; p++)
+        if (procs[p].kernel_id == m->kernel_id && procs[p].first_core == m->first_core &&
+            procs[p].cores == m->cores)
+            slot++;
+    return slot;
+}
+
 static ccq_status world_of_one(ccq_world *w, uint32_t local_devices)
 {
     w->rank = 0;

@@ -62,6 +62,12 @@ void ccq_world_fini(ccq_world *w);
  * as 1. */
 bool ccq_world_crowded(const ccq_world_proc *procs, uint32_t n, uint32_t me, uint32_t host_cpus);
 
+/* Which of the processes that share process me's cores it is: how many processes before it
+ * in the world run on its machine (kernel_id, as ccq_world_crowded) with the same cores as it
+ * (first_core and cores). Those processes each pin their scheduler to the slot-th of their
+ * cores while crowded (ccq_core_pin), so that the schedulers spread evenly over the cores. */
+uint32_t ccq_world_core_slot(const ccq_world_proc *procs, uint32_t n, uint32_t me);
+
 /* The process that owns global device d (d < first[size]). O(log size). */
 uint32_t ccq_world_owner(const ccq_world *w, ccq_device_id d);
 

@@ -249,6 +249,70 @@ static void test_world_crowded(void **state)
     assert_true(ccq_world_crowded(w, 2, 0, 8));
 }
 
+/* The scheduler's own core (ccq_core_pin): the slot-th of the thread's cores, modulo their
+ * count; pinned and given its cores back; nothing with one core. */
+static void test_core_pin(void **state)
+{
+    (void)state;
+    cpu_set_t all, now;
+    ccq_core_pin p;
+    int a, b;
+
+    assert_int_equal(sched_getaffinity(0, sizeof all, &all), 0);
+    if (!two_cpus(&a, &b)) {
+        ccq_core_pin_init(&p, 0);
+        assert_int_equal(p.cpu, -1);
+        skip();
+    }
+    set_cpus(a, -1);
+    ccq_core_pin_init(&p, 1);
+    assert_int_equal(p.cpu, -1); /* one core: it never pins */
+    ccq_core_pin_set(&p, true);
+    assert_false(p.pinned);
+    set_cpus(a, b); /* a < b */
+    for (uint32_t slot = 0; slot < 5; slot++) {
+        ccq_core_pin_init(&p, slot);
+        assert_int_equal(p.cpu, slot % 2 ? b : a);
+        ccq_core_pin_set(&p, true);
+        assert_true(p.pinned);
+        assert_int_equal(sched_getaffinity(0, sizeof now, &now), 0);
+        assert_int_equal(CPU_COUNT(&now), 1);
+        assert_true(CPU_ISSET(p.cpu, &now));
+        assert_int_equal(sched_getcpu(), p.cpu);
+        ccq_core_pin_set(&p, true); /* already: nothing */
+        assert_true(p.pinned);
+        ccq_core_pin_set(&p, false);
+        assert_false(p.pinned);
+        assert_int_equal(sched_getaffinity(0, sizeof now, &now), 0);
+        assert_int_equal(CPU_COUNT(&now), 2);
+        assert_true(CPU_ISSET(a, &now) && CPU_ISSET(b, &now));
+    }
+    assert_int_equal(sched_setaffinity(0, sizeof all, &all), 0);
+}
+
+/* Which of the processes sharing its cores a process is: counted among the earlier processes
+ * of its machine with the same cores only. */
+static void test_world_core_slot(void **state)
+{
+    (void)state;
+    ccq_world_proc w[8];
+
+    for (int p = 0; p < 4; p++) /* 4 unbound processes of one machine: 0 1 2 3 */
+        w[p] = proc(7, 0, 2);
+    for (uint32_t me = 0; me < 4; me++)
+        assert_int_equal(ccq_world_core_slot(w, 4, me), me);
+    /* Two machines alternating: each counts its own. */
+    for (int p = 0; p < 8; p++)
+        w[p] = proc(p % 2 ? 9 : 7, 0, 4);
+    for (uint32_t me = 0; me < 8; me++)
+        assert_int_equal(ccq_world_core_slot(w, 8, me), me / 2);
+    /* Bound per socket (cores 0-1, 2-3 alternating): each socket's processes count apart. */
+    for (int p = 0; p < 6; p++)
+        w[p] = proc(7, p % 2 ? 2 : 0, 2);
+    for (uint32_t me = 0; me < 6; me++)
+        assert_int_equal(ccq_world_core_slot(w, 6, me), me / 2);
+}
+
 /* ---- cgroup CPU limits, on trees made here (ccq_cpu_limit_at) ----------------------------- */
 
 static char tree[64];
@@ -362,7 +426,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_follows_affinity), cmocka_unit_test(test_hop),
         cmocka_unit_test(test_unstack_policy),   cmocka_unit_test(test_world_crowded),
-        cmocka_unit_test(test_cpu_limit),
+        cmocka_unit_test(test_cpu_limit),        cmocka_unit_test(test_core_pin),
+        cmocka_unit_test(test_world_core_slot),
     };
     return cmocka_run_group_tests_name("cores", tests, NULL, NULL);
 }

@@ -1,0 +1,184 @@
+/* Each scheduler on a core of its own while its host's processes outnumber their cores
+ * (common/cores.h, ccq_core_pin), end to end: every process confines itself to the same two
+ * CPUs, so that 3 or more of them are crowded on any machine, and then looks at its own threads
+ * (/proc/self/task/N/status, Cpus_allowed_list):
+ *   - once the world formed, exactly one thread (the scheduler) runs on one CPU alone, the one
+ *     of slot world_rank (all processes share the same cores): the first of the two for even
+ *     ranks, the second for odd;
+ *   - while an all_reduce of CCQ_SCHED_PIN_BYTES or more is in flight (process 0 submits it,
+ *     the others 400 ms later), no thread is pinned; after it, the scheduler is again;
+ *   - "off" (CCQ_SCHED_PIN=0): no thread is ever pinned;
+ *   - results exact throughout.
+ * Run with tests/launch -n 3..4 and CCQ_BOOTSTRAP (tests/CMakeLists.txt). */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <sched.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ccq.h"
+
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "process %u: FAILED %s:%d: ", wrank, __FILE__, __LINE__);              \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, " (%s)\n", ccq_last_error_detail());                                   \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+#define BIG_FLOATS (256u * 1024u) /* 1 MiB: at least CCQ_SCHED_PIN_BYTES (the test sets 64 KiB) */
+
+static uint32_t wrank;
+static ccq_device_id world_devs[64]; /* the communicator: one device per process */
+static size_t nworld;
+
+static void sleep_ms(long ms)
+{
+    struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&t, NULL);
+}
+
+/* Threads of this process whose affinity is one CPU: how many, and the last one's CPU. */
+static int pinned_threads(int *cpu)
+{
+    DIR *d = opendir("/proc/self/task");
+    struct dirent *e;
+    int n = 0;
+
+    CHECK(d != NULL, "opendir /proc/self/task");
+    while ((e = readdir(d)) != NULL) {
+        char path[300], line[512];
+        FILE *f;
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(path, sizeof path, "/proc/self/task/%s/status", e->d_name);
+        if ((f = fopen(path, "r")) == NULL)
+            continue; /* the thread ended meanwhile */
+        while (fgets(line, sizeof line, f) != NULL) {
+            char *v;
+            if (strncmp(line, "Cpus_allowed_list:", 18) != 0)
+                continue;
+            v = line + 18;
+            v += strspn(v, " \t");
+            if (strpbrk(v, ",-") == NULL) {
+                n++;
+                *cpu = atoi(v);
+            }
+        }
+        fclose(f);
+    }
+    closedir(d);
+    return n;
+}
+
+/* Wait up to 2 s for want pinned threads (the scheduler pins again just after the batch ended,
+ * a moment after the fence returned). */
+static int await_pinned(int want, int *cpu)
+{
+    int n = -1;
+    for (int k = 0; k < 200 && (n = pinned_threads(cpu)) != want; k++)
+        sleep_ms(10);
+    return n;
+}
+
+static void all_reduce(ccq_runtime *rt, ccq_device_id dev, float *buf, size_t count)
+{
+    for (size_t i = 0; i < count; i++)
+        buf[i] = (float)(wrank + 1);
+    CHECK(ccq_all_reduce(rt, dev, 0, buf, buf, count, CCQ_FLOAT32, CCQ_SUM, world_devs, nworld) ==
+              CCQ_OK,
+          "all_reduce of %zu floats", count);
+}
+
+static void expect_sum(ccq_runtime *rt, ccq_device_id dev, const float *buf, size_t count,
+                       uint32_t wsize)
+{
+    float want = (float)(wsize * (wsize + 1) / 2);
+    CHECK(ccq_sync_collective(rt, dev, 0) == CCQ_OK, "fence");
+    for (size_t i = 0; i < count; i++)
+        CHECK(buf[i] == want, "element %zu: %g, expected %g", i, buf[i], want);
+}
+
+int main(int argc, char **argv)
+{
+    bool off = argc > 1 && strcmp(argv[1], "off") == 0;
+    cpu_set_t all, two;
+    int a = -1, b = -1, cpu = -1, n;
+    ccq_config cfg;
+    ccq_runtime *rt = NULL;
+    ccq_device_id dev = 0;
+    uint32_t cnt = 0, wsize;
+    float *small = calloc(8, sizeof *small), *big = calloc(BIG_FLOATS, sizeof *big);
+
+    ccq_config_init(&cfg);
+    wrank = cfg.world_rank;
+    wsize = cfg.world_size;
+    CHECK(wsize >= 3 && wsize <= 64 && cfg.bootstrap != NULL && small != NULL && big != NULL,
+          "run me with tests/launch -n 3..8 and CCQ_BOOTSTRAP (world_size %u)", wsize);
+    CHECK(sched_getaffinity(0, sizeof all, &all) == 0, "sched_getaffinity");
+    for (int c = 0; c < CPU_SETSIZE && b < 0; c++)
+        if (CPU_ISSET(c, &all))
+            *(a < 0 ? &a : &b) = c;
+    if (b >= 0) { /* the same two CPUs for every process: crowded from 3 processes */
+        CPU_ZERO(&two);
+        CPU_SET(a, &two);
+        CPU_SET(b, &two);
+        CHECK(sched_setaffinity(0, sizeof two, &two) == 0, "confine to CPUs %d and %d", a, b);
+    }
+    cfg.host_devices = 1;
+    cfg.host_engine = "ucx";
+    cfg.timeout_ms = 20000;
+    CHECK(ccq_runtime_create(&cfg, &rt) == CCQ_OK, "ccq_runtime_create");
+    CHECK(ccq_local_devices(rt, &dev, &cnt) == CCQ_OK && cnt == 1, "local devices");
+    nworld = wsize;
+    for (uint32_t p = 0; p < wsize; p++)
+        world_devs[p] = p;
+    CHECK(ccq_comm_init(rt, world_devs, nworld) == CCQ_OK, "ccq_comm_init");
+
+    all_reduce(rt, dev, small, 8);
+    expect_sum(rt, dev, small, 8, wsize);
+    if (off) {
+        n = pinned_threads(&cpu);
+        CHECK(n == 0 || b < 0, "%d threads pinned with CCQ_SCHED_PIN=0", n);
+    } else if (b >= 0) { /* (one CPU: nothing to pin to) */
+        int want = wrank % 2 ? b : a;
+        n = await_pinned(1, &cpu);
+        CHECK(n == 1 && cpu == want,
+              "%d threads pinned (the last on CPU %d), expected the "
+              "scheduler alone on CPU %d",
+              n, cpu, want);
+    }
+
+    /* A large operation: process 0's waits 400 ms for the others, unpinned meanwhile. */
+    if (wrank != 0)
+        sleep_ms(400);
+    all_reduce(rt, dev, big, BIG_FLOATS);
+    if (wrank == 0 && b >= 0) {
+        sleep_ms(150);
+        n = pinned_threads(&cpu);
+        CHECK(n == 0, "%d threads pinned (the last on CPU %d) while a 1 MiB all_reduce runs", n,
+              cpu);
+    }
+    expect_sum(rt, dev, big, BIG_FLOATS, wsize);
+    if (!off && b >= 0) {
+        n = await_pinned(1, &cpu);
+        CHECK(n == 1 && cpu == (wrank % 2 ? b : a),
+              "%d threads pinned after the large all_reduce (the last on CPU %d)", n, cpu);
+    }
+    all_reduce(rt, dev, small, 8);
+    expect_sum(rt, dev, small, 8, wsize);
+    CHECK(ccq_runtime_destroy(rt) == CCQ_OK, "destroy");
+    printf("process %u of %u: %s OK\n", wrank, wsize,
+           b < 0 ? "one CPU: nothing to pin"
+           : off ? "never pinned"
+                 : "pinned, unpinned, pinned");
+    free(small);
+    free(big);
+    return 0;
+}
