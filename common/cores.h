@@ -72,8 +72,9 @@ int ccq_cpu_hop(void);
  * processes wake and sleep, and the turns come unevenly: on a 2-vCPU VM, 4 processes x 1 device,
  * a chain of 8-byte all_reduces took 8-16 us per operation from run to run, one scheduler on a
  * core of its own 7.8-9.2 (docs/performance.md, "Each scheduler on a core of its own"). Only the
- * scheduler thread is pinned; while large operations run it may go anywhere again (their
- * copies are the work, and a core that waits should take it). */
+ * scheduler thread is pinned; from a batch with a large operation until the next batch without
+ * one it may go anywhere again (their copies are the work, and a core that waits should take
+ * it). */
 typedef struct ccq_core_pin {
     int cpu;                 /* the core it takes; -1 = it never pins */
     bool pinned;             /* on that core alone now */

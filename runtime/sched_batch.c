@@ -320,8 +320,10 @@ static void stats_batch(ccq_runtime *rt, uint32_t nops)
 }
 
 /* A batch with an operation of pin_bytes or more runs with the scheduler unpinned
- * (common/cores.h, ccq_core_pin): pinned again once no such batch is in flight
- * (sched_batch_done). */
+ * (common/cores.h, ccq_core_pin); the next batch without one pins it again, once no such batch
+ * is in flight (sched_batch_done counts them). Decided as batches are issued, not as they end:
+ * a chain of large operations stays unpinned, where pinning at each end would move the thread
+ * back to its core before every operation. */
 static void pin_for(ccq_runtime *rt, ccq_batch *b)
 {
     ccq_sched *S = rt->sched;
@@ -332,8 +334,9 @@ static void pin_for(ccq_runtime *rt, ccq_batch *b)
     for (uint32_t k = 0; k < b->be.nops && !b->big; k++)
         b->big = (uint64_t)b->ops[k]->count * ccq_dtype_size((ccq_dtype)b->ops[k]->dtype) >=
                  rt->pin_bytes;
-    if (b->big && S->big_inflight++ == 0)
-        ccq_core_pin_set(&S->pin, false);
+    if (b->big)
+        S->big_inflight++;
+    ccq_core_pin_set(&S->pin, S->big_inflight == 0);
 }
 
 /* Hand a built batch to the backend. Operations of one channel go in sequence order

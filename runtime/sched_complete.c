@@ -373,8 +373,8 @@ void sched_batch_done(ccq_runtime *rt, ccq_batch *b)
         }
     }
     S->ninflight--;
-    if (b->big && --S->big_inflight == 0)
-        ccq_core_pin_set(&S->pin, true);
+    if (b->big)
+        S->big_inflight--; /* the next small batch pins again (sched_batch.c, pin_for) */
     sched_batch_release(S, b);
 }
 

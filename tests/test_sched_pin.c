@@ -6,7 +6,8 @@
  *     of slot world_rank (all processes share the same cores): the first of the two for even
  *     ranks, the second for odd;
  *   - while an all_reduce of CCQ_SCHED_PIN_BYTES or more is in flight (process 0 submits it,
- *     the others 400 ms later), no thread is pinned; after it, the scheduler is again;
+ *     the others 400 ms later), no thread is pinned, nor after it; the next small operation
+ *     pins the scheduler again;
  *   - "off" (CCQ_SCHED_PIN=0): no thread is ever pinned;
  *   - results exact throughout.
  * Run with tests/launch -n 3..4 and CCQ_BOOTSTRAP (tests/CMakeLists.txt). */
@@ -166,13 +167,20 @@ int main(int argc, char **argv)
               cpu);
     }
     expect_sum(rt, dev, big, BIG_FLOATS, wsize);
+    if (wrank == 0 && b >= 0) { /* a chain of large operations stays unpinned */
+        n = pinned_threads(&cpu);
+        CHECK(n == 0, "%d threads pinned (the last on CPU %d) after a 1 MiB all_reduce", n, cpu);
+    }
+    /* The next small operation pins again. */
+    all_reduce(rt, dev, small, 8);
+    expect_sum(rt, dev, small, 8, wsize);
     if (!off && b >= 0) {
         n = await_pinned(1, &cpu);
         CHECK(n == 1 && cpu == (wrank % 2 ? b : a),
-              "%d threads pinned after the large all_reduce (the last on CPU %d)", n, cpu);
+              "%d threads pinned after the small all_reduce that followed the large one (the "
+              "last on CPU %d)",
+              n, cpu);
     }
-    all_reduce(rt, dev, small, 8);
-    expect_sum(rt, dev, small, 8, wsize);
     CHECK(ccq_runtime_destroy(rt) == CCQ_OK, "destroy");
     printf("process %u of %u: %s OK\n", wrank, wsize,
            b < 0 ? "one CPU: nothing to pin"
