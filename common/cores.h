@@ -67,14 +67,14 @@ bool ccq_unstack_note(ccq_unstack *u, uint64_t yield_ns, uint64_t now_ns);
 int ccq_cpu_hop(void);
 
 /* The scheduler's own core while its host's processes outnumber their cores
- * (ccq_world_crowded; runtime/sched.c). Every busy scheduler then takes turns on the cores with
- * the others; left to the kernel, they move between cores as the other threads of their
- * processes wake and sleep, and the turns come unevenly: on a 2-vCPU VM, 4 processes x 1 device,
- * a chain of 8-byte all_reduces took 8-16 us per operation from run to run, one scheduler on a
- * core of its own 7.8-9.2 (docs/performance.md, "Each scheduler on a core of its own"). Only the
- * scheduler thread is pinned; from a batch with a large operation until the next batch without
- * one it may go anywhere again (their copies are the work, and a core that waits should take
- * it). */
+ * (ccq_world_crowded; runtime/sched.c; opt-in: CCQ_SCHED_PIN=1, runtime/runtime.c). Every busy
+ * scheduler then takes turns on the cores with the others; left to the kernel, they move between
+ * cores as the other threads of their processes wake and sleep, and the turns come unevenly: on a
+ * 2-vCPU VM, 4 processes x 1 device, a chain of 8-byte all_reduces took 8-16 us per operation from
+ * run to run, one scheduler on a core of its own 7.8-9.2 (docs/performance.md, "Each scheduler on a
+ * core of its own"). Only the scheduler thread is pinned; from a batch with a large operation until
+ * the next batch without one it may go anywhere again (their copies are the work, and a core that
+ * waits should take it). */
 typedef struct ccq_core_pin {
     int cpu;                 /* the core it takes; -1 = it never pins */
     bool pinned;             /* on that core alone now */

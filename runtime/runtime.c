@@ -468,15 +468,18 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
             rt->span_batch_ops = rt->be_ops->span_batch_ops;
     }
     {
-        /* The scheduler's own core where this host's processes outnumber theirs (common/cores.h,
-         * ccq_core_pin): CCQ_SCHED_PIN=0 never, 1 even where they do not (measurements);
+        /* The scheduler's own core (common/cores.h, ccq_core_pin), opt-in: CCQ_SCHED_PIN=1 where
+         * this host's processes outnumber their cores, 2 even where they do not (measurements),
+         * 0 or unset never (under AddressSanitizer, pinned, an MPI engine operation of
+         * test_fusion_world_np4 timed out and test_fusion_world_ucx_cut_np3 fused no
+         * reduce_scatter: docs/performance.md, "Each scheduler on a core of its own");
          * CCQ_SCHED_PIN_BYTES the operation size from which a batch runs unpinned (default
          * 1 MiB: 4 x 1 on 2 cores, 8 MiB ran 0.87x as fast pinned, 2 MiB even). */
         uint64_t v = 0;
-        int pin = ccq_env_u64("CCQ_SCHED_PIN", 0, 1, &v) == 1 ? (int)v : -1;
+        int pin = ccq_env_u64("CCQ_SCHED_PIN", 0, 2, &v) == 1 ? (int)v : 0;
         rt->pin_slot = -1;
         if (rt->world.size > 1 && rt->world.procs != NULL &&
-            (pin == 1 || (pin == -1 && rt->world.crowded)))
+            (pin == 2 || (pin == 1 && rt->world.crowded)))
             rt->pin_slot = ccq_world_core_slot(rt->world.procs, rt->world.size, rt->world.rank);
         rt->pin_bytes = ccq_env_u64("CCQ_SCHED_PIN_BYTES", 1, UINT64_MAX, &v) == 1
                             ? v
