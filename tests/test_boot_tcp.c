@@ -800,6 +800,21 @@ static int leaver_child(unsigned rank, unsigned size, void *arg)
  * reset, whose arrival discards what the member's kernel had not delivered yet (over a real
  * network, the server's last notices). Before, the server closed its members' sockets with
  * their latest bytes unread, which makes the kernel send a reset. */
+/* A rendezvous server's process of a world of 2 (leaver_child) on a free port, addr its
+ * address; it leaves when told through leave_pipe. */
+static pid_t start_leaver(char *addr, size_t len)
+{
+    pid_t pid;
+    snprintf(addr, len, "tcp://127.0.0.1:%u", free_port());
+    assert_int_equal(pipe(leave_pipe), 0);
+    fflush(NULL);
+    if ((pid = fork()) == 0) {
+        alarm(30);
+        _exit(leaver_child(0, 2, NULL));
+    }
+    return pid;
+}
+
 static void test_tcp_server_leave_drains(void **state)
 {
     uint8_t h[24 + 6];
@@ -818,13 +833,7 @@ static void test_tcp_server_leave_drains(void **state)
         uint64_t until;
         bool ended = false;
 
-        snprintf(spec, sizeof spec, "tcp://127.0.0.1:%u", free_port());
-        assert_int_equal(pipe(leave_pipe), 0);
-        fflush(NULL);
-        if ((pid = fork()) == 0) {
-            alarm(30);
-            _exit(leaver_child(0, 2, NULL));
-        }
+        pid = start_leaver(spec, sizeof spec);
         memcpy(h, v, 16);
         memcpy(h + 16, &nonce, 8);
         memcpy(h + 24, "drains", 6);
@@ -866,13 +875,7 @@ static void test_tcp_server_leave_drains(void **state)
         pid_t pid;
         int fd, ws;
         char got[256];
-        snprintf(spec, sizeof spec, "tcp://127.0.0.1:%u", free_port());
-        assert_int_equal(pipe(leave_pipe), 0);
-        fflush(NULL);
-        if ((pid = fork()) == 0) {
-            alarm(30);
-            _exit(leaver_child(0, 2, NULL));
-        }
+        pid = start_leaver(spec, sizeof spec);
         fd = raw_connect();
         frame(fd, CCQ_TCP_HELLO, CCQ_TCP_VERSION, sizeof h, h, sizeof h);
         (void)read_frame_of(fd, CCQ_TCP_WELCOME, (uint8_t *)got, sizeof got);
