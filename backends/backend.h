@@ -255,6 +255,13 @@ typedef struct ccq_backend_ops {
      * covers everything. Nonzero also makes the scheduler poll with no batch in flight
      * (background work, e.g. sends the backend completed early that MPI still moves). */
     uint64_t (*poll_interval)(const ccq_backend *be);
+    /* Optional (NULL: no). Whether the scheduler's polls call MPI (the host backend's MPI
+     * engine). The runtime then never pins its scheduler to a core (common/cores.h,
+     * ccq_core_pin): Open MPI, whose node is oversubscribed, yields the core in every progress
+     * call, and a pinned thread that yields waits out its core's other threads each time while
+     * it holds the process's MPI lock (docs/performance.md, "Each scheduler on a core of its
+     * own"). */
+    bool (*calls_mpi)(const ccq_backend *be);
     /* True if the backend honours ccq_be_op.stage_src. Without it, a send whose src a later
      * command of its stream in the same group overwrites is refused (CCQ_ERR_UNSUPPORTED). */
     bool stages_sends;

@@ -468,17 +468,21 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
             rt->span_batch_ops = rt->be_ops->span_batch_ops;
     }
     {
-        /* The scheduler's own core (common/cores.h, ccq_core_pin), opt-in: CCQ_SCHED_PIN=1 where
-         * this host's processes outnumber their cores, 2 even where they do not (measurements),
-         * 0 or unset never (under AddressSanitizer, pinned, an MPI engine operation of
-         * test_fusion_world_np4 timed out and test_fusion_world_ucx_cut_np3 fused no
-         * reduce_scatter: docs/performance.md, "Each scheduler on a core of its own");
+        /* The scheduler's own core (common/cores.h, ccq_core_pin): CCQ_SCHED_PIN=1 (the
+         * default) where this host's processes outnumber their cores, 2 even where they do not
+         * (measurements), 0 never; and never where the scheduler calls MPI (the MPI engine or
+         * bootstrap: Open MPI on an oversubscribed node yields the core in every progress call,
+         * and pinned, each yield waited out its core's other threads while the process's MPI
+         * lock was held: docs/performance.md, "Each scheduler on a core of its own").
          * CCQ_SCHED_PIN_BYTES the operation size from which a batch runs unpinned (default
          * 1 MiB: 4 x 1 on 2 cores, 8 MiB ran 0.87x as fast pinned, 2 MiB even). */
         uint64_t v = 0;
-        int pin = ccq_env_u64("CCQ_SCHED_PIN", 0, 2, &v) == 1 ? (int)v : 0;
+        int pin = ccq_env_u64("CCQ_SCHED_PIN", 0, 2, &v) == 1 ? (int)v : 1;
+        bool calls_mpi =
+            (rt->be_ops->calls_mpi != NULL && rt->be_ops->calls_mpi(rt->be)) ||
+            (rt->world.boot != NULL && strcmp(ccq_boot_name(rt->world.boot), "mpi") == 0);
         rt->pin_slot = -1;
-        if (rt->world.size > 1 && rt->world.procs != NULL &&
+        if (rt->world.size > 1 && rt->world.procs != NULL && !calls_mpi &&
             (pin == 2 || (pin == 1 && rt->world.crowded)))
             rt->pin_slot = ccq_world_core_slot(rt->world.procs, rt->world.size, rt->world.rank);
         rt->pin_bytes = ccq_env_u64("CCQ_SCHED_PIN_BYTES", 1, UINT64_MAX, &v) == 1

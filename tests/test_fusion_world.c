@@ -130,6 +130,9 @@ enum { P_GATED, P_TRICKLE, P_FENCE, P_BURSTS, P_COUNT };
 static const char *const pattern_names[] = {"all at once (gated)", "one at a time with pauses",
                                             "fence after each", "bursts"};
 
+/* Which stream each op goes on (submit). */
+enum { L_SPREAD, L_PER_OP, L_ONE };
+
 typedef struct run {
     fw_op ops[MAXOPS];
     size_t n;
@@ -190,15 +193,31 @@ static void run_free(run *r, const world *w)
 
 /*
  * Submit ops [0, upto) in `pattern`; op `mismatch` with one more element on process 1.
- * Streams: per_op, device k's op i on stream i (each op's fence says how it ended); else op
- * 0 on stream 0 and op i on stream (i + k) % 3, so one fused operation has parts on several
- * streams. The gate: a send to itself on stream 0 of every local device, before anything, its
- * recv on another stream after everything: op 0 waits behind it, and every later op behind op
- * 0 (sequence order), so the scheduler then finds all of them ready at once.
+ * Streams (`layout`): L_PER_OP, device k's op i on stream i (each op's fence says how it
+ * ended); L_SPREAD, op 0 on stream 0 and op i on stream (i + k) % 3, so one fused operation has
+ * parts on several streams; L_ONE, every op on stream 0. The gate: a send to itself on stream
+ * 0 of every local device, before anything, its recv on another stream after everything: op 0
+ * waits behind it, and every later op behind op 0 (sequence order), so the scheduler then finds
+ * all of them ready at once.
+ *
+ * Gated, which operations fuse is fixed only where the batches are: the first batch holds
+ * every op or the first span_batch_ops (a cut), and a later batch takes a stream only once
+ * that stream's batch in flight ended. L_SPREAD's streams end at different moments, so after
+ * a cut the next batch's size, hence the fusion window of each process, depends on timing (a
+ * sweep's reduce_scatters fused 3 to 31 times in runs of test_fusion_world_ucx_cut_np3);
+ * L_ONE's next batch waits for the whole batch before it, the same in every run.
  */
-static void submit(world *w, run *r, int pattern, size_t upto, long mismatch, bool per_op,
+static ccq_stream_id stream_of(int layout, size_t i, uint32_t k)
+{
+    return layout == L_PER_OP          ? (ccq_stream_id)i
+           : layout == L_ONE || i == 0 ? 0
+                                       : (ccq_stream_id)((i + k) % 3);
+}
+
+static void submit(world *w, run *r, int pattern, size_t upto, long mismatch, int layout,
                    uint32_t seed)
 {
+    bool per_op = layout == L_PER_OP;
     static uint32_t gate_out[2][1], gate_in[2][1];
     ccq_stream_id gate_s = per_op ? (ccq_stream_id)(MAXOPS - 1) : 3;
     unsigned burst = 1 + seed % 37;
@@ -210,7 +229,7 @@ static void submit(world *w, run *r, int pattern, size_t upto, long mismatch, bo
     for (size_t i = 0; i < upto; i++) {
         const fw_op *o = &r->ops[i];
         for (uint32_t k = 0; k < w->cnt; k++) {
-            ccq_stream_id s = per_op ? (ccq_stream_id)i : i == 0 ? 0 : (ccq_stream_id)((i + k) % 3);
+            ccq_stream_id s = stream_of(layout, i, k);
             size_t count = (long)i == mismatch && wrank == 1 ? o->count + 1 : o->count;
             ccq_status st = ref_submit(w->rt, o->kind, w->first + k, s, r->src[i][k], r->dst[i][k],
                                        count, r->dt, r->op, w->devs[o->root], w->devs, w->total);
@@ -226,10 +245,7 @@ static void submit(world *w, run *r, int pattern, size_t upto, long mismatch, bo
             sleep_us(100 + (seed >> 8) % 400);
         if (pattern == P_FENCE)
             for (uint32_t k = 0; k < w->cnt; k++) {
-                ccq_stream_id s = per_op   ? (ccq_stream_id)i
-                                  : i == 0 ? 0
-                                           : (ccq_stream_id)((i + k) % 3);
-                ccq_status st = ccq_sync_collective(w->rt, w->first + k, s);
+                ccq_status st = ccq_sync_collective(w->rt, w->first + k, stream_of(layout, i, k));
                 if (per_op && k == 0 && r->st[i] == CCQ_OK)
                     r->st[i] = st;
             }
@@ -245,9 +261,11 @@ static void submit(world *w, run *r, int pattern, size_t upto, long mismatch, bo
                   "gate opens");
 }
 
-/* Fence everything; with per-op streams, record each op's outcome on the first device. */
-static void fence_all(world *w, run *r, int pattern, bool per_op)
+/* Fence everything; with per-op streams (L_PER_OP), record each op's outcome on the first device.
+ */
+static void fence_all(world *w, run *r, int pattern, int layout)
 {
+    bool per_op = layout == L_PER_OP;
     for (uint32_t k = 0; k < w->cnt; k++) {
         if (per_op) {
             for (size_t i = 0; i < r->n; i++) {
@@ -331,7 +349,8 @@ static void fused_kinds(world *w, uint64_t *per_kind)
 
 /* Every kind the engine fuses was fused at least once: all_reduce, all_gather and
  * reduce_scatter on both engines, broadcast on the MPI engine (the UCX engine's broadcast tree
- * carries no word from every member, which its agreement needs: ucx/fused.c). */
+ * carries no word from every member, which its agreement needs: ucx/fused.c). Certain only for
+ * sweeps whose batches are the same in every run (submit, L_ONE). */
 static void check_kinds_fused(world *w, bool ucx)
 {
     static const ccq_kind kinds[] = {CCQ_KIND_ALL_REDUCE, CCQ_KIND_ALL_GATHER,
@@ -389,8 +408,8 @@ static void patterns(void)
         world_open(&w, F, NULL, 30000);
         run_alloc(r, &w, 600, round % 2 ? CCQ_INT32 : CCQ_FLOAT32, round % 2 ? CCQ_MAX : CCQ_SUM,
                   true);
-        submit(&w, r, pattern, r->n, -1, false, 17 + round * 7 + wrank);
-        fence_all(&w, r, pattern, false);
+        submit(&w, r, pattern, r->n, -1, L_SPREAD, 17 + round * 7 + wrank);
+        fence_all(&w, r, pattern, L_SPREAD);
         check_results(&w, r, false);
         nf = check_same_fusion(&w);
         printf("process %u round %u: %s: %zu ops, %llu fused operations (the same in every "
@@ -420,12 +439,14 @@ static void identical(void)
     for (int dt = 0; dt < CCQ_DTYPE_COUNT_; dt++)
         for (size_t o = 0; o < sizeof ops / sizeof ops[0]; o++) {
             run *a = malloc(sizeof *a), *b = malloc(sizeof *b);
+            /* Every other sweep on one stream: check_kinds_fused needs those (submit). */
+            int layout = (dt * (int)(sizeof ops / sizeof ops[0]) + (int)o) % 2 ? L_SPREAD : L_ONE;
             run_alloc(a, &off, 0, (ccq_dtype)dt, ops[o], false);
             run_alloc(b, &on, 0, (ccq_dtype)dt, ops[o], false);
-            submit(&off, a, P_GATED, a->n, -1, false, 1);
-            submit(&on, b, P_GATED, b->n, -1, false, 1);
-            fence_all(&off, a, P_GATED, false);
-            fence_all(&on, b, P_GATED, false);
+            submit(&off, a, P_GATED, a->n, -1, layout, 1);
+            submit(&on, b, P_GATED, b->n, -1, layout, 1);
+            fence_all(&off, a, P_GATED, layout);
+            fence_all(&on, b, P_GATED, layout);
             for (size_t i = 0; i < a->n; i++)
                 for (uint32_t k = 0; k < on.cnt; k++)
                     CHECK(memcmp(a->dst[i][k], b->dst[i][k],
@@ -471,12 +492,13 @@ static void identical_ucx_pair(uint64_t big, size_t ncases)
     world_open_slot(&on, big, NULL, 30000, 1);
     for (size_t c = 0; c < sizeof cases / sizeof cases[0] && c < ncases; c++) {
         run *a = malloc(sizeof *a), *b = malloc(sizeof *b);
+        int layout = c % 2 ? L_SPREAD : L_ONE; /* as in identical() */
         run_alloc(a, &off, 0, cases[c].dt, cases[c].op, false);
         run_alloc(b, &on, 0, cases[c].dt, cases[c].op, false);
-        submit(&off, a, P_GATED, a->n, -1, false, 1);
-        submit(&on, b, P_GATED, b->n, -1, false, 1);
-        fence_all(&off, a, P_GATED, false);
-        fence_all(&on, b, P_GATED, false);
+        submit(&off, a, P_GATED, a->n, -1, layout, 1);
+        submit(&on, b, P_GATED, b->n, -1, layout, 1);
+        fence_all(&off, a, P_GATED, layout);
+        fence_all(&on, b, P_GATED, layout);
         for (size_t i = 0; i < a->n; i++)
             for (uint32_t k = 0; k < on.cnt; k++)
                 CHECK(memcmp(a->dst[i][k], b->dst[i][k], a->dcount[i][k] * ref_dtype_size(a->dt)) ==
@@ -631,8 +653,8 @@ static void mismatch(int variant, long m, size_t nops)
     world_open(&w, plan_f, NULL, 20000);
     run_alloc(r, &w, nops, CCQ_FLOAT32, CCQ_SUM, true);
     CHECK((size_t)m < r->n, "op %ld of %zu", m, r->n);
-    submit(&w, r, pattern, r->n, m, true, 5);
-    fence_all(&w, r, pattern, true);
+    submit(&w, r, pattern, r->n, m, L_PER_OP, 5);
+    fence_all(&w, r, pattern, L_PER_OP);
     CHECK(r->st[m] == CCQ_ERR_MISMATCH, "variant %d: op %ld (%s) ended with %s", variant, m,
           ccq_kind_name(r->ops[m].kind), ccq_status_name(r->st[m]));
     if (ucx_engine()) {
@@ -702,8 +724,8 @@ static void injected(void)
     uint32_t nbackend = 0, nfailed = 0;
     world_open(&w, F, "fail:op=10", 20000);
     run_alloc(r, &w, 32, CCQ_FLOAT32, CCQ_SUM, true);
-    submit(&w, r, P_GATED, r->n, -1, true, 9);
-    fence_all(&w, r, P_GATED, true);
+    submit(&w, r, P_GATED, r->n, -1, L_PER_OP, 9);
+    fence_all(&w, r, P_GATED, L_PER_OP);
     for (size_t i = 0; i < r->n; i++) {
         CHECK(r->st[i] == CCQ_OK || r->st[i] == CCQ_ERR_BACKEND || r->st[i] == CCQ_ERR_MISMATCH,
               "op %zu: %s", i, ccq_status_name(r->st[i]));
@@ -730,7 +752,7 @@ static void stopped(void)
     uint64_t t0 = now_ms();
     world_open(&w, F, NULL, 3000);
     run_alloc(r, &w, 64, CCQ_FLOAT32, CCQ_SUM, true);
-    submit(&w, r, P_GATED, stopper ? r->n / 2 : r->n, -1, true, 3);
+    submit(&w, r, P_GATED, stopper ? r->n / 2 : r->n, -1, L_PER_OP, 3);
     if (stopper) {
         for (size_t i = 0; i < r->n; i++)
             r->st[i] = i < r->n / 2 ? ccq_sync_collective(w.rt, w.first, (ccq_stream_id)i)
@@ -739,7 +761,7 @@ static void stopped(void)
             CHECK(r->st[i] == CCQ_OK, "op %zu: %s", i, ccq_status_name(r->st[i]));
     } else {
         bool timed_out = false;
-        fence_all(&w, r, P_GATED, true);
+        fence_all(&w, r, P_GATED, L_PER_OP);
         for (size_t i = 0; i < r->n; i++) {
             if (i < r->n / 2)
                 CHECK(r->st[i] == CCQ_OK, "op %zu: %s", i, ccq_status_name(r->st[i]));

@@ -450,6 +450,12 @@ static uint64_t host_poll_interval(const ccq_backend *be)
     return host_xp_poll_interval(&ccq_container_of(be, const host_be, base)->xp);
 }
 
+static bool host_calls_mpi(const ccq_backend *be)
+{
+    const ccq_host_engine *eng = ccq_container_of(be, const host_be, base)->xp.engine;
+    return eng != NULL && strcmp(eng->ops->name, "mpi") == 0;
+}
+
 void host_free_staged(void **staged, uint32_t nops)
 {
     for (uint32_t k = 0; staged != NULL && k < nops; k++)
@@ -676,6 +682,7 @@ const ccq_backend_ops ccq_host_backend_ops = {
     .device_count = host_device_count,
     .comm_root_blob = host_comm_root_blob,
     .poll_interval = host_poll_interval,
+    .calls_mpi = host_calls_mpi,
     .world_blob = host_world_blob,
     .world_ready = host_world_ready,
     .comm_test = host_comm_test,
