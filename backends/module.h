@@ -39,8 +39,9 @@ extern "C" {
  * ccq_config.fusion_bytes); 3: the UCX engine (the backends' world_blob and world_ready with
  * every process's blob, peer_failed, ccq_config.host_engine); 5: ccq_host_engine_ops.reap reads
  * the clock itself; 6: world_ready (backend and host engine) is told whether this host's
- * processes outnumber their cores; 7: ccq_backend_ops.check_deadlines. */
-#define CCQ_MODULE_ABI 7u
+ * processes outnumber their cores; 7: ccq_backend_ops.check_deadlines; 8:
+ * ccq_backend_ops.calls_mpi. */
+#define CCQ_MODULE_ABI 8u
 
 struct ccq_host_engine_ops; /* backends/host/engine.h */
 struct ccq_boot_module;     /* runtime/boot/boot_impl.h (opaque here: backends know no runtime) */
