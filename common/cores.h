@@ -67,7 +67,8 @@ bool ccq_unstack_note(ccq_unstack *u, uint64_t yield_ns, uint64_t now_ns);
 int ccq_cpu_hop(void);
 
 /* The scheduler's own core while its host's processes outnumber their cores
- * (ccq_world_crowded; runtime/sched.c; opt-in: CCQ_SCHED_PIN=1, runtime/runtime.c). Every busy
+ * (ccq_world_crowded; runtime/sched.c; by default, never where the scheduler calls MPI:
+ * CCQ_SCHED_PIN, runtime/runtime.c). Every busy
  * scheduler then takes turns on the cores with the others; left to the kernel, they move between
  * cores as the other threads of their processes wake and sleep, and the turns come unevenly: on a
  * 2-vCPU VM, 4 processes x 1 device, a chain of 8-byte all_reduces took 8-16 us per operation from

@@ -265,7 +265,8 @@ struct ccq_runtime {
     uint32_t span_batch_ops;
     /* The scheduler's own core (ccq_core_pin) where this host's processes outnumber their cores:
      * the slot of its process among those sharing its cores (ccq_world_core_slot), -1 = it
-     * never pins (CCQ_SCHED_PIN unset or 0, or 1 and not crowded). A batch with an operation of
+     * never pins (CCQ_SCHED_PIN=0; 1, the default, and not
+     * crowded; or its scheduler calls MPI). A batch with an operation of
      * pin_bytes or more (CCQ_SCHED_PIN_BYTES) unpins it until the next batch without one
      * (sched_batch.c). */
     int64_t pin_slot;
