@@ -3,6 +3,7 @@
 #include "common/cores.h"
 
 #include <limits.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <string.h>
@@ -253,18 +254,38 @@ void ccq_unstack_yield(ccq_unstack *u)
 
 _Static_assert(sizeof(cpu_set_t) <= sizeof(((ccq_core_pin *)0)->mask), "cpu_set_t fits");
 
+/* The indices of this process's live pins (bit k: claimed). 64 runtimes pinning at once is far
+ * beyond any use: past them each shares index 63's core, claiming nothing. */
+static pthread_mutex_t pin_claims_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t pin_claims;
+
+static int pin_claim(void)
+{
+    int k = 0;
+    pthread_mutex_lock(&pin_claims_lock);
+    while (k < 64 && (pin_claims >> k & 1u))
+        k++;
+    if (k < 64)
+        pin_claims |= (uint64_t)1 << k;
+    pthread_mutex_unlock(&pin_claims_lock);
+    return k < 64 ? k : -1;
+}
+
 void ccq_core_pin_init(ccq_core_pin *p, uint32_t slot)
 {
     cpu_set_t set;
-    int n;
+    int n, k;
 
     memset(p, 0, sizeof *p);
     p->cpu = -1;
+    p->claim = -1;
     if (sched_getaffinity(0, sizeof set, &set) != 0 || (n = CPU_COUNT(&set)) < 2)
         return;
     memcpy(p->mask, &set, sizeof set);
-    for (int c = 0, k = 0, want = (int)(slot % (uint32_t)n); c < CPU_SETSIZE; c++)
-        if (CPU_ISSET(c, &set) && k++ == want) {
+    p->claim = pin_claim();
+    k = p->claim >= 0 ? p->claim : 63;
+    for (int c = 0, i = 0, want = (int)((slot + (uint32_t)k) % (uint32_t)n); c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &set) && i++ == want) {
             p->cpu = c;
             return;
         }
@@ -284,4 +305,17 @@ void ccq_core_pin_set(ccq_core_pin *p, bool on)
     }
     if (sched_setaffinity(0, sizeof set, &set) == 0)
         p->pinned = on;
+    else if (on)
+        p->cpu = -1;
+}
+
+void ccq_core_pin_fini(ccq_core_pin *p)
+{
+    ccq_core_pin_set(p, false);
+    if (p->claim >= 0) {
+        pthread_mutex_lock(&pin_claims_lock);
+        pin_claims &= ~((uint64_t)1 << p->claim);
+        pthread_mutex_unlock(&pin_claims_lock);
+    }
+    p->claim = -1;
 }

@@ -78,16 +78,25 @@ int ccq_cpu_hop(void);
  * waits should take it). */
 typedef struct ccq_core_pin {
     int cpu;                 /* the core it takes; -1 = it never pins */
+    int claim;               /* its index among this process's pinning threads; -1 = none */
     bool pinned;             /* on that core alone now */
     unsigned char mask[128]; /* its affinity before (a cpu_set_t): given back to unpin */
 } ccq_core_pin;
 
-/* The slot-th core (modulo their count) of the calling thread's affinity into p->cpu and that
- * affinity into p->mask; p->cpu -1 when it may run on one core only or it cannot be read.
- * Pins nothing yet. */
+/* The (slot + k)-th core (modulo their count) of the calling thread's affinity into p->cpu and
+ * that affinity into p->mask, where k is the lowest index no other live ccq_core_pin of this
+ * process holds (claimed until ccq_core_pin_fini): slot spreads one scheduler per process over
+ * the cores the processes share (ccq_world_core_slot), k the schedulers of several runtimes in
+ * one process (runtime k of process slot i takes core i + k: each process's on distinct cores,
+ * and evenly over all where every process has as many). p->cpu -1 when the thread may run on one
+ * core only or its affinity cannot be read. Pins nothing yet. */
 void ccq_core_pin_init(ccq_core_pin *p, uint32_t slot);
 /* Pin the calling thread to p->cpu (on true) or give it p->mask back (false); nothing when it
- * already is so or p->cpu is -1. A refusal of the system leaves it as it was. */
+ * already is so or p->cpu is -1. A refusal of the system leaves it as it was; a refused pin is
+ * not tried again (p->cpu becomes -1: a cpuset changed under the process, a seccomp filter),
+ * where retrying would cost a system call at every batch. */
 void ccq_core_pin_set(ccq_core_pin *p, bool on);
+/* Unpin (as ccq_core_pin_set false) and give the claimed index back. */
+void ccq_core_pin_fini(ccq_core_pin *p);
 
 #endif /* CCQ_COMMON_CORES_H */

@@ -368,6 +368,7 @@ void *ccq_sched_main(void *arg)
 
     ccq_tls_inside |= CCQ_INSIDE_SCHED;
     S->pin.cpu = -1;
+    S->pin.claim = -1;
     if (rt->pin_slot >= 0) { /* this host's processes outnumber their cores (common/cores.h) */
         ccq_core_pin_init(&S->pin, (uint32_t)rt->pin_slot);
         ccq_core_pin_set(&S->pin, true);
@@ -488,7 +489,8 @@ void *ccq_sched_main(void *arg)
         ccq_comm_form_cancel(rt, c, "the runtime shut down before it formed");
         sched_comm_settle(rt, c, CCQ_ERR_SHUTDOWN);
     }
-    ccq_trace_fence_writes(); /* the ring is read by other threads from now on */
+    ccq_core_pin_fini(&S->pin); /* its index free for a runtime created later */
+    ccq_trace_fence_writes();   /* the ring is read by other threads from now on */
     atomic_store_explicit(&rt->sched_exited, 1, memory_order_seq_cst);
     /* A snapshot request that came too late is answered by its caller now (see trace.c). */
     ccq_signal_notify(&rt->trace.req_sig);

@@ -262,16 +262,20 @@ static void test_core_pin(void **state)
     if (!two_cpus(&a, &b)) {
         ccq_core_pin_init(&p, 0);
         assert_int_equal(p.cpu, -1);
+        ccq_core_pin_fini(&p);
         skip();
     }
     set_cpus(a, -1);
     ccq_core_pin_init(&p, 1);
     assert_int_equal(p.cpu, -1); /* one core: it never pins */
+    assert_int_equal(p.claim, -1);
     ccq_core_pin_set(&p, true);
     assert_false(p.pinned);
+    ccq_core_pin_fini(&p);
     set_cpus(a, b); /* a < b */
     for (uint32_t slot = 0; slot < 5; slot++) {
         ccq_core_pin_init(&p, slot);
+        assert_int_equal(p.claim, 0); /* the last one's given back */
         assert_int_equal(p.cpu, slot % 2 ? b : a);
         ccq_core_pin_set(&p, true);
         assert_true(p.pinned);
@@ -286,7 +290,71 @@ static void test_core_pin(void **state)
         assert_int_equal(sched_getaffinity(0, sizeof now, &now), 0);
         assert_int_equal(CPU_COUNT(&now), 2);
         assert_true(CPU_ISSET(a, &now) && CPU_ISSET(b, &now));
+        if (slot % 2)
+            ccq_core_pin_set(&p, true); /* fini unpins too */
+        ccq_core_pin_fini(&p);
+        assert_int_equal(sched_getaffinity(0, sizeof now, &now), 0);
+        assert_int_equal(CPU_COUNT(&now), 2);
     }
+    assert_int_equal(sched_setaffinity(0, sizeof all, &all), 0);
+}
+
+/* Several pins alive in one process (the schedulers of several runtimes): each claims the
+ * lowest free index and takes the core that many after its slot's, so one process's
+ * schedulers never share a core while it has as many; a freed index is taken again. */
+static void test_core_pin_claims(void **state)
+{
+    (void)state;
+    cpu_set_t all;
+    ccq_core_pin p[3], q;
+    int a, b;
+
+    assert_int_equal(sched_getaffinity(0, sizeof all, &all), 0);
+    if (!two_cpus(&a, &b))
+        skip();
+    set_cpus(a, b);
+    for (int k = 0; k < 3; k++) {
+        ccq_core_pin_init(&p[k], 1);
+        assert_int_equal(p[k].claim, k);
+        assert_int_equal(p[k].cpu, k % 2 ? a : b); /* slot 1 + k */
+    }
+    ccq_core_pin_fini(&p[1]);
+    ccq_core_pin_init(&q, 0);
+    assert_int_equal(q.claim, 1);
+    assert_int_equal(q.cpu, b);
+    ccq_core_pin_fini(&q);
+    ccq_core_pin_fini(&p[0]);
+    ccq_core_pin_fini(&p[2]);
+    ccq_core_pin_init(&q, 0);
+    assert_int_equal(q.claim, 0);
+    ccq_core_pin_fini(&q);
+    assert_int_equal(sched_setaffinity(0, sizeof all, &all), 0);
+}
+
+/* A pin the system refuses (here a core that does not exist; in use a cpuset that changed under
+ * the process) leaves the thread as it was and is not tried again at every batch. */
+static void test_core_pin_refused(void **state)
+{
+    (void)state;
+    cpu_set_t all, now;
+    ccq_core_pin p;
+    int a, b;
+
+    assert_int_equal(sched_getaffinity(0, sizeof all, &all), 0);
+    if (!two_cpus(&a, &b) || sysconf(_SC_NPROCESSORS_CONF) >= CPU_SETSIZE)
+        skip();
+    set_cpus(a, b);
+    ccq_core_pin_init(&p, 0);
+    assert_int_equal(p.cpu, a);
+    p.cpu = CPU_SETSIZE - 1; /* beyond every core the kernel has */
+    ccq_core_pin_set(&p, true);
+    assert_false(p.pinned);
+    assert_int_equal(p.cpu, -1);
+    assert_int_equal(sched_getaffinity(0, sizeof now, &now), 0);
+    assert_int_equal(CPU_COUNT(&now), 2);
+    ccq_core_pin_set(&p, true); /* given up: nothing */
+    assert_false(p.pinned);
+    ccq_core_pin_fini(&p);
     assert_int_equal(sched_setaffinity(0, sizeof all, &all), 0);
 }
 
@@ -427,6 +495,7 @@ int main(void)
         cmocka_unit_test(test_follows_affinity), cmocka_unit_test(test_hop),
         cmocka_unit_test(test_unstack_policy),   cmocka_unit_test(test_world_crowded),
         cmocka_unit_test(test_cpu_limit),        cmocka_unit_test(test_core_pin),
+        cmocka_unit_test(test_core_pin_claims),  cmocka_unit_test(test_core_pin_refused),
         cmocka_unit_test(test_world_core_slot),
     };
     return cmocka_run_group_tests_name("cores", tests, NULL, NULL);

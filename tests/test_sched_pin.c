@@ -9,7 +9,11 @@
  *     the others 400 ms later), no thread is pinned, nor after it; the next small operation
  *     pins the scheduler again;
  *   - "off" (CCQ_SCHED_PIN=0, or a scheduler that calls MPI: the MPI engine or bootstrap, even
- *     with CCQ_SCHED_PIN=2): no thread is ever pinned;
+ *     with CCQ_SCHED_PIN=2): no thread is ever pinned (built with CCQ_TEST_INIT_MPI, the program
+ *     initialises MPI itself, so the MPI engine runs under another bootstrap: the engine alone
+ *     says it calls MPI);
+ *   - "two" (a file bootstrap): two runtimes per process, their schedulers pinned to the two
+ *     CPUs apart in every process;
  *   - results exact throughout.
  * Run with tests/launch -n 3..4 and CCQ_BOOTSTRAP, or under mpiexec with CCQ_BOOTSTRAP=mpi
  * (tests/CMakeLists.txt). */
@@ -22,6 +26,10 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+#ifdef CCQ_TEST_INIT_MPI
+#include <mpi.h>
+#endif
 
 #include "ccq.h"
 
@@ -47,8 +55,9 @@ static void sleep_ms(long ms)
     nanosleep(&t, NULL);
 }
 
-/* Threads of this process whose affinity is one CPU: how many, and the last one's CPU. */
-static int pinned_threads(int *cpu)
+/* Threads of this process whose affinity is one CPU: how many, the last one's CPU, and in
+ * cpus (NULL: not wanted) the set of their CPUs below 32 (bit c: CPU c). */
+static int pinned_threads_on(int *cpu, unsigned *cpus)
 {
     DIR *d = opendir("/proc/self/task");
     struct dirent *e;
@@ -72,12 +81,19 @@ static int pinned_threads(int *cpu)
             if (strpbrk(v, ",-") == NULL) {
                 n++;
                 *cpu = atoi(v);
+                if (cpus != NULL && *cpu >= 0 && *cpu < 32)
+                    *cpus |= 1u << *cpu;
             }
         }
         fclose(f);
     }
     closedir(d);
     return n;
+}
+
+static int pinned_threads(int *cpu)
+{
+    return pinned_threads_on(cpu, NULL);
 }
 
 /* Wait up to 2 s for want pinned threads (the scheduler pins again just after the batch ended,
@@ -108,9 +124,51 @@ static void expect_sum(ccq_runtime *rt, ccq_device_id dev, const float *buf, siz
         CHECK(buf[i] == want, "element %zu: %g, expected %g", i, buf[i], want);
 }
 
+/* "two" (CCQ_BOOTSTRAP=file:DIR): two runtimes in each process, the second's world meeting in
+ * DIR/second; both crowded, so both schedulers pin, on the two CPUs apart in every process (the
+ * slot of the process, then the index each claims in it: common/cores.h). */
+static void two_runtimes(ccq_config cfg, ccq_runtime *rt, ccq_device_id dev, int a, int b)
+{
+    static char second[4200];
+    ccq_runtime *rt2 = NULL;
+    ccq_device_id dev2 = 0;
+    uint32_t cnt = 0;
+    unsigned cpus = 0;
+    int cpu = -1, n = -1;
+    float small[8];
+
+    CHECK(strncmp(cfg.bootstrap, "file:", 5) == 0 && strlen(cfg.bootstrap) < 4000,
+          "\"two\" wants CCQ_BOOTSTRAP=file:DIR, not %s", cfg.bootstrap);
+    snprintf(second, sizeof second, "%s/second", cfg.bootstrap);
+    cfg.bootstrap = second;
+    CHECK(ccq_runtime_create(&cfg, &rt2) == CCQ_OK, "the second ccq_runtime_create");
+    CHECK(ccq_local_devices(rt2, &dev2, &cnt) == CCQ_OK && cnt == 1, "local devices");
+    CHECK(ccq_comm_init(rt2, world_devs, nworld) == CCQ_OK, "the second ccq_comm_init");
+    for (int round = 0; round < 2; round++) {
+        all_reduce(rt, dev, small, 8);
+        expect_sum(rt, dev, small, 8, cfg.world_size);
+        all_reduce(rt2, dev2, small, 8);
+        expect_sum(rt2, dev2, small, 8, cfg.world_size);
+    }
+    if (b >= 0 && a < 32 && b < 32) {
+        for (int k = 0; k < 200; k++, sleep_ms(10)) {
+            cpus = 0;
+            if ((n = pinned_threads_on(&cpu, &cpus)) == 2 && cpus == (1u << a | 1u << b))
+                break;
+        }
+        CHECK(n == 2 && cpus == (1u << a | 1u << b),
+              "%d threads pinned on CPUs 0x%x, expected the two schedulers on CPUs %d and %d", n,
+              cpus, a, b);
+    }
+    CHECK(ccq_runtime_destroy(rt2) == CCQ_OK, "destroy the second");
+    n = await_pinned(1, &cpu);
+    CHECK(b < 0 || n == 1, "%d threads pinned once the second runtime ended", n);
+}
+
 int main(int argc, char **argv)
 {
     bool off = argc > 1 && strcmp(argv[1], "off") == 0;
+    bool two_rts = argc > 1 && strcmp(argv[1], "two") == 0;
     cpu_set_t all, two;
     int a = -1, b = -1, cpu = -1, n;
     ccq_config cfg;
@@ -119,6 +177,12 @@ int main(int argc, char **argv)
     uint32_t cnt = 0, wsize;
     float *small = calloc(8, sizeof *small), *big = calloc(BIG_FLOATS, sizeof *big);
 
+#ifdef CCQ_TEST_INIT_MPI /* MPI this program's own, the world met over CCQ_BOOTSTRAP */
+    int provided = 0;
+    CHECK(MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided) == MPI_SUCCESS &&
+              provided >= MPI_THREAD_SERIALIZED,
+          "MPI_Init_thread");
+#endif
     ccq_config_init(&cfg);
     wrank = cfg.world_rank;
     wsize = cfg.world_size;
@@ -145,6 +209,15 @@ int main(int argc, char **argv)
         world_devs[p] = p;
     CHECK(ccq_comm_init(rt, world_devs, nworld) == CCQ_OK, "ccq_comm_init");
 
+    if (two_rts) {
+        two_runtimes(cfg, rt, dev, a, b);
+        CHECK(ccq_runtime_destroy(rt) == CCQ_OK, "destroy");
+        printf("process %u of %u: two runtimes %s\n", wrank, wsize,
+               b < 0 ? "on one CPU: nothing to pin" : "pinned apart");
+        free(small);
+        free(big);
+        return 0;
+    }
     all_reduce(rt, dev, small, 8);
     expect_sum(rt, dev, small, 8, wsize);
     if (off) {
@@ -191,5 +264,8 @@ int main(int argc, char **argv)
                  : "pinned, unpinned, pinned");
     free(small);
     free(big);
+#ifdef CCQ_TEST_INIT_MPI
+    MPI_Finalize();
+#endif
     return 0;
 }
