@@ -367,8 +367,7 @@ void *ccq_sched_main(void *arg)
     bool handoff_yield = rt->procs_fit_cores;
 
     ccq_tls_inside |= CCQ_INSIDE_SCHED;
-    S->pin.cpu = -1;
-    S->pin.claim = -1;
+    S->pin = (ccq_core_pin){.cpu = -1, .claim = -1}; /* never pins, unless: */
     if (rt->pin_slot >= 0) { /* this host's processes outnumber their cores (common/cores.h) */
         ccq_core_pin_init(&S->pin, (uint32_t)rt->pin_slot);
         ccq_core_pin_set(&S->pin, true);

@@ -49,6 +49,17 @@ static void set_cpus(int a, int b)
     assert_int_equal(sched_setaffinity(0, sizeof s, &s), 0);
 }
 
+/* Keep this thread's affinity in *all (to give back) and confine it to its first two CPUs
+ * (*a < *b); false (nothing changed) when it has only one. */
+static bool confine_two(cpu_set_t *all, int *a, int *b)
+{
+    assert_int_equal(sched_getaffinity(0, sizeof *all, all), 0);
+    if (!two_cpus(a, b))
+        return false;
+    set_cpus(*a, *b);
+    return true;
+}
+
 /* A hop lands on another CPU and leaves the mask as it was; with one CPU it does nothing. The
  * kernel may move the thread too (between the hop and the look, under load), so most hops,
  * not all, must be seen elsewhere; a hop that moved nothing would be seen elsewhere almost
@@ -309,10 +320,8 @@ static void test_core_pin_claims(void **state)
     ccq_core_pin p[3], q;
     int a, b;
 
-    assert_int_equal(sched_getaffinity(0, sizeof all, &all), 0);
-    if (!two_cpus(&a, &b))
+    if (!confine_two(&all, &a, &b))
         skip();
-    set_cpus(a, b);
     for (int k = 0; k < 3; k++) {
         ccq_core_pin_init(&p[k], 1);
         assert_int_equal(p[k].claim, k);
@@ -340,10 +349,8 @@ static void test_core_pin_refused(void **state)
     ccq_core_pin p;
     int a, b;
 
-    assert_int_equal(sched_getaffinity(0, sizeof all, &all), 0);
-    if (!two_cpus(&a, &b) || sysconf(_SC_NPROCESSORS_CONF) >= CPU_SETSIZE)
+    if (sysconf(_SC_NPROCESSORS_CONF) >= CPU_SETSIZE || !confine_two(&all, &a, &b))
         skip();
-    set_cpus(a, b);
     ccq_core_pin_init(&p, 0);
     assert_int_equal(p.cpu, a);
     p.cpu = CPU_SETSIZE - 1; /* beyond every core the kernel has */

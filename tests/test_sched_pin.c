@@ -57,7 +57,7 @@ static void sleep_ms(long ms)
 
 /* Threads of this process whose affinity is one CPU: how many, the last one's CPU, and in
  * cpus (NULL: not wanted) the set of their CPUs below 32 (bit c: CPU c). */
-static int pinned_threads_on(int *cpu, unsigned *cpus)
+static int pinned_threads(int *cpu, unsigned *cpus)
 {
     DIR *d = opendir("/proc/self/task");
     struct dirent *e;
@@ -91,17 +91,12 @@ static int pinned_threads_on(int *cpu, unsigned *cpus)
     return n;
 }
 
-static int pinned_threads(int *cpu)
-{
-    return pinned_threads_on(cpu, NULL);
-}
-
 /* Wait up to 2 s for want pinned threads (the scheduler pins again just after the batch ended,
  * a moment after the fence returned). */
 static int await_pinned(int want, int *cpu)
 {
     int n = -1;
-    for (int k = 0; k < 200 && (n = pinned_threads(cpu)) != want; k++)
+    for (int k = 0; k < 200 && (n = pinned_threads(cpu, NULL)) != want; k++)
         sleep_ms(10);
     return n;
 }
@@ -153,7 +148,7 @@ static void two_runtimes(ccq_config cfg, ccq_runtime *rt, ccq_device_id dev, int
     if (b >= 0 && a < 32 && b < 32) {
         for (int k = 0; k < 200; k++, sleep_ms(10)) {
             cpus = 0;
-            if ((n = pinned_threads_on(&cpu, &cpus)) == 2 && cpus == (1u << a | 1u << b))
+            if ((n = pinned_threads(&cpu, &cpus)) == 2 && cpus == (1u << a | 1u << b))
                 break;
         }
         CHECK(n == 2 && cpus == (1u << a | 1u << b),
@@ -221,7 +216,7 @@ int main(int argc, char **argv)
     all_reduce(rt, dev, small, 8);
     expect_sum(rt, dev, small, 8, wsize);
     if (off) {
-        n = pinned_threads(&cpu);
+        n = pinned_threads(&cpu, NULL);
         CHECK(n == 0 || b < 0, "%d threads pinned with CCQ_SCHED_PIN=0 or MPI in use", n);
     } else if (b >= 0) { /* (one CPU: nothing to pin to) */
         int want = wrank % 2 ? b : a;
@@ -238,13 +233,13 @@ int main(int argc, char **argv)
     all_reduce(rt, dev, big, BIG_FLOATS);
     if (wrank == 0 && b >= 0) {
         sleep_ms(150);
-        n = pinned_threads(&cpu);
+        n = pinned_threads(&cpu, NULL);
         CHECK(n == 0, "%d threads pinned (the last on CPU %d) while a 1 MiB all_reduce runs", n,
               cpu);
     }
     expect_sum(rt, dev, big, BIG_FLOATS, wsize);
     if (wrank == 0 && b >= 0) { /* a chain of large operations stays unpinned */
-        n = pinned_threads(&cpu);
+        n = pinned_threads(&cpu, NULL);
         CHECK(n == 0, "%d threads pinned (the last on CPU %d) after a 1 MiB all_reduce", n, cpu);
     }
     /* The next small operation pins again. */
