@@ -179,15 +179,24 @@ uint32_t ccq_cpu_limit(char *where, size_t len)
     return ccq_cpu_limit_at("/proc/self/cgroup", "/sys/fs/cgroup", where, len);
 }
 
-uint32_t ccq_first_usable_core(void)
+uint32_t ccq_usable_cpu_set(uint8_t set[CCQ_CPU_SET_BYTES])
 {
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) != 0)
-        return 0;
-    for (uint32_t c = 0; c < CPU_SETSIZE; c++)
-        if (CPU_ISSET(c, &set))
-            return c;
-    return 0;
+    cpu_set_t cpus;
+    uint32_t n = 0;
+
+    memset(set, 0, CCQ_CPU_SET_BYTES);
+    if (sched_getaffinity(0, sizeof cpus, &cpus) != 0) {
+        long online = sysconf(_SC_NPROCESSORS_ONLN);
+        CPU_ZERO(&cpus);
+        for (long c = 0; c < (online > 0 ? online : 1) && c < CPU_SETSIZE; c++)
+            CPU_SET((int)c, &cpus);
+    }
+    for (uint32_t c = 0; c < CCQ_CPU_SET_BYTES * 8u && c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &cpus)) {
+            set[c / 8] |= (uint8_t)(1u << c % 8);
+            n++;
+        }
+    return n;
 }
 
 int ccq_cpu_hop(void)
@@ -271,10 +280,10 @@ static int pin_claim(void)
     return k < 64 ? k : -1;
 }
 
-void ccq_core_pin_init(ccq_core_pin *p, uint32_t slot)
+void ccq_core_pin_init(ccq_core_pin *p, int home)
 {
     cpu_set_t set;
-    int n, k;
+    int n, k, at = 0;
 
     memset(p, 0, sizeof *p);
     p->cpu = -1;
@@ -284,7 +293,10 @@ void ccq_core_pin_init(ccq_core_pin *p, uint32_t slot)
     memcpy(p->mask, &set, sizeof set);
     p->claim = pin_claim();
     k = p->claim >= 0 ? p->claim : 63;
-    for (int c = 0, i = 0, want = (int)((slot + (uint32_t)k) % (uint32_t)n); c < CPU_SETSIZE; c++)
+    if (home >= 0 && home < CPU_SETSIZE && CPU_ISSET(home, &set))
+        for (int c = 0; c < home; c++)
+            at += CPU_ISSET(c, &set) ? 1 : 0;
+    for (int c = 0, i = 0, want = (at + k) % n; c < CPU_SETSIZE; c++)
         if (CPU_ISSET(c, &set) && i++ == want) {
             p->cpu = c;
             return;
@@ -303,10 +315,14 @@ void ccq_core_pin_set(ccq_core_pin *p, bool on)
     } else {
         memcpy(&set, p->mask, sizeof set);
     }
-    if (sched_setaffinity(0, sizeof set, &set) == 0)
+    if (sched_setaffinity(0, sizeof set, &set) == 0) {
         p->pinned = on;
-    else if (on)
+    } else {
+        /* Given up either way: a pin left the thread as it was; an unpin leaves it on its
+         * core (not pinned as far as ccq goes: nothing tries again). */
         p->cpu = -1;
+        p->pinned = false;
+    }
 }
 
 void ccq_core_pin_fini(ccq_core_pin *p)

@@ -35,9 +35,12 @@ uint32_t ccq_cpu_limit(char *where, size_t len);
 uint32_t ccq_worker_cores(void);
 /* The same from proc_cgroup (the file /proc/self/cgroup) and the cgroup mount root (tests). */
 uint32_t ccq_cpu_limit_at(const char *proc_cgroup, const char *root, char *where, size_t len);
-/* The lowest-numbered of them (0 when the affinity cannot be read). With ccq_usable_cores it
- * tells the processes of one host apart by where they run (ccq_world_crowded). */
-uint32_t ccq_first_usable_core(void);
+/* The cores of ccq_usable_cores as a set: core c is bit c % 8 of set[c / 8] (cores from
+ * CCQ_CPU_SET_BYTES * 8 on are left out), every online core when the affinity cannot be read;
+ * returns how many it holds. With the other processes' sets it tells the processes of one host
+ * apart by where they run, overlaps included (ccq_world_crowded, ccq_world_home_core). */
+#define CCQ_CPU_SET_BYTES 128 /* cores 0-1023, as glibc's cpu_set_t */
+uint32_t ccq_usable_cpu_set(uint8_t set[CCQ_CPU_SET_BYTES]);
 
 typedef struct ccq_unstack {
     bool enabled;
@@ -83,18 +86,20 @@ typedef struct ccq_core_pin {
     unsigned char mask[128]; /* its affinity before (a cpu_set_t): given back to unpin */
 } ccq_core_pin;
 
-/* The (slot + k)-th core (modulo their count) of the calling thread's affinity into p->cpu and
- * that affinity into p->mask, where k is the lowest index no other live ccq_core_pin of this
- * process holds (claimed until ccq_core_pin_fini): slot spreads one scheduler per process over
- * the cores the processes share (ccq_world_core_slot), k the schedulers of several runtimes in
- * one process (runtime k of process slot i takes core i + k: each process's on distinct cores,
- * and evenly over all where every process has as many). p->cpu -1 when the thread may run on one
- * core only or its affinity cannot be read. Pins nothing yet. */
-void ccq_core_pin_init(ccq_core_pin *p, uint32_t slot);
+/* The k-th core after home (modulo their count) among the calling thread's cores into p->cpu,
+ * and that affinity into p->mask, where k is the lowest index no other live ccq_core_pin of this
+ * process holds (claimed until ccq_core_pin_fini): home spreads one scheduler per process over
+ * the cores the host's processes may run on (ccq_world_home_core), k the schedulers of several
+ * runtimes in one process (runtime k of a process whose home is its i-th core takes its core
+ * i + k: each process's on distinct cores, and evenly over all where every process has as many).
+ * A home that is not among the thread's cores (or -1) counts from its first. p->cpu -1 when the
+ * thread may run on one core only or its affinity cannot be read. Pins nothing yet. */
+void ccq_core_pin_init(ccq_core_pin *p, int home);
 /* Pin the calling thread to p->cpu (on true) or give it p->mask back (false); nothing when it
  * already is so or p->cpu is -1. A refusal of the system leaves it as it was; a refused pin is
  * not tried again (p->cpu becomes -1: a cpuset changed under the process, a seccomp filter),
- * where retrying would cost a system call at every batch. */
+ * where retrying would cost a system call at every batch; nor is a refused unpin (the thread
+ * stays on its core, as the system left it). */
 void ccq_core_pin_set(ccq_core_pin *p, bool on);
 /* Unpin (as ccq_core_pin_set false) and give the claimed index back. */
 void ccq_core_pin_fini(ccq_core_pin *p);

@@ -263,13 +263,14 @@ struct ccq_runtime {
      * CCQ_SPAN_BATCH_OPS: the group_limit of communicators spanning processes on a backend
      * whose span_group_limit is 0. */
     uint32_t span_batch_ops;
-    /* The scheduler's own core (ccq_core_pin) where this host's processes outnumber their cores:
-     * the slot of its process among those sharing its cores (ccq_world_core_slot), -1 = it
-     * never pins (CCQ_SCHED_PIN=0; 1, the default, and not
-     * crowded; or its scheduler calls MPI). A batch with an operation of
-     * pin_bytes or more (CCQ_SCHED_PIN_BYTES) unpins it until the next batch without one
+    /* Whether the scheduler takes a core of its own (ccq_core_pin): where this host's
+     * processes outnumber their cores (CCQ_SCHED_PIN=1, the default), always (2), never (0),
+     * and never where its scheduler calls MPI; pin_home is its process's core among the
+     * host's (ccq_world_home_core; -1: its first). A batch with an operation of pin_bytes or
+     * more (CCQ_SCHED_PIN_BYTES) unpins it until the next batch without one
      * (sched_batch.c). */
-    int64_t pin_slot;
+    bool pin;
+    int pin_home;
     uint64_t pin_bytes;
 #define CCQ_SCHED_PIN_BYTES_DEFAULT (1ull << 20)
     ccq_fault_plan fault; /* fault injection (cfg.fault); the runtime applies `drop` */

@@ -481,10 +481,13 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
         bool calls_mpi =
             (rt->be_ops->calls_mpi != NULL && rt->be_ops->calls_mpi(rt->be)) ||
             (rt->world.boot != NULL && strcmp(ccq_boot_name(rt->world.boot), "mpi") == 0);
-        rt->pin_slot = -1;
+        rt->pin = false;
+        rt->pin_home = -1;
         if (rt->world.size > 1 && rt->world.procs != NULL && !calls_mpi &&
-            (pin == 2 || (pin == 1 && rt->world.crowded)))
-            rt->pin_slot = ccq_world_core_slot(rt->world.procs, rt->world.size, rt->world.rank);
+            (pin == 2 || (pin == 1 && rt->world.crowded))) {
+            rt->pin = true;
+            rt->pin_home = ccq_world_home_core(rt->world.procs, rt->world.size, rt->world.rank);
+        }
         rt->pin_bytes = ccq_env_u64("CCQ_SCHED_PIN_BYTES", 1, UINT64_MAX, &v) == 1
                             ? v
                             : CCQ_SCHED_PIN_BYTES_DEFAULT;

@@ -368,8 +368,8 @@ void *ccq_sched_main(void *arg)
 
     ccq_tls_inside |= CCQ_INSIDE_SCHED;
     S->pin = (ccq_core_pin){.cpu = -1, .claim = -1}; /* never pins, unless: */
-    if (rt->pin_slot >= 0) { /* this host's processes outnumber their cores (common/cores.h) */
-        ccq_core_pin_init(&S->pin, (uint32_t)rt->pin_slot);
+    if (rt->pin) { /* this host's processes outnumber their cores (common/cores.h) */
+        ccq_core_pin_init(&S->pin, rt->pin_home);
         ccq_core_pin_set(&S->pin, true);
     }
     S->boot_poll_min_ns = CCQ_FORM_POLL_NS;

@@ -25,7 +25,7 @@ typedef struct ccq_sched {
     ccq_batch *batch_free;
     ccq_batch *inflight; /* batches issued and not returned (next links) */
     uint32_t ninflight;
-    ccq_core_pin pin;      /* this thread's own core while crowded (rt->pin_slot) */
+    ccq_core_pin pin;      /* this thread's own core while crowded (rt->pin, rt->pin_home) */
     uint32_t big_inflight; /* batches in flight with an operation of pin_bytes or more */
     bool ended_pass;       /* commands ended since the scheduler last went idle (ccq_sched_main) */
     ccq_be_batch *done;    /* completions polled but not processed yet */

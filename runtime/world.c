@@ -38,51 +38,157 @@ uint32_t ccq_world_owner(const ccq_world *w, ccq_device_id d)
     return lo;
 }
 
-/* (first_core, cores) of one process, to find the distinct ones. */
-typedef struct core_span {
-    uint32_t first, count;
-} core_span;
+/* ---- The host's cores: who may run where ------------------------------------------------ */
 
-static int span_cmp(const void *a, const void *b)
+#define HOST_CPUS (CCQ_CPU_SET_BYTES * 8u)
+
+static bool has_cpu(const ccq_world_proc *p, uint32_t c)
 {
-    const core_span *x = a, *y = b;
-    if (x->first != y->first)
-        return x->first < y->first ? -1 : 1;
-    return x->count < y->count ? -1 : x->count > y->count;
+    return p->cpus[c / 8] >> (c % 8) & 1u;
+}
+
+/* Core c of p's set, an empty set (unknown) being core 0 alone. */
+static bool may_run(const ccq_world_proc *p, uint32_t c, bool empty)
+{
+    return empty ? c == 0 : has_cpu(p, c);
+}
+
+static bool set_empty(const ccq_world_proc *p)
+{
+    for (uint32_t b = 0; b < CCQ_CPU_SET_BYTES; b++)
+        if (p->cpus[b] != 0)
+            return false;
+    return true;
+}
+
+/* The processes of process me's machine (kernel_id; all when unknown): their indices into
+ * local (n of them at most), how many. */
+static uint32_t host_procs(const ccq_world_proc *procs, uint32_t n, uint32_t me, uint32_t *local)
+{
+    uint64_t machine = procs[me].kernel_id;
+    uint32_t nlocal = 0;
+    for (uint32_t p = 0; p < n; p++)
+        if (machine == 0 || procs[p].kernel_id == machine)
+            local[nlocal++] = p;
+    return nlocal;
+}
+
+/* Kuhn's augmenting path for process i (an index into local): a free core of its set, or one
+ * whose process can move to another. owner[c]: the local index holding core c, or -1. */
+typedef struct matching {
+    const ccq_world_proc *procs;
+    const uint32_t *local;
+    const bool *empty;
+    int32_t owner[HOST_CPUS];
+    uint8_t seen[CCQ_CPU_SET_BYTES];
+} matching;
+
+static bool augment(matching *m, uint32_t i)
+{
+    const ccq_world_proc *p = &m->procs[m->local[i]];
+    for (uint32_t c = 0; c < HOST_CPUS; c++) {
+        if (!may_run(p, c, m->empty[i]) || (m->seen[c / 8] >> (c % 8) & 1u))
+            continue;
+        m->seen[c / 8] |= (uint8_t)(1u << c % 8);
+        if (m->owner[c] < 0 || augment(m, (uint32_t)m->owner[c])) {
+            m->owner[c] = (int32_t)i;
+            return true;
+        }
+    }
+    return false;
 }
 
 bool ccq_world_crowded(const ccq_world_proc *procs, uint32_t n, uint32_t me, uint32_t host_cpus)
 {
-    uint64_t machine = procs[me].kernel_id, together = 0;
-    uint32_t nlocal = 0;
-    core_span *spans = malloc((size_t)n * sizeof *spans);
+    uint32_t *local = malloc((size_t)n * sizeof *local), nlocal, together = 0;
+    bool *empty = malloc((size_t)n * sizeof *empty), crowded = false;
+    uint8_t any[CCQ_CPU_SET_BYTES] = {0};
+    matching *m = malloc(sizeof *m);
 
-    if (spans == NULL) /* as a process alone would judge it */
-        return n > (procs[me].cores ? procs[me].cores : 1u);
-    for (uint32_t p = 0; p < n; p++)
-        if (machine == 0 || procs[p].kernel_id == machine)
-            spans[nlocal++] =
-                (core_span){procs[p].first_core, procs[p].cores ? procs[p].cores : 1u};
-    qsort(spans, nlocal, sizeof *spans, span_cmp);
-    for (uint32_t i = 0; i < nlocal; i++)
-        if (i == 0 || span_cmp(&spans[i], &spans[i - 1]) != 0)
-            together += spans[i].count;
-    free(spans);
+    if (local == NULL || empty == NULL || m == NULL) { /* as a process alone would judge it */
+        crowded = n > (procs[me].cores ? procs[me].cores : 1u);
+        goto out;
+    }
+    nlocal = host_procs(procs, n, me, local);
+    for (uint32_t i = 0; i < nlocal; i++) {
+        empty[i] = set_empty(&procs[local[i]]);
+        any[0] |= empty[i] ? 1u : 0u;
+        for (uint32_t b = 0; b < CCQ_CPU_SET_BYTES; b++)
+            any[b] |= procs[local[i]].cpus[b];
+    }
+    for (uint32_t c = 0; c < HOST_CPUS; c++)
+        together += any[c / 8] >> (c % 8) & 1u;
     if (host_cpus > 0 && together > host_cpus)
         together = host_cpus;
-    return nlocal > together;
+    /* Fewer cores than processes: crowded without looking further (many processes, few
+     * cores: the matching's cost is then never paid). */
+    crowded = nlocal > together;
+    if (!crowded) {
+        m->procs = procs;
+        m->local = local;
+        m->empty = empty;
+        for (uint32_t c = 0; c < HOST_CPUS; c++)
+            m->owner[c] = -1;
+        for (uint32_t i = 0; i < nlocal && !crowded; i++) {
+            memset(m->seen, 0, sizeof m->seen);
+            crowded = !augment(m, i);
+        }
+    }
+out:
+    free(local);
+    free(empty);
+    free(m);
+    return crowded;
 }
 
-uint32_t ccq_world_core_slot(const ccq_world_proc *procs, uint32_t n, uint32_t me)
-{
-    const ccq_world_proc *m = &procs[me];
-    uint32_t slot = 0;
+/* A process of the host in the order ccq_world_home_core serves them: the most confined first
+ * (fewer cores), then the lower world rank. */
+typedef struct confined {
+    uint32_t cores, p;
+} confined;
 
-    for (uint32_t p = 0; p < me && p < n; p++)
-        if (procs[p].kernel_id == m->kernel_id && procs[p].first_core == m->first_core &&
-            procs[p].cores == m->cores)
-            slot++;
-    return slot;
+static int confined_first(const void *a, const void *b)
+{
+    const confined *x = a, *y = b;
+    if (x->cores != y->cores)
+        return x->cores < y->cores ? -1 : 1;
+    return x->p < y->p ? -1 : x->p > y->p; /* total: qsort need not be stable */
+}
+
+int ccq_world_home_core(const ccq_world_proc *procs, uint32_t n, uint32_t me)
+{
+    uint32_t *local = malloc((size_t)n * sizeof *local), *taken = calloc(HOST_CPUS, sizeof *taken);
+    confined *order = malloc((size_t)n * sizeof *order);
+    uint32_t nlocal;
+    int home = -1;
+
+    if (local == NULL || taken == NULL || order == NULL) { /* its first core */
+        for (uint32_t c = 0; c < HOST_CPUS && home < 0; c++)
+            home = has_cpu(&procs[me], c) ? (int)c : -1;
+        goto out;
+    }
+    nlocal = host_procs(procs, n, me, local);
+    for (uint32_t i = 0; i < nlocal; i++)
+        order[i] = (confined){procs[local[i]].cores, local[i]};
+    qsort(order, nlocal, sizeof *order, confined_first);
+    for (uint32_t i = 0; i < nlocal; i++) {
+        const ccq_world_proc *p = &procs[order[i].p];
+        int best = -1;
+        for (uint32_t c = 0; c < HOST_CPUS; c++)
+            if (has_cpu(p, c) && (best < 0 || taken[c] < taken[best]))
+                best = (int)c;
+        if (best >= 0)
+            taken[best]++;
+        if (order[i].p == me) {
+            home = best;
+            break;
+        }
+    }
+out:
+    free(local);
+    free(taken);
+    free(order);
+    return home;
 }
 
 static ccq_status world_of_one(ccq_world *w, uint32_t local_devices)
@@ -203,8 +309,7 @@ ccq_status ccq_world_setup(ccq_world *w, const ccq_config *cfg, const char *back
     snprintf(mine.backend, sizeof mine.backend, "%s", backend);
     mine.blob_len = (uint32_t)blob_len;
     ccq_health_identity(&mine.proc);
-    mine.proc.cores = ccq_usable_cores();
-    mine.proc.first_core = ccq_first_usable_core();
+    mine.proc.cores = ccq_usable_cpu_set(mine.proc.cpus);
     all = calloc(w->size, sizeof *all);
     members = malloc(w->size * sizeof *members);
     w->first = malloc((w->size + 1) * sizeof *w->first);

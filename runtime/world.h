@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "ccq.h"
+#include "common/cores.h"
 
 struct ccq_boot;
 
@@ -15,14 +16,14 @@ struct ccq_boot;
  * this host through it from the start (runtime/health/oswatch.c). */
 typedef struct ccq_world_proc {
     uint32_t pid;
-    uint32_t cores;      /* how many cores it may run on (its affinity: ccq_usable_cores)... */
+    uint32_t cores;      /* how many cores it may run on (its affinity: ccq_usable_cores) */
     uint64_t host_id;    /* boot id, host name and pid namespace; 0 = unknown */
     uint64_t start_time; /* clock ticks since boot */
-    uint32_t first_core; /* ...and the lowest of them (ccq_world_crowded) */
-    uint32_t reserved;
     /* The kernel it runs under (its boot id alone): the machine whose cores it shares, with
      * the processes of other containers on it too (ccq_world_crowded); 0 = unknown. */
     uint64_t kernel_id;
+    /* Which cores (ccq_usable_cpu_set): ccq_world_crowded, ccq_world_home_core. */
+    uint8_t cpus[CCQ_CPU_SET_BYTES];
 } ccq_world_proc;
 
 typedef struct ccq_world {
@@ -53,20 +54,24 @@ void ccq_world_drop_blobs(ccq_world *w);
 void ccq_world_fini(ccq_world *w);
 
 /* Whether the processes of process me's machine (those with its kernel_id, whatever their
- * container; every process when it is 0, unknown) outnumber the cores they may run on
- * together, host_cpus at most (this machine's online count). The cores together are counted from
- * what each process said: processes that start at the same core with as many cores are taken to
- * share them (one affinity, or none: every process may use every core), others to have their own (a
- * launcher's binding, one core or one socket each). A process sees only its own affinity; this is
- * the host's view the world's exchange gives everyone alike. procs[p].cores 0 (unknown) counts
- * as 1. */
+ * container; every process when it is 0, unknown) outnumber the cores they may run on: whether
+ * they cannot each have a core of its own among those of its affinity (procs[p].cpus), a
+ * maximum matching of processes to cores (host_cpus at most, this machine's online count; 0 =
+ * unknown). Processes with one affinity (or none: every process may use every core) share its
+ * cores, processes bound apart (a launcher's binding, one core or one socket each) have their
+ * own, and overlapping affinities count as they overlap: cores 0-3, core 1 and core 1 again are
+ * crowded (the last two share core 1), though they span four cores. A process sees only its own
+ * affinity; this is the host's view the world's exchange gives everyone alike. An empty set
+ * (unknown) counts as core 0. */
 bool ccq_world_crowded(const ccq_world_proc *procs, uint32_t n, uint32_t me, uint32_t host_cpus);
 
-/* Which of the processes that share process me's cores it is: how many processes before it
- * in the world run on its machine (kernel_id, as ccq_world_crowded) with the same cores as it
- * (first_core and cores). Those processes each pin their scheduler to the slot-th of their
- * cores while crowded (ccq_core_pin), so that the schedulers spread evenly over the cores. */
-uint32_t ccq_world_core_slot(const ccq_world_proc *procs, uint32_t n, uint32_t me);
+/* The core process me's scheduler pins itself to while crowded (ccq_core_pin): the processes of
+ * its machine (as ccq_world_crowded) take the cores of their affinities in turn, the most
+ * confined first (fewest cores, then world rank), each the core of its set that the fewest
+ * processes took before it (the lowest of those): processes with one affinity take its cores by
+ * world rank, one after another, and a process bound to one core leaves that core to the ones
+ * that may go elsewhere. -1 when its set is empty. */
+int ccq_world_home_core(const ccq_world_proc *procs, uint32_t n, uint32_t me);
 
 /* The process that owns global device d (d < first[size]). O(log size). */
 uint32_t ccq_world_owner(const ccq_world *w, ccq_device_id d);

@@ -164,6 +164,19 @@ static uint32_t affinity_or_limit(const cpu_set_t *set)
     return limit > 0 && limit < n ? limit : n;
 }
 
+/* ccq_usable_cpu_set holds exactly the cores of set (below its 1024) and counts them. */
+static bool same_set(const cpu_set_t *set)
+{
+    uint8_t bits[CCQ_CPU_SET_BYTES];
+    uint32_t n = ccq_usable_cpu_set(bits), count = 0;
+    for (uint32_t c = 0; c < CCQ_CPU_SET_BYTES * 8u && c < CPU_SETSIZE; c++) {
+        if (((bits[c / 8] >> (c % 8)) & 1u) != (CPU_ISSET(c, set) ? 1u : 0u))
+            return false;
+        count += CPU_ISSET(c, set) ? 1u : 0u;
+    }
+    return n == count;
+}
+
 static void test_follows_affinity(void **state)
 {
     (void)state;
@@ -179,16 +192,18 @@ static void test_follows_affinity(void **state)
     assert_true(first >= 0);
     CPU_ZERO(&one);
     CPU_SET(first, &one);
-    assert_int_equal(ccq_first_usable_core(), (uint32_t)first);
+    assert_true(same_set(&all));
     assert_int_equal(sched_setaffinity(0, sizeof one, &one), 0);
     assert_int_equal(ccq_usable_cores(), 1);
     assert_int_equal(ccq_worker_cores(), 1);
-    assert_int_equal(ccq_first_usable_core(), (uint32_t)first);
+    assert_true(same_set(&one));
     {
         int a, b;
         if (sched_setaffinity(0, sizeof all, &all) == 0 && two_cpus(&a, &b)) {
-            set_cpus(b, -1); /* the lowest follows the mask */
-            assert_int_equal(ccq_first_usable_core(), (uint32_t)b);
+            set_cpus(b, -1); /* the set follows the mask */
+            CPU_ZERO(&one);
+            CPU_SET(b, &one);
+            assert_true(same_set(&one));
         }
     }
     assert_int_equal(sched_setaffinity(0, sizeof all, &all), 0);
@@ -202,12 +217,22 @@ static void test_follows_affinity(void **state)
 static ccq_world_proc proc(uint64_t k, uint32_t first, uint32_t count)
 {
     static uint64_t container;
-    return (ccq_world_proc){.pid = 1,
-                            .host_id = ++container,
-                            .kernel_id = k,
-                            .start_time = 1,
-                            .cores = count,
-                            .first_core = first};
+    ccq_world_proc p = {.pid = 1, .host_id = ++container, .kernel_id = k, .start_time = 1};
+    p.cores = count;
+    for (uint32_t c = first; c < first + count; c++)
+        p.cpus[c / 8] |= (uint8_t)(1u << c % 8);
+    return p;
+}
+
+/* proc on cores a and b (b < 0: a alone). */
+static ccq_world_proc proc2(uint64_t k, int a, int b)
+{
+    ccq_world_proc p = proc(k, (uint32_t)a, 1);
+    if (b >= 0) {
+        p.cpus[b / 8] |= (uint8_t)(1u << b % 8);
+        p.cores = 2;
+    }
+    return p;
 }
 
 /* The host's view: the processes of this machine only, in whatever container (others and
@@ -254,10 +279,33 @@ static void test_world_crowded(void **state)
         w[p] = proc(p < 2 ? 0 : 3, 0, 2);
     assert_true(ccq_world_crowded(w, 4, 0, 2));
     assert_false(ccq_world_crowded(w, 4, 2, 2));
-    /* A count unknown (0) counts as one core. */
+    /* A set unknown (empty) counts as core 0. */
     w[0] = proc(7, 0, 0);
     w[1] = proc(7, 0, 0);
     assert_true(ccq_world_crowded(w, 2, 0, 8));
+    w[1] = proc(7, 1, 1);
+    assert_false(ccq_world_crowded(w, 2, 0, 8));
+    /* Overlapping sets count as they overlap: cores 0-3, core 1 and core 1 again span four
+     * cores, but the last two share one (before, judged by first core and count: apart). */
+    w[0] = proc(7, 0, 4);
+    w[1] = proc(7, 1, 1);
+    w[2] = proc(7, 1, 1);
+    assert_true(ccq_world_crowded(w, 3, 0, 4));
+    w[2] = proc(7, 2, 1);
+    assert_false(ccq_world_crowded(w, 3, 0, 4));
+    /* A fit that needs a process moved: cores {0, 1} takes core 0 first, core {0} needs it. */
+    w[0] = proc2(7, 0, 1);
+    w[1] = proc2(7, 0, -1);
+    assert_false(ccq_world_crowded(w, 2, 1, 2));
+    w[2] = proc2(7, 1, -1);
+    assert_true(ccq_world_crowded(w, 3, 1, 4));
+    /* Apart by the set, not by first core and count: {0, 2} and {0, 1}... */
+    w[0] = proc2(7, 0, 2);
+    w[1] = proc2(7, 0, 1);
+    w[2] = proc2(7, 0, 1);
+    assert_false(ccq_world_crowded(w, 3, 0, 4));
+    w[0] = proc2(7, 0, 1); /* ...and three on {0, 1} */
+    assert_true(ccq_world_crowded(w, 3, 0, 4));
 }
 
 /* The scheduler's own core (ccq_core_pin): the slot-th of the thread's cores, modulo their
@@ -285,9 +333,12 @@ static void test_core_pin(void **state)
     ccq_core_pin_fini(&p);
     set_cpus(a, b); /* a < b */
     for (uint32_t slot = 0; slot < 5; slot++) {
-        ccq_core_pin_init(&p, slot);
+        /* Home a, b, then none (-1), a core beyond every one (both count from the first: a),
+         * a again. */
+        int home = slot == 2 ? -1 : slot == 3 ? CPU_SETSIZE + 5 : slot % 2 ? b : a;
+        ccq_core_pin_init(&p, home);
         assert_int_equal(p.claim, 0); /* the last one's given back */
-        assert_int_equal(p.cpu, slot % 2 ? b : a);
+        assert_int_equal(p.cpu, home == b ? b : a);
         ccq_core_pin_set(&p, true);
         assert_true(p.pinned);
         assert_int_equal(sched_getaffinity(0, sizeof now, &now), 0);
@@ -311,7 +362,7 @@ static void test_core_pin(void **state)
 }
 
 /* Several pins alive in one process (the schedulers of several runtimes): each claims the
- * lowest free index and takes the core that many after its slot's, so one process's
+ * lowest free index and takes the core that many after its home, so one process's
  * schedulers never share a core while it has as many; a freed index is taken again. */
 static void test_core_pin_claims(void **state)
 {
@@ -323,25 +374,26 @@ static void test_core_pin_claims(void **state)
     if (!confine_two(&all, &a, &b))
         skip();
     for (int k = 0; k < 3; k++) {
-        ccq_core_pin_init(&p[k], 1);
+        ccq_core_pin_init(&p[k], b);
         assert_int_equal(p[k].claim, k);
-        assert_int_equal(p[k].cpu, k % 2 ? a : b); /* slot 1 + k */
+        assert_int_equal(p[k].cpu, k % 2 ? a : b); /* k after b */
     }
     ccq_core_pin_fini(&p[1]);
-    ccq_core_pin_init(&q, 0);
+    ccq_core_pin_init(&q, a);
     assert_int_equal(q.claim, 1);
     assert_int_equal(q.cpu, b);
     ccq_core_pin_fini(&q);
     ccq_core_pin_fini(&p[0]);
     ccq_core_pin_fini(&p[2]);
-    ccq_core_pin_init(&q, 0);
+    ccq_core_pin_init(&q, a);
     assert_int_equal(q.claim, 0);
     ccq_core_pin_fini(&q);
     assert_int_equal(sched_setaffinity(0, sizeof all, &all), 0);
 }
 
 /* A pin the system refuses (here a core that does not exist; in use a cpuset that changed under
- * the process) leaves the thread as it was and is not tried again at every batch. */
+ * the process) leaves the thread as it was and is not tried again at every batch; nor is an
+ * unpin it refuses. */
 static void test_core_pin_refused(void **state)
 {
     (void)state;
@@ -351,7 +403,7 @@ static void test_core_pin_refused(void **state)
 
     if (sysconf(_SC_NPROCESSORS_CONF) >= CPU_SETSIZE || !confine_two(&all, &a, &b))
         skip();
-    ccq_core_pin_init(&p, 0);
+    ccq_core_pin_init(&p, a);
     assert_int_equal(p.cpu, a);
     p.cpu = CPU_SETSIZE - 1; /* beyond every core the kernel has */
     ccq_core_pin_set(&p, true);
@@ -362,30 +414,65 @@ static void test_core_pin_refused(void **state)
     ccq_core_pin_set(&p, true); /* given up: nothing */
     assert_false(p.pinned);
     ccq_core_pin_fini(&p);
+    /* An unpin refused (here a mask of no core) leaves the thread on its core, given up too:
+     * before, every batch made the failing call again. */
+    ccq_core_pin_init(&p, b);
+    ccq_core_pin_set(&p, true);
+    assert_true(p.pinned);
+    memset(p.mask, 0, sizeof p.mask);
+    ccq_core_pin_set(&p, false);
+    assert_false(p.pinned);
+    assert_int_equal(p.cpu, -1);
+    assert_int_equal(sched_getaffinity(0, sizeof now, &now), 0);
+    assert_int_equal(CPU_COUNT(&now), 1);
+    assert_true(CPU_ISSET(b, &now));
+    ccq_core_pin_set(&p, true); /* nothing either way */
+    ccq_core_pin_set(&p, false);
+    assert_int_equal(sched_getaffinity(0, sizeof now, &now), 0);
+    assert_int_equal(CPU_COUNT(&now), 1);
+    ccq_core_pin_fini(&p);
     assert_int_equal(sched_setaffinity(0, sizeof all, &all), 0);
 }
 
-/* Which of the processes sharing its cores a process is: counted among the earlier processes
- * of its machine with the same cores only. */
-static void test_world_core_slot(void **state)
+/* The core each process of a host pins its scheduler to: the most confined first, each the
+ * core of its set the fewest took before it; machines apart. */
+static void test_world_home_core(void **state)
 {
     (void)state;
     ccq_world_proc w[8];
+    static const int twos[] = {0, 1, 0, 1}, sockets[] = {0, 2, 1, 3, 0, 2};
+    static const int bound[] = {0, 0, 1, 1}, one_bound[] = {2, 0, 1, 3};
 
-    for (int p = 0; p < 4; p++) /* 4 unbound processes of one machine: 0 1 2 3 */
+    for (int p = 0; p < 4; p++) /* 4 unbound processes of one machine of 2 cores */
         w[p] = proc(7, 0, 2);
     for (uint32_t me = 0; me < 4; me++)
-        assert_int_equal(ccq_world_core_slot(w, 4, me), me);
+        assert_int_equal(ccq_world_home_core(w, 4, me), twos[me]);
     /* Two machines alternating: each counts its own. */
     for (int p = 0; p < 8; p++)
         w[p] = proc(p % 2 ? 9 : 7, 0, 4);
     for (uint32_t me = 0; me < 8; me++)
-        assert_int_equal(ccq_world_core_slot(w, 8, me), me / 2);
-    /* Bound per socket (cores 0-1, 2-3 alternating): each socket's processes count apart. */
+        assert_int_equal(ccq_world_home_core(w, 8, me), (int)me / 2);
+    /* Bound per socket (cores 0-1, 2-3 alternating): each socket's processes apart. */
     for (int p = 0; p < 6; p++)
         w[p] = proc(7, p % 2 ? 2 : 0, 2);
     for (uint32_t me = 0; me < 6; me++)
-        assert_int_equal(ccq_world_core_slot(w, 6, me), me / 2);
+        assert_int_equal(ccq_world_home_core(w, 6, me), sockets[me]);
+    /* Two bound to core 0, two free on cores 0-1: the free ones take core 1 (by first core
+     * and count, the first of them took core 0, three on it). */
+    w[0] = proc(7, 0, 1);
+    w[1] = proc(7, 0, 1);
+    w[2] = proc(7, 0, 2);
+    w[3] = proc(7, 0, 2);
+    for (uint32_t me = 0; me < 4; me++)
+        assert_int_equal(ccq_world_home_core(w, 4, me), bound[me]);
+    /* One bound to core 2 of four: the others leave it to it. */
+    for (int p = 0; p < 4; p++)
+        w[p] = proc(7, 0, 4);
+    w[0] = proc(7, 2, 1);
+    for (uint32_t me = 0; me < 4; me++)
+        assert_int_equal(ccq_world_home_core(w, 4, me), one_bound[me]);
+    w[1] = proc(7, 0, 0); /* a set unknown: no core */
+    assert_int_equal(ccq_world_home_core(w, 4, 1), -1);
 }
 
 /* ---- cgroup CPU limits, on trees made here (ccq_cpu_limit_at) ----------------------------- */
@@ -503,7 +590,7 @@ int main(void)
         cmocka_unit_test(test_unstack_policy),   cmocka_unit_test(test_world_crowded),
         cmocka_unit_test(test_cpu_limit),        cmocka_unit_test(test_core_pin),
         cmocka_unit_test(test_core_pin_claims),  cmocka_unit_test(test_core_pin_refused),
-        cmocka_unit_test(test_world_core_slot),
+        cmocka_unit_test(test_world_home_core),
     };
     return cmocka_run_group_tests_name("cores", tests, NULL, NULL);
 }

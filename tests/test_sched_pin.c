@@ -14,6 +14,11 @@
  *     says it calls MPI);
  *   - "two" (a file bootstrap): two runtimes per process, their schedulers pinned to the two
  *     CPUs apart in every process;
+ *   - "bound" (4 processes): processes 0 and 1 confine themselves to the first CPU alone (as a
+ *     launcher's binding would), 2 and 3 keep both: the host's view sees core sets, not first
+ *     core and count, so 2 and 3 both pin their schedulers to the second CPU, where by the
+ *     order of the processes that share both CPUs process 2 would take the first, the one
+ *     processes 0 and 1 are bound to (ccq_world_home_core);
  *   - results exact throughout.
  * Run with tests/launch -n 3..4 and CCQ_BOOTSTRAP, or under mpiexec with CCQ_BOOTSTRAP=mpi
  * (tests/CMakeLists.txt). */
@@ -164,8 +169,10 @@ int main(int argc, char **argv)
 {
     bool off = argc > 1 && strcmp(argv[1], "off") == 0;
     bool two_rts = argc > 1 && strcmp(argv[1], "two") == 0;
+    bool bound = argc > 1 && strcmp(argv[1], "bound") == 0;
     cpu_set_t all, two;
-    int a = -1, b = -1, cpu = -1, n;
+    int a = -1, b = -1, cpu = -1, n, want;
+    bool check; /* this process's scheduler has a core to pin to: look */
     ccq_config cfg;
     ccq_runtime *rt = NULL;
     ccq_device_id dev = 0;
@@ -191,8 +198,13 @@ int main(int argc, char **argv)
         CPU_ZERO(&two);
         CPU_SET(a, &two);
         CPU_SET(b, &two);
+        if (bound && wrank < 2)
+            CPU_CLR(b, &two);
         CHECK(sched_setaffinity(0, sizeof two, &two) == 0, "confine to CPUs %d and %d", a, b);
     }
+    CHECK(!bound || wsize == 4, "\"bound\" wants 4 processes, not %u", wsize);
+    check = b >= 0 && !(bound && wrank < 2); /* (one CPU: nothing to pin to) */
+    want = bound || wrank % 2 ? b : a;
     cfg.host_devices = 1;
     if (cfg.host_engine == NULL) /* CCQ_HOST_ENGINE=mpi: never pinned (runtime.c) */
         cfg.host_engine = "ucx";
@@ -218,8 +230,7 @@ int main(int argc, char **argv)
     if (off) {
         n = pinned_threads(&cpu, NULL);
         CHECK(n == 0 || b < 0, "%d threads pinned with CCQ_SCHED_PIN=0 or MPI in use", n);
-    } else if (b >= 0) { /* (one CPU: nothing to pin to) */
-        int want = wrank % 2 ? b : a;
+    } else if (check) {
         n = await_pinned(1, &cpu);
         CHECK(n == 1 && cpu == want,
               "%d threads pinned (the last on CPU %d), expected the "
@@ -231,32 +242,32 @@ int main(int argc, char **argv)
     if (wrank != 0)
         sleep_ms(400);
     all_reduce(rt, dev, big, BIG_FLOATS);
-    if (wrank == 0 && b >= 0) {
+    if (wrank == 0 && check) {
         sleep_ms(150);
         n = pinned_threads(&cpu, NULL);
         CHECK(n == 0, "%d threads pinned (the last on CPU %d) while a 1 MiB all_reduce runs", n,
               cpu);
     }
     expect_sum(rt, dev, big, BIG_FLOATS, wsize);
-    if (wrank == 0 && b >= 0) { /* a chain of large operations stays unpinned */
+    if (wrank == 0 && check) { /* a chain of large operations stays unpinned */
         n = pinned_threads(&cpu, NULL);
         CHECK(n == 0, "%d threads pinned (the last on CPU %d) after a 1 MiB all_reduce", n, cpu);
     }
     /* The next small operation pins again. */
     all_reduce(rt, dev, small, 8);
     expect_sum(rt, dev, small, 8, wsize);
-    if (!off && b >= 0) {
+    if (!off && check) {
         n = await_pinned(1, &cpu);
-        CHECK(n == 1 && cpu == (wrank % 2 ? b : a),
+        CHECK(n == 1 && cpu == want,
               "%d threads pinned after the small all_reduce that followed the large one (the "
               "last on CPU %d)",
               n, cpu);
     }
     CHECK(ccq_runtime_destroy(rt) == CCQ_OK, "destroy");
     printf("process %u of %u: %s OK\n", wrank, wsize,
-           b < 0 ? "one CPU: nothing to pin"
-           : off ? "never pinned"
-                 : "pinned, unpinned, pinned");
+           !check ? "one CPU: nothing to pin"
+           : off  ? "never pinned"
+                  : "pinned, unpinned, pinned");
     free(small);
     free(big);
 #ifdef CCQ_TEST_INIT_MPI
