@@ -1177,6 +1177,46 @@ static int stopped_child(unsigned rank, unsigned size, void *arg)
     return 0;
 }
 
+/* A port another program holds (it listens and never answers; so does a stopped process 0,
+ * whose kernel completes the handshake): a process's timeout says that its hello went
+ * unanswered, not "connecting". In a child, as every process here: a boot opened in this
+ * process would move the bootstrap generation the later tests' children inherit. */
+static int unanswered_child(unsigned rank, unsigned size, void *arg)
+{
+    ccq_boot *b;
+    ccq_errbuf err = {{0}};
+    uint32_t all[2] = {0, 1};
+    uint64_t mine = 1, out[2];
+    ccq_status st;
+    (void)rank, (void)size, (void)arg;
+
+    CHILD_CHECK(open_tcp(1, 2, &b, &err) == CCQ_OK, "open: %s", err.msg);
+    st = ccq_boot_exchange(b, "all", all, 2, &mine, 8, out, deadline_ms(800), &err);
+    CHILD_CHECK(st == CCQ_ERR_TIMEOUT && strstr(err.msg, "hello was never answered") != NULL,
+                "%s: %s", ccq_status_string(st), err.msg);
+    ccq_boot_close(b);
+    return 0;
+}
+
+static void test_tcp_unanswered_hello(void **state)
+{
+    unsigned port = free_port();
+    struct sockaddr_in a;
+    int lfd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    (void)state;
+
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one), 0);
+    assert_int_equal(bind(lfd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(lfd, 8), 0); /* never accepted */
+    snprintf(spec, sizeof spec, "tcp://127.0.0.1:%u", port);
+    assert_int_equal(run_procs(1, unanswered_child, NULL), 0);
+    close(lfd);
+}
+
 static void test_tcp_stopped_server(void **state)
 {
     (void)state;
@@ -1643,6 +1683,7 @@ int main(void)
         cmocka_unit_test(test_tcp_record_at_takeover),
         cmocka_unit_test(test_tcp_finished_at_takeover),
         cmocka_unit_test(test_tcp_stopped_server),
+        cmocka_unit_test(test_tcp_unanswered_hello),
         cmocka_unit_test(test_tcp_late_keepalive),
         cmocka_unit_test(test_tcp_server_keepalive),
         cmocka_unit_test(test_tcp_server_first_ping),

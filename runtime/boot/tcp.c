@@ -1336,6 +1336,11 @@ static ccq_status tcp_fetch(ccq_boot *b, ccq_boot_xchg *x, uint32_t rank, void *
     /* What a timeout's detail adds (the handle's lock is held: note is the handle's). */
     if (t->state == C_READY)
         b->note[0] = '\0';
+    else if (t->state == C_HELLO) /* (an earlier attempt's why is stale) */
+        snprintf(b->note, sizeof b->note,
+                 "connected to %.60s, but its hello was never answered (a ccq rendezvous answers "
+                 "at once: is another program listening on that port, or is process 0 stopped?)",
+                 t->spec);
     else
         snprintf(b->note, sizeof b->note, "not connected to the rendezvous at %.60s: %.150s",
                  t->spec, t->why[0] ? t->why : "connecting");
