@@ -53,12 +53,12 @@ static bool may_run(const ccq_world_proc *p, uint32_t c, bool empty)
     return empty ? c == 0 : has_cpu(p, c);
 }
 
-static bool set_empty(const ccq_world_proc *p)
+static uint32_t set_count(const ccq_world_proc *p)
 {
+    uint32_t n = 0;
     for (uint32_t b = 0; b < CCQ_CPU_SET_BYTES; b++)
-        if (p->cpus[b] != 0)
-            return false;
-    return true;
+        n += (uint32_t)__builtin_popcount(p->cpus[b]);
+    return n;
 }
 
 /* The processes of process me's machine (kernel_id; all when unknown): their indices into
@@ -111,7 +111,7 @@ bool ccq_world_crowded(const ccq_world_proc *procs, uint32_t n, uint32_t me, uin
     }
     nlocal = host_procs(procs, n, me, local);
     for (uint32_t i = 0; i < nlocal; i++) {
-        empty[i] = set_empty(&procs[local[i]]);
+        empty[i] = set_count(&procs[local[i]]) == 0;
         any[0] |= empty[i] ? 1u : 0u;
         for (uint32_t b = 0; b < CCQ_CPU_SET_BYTES; b++)
             any[b] |= procs[local[i]].cpus[b];
@@ -142,7 +142,7 @@ out:
 }
 
 /* A process of the host in the order ccq_world_home_core serves them: the most confined first
- * (fewer cores), then the lower world rank. */
+ * (fewer cores in its set), then the lower world rank. */
 typedef struct confined {
     uint32_t cores, p;
 } confined;
@@ -169,7 +169,7 @@ int ccq_world_home_core(const ccq_world_proc *procs, uint32_t n, uint32_t me)
     }
     nlocal = host_procs(procs, n, me, local);
     for (uint32_t i = 0; i < nlocal; i++)
-        order[i] = (confined){procs[local[i]].cores, local[i]};
+        order[i] = (confined){set_count(&procs[local[i]]), local[i]};
     qsort(order, nlocal, sizeof *order, confined_first);
     for (uint32_t i = 0; i < nlocal; i++) {
         const ccq_world_proc *p = &procs[order[i].p];
