@@ -308,8 +308,8 @@ static void test_world_crowded(void **state)
     assert_true(ccq_world_crowded(w, 3, 0, 4));
 }
 
-/* The scheduler's own core (ccq_core_pin): the slot-th of the thread's cores, modulo their
- * count; pinned and given its cores back; nothing with one core. */
+/* The scheduler's own core (ccq_core_pin): its home among the thread's cores (its first where
+ * the home is not one of them); pinned and given its cores back; nothing with one core. */
 static void test_core_pin(void **state)
 {
     (void)state;

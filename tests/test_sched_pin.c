@@ -3,8 +3,8 @@
  * CPUs, so that 3 or more of them are crowded on any machine, and then looks at its own threads
  * (/proc/self/task/N/status, Cpus_allowed_list):
  *   - once the world formed, exactly one thread (the scheduler) runs on one CPU alone, the one
- *     of slot world_rank (all processes share the same cores): the first of the two for even
- *     ranks, the second for odd;
+ *     its world rank takes in turn (all processes share the same cores: ccq_world_home_core):
+ *     the first of the two for even ranks, the second for odd;
  *   - while an all_reduce of CCQ_SCHED_PIN_BYTES or more is in flight (process 0 submits it,
  *     the others 400 ms later), no thread is pinned, nor after it; the next small operation
  *     pins the scheduler again;
