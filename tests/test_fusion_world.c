@@ -37,6 +37,7 @@
 #include "ccq.h"
 #include "fusion_work.h"
 #include "ref.h"
+#include "world_check.h"
 
 #define F      4096 /* fusion threshold here: every fused op stays below 64 KiB */
 #define MAXOPS 640
@@ -46,16 +47,6 @@
 static uint32_t wrank, wsize;
 /* The threshold the plans' sizes sit around (F; larger for identical_ucx_pair). */
 static uint64_t plan_f = F;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "process %u: line %d: ", wrank, __LINE__);                             \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, " (%s)\n", ccq_last_error_detail());                                   \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 static uint32_t ndev_of(uint32_t p)
 {

@@ -64,21 +64,12 @@
 #include <unistd.h>
 
 #include "ccq.h"
+#include "world_check.h"
 
 #define NDEV 3
 
 static uint32_t wrank, wsize;
 static ccq_device_id first;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "process %u: line %d: ", wrank, __LINE__);                             \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, " (%s)\n", ccq_last_error_detail());                                   \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 static uint64_t now_ms(void)
 {

@@ -22,18 +22,9 @@
 #include "ccq.h"
 #include "common/kinds.h"
 #include "ref.h"
+#include "world_check.h"
 
 static uint32_t wrank, wsize;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "process %u: line %d: ", wrank, __LINE__);                             \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, " (%s)\n", ccq_last_error_detail());                                   \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 static uint32_t ndev_of(uint32_t p)
 {

@@ -37,16 +37,7 @@
 #endif
 
 #include "ccq.h"
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "process %u: FAILED %s:%d: ", wrank, __FILE__, __LINE__);              \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, " (%s)\n", ccq_last_error_detail());                                   \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
+#include "world_check.h"
 
 #define BIG_FLOATS (256u * 1024u) /* 1 MiB: at least CCQ_SCHED_PIN_BYTES (the test sets 64 KiB) */
 
