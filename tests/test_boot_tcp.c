@@ -1193,7 +1193,7 @@ static int unanswered_child(unsigned rank, unsigned size, void *arg)
     CHILD_CHECK(open_tcp(1, 2, &b, &err) == CCQ_OK, "open: %s", err.msg);
     st = ccq_boot_exchange(b, "all", all, 2, &mine, 8, out, deadline_ms(800), &err);
     CHILD_CHECK(st == CCQ_ERR_TIMEOUT && strstr(err.msg, "hello was never answered") != NULL,
-                "%s: %s", ccq_status_string(st), err.msg);
+                "%s: %s", ccq_status_name(st), err.msg);
     ccq_boot_close(b);
     return 0;
 }
