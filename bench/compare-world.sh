@@ -5,13 +5,17 @@
 #   ccq MPI   ccq-perf on the MPI engine under mpirun (P x G, bootstrap "mpi")
 #   MPI       blocking MPI_Allreduce, bench/mpi_allreduce.c, P*G processes
 #   Gloo      bench/gloo_allreduce.cc (TCP loopback, a FileStore), P*G processes
+#   floor     no all_reduce: P*G processes each copying its input into its output at once
+#             (bench/mpi_allreduce.c --copy-floor), the least memory traffic any out-of-place
+#             all_reduce of theirs has; Gloo/floor is the most any implementation could be
+#             faster than Gloo on this machine (sizes beyond the caches only)
 # float32 sum, out of place, mean time per op over ITERS (the slowest process's, as
 # nccl-tests reports); the four run in turn, in an order rotating from run to run, REPS times,
 # and each cell is the median of its REPS runs. Ratios: other / ccq UCX.
 # Usage: bench/compare-world.sh [P] [G] [maxbytes]   (defaults: 2, 1, 64M)
 # Env: ITERS (10), WARMUP (100: every column alike; the first ~64 operations on a shared-memory
 # path pay UCX's first touch of its receive descriptors, docs/performance.md), MINB (8), FACTOR (2), REPS (3), OUTDIR (build-bench/results),
-# PORT (29600), SKIP (columns not run: "mpie" the MPI engine, "gloo"; e.g. SKIP="mpie gloo"
+# PORT (29600), SKIP (columns not run: "mpie" the MPI engine, "gloo", "floor"; e.g. SKIP="mpie gloo floor"
 # with ITERS=200 for the steady state against MPI alone). Installs openmpi-bin, libopenmpi-dev, libucx-dev and libgloo-dev from Debian
 # when missing (as root).
 set -euo pipefail
@@ -72,6 +76,12 @@ run_one() {
         echo "== run $2 of $REPS: MPI_Allreduce: $N processes"
         $run -np "$N" "$dir/mpi_allreduce" "${flags[@]}" >"$out/world-mpi-np$N.$2.json"
         ;;
+    floor)
+        rm -f "$out/world-floor-np$N.$2.json"
+        [[ " ${SKIP:-} " != *" floor "* ]] || return 0
+        echo "== run $2 of $REPS: the copy floor: $N processes each copying its buffer at once"
+        $run -np "$N" "$dir/mpi_allreduce" --copy-floor "${flags[@]}" >"$out/world-floor-np$N.$2.json"
+        ;;
     gloo)
         rm -f "$out/world-gloo-np$N.$2.json"
         [[ " ${SKIP:-} " != *" gloo "* ]] || return 0
@@ -87,9 +97,9 @@ run_one() {
 
 # The columns take turns in an order that rotates from run to run (whichever of two
 # back-to-back runs came second was often faster on these VMs: bench/ab-ddp.sh).
-cols=(ucx mpie mpi gloo)
+cols=(ucx mpie mpi gloo floor)
 for rep in $(seq 1 "$REPS"); do
-    k=$(((rep - 1) % 4))
+    k=$(((rep - 1) % ${#cols[@]}))
     for c in "${cols[@]:k}" "${cols[@]:0:k}"; do
         run_one "$c" "$rep"
     done
@@ -106,24 +116,30 @@ def lines(path):
     if not os.path.exists(path):
         return {}
     return {r["size"]: r for r in (json.loads(l) for l in open(path) if l.strip())}
-runs = {k: [] for k in ("ucx", "mpie", "mpi", "gloo")}
+runs = {k: [] for k in ("ucx", "mpie", "mpi", "gloo", "floor")}
 for rep in range(1, reps + 1):
     runs["ucx"].append(ccq(f"{out}/world-ccq-ucx-{tag}.{rep}.json"))
     runs["mpie"].append(ccq(f"{out}/world-ccq-mpi-{tag}.{rep}.json"))
     runs["mpi"].append(lines(f"{out}/world-mpi-np{n}.{rep}.json"))
     runs["gloo"].append(lines(f"{out}/world-gloo-np{n}.{rep}.json"))
+    runs["floor"].append(lines(f"{out}/world-floor-np{n}.{rep}.json"))
 def med(k, size):
     v = [r[size]["time_us"] for r in runs[k] if size in r]
     return statistics.median(v) if v else float("nan")
 wrong = lambda k, size: sum(r[size]["wrong"] for r in runs[k] if size in r)
 print(f"# float32 sum, out of place; ccq: {p} processes x {g} devices (UCX engine: plain "
       f"processes over tcp://; MPI engine: mpirun); MPI_Allreduce and Gloo: {n} processes")
-print(f"# time per op (us), median of {reps} runs; ratio = other / ccq UCX (> 1: ccq UCX faster)")
-print(f"# {'size(B)':>10} {'ccq UCX':>10} {'ccq MPI':>10} {'MPI':>10} {'Gloo':>10}"
-      f" {'MPI/UCX':>8} {'Gloo/UCX':>8} {'ccqMPI/UCX':>10} {'MPI/ccqMPI':>10} {'#wrong':>6}")
+print(f"# time per op (us), median of {reps} runs; ratio = other / ccq UCX (> 1: ccq UCX faster);")
+print(f"# floor: {n} processes each copying its buffer at once (no all_reduce can take less), "
+      f"Gloo/floor: the most any all_reduce could be faster than Gloo here")
+print(f"# {'size(B)':>10} {'ccq UCX':>10} {'ccq MPI':>10} {'MPI':>10} {'Gloo':>10} {'floor':>10}"
+      f" {'MPI/UCX':>8} {'Gloo/UCX':>8} {'ccqMPI/UCX':>10} {'MPI/ccqMPI':>10} {'Gloo/floor':>10}"
+      f" {'#wrong':>6}")
 for size in sorted(runs["ucx"][0]):
     u, e, m, gl = med("ucx", size), med("mpie", size), med("mpi", size), med("gloo", size)
-    print(f"  {size:>10} {u:>10.2f} {e:>10.2f} {m:>10.2f} {gl:>10.2f} {m / u:>7.2f}x"
-          f" {gl / u:>7.2f}x {e / u:>9.2f}x {m / e:>9.2f}x {wrong('ucx', size) + wrong('mpie', size):>6}")
+    fl = med("floor", size)
+    print(f"  {size:>10} {u:>10.2f} {e:>10.2f} {m:>10.2f} {gl:>10.2f} {fl:>10.2f} {m / u:>7.2f}x"
+          f" {gl / u:>7.2f}x {e / u:>9.2f}x {m / e:>9.2f}x {gl / fl:>9.2f}x"
+          f" {wrong('ucx', size) + wrong('mpie', size):>6}")
 PY
 echo "(JSON in $out)"
