@@ -81,7 +81,7 @@ static void combine(ucx_op *o, const void *lower, const void *higher)
     ucx_reduce_to(o, 2, src, op->nparts, out, o->count);
     for (uint32_t k = 0; o->redop == CCQ_AVG && k < op->nparts; k++)
         ucx_write_result(o, out + k, 1, out[k], o->count); /* each sum divided in place */
-    o->rd_out = true;
+    o->wrote_out = true;
 }
 
 static ccq_status rd_advance(ucx_op *o, ccq_errbuf *err)

@@ -17,7 +17,9 @@
  *    before any payload is placed (a rendezvous payload is fetched only after the check).
  *  - Every byte UCX reads or writes is engine scratch: the local combine copies the user's
  *    inputs in, the local write copies results out after every header was checked. A
- *    failed, aborted or timed-out operation can never have UCX write a user buffer later. */
+ *    failed, aborted or timed-out operation can never have UCX write a user buffer later.
+ *    The mapped all_reduce's regions (ucx/mapped.c), which the other processes of this
+ *    machine read in place, are engine scratch too. */
 #define _GNU_SOURCE
 #include <inttypes.h>
 #include <stdarg.h>
@@ -25,6 +27,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include <ucs/sys/uid.h>
 
 #include "backends/host/reduce.h"
 #include "backends/host/ucx/ucx.h"
@@ -319,9 +323,18 @@ static ccq_status ucx_create(const ccq_config *cfg, ccq_host_engine **out, ccq_e
         config_default(ucfg, "MM_FIFO_ELEM_SIZE", UCX_FIFO_ELEM_SIZE);
     }
     config_default(ucfg, "KEEPALIVE_INTERVAL", "250ms");
+    /* The mapped all_reduce reads the other processes' scratch through their shared memory
+     * (ucx/mapped.c): none without it. RMA: UCX's memory keys, in every process whether it maps
+     * or not: UCX wires up an endpoint's lanes from both sides' features, and a pair that
+     * asked for different ones aborted in UCX ("endpoint reconfiguration not supported yet",
+     * test_host_world_ucx_mapped_mixed_np3). Measured: the small sizes' latency the same with
+     * it, 2 x 1 and 4 x 1, 8 B-64 KiB, 0.96-1.05x. */
+    if (!tls_has_shm())
+        e->map_bytes = 0;
+    e->system_id = ucs_get_system_id();
     memset(&params, 0, sizeof params);
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
-    params.features = UCP_FEATURE_AM;
+    params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA;
     params.name = "ccq";
     us = ucp_init(&params, ucfg, &e->ctx);
     ucp_config_release(ucfg);
@@ -495,6 +508,7 @@ static void ucx_destroy(ccq_host_engine *base)
         for (ucx_msg *m = o->arrivals; m != NULL; m = m->next)
             if (m->state == MSG_LANDING && m->req != NULL)
                 ucp_request_cancel(e->worker, m->req);
+    ucx_maps_release(e); /* the peers' regions, before their endpoints close */
     for (uint32_t r = 0; e->peers != NULL && r < e->world_size; r++)
         close_ep(e, &e->peers[r]);
     while (e->background != NULL) {
@@ -521,6 +535,7 @@ static void ucx_destroy(ccq_host_engine *base)
         free(m);
     }
     ccq_pool_free(&e->pool);
+    ucx_regions_release(e);
     if (e->addr != NULL)
         ucp_worker_release_address(e->worker, e->addr);
     if (e->worker != NULL)
@@ -535,17 +550,28 @@ static void ucx_destroy(ccq_host_engine *base)
     free(e);
 }
 
+/* A process's world blob: its worker address, then this: what the others need to agree on
+ * the mapped all_reduce with it (ucx_comm.map_bytes). */
+#define UCX_BLOB_MAGIC 0x50414d43u /* "CMAP" */
+typedef struct ucx_blob_tail {
+    uint32_t magic, reserved;
+    uint64_t system_id; /* UCX's: processes with the same one share memory */
+    uint64_t map_bytes; /* its threshold (0: it cannot or will not map) */
+} ucx_blob_tail;
+
 static ccq_status ucx_world_blob(ccq_host_engine *base, void *blob, size_t *len, ccq_errbuf *err)
 {
     ucx_engine *e = to_ucx(base);
-    if (*len < e->addr_len) {
+    ucx_blob_tail tail = {UCX_BLOB_MAGIC, 0, e->system_id, e->map_bytes};
+    if (*len < e->addr_len + sizeof tail) {
         snprintf(err->msg, sizeof err->msg, "the UCX worker address has %zu bytes (room for %zu)",
-                 e->addr_len, *len);
+                 e->addr_len + sizeof tail, *len);
         *len = 0;
         return CCQ_ERR_UNSUPPORTED;
     }
     memcpy(blob, e->addr, e->addr_len);
-    *len = e->addr_len;
+    memcpy((char *)blob + e->addr_len, &tail, sizeof tail);
+    *len = e->addr_len + sizeof tail;
     return CCQ_OK;
 }
 
@@ -578,6 +604,22 @@ static ccq_status ucx_world_ready(ccq_host_engine *base, uint32_t world_rank, ui
     if (e->bulk_auto)
         e->bulk_bytes = ucx_bulk_default(world_size, crowded);
     for (uint32_t p = 0; p < world_size; p++) {
+        ucx_blob_tail tail;
+        if (blobs != NULL && blobs[p] != NULL && blob_len[p] > sizeof tail) {
+            memcpy(&tail, (const char *)blobs[p] + blob_len[p] - sizeof tail, sizeof tail);
+            if (tail.magic != UCX_BLOB_MAGIC) {
+                snprintf(err->msg, sizeof err->msg,
+                         "process %u's UCX engine said something this one cannot read: it runs "
+                         "another ccq version",
+                         p);
+                return CCQ_ERR_UNSUPPORTED;
+            }
+        } else if (blobs != NULL && blobs[p] != NULL && blob_len[p] > 0) {
+            snprintf(err->msg, sizeof err->msg,
+                     "process %u's UCX engine said %zu bytes, too few: it runs another ccq version",
+                     p, blob_len[p]);
+            return CCQ_ERR_UNSUPPORTED;
+        }
         if (blobs == NULL || blobs[p] == NULL || blob_len[p] == 0) {
             snprintf(err->msg, sizeof err->msg,
                      "the host backend cannot span processes with its UCX engine: process %u "
@@ -596,10 +638,15 @@ static ccq_status ucx_world_ready(ccq_host_engine *base, uint32_t world_rank, ui
         return CCQ_ERR_NO_MEMORY;
     }
     for (uint32_t p = 0; p < world_size; p++) {
-        memcpy(e->addrs + off, blobs[p], blob_len[p]);
+        ucx_blob_tail tail;
+        size_t alen = blob_len[p] - sizeof tail;
+        memcpy(&tail, (const char *)blobs[p] + alen, sizeof tail);
+        memcpy(e->addrs + off, blobs[p], alen);
         e->peers[p].addr = e->addrs + off;
-        e->peers[p].addr_len = blob_len[p];
-        off += blob_len[p];
+        e->peers[p].addr_len = alen;
+        e->peers[p].map_bytes = tail.map_bytes;
+        e->peers[p].system_id = tail.system_id;
+        off += alen;
     }
     return CCQ_OK;
 }
@@ -675,6 +722,22 @@ static void comm_unref(ucx_comm *c)
     free(c);
 }
 
+/* The mapped all_reduce's threshold for a communicator of these members (ucx_comm.map_bytes):
+ * every member on this machine (UCX's system id) and willing, the largest threshold among
+ * them; else 0. Every member computes the same from the same world blobs. */
+static uint64_t comm_map_bytes(const ucx_engine *e, const ccq_be_comm_desc *d)
+{
+    uint64_t most = 0;
+    for (uint32_t p = 0; p < d->nprocs; p++) {
+        const ucx_peer *q = d->procs[p] < e->world_size ? &e->peers[d->procs[p]] : NULL;
+        if (q == NULL || q->map_bytes == 0 || q->system_id != e->peers[e->world_rank].system_id)
+            return 0;
+        if (q->map_bytes > most)
+            most = q->map_bytes;
+    }
+    return d->nprocs > 1 ? most : 0;
+}
+
 static ccq_status ucx_comm_create(ccq_host_engine *base, const ccq_be_comm_desc *d,
                                   ccq_heng_comm **out, ccq_errbuf *err)
 {
@@ -718,6 +781,7 @@ static ccq_status ucx_comm_create(ccq_host_engine *base, const ccq_be_comm_desc 
             c->me = p;
     }
     memcpy(c->fr, d->proc_first, ((size_t)d->nprocs + 1) * sizeof *c->fr);
+    c->map_bytes = comm_map_bytes(e, d);
     for (uint32_t p = 0; p < d->nprocs; p++) {
         if (p == c->me)
             continue;
@@ -854,6 +918,12 @@ static void op_free(ucx_op *o)
     }
     for (int k = 0; k < BUF_N; k++)
         ccq_pool_put(&e->pool, o->buf[k], o->cap[k]);
+    /* Mapped scratch: the peers' regions it read, and its own (reused only after a success:
+     * every member then said it finished reading it). */
+    for (uint32_t p = 0; o->peer_map != NULL && p < o->P; p++)
+        ucx_region_detach(e, o->peer_map[p]);
+    free(o->peer_map);
+    ucx_region_put(e, o->region, o->status == CCQ_OK);
     free(o->seg);
     free(o->own_at);
     ucx_fused_unref(o->fz);
@@ -963,6 +1033,8 @@ static ccq_status local_combine(ucx_op *o, size_t elems, ccq_errbuf *err)
     const ccq_be_op *op = o->op;
     const void *src[CCQ_MAX_DEVICES];
     void *res;
+    if (o->alg == &ucx_allreduce_mapped)
+        return CCQ_OK; /* each segment's inputs are combined into its mapped slot */
     if (o->alg == &ucx_allreduce_ring) {
         /* Read and written in place, or combined and written block by block, as the schedule
          * goes; its scratch is the segments in flight only (ucx/allreduce_ring.c). */
@@ -1072,7 +1144,7 @@ static void local_outputs(ucx_op *o)
 
     switch (o->kind) {
     case CCQ_KIND_ALL_REDUCE:
-        if (o->out != NULL || o->parts_lazy || o->rd_out) /* the schedule wrote them */
+        if (o->out != NULL || o->parts_lazy || o->wrote_out) /* the schedule wrote them */
             break;
         for (uint32_t k = 0; k < op->nparts; k++)
             out[k] = op->parts[k].dst;

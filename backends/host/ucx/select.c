@@ -66,6 +66,14 @@
  * A run of smaller operations (a batch's collectives on one communicator) that reaches it
  * streams too (a data-parallel step's gradients: DDP step 2 x 2 1.11x, 2 x 1 0.98-1.03x).
  * CCQ_UCX_STREAM_BYTES moves it (0: never); a process's own choice (it changes no message). */
+/* all_reduce among the processes of one machine from this many bytes: the mapped schedule
+ * (ucx/allreduce_mapped.c: every process reads the others' copies of their inputs in place,
+ * no block landed by a copy) instead of the ring. Every member says its own threshold in the
+ * world's meeting (CCQ_UCX_MAPPED_BYTES, 0: never; a process whose UCX has no shared memory
+ * says 0) and a communicator uses the largest of its members', or none where one says 0 or
+ * runs on another machine: they always agree. Measured: docs/performance.md, "The mapped
+ * all_reduce". */
+#define MAPPED_BYTES    (1u * 1024u * 1024u)
 #define STREAM_BYTES    (4u * 1024u * 1024u)
 #define EAGER_BYTES     (256u * 1024u)
 #define BULK_BYTES_PAIR (256u * 1024u)
@@ -90,6 +98,10 @@ void ucx_tuning(ucx_engine *e)
     e->eager_bytes =
         ccq_env_u64("CCQ_UCX_EAGER_BYTES", 0, 1ull << 40, &eager) > 0 ? (size_t)eager : EAGER_BYTES;
     e->seg_bytes = knob("CCQ_UCX_SEG_BYTES", SEG_BYTES);
+    /* 0 = never (the ring, as before 2026-12-07). */
+    uint64_t mapped;
+    e->map_bytes =
+        ccq_env_u64("CCQ_UCX_MAPPED_BYTES", 0, 1ull << 40, &mapped) > 0 ? mapped : MAPPED_BYTES;
     /* 0 = never. */
     uint64_t stream;
     e->stream_bytes = ccq_env_u64("CCQ_UCX_STREAM_BYTES", 0, 1ull << 40, &stream) > 0
@@ -121,6 +133,9 @@ const ucx_alg *ucx_select(const ucx_op *o)
     size_t all = bytes * o->c->nranks;
     switch (o->kind) {
     case CCQ_KIND_ALL_REDUCE:
+        if (o->c->map_bytes > 0 && bytes >= o->c->map_bytes && o->P <= UCX_MAPPED_MAX_P &&
+            o->count >= o->P)
+            return &ucx_allreduce_mapped;
         if (bytes <= o->e->direct_ar_bytes && o->e->direct_ar_bytes > 0 && o->P >= 3 &&
             o->P <= UCX_DIRECT_AR_MAX_P)
             return &ucx_allreduce_direct;

@@ -87,6 +87,38 @@ typedef struct ucx_msg {
     uint32_t wsrc; /* the sender's world rank (hdr.wsrc, checked) */
 } ucx_msg;
 
+/* ---- mapped scratch (ucx/mapped.c) ----------------------------------------------------- */
+
+/* This process's region of mapped scratch: lent to one operation at a time (ucx_op.region). */
+typedef struct ucx_region {
+    struct ucx_region *next; /* the engine's free list */
+    ucp_mem_h mh;
+    char *base;
+    size_t len;
+    uint32_t id;     /* this process's own numbering: a peer caches its view by (rank, id) */
+    void *rkey;      /* packed (ucp_rkey_pack) */
+    size_t rkey_len; /* at most UCX_MAP_RKEY_MAX */
+} ucx_region;
+
+/* What a mapped message says of the sender's region (its payload, ucx/allreduce_mapped.c). */
+#define UCX_MAP_RKEY_MAX 192u
+typedef struct ucx_map_msg {
+    uint32_t id, rkey_len;
+    uint64_t base; /* the region's address in its owner (ucp_rkey_ptr's) */
+    uint64_t len;  /* its bytes */
+    uint64_t slot; /* where the step's bytes are (bytes from base) */
+    unsigned char rkey[UCX_MAP_RKEY_MAX];
+} ucx_map_msg;
+
+/* A peer's region as this process reads it: attached once, kept while operations use it
+ * (refs) and, unused, until PEER_MAPS_KEPT newer ones push it out (ucx/mapped.c). */
+typedef struct ucx_peer_map {
+    uint32_t wrank, id, refs;
+    ucp_rkey_h rkey;
+    char *local; /* the region's base here */
+    uint64_t used;
+} ucx_peer_map;
+
 /* ---- the engine ------------------------------------------------------------------------ */
 
 typedef struct ucx_engine ucx_engine;
@@ -105,6 +137,9 @@ typedef struct ucx_peer {
     ucp_ep_h bulk;
     const void *addr; /* its worker address (a copy held by the engine) */
     size_t addr_len;
+    /* From its world blob (ucx_blob_tail): the mapped all_reduce's threshold there (0: it
+     * cannot or will not map) and the machine it runs on (UCX's system id). */
+    uint64_t map_bytes, system_id;
     ucs_status_t failed; /* UCS_OK, or what UCX's error callback said about it */
     uint64_t failed_ns;  /* when the error callback said it */
     bool reported;       /* told to the runtime (base.peer_failed) */
@@ -167,6 +202,15 @@ struct ucx_engine {
      * endpoint (ucx/select.c, EAGER_BYTES). */
     ucp_request_param_t send_eager;
     size_t eager_bytes;
+    /* Mapped scratch (ucx/mapped.c): this process's threshold for the mapped all_reduce
+     * (CCQ_UCX_MAPPED_BYTES; 0: off, or UCX cannot map here), its free regions, and the peers'
+     * regions it reads. */
+    uint64_t map_bytes, system_id;
+    ucx_region *regions;
+    uint32_t nregions, region_ids;
+    ucx_peer_map *maps;
+    uint32_t nmaps, maps_cap;
+    uint64_t map_clock;
     ucx_hdr *bye;   /* goodbyes UCX had not sent when destroy closed the endpoints */
     char note[160]; /* how the engine was set up (transports, keepalive), for details */
 };
@@ -243,6 +287,9 @@ struct ucx_comm {
      * sequence order (pq[pq_head .. pq_head + pq_n - 1] modulo pq_cap); the agreed window:
      * the operation at agree_seq opens the next one, agree_w long once known (agree_unit, the
      * engine operation whose end tells it, NULL). */
+    /* The mapped all_reduce from this many bytes (ucx/allreduce_mapped.c): every member on one
+     * machine and able to map, the largest of their thresholds; 0: never. */
+    uint64_t map_bytes;
     uint64_t fusion_bytes; /* 0: start_run never fuses */
     struct ucx_pend *pq;
     uint32_t pq_head, pq_n, pq_cap;
@@ -352,8 +399,13 @@ struct ucx_op {
      * group's element where part i starts, n + 1 of them), never packed into buf[BUF_RES]
      * first; ucx_fused_own_block reads them. NULL: buf[BUF_RES] holds the packed inputs. */
     size_t *own_at;
-    /* Recursive doubling's last combine wrote the outputs itself (ucx/allreduce_rd.c). */
-    bool rd_out;
+    /* The schedule wrote the outputs itself (recursive doubling's last combine,
+     * ucx/allreduce_rd.c; the mapped all_reduce's copy-out, ucx/allreduce_mapped.c). */
+    bool wrote_out;
+    /* The mapped all_reduce: this process's region, and the peers' regions it reads
+     * (peer_map[p]: ucx_engine.maps index of member p's, -1 none; P of them). */
+    ucx_region *region;
+    int32_t *peer_map;
     /* CCQ_HOST_REDUCE_NT when ucx_write_result writes the outputs by streaming stores (the
      * operation's buffers, or those of the run it came in, are beyond the caches, none in
      * place: ucx/select.c, STREAM_BYTES), else 0. */
@@ -493,6 +545,21 @@ bool ucx_pend_has(const ucx_comm *c, uint64_t seq);
 void ucx_fused_end(ucx_op *head, ccq_status st, const char *detail);
 void ucx_fused_unref(ucx_fused *fz);
 
+/* Mapped scratch (ucx/mapped.c). A region of at least len bytes for an operation (NULL, err
+ * set, when UCX cannot map one); back from it: kept for the next (reuse: the operation
+ * succeeded, no peer reads it any more) or let go. ucx_region_say: describe region r and a
+ * slot of it for a message. ucx_region_attach: member wrank's region as m describes it,
+ * readable here (referenced: ucx_region_detach drops it): its index in e->maps, or -1 with
+ * err set. At destroy: let every peer's region go (before the endpoints close), then this
+ * process's own. */
+ucx_region *ucx_region_get(ucx_engine *e, size_t len, ccq_errbuf *err);
+void ucx_region_put(ucx_engine *e, ucx_region *r, bool reuse);
+void ucx_region_say(const ucx_region *r, size_t slot, ucx_map_msg *m);
+int32_t ucx_region_attach(ucx_engine *e, uint32_t wrank, const ucx_map_msg *m, ccq_errbuf *err);
+void ucx_region_detach(ucx_engine *e, int32_t at);
+void ucx_maps_release(ucx_engine *e);
+void ucx_regions_release(ucx_engine *e);
+
 /* Names for details. */
 const char *ucx_kind_name(uint8_t kind);
 const char *ucx_dtype_name(uint8_t dt);
@@ -500,7 +567,10 @@ const char *ucx_op_name(uint8_t op);
 
 /* ---- the schedules (one file each; ucx/select.c picks one) ---------------------------- */
 
-extern const ucx_alg ucx_allreduce_rd, ucx_allreduce_ring, ucx_allreduce_direct;
+extern const ucx_alg ucx_allreduce_rd, ucx_allreduce_ring, ucx_allreduce_direct,
+    ucx_allreduce_mapped;
+/* The most processes the mapped all_reduce spans (a combine's inputs: one per member). */
+#define UCX_MAPPED_MAX_P 64u
 /* The most processes the direct all_reduce spans (ucx/allreduce_rd.c). */
 #define UCX_DIRECT_AR_MAX_P 8u
 extern const ucx_alg ucx_reduce_binomial, ucx_bcast_binomial;
