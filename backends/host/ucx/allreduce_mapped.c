@@ -52,9 +52,6 @@ static ccq_status mapped_init(ucx_op *o, ccq_errbuf *err)
     ccq_status st = ucx_segments(o, o->count, 0, ucx_window(), err);
     if (st != CCQ_OK)
         return st;
-    o->region = ucx_region_get(o->e, (size_t)o->window * o->seg_elems * o->es, err);
-    if (o->region == NULL)
-        return CCQ_ERR_BACKEND;
     o->peer_map = malloc(o->P * sizeof *o->peer_map);
     if (o->peer_map == NULL || ucx_scratch(o, BUF_AUX, o->window * sizeof(ucx_map_msg)) == NULL ||
         ucx_scratch(o, BUF_TMP, (size_t)o->window * o->P * sizeof(map_slot)) == NULL) {
@@ -198,6 +195,12 @@ static ccq_status mapped_seg(ucx_op *o, uint32_t g, ccq_errbuf *err)
 
 static ccq_status mapped_advance(ucx_op *o, ccq_errbuf *err)
 {
+    /* The region at the first step, not at init: a failure there (the machine's shared memory
+     * full: a container's /dev/shm) reaches every member at once as this operation's notice,
+     * where a failed init would leave them waiting for its messages until their deadline. */
+    if (o->region == NULL &&
+        (o->region = ucx_region_get(o->e, (size_t)o->window * o->seg_elems * o->es, err)) == NULL)
+        return CCQ_ERR_BACKEND;
     return ucx_run_segments(o, mapped_seg, err);
 }
 

@@ -562,7 +562,19 @@ typedef struct ucx_blob_tail {
 static ccq_status ucx_world_blob(ccq_host_engine *base, void *blob, size_t *len, ccq_errbuf *err)
 {
     ucx_engine *e = to_ucx(base);
-    ucx_blob_tail tail = {UCX_BLOB_MAGIC, 0, e->system_id, e->map_bytes};
+    ucx_blob_tail tail;
+    /* Whether this process can map scratch at all (shared memory there, room in it): a first
+     * region of the default size, kept for the first mapped all_reduce (UCX touches no page of
+     * it until then). If not, it says so and no communicator of it maps. */
+    if (e->map_bytes > 0) {
+        ccq_errbuf ignored;
+        ucx_region *r = ucx_region_get(e, ucx_window() * e->seg_bytes, &ignored);
+        if (r != NULL)
+            ucx_region_put(e, r, true);
+        else
+            e->map_bytes = 0;
+    }
+    tail = (ucx_blob_tail){UCX_BLOB_MAGIC, 0, e->system_id, e->map_bytes};
     if (*len < e->addr_len + sizeof tail) {
         snprintf(err->msg, sizeof err->msg, "the UCX worker address has %zu bytes (room for %zu)",
                  e->addr_len + sizeof tail, *len);
