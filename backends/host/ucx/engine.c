@@ -742,7 +742,7 @@ static uint64_t comm_map_bytes(const ucx_engine *e, const ccq_be_comm_desc *d)
     uint64_t most = 0;
     for (uint32_t p = 0; p < d->nprocs; p++) {
         const ucx_peer *q = d->procs[p] < e->world_size ? &e->peers[d->procs[p]] : NULL;
-        if (q == NULL || q->map_bytes == 0 || q->system_id != e->peers[e->world_rank].system_id)
+        if (q == NULL || q->map_bytes == 0 || q->system_id != e->system_id)
             return 0;
         if (q->map_bytes > most)
             most = q->map_bytes;

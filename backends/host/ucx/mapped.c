@@ -114,7 +114,7 @@ void ucx_region_say(const ucx_region *r, size_t slot, ucx_map_msg *m)
 int32_t ucx_region_attach(ucx_engine *e, uint32_t wrank, const ucx_map_msg *m, ccq_errbuf *err)
 {
     ucx_peer *p = &e->peers[wrank];
-    uint32_t at = UINT32_MAX, lru = UINT32_MAX;
+    uint32_t at, lru = UINT32_MAX;
     ucp_rkey_h rkey;
     ucs_status_t us;
     void *local;
