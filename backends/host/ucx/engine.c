@@ -28,8 +28,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include <ucs/sys/uid.h>
-
 #include "backends/host/reduce.h"
 #include "backends/host/ucx/ucx.h"
 #include "common/clock.h"
@@ -331,7 +329,7 @@ static ccq_status ucx_create(const ccq_config *cfg, ccq_host_engine **out, ccq_e
      * it, 2 x 1 and 4 x 1, 8 B-64 KiB, 0.96-1.05x. */
     if (!tls_has_shm())
         e->map_bytes = 0;
-    e->system_id = ucs_get_system_id();
+    ucx_shm_scope_here(&e->scope);
     memset(&params, 0, sizeof params);
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
     params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA;
@@ -552,11 +550,11 @@ static void ucx_destroy(ccq_host_engine *base)
 
 /* A process's world blob: its worker address, then this: what the others need to agree on
  * the mapped all_reduce with it (ucx_comm.map_bytes). */
-#define UCX_BLOB_MAGIC 0x50414d43u /* "CMAP" */
+#define UCX_BLOB_MAGIC 0x3250414du /* "MAP2" */
 typedef struct ucx_blob_tail {
     uint32_t magic, reserved;
-    uint64_t system_id; /* UCX's: processes with the same one share memory */
-    uint64_t map_bytes; /* its threshold (0: it cannot or will not map) */
+    ucx_shm_scope scope; /* processes with the same one read each other's regions */
+    uint64_t map_bytes;  /* its threshold (0: it cannot or will not map) */
 } ucx_blob_tail;
 
 static ccq_status ucx_world_blob(ccq_host_engine *base, void *blob, size_t *len, ccq_errbuf *err)
@@ -574,7 +572,7 @@ static ccq_status ucx_world_blob(ccq_host_engine *base, void *blob, size_t *len,
         else
             e->map_bytes = 0;
     }
-    tail = (ucx_blob_tail){UCX_BLOB_MAGIC, 0, e->system_id, e->map_bytes};
+    tail = (ucx_blob_tail){UCX_BLOB_MAGIC, 0, e->scope, e->map_bytes};
     if (*len < e->addr_len + sizeof tail) {
         snprintf(err->msg, sizeof err->msg, "the UCX worker address has %zu bytes (room for %zu)",
                  e->addr_len + sizeof tail, *len);
@@ -657,7 +655,7 @@ static ccq_status ucx_world_ready(ccq_host_engine *base, uint32_t world_rank, ui
         e->peers[p].addr = e->addrs + off;
         e->peers[p].addr_len = alen;
         e->peers[p].map_bytes = tail.map_bytes;
-        e->peers[p].system_id = tail.system_id;
+        e->peers[p].scope = tail.scope;
         off += alen;
     }
     return CCQ_OK;
@@ -735,14 +733,15 @@ static void comm_unref(ucx_comm *c)
 }
 
 /* The mapped all_reduce's threshold for a communicator of these members (ucx_comm.map_bytes):
- * every member on this machine (UCX's system id) and willing, the largest threshold among
- * them; else 0. Every member computes the same from the same world blobs. */
+ * every member able to read this process's regions and it theirs (the same ucx_shm_scope:
+ * machine and namespaces) and willing, the largest threshold among them; else 0. Every member
+ * computes the same from the same world blobs. */
 static uint64_t comm_map_bytes(const ucx_engine *e, const ccq_be_comm_desc *d)
 {
     uint64_t most = 0;
     for (uint32_t p = 0; p < d->nprocs; p++) {
         const ucx_peer *q = d->procs[p] < e->world_size ? &e->peers[d->procs[p]] : NULL;
-        if (q == NULL || q->map_bytes == 0 || q->system_id != e->system_id)
+        if (q == NULL || q->map_bytes == 0 || !ucx_shm_scope_same(&q->scope, &e->scope))
             return 0;
         if (q->map_bytes > most)
             most = q->map_bytes;

@@ -17,12 +17,33 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+
+#include <ucs/sys/uid.h>
 
 #include "backends/host/ucx/ucx.h"
 
 /* Regions kept for reuse beyond the ones lent out: one operation at a time is the common case
  * (a batch's large all_reduces run one after another on a communicator's ring of segments). */
 #define REGIONS_KEPT 2u
+
+static uint64_t ns_inode(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
+
+void ucx_shm_scope_here(ucx_shm_scope *s)
+{
+    s->system_id = ucs_get_system_id();
+    s->ipc_ns = ns_inode("/proc/self/ns/ipc");
+    s->pid_ns = ns_inode("/proc/self/ns/pid");
+}
+
+bool ucx_shm_scope_same(const ucx_shm_scope *a, const ucx_shm_scope *b)
+{
+    return a->system_id == b->system_id && a->ipc_ns == b->ipc_ns && a->pid_ns == b->pid_ns;
+}
 
 static void region_free(ucx_engine *e, ucx_region *r)
 {

@@ -110,6 +110,18 @@ typedef struct ucx_map_msg {
     unsigned char rkey[UCX_MAP_RKEY_MAX];
 } ucx_map_msg;
 
+/* Which processes can read each other's regions: UCX's shared-memory transports reach a peer
+ * only on the same machine (UCX's system id: the kernel's boot id) and, from inside
+ * containers, in the same IPC namespace (SysV segments, which ucp_mem_map takes first, and
+ * UCX's own reachability rule for them) and the same PID namespace (POSIX segments are
+ * opened through /proc/PID/fd where UCX_POSIX_USE_PROC_LINK, its default). Two containers
+ * of one machine (Docker's default, a Kubernetes pod each) share the boot id and nothing
+ * else: UCX talks TCP between them, and a region of one cannot be read by the other.
+ * Namespaces are the inode numbers of /proc/self/ns/{ipc,pid} (0 where /proc has none). */
+typedef struct ucx_shm_scope {
+    uint64_t system_id, ipc_ns, pid_ns;
+} ucx_shm_scope;
+
 /* A peer's region as this process reads it: attached once, kept while operations use it
  * (refs) and, unused, until PEER_MAPS_KEPT newer ones push it out (ucx/mapped.c). */
 typedef struct ucx_peer_map {
@@ -138,8 +150,9 @@ typedef struct ucx_peer {
     const void *addr; /* its worker address (a copy held by the engine) */
     size_t addr_len;
     /* From its world blob (ucx_blob_tail): the mapped all_reduce's threshold there (0: it
-     * cannot or will not map) and the machine it runs on (UCX's system id). */
-    uint64_t map_bytes, system_id;
+     * cannot or will not map) and whose shared memory it can read (machine and namespaces). */
+    uint64_t map_bytes;
+    ucx_shm_scope scope;
     ucs_status_t failed; /* UCS_OK, or what UCX's error callback said about it */
     uint64_t failed_ns;  /* when the error callback said it */
     bool reported;       /* told to the runtime (base.peer_failed) */
@@ -205,7 +218,8 @@ struct ucx_engine {
     /* Mapped scratch (ucx/mapped.c): this process's threshold for the mapped all_reduce
      * (CCQ_UCX_MAPPED_BYTES; 0: off, or UCX cannot map here), its free regions, and the peers'
      * regions it reads. */
-    uint64_t map_bytes, system_id;
+    uint64_t map_bytes;
+    ucx_shm_scope scope; /* this process's (ucx_shm_scope_here) */
     ucx_region *regions;
     uint32_t nregions, region_ids;
     ucx_peer_map *maps;
@@ -553,6 +567,8 @@ void ucx_fused_unref(ucx_fused *fz);
  * err set. At destroy: let every peer's region go (before the endpoints close), then this
  * process's own. */
 ucx_region *ucx_region_get(ucx_engine *e, size_t len, ccq_errbuf *err);
+void ucx_shm_scope_here(ucx_shm_scope *s);
+bool ucx_shm_scope_same(const ucx_shm_scope *a, const ucx_shm_scope *b);
 void ucx_region_put(ucx_engine *e, ucx_region *r, bool reuse);
 void ucx_region_say(const ucx_region *r, size_t slot, ucx_map_msg *m);
 int32_t ucx_region_attach(ucx_engine *e, uint32_t wrank, const ucx_map_msg *m, ccq_errbuf *err);
