@@ -733,6 +733,11 @@ static void stopped_pair(ccq_runtime *rt, const ccq_device_id *pair)
         ((eager_bytes == NULL || atoi(eager_bytes) > 0) && bulk != NULL &&
          atoi(bulk) > 128 * 1024) ||
         (mapped != NULL && atoi(mapped) > 0 && atoi(mapped) <= (int)(COUNT * sizeof(float)));
+    /* And the schedule is the mapped one where asked for: a process that misread what UCX can
+     * map (ucx_shm_scope) would fall back to the ring here, silently slower. */
+    CHECK(!(mapped != NULL && atoi(mapped) > 0 && atoi(mapped) <= (int)(COUNT * sizeof(float))) ||
+              strstr(ccq_last_error_detail(), "(mapped, ") != NULL,
+          "the mapped all_reduce ran: %s", ccq_last_error_detail());
     CHECK(strstr(ccq_last_error_detail(), want) != NULL &&
               (strstr(ccq_last_error_detail(),
                       "1 of this process's messages to it still leaving") != NULL ||

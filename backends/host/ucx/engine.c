@@ -329,7 +329,6 @@ static ccq_status ucx_create(const ccq_config *cfg, ccq_host_engine **out, ccq_e
      * it, 2 x 1 and 4 x 1, 8 B-64 KiB, 0.96-1.05x. */
     if (!tls_has_shm())
         e->map_bytes = 0;
-    ucx_shm_scope_here(&e->scope);
     memset(&params, 0, sizeof params);
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
     params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA;
@@ -340,6 +339,11 @@ static ccq_status ucx_create(const ccq_config *cfg, ccq_host_engine **out, ccq_e
         e->ctx = NULL;
         snprintf(err->msg, sizeof err->msg, "UCX: ucp_init: %s", ucs_status_string(us));
         goto fail;
+    }
+    if (e->map_bytes > 0) { /* UCX allocates a region to say what kind it is: only if used */
+        ucx_shm_scope_here(e->ctx, ucx_window() * e->seg_bytes, &e->scope);
+        if (e->scope.alloc_kind == 0)
+            e->map_bytes = 0;
     }
     memset(&wp, 0, sizeof wp);
     wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
@@ -733,20 +737,23 @@ static void comm_unref(ucx_comm *c)
 }
 
 /* The mapped all_reduce's threshold for a communicator of these members (ucx_comm.map_bytes):
- * every member able to read this process's regions and it theirs (the same ucx_shm_scope:
- * machine and namespaces) and willing, the largest threshold among them; else 0. Every member
+ * every member willing, in this process's machine and namespaces, and able to read every
+ * member's kind of region (ucx_shm_scope), the largest threshold among them; else 0. Every member
  * computes the same from the same world blobs. */
 static uint64_t comm_map_bytes(const ucx_engine *e, const ccq_be_comm_desc *d)
 {
     uint64_t most = 0;
+    uint32_t made = 0, read = ~0u; /* the kinds of the members' regions, those all can read */
     for (uint32_t p = 0; p < d->nprocs; p++) {
         const ucx_peer *q = d->procs[p] < e->world_size ? &e->peers[d->procs[p]] : NULL;
         if (q == NULL || q->map_bytes == 0 || !ucx_shm_scope_same(&q->scope, &e->scope))
             return 0;
+        made |= q->scope.alloc_kind;
+        read &= q->scope.read_kinds;
         if (q->map_bytes > most)
             most = q->map_bytes;
     }
-    return d->nprocs > 1 ? most : 0;
+    return d->nprocs > 1 && (made & ~read) == 0 ? most : 0;
 }
 
 static ccq_status ucx_comm_create(ccq_host_engine *base, const ccq_be_comm_desc *d,

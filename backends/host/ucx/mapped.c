@@ -13,6 +13,7 @@
  * once its last mapping goes), so a late reader reads that operation's bytes, never a later
  * operation's. A peer's region that died with its process stays readable here the same way
  * (docs/results/2026-12-07/copy-floor/rkey_ptr_check.c). */
+#define _POSIX_C_SOURCE 200809L /* open_memstream, strtok_r */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,11 +34,48 @@ static uint64_t ns_inode(const char *path)
     return stat(path, &st) == 0 ? (uint64_t)st.st_ino : 0;
 }
 
-void ucx_shm_scope_here(ucx_shm_scope *s)
+static uint32_t shm_kind(const char *name)
 {
-    s->system_id = ucs_get_system_id();
-    s->ipc_ns = ns_inode("/proc/self/ns/ipc");
-    s->pid_ns = ns_inode("/proc/self/ns/pid");
+    return strcmp(name, "sysv") == 0    ? UCX_SHM_SYSV
+           : strcmp(name, "posix") == 0 ? UCX_SHM_POSIX
+                                        : 0;
+}
+
+/* The kinds: UCX says neither through its API, but prints both, as `ucx_info -p -u mr` and
+ * `ucx_info -m SIZE -u mr` do: the memory domains its context has ("md N : component M sysv"), and
+ * what ucp_mem_map(ALLOCATE) made a region of that size with ("allocated ... with sysv, ..."),
+ * which follows its ALLOC_PRIO (SysV first where its transport is selected, then POSIX). What
+ * cannot be read from them counts as no kind: that process then does not map, never fails. */
+void ucx_shm_scope_here(ucp_context_h ctx, size_t region_bytes, ucx_shm_scope *s)
+{
+    char *text = NULL, *save = NULL, size[32];
+    size_t len = 0;
+    FILE *f;
+
+    *s = (ucx_shm_scope){.system_id = ucs_get_system_id(),
+                         .ipc_ns = ns_inode("/proc/self/ns/ipc"),
+                         .pid_ns = ns_inode("/proc/self/ns/pid")};
+    if ((f = open_memstream(&text, &len)) == NULL)
+        return;
+    snprintf(size, sizeof size, "%zu", region_bytes);
+    ucp_context_print_info(ctx, f);
+    ucp_mem_print_info(size, ctx, f);
+    if (fclose(f) != 0 || text == NULL) {
+        free(text);
+        return;
+    }
+    for (char *line = strtok_r(text, "\n", &save); line != NULL;
+         line = strtok_r(NULL, "\n", &save)) {
+        unsigned md, component;
+        char name[32];
+        const char *with = strstr(line, " with ");
+        if (sscanf(line, "# md %u : component %u %31s", &md, &component, name) == 3)
+            s->read_kinds |= shm_kind(name);
+        else if (strstr(line, "allocated ") != NULL && with != NULL &&
+                 sscanf(with, " with %31[^, ]", name) == 1)
+            s->alloc_kind = shm_kind(name);
+    }
+    free(text);
 }
 
 bool ucx_shm_scope_same(const ucx_shm_scope *a, const ucx_shm_scope *b)

@@ -110,16 +110,21 @@ typedef struct ucx_map_msg {
     unsigned char rkey[UCX_MAP_RKEY_MAX];
 } ucx_map_msg;
 
-/* Which processes can read each other's regions: UCX's shared-memory transports reach a peer
- * only on the same machine (UCX's system id: the kernel's boot id) and, from inside
- * containers, in the same IPC namespace (SysV segments, which ucp_mem_map takes first, and
- * UCX's own reachability rule for them) and the same PID namespace (POSIX segments are
- * opened through /proc/PID/fd where UCX_POSIX_USE_PROC_LINK, its default). Two containers
- * of one machine (Docker's default, a Kubernetes pod each) share the boot id and nothing
- * else: UCX talks TCP between them, and a region of one cannot be read by the other.
- * Namespaces are the inode numbers of /proc/self/ns/{ipc,pid} (0 where /proc has none). */
+/* Which processes can read each other's regions. UCX's shared-memory transports reach a
+ * peer only on the same machine (UCX's system id: the kernel's boot id) and, from inside
+ * containers, in the same IPC namespace (SysV segments, and UCX's own reachability rule for
+ * its shared memory) and the same PID namespace (POSIX segments are opened through
+ * /proc/PID/fd where UCX_POSIX_USE_PROC_LINK, its default). Two containers of one machine
+ * (Docker's default, a Kubernetes pod each) share the boot id and nothing else: UCX talks TCP
+ * between them, and a region of one cannot be read by the other. Namespaces are the inode
+ * numbers of /proc/self/ns/{ipc,pid} (0 where /proc has none). And a region is of one kind
+ * (alloc_kind: UCX_SHM_SYSV or UCX_SHM_POSIX; 0: UCX made it of memory no other process can
+ * map, so this one does not map) that a reader's UCX must have (read_kinds): UCX_TLS=posix in
+ * one process and the default (SysV first) in another is a pair that cannot read both ways. */
+enum { UCX_SHM_SYSV = 1, UCX_SHM_POSIX = 2 };
 typedef struct ucx_shm_scope {
     uint64_t system_id, ipc_ns, pid_ns;
+    uint32_t alloc_kind, read_kinds;
 } ucx_shm_scope;
 
 /* A peer's region as this process reads it: attached once, kept while operations use it
@@ -567,7 +572,7 @@ void ucx_fused_unref(ucx_fused *fz);
  * err set. At destroy: let every peer's region go (before the endpoints close), then this
  * process's own. */
 ucx_region *ucx_region_get(ucx_engine *e, size_t len, ccq_errbuf *err);
-void ucx_shm_scope_here(ucx_shm_scope *s);
+void ucx_shm_scope_here(ucp_context_h ctx, size_t region_bytes, ucx_shm_scope *s);
 bool ucx_shm_scope_same(const ucx_shm_scope *a, const ucx_shm_scope *b);
 void ucx_region_put(ucx_engine *e, ucx_region *r, bool reuse);
 void ucx_region_say(const ucx_region *r, size_t slot, ucx_map_msg *m);
