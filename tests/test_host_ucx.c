@@ -917,6 +917,42 @@ world:
     }
 }
 
+/* Processes cut their segments differently (CCQ_UCX_SEG_BYTES set per process by the test):
+ * a 3 MiB all_reduce fails everywhere with a detail that says the schedules differ, and no
+ * output is written. On the mapped schedule a member with smaller segments made every reader
+ * of its slots read the wrong bytes and complete with them, silently, before each segment's
+ * "in" said its length (ucx_map_msg.bytes); the ring finds it on its first message's size. */
+static void segments_differ(ccq_runtime *rt)
+{
+    enum { COUNT = 3 * 1024 * 1024 / 4 };
+    static float x[NDEV][COUNT], y[NDEV][COUNT];
+    ccq_device_id all[16];
+    uint32_t n = wsize * NDEV;
+
+    for (uint32_t d = 0; d < n; d++)
+        all[d] = d;
+    CHECK(ccq_comm_init(rt, all, n) == CCQ_OK, "world comm");
+    for (uint32_t k = 0; k < NDEV; k++) {
+        for (size_t i = 0; i < COUNT; i++)
+            x[k][i] = 1.0f, y[k][i] = -7.0f;
+        CHECK(ccq_all_reduce(rt, first + k, 0, x[k], y[k], COUNT, CCQ_FLOAT32, CCQ_SUM, all, n) ==
+                  CCQ_OK,
+              "submit");
+    }
+    for (uint32_t k = 0; k < NDEV; k++) {
+        ccq_status st = ccq_sync_collective(rt, first + k, 0);
+        CHECK(st != CCQ_OK, "part %u: an all_reduce over different segments completed", k);
+        if (k == 0) {
+            CHECK(strstr(ccq_last_error_detail(), "different schedules") != NULL &&
+                      strstr(ccq_last_error_detail(), "CCQ_UCX_") != NULL,
+                  "the detail says the schedules differ: %s", ccq_last_error_detail());
+            printf("process %u: %s: %s\n", wrank, ccq_status_name(st), ccq_last_error_detail());
+        }
+        for (size_t i = 0; i < COUNT; i++)
+            CHECK(y[k][i] == -7.0f, "part %u: the failed all_reduce wrote its output [%zu]", k, i);
+    }
+}
+
 int main(int argc, char **argv)
 {
     ccq_config cfg;
@@ -931,6 +967,7 @@ int main(int argc, char **argv)
         argc > 1 && (strcmp(argv[1], "kill_fused") == 0 || strcmp(argv[1], "kill_fused_one") == 0 ||
                      strcmp(argv[1], "stop_fused_one") == 0);
     bool burst_mode = argc > 1 && strcmp(argv[1], "last_burst") == 0;
+    bool segs_mode = argc > 1 && strcmp(argv[1], "segments_differ") == 0;
 
     ccq_config_init(&cfg);
     wrank = cfg.world_rank;
@@ -976,6 +1013,8 @@ int main(int argc, char **argv)
         killed_fused(rt);
     } else if (stop_mode) {
         stopped(rt, cfg.timeout_ms);
+    } else if (segs_mode) {
+        segments_differ(rt);
     } else {
         const mcase cases[] = {
             {"count",

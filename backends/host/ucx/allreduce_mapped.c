@@ -72,6 +72,14 @@ static ccq_status peer_slot(ucx_op *o, uint32_t q, const void *buf, size_t bytes
     uint32_t wrank = o->c->procs[q];
     ucx_map_msg m;
     memcpy(&m, buf, sizeof m); /* UCX's eager payload: no alignment promised */
+    if (m.bytes != bytes) {
+        snprintf(err->msg, sizeof err->msg,
+                 "process %u's segment of %s sequence %" PRIu64 " has %" PRIu64 " bytes where "
+                 "this process (%u) expects %zu: the processes run different schedules (another "
+                 "ccq version, or CCQ_UCX_SEG_BYTES differs between them?)",
+                 wrank, ucx_kind_name(o->kind), o->seq, m.bytes, o->c->procs[o->me], bytes);
+        return CCQ_ERR_BACKEND;
+    }
     if (o->peer_map[q] < 0 && (o->peer_map[q] = ucx_region_attach(e, wrank, &m, err)) < 0)
         return CCQ_ERR_BACKEND;
     if (e->maps[o->peer_map[q]].id != m.id || m.slot > m.len || bytes > m.len - m.slot) {
@@ -142,7 +150,7 @@ static ccq_status mapped_seg(ucx_op *o, uint32_t g, ccq_errbuf *err)
                 return CCQ_IN_PROGRESS;
         }
         ucx_part_combine(o, op, off0 * es, mine, len);
-        ucx_region_say(o->region, slot_off, say);
+        ucx_region_say(o->region, slot_off, len * es, say);
         for (uint32_t p = 0; p < P; p++)
             ms[p] = (map_slot){p == me ? mine : NULL, 0};
         if ((st = send_all(o, g, STEP_IN, say, sizeof *say, err)) != CCQ_OK)

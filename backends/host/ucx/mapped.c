@@ -155,7 +155,7 @@ void ucx_region_put(ucx_engine *e, ucx_region *r, bool reuse)
     e->nregions++;
 }
 
-void ucx_region_say(const ucx_region *r, size_t slot, ucx_map_msg *m)
+void ucx_region_say(const ucx_region *r, size_t slot, size_t bytes, ucx_map_msg *m)
 {
     memset(m, 0, sizeof *m);
     m->id = r->id;
@@ -163,6 +163,7 @@ void ucx_region_say(const ucx_region *r, size_t slot, ucx_map_msg *m)
     m->base = (uint64_t)(uintptr_t)r->base;
     m->len = r->len;
     m->slot = slot;
+    m->bytes = bytes;
     memcpy(m->rkey, r->rkey, r->rkey_len);
 }
 

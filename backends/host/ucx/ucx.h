@@ -107,6 +107,9 @@ typedef struct ucx_map_msg {
     uint64_t base; /* the region's address in its owner (ucp_rkey_ptr's) */
     uint64_t len;  /* its bytes */
     uint64_t slot; /* where the step's bytes are (bytes from base) */
+    /* How many there are in the sender's schedule: the reader's must be as many (a member
+     * with another CCQ_UCX_SEG_BYTES cuts other segments: it would read the wrong bytes). */
+    uint64_t bytes;
     unsigned char rkey[UCX_MAP_RKEY_MAX];
 } ucx_map_msg;
 
@@ -567,15 +570,15 @@ void ucx_fused_unref(ucx_fused *fz);
 /* Mapped scratch (ucx/mapped.c). A region of at least len bytes for an operation (NULL, err
  * set, when UCX cannot map one); back from it: kept for the next (reuse: the operation
  * succeeded, no peer reads it any more) or let go. ucx_region_say: describe region r and a
- * slot of it for a message. ucx_region_attach: member wrank's region as m describes it,
- * readable here (referenced: ucx_region_detach drops it): its index in e->maps, or -1 with
- * err set. At destroy: let every peer's region go (before the endpoints close), then this
- * process's own. */
+ * slot of it holding bytes for a message. ucx_region_attach: member wrank's region as m describes
+ * it, readable here (referenced: ucx_region_detach drops it): its index in e->maps, or -1 with err
+ * set. At destroy: let every peer's region go (before the endpoints close), then this process's
+ * own. */
 ucx_region *ucx_region_get(ucx_engine *e, size_t len, ccq_errbuf *err);
 void ucx_shm_scope_here(ucp_context_h ctx, size_t region_bytes, ucx_shm_scope *s);
 bool ucx_shm_scope_same(const ucx_shm_scope *a, const ucx_shm_scope *b);
 void ucx_region_put(ucx_engine *e, ucx_region *r, bool reuse);
-void ucx_region_say(const ucx_region *r, size_t slot, ucx_map_msg *m);
+void ucx_region_say(const ucx_region *r, size_t slot, size_t bytes, ucx_map_msg *m);
 int32_t ucx_region_attach(ucx_engine *e, uint32_t wrank, const ucx_map_msg *m, ccq_errbuf *err);
 void ucx_region_detach(ucx_engine *e, int32_t at);
 void ucx_maps_release(ucx_engine *e);
