@@ -341,7 +341,7 @@ static ccq_status ucx_create(const ccq_config *cfg, ccq_host_engine **out, ccq_e
         goto fail;
     }
     if (e->map_bytes > 0) { /* UCX allocates a region to say what kind it is: only if used */
-        ucx_shm_scope_here(e->ctx, ucx_window() * e->seg_bytes, &e->scope);
+        ucx_shm_scope_here(e->ctx, ucx_window() * e->knobs.seg_bytes, &e->scope);
         if (e->scope.alloc_kind == 0)
             e->map_bytes = 0;
     }
@@ -553,12 +553,13 @@ static void ucx_destroy(ccq_host_engine *base)
 }
 
 /* A process's world blob: its worker address, then this: what the others need to agree on
- * the mapped all_reduce with it (ucx_comm.map_bytes). */
+ * the schedules with it (ucx_comm.map_bytes, ucx_comm.knobs). */
 #define UCX_BLOB_MAGIC 0x3250414du /* "MAP2" */
 typedef struct ucx_blob_tail {
     uint32_t magic, reserved;
     ucx_shm_scope scope; /* processes with the same one read each other's regions */
     uint64_t map_bytes;  /* its threshold (0: it cannot or will not map) */
+    ucx_knobs knobs;
 } ucx_blob_tail;
 
 static ccq_status ucx_world_blob(ccq_host_engine *base, void *blob, size_t *len, ccq_errbuf *err)
@@ -570,13 +571,13 @@ static ccq_status ucx_world_blob(ccq_host_engine *base, void *blob, size_t *len,
      * it until then). If not, it says so and no communicator of it maps. */
     if (e->map_bytes > 0) {
         ccq_errbuf ignored;
-        ucx_region *r = ucx_region_get(e, ucx_window() * e->seg_bytes, &ignored);
+        ucx_region *r = ucx_region_get(e, ucx_window() * e->knobs.seg_bytes, &ignored);
         if (r != NULL)
             ucx_region_put(e, r, true);
         else
             e->map_bytes = 0;
     }
-    tail = (ucx_blob_tail){UCX_BLOB_MAGIC, 0, e->scope, e->map_bytes};
+    tail = (ucx_blob_tail){UCX_BLOB_MAGIC, 0, e->scope, e->map_bytes, e->knobs};
     if (*len < e->addr_len + sizeof tail) {
         snprintf(err->msg, sizeof err->msg, "the UCX worker address has %zu bytes (room for %zu)",
                  e->addr_len + sizeof tail, *len);
@@ -660,6 +661,7 @@ static ccq_status ucx_world_ready(ccq_host_engine *base, uint32_t world_rank, ui
         e->peers[p].addr_len = alen;
         e->peers[p].map_bytes = tail.map_bytes;
         e->peers[p].scope = tail.scope;
+        e->peers[p].knobs = tail.knobs;
         off += alen;
     }
     return CCQ_OK;
@@ -756,6 +758,23 @@ static uint64_t comm_map_bytes(const ucx_engine *e, const ccq_be_comm_desc *d)
     return d->nprocs > 1 && (made & ~read) == 0 ? most : 0;
 }
 
+/* The schedule settings of a communicator of these members: the largest of each (every
+ * member computes the same from the same world blobs). */
+static ucx_knobs comm_knobs(const ucx_engine *e, const ccq_be_comm_desc *d)
+{
+    ucx_knobs k = e->knobs;
+    for (uint32_t p = 0; p < d->nprocs; p++) {
+        const ucx_knobs *q = d->procs[p] < e->world_size ? &e->peers[d->procs[p]].knobs : NULL;
+        if (q == NULL)
+            continue;
+        k.ring_bytes = q->ring_bytes > k.ring_bytes ? q->ring_bytes : k.ring_bytes;
+        k.direct_ar_bytes =
+            q->direct_ar_bytes > k.direct_ar_bytes ? q->direct_ar_bytes : k.direct_ar_bytes;
+        k.seg_bytes = q->seg_bytes > k.seg_bytes ? q->seg_bytes : k.seg_bytes;
+    }
+    return k;
+}
+
 static ccq_status ucx_comm_create(ccq_host_engine *base, const ccq_be_comm_desc *d,
                                   ccq_heng_comm **out, ccq_errbuf *err)
 {
@@ -800,6 +819,7 @@ static ccq_status ucx_comm_create(ccq_host_engine *base, const ccq_be_comm_desc 
     }
     memcpy(c->fr, d->proc_first, ((size_t)d->nprocs + 1) * sizeof *c->fr);
     c->map_bytes = comm_map_bytes(e, d);
+    c->knobs = comm_knobs(e, d);
     for (uint32_t p = 0; p < d->nprocs; p++) {
         if (p == c->me)
             continue;

@@ -72,8 +72,8 @@ static bool commutes(uint8_t dtype, uint8_t redop)
 bool ucx_fused_ring(const ucx_op *head)
 {
     return head->kind == CCQ_KIND_ALL_REDUCE && head->P == 2 &&
-           commutes(head->dtype, head->redop) && head->count * head->es > head->e->ring_bytes &&
-           head->count >= head->P;
+           commutes(head->dtype, head->redop) &&
+           head->count * head->es > head->c->knobs.ring_bytes && head->count >= head->P;
 }
 
 /* Whether op may fuse on c (a property of the op and the communicator: the same answer in
@@ -90,7 +90,7 @@ static bool fusable(const ucx_comm *c, const ccq_be_op *op)
     case CCQ_KIND_REDUCE_SCATTER: /* its own schedule is the direct one, or a commuting pair */
         return ucx_rs_direct(bytes * c->nranks) || pair;
     default: /* all_reduce: its own is recursive doubling (ucx_select), or a commuting pair */
-        return bytes <= c->e->ring_bytes || op->count < c->nprocs || pair;
+        return bytes <= c->knobs.ring_bytes || op->count < c->nprocs || pair;
     }
 }
 

@@ -3,9 +3,11 @@
  *
  * The thresholds are measured on the 2-core machines of docs/performance.md and can be
  * moved for experiments with CCQ_UCX_RING_BYTES (all_reduce: recursive doubling up to it,
- * the ring above) and CCQ_UCX_SEG_BYTES (the pipelined schedules' segment size). Every
- * process must run the same schedule for an operation: set them alike everywhere. How a
- * payload travels (CCQ_UCX_EAGER_BYTES, CCQ_UCX_BULK_BYTES) is each sender's own choice. */
+ * the ring above), CCQ_UCX_DIRECT_AR_BYTES and CCQ_UCX_SEG_BYTES (the pipelined schedules'
+ * segment size). Every process must run the same schedule for an operation: a communicator
+ * runs the largest of its members' (ucx_knobs, said in the world's meeting), whatever each
+ * process set. How a payload travels (CCQ_UCX_EAGER_BYTES, CCQ_UCX_BULK_BYTES) is each
+ * sender's own choice. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,17 +89,17 @@ static uint64_t knob(const char *name, uint64_t def)
 
 void ucx_tuning(ucx_engine *e)
 {
-    e->ring_bytes = knob("CCQ_UCX_RING_BYTES", RING_BYTES);
+    e->knobs.ring_bytes = knob("CCQ_UCX_RING_BYTES", RING_BYTES);
     /* 0 = never (recursive doubling at every small size: the default). */
     uint64_t direct;
-    e->direct_ar_bytes = ccq_env_u64("CCQ_UCX_DIRECT_AR_BYTES", 0, 1ull << 40, &direct) > 0
-                             ? (size_t)direct
-                             : DIRECT_AR_BYTES;
+    e->knobs.direct_ar_bytes = ccq_env_u64("CCQ_UCX_DIRECT_AR_BYTES", 0, 1ull << 40, &direct) > 0
+                                   ? direct
+                                   : DIRECT_AR_BYTES;
     /* 0 = never (every payload from 8 KiB by UCX's rendezvous, as before 2026-12-04). */
     uint64_t eager;
     e->eager_bytes =
         ccq_env_u64("CCQ_UCX_EAGER_BYTES", 0, 1ull << 40, &eager) > 0 ? (size_t)eager : EAGER_BYTES;
-    e->seg_bytes = knob("CCQ_UCX_SEG_BYTES", SEG_BYTES);
+    e->knobs.seg_bytes = knob("CCQ_UCX_SEG_BYTES", SEG_BYTES);
     /* 0 = never (the ring, as before 2026-12-07). */
     uint64_t mapped;
     e->map_bytes =
@@ -136,11 +138,11 @@ const ucx_alg *ucx_select(const ucx_op *o)
         if (o->c->map_bytes > 0 && bytes >= o->c->map_bytes && o->P <= UCX_MAPPED_MAX_P &&
             o->count >= o->P)
             return &ucx_allreduce_mapped;
-        if (bytes <= o->e->direct_ar_bytes && o->e->direct_ar_bytes > 0 && o->P >= 3 &&
+        if (bytes <= o->c->knobs.direct_ar_bytes && o->c->knobs.direct_ar_bytes > 0 && o->P >= 3 &&
             o->P <= UCX_DIRECT_AR_MAX_P)
             return &ucx_allreduce_direct;
-        return bytes <= o->e->ring_bytes || o->count < o->P ? &ucx_allreduce_rd
-                                                            : &ucx_allreduce_ring;
+        return bytes <= o->c->knobs.ring_bytes || o->count < o->P ? &ucx_allreduce_rd
+                                                                  : &ucx_allreduce_ring;
     case CCQ_KIND_REDUCE:
         return &ucx_reduce_binomial;
     case CCQ_KIND_BROADCAST:
@@ -176,7 +178,7 @@ void ucx_block(size_t n, uint32_t P, uint32_t b, size_t *off, size_t *len)
 
 ccq_status ucx_segments(ucx_op *o, size_t elems, size_t seg_bytes, uint32_t window, ccq_errbuf *err)
 {
-    size_t seg = (seg_bytes ? seg_bytes : o->e->seg_bytes) / (o->es ? o->es : 1);
+    size_t seg = (seg_bytes ? seg_bytes : (size_t)o->c->knobs.seg_bytes) / (o->es ? o->es : 1);
     if (seg == 0)
         seg = 1;
     o->seg_elems = seg;

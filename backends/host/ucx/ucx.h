@@ -87,6 +87,17 @@ typedef struct ucx_msg {
     uint32_t wsrc; /* the sender's world rank (hdr.wsrc, checked) */
 } ucx_msg;
 
+/* The settings that choose a schedule (ucx/select.c): every member of a communicator must run
+ * the same one for an operation, so each process says its own in the world's meeting
+ * (ucx_blob_tail) and a communicator runs the largest of its members' (ucx_comm.knobs).
+ * Before 2026-12-07 each process used its own: a process with another CCQ_UCX_RING_BYTES or
+ * CCQ_UCX_DIRECT_AR_BYTES than the others hung with them until their deadline. */
+typedef struct ucx_knobs {
+    uint64_t ring_bytes;      /* all_reduce: recursive doubling up to it, the ring above */
+    uint64_t direct_ar_bytes; /* all_reduce: the direct schedule up to it (0: never) */
+    uint64_t seg_bytes;       /* the pipelined schedules' segment */
+} ucx_knobs;
+
 /* ---- mapped scratch (ucx/mapped.c) ----------------------------------------------------- */
 
 /* This process's region of mapped scratch: lent to one operation at a time (ucx_op.region). */
@@ -158,9 +169,11 @@ typedef struct ucx_peer {
     const void *addr; /* its worker address (a copy held by the engine) */
     size_t addr_len;
     /* From its world blob (ucx_blob_tail): the mapped all_reduce's threshold there (0: it
-     * cannot or will not map) and whose shared memory it can read (machine and namespaces). */
+     * cannot or will not map), whose shared memory it can read (machine and namespaces), and
+     * its schedule settings. */
     uint64_t map_bytes;
     ucx_shm_scope scope;
+    ucx_knobs knobs;
     ucs_status_t failed; /* UCS_OK, or what UCX's error callback said about it */
     uint64_t failed_ns;  /* when the error callback said it */
     bool reported;       /* told to the runtime (base.peer_failed) */
@@ -205,8 +218,7 @@ struct ucx_engine {
      * first sees the count move, once per scheduler pass), and when the count last moved. */
     uint64_t activity, activity_seen;
     uint64_t last_activity_ns;
-    size_t ring_bytes, seg_bytes;      /* schedule thresholds (ucx/select.c) */
-    size_t direct_ar_bytes;            /* all_reduce: the direct schedule up to it */
+    ucx_knobs knobs;                   /* this process's (ucx/select.c) */
     size_t stream_bytes;               /* outputs by streaming stores from (ucx/select.c) */
     bool fused_in_place;               /* fused ring inputs read in place (ucx/select.c) */
     size_t bulk_bytes;                 /* payloads of at least this go on ucx_peer.bulk */
@@ -312,6 +324,7 @@ struct ucx_comm {
     /* The mapped all_reduce from this many bytes (ucx/allreduce_mapped.c): every member on one
      * machine and able to map, the largest of their thresholds; 0: never. */
     uint64_t map_bytes;
+    ucx_knobs knobs;       /* the largest of the members' (ucx_knobs) */
     uint64_t fusion_bytes; /* 0: start_run never fuses */
     struct ucx_pend *pq;
     uint32_t pq_head, pq_n, pq_cap;
