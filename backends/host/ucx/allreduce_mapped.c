@@ -76,7 +76,7 @@ static ccq_status peer_slot(ucx_op *o, uint32_t q, const void *buf, size_t bytes
         snprintf(err->msg, sizeof err->msg,
                  "process %u's segment of %s sequence %" PRIu64 " has %" PRIu64 " bytes where "
                  "this process (%u) expects %zu: the processes run different schedules (another "
-                 "ccq version, or CCQ_UCX_SEG_BYTES differs between them?)",
+                 "ccq version?)",
                  wrank, ucx_kind_name(o->kind), o->seq, m.bytes, o->c->procs[o->me], bytes);
         return CCQ_ERR_BACKEND;
     }

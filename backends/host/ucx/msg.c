@@ -792,8 +792,7 @@ ccq_status ucx_recv_step(ucx_op *o, uint32_t src, uint32_t step, void *land, siz
         snprintf(err->msg, sizeof err->msg,
                  "process %u's message (step %u of %s sequence %" PRIu64
                  ") has %zu bytes where this process (%u) expects %zu: the processes run "
-                 "different schedules (another ccq version, or CCQ_UCX_* tuning that differs "
-                 "between them?)",
+                 "different schedules (another ccq version?)",
                  o->c->procs[src], step, ucx_kind_name(o->kind), o->seq, m->len, o->c->procs[o->me],
                  bytes);
         return CCQ_ERR_BACKEND;

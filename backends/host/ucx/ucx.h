@@ -119,7 +119,8 @@ typedef struct ucx_map_msg {
     uint64_t len;  /* its bytes */
     uint64_t slot; /* where the step's bytes are (bytes from base) */
     /* How many there are in the sender's schedule: the reader's must be as many (a member
-     * with another CCQ_UCX_SEG_BYTES cuts other segments: it would read the wrong bytes). */
+     * that cut other segments, as one with its own CCQ_UCX_SEG_BYTES did before ucx_knobs,
+     * would read the wrong bytes). */
     uint64_t bytes;
     unsigned char rkey[UCX_MAP_RKEY_MAX];
 } ucx_map_msg;
