@@ -739,23 +739,29 @@ static void comm_unref(ucx_comm *c)
 }
 
 /* The mapped all_reduce's threshold for a communicator of these members (ucx_comm.map_bytes):
- * every member willing, in this process's machine and namespaces, and able to read every
- * member's kind of region (ucx_shm_scope), the largest threshold among them; else 0. Every member
- * computes the same from the same world blobs. */
+ * every member willing, able to read every member's kind of region, on this process's machine
+ * in its IPC namespace, and in its PID namespace too where a region is POSIX (ucx_shm_scope);
+ * the largest threshold among them; else 0. Every member computes the same from the same
+ * world blobs ("one differs from mine" is "not all alike" in every member). */
 static uint64_t comm_map_bytes(const ucx_engine *e, const ccq_be_comm_desc *d)
 {
     uint64_t most = 0;
     uint32_t made = 0, read = ~0u; /* the kinds of the members' regions, those all can read */
+    bool pid_apart = false;
     for (uint32_t p = 0; p < d->nprocs; p++) {
         const ucx_peer *q = d->procs[p] < e->world_size ? &e->peers[d->procs[p]] : NULL;
-        if (q == NULL || q->map_bytes == 0 || !ucx_shm_scope_same(&q->scope, &e->scope))
+        if (q == NULL || q->map_bytes == 0 || q->scope.system_id != e->scope.system_id ||
+            q->scope.ipc_ns != e->scope.ipc_ns)
             return 0;
+        pid_apart |= q->scope.pid_ns != e->scope.pid_ns;
         made |= q->scope.alloc_kind;
         read &= q->scope.read_kinds;
         if (q->map_bytes > most)
             most = q->map_bytes;
     }
-    return d->nprocs > 1 && (made & ~read) == 0 ? most : 0;
+    if (d->nprocs < 2 || (made & ~read) != 0 || (pid_apart && (made & UCX_SHM_POSIX)))
+        return 0;
+    return most;
 }
 
 /* The schedule settings of a communicator of these members: the largest of each (every

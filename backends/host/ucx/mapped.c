@@ -78,11 +78,6 @@ void ucx_shm_scope_here(ucp_context_h ctx, size_t region_bytes, ucx_shm_scope *s
     free(text);
 }
 
-bool ucx_shm_scope_same(const ucx_shm_scope *a, const ucx_shm_scope *b)
-{
-    return a->system_id == b->system_id && a->ipc_ns == b->ipc_ns && a->pid_ns == b->pid_ns;
-}
-
 static void region_free(ucx_engine *e, ucx_region *r)
 {
     if (r->rkey != NULL)

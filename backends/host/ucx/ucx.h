@@ -128,8 +128,8 @@ typedef struct ucx_map_msg {
 /* Which processes can read each other's regions. UCX's shared-memory transports reach a
  * peer only on the same machine (UCX's system id: the kernel's boot id) and, from inside
  * containers, in the same IPC namespace (SysV segments, and UCX's own reachability rule for
- * its shared memory) and the same PID namespace (POSIX segments are opened through
- * /proc/PID/fd where UCX_POSIX_USE_PROC_LINK, its default). Two containers of one machine
+ * its shared memory); POSIX segments need the same PID namespace too (they are opened
+ * through /proc/PID/fd where UCX_POSIX_USE_PROC_LINK, its default). Two containers of one machine
  * (Docker's default, a Kubernetes pod each) share the boot id and nothing else: UCX talks TCP
  * between them, and a region of one cannot be read by the other. Namespaces are the inode
  * numbers of /proc/self/ns/{ipc,pid} (0 where /proc has none). And a region is of one kind
@@ -590,7 +590,6 @@ void ucx_fused_unref(ucx_fused *fz);
  * own. */
 ucx_region *ucx_region_get(ucx_engine *e, size_t len, ccq_errbuf *err);
 void ucx_shm_scope_here(ucp_context_h ctx, size_t region_bytes, ucx_shm_scope *s);
-bool ucx_shm_scope_same(const ucx_shm_scope *a, const ucx_shm_scope *b);
 void ucx_region_put(ucx_engine *e, ucx_region *r, bool reuse);
 void ucx_region_say(const ucx_region *r, size_t slot, size_t bytes, ucx_map_msg *m);
 int32_t ucx_region_attach(ucx_engine *e, uint32_t wrank, const ucx_map_msg *m, ccq_errbuf *err);
