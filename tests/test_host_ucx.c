@@ -999,6 +999,26 @@ int main(int argc, char **argv)
         printf("process %u of %u: %u rounds OK\n", wrank, wsize, (unsigned)LB_ROUNDS);
         return 0;
     }
+    if (argc > 1 && strcmp(argv[1], "fifo_differ") == 0) {
+        /* Process 0's UCX with other shared-memory FIFO elements (UCX_MM_FIFO_ELEM_SIZE, set
+         * by the test): the runtime works in its process, and every communicator spanning
+         * processes is refused at once, naming them, where before the processes hung at their
+         * first message (UCX read the other's FIFO with its own element size). */
+        ccq_device_id all[16];
+        ccq_status st;
+        CHECK(ccq_runtime_create(&cfg, &rt) == CCQ_OK, "ccq_runtime_create");
+        for (uint32_t d = 0; d < wsize * NDEV; d++)
+            all[d] = d;
+        st = ccq_comm_init(rt, all, wsize * NDEV);
+        CHECK(st == CCQ_ERR_INVALID_ARGUMENT &&
+                  strstr(ccq_last_error_detail(), "FIFO elements") != NULL &&
+                  strstr(ccq_last_error_detail(), "UCX_MM_FIFO_ELEM_SIZE") != NULL,
+              "a communicator across processes with other FIFO elements: %s: %s",
+              ccq_status_name(st), ccq_last_error_detail());
+        printf("process %u: %s\n", wrank, ccq_last_error_detail());
+        CHECK(ccq_runtime_destroy(rt) == CCQ_OK, "destroy");
+        return 0;
+    }
     CHECK(ccq_runtime_create(&cfg, &rt) == CCQ_OK, "ccq_runtime_create");
     CHECK(ccq_local_devices(rt, &first, &cnt) == CCQ_OK && cnt == NDEV, "local devices");
     if (kill_mode) {

@@ -291,6 +291,28 @@ static bool tls_has_shm(void)
     return false;
 }
 
+/* The element size of each shared-memory transport's receive FIFO in this process: its own
+ * UCX_SYSV_/UCX_POSIX_FIFO_ELEM_SIZE, else UCX_MM_FIFO_ELEM_SIZE, else ccq's default
+ * (config_default); 0 where no shared memory is selected. A value that is not a plain number
+ * of bytes counts by its text (fnv-1a), which a peer that wrote the same text matches. */
+static uint32_t fifo_elem_bytes(const char *tl_env)
+{
+    const char *v = getenv(tl_env);
+    char *end = NULL;
+    unsigned long long n;
+    if (v == NULL)
+        v = getenv("UCX_MM_FIFO_ELEM_SIZE");
+    if (v == NULL)
+        v = UCX_FIFO_ELEM_SIZE;
+    n = strtoull(v, &end, 10);
+    if (end != v && *end == '\0' && n <= UINT32_MAX)
+        return (uint32_t)n;
+    uint32_t h = 2166136261u;
+    for (; *v != '\0'; v++)
+        h = (h ^ (unsigned char)*v) * 16777619u;
+    return h | 0x80000000u;
+}
+
 static ccq_status ucx_create(const ccq_config *cfg, ccq_host_engine **out, ccq_errbuf *err)
 {
     ucx_engine *e = calloc(1, sizeof *e);
@@ -340,10 +362,13 @@ static ccq_status ucx_create(const ccq_config *cfg, ccq_host_engine **out, ccq_e
         snprintf(err->msg, sizeof err->msg, "UCX: ucp_init: %s", ucs_status_string(us));
         goto fail;
     }
-    if (e->map_bytes > 0) { /* UCX allocates a region to say what kind it is: only if used */
-        ucx_shm_scope_here(e->ctx, ucx_window() * e->knobs.seg_bytes, &e->scope);
-        if (e->scope.alloc_kind == 0)
-            e->map_bytes = 0;
+    /* The region's kind only if this process maps: UCX allocates one to say it. */
+    ucx_shm_scope_here(e->ctx, e->map_bytes > 0 ? ucx_window() * e->knobs.seg_bytes : 0, &e->scope);
+    if (e->scope.alloc_kind == 0)
+        e->map_bytes = 0;
+    if (tls_has_shm()) {
+        e->fifo_elem[0] = fifo_elem_bytes("UCX_SYSV_FIFO_ELEM_SIZE");
+        e->fifo_elem[1] = fifo_elem_bytes("UCX_POSIX_FIFO_ELEM_SIZE");
     }
     memset(&wp, 0, sizeof wp);
     wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
@@ -560,6 +585,7 @@ typedef struct ucx_blob_tail {
     ucx_shm_scope scope; /* processes with the same one read each other's regions */
     uint64_t map_bytes;  /* its threshold (0: it cannot or will not map) */
     ucx_knobs knobs;
+    uint32_t fifo_elem[2]; /* ucx_engine.fifo_elem */
 } ucx_blob_tail;
 
 static ccq_status ucx_world_blob(ccq_host_engine *base, void *blob, size_t *len, ccq_errbuf *err)
@@ -577,7 +603,8 @@ static ccq_status ucx_world_blob(ccq_host_engine *base, void *blob, size_t *len,
         else
             e->map_bytes = 0;
     }
-    tail = (ucx_blob_tail){UCX_BLOB_MAGIC, 0, e->scope, e->map_bytes, e->knobs};
+    tail = (ucx_blob_tail){UCX_BLOB_MAGIC, 0,        e->scope,
+                           e->map_bytes,   e->knobs, {e->fifo_elem[0], e->fifo_elem[1]}};
     if (*len < e->addr_len + sizeof tail) {
         snprintf(err->msg, sizeof err->msg, "the UCX worker address has %zu bytes (room for %zu)",
                  e->addr_len + sizeof tail, *len);
@@ -663,6 +690,23 @@ static ccq_status ucx_world_ready(ccq_host_engine *base, uint32_t world_rank, ui
         e->peers[p].scope = tail.scope;
         e->peers[p].knobs = tail.knobs;
         off += alen;
+        /* UCX reads a peer's shared-memory FIFO with its own element size: processes that
+         * reach each other over shared memory (one machine, one IPC namespace) and differ
+         * corrupt each other's messages (seen: a pair with 1024 and 512 hung). Refused here,
+         * named, before any message. */
+        if (tail.scope.system_id == e->scope.system_id && tail.scope.ipc_ns == e->scope.ipc_ns &&
+            e->fifo_elem[0] != 0 && tail.fifo_elem[0] != 0 &&
+            (tail.fifo_elem[0] != e->fifo_elem[0] || tail.fifo_elem[1] != e->fifo_elem[1])) {
+            snprintf(err->msg, sizeof err->msg,
+                     "process %u's UCX has shared-memory FIFO elements of %u (SysV) and %u "
+                     "(POSIX) bytes, this process (%u) %u and %u: UCX reads a peer's FIFO with "
+                     "its own element size, so the processes of a machine must set "
+                     "UCX_MM_FIFO_ELEM_SIZE (or UCX_SYSV_/UCX_POSIX_FIFO_ELEM_SIZE) alike, or "
+                     "not at all (ccq's default: " UCX_FIFO_ELEM_SIZE ")",
+                     p, tail.fifo_elem[0], tail.fifo_elem[1], world_rank, e->fifo_elem[0],
+                     e->fifo_elem[1]);
+            return CCQ_ERR_INVALID_ARGUMENT;
+        }
     }
     return CCQ_OK;
 }

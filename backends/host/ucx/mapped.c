@@ -55,8 +55,8 @@ void ucx_shm_scope_here(ucp_context_h ctx, size_t region_bytes, ucx_shm_scope *s
     *s = (ucx_shm_scope){.system_id = ucs_get_system_id(),
                          .ipc_ns = ns_inode("/proc/self/ns/ipc"),
                          .pid_ns = ns_inode("/proc/self/ns/pid")};
-    if ((f = open_memstream(&text, &len)) == NULL)
-        return;
+    if (region_bytes == 0 || (f = open_memstream(&text, &len)) == NULL)
+        return; /* no kind asked for (this process does not map), or no way to read it */
     snprintf(size, sizeof size, "%zu", region_bytes);
     ucp_context_print_info(ctx, f);
     ucp_mem_print_info(size, ctx, f);

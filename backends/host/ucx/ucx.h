@@ -241,6 +241,9 @@ struct ucx_engine {
      * regions it reads. */
     uint64_t map_bytes;
     ucx_shm_scope scope; /* this process's (ucx_shm_scope_here) */
+    /* Its shared-memory FIFO elements, SysV and POSIX (0: no shared memory selected): the
+     * processes of a machine must agree (ucx_world_ready). */
+    uint32_t fifo_elem[2];
     ucx_region *regions;
     uint32_t nregions, region_ids;
     ucx_peer_map *maps;
@@ -589,6 +592,7 @@ void ucx_fused_unref(ucx_fused *fz);
  * set. At destroy: let every peer's region go (before the endpoints close), then this process's
  * own. */
 ucx_region *ucx_region_get(ucx_engine *e, size_t len, ccq_errbuf *err);
+/* This process's ucx_shm_scope; the kinds only with region_bytes > 0 (0: none, no mapping). */
 void ucx_shm_scope_here(ucp_context_h ctx, size_t region_bytes, ucx_shm_scope *s);
 void ucx_region_put(ucx_engine *e, ucx_region *r, bool reuse);
 void ucx_region_say(const ucx_region *r, size_t slot, size_t bytes, ucx_map_msg *m);
