@@ -243,8 +243,9 @@ typedef struct ccq_config {
     /** How often this process publishes its heartbeat (a small record with its progress)
      * through the bootstrap, in a world of several processes: default 1000; 0 = no
      * heartbeats (then a lost process is found only by timeout_ms). The "mpi" bootstrap has
-     * none (under mpirun the launcher ends the job when a process dies). Env:
-     * CCQ_HEARTBEAT_MS. */
+     * none (under mpirun the launcher ends the job when a process dies). The processes of a
+     * world run one setting: none if any process has none, else the longest interval and the
+     * longest heartbeat_timeout_ms any asks for. Env: CCQ_HEARTBEAT_MS. */
     uint32_t heartbeat_ms;
     /** A process whose heartbeat is older than this is declared lost (0 = the default,
      * 10 x heartbeat_ms). Env: CCQ_HEARTBEAT_TIMEOUT_MS. */

@@ -518,6 +518,11 @@ ccq_status ccq_runtime_create_with(const ccq_config *cfg_in, const ccq_backend_o
         runtime_free(rt);
         return ccq_fail(st, "out of memory creating the scheduler");
     }
+    /* Every process runs job health alike (ccq_world_heartbeat): rt->cfg is this runtime's
+     * copy, read by job health from here on. */
+    if (rt->world.size > 1 && rt->world.procs != NULL)
+        ccq_world_heartbeat(rt->world.procs, rt->world.size, &rt->cfg.heartbeat_ms,
+                            &rt->cfg.heartbeat_timeout_ms);
     st = ccq_health_create(rt); /* the process table (a world of several) */
     if (st != CCQ_OK) {
         char why[CCQ_DETAIL_LEN];

@@ -10,11 +10,12 @@
 #include "common/clock.h"
 #include "common/cores.h"
 #include "runtime/boot/bootstrap.h"
+#include "runtime/health/health.h" /* CCQ_HEARTBEAT_TIMEOUT_FACTOR */
 #include "runtime/internal.h"
 
 /* What each process tells the others when the world forms. Fixed-size and versioned, so a
  * process of another ccq build is refused clearly rather than misread. */
-#define WORLD_MAGIC 0x63637157u /* "Wqcc" */
+#define WORLD_MAGIC 0x32637157u /* "Wqc2": ccq_world_proc with the heartbeat settings */
 typedef struct world_hello {
     uint32_t magic, version;
     uint32_t world_size;
@@ -96,6 +97,22 @@ static bool augment(matching *m, uint32_t i)
         }
     }
     return false;
+}
+
+void ccq_world_heartbeat(const ccq_world_proc *procs, uint32_t n, uint32_t *heartbeat_ms,
+                         uint32_t *heartbeat_timeout_ms)
+{
+    uint32_t hb = 0, to = 0;
+    for (uint32_t p = 0; p < n; p++) {
+        if (procs[p].heartbeat_ms == 0) {
+            *heartbeat_ms = *heartbeat_timeout_ms = 0;
+            return;
+        }
+        hb = procs[p].heartbeat_ms > hb ? procs[p].heartbeat_ms : hb;
+        to = procs[p].heartbeat_timeout_ms > to ? procs[p].heartbeat_timeout_ms : to;
+    }
+    *heartbeat_ms = hb;
+    *heartbeat_timeout_ms = to;
 }
 
 bool ccq_world_crowded(const ccq_world_proc *procs, uint32_t n, uint32_t me, uint32_t host_cpus)
@@ -310,6 +327,10 @@ ccq_status ccq_world_setup(ccq_world *w, const ccq_config *cfg, const char *back
     mine.blob_len = (uint32_t)blob_len;
     ccq_health_identity(&mine.proc);
     mine.proc.cores = ccq_usable_cpu_set(mine.proc.cpus);
+    mine.proc.heartbeat_ms = cfg->heartbeat_ms;
+    mine.proc.heartbeat_timeout_ms = cfg->heartbeat_timeout_ms
+                                         ? cfg->heartbeat_timeout_ms
+                                         : cfg->heartbeat_ms * CCQ_HEARTBEAT_TIMEOUT_FACTOR;
     all = calloc(w->size, sizeof *all);
     members = malloc(w->size * sizeof *members);
     w->first = malloc((w->size + 1) * sizeof *w->first);

@@ -16,7 +16,10 @@ struct ccq_boot;
  * this host through it from the start (runtime/health/oswatch.c). */
 typedef struct ccq_world_proc {
     uint32_t pid;
-    uint32_t cores;      /* how many cores it may run on (its affinity: ccq_usable_cores) */
+    uint32_t cores; /* how many cores it may run on (its affinity: ccq_usable_cores) */
+    /* Its job-health settings (ccq_config.heartbeat_ms, 0 = none; the timeout it applies,
+     * its default resolved): ccq_world_heartbeat. */
+    uint32_t heartbeat_ms, heartbeat_timeout_ms;
     uint64_t host_id;    /* boot id, host name and pid namespace; 0 = unknown */
     uint64_t start_time; /* clock ticks since boot */
     /* The kernel it runs under (its boot id alone): the machine whose cores it shares, with
@@ -64,6 +67,13 @@ void ccq_world_fini(ccq_world *w);
  * affinity; this is the host's view the world's exchange gives everyone alike. An empty set
  * (unknown) counts as core 0. */
 bool ccq_world_crowded(const ccq_world_proc *procs, uint32_t n, uint32_t me, uint32_t host_cpus);
+
+/* Job health's settings for every process alike, from what each said (ccq_world_proc): no
+ * heartbeats if any process has none, else the longest interval and the longest timeout. A
+ * process that published more seldom than another's timeout, or not at all, was declared lost
+ * by it while alive (one with heartbeat_ms 0 among defaults: after 10 s). */
+void ccq_world_heartbeat(const ccq_world_proc *procs, uint32_t n, uint32_t *heartbeat_ms,
+                         uint32_t *heartbeat_timeout_ms);
 
 /* The core process me's scheduler pins itself to while crowded (ccq_core_pin): the processes of
  * its machine (as ccq_world_crowded) take the cores of their affinities in turn, the most

@@ -955,6 +955,39 @@ static void settings_differ(ccq_runtime *rt)
     printf("process %u: every all_reduce exact\n", wrank);
 }
 
+/* Processes with other job-health settings (process 1: CCQ_HEARTBEAT_MS 0 or 15000, set by
+ * the test; the others the default 1000, so a 10 s timeout) run job health alike: the world
+ * agrees (ccq_world_heartbeat), and nobody is declared lost while all work for 12 s. Before,
+ * the others declared process 1 lost after 10 s: it published no heartbeat, or too seldom. */
+static void heartbeats_differ(ccq_runtime *rt)
+{
+    ccq_device_id all[16];
+    uint32_t n = wsize * NDEV;
+    float x[NDEV][64], y[NDEV][64];
+    uint64_t t0 = now_ms();
+
+    for (uint32_t d = 0; d < n; d++)
+        all[d] = d;
+    CHECK(ccq_comm_init(rt, all, n) == CCQ_OK, "world comm");
+    while (now_ms() - t0 < 12000) {
+        struct timespec pause = {0, 20000000L};
+        for (uint32_t k = 0; k < NDEV; k++)
+            CHECK(ccq_all_reduce(rt, first + k, 0, x[k], y[k], 64, CCQ_FLOAT32, CCQ_SUM, all, n) ==
+                      CCQ_OK,
+                  "submit");
+        for (uint32_t k = 0; k < NDEV; k++)
+            CHECK(ccq_sync_collective(rt, first + k, 0) == CCQ_OK, "after %llu ms: %s",
+                  (unsigned long long)(now_ms() - t0), ccq_last_error_detail());
+        nanosleep(&pause, NULL);
+    }
+    for (uint32_t p = 0; p < wsize; p++) {
+        ccq_process_state ps = CCQ_PROCESS_LOST;
+        CHECK(ccq_world_process_state(rt, p, &ps) == CCQ_OK && ps == CCQ_PROCESS_ALIVE,
+              "process %u's state after 12 s: %d", p, (int)ps);
+    }
+    printf("process %u: 12 s, everyone alive\n", wrank);
+}
+
 int main(int argc, char **argv)
 {
     ccq_config cfg;
@@ -970,6 +1003,7 @@ int main(int argc, char **argv)
                      strcmp(argv[1], "stop_fused_one") == 0);
     bool burst_mode = argc > 1 && strcmp(argv[1], "last_burst") == 0;
     bool settings_mode = argc > 1 && strcmp(argv[1], "settings_differ") == 0;
+    bool heartbeat_mode = argc > 1 && strcmp(argv[1], "heartbeats_differ") == 0;
 
     ccq_config_init(&cfg);
     wrank = cfg.world_rank;
@@ -1037,6 +1071,8 @@ int main(int argc, char **argv)
         stopped(rt, cfg.timeout_ms);
     } else if (settings_mode) {
         settings_differ(rt);
+    } else if (heartbeat_mode) {
+        heartbeats_differ(rt);
     } else {
         const mcase cases[] = {
             {"count",
