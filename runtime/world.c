@@ -10,7 +10,7 @@
 #include "common/clock.h"
 #include "common/cores.h"
 #include "runtime/boot/bootstrap.h"
-#include "runtime/health/health.h" /* CCQ_HEARTBEAT_TIMEOUT_FACTOR */
+#include "runtime/health/health.h" /* ccq_heartbeat_timeout_ms */
 #include "runtime/internal.h"
 
 /* What each process tells the others when the world forms. Fixed-size and versioned, so a
@@ -328,9 +328,7 @@ ccq_status ccq_world_setup(ccq_world *w, const ccq_config *cfg, const char *back
     ccq_health_identity(&mine.proc);
     mine.proc.cores = ccq_usable_cpu_set(mine.proc.cpus);
     mine.proc.heartbeat_ms = cfg->heartbeat_ms;
-    mine.proc.heartbeat_timeout_ms = cfg->heartbeat_timeout_ms
-                                         ? cfg->heartbeat_timeout_ms
-                                         : cfg->heartbeat_ms * CCQ_HEARTBEAT_TIMEOUT_FACTOR;
+    mine.proc.heartbeat_timeout_ms = ccq_heartbeat_timeout_ms(cfg);
     all = calloc(w->size, sizeof *all);
     members = malloc(w->size * sizeof *members);
     w->first = malloc((w->size + 1) * sizeof *w->first);

@@ -27,6 +27,14 @@ typedef struct ccq_health ccq_health;
 #define CCQ_HEARTBEAT_MS_DEFAULT     1000u
 #define CCQ_HEARTBEAT_TIMEOUT_FACTOR 10u
 
+/* The timeout a configuration applies: its heartbeat_timeout_ms, else the default multiple of
+ * heartbeat_ms (0 with heartbeats off). */
+static inline uint32_t ccq_heartbeat_timeout_ms(const ccq_config *cfg)
+{
+    return cfg->heartbeat_timeout_ms ? cfg->heartbeat_timeout_ms
+                                     : cfg->heartbeat_ms * CCQ_HEARTBEAT_TIMEOUT_FACTOR;
+}
+
 /* ---- lifetime (runtime.c, world.c) ---- */
 
 struct ccq_world_proc;

@@ -446,7 +446,7 @@ static void *monitor_main(void *arg)
 ccq_status ccq_health_create(ccq_runtime *rt)
 {
     ccq_health *h;
-    uint64_t hb_ms = rt->cfg.heartbeat_ms, to_ms = rt->cfg.heartbeat_timeout_ms;
+    uint64_t hb_ms = rt->cfg.heartbeat_ms, to_ms = ccq_heartbeat_timeout_ms(&rt->cfg);
 
     rt->health = NULL;
     if (rt->world.size <= 1)
@@ -469,7 +469,7 @@ ccq_status ccq_health_create(ccq_runtime *rt)
     h->first_device = rt->dev_first;
     h->ndevices = rt->ndev;
     h->hb_ns = hb_ms * 1000000u;
-    h->timeout_ns = (to_ms ? to_ms : hb_ms * CCQ_HEARTBEAT_TIMEOUT_FACTOR) * 1000000u;
+    h->timeout_ns = to_ms * 1000000u;
     h->wake_fd = -1;
     pthread_mutex_init(&h->lock, NULL);
     ccq_signal_init(&h->prog_sig);
