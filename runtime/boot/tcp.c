@@ -53,6 +53,9 @@
 /* Connecting to a rendezvous not up yet: retry after this, doubling up to RETRY_MAX_NS. */
 #define RETRY_NS     (10u * 1000000u)
 #define RETRY_MAX_NS (200u * 1000000u)
+/* A connection not up after this gives way to the next address the name resolves to (a
+ * firewall that drops, a route to nowhere: the kernel would try for about two minutes). */
+#define CONNECT_TRY_NS (3000u * 1000000u)
 /* A client's queue of frames not sent yet (its own records and requests). */
 #define CLIENT_OUT_MAX (64u << 20)
 /* The longest a continued server waits for its successor's answer (ask_successor). */
@@ -106,12 +109,18 @@ typedef struct tcp_boot {
     int fd;            /* connection to the rendezvous, -1 */
     int listen_fd;     /* the listening socket (every process: one serves if the server is lost) */
     uint16_t own_port; /* where listen_fd listens (ranks other than 0) */
+    bool own_v6;       /* listen_fd takes IPv6 (and IPv4) connections, not IPv4's alone */
+    bool addr_told;    /* its ADDR went to a server: the others may pick it to serve */
     ccq_tcp_server *srv;
     int *srv_fd;      /* [conns_max]: the socket of each server connection id */
     size_t peak_held; /* the most the server held (CCQ_TCP_STATS prints it) */
     ccq_tcp_buf in;   /* client: bytes received, not parsed yet */
     ccq_tcp_buf hello;
     uint64_t retry_at, retry_ns;
+    unsigned addr_turn;      /* client: the address of host's to try next (its index, mod n) */
+    unsigned addr_left;      /* ...and how many of this round are untried (0: a new round) */
+    uint64_t connect_until;  /* C_CONNECTING: when this address gives way to the next */
+    char addr_text[64];      /* the numeric address tried last (its errors name it) */
     uint64_t last_recv_ns;   /* client: when the server last sent anything (the silence check) */
     bool server_pinged;      /* client: the server it is connected to sent a PING (judge_silence) */
     _Atomic uint64_t lag_ns; /* ccq_boot_fault_lag: 0 (drills only) */
@@ -304,8 +313,9 @@ static void client_drop(tcp_boot *t)
     t->hello.off = t->hello.len = 0;
 }
 
-/* Try again later (the rendezvous is not up yet, or serves an earlier runtime). */
-static void client_retry(tcp_boot *t, const char *why)
+/* The connection is dropped, why said (a deadline's detail shows it): the client is idle until
+ * it connects again. */
+static void client_idle(tcp_boot *t, const char *why)
 {
     client_drop(t);
     pthread_mutex_lock(&t->mu);
@@ -314,14 +324,47 @@ static void client_retry(tcp_boot *t, const char *why)
         t->state = C_IDLE;
     tell_waiters_locked(t); /* the timeout detail's note changes */
     pthread_mutex_unlock(&t->mu);
+}
+
+/* Try again later (the rendezvous is not up yet, or serves an earlier runtime). */
+static void client_retry(tcp_boot *t, const char *why)
+{
+    client_idle(t, why);
+    t->addr_left = 0; /* after the pause, every address again, from the one tried last */
     t->retry_at = now_ns() + t->retry_ns;
     t->retry_ns = t->retry_ns * 2 > RETRY_MAX_NS ? RETRY_MAX_NS : t->retry_ns * 2;
+}
+
+/* Connecting to the address tried failed: the next one host resolves to, at once; once every
+ * one failed, the first again after the retry's pause. A name may resolve to addresses that
+ * do not all reach process 0 (IPv6 and IPv4, one an interface it does not listen on): one
+ * refused, or silent, must not hide the others. */
+static void client_next_address(tcp_boot *t, const char *why)
+{
+    t->addr_turn++;
+    if (t->addr_left <= 1) {
+        client_retry(t, why);
+        return;
+    }
+    t->addr_left--;
+    client_idle(t, why);
+    t->retry_at = 0;
+}
+
+/* "HOST:PORT", and the address tried where HOST is a name ("node0:29500 (127.0.1.1)"). */
+static void client_where(const tcp_boot *t, char *buf, size_t len)
+{
+    if (t->addr_text[0] != '\0' && strcmp(t->addr_text, t->host) != 0)
+        snprintf(buf, len, "%s:%s (%s)", t->host, t->port, t->addr_text);
+    else
+        snprintf(buf, len, "%s:%s", t->host, t->port);
 }
 
 static void client_connect(tcp_boot *t)
 {
     struct addrinfo hints, *res = NULL, *ai;
-    char why[400];
+    char why[480], where[360];
+    unsigned n = 0;
     int rc;
 
     memset(&hints, 0, sizeof hints);
@@ -333,24 +376,41 @@ static void client_connect(tcp_boot *t)
         client_retry(t, why);
         return;
     }
-    for (ai = res; ai != NULL; ai = ai->ai_next) {
-        int fd =
-            socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
-        if (fd < 0)
-            continue;
-        no_delay(fd);
-        if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 || errno == EINPROGRESS) {
-            t->fd = fd;
-            break;
+    for (ai = res; ai != NULL; ai = ai->ai_next)
+        n++;
+    if (t->addr_left == 0 || t->addr_left > n)
+        t->addr_left = n;
+    snprintf(why, sizeof why, "%s resolves to no address", t->host);
+    while (t->fd < 0 && t->addr_left > 0) {
+        int fd;
+        ai = res;
+        for (unsigned i = 0; i < t->addr_turn % n; i++)
+            ai = ai->ai_next;
+        if (getnameinfo(ai->ai_addr, ai->ai_addrlen, t->addr_text, sizeof t->addr_text, NULL, 0,
+                        NI_NUMERICHOST) != 0)
+            t->addr_text[0] = '\0';
+        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
+        if (fd >= 0) {
+            no_delay(fd);
+            if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 || errno == EINPROGRESS) {
+                t->fd = fd;
+                break;
+            }
         }
-        snprintf(why, sizeof why, "connecting to %s:%s: %s", t->host, t->port, strerror(errno));
-        close(fd);
+        int ce = errno;
+        client_where(t, where, sizeof where);
+        snprintf(why, sizeof why, "connecting to %s: %s", where, strerror(ce));
+        if (fd >= 0)
+            close(fd);
+        t->addr_turn++;
+        t->addr_left--;
     }
     freeaddrinfo(res);
     if (t->fd < 0) {
         client_retry(t, why);
         return;
     }
+    t->connect_until = now_ns() + CONNECT_TRY_NS;
     pthread_mutex_lock(&t->mu);
     t->state = C_CONNECTING;
     pthread_mutex_unlock(&t->mu);
@@ -395,15 +455,22 @@ static void send_own_addr(tcp_boot *t)
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
     char text[CCQ_TCP_ADDR_MAX];
-    const void *a = NULL;
     ccq_tcp_buf b = {0};
 
     if (t->own_port == 0 || getsockname(t->fd, (struct sockaddr *)&ss, &sl) != 0)
         return;
-    if (ss.ss_family == AF_INET)
-        a = &((struct sockaddr_in *)&ss)->sin_addr;
-    if (a == NULL || inet_ntop(AF_INET, a, text, sizeof text) == NULL)
-        return; /* IPv6 to the server: no successor here (docs/multiprocess.md) */
+    if (ss.ss_family == AF_INET) {
+        if (inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, text, sizeof text) == NULL)
+            return;
+    } else if (ss.ss_family == AF_INET6 && t->own_v6) {
+        const struct in6_addr *a = &((struct sockaddr_in6 *)&ss)->sin6_addr;
+        /* A link-local address means something on this link's interface alone, which the
+         * others name otherwise: no successor here (docs/multiprocess.md). */
+        if (IN6_IS_ADDR_LINKLOCAL(a) || inet_ntop(AF_INET6, a, text, sizeof text) == NULL)
+            return;
+    } else {
+        return; /* IPv6 to the server, listening on IPv4 alone: no successor here */
+    }
     pthread_mutex_lock(&t->mu);
     size_t queued = t->out.len - t->out.off;
     if (ccq_tcp_put_frame(&b, SIZE_MAX, CCQ_TCP_ADDR, &t->own_port, 2, text, strlen(text), NULL,
@@ -414,6 +481,7 @@ static void send_own_addr(tcp_boot *t)
         b.len += queued;
         ccq_tcp_buf_free(&t->out);
         t->out = b;
+        t->addr_told = true;
     } else {
         ccq_tcp_buf_free(&b); /* out of memory: no ADDR, so nobody picks this one to serve */
     }
@@ -676,23 +744,27 @@ static int wait_fd(int fd, short events, uint64_t deadline)
  * next one). */
 static int ask_one(tcp_boot *t, const char *host, uint16_t port, uint64_t deadline, bool *lost)
 {
-    struct sockaddr_in sa;
+    struct addrinfo hints, *res = NULL;
+    char service[8];
     ccq_tcp_buf out = {0}, in = {0};
     int fd, e = 0, ret = 0;
     socklen_t el = sizeof e;
 
-    memset(&sa, 0, sizeof sa);
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons(port);
-    if (inet_pton(AF_INET, host, &sa.sin_addr) != 1)
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
+    snprintf(service, sizeof service, "%u", (unsigned)port);
+    if (getaddrinfo(host, service, &hints, &res) != 0)
         return -1;
-    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0)
-        return -1;
-    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0 && errno != EINPROGRESS) {
-        close(fd);
+    fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0 || (connect(fd, res->ai_addr, res->ai_addrlen) != 0 && errno != EINPROGRESS)) {
+        if (fd >= 0)
+            close(fd);
+        freeaddrinfo(res);
         return -1;
     }
+    freeaddrinfo(res);
     if (wait_fd(fd, POLLOUT, deadline) <= 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el) != 0 ||
         e != 0) {
         close(fd);
@@ -965,7 +1037,9 @@ static void server_lost(tcp_boot *t, const char *how)
     for (uint32_t r = 0; r < t->size && next == UINT32_MAX; r++) {
         if (r == lost || t->peer[r] >= CCQ_BOOT_PEER_LEFT)
             continue;
-        if (r == t->rank && t->own_port != 0) {
+        /* Itself only where it told its address: the others know it then (those that got any
+         * record of it), and pick it too; else they pass it over, and it must as well. */
+        if (r == t->rank && t->own_port != 0 && t->addr_told) {
             next = r;
             snprintf(host, sizeof host, "127.0.0.1");
             port = t->own_port;
@@ -1123,6 +1197,20 @@ static void *io_main(void *arg)
                 break;
             }
         }
+        if (state == C_CONNECTING && t->fd >= 0) {
+            if (now >= t->connect_until) {
+                char why[480], where[360];
+                client_where(t, where, sizeof where);
+                snprintf(why, sizeof why,
+                         "connecting to %s: no answer in %u s (a firewall that drops, or no "
+                         "route there)",
+                         where, CONNECT_TRY_NS / 1000000000u);
+                client_next_address(t, why);
+                continue;
+            }
+            if (t->connect_until < next)
+                next = t->connect_until;
+        }
         if (state == C_IDLE && t->fd < 0 && (!stop || shaking)) {
             if (now >= t->retry_at)
                 client_connect(t);
@@ -1204,18 +1292,20 @@ static void *io_main(void *arg)
                     socklen_t el = sizeof e;
                     getsockopt(t->fd, SOL_SOCKET, SO_ERROR, &e, &el);
                     if (e != 0) {
-                        char why[400];
+                        char why[480], where[360];
+                        client_where(t, where, sizeof where);
                         snprintf(why, sizeof why,
-                                 "connecting to %s:%s: %s (is process 0 "
-                                 "running, and is this its address?)",
-                                 t->host, t->port, strerror(e));
-                        client_retry(t, why);
+                                 "connecting to %s: %s (is process 0 running, and is this its "
+                                 "address?)",
+                                 where, strerror(e));
+                        client_next_address(t, why);
                         continue;
                     }
                     if (self_connected(t->fd)) {
                         client_retry(t, "nobody listens there yet (the connection met itself)");
                         continue;
                     }
+                    t->addr_left = 0; /* this address reaches it: the first tried next time */
                     client_hello(t);
                 }
                 if (t->fd >= 0 && (pf[j].revents & POLLIN))
@@ -1240,26 +1330,33 @@ static void *io_main(void *arg)
     return NULL;
 }
 
-/* Every process but 0: a listening socket from the start (every IPv4 interface, a port the
- * kernel picks), so it can serve in place of a lost server; nobody connects before that. */
+/* Every process but 0: a listening socket from the start (every interface, IPv6's and IPv4's
+ * where the system has IPv6, else IPv4's; a port the kernel picks), so it can serve in place of
+ * a lost server; nobody connects before that. */
 static void listen_own(tcp_boot *t)
 {
-    struct sockaddr_in sa;
-    socklen_t sl = sizeof sa;
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    struct sockaddr_in6 s6 = {.sin6_family = AF_INET6, .sin6_addr = IN6ADDR_ANY_INIT};
+    struct sockaddr_in s4 = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY)};
+    struct sockaddr_storage got;
+    socklen_t gl = sizeof got;
+    int zero = 0;
 
-    if (fd < 0)
-        return;
-    memset(&sa, 0, sizeof sa);
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_ANY);
-    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 1024) != 0 ||
-        getsockname(fd, (struct sockaddr *)&sa, &sl) != 0) {
-        close(fd); /* it cannot serve: the others pass it over (it sends no ADDR) */
-        return;
+    for (int v6 = 1; v6 >= 0 && t->listen_fd < 0; v6--) {
+        int fd = socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (fd < 0)
+            continue;
+        if ((v6 && setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero) != 0) ||
+            bind(fd, v6 ? (struct sockaddr *)&s6 : (struct sockaddr *)&s4,
+                 v6 ? sizeof s6 : sizeof s4) != 0 ||
+            listen(fd, 1024) != 0 || getsockname(fd, (struct sockaddr *)&got, &gl) != 0) {
+            close(fd); /* none: it cannot serve, the others pass it over (it sends no ADDR) */
+            continue;
+        }
+        t->listen_fd = fd;
+        t->own_v6 = v6;
+        t->own_port = ntohs(v6 ? ((struct sockaddr_in6 *)&got)->sin6_port
+                               : ((struct sockaddr_in *)&got)->sin_port);
     }
-    t->listen_fd = fd;
-    t->own_port = ntohs(sa.sin_port);
 }
 
 /* ---- the mechanism --------------------------------------------------------------------- */
@@ -1742,10 +1839,77 @@ bad:
     return CCQ_ERR_INVALID_ARGUMENT;
 }
 
-/* World rank 0: listen at host:port (every interface for "*"). */
+static bool is_loopback(const struct sockaddr *sa)
+{
+    if (sa->sa_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr) >> 24) == 127;
+    return sa->sa_family == AF_INET6 &&
+           IN6_IS_ADDR_LOOPBACK(&((const struct sockaddr_in6 *)sa)->sin6_addr);
+}
+
+/* Whether host is this machine's own name (short or qualified) and resolves here to loopback
+ * addresses only: Debian's and Ubuntu's /etc/hosts say "127.0.1.1 HOSTNAME", so process 0
+ * given its machine's name (MASTER_ADDR=node0, as Slurm recipes set it) would listen where no
+ * other machine can reach it, while their resolvers give node0's network address. */
+static bool own_name_on_loopback(const char *host, const struct addrinfo *res)
+{
+    char me[256];
+    size_t hl = strlen(host), ml;
+    unsigned char probe[sizeof(struct in6_addr)];
+
+    if (inet_pton(AF_INET, host, probe) == 1 || inet_pton(AF_INET6, host, probe) == 1)
+        return false; /* an address: the interface the user chose */
+    if (gethostname(me, sizeof me - 1) != 0)
+        return false;
+    me[sizeof me - 1] = '\0';
+    ml = strlen(me);
+    if (ml == 0 ||
+        !(strcmp(host, me) == 0 || (hl > ml && strncmp(host, me, ml) == 0 && host[ml] == '.') ||
+          (ml > hl && strncmp(me, host, hl) == 0 && me[hl] == '.')))
+        return false;
+    for (const struct addrinfo *ai = res; ai != NULL; ai = ai->ai_next)
+        if (!is_loopback(ai->ai_addr))
+            return false;
+    return res != NULL;
+}
+
+/* Bind and listen at one of res's addresses (every interface: IPv6's, taking IPv4 too, first);
+ * the socket, or -1 with *e the last error. */
+static int listen_at(const struct addrinfo *res, bool every_interface, int *e)
+{
+    for (int pass = every_interface ? 0 : 1; pass < 2; pass++) {
+        for (const struct addrinfo *ai = res; ai != NULL; ai = ai->ai_next) {
+            int fd, one = 1, zero = 0;
+            if (pass == 0 && ai->ai_family != AF_INET6)
+                continue;
+            fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
+                        ai->ai_protocol);
+            if (fd < 0) {
+                *e = errno;
+                continue;
+            }
+            /* Rebind at once after an earlier runtime's server (its connections in TIME_WAIT). */
+            setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+            /* "::" serves IPv4 too where the system allows it (bindv6only 0 is Linux's default,
+             * but a system may set it): else the next pass binds IPv4's "0.0.0.0". */
+            if (pass == 0 && setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero) != 0) {
+                close(fd);
+                continue;
+            }
+            if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 1024) == 0)
+                return fd;
+            *e = errno;
+            close(fd);
+        }
+    }
+    return -1;
+}
+
+/* World rank 0: listen at host:port (every interface for "*", or for its own machine's name
+ * where that resolves here to loopback only). */
 static ccq_status serve(tcp_boot *t, ccq_errbuf *err)
 {
-    struct addrinfo hints, *res = NULL, *ai;
+    struct addrinfo hints, *res = NULL;
     bool any = strcmp(t->host, "*") == 0;
     int rc, e = 0;
 
@@ -1754,28 +1918,18 @@ static ccq_status serve(tcp_boot *t, ccq_errbuf *err)
     hints.ai_socktype = SOCK_STREAM;
     hints.ai_flags = AI_PASSIVE;
     rc = getaddrinfo(any ? NULL : t->host, t->port, &hints, &res);
+    if (rc == 0 && !any && own_name_on_loopback(t->host, res)) {
+        freeaddrinfo(res);
+        res = NULL;
+        any = true; /* its own connection still goes to t->host, a loopback address here */
+        rc = getaddrinfo(NULL, t->port, &hints, &res);
+    }
     if (rc != 0) {
         ccq_boot_err(err, "bootstrap %s: cannot resolve %s: %s", t->spec, t->host,
                      gai_strerror(rc));
         return CCQ_ERR_INVALID_ARGUMENT;
     }
-    for (ai = res; ai != NULL; ai = ai->ai_next) {
-        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
-                        ai->ai_protocol),
-            one = 1;
-        if (fd < 0) {
-            e = errno;
-            continue;
-        }
-        /* Rebind at once after an earlier runtime's server (its connections in TIME_WAIT). */
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 1024) == 0) {
-            t->listen_fd = fd;
-            break;
-        }
-        e = errno;
-        close(fd);
-    }
+    t->listen_fd = listen_at(res, any, &e);
     freeaddrinfo(res);
     if (t->listen_fd < 0) {
         ccq_boot_err(err, "bootstrap %s: process 0 cannot serve the rendezvous at %s:%s: %s%s",
@@ -1791,7 +1945,7 @@ static ccq_status serve(tcp_boot *t, ccq_errbuf *err)
         return CCQ_ERR_NO_MEMORY;
     }
     /* It connects to itself like everyone else: on loopback when it serves every interface. */
-    if (any)
+    if (strcmp(t->host, "*") == 0)
         snprintf(t->host, sizeof t->host, "127.0.0.1");
     return CCQ_OK;
 }
