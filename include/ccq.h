@@ -220,9 +220,12 @@ typedef struct ccq_config {
                                         process sees; created, mode 0700, if missing),
                                         "tcp://HOST:PORT" (world rank 0 serves a rendezvous at
                                         HOST:PORT, on every interface when HOST is "*"; the others
-                                        connect and stay connected), or NULL to use `store`.
+                                        connect and stay connected), "torchstore://HOST:PORT"
+                                        (the same, rank 0 on a port of its own that it names in
+                                        torch's TCPStore at HOST:PORT), or NULL to use `store`.
                                         Env: CCQ_BOOTSTRAP, else tcp://MASTER_ADDR:MASTER_PORT
-                                        when torchrun's variables are set. */
+                                        when torchrun's variables are set (torchstore:// where
+                                        torchrun's agent serves its store there). */
     const struct ccq_store *store; /**< The embedder's key-value store (bootstrap NULL). Borrowed
                                         until ccq_runtime_destroy returns. */
     int64_t mpi_comm; /**< For "mpi": MPI_Comm_c2f() of the embedder's communicator; -1 (the

@@ -45,6 +45,9 @@
  * is process 0's. */
 #define NAME_SILENT_FIRST "ccq-silent-first.test"
 #define SILENT_ADDR       "127.0.0.4"
+/* Not resolvable for its first two seconds in each process (a Kubernetes headless service's
+ * record appears after its pod starts), then 127.0.0.1. */
+#define NAME_LATE "ccq-late.test"
 
 static char own_name[256]; /* this machine's name: 127.0.1.1 on process 0's (Debian's hosts) */
 
@@ -73,6 +76,17 @@ static const char *const *fake_answer(const char *node, const struct addrinfo *h
     return NULL;
 }
 
+/* NAME_LATE: whether it resolves yet (the first lookup in this process starts the clock). */
+static bool late_name_resolves(void)
+{
+    static struct timespec first;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (first.tv_sec == 0)
+        first = now;
+    return now.tv_sec - first.tv_sec >= 2;
+}
+
 int getaddrinfo(const char *node, const char *service, const struct addrinfo *hints,
                 struct addrinfo **res)
 {
@@ -82,6 +96,12 @@ int getaddrinfo(const char *node, const char *service, const struct addrinfo *hi
 
     if (real == NULL)
         real = (gai_fn)dlsym(RTLD_NEXT, "getaddrinfo");
+    if (node != NULL && strcmp(node, NAME_LATE) == 0) {
+        static const char *const loopback[] = {"127.0.0.1", NULL};
+        if (!(hints != NULL && (hints->ai_flags & AI_PASSIVE)) && !late_name_resolves())
+            return EAI_NONAME;
+        answer = loopback;
+    }
     if (answer == NULL)
         return real(node, service, hints, res);
     memset(&h, 0, sizeof h);
@@ -175,6 +195,18 @@ static void test_tcp_every_address(void **state)
     world_args w = {{s, s, s}, 15000};
     (void)state;
     snprintf(s, sizeof s, "tcp://" NAME_REFUSED_FIRST ":%d", ccq_test_free_port());
+    assert_int_equal(meet(3, &w), 0);
+}
+
+/* A name that does not resolve yet when the processes start: they look it up again until it
+ * does (the first failure left the connecting thread asleep until something else woke it: the
+ * exchange waited for its deadline). */
+static void test_tcp_name_resolves_late(void **state)
+{
+    char s[96];
+    world_args w = {{s, s, s}, 15000};
+    (void)state;
+    snprintf(s, sizeof s, "tcp://" NAME_LATE ":%d", ccq_test_free_port());
     assert_int_equal(meet(3, &w), 0);
 }
 
@@ -283,7 +315,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tcp_any_serves_ipv6), cmocka_unit_test(test_tcp_every_address),
         cmocka_unit_test(test_tcp_silent_address),  cmocka_unit_test(test_tcp_own_name_loopback),
-        cmocka_unit_test(test_tcp_takeover_ipv6),
+        cmocka_unit_test(test_tcp_takeover_ipv6),   cmocka_unit_test(test_tcp_name_resolves_late),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

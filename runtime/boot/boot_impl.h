@@ -133,8 +133,9 @@ ccq_status ccq_boot_file_open(ccq_boot *b, const char *dir, ccq_errbuf *err);
 ccq_status ccq_boot_store_open(ccq_boot *b, const ccq_store *store, ccq_errbuf *err);
 /* In libccq-mpi.so (modules/mpi.c), reached through its ccq_boot_module. */
 ccq_status ccq_boot_mpi_open(ccq_boot *b, int64_t mpi_comm, ccq_errbuf *err);
-/* spec: what follows "tcp://" ("HOST:PORT", "*:PORT", "[V6]:PORT"). */
-ccq_status ccq_boot_tcp_open(ccq_boot *b, const char *spec, ccq_errbuf *err);
+/* spec: what follows "tcp://" ("HOST:PORT", "*:PORT", "[V6]:PORT"), or "torchstore://"
+ * (via_torch_store: HOST:PORT is torch's TCPStore, where process 0 says its own port). */
+ccq_status ccq_boot_tcp_open(ccq_boot *b, const char *spec, bool via_torch_store, ccq_errbuf *err);
 
 /* A mechanism in a module (backends/module.h: ccq_module.bootstrap): its constructor. The
  * handle and exchange structs above, the record header and ccq_boot_mech cross the module

@@ -198,12 +198,19 @@ const char *ccq_boot_spec_from_env(void)
     char want[300];
     struct spec *sp;
 
+    /* Under torchrun its agent serves torch's store at MASTER_PORT for the processes it starts
+     * (it says so: TORCHELASTIC_USE_AGENT_STORE=True): ccq cannot listen there, and meets
+     * through that store instead. */
+    const char *agent_store = getenv("TORCHELASTIC_USE_AGENT_STORE");
+    const char *scheme =
+        agent_store != NULL && strcmp(agent_store, "True") == 0 ? "torchstore" : "tcp";
+
     if (addr == NULL || *addr == '\0' || port == NULL || *port == '\0')
         return NULL;
     if (strchr(addr, ':') != NULL && addr[0] != '[')
-        snprintf(want, sizeof want, "tcp://[%.200s]:%.32s", addr, port);
+        snprintf(want, sizeof want, "%s://[%.200s]:%.32s", scheme, addr, port);
     else
-        snprintf(want, sizeof want, "tcp://%.200s:%.32s", addr, port);
+        snprintf(want, sizeof want, "%s://%.200s:%.32s", scheme, addr, port);
     pthread_mutex_lock(&lock);
     for (sp = specs; sp != NULL; sp = sp->next)
         if (strcmp(sp->s, want) == 0)
@@ -283,14 +290,17 @@ ccq_status ccq_boot_open(const char *spec, const ccq_store *store, int64_t mpi_c
         st = ccq_boot_file_open(b, spec + 5, err);
     } else if (spec != NULL && strncmp(spec, "tcp://", 6) == 0) {
         snprintf(b->name, sizeof b->name, "%s", spec);
-        st = ccq_boot_tcp_open(b, spec + 6, err);
+        st = ccq_boot_tcp_open(b, spec + 6, false, err);
+    } else if (spec != NULL && strncmp(spec, "torchstore://", 13) == 0) {
+        snprintf(b->name, sizeof b->name, "%s", spec);
+        st = ccq_boot_tcp_open(b, spec + 13, true, err);
     } else if (spec == NULL || strcmp(spec, "store") == 0) {
         snprintf(b->name, sizeof b->name, "store");
         st = ccq_boot_store_open(b, store, err);
     } else {
         ccq_boot_err(err,
-                     "bootstrap \"%s\": expected \"mpi\", \"file:DIR\", \"tcp://HOST:PORT\" or "
-                     "none (the store)",
+                     "bootstrap \"%s\": expected \"mpi\", \"file:DIR\", \"tcp://HOST:PORT\", "
+                     "\"torchstore://HOST:PORT\" or none (the store)",
                      spec);
         st = CCQ_ERR_INVALID_ARGUMENT;
     }

@@ -201,8 +201,9 @@ ccq_status ccq_boot_world_from_env(uint32_t *rank, uint32_t *size, const char **
 
 /*
  * The bootstrap torchrun's variables give when CCQ_BOOTSTRAP is unset: "tcp://MASTER_ADDR:
- * MASTER_PORT" (an IPv6 address in brackets) when both are set, else NULL. The string lives
- * as long as the process (one copy per distinct value).
+ * MASTER_PORT" (an IPv6 address in brackets) when both are set, "torchstore://..." where
+ * torchrun's agent serves its store there (TORCHELASTIC_USE_AGENT_STORE=True), else NULL. The
+ * string lives as long as the process (one copy per distinct value).
  */
 const char *ccq_boot_spec_from_env(void);
 

@@ -42,6 +42,7 @@
 
 #include "runtime/boot/boot_impl.h"
 #include "runtime/boot/tcp_proto.h"
+#include "runtime/boot/torch_store.h"
 
 /* How long close() lets the I/O thread flush a goodbye (and rank 0 its last notices). */
 #define LINGER_NS (200u * 1000000u)
@@ -100,6 +101,9 @@ typedef struct tcp_boot {
     uint64_t nonce;
     char job[256];
     char host[256], port[16]; /* where the rendezvous is (rank 0: where it connects itself) */
+    /* "torchstore://": torch's store, where process 0 says its port (port "" until read). */
+    char store_host[256], store_port[16], store_key[320];
+    int store_fd; /* the I/O thread's connection to it while it looks, -1 */
     char spec[300];
     ccq_tcp_limits lim;
     int wake[2];
@@ -360,6 +364,48 @@ static void client_where(const tcp_boot *t, char *buf, size_t len)
         snprintf(buf, len, "%s:%s", t->host, t->port);
 }
 
+/* "torchstore://": where process 0 serves, from torch's store (true), or a retry arranged. */
+static bool client_port_from_store(tcp_boot *t)
+{
+    char why[sizeof t->why], val[16], *end;
+    size_t vl = 0;
+    unsigned long port;
+    int got = -1;
+    uint64_t deadline = now_ns() + 2000000000ull; /* one question: the store answers at once */
+
+    if (t->store_fd < 0)
+        t->store_fd =
+            ccq_torch_store_connect(t->store_host, t->store_port, deadline, why, sizeof why);
+    if (t->store_fd >= 0)
+        got = ccq_torch_store_get_if_set(t->store_fd, t->store_key, val, sizeof val - 1, &vl,
+                                         deadline, why, sizeof why);
+    if (got == 1) {
+        val[vl] = '\0';
+        port = strtoul(val, &end, 10);
+        if (vl == 0 || *end != '\0' || port == 0 || port > 65535) {
+            snprintf(why, sizeof why,
+                     "torch's store at %.100s:%s holds \"%s\" at %.200s, not a port", t->store_host,
+                     t->store_port, val, t->store_key);
+            got = -1;
+        } else {
+            snprintf(t->port, sizeof t->port, "%lu", port);
+        }
+    }
+    if (got != 0 && t->store_fd >= 0) { /* found, or the connection is no good */
+        close(t->store_fd);
+        t->store_fd = -1;
+    }
+    if (got == 1)
+        return true;
+    if (got == 0)
+        snprintf(why, sizeof why,
+                 "process 0 has not said where it serves yet (torch's store at %.100s:%s, key "
+                 "%.200s)",
+                 t->store_host, t->store_port, t->store_key);
+    client_retry(t, why);
+    return false;
+}
+
 static void client_connect(tcp_boot *t)
 {
     struct addrinfo hints, *res = NULL, *ai;
@@ -367,6 +413,8 @@ static void client_connect(tcp_boot *t)
     unsigned n = 0;
     int rc;
 
+    if (t->port[0] == '\0' && !client_port_from_store(t))
+        return;
     memset(&hints, 0, sizeof hints);
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
@@ -1214,7 +1262,10 @@ static void *io_main(void *arg)
         if (state == C_IDLE && t->fd < 0 && (!stop || shaking)) {
             if (now >= t->retry_at)
                 client_connect(t);
-            else if (t->retry_at < next)
+            /* Not due yet, or failed at once (a name that does not resolve yet, an address
+             * refused on the spot, torch's store without the port yet): poll wakes for the
+             * retry it arranged (it slept until something else woke it, the deadline). */
+            if (t->fd < 0 && t->retry_at < next)
                 next = t->retry_at;
         }
         /* Timeouts and keepalives first: what they queue is polled for below. */
@@ -1540,6 +1591,8 @@ static void tcp_close(ccq_boot *b)
         fprintf(stderr, "ccq tcp rendezvous %s: world of %u, peak %zu bytes held by the server\n",
                 t->spec, t->size, t->peak_held);
     client_drop(t);
+    if (t->store_fd >= 0)
+        close(t->store_fd);
     if (t->listen_fd >= 0)
         close(t->listen_fd);
     if (t->srv != NULL) {
@@ -1950,7 +2003,43 @@ static ccq_status serve(tcp_boot *t, ccq_errbuf *err)
     return CCQ_OK;
 }
 
-ccq_status ccq_boot_tcp_open(ccq_boot *b, const char *spec, ccq_errbuf *err)
+/* "torchstore://", process 0: serve on every interface at a port the kernel picks, and say
+ * which in torch's store (the others read it there: client_port_from_store). */
+static ccq_status serve_via_store(tcp_boot *t, ccq_errbuf *err)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    char why[400];
+    ccq_status st;
+    int fd;
+
+    snprintf(t->host, sizeof t->host, "*");
+    snprintf(t->port, sizeof t->port, "0");
+    st = serve(t, err);
+    if (st != CCQ_OK)
+        return st;
+    if (getsockname(t->listen_fd, (struct sockaddr *)&ss, &sl) != 0) {
+        ccq_boot_err(err, "bootstrap %s: getsockname: %s", t->spec, strerror(errno));
+        return CCQ_ERR_BACKEND;
+    }
+    snprintf(t->port, sizeof t->port, "%u",
+             (unsigned)ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                                      : ((struct sockaddr_in *)&ss)->sin_port));
+    /* The store is up before the processes start (torchrun's agent serves it): a short wait. */
+    fd = ccq_torch_store_connect(t->store_host, t->store_port, now_ns() + 10000000000ull, why,
+                                 sizeof why);
+    if (fd < 0 || !ccq_torch_store_set(fd, t->store_key, t->port, strlen(t->port),
+                                       now_ns() + 10000000000ull, why, sizeof why)) {
+        if (fd >= 0)
+            close(fd);
+        ccq_boot_err(err, "bootstrap %s: process 0 cannot say where it serves: %s", t->spec, why);
+        return CCQ_ERR_BACKEND;
+    }
+    close(fd);
+    return CCQ_OK;
+}
+
+ccq_status ccq_boot_tcp_open(ccq_boot *b, const char *spec, bool via_torch_store, ccq_errbuf *err)
 {
     tcp_boot *t = calloc(1, sizeof *t);
     ccq_status st;
@@ -1959,7 +2048,7 @@ ccq_status ccq_boot_tcp_open(ccq_boot *b, const char *spec, ccq_errbuf *err)
         ccq_boot_err(err, "bootstrap: out of memory");
         return CCQ_ERR_NO_MEMORY;
     }
-    t->fd = t->listen_fd = t->wake[0] = t->wake[1] = -1;
+    t->fd = t->listen_fd = t->wake[0] = t->wake[1] = t->store_fd = -1;
     t->ran_ns = now_ns();
     atomic_init(&t->lag_ns, 0);
     t->rank = b->rank;
@@ -1968,7 +2057,8 @@ ccq_status ccq_boot_tcp_open(ccq_boot *b, const char *spec, ccq_errbuf *err)
     t->nonce = b->nonce;
     t->retry_ns = RETRY_NS;
     snprintf(t->job, sizeof t->job, "%s", b->job);
-    snprintf(t->spec, sizeof t->spec, "tcp://%.280s", spec);
+    snprintf(t->spec, sizeof t->spec, "%s%.280s", via_torch_store ? "torchstore://" : "tcp://",
+             spec);
     ccq_tcp_default_limits(&t->lim, b->size);
     pthread_mutex_init(&t->mu, NULL);
     {
@@ -1989,6 +2079,23 @@ ccq_status ccq_boot_tcp_open(ccq_boot *b, const char *spec, ccq_errbuf *err)
         ccq_boot_err(err, "bootstrap: out of memory");
         st = CCQ_ERR_NO_MEMORY;
     }
+    if (st == CCQ_OK && via_torch_store) {
+        /* Keyed by job, torchrun's restart (its store outlives a restart's processes) and
+         * this process's runtime (generation): never an earlier one's port. */
+        const char *restart = getenv("TORCHELASTIC_RESTART_COUNT");
+        snprintf(t->store_host, sizeof t->store_host, "%s", t->host);
+        snprintf(t->store_port, sizeof t->store_port, "%s", t->port);
+        snprintf(t->store_key, sizeof t->store_key, "ccq/rendezvous/%.200s/%s/%u", t->job,
+                 restart != NULL && *restart != '\0' ? restart : "0", t->gen);
+        t->port[0] = '\0'; /* ccq's own: read from the store */
+        if (strcmp(t->host, "*") == 0) {
+            ccq_boot_err(err,
+                         "bootstrap %s: \"*\" names no store: give the address of torch's "
+                         "store (torchstore://MASTER_ADDR:MASTER_PORT)",
+                         t->spec);
+            st = CCQ_ERR_INVALID_ARGUMENT;
+        }
+    }
     if (st == CCQ_OK && strcmp(t->host, "*") == 0 && b->rank != 0) {
         ccq_boot_err(err,
                      "bootstrap %s: \"*\" says where process 0 listens; the others need its "
@@ -2001,7 +2108,7 @@ ccq_status ccq_boot_tcp_open(ccq_boot *b, const char *spec, ccq_errbuf *err)
         st = CCQ_ERR_BACKEND;
     }
     if (st == CCQ_OK && b->rank == 0)
-        st = serve(t, err);
+        st = via_torch_store ? serve_via_store(t, err) : serve(t, err);
     else if (st == CCQ_OK)
         listen_own(t);
     if (st == CCQ_OK) {
