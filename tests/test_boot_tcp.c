@@ -37,21 +37,12 @@
 
 #include "runtime/boot/boot_impl.h"
 #include "runtime/boot/bootstrap.h"
+#include "child_check.h"
 #include "runtime/boot/tcp_proto.h"
 #include "free_port.h"
 #include "procs.h"
 
 #define MAXP 8
-
-#define CHILD_CHECK(cond, ...)                                                                     \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "child %d: %s:%d: ", (int)getpid(), __FILE__, __LINE__);               \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-            return 1;                                                                              \
-        }                                                                                          \
-    } while (0)
 
 static uint64_t deadline_ms(uint64_t ms)
 {

@@ -26,18 +26,9 @@
 #include <cmocka.h>
 
 #include "runtime/boot/bootstrap.h"
+#include "child_check.h"
 #include "free_port.h"
 #include "procs.h"
-
-#define CHILD_CHECK(cond, ...)                                                                     \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "child %d: %s:%d: ", (int)getpid(), __FILE__, __LINE__);               \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-            return 1;                                                                              \
-        }                                                                                          \
-    } while (0)
 
 /* ---- the stand-in store ------------------------------------------------------------------- */
 

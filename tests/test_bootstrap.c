@@ -24,6 +24,7 @@
 
 #include "runtime/boot/boot_impl.h" /* ccq_boot_hdr, to forge a stale record */
 #include "runtime/boot/bootstrap.h"
+#include "child_check.h"
 
 #define MAXP 8
 
@@ -33,17 +34,6 @@ static uint64_t deadline_ms(uint64_t ms)
 {
     return ccq_boot_now_ns() + ms * 1000000ull;
 }
-
-/* A child's check: print what failed and make the child exit with 1. */
-#define CHILD_CHECK(cond, ...)                                                                     \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "child %d: %s:%d: ", (int)getpid(), __FILE__, __LINE__);               \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-            return 1;                                                                              \
-        }                                                                                          \
-    } while (0)
 
 typedef int (*child_fn)(uint32_t rank, uint32_t size, void *arg);
 
