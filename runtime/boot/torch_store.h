@@ -3,7 +3,7 @@
  * that port is taken, so ccq's rendezvous cannot listen there; process 0 serves it on a port
  * of its own and says which in this store ("torchstore://HOST:PORT", runtime/boot/tcp.c).
  *
- * Only what that needs: VALIDATE (torch's handshake), SET, CHECK and GET, as torch 2.x's
+ * Only what that needs: VALIDATE (torch's handshake), SET, CHECK and GET, as torch's
  * client sends them (read from a torch 2.5.1 client's traffic, docs/multiprocess.md): a byte
  * of query type, then each string or value as a u64 length (little-endian, as torch writes
  * it on x86 and Arm) and its bytes. Every call is blocking with a deadline (CLOCK_MONOTONIC,
