@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -205,8 +206,10 @@ static pid_t store_start(int port, const char *const *stale)
     pid_t pid;
     fflush(NULL);
     pid = fork();
-    if (pid == 0)
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test (killed at its timeout) */
         store_main(port, stale);
+    }
     assert_true(pid > 0);
     for (int i = 0; i < 200 && ccq_test_port_free(port); i++)
         usleep(10000); /* listening */
