@@ -136,6 +136,9 @@ ccq_status ccq_boot_mpi_open(ccq_boot *b, int64_t mpi_comm, ccq_errbuf *err);
 /* spec: what follows "tcp://" ("HOST:PORT", "*:PORT", "[V6]:PORT"), or "torchstore://"
  * (via_torch_store: HOST:PORT is torch's TCPStore, where process 0 says its own port). */
 ccq_status ccq_boot_tcp_open(ccq_boot *b, const char *spec, bool via_torch_store, ccq_errbuf *err);
+/* tcp.c: wait for fd to be ready for `events` until deadline (ns, ccq_boot_now_ns's clock): > 0
+ * ready, 0 not in time, < 0 an error (torch_store.c's blocking calls use it too). */
+int ccq_boot_wait_fd(int fd, short events, uint64_t deadline);
 
 /* A mechanism in a module (backends/module.h: ccq_module.bootstrap): its constructor. The
  * handle and exchange structs above, the record header and ccq_boot_mech cross the module

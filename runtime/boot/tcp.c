@@ -767,8 +767,7 @@ static void client_read(tcp_boot *t)
 
 /* ---- a server given up ------------------------------------------------------------------ */
 
-/* Wait for fd to be ready for `events` until deadline: > 0 ready, 0 not in time, < 0 error. */
-static int wait_fd(int fd, short events, uint64_t deadline)
+int ccq_boot_wait_fd(int fd, short events, uint64_t deadline)
 {
     for (;;) {
         struct pollfd pf = {fd, events, 0};
@@ -813,22 +812,23 @@ static int ask_one(tcp_boot *t, const char *host, uint16_t port, uint64_t deadli
         return -1;
     }
     freeaddrinfo(res);
-    if (wait_fd(fd, POLLOUT, deadline) <= 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el) != 0 ||
-        e != 0) {
+    if (ccq_boot_wait_fd(fd, POLLOUT, deadline) <= 0 ||
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el) != 0 || e != 0) {
         close(fd);
         return e != 0 ? -1 : 0;
     }
     if (!ccq_tcp_put_frame(&out, SIZE_MAX, CCQ_TCP_LOOK, t->job, strlen(t->job), NULL, 0, NULL, 0))
         goto done;
     while (out.len > out.off) {
-        if (!flush_buf(fd, &out) || (out.len > out.off && wait_fd(fd, POLLOUT, deadline) <= 0))
+        if (!flush_buf(fd, &out) ||
+            (out.len > out.off && ccq_boot_wait_fd(fd, POLLOUT, deadline) <= 0))
             goto done;
     }
     /* LOOKED, one BEATS per process with a record, then it closes. */
     for (;;) {
         uint8_t buf[16384];
         ssize_t k;
-        if (wait_fd(fd, POLLIN, deadline) <= 0)
+        if (ccq_boot_wait_fd(fd, POLLIN, deadline) <= 0)
             break;
         k = recv(fd, buf, sizeof buf, 0);
         if (k < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK))
@@ -1381,35 +1381,6 @@ static void *io_main(void *arg)
     return NULL;
 }
 
-/* Every process but 0: a listening socket from the start (every interface, IPv6's and IPv4's
- * where the system has IPv6, else IPv4's; a port the kernel picks), so it can serve in place of
- * a lost server; nobody connects before that. */
-static void listen_own(tcp_boot *t)
-{
-    struct sockaddr_in6 s6 = {.sin6_family = AF_INET6, .sin6_addr = IN6ADDR_ANY_INIT};
-    struct sockaddr_in s4 = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY)};
-    struct sockaddr_storage got;
-    socklen_t gl = sizeof got;
-    int zero = 0;
-
-    for (int v6 = 1; v6 >= 0 && t->listen_fd < 0; v6--) {
-        int fd = socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-        if (fd < 0)
-            continue;
-        if ((v6 && setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero) != 0) ||
-            bind(fd, v6 ? (struct sockaddr *)&s6 : (struct sockaddr *)&s4,
-                 v6 ? sizeof s6 : sizeof s4) != 0 ||
-            listen(fd, 1024) != 0 || getsockname(fd, (struct sockaddr *)&got, &gl) != 0) {
-            close(fd); /* none: it cannot serve, the others pass it over (it sends no ADDR) */
-            continue;
-        }
-        t->listen_fd = fd;
-        t->own_v6 = v6;
-        t->own_port = ntohs(v6 ? ((struct sockaddr_in6 *)&got)->sin6_port
-                               : ((struct sockaddr_in *)&got)->sin_port);
-    }
-}
-
 /* ---- the mechanism --------------------------------------------------------------------- */
 
 static ccq_status tcp_publish(ccq_boot *b, ccq_boot_xchg *x, ccq_errbuf *err)
@@ -1958,6 +1929,43 @@ static int listen_at(const struct addrinfo *res, bool every_interface, int *e)
     return -1;
 }
 
+/* The port a listening socket got (0 where it cannot say), and its address family. */
+static uint16_t bound_port(int fd, int *family)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+
+    if (getsockname(fd, (struct sockaddr *)&ss, &sl) != 0)
+        return 0;
+    *family = ss.ss_family;
+    return ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                          : ((struct sockaddr_in *)&ss)->sin_port);
+}
+
+/* Every process but 0: a listening socket from the start (every interface, as process 0's
+ * for "*": listen_at; a port the kernel picks), so it can serve in place of a lost server;
+ * nobody connects before that. */
+static void listen_own(tcp_boot *t)
+{
+    struct addrinfo hints, *res = NULL;
+    int e = 0, family = 0;
+
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    if (getaddrinfo(NULL, "0", &hints, &res) != 0)
+        return; /* it cannot serve: the others pass it over (it sends no ADDR) */
+    t->listen_fd = listen_at(res, true, &e);
+    freeaddrinfo(res);
+    t->own_port = t->listen_fd >= 0 ? bound_port(t->listen_fd, &family) : 0;
+    t->own_v6 = family == AF_INET6;
+    if (t->listen_fd >= 0 && t->own_port == 0) {
+        close(t->listen_fd);
+        t->listen_fd = -1;
+    }
+}
+
 /* World rank 0: listen at host:port (every interface for "*", or for its own machine's name
  * where that resolves here to loopback only). */
 static ccq_status serve(tcp_boot *t, ccq_errbuf *err)
@@ -2007,24 +2015,21 @@ static ccq_status serve(tcp_boot *t, ccq_errbuf *err)
  * which in torch's store (the others read it there: client_port_from_store). */
 static ccq_status serve_via_store(tcp_boot *t, ccq_errbuf *err)
 {
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof ss;
     char why[400];
     ccq_status st;
-    int fd;
+    int fd, family;
 
     snprintf(t->host, sizeof t->host, "*");
     snprintf(t->port, sizeof t->port, "0");
     st = serve(t, err);
     if (st != CCQ_OK)
         return st;
-    if (getsockname(t->listen_fd, (struct sockaddr *)&ss, &sl) != 0) {
+    uint16_t port = bound_port(t->listen_fd, &family);
+    if (port == 0) {
         ccq_boot_err(err, "bootstrap %s: getsockname: %s", t->spec, strerror(errno));
         return CCQ_ERR_BACKEND;
     }
-    snprintf(t->port, sizeof t->port, "%u",
-             (unsigned)ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                                      : ((struct sockaddr_in *)&ss)->sin_port));
+    snprintf(t->port, sizeof t->port, "%u", (unsigned)port);
     /* The store is up before the processes start (torchrun's agent serves it): a short wait. */
     fd = ccq_torch_store_connect(t->store_host, t->store_port, now_ns() + 10000000000ull, why,
                                  sizeof why);

@@ -18,6 +18,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "runtime/boot/boot_impl.h"
 #include "runtime/boot/bootstrap.h"
 
 enum { Q_VALIDATE = 0, Q_SET = 1, Q_GET = 3, Q_CHECK = 5 };
@@ -25,22 +26,6 @@ enum { CHECK_READY = 0, CHECK_NOT_READY = 1 };
 #define VALIDATION_MAGIC 0x3C85F7CEu
 /* The longest key this client sends (a query is built in one buffer). */
 #define KEY_MAX 256u
-
-/* Wait for fd to be ready for events until deadline: false at the deadline or on an error. */
-static bool wait_ready(int fd, short events, uint64_t deadline_ns)
-{
-    for (;;) {
-        struct pollfd pf = {.fd = fd, .events = events};
-        uint64_t now = ccq_boot_now_ns();
-        int r;
-        if (now >= deadline_ns)
-            return false;
-        r = poll(&pf, 1, (int)((deadline_ns - now + 999999) / 1000000));
-        if (r < 0 && errno == EINTR)
-            continue;
-        return r > 0 && (pf.revents & events);
-    }
-}
 
 static bool send_all(int fd, const void *buf, size_t len, uint64_t deadline_ns)
 {
@@ -50,9 +35,9 @@ static bool send_all(int fd, const void *buf, size_t len, uint64_t deadline_ns)
         if (k > 0) {
             p += k;
             len -= (size_t)k;
-        } else if (k < 0 && errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
+        } else if (k == 0 || (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK)) {
             return false;
-        } else if (k < 0 && errno != EINTR && !wait_ready(fd, POLLOUT, deadline_ns)) {
+        } else if (errno != EINTR && ccq_boot_wait_fd(fd, POLLOUT, deadline_ns) <= 0) {
             return false;
         }
     }
@@ -69,7 +54,7 @@ static bool recv_all(int fd, void *buf, size_t len, uint64_t deadline_ns)
             len -= (size_t)k;
         } else if (k == 0 || (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK)) {
             return false;
-        } else if (errno != EINTR && !wait_ready(fd, POLLIN, deadline_ns)) {
+        } else if (errno != EINTR && ccq_boot_wait_fd(fd, POLLIN, deadline_ns) <= 0) {
             return false;
         }
     }
@@ -116,14 +101,16 @@ int ccq_torch_store_connect(const char *host, const char *port, uint64_t deadlin
     for (ai = res; ai != NULL && fd < 0; ai = ai->ai_next) {
         socklen_t el = sizeof e;
         fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
-        if (fd < 0) {
-            e = errno;
-            continue;
+        e = fd < 0 ? errno : 0;
+        if (fd >= 0 && connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+            if (errno != EINPROGRESS)
+                e = errno;
+            else if (ccq_boot_wait_fd(fd, POLLOUT, deadline_ns) == 0)
+                e = ETIMEDOUT;
+            else if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el) != 0)
+                e = errno;
         }
-        if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0 &&
-            (errno != EINPROGRESS || !wait_ready(fd, POLLOUT, deadline_ns) ||
-             getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el) != 0 || e != 0)) {
-            e = e != 0 ? e : errno != EINPROGRESS ? errno : ETIMEDOUT;
+        if (e != 0 && fd >= 0) {
             close(fd);
             fd = -1;
         }
