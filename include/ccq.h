@@ -251,7 +251,9 @@ typedef struct ccq_config {
      * longest heartbeat_timeout_ms any asks for. Env: CCQ_HEARTBEAT_MS. */
     uint32_t heartbeat_ms;
     /** A process whose heartbeat is older than this is declared lost (0 = the default,
-     * 10 x heartbeat_ms). Env: CCQ_HEARTBEAT_TIMEOUT_MS. */
+     * 10 x heartbeat_ms). A process that hears no quorum of the others (more than half of
+     * those that may be alive, or half with the lowest) for twice this long declares itself
+     * lost: across a cut network only one side goes on. Env: CCQ_HEARTBEAT_TIMEOUT_MS. */
     uint32_t heartbeat_timeout_ms;
     /* ---- appended in 0.3: NCCL stream priority ---- */
     /** NCCL backend: 1 = its communication streams (where NCCL runs ccq's work) are created

@@ -7,8 +7,9 @@ CCQ_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # transport itself does, next to ccq's numbers in docs/performance.md).
 CCQ_DEBS="build-essential cmake pkg-config libck-dev libcmocka-dev python3 openmpi-bin libopenmpi-dev libucx-dev ucx-utils"
 # What the test suite needs beyond the build: Doxygen, for the API reference's check (ctest
-# api_docs; the `docs` target). scripts/test.sh installs these too.
-CCQ_TEST_DEBS="doxygen"
+# api_docs; the `docs` target); iproute2 (`ip netns`), for the partition drill (ctest
+# drill_partition). scripts/test.sh installs these too.
+CCQ_TEST_DEBS="doxygen iproute2"
 
 ccq_need_pkg() {
     dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"

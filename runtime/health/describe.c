@@ -20,6 +20,9 @@ const char *ccq_health_how_name(uint32_t how)
     case CCQ_HOW_SILENT:
         return "it served the tcp rendezvous and went silent with its connection open, "
                "stopped or hung";
+    case CCQ_HOW_CUT_OFF:
+        return "it was cut off from a quorum of the processes (a network partition, or its "
+               "own link)";
     default:
         return "?";
     }
@@ -46,6 +49,17 @@ size_t ccq_health_describe_loss(const ccq_health *h, uint32_t p, char *buf, size
     char devs[64];
 
     fmt_devices(h, p, devs, sizeof devs);
+    if (p == h->rank && q->how == CCQ_HOW_CUT_OFF) {
+        /* It heard too few of the others for too long: it gave itself up (check_quorum). */
+        return ccq_format(
+            buf, len,
+            "process %" PRIu32 " (this process, %s) cut itself off %.1f s ago: for %.1f s it "
+            "heard from no quorum of the processes that may be alive (more than half of them, "
+            "or half with the lowest): a network partition, or its own link; it is fenced off, "
+            "its communicators spanning processes fail, and the others go on without it where "
+            "a quorum of them still hear each other",
+            p, devs, ago, (double)q->hb_age_ns / 1e9);
+    }
     if (p == h->rank) {
         /* Fenced off: it ran on while the others had given it up. */
         w = ccq_format(

@@ -72,6 +72,7 @@ struct ccq_health {
     _Atomic uint32_t publish; /* 1: publish now (a loss was declared) */
     uint32_t final_state;     /* CCQ_HB_LEFT at a clean destroy */
     uint64_t beat;            /* this process's beats so far */
+    uint64_t quorum_ns;       /* when this process last heard a quorum (check_quorum) */
     /* Identity, for the others' pidfd watch. */
     uint32_t pid;
     uint64_t host_id, start_time;

@@ -275,6 +275,55 @@ static void check_ages(ccq_health *h, uint64_t now, uint64_t since, uint64_t unt
     }
 }
 
+/* Whether process q is gone for certain in this process's view: it left cleanly, or the OS
+ * said it exited (a pidfd, or its closed rendezvous connection). A process lost to silence
+ * (its heartbeat, a silent server, an engine's timeout) may be alive beyond a cut network.
+ * Lock held. */
+static bool gone_for_certain(const ccq_health *h, uint32_t q)
+{
+    uint32_t st = ccq_health_state_of(h, q);
+    return st == CCQ_PROCESS_LEFT ||
+           (st == CCQ_PROCESS_LOST &&
+            (h->peers[q].how == CCQ_HOW_EXITED || h->peers[q].how == CCQ_HOW_CLOSED));
+}
+
+/* A cut network must not leave two worlds going on apart (each side declaring the other lost,
+ * forming communicators of its own: a split brain). Only a quorum goes on: more than half of
+ * the processes not gone for certain, or exactly half holding the lowest of them. Two sides of
+ * any cut cannot both hold one. A process that has heard no quorum (itself, and the processes
+ * alive in its view whose beat advanced within heartbeat_timeout_ms) for 2 x
+ * heartbeat_timeout_ms (one to find a silent server lost, one for its successor to take the
+ * rendezvous over and the records to travel again) declares itself lost: it is fenced off as
+ * one the others gave up is. */
+static void check_quorum(ccq_health *h, uint64_t now)
+{
+    uint32_t members = 0, heard = 0;
+    bool lowest_heard = false, lowest_seen = false;
+
+    if (ccq_health_state_of(h, h->rank) != CCQ_PROCESS_ALIVE)
+        return;
+    pthread_mutex_lock(&h->lock);
+    for (uint32_t q = 0; q < h->size; q++) {
+        bool hears;
+        if (gone_for_certain(h, q))
+            continue;
+        members++;
+        hears = q == h->rank || (ccq_health_state_of(h, q) == CCQ_PROCESS_ALIVE &&
+                                 now - h->peers[q].change_ns <= h->timeout_ns);
+        heard += hears;
+        if (!lowest_seen)
+            lowest_heard = hears;
+        lowest_seen = true;
+    }
+    pthread_mutex_unlock(&h->lock);
+    if (2 * heard > members || (2 * heard == members && lowest_heard)) {
+        h->quorum_ns = now;
+        return;
+    }
+    if (now - h->quorum_ns > 2 * h->timeout_ns)
+        ccq_health_declare(h, h->rank, h->rank, CCQ_HOW_CUT_OFF, now - h->quorum_ns, 0);
+}
+
 void ccq_health_exited(ccq_health *h, uint32_t q)
 {
     void *rec = NULL;
@@ -346,6 +395,7 @@ static void *monitor_main(void *arg)
             for (uint32_t q = 0; q < h->size; q++)
                 h->peers[q].change_ns = now;
             pthread_mutex_unlock(&h->lock);
+            h->quorum_ns = now;
             next_read = now; /* and learn at once whether it was declared lost meanwhile */
         }
         if (!h->records) {
@@ -392,8 +442,10 @@ static void *monitor_main(void *arg)
                 if (closed[k] < h->size && closed[k] != h->rank)
                     ccq_health_declare(h, closed[k], h->rank, CCQ_HOW_CLOSED,
                                        now - h->peers[closed[k]].change_ns, realtime_ns());
-        if (h->records)
+        if (h->records) {
             check_ages(h, now, win_since, win_until);
+            check_quorum(h, now);
+        }
 
         /* Sleep until the next beat or read, a watched process exiting, or a kick. */
         pfd[n].fd = h->wake_fd;
@@ -503,6 +555,7 @@ ccq_status ccq_health_start(ccq_runtime *rt)
     /* Every process is alive as of now: it just met the others. Those of this host are
      * watched from here on (their identity came with the world exchange). */
     now = ccq_now_ns();
+    h->quorum_ns = now;
     for (uint32_t q = 0; q < h->size; q++) {
         const ccq_world_proc *w = &rt->world.procs[q];
         h->peers[q].change_ns = now;

@@ -27,6 +27,8 @@ enum {
     CCQ_HOW_ENGINE = 3,    /* the data engine reported the peer failed (UCX peer error) */
     CCQ_HOW_SILENT = 4,    /* it served the tcp rendezvous, and nothing came from it for
                             * heartbeat_timeout_ms (stopped: its connection stays open) */
+    CCQ_HOW_CUT_OFF = 5,   /* it declared itself: it heard no quorum of the processes for
+                            * 2 x heartbeat_timeout_ms (a network partition, its own link) */
     CCQ_HOW_COUNT_
 };
 

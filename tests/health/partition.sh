@@ -1,0 +1,123 @@
+#!/bin/sh
+# The network-partition drill: 4 processes, each in a network namespace of its own (as on 4
+# machines), pods 0-1 on one bridge and 2-3 on another, the bridges joined by a link; host data
+# over UCX's TCP (UCX_TLS=self,tcp: shared memory would cross any cut), meeting at a tcp://
+# rendezvous that process 0 serves. Three cuts, each healed 11 s later while the processes run:
+#   2|2  the link between the bridges: {0,1} hold the lowest process, a quorum; {2,3} do not;
+#   3    process 3's own link: {0,1,2} go on, 3 is alone;
+#   0    process 0's own link: the server is cut off; {1,2,3} take the rendezvous over.
+# Checked (tests/health/partition.c prints each process's END line): the quorum side ends alive,
+# with a communicator over exactly its devices, and completed all_reduces on it (exact sums);
+# every process of the other side ends fenced off (its own state lost) within
+# 3 x heartbeat_timeout_ms + 6 s of the cut and completed none after the cut: the two sides
+# never both go on (a split brain). Needs root (network namespaces); skips (77) without.
+# usage: partition.sh DRILL_PARTITION
+set -u
+drill=$1
+hb_ms=300                       # heartbeat_timeout_ms 3000: the cut-off side is fenced within 9 s
+bound_ms=$((3 * 10 * hb_ms + 6000))
+s=$(( $$ % 10000 ))
+ns=ccqp$s
+if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null || ! ip netns add "${ns}-probe" 2>/dev/null; then
+    echo "partition drill: needs root and ip netns (iproute2): skipped"
+    exit 77
+fi
+ip netns del "${ns}-probe"
+work=$(mktemp -d)
+cleanup() {
+    for i in 0 1 2 3; do
+        ip netns pids "$ns-$i" 2>/dev/null | xargs -r kill -9 2>/dev/null
+        ip netns del "$ns-$i" 2>/dev/null
+        ip link del "${ns}h$i" 2>/dev/null
+    done
+    ip link del "${ns}x" 2>/dev/null
+    ip link del "${ns}A" 2>/dev/null
+    ip link del "${ns}B" 2>/dev/null
+    rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+set -e
+ip link add "${ns}A" type bridge
+ip link add "${ns}B" type bridge
+ip link add "${ns}x" type veth peer name "${ns}y"
+ip link set "${ns}x" master "${ns}A"
+ip link set "${ns}y" master "${ns}B"
+for i in 0 1 2 3; do
+    ip netns add "$ns-$i"
+    ip link add "${ns}h$i" type veth peer name "${ns}e$i"
+    ip link set "${ns}e$i" netns "$ns-$i"
+    if [ "$i" -lt 2 ]; then br=${ns}A; else br=${ns}B; fi
+    ip link set "${ns}h$i" master "$br"
+    ip link set "${ns}h$i" up
+    ip -n "$ns-$i" addr add "10.99.0.$((i + 1))/24" dev "${ns}e$i"
+    ip -n "$ns-$i" link set "${ns}e$i" up
+    ip -n "$ns-$i" link set lo up
+done
+for l in "${ns}A" "${ns}B" "${ns}x" "${ns}y"; do ip link set "$l" up; done
+set +e
+
+now_ms() { date +%s%3N; }
+
+# drill NAME LINK QUORUM-RANKS OTHER-RANKS PORT-OFFSET: once every process did an all_reduce,
+# cut LINK; heal it 11 s later; stop the processes 4 s after that; check.
+fails=0
+drill() {
+    name=$1 link=$2 quorum=$3 others=$4
+    port=$((29500 + $5))
+    pids=""
+    for i in 0 1 2 3; do
+        ip netns exec "$ns-$i" env CCQ_WORLD_RANK=$i CCQ_WORLD_SIZE=4 \
+            CCQ_BOOTSTRAP=tcp://10.99.0.1:$port CCQ_HOST_ENGINE=ucx CCQ_HOST_DEVICES=1 \
+            CCQ_HEARTBEAT_MS=$hb_ms CCQ_TIMEOUT_MS=30000 UCX_TLS=self,tcp \
+            timeout 150 "$drill" "$work/$name.stop" >"$work/$name.$i" 2>&1 &
+        pids="$pids $!"
+    done
+    waited=0
+    while [ "$(cat "$work/$name".[0-3] | grep -c '^ready$')" -lt 4 ] && [ $waited -lt 600 ]; do
+        for p in $pids; do kill -0 "$p" 2>/dev/null || waited=600; done
+        sleep 0.1
+        waited=$((waited + 1))
+    done
+    sleep 1
+    cut_ms=$(now_ms)
+    ip link set "$link" down
+    sleep 11
+    ip link set "$link" up
+    sleep 4
+    touch "$work/$name.stop"
+    # shellcheck disable=SC2086 # a list of pids
+    wait $pids
+    want=$(echo "$quorum" | tr ' ' ',')
+    for i in $quorum $others; do
+        end=$(grep '^END ' "$work/$name.$i")
+        ok=1
+        case " $quorum " in
+        *" $i "*)
+            echo "$end" | grep -q "state=alive" || ok=0
+            echo "$end" | grep -q " group=$want " || ok=0
+            echo "$end" | grep -q " after=0 " && ok=0
+            ;;
+        *)
+            f=$(echo "$end" | sed -n 's/.*fenced_ms=\([0-9]*\).*/\1/p')
+            echo "$end" | grep -q "state=lost" || ok=0
+            echo "$end" | grep -q " after=0 " || ok=0
+            [ -n "$f" ] && [ "$f" -gt 0 ] && [ $((f - cut_ms)) -le $bound_ms ] || ok=0
+            [ -n "$f" ] && [ "$f" -gt 0 ] && end="$end (fenced $((f - cut_ms)) ms after the cut)"
+            ;;
+        esac
+        if [ $ok = 1 ]; then
+            echo "partition $name: process $i ok: $end"
+        else
+            echo "partition $name: process $i FAILED: ${end:-no END line}"
+            sed 's/^/    /' "$work/$name.$i"
+            fails=$((fails + 1))
+        fi
+    done
+}
+
+drill 2x2 "${ns}x" "0 1" "2 3" 0
+drill alone3 "${ns}h3" "0 1 2" "3" 1
+drill alone0 "${ns}h0" "1 2 3" "0" 2
+[ $fails = 0 ] || { echo "partition drill: $fails processes failed"; exit 1; }
+echo "partition drill: every cut left one side going on and fenced the other"
