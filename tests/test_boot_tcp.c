@@ -1114,7 +1114,14 @@ static int stopped_child(unsigned rank, unsigned size, void *arg)
     CHILD_CHECK(ccq_boot_exchange(b, "pids", all, 3, &mine, 8, pids, deadline_ms(20000), &err) ==
                     CCQ_OK,
                 "pids: %s", err.msg);
+    if (rank != 0)
+        CHILD_CHECK(write(record_pipe[1], "p", 1) == 1, "pipe");
     if (rank == 0) {
+        char got[1];
+        /* Not before the others have their answers: a server stopped while an answer was still
+         * on its way leaves that exchange to fail, as it must (its record is nowhere else;
+         * CI 2026-12-07: "exchange 'pids': timed out"), which is not what this test is about. */
+        CHILD_CHECK(read(record_pipe[0], got, 1) == 1 && read(record_pipe[0], got, 1) == 1, "pipe");
         raise(SIGSTOP); /* until rank 1 continues it, after the others took over */
         for (int k = 0; k < 300 && !ccq_boot_given_up(b, &by); k++)
             sleep_ms(10);
@@ -1212,7 +1219,10 @@ static void test_tcp_stopped_server(void **state)
 {
     (void)state;
     snprintf(spec, sizeof spec, "tcp://127.0.0.1:%u", free_port());
+    assert_int_equal(pipe(record_pipe), 0);
     assert_int_equal(run_procs(3, stopped_child, NULL), 0);
+    close(record_pipe[0]);
+    close(record_pipe[1]);
 }
 
 /* Ranks 1 and 2 turn heartbeats on at once and wait for an exchange; rank 0, which serves,

@@ -246,35 +246,6 @@ static void read_one(ccq_health *h, uint32_t q, uint64_t now)
     relay_losses(h, &v); /* (v points into p->rec, which only this thread replaces) */
 }
 
-/* Processes whose beat stopped within the relay window [since, until] of the last read:
- * declared, unless this process hears nobody at all (then the
- * silence is more likely its own: a full disk, a cut link; with one other process it cannot
- * tell, and declares). */
-static void check_ages(ccq_health *h, uint64_t now, uint64_t since, uint64_t until)
-{
-    uint32_t others = 0, heard = 0;
-    uint64_t at = now < until ? now : until;
-
-    if (ccq_health_state_of(h, h->rank) != CCQ_PROCESS_ALIVE)
-        return; /* fenced off: its view counts for nothing */
-    for (uint32_t q = 0; q < h->size; q++) {
-        uint64_t from = h->peers[q].change_ns > since ? h->peers[q].change_ns : since;
-        if (q == h->rank || ccq_health_state_of(h, q) != CCQ_PROCESS_ALIVE)
-            continue;
-        others++;
-        heard += at <= from || at - from <= h->timeout_ns;
-    }
-    if (others >= 2 && heard == 0)
-        return;
-    for (uint32_t q = 0; q < h->size; q++) {
-        uint64_t from = h->peers[q].change_ns > since ? h->peers[q].change_ns : since;
-        uint64_t age = at > from ? at - from : 0;
-        if (q == h->rank || ccq_health_state_of(h, q) != CCQ_PROCESS_ALIVE || age <= h->timeout_ns)
-            continue;
-        ccq_health_declare(h, q, h->rank, CCQ_HOW_HEARTBEAT, age, realtime_ns());
-    }
-}
-
 /* Whether process q is gone for certain in this process's view: it left cleanly, or the OS
  * said it exited (a pidfd, or its closed rendezvous connection). A process lost to silence
  * (its heartbeat, a silent server, an engine's timeout) may be alive beyond a cut network.
@@ -289,38 +260,64 @@ static bool gone_for_certain(const ccq_health *h, uint32_t q)
 
 /* A cut network must not leave two worlds going on apart (each side declaring the other lost,
  * forming communicators of its own: a split brain). Only a quorum goes on: more than half of
- * the processes not gone for certain, or exactly half holding the lowest of them. Two sides of
- * any cut cannot both hold one. A process that has heard no quorum (itself, and the processes
- * alive in its view whose beat advanced within heartbeat_timeout_ms) for 2 x
- * heartbeat_timeout_ms (one to find a silent server lost, one for its successor to take the
- * rendezvous over and the records to travel again) declares itself lost: it is fenced off as
- * one the others gave up is. */
-static void check_quorum(ccq_health *h, uint64_t now)
+ * the processes not gone for certain, or exactly half holding the lowest of them; two sides of
+ * any cut cannot both hold one. Whether this process hears one: itself, and the processes
+ * alive in its view whose beat is at most fresh_ns old at `at` (counted from `since`, the
+ * relay window's start, as check_ages counts). */
+static bool hears_quorum(ccq_health *h, uint64_t at, uint64_t since, uint64_t fresh_ns)
 {
     uint32_t members = 0, heard = 0;
-    bool lowest_heard = false, lowest_seen = false;
+    bool lowest_heard = false;
 
-    if (ccq_health_state_of(h, h->rank) != CCQ_PROCESS_ALIVE)
-        return;
     pthread_mutex_lock(&h->lock);
     for (uint32_t q = 0; q < h->size; q++) {
-        bool hears;
+        uint64_t from = h->peers[q].change_ns > since ? h->peers[q].change_ns : since;
+        bool hears = q == h->rank || (ccq_health_state_of(h, q) == CCQ_PROCESS_ALIVE &&
+                                      (at <= from || at - from <= fresh_ns));
         if (gone_for_certain(h, q))
             continue;
-        members++;
-        hears = q == h->rank || (ccq_health_state_of(h, q) == CCQ_PROCESS_ALIVE &&
-                                 now - h->peers[q].change_ns <= h->timeout_ns);
-        heard += hears;
-        if (!lowest_seen)
+        if (members++ == 0)
             lowest_heard = hears;
-        lowest_seen = true;
+        heard += hears;
     }
     pthread_mutex_unlock(&h->lock);
-    if (2 * heard > members || (2 * heard == members && lowest_heard)) {
-        h->quorum_ns = now;
+    return 2 * heard > members || (2 * heard == members && lowest_heard);
+}
+
+/* Processes whose beat stopped within the relay window [since, until] of the last read are
+ * declared lost, but only by a process that hears a quorum of fresh beats (at most half
+ * heartbeat_timeout_ms old, two heartbeats at least): one cut off from the others sees their
+ * beats stop one after another (their last ones a heartbeat or so apart), and judging each
+ * against the ones not yet timed out, it would declare them all and go on alone. It declares
+ * nobody instead, and cuts itself off (check_quorum). */
+static void check_ages(ccq_health *h, uint64_t now, uint64_t since, uint64_t until)
+{
+    uint64_t at = now < until ? now : until;
+    uint64_t fresh = h->timeout_ns / 2 > 2 * h->hb_ns ? h->timeout_ns / 2 : 2 * h->hb_ns;
+
+    if (ccq_health_state_of(h, h->rank) != CCQ_PROCESS_ALIVE)
+        return; /* fenced off: its view counts for nothing */
+    if (!hears_quorum(h, at, since, fresh < h->timeout_ns ? fresh : h->timeout_ns))
         return;
+    for (uint32_t q = 0; q < h->size; q++) {
+        uint64_t from = h->peers[q].change_ns > since ? h->peers[q].change_ns : since;
+        uint64_t age = at > from ? at - from : 0;
+        if (q == h->rank || ccq_health_state_of(h, q) != CCQ_PROCESS_ALIVE || age <= h->timeout_ns)
+            continue;
+        ccq_health_declare(h, q, h->rank, CCQ_HOW_HEARTBEAT, age, realtime_ns());
     }
-    if (now - h->quorum_ns > 2 * h->timeout_ns)
+}
+
+/* A process that has heard no quorum for 2 x heartbeat_timeout_ms (one to find a silent
+ * rendezvous server lost, one for its successor to take over and the records to travel again)
+ * declares itself lost: it is fenced off as one the others gave up is. */
+static void check_quorum(ccq_health *h, uint64_t now)
+{
+    if (ccq_health_state_of(h, h->rank) != CCQ_PROCESS_ALIVE)
+        return;
+    if (hears_quorum(h, now, 0, h->timeout_ns))
+        h->quorum_ns = now;
+    else if (now - h->quorum_ns > 2 * h->timeout_ns)
         ccq_health_declare(h, h->rank, h->rank, CCQ_HOW_CUT_OFF, now - h->quorum_ns, 0);
 }
 
