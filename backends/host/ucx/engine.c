@@ -177,6 +177,16 @@ static void read_goodbyes(ucx_engine *e)
  * failure: its closed connection ends nothing here, operations take the messages it sent,
  * and only one that needs a message it never sent, or to send it one, fails
  * (ucx_recv_step, post in ucx/msg.c); job health reads its "left" record. */
+/* Tell the runtime (job health) once that a peer's UCX failed while an operation needed it. */
+static void report_failed(ucx_engine *e, uint32_t rank)
+{
+    ucx_peer *peer = &e->peers[rank];
+    if (!peer->reported && !peer->left && e->base.peer_failed != NULL) {
+        peer->reported = true;
+        e->base.peer_failed(e->base.peer_failed_arg, rank);
+    }
+}
+
 static void check_peers(ucx_engine *e)
 {
     if (e->peers_failed == e->peers_seen)
@@ -184,19 +194,24 @@ static void check_peers(ucx_engine *e)
     e->peers_seen = e->peers_failed;
     read_goodbyes(e);
     for (ucx_comm *c = e->comms; c != NULL; c = c->next) {
-        for (uint32_t p = 0; p < c->nprocs && c->failed == CCQ_OK; p++) {
+        bool busy = c->ops != NULL || c->pq_n > 0;
+        /* Every failed member is told, not only the first: two at once (a data network cut
+         * while the bootstrap's still reaches everyone) left the second untold, and every
+         * later communicator with it failed each operation with "failed earlier", never a
+         * loss (found by hand, 2026-12-07). */
+        for (uint32_t p = 0; p < c->nprocs; p++) {
             ucx_peer *peer = &e->peers[c->procs[p]];
             char why[CCQ_DETAIL_LEN];
             if (p == c->me || peer->failed == UCS_OK || peer->left)
+                continue;
+            if (busy)
+                report_failed(e, c->procs[p]);
+            if (c->failed != CCQ_OK)
                 continue;
             snprintf(why, sizeof why,
                      "process %u failed (UCX: %s): a member of this communicator (this is "
                      "process %u)",
                      c->procs[p], ucs_status_string(peer->failed), e->world_rank);
-            if ((c->ops != NULL || c->pq_n > 0) && !peer->reported && e->base.peer_failed != NULL) {
-                peer->reported = true;
-                e->base.peer_failed(e->base.peer_failed_arg, c->procs[p]);
-            }
             ucx_comm_fail(c, CCQ_ERR_BACKEND, why, false);
         }
     }
@@ -720,6 +735,7 @@ static ccq_status peer_ep(ucx_engine *e, uint32_t rank, ccq_errbuf *err)
     ucs_status_t us;
 
     if (p->failed != UCS_OK) {
+        report_failed(e, rank); /* an operation needs it now */
         snprintf(err->msg, sizeof err->msg, "process %u failed earlier (UCX: %s)", rank,
                  ucs_status_string(p->failed));
         return CCQ_ERR_BACKEND;
