@@ -22,6 +22,7 @@
 #include <poll.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -883,8 +884,10 @@ static void test_tcp_server_leave_drains(void **state)
 
 /* ---- peers' states ------------------------------------------------------------------------ */
 
+/* Counted by the rendezvous thread, read by the test's (atomic: the watcher runs after the
+ * state it reports is readable, so the test waits for the counts too). */
 typedef struct seen {
-    int lost[MAXP], left[MAXP];
+    _Atomic int lost[MAXP], left[MAXP];
 } seen;
 
 static void watcher(void *arg, uint32_t rank, ccq_boot_peer st)
@@ -963,7 +966,8 @@ static int peers_child(unsigned rank, unsigned size, void *arg)
         return 0;
     }
     for (int k = 0; k < 500 && (ccq_boot_peer_state(b, 1) != CCQ_BOOT_PEER_LOST ||
-                                ccq_boot_peer_state(b, 2) != CCQ_BOOT_PEER_LEFT);
+                                ccq_boot_peer_state(b, 2) != CCQ_BOOT_PEER_LEFT || s.lost[1] == 0 ||
+                                s.left[2] == 0);
          k++)
         sleep_ms(10);
     CHILD_CHECK(ccq_boot_peer_state(b, 1) == CCQ_BOOT_PEER_LOST, "1: %d",
