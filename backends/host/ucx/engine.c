@@ -170,13 +170,6 @@ static void read_goodbyes(ucx_engine *e)
             ;
 }
 
-/* A peer failed: every communicator it is a member of fails, so that operations on them end
- * now, whoever they wait for (a process waiting on a survivor that waits on the dead one).
- * The runtime's job health hears of it (base.peer_failed) when it cut an operation in
- * flight. A peer that said goodbye (it destroyed its runtime cleanly: ucx_peer.left) is no
- * failure: its closed connection ends nothing here, operations take the messages it sent,
- * and only one that needs a message it never sent, or to send it one, fails
- * (ucx_recv_step, post in ucx/msg.c); job health reads its "left" record. */
 /* Tell the runtime (job health) once that a peer's UCX failed while an operation needed it. */
 static void report_failed(ucx_engine *e, uint32_t rank)
 {
@@ -187,6 +180,13 @@ static void report_failed(ucx_engine *e, uint32_t rank)
     }
 }
 
+/* A peer failed: every communicator it is a member of fails, so that operations on them end
+ * now, whoever they wait for (a process waiting on a survivor that waits on the dead one).
+ * The runtime's job health hears of it (base.peer_failed) when it cut an operation in
+ * flight. A peer that said goodbye (it destroyed its runtime cleanly: ucx_peer.left) is no
+ * failure: its closed connection ends nothing here, operations take the messages it sent,
+ * and only one that needs a message it never sent, or to send it one, fails
+ * (ucx_recv_step, post in ucx/msg.c); job health reads its "left" record. */
 static void check_peers(ucx_engine *e)
 {
     if (e->peers_failed == e->peers_seen)
