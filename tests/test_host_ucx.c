@@ -52,6 +52,12 @@
  *                              endpoints: a completed send over TCP may still sit in UCX's
  *                              buffer); then a receive process 0 never sent for, and the
  *                              others' all_reduce with it, fail at once saying it left.
+ *   test_host_ucx leave_idle   (run with UCX_TLS=self,tcp) after an all_reduce of the world,
+ *                              process 0 destroys its runtime while the others idle (no ccq
+ *                              call for 2 s): its destroy returns within 700 ms (its goodbye's
+ *                              flush needs each peer's UCX progress over TCP: their schedulers
+ *                              asleep, it waited out its full second every time), and the
+ *                              others then see it left.
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -917,6 +923,58 @@ world:
     }
 }
 
+/* Process 0 leaves while its peers idle (see the top). */
+static void leave_idle(ccq_runtime **rtp)
+{
+    ccq_runtime *rt = *rtp;
+    ccq_device_id all[8 * NDEV];
+    uint32_t n = wsize * NDEV;
+    float x[NDEV][64], y[NDEV][64];
+    float want = (float)(n * (n + 1) / 2);
+
+    for (uint32_t d = 0; d < n; d++)
+        all[d] = d;
+    CHECK(ccq_comm_init(rt, all, n) == CCQ_OK, "world comm");
+    for (uint32_t k = 0; k < NDEV; k++) {
+        for (uint32_t i = 0; i < 64; i++)
+            x[k][i] = (float)(first + k + 1);
+        CHECK(ccq_all_reduce(rt, first + k, 0, x[k], y[k], 64, CCQ_FLOAT32, CCQ_SUM, all, n) ==
+                  CCQ_OK,
+              "submit");
+    }
+    for (uint32_t k = 0; k < NDEV; k++) {
+        CHECK(ccq_sync_collective(rt, first + k, 0) == CCQ_OK, "all_reduce: %s",
+              ccq_last_error_detail());
+        CHECK(y[k][0] == want && y[k][63] == want, "all_reduce: %g, not %g", (double)y[k][0],
+              (double)want);
+    }
+    if (wrank == 0) {
+        struct timespec pause = {0, 200000000L}; /* the others are asleep in theirs by now */
+        nanosleep(&pause, NULL);
+        uint64_t t0 = now_ms();
+        CHECK(ccq_runtime_destroy(rt) == CCQ_OK, "destroy");
+        uint64_t took = now_ms() - t0;
+        *rtp = NULL;
+        printf("process 0: ccq_runtime_destroy took %llu ms while the others idled\n",
+               (unsigned long long)took);
+        CHECK(took < 700, "ccq_runtime_destroy took %llu ms while the others idled",
+              (unsigned long long)took);
+        return;
+    }
+    {
+        struct timespec idle = {2, 0};
+        ccq_process_state ps = CCQ_PROCESS_ALIVE;
+        nanosleep(&idle, NULL);
+        for (uint64_t t1 = now_ms(); ps == CCQ_PROCESS_ALIVE && now_ms() - t1 < 10000;) {
+            struct timespec t = {0, 20000000L};
+            CHECK(ccq_world_process_state(rt, 0, &ps) == CCQ_OK, "process state");
+            nanosleep(&t, NULL);
+        }
+        CHECK(ps == CCQ_PROCESS_LEFT, "process 0's state: %d (2 = left)", (int)ps);
+        printf("process %u: process 0 left\n", wrank);
+    }
+}
+
 /* Processes with other schedule settings (process 1: CCQ_UCX_SEG_BYTES, CCQ_UCX_RING_BYTES,
  * CCQ_UCX_DIRECT_AR_BYTES, set by the test) still run one schedule per operation: a
  * communicator runs the largest of its members' (ucx_knobs). All_reduces where process 1's
@@ -1004,6 +1062,7 @@ int main(int argc, char **argv)
     bool burst_mode = argc > 1 && strcmp(argv[1], "last_burst") == 0;
     bool settings_mode = argc > 1 && strcmp(argv[1], "settings_differ") == 0;
     bool heartbeat_mode = argc > 1 && strcmp(argv[1], "heartbeats_differ") == 0;
+    bool leave_mode = argc > 1 && strcmp(argv[1], "leave_idle") == 0;
 
     ccq_config_init(&cfg);
     wrank = cfg.world_rank;
@@ -1073,6 +1132,8 @@ int main(int argc, char **argv)
         settings_differ(rt);
     } else if (heartbeat_mode) {
         heartbeats_differ(rt);
+    } else if (leave_mode) {
+        leave_idle(&rt);
     } else {
         const mcase cases[] = {
             {"count",

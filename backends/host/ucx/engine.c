@@ -49,6 +49,14 @@
  * (measured: docs/multiprocess-host.md, "Progress"). */
 #define UCX_BUSY_NS      2000000u
 #define UCX_SLOW_POLL_NS 200000u
+/* With nothing in flight the scheduler sleeps, but not for longer than this once a peer has
+ * an endpoint: some of what peers send an idle process needs its progress to answer. Over
+ * UCX's TCP a peer's flush (what say_goodbye waits for) sends a zero-byte put and waits for
+ * its acknowledgement, which only this process's ucp_worker_progress sends: with its
+ * scheduler asleep, every peer's ccq_runtime_destroy waited out say_goodbye's full second
+ * (found 2026-12-07: 1.003 s, 2 and 3 processes, UCX_TLS=self,tcp, the others idle). Twenty
+ * polls a second cost an idle process about 0.1 ms of CPU per second (bench_world_idle). */
+#define UCX_IDLE_POLL_NS 100000000u
 
 static ucx_engine *to_ucx(ccq_host_engine *e)
 {
@@ -756,6 +764,7 @@ static ccq_status peer_ep(ucx_engine *e, uint32_t rank, ccq_errbuf *err)
     ep.err_handler.cb = peer_error;
     ep.err_handler.arg = p->cb_arg;
     us = ucp_ep_create(e->worker, &ep, &p->ep);
+    e->connected |= us == UCS_OK;
     if (us != UCS_OK) {
         /* The peer cannot be reached (its worker is gone: it destroyed its runtime or died
          * between the meeting and now; UCX's shared memory fails at once then): a peer
@@ -1837,7 +1846,7 @@ static uint64_t ucx_poll_interval(ccq_host_engine *base, bool busy)
     ucx_engine *e = to_ucx(base);
     (void)busy;
     if (e->inflight == 0 && e->nmoving == 0)
-        return 0;
+        return e->connected ? UCX_IDLE_POLL_NS : 0;
     /* Back to back while messages flow; a peer that has been silent for UCX_BUSY_NS is late
      * (not submitted yet, descheduled, dead): then poll calmly, leaving the core to it. */
     uint64_t now = ccq_now_ns();
