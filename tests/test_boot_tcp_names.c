@@ -285,6 +285,41 @@ static void test_tcp_takeover_ipv6(void **state)
     close(takeover_pipe[1]);
 }
 
+/* Details name an IPv6 rendezvous as a user writes it, in brackets: "[::1]:PORT" (they said
+ * "::1:PORT", where the port reads as part of the address). Process 1 of 2, process 0 never
+ * there: its exchange times out, saying where it tried to connect. */
+static int brackets_child(unsigned rank, unsigned size, void *arg)
+{
+    const char *spec = arg;
+    char want[48];
+    ccq_boot *b;
+    ccq_errbuf err = {{0}};
+    uint32_t all[2] = {0, 1};
+    uint64_t mine = 1, out[2];
+    ccq_status st;
+    (void)rank;
+    (void)size;
+
+    snprintf(want, sizeof want, "connecting to [::1]:%s", strrchr(spec, ':') + 1);
+    CHILD_CHECK(ccq_boot_open(spec, NULL, -1, 1, 2, &b, &err) == CCQ_OK, "open: %s", err.msg);
+    st = ccq_boot_exchange(b, "x", all, 2, &mine, 8, out, ccq_boot_now_ns() + 1500000000ull, &err);
+    ccq_boot_close(b);
+    CHILD_CHECK(st != CCQ_OK && strstr(err.msg, want) != NULL, "%s: the detail does not say %s: %s",
+                ccq_status_name(st), want, err.msg);
+    return 0;
+}
+
+static void test_tcp_ipv6_named_in_brackets(void **state)
+{
+    char s[64];
+    int status[1];
+    (void)state;
+    if (!ipv6_loopback())
+        skip();
+    snprintf(s, sizeof s, "tcp://[::1]:%d", ccq_test_free_port());
+    assert_int_equal(procs_run(1, brackets_child, s, 30, status), 0);
+}
+
 /* Process 0 given its own machine's name, which that machine's hosts file points at a
  * loopback address (Debian and Ubuntu write "127.0.1.1 HOSTNAME"), while the others resolve
  * it to the machine's network address: process 0 listens on every interface (it listened on
@@ -304,9 +339,13 @@ static void test_tcp_own_name_loopback(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_tcp_any_serves_ipv6), cmocka_unit_test(test_tcp_every_address),
-        cmocka_unit_test(test_tcp_silent_address),  cmocka_unit_test(test_tcp_own_name_loopback),
-        cmocka_unit_test(test_tcp_takeover_ipv6),   cmocka_unit_test(test_tcp_name_resolves_late),
+        cmocka_unit_test(test_tcp_any_serves_ipv6),
+        cmocka_unit_test(test_tcp_every_address),
+        cmocka_unit_test(test_tcp_silent_address),
+        cmocka_unit_test(test_tcp_own_name_loopback),
+        cmocka_unit_test(test_tcp_takeover_ipv6),
+        cmocka_unit_test(test_tcp_ipv6_named_in_brackets),
+        cmocka_unit_test(test_tcp_name_resolves_late),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -355,13 +355,26 @@ static void client_next_address(tcp_boot *t, const char *why)
     t->retry_at = 0;
 }
 
+/* HOST:PORT as a user writes it: an IPv6 address in brackets ("[fd00::2]:29500"; a
+ * successor's address is the bare text inet_ntop gave). */
+typedef struct host_port_text {
+    char s[sizeof((tcp_boot *)0)->host + sizeof((tcp_boot *)0)->port + 3];
+} host_port_text;
+
+static const char *host_port(host_port_text *b, const char *host, const char *port)
+{
+    snprintf(b->s, sizeof b->s, strchr(host, ':') != NULL ? "[%s]:%s" : "%s:%s", host, port);
+    return b->s;
+}
+
 /* "HOST:PORT", and the address tried where HOST is a name ("node0:29500 (127.0.1.1)"). */
 static void client_where(const tcp_boot *t, char *buf, size_t len)
 {
+    host_port_text hp;
     if (t->addr_text[0] != '\0' && strcmp(t->addr_text, t->host) != 0)
-        snprintf(buf, len, "%s:%s (%s)", t->host, t->port, t->addr_text);
+        snprintf(buf, len, "%s (%s)", host_port(&hp, t->host, t->port), t->addr_text);
     else
-        snprintf(buf, len, "%s:%s", t->host, t->port);
+        snprintf(buf, len, "%s", host_port(&hp, t->host, t->port));
 }
 
 /* "torchstore://": where process 0 serves, from torch's store (true), or a retry arranged. */
@@ -605,12 +618,13 @@ static void client_frame(tcp_boot *t, const ccq_tcp_frame *f)
             snprintf(w, sizeof w, "refused for now: %s", why);
             client_retry(t, w);
         } else {
+            host_port_text hp;
             client_drop(t);
             client_fail(t, C_FAILED,
                         strstr(why, "world_size") != NULL ? CCQ_ERR_INVALID_ARGUMENT
                                                           : CCQ_ERR_BACKEND,
-                        "the rendezvous at %s:%s (process 0) refused this process: %s", t->host,
-                        t->port, why);
+                        "the rendezvous at %s (process 0) refused this process: %s",
+                        host_port(&hp, t->host, t->port), why);
         }
         break;
     }
@@ -743,10 +757,11 @@ static void client_read(tcp_boot *t)
             if (r == 0)
                 break;
             if (r < 0) {
+                host_port_text hp;
                 client_drop(t);
                 client_fail(t, C_FAILED, CCQ_ERR_BACKEND,
-                            "the rendezvous at %s:%s sent what ccq cannot read: %s", t->host,
-                            t->port, err.msg);
+                            "the rendezvous at %s sent what ccq cannot read: %s",
+                            host_port(&hp, t->host, t->port), err.msg);
                 return;
             }
             client_frame(t, &f);
@@ -1101,10 +1116,11 @@ static void server_lost(tcp_boot *t, const char *how)
     if (next == t->rank && t->srv == NULL && server_start(t) != CCQ_OK)
         next = UINT32_MAX;
     if (next == UINT32_MAX) {
+        host_port_text hp;
         client_fail(t, C_CLOSED, CCQ_ERR_BACKEND,
-                    "the rendezvous at %s:%s (process %u) %s: process %u left or died, and no "
+                    "the rendezvous at %s (process %u) %s: process %u left or died, and no "
                     "surviving process can serve in its place",
-                    t->host, t->port, lost, how, lost);
+                    host_port(&hp, t->host, t->port), lost, how, lost);
         return;
     }
     pthread_mutex_lock(&t->mu);
@@ -1993,8 +2009,9 @@ static ccq_status serve(tcp_boot *t, ccq_errbuf *err)
     t->listen_fd = listen_at(res, any, &e);
     freeaddrinfo(res);
     if (t->listen_fd < 0) {
-        ccq_boot_err(err, "bootstrap %s: process 0 cannot serve the rendezvous at %s:%s: %s%s",
-                     t->spec, t->host, t->port, strerror(e),
+        host_port_text hp;
+        ccq_boot_err(err, "bootstrap %s: process 0 cannot serve the rendezvous at %s: %s%s",
+                     t->spec, host_port(&hp, t->host, t->port), strerror(e),
                      e == EADDRINUSE ? " (another job, an earlier runtime, or torch.distributed's "
                                        "store on MASTER_PORT: give ccq a port of its own with "
                                        "CCQ_BOOTSTRAP=tcp://HOST:PORT)"
