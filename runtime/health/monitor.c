@@ -107,6 +107,12 @@ void ccq_health_peer_failed(ccq_runtime *rt, uint32_t process)
 
     if (h == NULL || process >= h->size || process == h->rank)
         return;
+    /* Fenced off (the others gave it up, or it cut itself off): its view counts for nothing,
+     * as in check_ages. Its engine reports the peers it can no longer reach, the ones that
+     * gave it up among them: with the data network cut and the bootstrap still reaching every
+     * process, the others would take its word and declare the very processes that go on. */
+    if (ccq_health_state_of(h, h->rank) != CCQ_PROCESS_ALIVE)
+        return;
     pthread_mutex_lock(&h->lock);
     uint64_t age = now - h->peers[process].change_ns;
     pthread_mutex_unlock(&h->lock);

@@ -477,6 +477,57 @@ static void test_engine_peer_error(void **state)
     hcase_free(c);
 }
 
+/* A process fenced off still has an engine: once the others gave it up, its reports of the
+ * peers it can no longer reach (the processes that go on) count for nothing. Process 0's
+ * engine reports process 2 failed; once process 2 reads itself lost, its engine reports 0
+ * and 1 failed: 0 and 1 stay alive in every view, process 2's own included (it read them as
+ * lost, "seen by process 2": its state queries, trace and details blamed the processes that
+ * went on, and its records listed them for anyone still reading it). */
+static int fenced_child(unsigned rank, unsigned nprocs, void *arg)
+{
+    hcase *c = arg;
+    ccq_runtime *rt = runtime(c, rank, nprocs);
+    int rc = 0;
+
+    if (rt == NULL)
+        return 10;
+    for (int t = 0; t < 200 && count_files(c->dir, "~hb.r") < nprocs; t++)
+        sleep_ms(5);
+    if (rank == 0)
+        ccq_health_peer_failed(rt, 2);
+    if (!wait_state(rt, 2, CCQ_PROCESS_LOST, c->hb_timeout_ms))
+        FAIL(11, "process 2 does not read as lost");
+    if (rank == 2) {
+        ccq_health_peer_failed(rt, 0);
+        ccq_health_peer_failed(rt, 1);
+        sleep_ms(300);
+        if (lost(rt, 0) || lost(rt, 1))
+            FAIL(13, "process 2, fenced off, reads as lost process 0 (%d) or 1 (%d)", lost(rt, 0),
+                 lost(rt, 1));
+        sleep_ms(1700); /* its records go on, listing what it knows */
+        goto out;
+    }
+    sleep_ms(1500); /* 15 of process 2's heartbeats */
+    if (lost(rt, 0) || lost(rt, 1))
+        FAIL(12, "a process that goes on reads as lost (process 0: %d, process 1: %d)", lost(rt, 0),
+             lost(rt, 1));
+out:
+    ccq_runtime_destroy(rt);
+    return rc;
+}
+
+static void test_engine_fenced(void **state)
+{
+    hcase *c = hcase_new(100, 1000, 20000);
+    int status[3];
+    (void)state;
+    procs_run(3, fenced_child, c, 60, status);
+    assert_int_equal(status[0], 0);
+    assert_int_equal(status[1], 0);
+    assert_int_equal(status[2], 0);
+    hcase_free(c);
+}
+
 /* ---- configuration ---- */
 
 static void test_config(void **state)
@@ -528,6 +579,7 @@ int main(void)
         cmocka_unit_test(test_died),
         cmocka_unit_test(test_progress_and_watchdog),
         cmocka_unit_test(test_engine_peer_error),
+        cmocka_unit_test(test_engine_fenced),
         cmocka_unit_test(test_absent_member),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
