@@ -141,6 +141,15 @@ static size_t count_files(const char *dir, const char *part)
     return n;
 }
 
+/* Wait (at most 1 s) until every one of nprocs processes has a heartbeat record in the
+ * directory: how many there are. */
+static size_t wait_records(const hcase *c, unsigned nprocs)
+{
+    for (int t = 0; t < 200 && count_files(c->dir, "~hb.r") < nprocs; t++)
+        sleep_ms(5);
+    return count_files(c->dir, "~hb.r");
+}
+
 /* ---- a process that leaves cleanly reads as left, never lost ---- */
 
 static int left_child(unsigned rank, unsigned nprocs, void *arg)
@@ -152,10 +161,9 @@ static int left_child(unsigned rank, unsigned nprocs, void *arg)
     if (rt == NULL)
         return 10;
     /* Heartbeat records appear in the directory (one per process). */
-    for (int t = 0; t < 200 && count_files(c->dir, "~hb.r") < nprocs; t++)
-        sleep_ms(5);
-    if (count_files(c->dir, "~hb.r") < nprocs)
-        FAIL(11, "heartbeat records: %zu", count_files(c->dir, "~hb.r"));
+    size_t records = wait_records(c, nprocs);
+    if (records < nprocs)
+        FAIL(11, "heartbeat records: %zu", records);
     if (rank == 2) {
         sleep_ms(200);
         ccq_runtime_destroy(rt);
@@ -491,8 +499,8 @@ static int fenced_child(unsigned rank, unsigned nprocs, void *arg)
 
     if (rt == NULL)
         return 10;
-    for (int t = 0; t < 200 && count_files(c->dir, "~hb.r") < nprocs; t++)
-        sleep_ms(5);
+    if (wait_records(c, nprocs) < nprocs)
+        FAIL(14, "heartbeat records");
     if (rank == 0)
         ccq_health_peer_failed(rt, 2);
     if (!wait_state(rt, 2, CCQ_PROCESS_LOST, c->hb_timeout_ms))
