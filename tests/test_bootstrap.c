@@ -736,6 +736,45 @@ static void test_store_processes(void **state)
     munmap(s, sizeof *s);
 }
 
+/* A long wait asks the store less and less often: process 1 arrives 2 s after process 0,
+ * whose exchange asked for its record about 2000 times (one get a millisecond); now each round
+ * waits a sixteenth of the wait so far (poll_gap in runtime/boot/bootstrap.c): about 100. */
+static int late_child(uint32_t rank, uint32_t size, void *arg)
+{
+    ccq_store store = {arg, shm_set, shm_get};
+    ccq_boot *b;
+    ccq_errbuf err = {{0}};
+    uint32_t members[2] = {0, 1};
+    uint64_t mine = value_of(rank, 1), out[2];
+    ccq_status st;
+
+    if (rank == 1)
+        usleep(2000000);
+    st = ccq_boot_open(NULL, &store, -1, rank, size, &b, &err);
+    CHILD_CHECK(st == CCQ_OK, "open: %s", err.msg);
+    st = ccq_boot_exchange(b, "world", members, size, &mine, sizeof mine, out, deadline_ms(20000),
+                           &err);
+    CHILD_CHECK(st == CCQ_OK && out[0] == value_of(0, 1) && out[1] == value_of(1, 1), "world: %s",
+                err.msg);
+    ccq_boot_close(b);
+    return 0;
+}
+
+static void test_store_long_wait(void **state)
+{
+    shm_store *s = shm_store_new();
+    uint64_t t0 = ccq_boot_now_ns(), took_ms;
+
+    (void)state;
+    assert_int_equal(run_procs(2, 2, late_child, s), 0);
+    took_ms = (ccq_boot_now_ns() - t0) / 1000000u;
+    fprintf(stderr, "gets: %u over %llu ms\n", s->gets, (unsigned long long)took_ms);
+    /* Fewer under load, never more; and the last arrival is seen within a sixteenth. */
+    assert_true(s->gets < 400);
+    assert_true(took_ms < 2000 + 2000 / 16 + 1000);
+    munmap(s, sizeof *s);
+}
+
 /* One process playing 3 ranks on threads, each with its own handle on one store, and two
  * threads sharing rank 0's handle (its calls are serialised by the handle's lock). */
 typedef struct rank_thread {
@@ -904,6 +943,7 @@ int main(void)
         cmocka_unit_test(test_world_from_env),
         cmocka_unit_test_setup_teardown(test_store_processes, dir_setup, dir_teardown),
         cmocka_unit_test_setup_teardown(test_store_errors, dir_setup, dir_teardown),
+        cmocka_unit_test_setup_teardown(test_store_long_wait, dir_setup, dir_teardown),
         /* Last: it starts threads, and the tests above fork. */
         cmocka_unit_test_setup_teardown(test_store_threads, dir_setup, dir_teardown),
     };

@@ -73,6 +73,7 @@ struct ccq_boot_xchg {
     size_t rec_len;
     ccq_status status;     /* CCQ_IN_PROGRESS, CCQ_OK or the sticky error */
     uint64_t next_poll_ns; /* no mechanism round before this (see xchg_test_locked) */
+    uint64_t start_ns;     /* when this process opened it (poll_gap) */
     ccq_errbuf detail;
     void *mech_priv;
 };
@@ -81,6 +82,10 @@ struct ccq_boot_xchg {
 typedef struct ccq_boot_mech {
     const char *name;
     uint64_t poll_ns; /* suggested interval between tests */
+    /* A mechanism whose every round asks a shared service (a file system, the embedder's
+     * store): an exchange that has waited long tests less often, up to this (0: every
+     * poll_ns however long it waits; see poll_gap in bootstrap.c). */
+    uint64_t poll_max_ns;
     /* Each handle talks on a channel of its own (MPI: its own communicator), so records of
      * another handle can never be read and the generation is not needed (always 0). */
     bool private_channel;

@@ -488,6 +488,7 @@ ccq_status ccq_boot_xchg_post(ccq_boot *b, const char *tag, const uint32_t *memb
     x->self = self;
     x->len = len;
     x->status = CCQ_IN_PROGRESS;
+    x->start_ns = ccq_boot_now_ns();
     x->tag = strdup(tag);
     x->members = malloc(n * sizeof *members);
     x->data = malloc(len * n + 1);
@@ -636,6 +637,22 @@ static ccq_status take_record(ccq_boot_xchg *x, uint32_t i, const unsigned char 
     return CCQ_OK;
 }
 
+/* How long after a round that found members missing the next may come: the mechanism's
+ * poll interval, and where every round asks a shared service (a file system, the embedder's
+ * store) a sixteenth of how long the exchange has waited so far, up to poll_max_ns. A
+ * process that waits for a slow launcher's last process then costs that service a few rounds
+ * a second, not a thousand (each a file opened or a get per missing member: a thousand
+ * processes waiting on one NFS directory or one store asked it a million times a second
+ * each), and learns of the last arrival at most a sixteenth of its wait late. */
+static uint64_t poll_gap(const ccq_boot_xchg *x, uint64_t now)
+{
+    const ccq_boot_mech *m = x->boot->mech;
+    uint64_t gap = now > x->start_ns ? (now - x->start_ns) / 16 : 0;
+    if (gap > m->poll_max_ns)
+        gap = m->poll_max_ns;
+    return gap > m->poll_ns ? gap : m->poll_ns;
+}
+
 static ccq_status xchg_test_locked(ccq_boot_xchg *x, void *out, ccq_errbuf *err)
 {
     ccq_boot *b = x->boot;
@@ -677,7 +694,7 @@ static ccq_status xchg_test_locked(ccq_boot_xchg *x, void *out, ccq_errbuf *err)
     if (x->status == CCQ_IN_PROGRESS && x->ngot == x->n)
         x->status = CCQ_OK;
     if (x->status == CCQ_IN_PROGRESS)
-        x->next_poll_ns = now + b->mech->poll_ns;
+        x->next_poll_ns = now + poll_gap(x, now);
     if (x->status == CCQ_OK && out != NULL && x->len > 0)
         memcpy(out, x->data, x->len * x->n);
     if (x->status < 0 && err != NULL)
@@ -725,7 +742,7 @@ static void sleep_ns(uint64_t ns)
 ccq_status ccq_boot_xchg_wait(ccq_boot_xchg *x, void *out, uint64_t deadline_ns, ccq_errbuf *err)
 {
     const ccq_boot_mech *m = x->boot->mech;
-    uint64_t pause = 20000, cap = m->poll_ns;
+    uint64_t pause = 20000;
     bool sleeps = m->arrivals != NULL && m->wait != NULL;
 
     for (;;) {
@@ -753,6 +770,8 @@ ccq_status ccq_boot_xchg_wait(ccq_boot_xchg *x, void *out, uint64_t deadline_ns,
         if (deadline_ns != 0 && deadline_ns - now < pause)
             pause = deadline_ns - now;
         sleep_ns(pause);
+        /* Up to the next round's gap: a sleep shorter than it only finds the test says wait. */
+        uint64_t cap = poll_gap(x, now);
         pause = pause * 2 > cap ? cap : pause * 2;
     }
 

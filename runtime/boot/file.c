@@ -281,6 +281,7 @@ static void file_close(ccq_boot *b)
 static const ccq_boot_mech file_mech = {
     .name = "file",
     .poll_ns = 1000000, /* a stat-like open per missing member: 1 ms keeps an NFS server calm */
+    .poll_max_ns = 250000000, /* ...and a long wait, a few opens a second (poll_gap) */
     .publish = file_publish,
     .fetch = file_fetch,
     .close = file_close,

@@ -121,7 +121,8 @@ static void store_close(ccq_boot *b)
 
 static const ccq_boot_mech store_mech = {
     .name = "store",
-    .poll_ns = 1000000, /* a get may be a network round trip (Redis, a TCP store) */
+    .poll_ns = 1000000,       /* a get may be a network round trip (Redis, a TCP store) */
+    .poll_max_ns = 250000000, /* ...and a long wait, a few gets a second (poll_gap) */
     .publish = store_publish,
     .fetch = store_fetch,
     .close = store_close,
