@@ -1816,6 +1816,19 @@ static uint32_t ucx_reap(ccq_host_engine *base)
     ucx_engine *e = to_ucx(base);
     uint64_t now_ns = 0; /* read once, if a moving operation needs it */
 
+    if (e->inflight == 0 && e->nmoving == 0 && e->nbackground == 0) {
+        /* Idle (ucx_poll_interval asks for UCX_IDLE_POLL_NS): progress at that pace, not at
+         * every pass of a scheduler busy with other work (local collectives), and without
+         * ucx_progress's yields, which are for waiting on a peer. */
+        uint64_t now = ccq_now_ns();
+        if (now < e->idle_poll_ns)
+            return 0;
+        e->idle_poll_ns = now + UCX_IDLE_POLL_NS;
+        for (int k = 0; k < 256 && ucp_worker_progress(e->worker) != 0; k++)
+            ;
+        check_peers(e);
+        return e->nbackground;
+    }
     ucx_progress(e);
     check_peers(e);
     for (ucx_op **pp = &e->background; *pp != NULL;) {

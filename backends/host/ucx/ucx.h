@@ -211,11 +211,12 @@ struct ucx_engine {
     uint32_t ngone;
     ucx_op *background; /* ended operations whose messages UCX still holds */
     uint32_t nbackground;
-    uint32_t nmoving;  /* ...of which have sends still to leave (up to timeout_ms): they need
-                          progress; the others only wait to be freed */
-    uint32_t inflight; /* operations started and not ended */
-    bool connected;    /* an endpoint to a peer was created: idle, poll now and then */
-    uint64_t dropped;  /* messages discarded (aborted comm, failed op, malformed) */
+    uint32_t nmoving;      /* ...of which have sends still to leave (up to timeout_ms): they need
+                              progress; the others only wait to be freed */
+    uint32_t inflight;     /* operations started and not ended */
+    bool connected;        /* an endpoint to a peer was created: idle, poll now and then */
+    uint64_t idle_poll_ns; /* idle: no progress before this (ucx_reap, UCX_IDLE_POLL_NS) */
+    uint64_t dropped;      /* messages discarded (aborted comm, failed op, malformed) */
     /* Arrivals and starts, counted (no clock read each: ucx_poll_interval stamps the time it
      * first sees the count move, once per scheduler pass), and when the count last moved. */
     uint64_t activity, activity_seen;
