@@ -54,8 +54,9 @@
  * UCX's TCP a peer's flush (what say_goodbye waits for) sends a zero-byte put and waits for
  * its acknowledgement, which only this process's ucp_worker_progress sends: with its
  * scheduler asleep, every peer's ccq_runtime_destroy waited out say_goodbye's full second
- * (found 2026-12-07: 1.003 s, 2 and 3 processes, UCX_TLS=self,tcp, the others idle). Twenty
- * polls a second cost an idle process about 0.1 ms of CPU per second (bench_world_idle). */
+ * (found 2026-12-07: 1.003 s, 2 and 3 processes, UCX_TLS=self,tcp, the others idle). Ten
+ * polls a second cost an idle process a few tenths of a millisecond of CPU per second
+ * (bench_world_idle; docs/multiprocess-host.md, "Progress"). */
 #define UCX_IDLE_POLL_NS 100000000u
 
 static ucx_engine *to_ucx(ccq_host_engine *e)
