@@ -1027,15 +1027,23 @@ static void heartbeats_differ(ccq_runtime *rt)
     for (uint32_t d = 0; d < n; d++)
         all[d] = d;
     CHECK(ccq_comm_init(rt, all, n) == CCQ_OK, "world comm");
-    while (now_ms() - t0 < 12000) {
+    /* Every device votes in each all_reduce whether its process's 12 s are up, and all stop
+     * after the same one: each process judging its own clock alone, one stopped (and left)
+     * while the others, whose 12 s began a little later, started one more, which then failed
+     * with "process 2 left" (TSan in CI, 2026-12-07). */
+    for (bool more = true; more;) {
         struct timespec pause = {0, 20000000L};
-        for (uint32_t k = 0; k < NDEV; k++)
+        for (uint32_t k = 0; k < NDEV; k++) {
+            memset(x[k], 0, sizeof x[k]);
+            x[k][0] = now_ms() - t0 < 12000 ? 1.0f : 0.0f;
             CHECK(ccq_all_reduce(rt, first + k, 0, x[k], y[k], 64, CCQ_FLOAT32, CCQ_SUM, all, n) ==
                       CCQ_OK,
                   "submit");
+        }
         for (uint32_t k = 0; k < NDEV; k++)
             CHECK(ccq_sync_collective(rt, first + k, 0) == CCQ_OK, "after %llu ms: %s",
                   (unsigned long long)(now_ms() - t0), ccq_last_error_detail());
+        more = y[0][0] == (float)n;
         nanosleep(&pause, NULL);
     }
     for (uint32_t p = 0; p < wsize; p++) {
