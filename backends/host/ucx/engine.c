@@ -108,12 +108,19 @@ const char *ucx_op_name(uint8_t op)
 
 /* ---- progress and failure ------------------------------------------------------------ */
 
-void ucx_progress(ucx_engine *e)
+/* How many of UCX's progress calls in a row moved something. Bounded: a flood of arrivals
+ * must not keep the scheduler from its other work. */
+static int progress_burst(ucx_engine *e)
 {
     int k = 0;
-    /* Bounded: a flood of arrivals must not keep the scheduler from its other work. */
     while (k < 256 && ucp_worker_progress(e->worker) != 0)
         k++;
+    return k;
+}
+
+void ucx_progress(ucx_engine *e)
+{
+    int k = progress_burst(e);
     /* Nothing moved: now and then (yield_mask) such a poll gives the core away for a
      * moment, so that on a machine with more busy threads than cores (processes of one job
      * on few cores) the peer this process waits for gets to run; and where the cores are
@@ -1825,10 +1832,9 @@ static uint32_t ucx_reap(ccq_host_engine *base)
         if (now < e->idle_poll_ns)
             return 0;
         e->idle_poll_ns = now + UCX_IDLE_POLL_NS;
-        for (int k = 0; k < 256 && ucp_worker_progress(e->worker) != 0; k++)
-            ;
+        progress_burst(e);
         check_peers(e);
-        return e->nbackground;
+        return 0;
     }
     ucx_progress(e);
     check_peers(e);
