@@ -149,8 +149,8 @@ static ccq_status ring_seg(ucx_op *o, uint32_t g, ccq_errbuf *err)
             /* This step's blocks: the one step 0 sends as it is, the one each step adds to.
              * Every block is combined once, before any dst is written (in place holds). */
             if (k == 0)
-                ucx_part_combine(o, o->op, (off0 + so) * es, res + so * es, sl);
-            ucx_part_combine(o, o->op, (off0 + ro) * es, res + ro * es, rl);
+                ucx_part_combine(o, o->op, (off0 + so) * es, res + so * es, sl, 0);
+            ucx_part_combine(o, o->op, (off0 + ro) * es, res + ro * es, rl, 0);
             s->combined = k + 1;
         }
         /* The reduce-scatter's last step reduces its block into the outputs too, in the same

@@ -1135,11 +1135,16 @@ static void local_srcs(const ccq_be_op *op, size_t off, const void **src)
         src[k] = (const char *)op->parts[k].src + off;
 }
 
+/* The kernel's op: AVG sums (each engine divides once, at the end). */
+static ccq_reduce_op kernel_op(const ucx_op *o)
+{
+    return o->redop == CCQ_AVG ? CCQ_SUM : (ccq_reduce_op)o->redop;
+}
+
 void ucx_reduce_to(const ucx_op *o, uint32_t n, const void *const *src, uint32_t nout,
                    void *const *dst, size_t count)
 {
-    ccq_reduce_op ro = o->redop == CCQ_AVG ? CCQ_SUM : (ccq_reduce_op)o->redop;
-    ccq_host_reduce_range((ccq_dtype)o->dtype, ro, n, src, nout, dst, 0, count, 0);
+    ccq_host_reduce_range((ccq_dtype)o->dtype, kernel_op(o), n, src, nout, dst, 0, count, 0);
 }
 
 void ucx_reduce(const ucx_op *o, uint32_t n, const void *const *src, void *dst, size_t count)
@@ -1308,15 +1313,18 @@ static void local_outputs(ucx_op *o)
 
 /* One part's local combine into the group's scratch: the kernel and device order it meets
  * alone (local_combine), on `elems` elements from byte `from` of its inputs. */
-void ucx_part_combine(const ucx_op *o, const ccq_be_op *op, size_t from, char *to, size_t elems)
+void ucx_part_combine(const ucx_op *o, const ccq_be_op *op, size_t from, char *to, size_t elems,
+                      unsigned flags)
 {
     const void *src[CCQ_MAX_DEVICES];
+    void *dst[1] = {to};
     if (op->nparts == 1) {
-        memcpy(to, (const char *)op->parts[0].src + from, elems * o->es);
+        ccq_host_copy(to, (const char *)op->parts[0].src + from, elems * o->es, flags);
         return;
     }
     local_srcs(op, from, src);
-    ucx_reduce(o, op->nparts, src, to, elems);
+    ccq_host_reduce_range((ccq_dtype)o->dtype, kernel_op(o), op->nparts, src, 1, dst, 0, elems,
+                          flags);
 }
 
 /* Whether a fused all_reduce reads its inputs where they are (o->own_at): on the ring, every
@@ -1411,10 +1419,10 @@ static ccq_status fused_inputs(ucx_op *o, ccq_errbuf *err)
             break;
         case CCQ_KIND_REDUCE_SCATTER: /* every rank's block of the part, combined */
             for (uint32_t r = 0; r < c->nranks; r++)
-                ucx_part_combine(o, op, r * cnt * es, res + (r * total + off) * es, cnt);
+                ucx_part_combine(o, op, r * cnt * es, res + (r * total + off) * es, cnt, 0);
             break;
         default:
-            ucx_part_combine(o, op, 0, res + off * es, cnt);
+            ucx_part_combine(o, op, 0, res + off * es, cnt, 0);
             break;
         }
         off += cnt;

@@ -221,8 +221,15 @@ struct ucx_engine {
      * first sees the count move, once per scheduler pass), and when the count last moved. */
     uint64_t activity, activity_seen;
     uint64_t last_activity_ns;
-    ucx_knobs knobs;                   /* this process's (ucx/select.c) */
-    size_t stream_bytes;               /* outputs by streaming stores from (ucx/select.c) */
+    ucx_knobs knobs;     /* this process's (ucx/select.c) */
+    size_t stream_bytes; /* outputs by streaming stores from (ucx/select.c) */
+    /* How the mapped all_reduce copies inputs into its slots (ucx/allreduce_mapped.c,
+     * copy_in): -1 by the measured costs in_cost, 0 plain stores, 1 streaming stores
+     * (CCQ_UCX_MAPPED_STREAM). in_cost: CPU ns per MiB of each way (0: not measured yet),
+     * in_copies: copies timed so far. */
+    int map_in_nt;
+    uint64_t in_cost[2];
+    uint32_t in_copies;
     bool fused_in_place;               /* fused ring inputs read in place (ucx/select.c) */
     size_t bulk_bytes;                 /* payloads of at least this go on ucx_peer.bulk */
     bool bulk_auto;                    /* bulk_bytes is the default (no CCQ_UCX_BULK_BYTES) */
@@ -640,8 +647,11 @@ void ucx_reduce(const ucx_op *o, uint32_t n, const void *const *src, void *dst, 
 void ucx_reduce_to(const ucx_op *o, uint32_t n, const void *const *src, uint32_t nout,
                    void *const *dst, size_t count);
 /* One local operation's combine of its parts' inputs (elems elements from byte `from` of
- * each) into `to`: the kernel and part order of the whole-buffer combine (engine.c). */
-void ucx_part_combine(const ucx_op *o, const ccq_be_op *op, size_t from, char *to, size_t elems);
+ * each) into `to`: the kernel and part order of the whole-buffer combine (engine.c). flags:
+ * CCQ_HOST_REDUCE_NT writes `to` by streaming stores (the caller fences them before it
+ * publishes `to`: ccq_host_store_fence). */
+void ucx_part_combine(const ucx_op *o, const ccq_be_op *op, size_t from, char *to, size_t elems,
+                      unsigned flags);
 /* Elements [at, at + elems) of a fused group's inputs laid end to end (o->own_at): copied to
  * dst (msg NULL), or msg (+) them written to dst (the incoming partial first, as
  * ucx_ring_step's reduction; msg may be dst). CCQ_ERR_ABORTED, err set, if one of those parts
