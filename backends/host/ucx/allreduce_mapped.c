@@ -130,58 +130,21 @@ static ccq_status send_all(ucx_op *o, uint32_t g, uint32_t step, const void *buf
     return CCQ_OK;
 }
 
-/* How step 0 copies the inputs into the slot, where CCQ_UCX_MAPPED_STREAM does not say:
- * by what each way cost this process. A slot's lines were last read by the other members, on
- * other cores. Where those cores share a cache with this one, a plain store takes each line
- * back from it cheaply, and the members read the slot from that cache; where they do not (on
- * the 2-vCPU VMs of docs/performance.md, for minutes at a time: vCPUs the host places apart),
- * every line comes back from another cache one by one, and the copy costs 2.7-3.3x its CPU
- * time (four processes, 32 MiB). Streaming stores skip that, but leave the slot in memory,
- * where the members' reduction reads it (1.6x the reduction's time where the caches are
- * shared). So: plain stores unless they cost more than 1.25x streaming ones per byte, each
- * cost timed in this thread's CPU time (a preemption does not count) over copies of at least
- * PICK_MIN_BYTES, averaged (a quarter of each new copy), and every PICK_EXPLORE-th timed copy
- * the other way, which keeps both costs current as the placement changes. Each process
- * chooses alone: the choice changes no message and no result's bits. */
-#define PICK_MIN_BYTES (256u * 1024u)
-#define PICK_EXPLORE   64u
-
-static bool pick_streamed(const ucx_engine *e)
-{
-    if (e->map_in_nt >= 0)
-        return e->map_in_nt;
-    if (e->in_cost[0] == 0 || e->in_cost[1] == 0) /* measure plain first, then streamed */
-        return e->in_cost[0] != 0;
-    return e->in_cost[0] * 4 > e->in_cost[1] * 5;
-}
-
-static void note_cost(ucx_engine *e, bool streamed, uint64_t cpu_ns, size_t bytes)
-{
-    uint64_t per_mib = (uint64_t)((double)cpu_ns * (1 << 20) / (double)bytes) + 1, *c;
-    c = &e->in_cost[streamed];
-    *c = *c == 0 ? per_mib : *c - *c / 4 + per_mib / 4;
-}
-
 /* Step 0's combine of this process's inputs of a segment (len elements from element off0) into
- * its slot `mine`, streamed or not as above, fenced before the slot is said. */
+ * its slot `mine`, by plain or streaming stores as each costs this process (ucx/store_pick.c),
+ * fenced before the slot is said. */
 static void copy_in(ucx_op *o, size_t off0, char *mine, size_t len)
 {
     ucx_engine *e = o->e;
     size_t bytes = len * o->es;
-    bool timed = e->map_in_nt < 0 && bytes >= PICK_MIN_BYTES, nt = pick_streamed(e);
-    uint64_t t0 = 0;
-    unsigned flags;
+    bool timed, nt = ucx_store_pick_next(&e->map_in, bytes, &timed);
+    unsigned flags = nt ? CCQ_HOST_REDUCE_NT : 0;
+    uint64_t t0 = timed ? ccq_thread_cpu_ns() : 0;
 
-    if (timed) {
-        if (++e->in_copies % PICK_EXPLORE == 0 && e->in_cost[0] != 0 && e->in_cost[1] != 0)
-            nt = !nt;
-        t0 = ccq_thread_cpu_ns();
-    }
-    flags = nt ? CCQ_HOST_REDUCE_NT : 0;
     ucx_part_combine(o, o->op, off0 * o->es, mine, len, flags);
     ccq_host_store_fence(flags);
     if (timed)
-        note_cost(e, nt, ccq_thread_cpu_ns() - t0, bytes);
+        ucx_store_pick_note(&e->map_in, nt, ccq_thread_cpu_ns() - t0, bytes);
 }
 
 static ccq_status mapped_seg(ucx_op *o, uint32_t g, ccq_errbuf *err)

@@ -111,7 +111,7 @@ void ucx_tuning(ucx_engine *e)
                           : STREAM_BYTES;
     /* Unset: chosen by what each way costs here (ucx/allreduce_mapped.c). */
     uint64_t in_nt;
-    e->map_in_nt = ccq_env_u64("CCQ_UCX_MAPPED_STREAM", 0, 1, &in_nt) > 0 ? (int)in_nt : -1;
+    e->map_in.fixed = ccq_env_u64("CCQ_UCX_MAPPED_STREAM", 0, 1, &in_nt) > 0 ? (int)in_nt : -1;
     /* 0 = pack them first, as before 2026-12-04: for A/B runs (the same bits either way). */
     uint64_t in_place;
     e->fused_in_place = ccq_env_u64("CCQ_UCX_FUSED_IN_PLACE", 0, 1, &in_place) <= 0 || in_place;

@@ -98,6 +98,24 @@ typedef struct ucx_knobs {
     uint64_t seg_bytes;       /* the pipelined schedules' segment */
 } ucx_knobs;
 
+/* How the mapped all_reduce copies its inputs into its slots: plain or streaming stores, by
+ * what each costs this process (ucx/store_pick.c). */
+typedef struct ucx_store_pick {
+    int fixed;        /* -1: by the costs; 0 plain, 1 streaming (CCQ_UCX_MAPPED_STREAM) */
+    uint64_t cost[2]; /* CPU ns per MiB of plain [0] and streaming [1] stores (0: not yet) */
+    uint32_t timed;   /* copies timed so far */
+} ucx_store_pick;
+
+/* Copies of fewer bytes are not timed (their clock reads would weigh). */
+#define UCX_PICK_MIN_BYTES (256u * 1024u)
+
+/* The way the next copy of `bytes` goes (true: streaming) and whether to time it (*timed; then
+ * ucx_store_pick_note its CPU time). */
+bool ucx_store_pick_next(ucx_store_pick *k, size_t bytes, bool *timed);
+void ucx_store_pick_note(ucx_store_pick *k, bool streamed, uint64_t cpu_ns, size_t bytes);
+/* The way chosen now, without counting a copy. */
+bool ucx_store_pick_streamed(const ucx_store_pick *k);
+
 /* ---- mapped scratch (ucx/mapped.c) ----------------------------------------------------- */
 
 /* This process's region of mapped scratch: lent to one operation at a time (ucx_op.region). */
@@ -221,22 +239,16 @@ struct ucx_engine {
      * first sees the count move, once per scheduler pass), and when the count last moved. */
     uint64_t activity, activity_seen;
     uint64_t last_activity_ns;
-    ucx_knobs knobs;     /* this process's (ucx/select.c) */
-    size_t stream_bytes; /* outputs by streaming stores from (ucx/select.c) */
-    /* How the mapped all_reduce copies inputs into its slots (ucx/allreduce_mapped.c,
-     * copy_in): -1 by the measured costs in_cost, 0 plain stores, 1 streaming stores
-     * (CCQ_UCX_MAPPED_STREAM). in_cost: CPU ns per MiB of each way (0: not measured yet),
-     * in_copies: copies timed so far. */
-    int map_in_nt;
-    uint64_t in_cost[2];
-    uint32_t in_copies;
-    bool fused_in_place;               /* fused ring inputs read in place (ucx/select.c) */
-    size_t bulk_bytes;                 /* payloads of at least this go on ucx_peer.bulk */
-    bool bulk_auto;                    /* bulk_bytes is the default (no CCQ_UCX_BULK_BYTES) */
-    bool unstack_on;                   /* CCQ_UCX_UNSTACK (default 1) */
-    uint32_t idle_polls;               /* progress calls in a row that moved nothing */
-    uint32_t yield_mask;               /* ...of which every (yield_mask + 1)th yields */
-    ccq_unstack unstack;               /* ...timed: off a core shared with another poller */
+    ucx_knobs knobs;       /* this process's (ucx/select.c) */
+    size_t stream_bytes;   /* outputs by streaming stores from (ucx/select.c) */
+    ucx_store_pick map_in; /* the mapped all_reduce's copy into its slots (ucx/store_pick.c) */
+    bool fused_in_place;   /* fused ring inputs read in place (ucx/select.c) */
+    size_t bulk_bytes;     /* payloads of at least this go on ucx_peer.bulk */
+    bool bulk_auto;        /* bulk_bytes is the default (no CCQ_UCX_BULK_BYTES) */
+    bool unstack_on;       /* CCQ_UCX_UNSTACK (default 1) */
+    uint32_t idle_polls;   /* progress calls in a row that moved nothing */
+    uint32_t yield_mask;   /* ...of which every (yield_mask + 1)th yields */
+    ccq_unstack unstack;   /* ...timed: off a core shared with another poller */
     uint32_t peers_failed, peers_seen; /* peer errors so far, and those check_peers handled */
     ucx_msg *free_msgs;                /* recycled arrival records */
     ccq_scratch_pool pool;             /* scratch kept for reuse */
