@@ -1135,16 +1135,19 @@ static void local_srcs(const ccq_be_op *op, size_t off, const void **src)
         src[k] = (const char *)op->parts[k].src + off;
 }
 
-/* The kernel's op: AVG sums (each engine divides once, at the end). */
-static ccq_reduce_op kernel_op(const ucx_op *o)
+/* The host backend's kernel on o's dtype and op (AVG sums: each engine divides once, at the
+ * end); flags: CCQ_HOST_REDUCE_NT streams the outputs. */
+static void reduce_flags(const ucx_op *o, uint32_t n, const void *const *src, uint32_t nout,
+                         void *const *dst, size_t count, unsigned flags)
 {
-    return o->redop == CCQ_AVG ? CCQ_SUM : (ccq_reduce_op)o->redop;
+    ccq_reduce_op ro = o->redop == CCQ_AVG ? CCQ_SUM : (ccq_reduce_op)o->redop;
+    ccq_host_reduce_range((ccq_dtype)o->dtype, ro, n, src, nout, dst, 0, count, flags);
 }
 
 void ucx_reduce_to(const ucx_op *o, uint32_t n, const void *const *src, uint32_t nout,
                    void *const *dst, size_t count)
 {
-    ccq_host_reduce_range((ccq_dtype)o->dtype, kernel_op(o), n, src, nout, dst, 0, count, 0);
+    reduce_flags(o, n, src, nout, dst, count, 0);
 }
 
 void ucx_reduce(const ucx_op *o, uint32_t n, const void *const *src, void *dst, size_t count)
@@ -1323,8 +1326,7 @@ void ucx_part_combine(const ucx_op *o, const ccq_be_op *op, size_t from, char *t
         return;
     }
     local_srcs(op, from, src);
-    ccq_host_reduce_range((ccq_dtype)o->dtype, kernel_op(o), op->nparts, src, 1, dst, 0, elems,
-                          flags);
+    reduce_flags(o, op->nparts, src, 1, dst, elems, flags);
 }
 
 /* Whether a fused all_reduce reads its inputs where they are (o->own_at): on the ring, every

@@ -39,11 +39,18 @@ int main(int argc, char **argv)
     }
     ccq_local_devices(rt, &first, &count);
     n = ccq_device_count(rt);
-    for (uint32_t d = 0; d < n && d < 64; d++)
+    if (n > 64) {
+        fprintf(stderr, "%u devices: at most 64 here\n", n);
+        return 2;
+    }
+    for (uint32_t d = 0; d < n; d++)
         all[d] = d;
     memset(x, 1, bytes);
     memset(y, 0, bytes);
-    ccq_comm_init(rt, all, n);
+    if (ccq_comm_init(rt, all, n) != CCQ_OK) {
+        fprintf(stderr, "%s\n", ccq_last_error_detail());
+        return 1;
+    }
     for (int i = 0; i < iters; i++) {
         double a = now_ms();
         ccq_all_reduce(rt, first, 0, x, y, bytes / 4, CCQ_FLOAT32, CCQ_SUM, all, n);
