@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/thread_name.h"
 #include "runtime/boot/bootstrap.h"
 #include "runtime/sched.h"
 
@@ -366,6 +367,7 @@ void *ccq_sched_main(void *arg)
      * came out slower (0.8x). docs/performance.md, "The scheduler's hand-off yield". */
     bool handoff_yield = rt->procs_fit_cores;
 
+    ccq_thread_name("ccq-sched");
     ccq_tls_inside |= CCQ_INSIDE_SCHED;
     S->pin = (ccq_core_pin){.cpu = -1, .claim = -1}; /* never pins, unless: */
     if (rt->pin) { /* this host's processes outnumber their cores (common/cores.h) */

@@ -15,6 +15,7 @@
 #include "backends/host/host_impl.h"
 #include "backends/host/reduce.h"
 #include "common/cores.h"
+#include "common/thread_name.h"
 #include "queue/mpsc.h"
 #include "queue/wake.h"
 
@@ -266,6 +267,7 @@ static void *worker_main(void *arg)
 {
     host_be *h = arg;
 
+    ccq_thread_name("ccq-host");
     pthread_mutex_lock(&h->mu);
     for (;;) {
         host_job *j;

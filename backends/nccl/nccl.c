@@ -21,6 +21,7 @@
 
 #include "backends/backend.h"
 #include "backends/fuse.h"
+#include "common/thread_name.h"
 #include "queue/mpsc.h"
 #include "queue/wake.h"
 
@@ -339,6 +340,8 @@ static void revoke_ranks(nccl_be *h, nccl_comm *c)
 static void *abort_main(void *arg)
 {
     nccl_be *h = arg;
+
+    ccq_thread_name("ccq-nccl-abort");
     pthread_mutex_lock(&h->abort_lock);
     for (;;) {
         nccl_comm *c = h->abort_head;

@@ -40,6 +40,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "common/thread_name.h"
 #include "runtime/boot/boot_impl.h"
 #include "runtime/boot/tcp_proto.h"
 #include "runtime/boot/torch_store.h"
@@ -1165,6 +1166,7 @@ static void *io_main(void *arg)
     int *ids = calloc((size_t)nfd_cap, sizeof *ids);
     uint64_t linger_until = 0, shake_until = 0, silent_was = 0;
 
+    ccq_thread_name("ccq-tcp-io");
     if (pf == NULL || ids == NULL) {
         client_fail(t, C_FAILED, CCQ_ERR_NO_MEMORY, "out of memory in the bootstrap's thread");
         free(pf);

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "common/thread_name.h"
 #include "runtime/boot/bootstrap.h"
 #include "runtime/health/health_impl.h"
 #include "runtime/internal.h"
@@ -374,6 +375,7 @@ static void *monitor_main(void *arg)
     struct pollfd *pfd = calloc(h->size + 1, sizeof *pfd);
     uint32_t *who = calloc(h->size + 1, sizeof *who);
 
+    ccq_thread_name("ccq-health");
     if (read_ns < 1000000u)
         read_ns = 1000000u;
     if (read_ns > 500000000u)

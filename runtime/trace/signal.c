@@ -20,6 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/thread_name.h"
 #include "runtime/internal.h"
 
 typedef struct reg_entry {
@@ -77,6 +78,7 @@ static bool drain(void)
 static void *dumper_main(void *arg)
 {
     (void)arg;
+    ccq_thread_name("ccq-trace-dump");
     for (;;) {
         struct pollfd p = {.fd = pipe_fd[0], .events = POLLIN};
         if (poll(&p, 1, -1) < 0 && errno != EINTR)
