@@ -87,7 +87,9 @@ size_t ccq_health_describe_members(struct ccq_runtime *rt, const struct ccq_comm
 
 /* ---- any thread ---- */
 
-/* The data engine found that a peer process failed (UCX peer error): declare it lost. */
+/* The data engine found that a peer process failed (UCX peer error): a suspicion, which the
+ * judge weighs with the other processes' (judge.c) before one process is declared lost; where
+ * no records travel or heartbeats are off, it is declared lost at once. */
 void ccq_health_peer_failed(struct ccq_runtime *rt, uint32_t process);
 
 #endif /* CCQ_RUNTIME_HEALTH_H */

@@ -13,6 +13,13 @@
 
 struct ccq_boot;
 
+/* One suspicion the judge weighs: process `by`'s data engine reported `rank` failed. */
+typedef struct hsuspicion {
+    uint32_t by, rank;
+    uint64_t seen_ns; /* when the judge first saw it */
+    bool live;        /* scratch of one pass: still listed */
+} hsuspicion;
+
 /* What this process knows of one process of the world. */
 typedef struct hpeer {
     _Atomic uint32_t state; /* ccq_process_state; only ever leaves ALIVE, once */
@@ -53,6 +60,15 @@ struct ccq_health {
     /* Losses this process lists in its record (seen or relayed), in the order learned. */
     ccq_hb_lost *lost;
     uint32_t nlost;
+    /* Peers this process's data engine reported failed (ccq_health_peer_failed): suspicions,
+     * listed in its record after the losses until the judge decides (judge.c). [size], under
+     * the lock. */
+    uint8_t *suspects;
+    /* The judge's view (monitor thread only, judge.c): the suspicions of the processes alive,
+     * each with when this process first saw it, and when the set last grew. */
+    struct hsuspicion *sus;
+    uint32_t nsus, sus_cap;
+    uint64_t sus_grew_ns;
 
     /* This process's progress, made by the scheduler on request (apply.c): ccq_hb_comm
      * entries with their ranges, and the local comm id of each (for ccq_world_progress). */
@@ -88,8 +104,16 @@ bool ccq_health_declare(ccq_health *h, uint32_t process, uint32_t by, uint32_t h
 /* The OS says process q exited: it left if its last record says so (a clean destroy
  * publishes that before it exits), else it is lost. Any thread. */
 void ccq_health_exited(ccq_health *h, uint32_t q);
+/* CLOCK_REALTIME in nanoseconds: when a loss was declared, for the records' readers. */
+uint64_t ccq_health_realtime_ns(void);
 /* Wake the monitor thread (publish now, or stop). */
 void ccq_health_kick(ccq_health *h);
+
+/* ---- judge.c: the data engines' suspicions ---- */
+/* If this process is the judge (the lowest alive whose beat is at most fresh_ns old, or
+ * itself), weigh the suspicions of the processes alive and, once they settled and this process
+ * hears a quorum, declare the one process they point at. Monitor thread, after its reads. */
+void ccq_health_judge(ccq_health *h, uint64_t now, uint64_t fresh_ns, bool quorum);
 
 /* ---- oswatch.c: the OS's word on processes of this host ---- */
 /* This process's identity: pid, host id (boot id + host name + pid namespace), start time,

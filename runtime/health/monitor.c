@@ -25,7 +25,7 @@
 #include "runtime/health/health_impl.h"
 #include "runtime/internal.h"
 
-static uint64_t realtime_ns(void)
+uint64_t ccq_health_realtime_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -62,7 +62,7 @@ bool ccq_health_declare(ccq_health *h, uint32_t process, uint32_t by, uint32_t h
     bool changed;
 
     if (when_realtime == 0)
-        when_realtime = realtime_ns();
+        when_realtime = ccq_health_realtime_ns();
     pthread_mutex_lock(&h->lock);
     /* The details first: whoever sees the state LOST (acquire) reads them under the lock. */
     if (atomic_load_explicit(&p->state, memory_order_relaxed) == CCQ_PROCESS_ALIVE) {
@@ -116,8 +116,18 @@ void ccq_health_peer_failed(ccq_runtime *rt, uint32_t process)
         return;
     pthread_mutex_lock(&h->lock);
     uint64_t age = now - h->peers[process].change_ns;
+    bool judged = h->beats, new = judged && !h->suspects[process];
+    if (judged)
+        h->suspects[process] = 1;
     pthread_mutex_unlock(&h->lock);
-    ccq_health_declare(h, process, h->rank, CCQ_HOW_ENGINE, age, realtime_ns());
+    /* A suspicion for the judge (judge.c), which this process's next record carries at once;
+     * with nobody to judge (no records, or heartbeats off), the word is the verdict. */
+    if (new) {
+        atomic_store_explicit(&h->publish, 1, memory_order_release);
+        ccq_health_kick(h);
+    }
+    if (!judged)
+        ccq_health_declare(h, process, h->rank, CCQ_HOW_ENGINE, age, ccq_health_realtime_ns());
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -161,7 +171,7 @@ static void publish(ccq_health *h, uint32_t state, bool with_progress)
     head.rank = h->rank;
     head.nonce = ccq_boot_nonce(h->boot);
     head.beat = ++h->beat;
-    head.realtime_ns = realtime_ns();
+    head.realtime_ns = ccq_health_realtime_ns();
     head.state = state;
     head.pid = h->pid;
     head.host_id = h->host_id;
@@ -173,15 +183,30 @@ static void publish(ccq_health *h, uint32_t state, bool with_progress)
     snprintf(head.hostname, sizeof head.hostname, "%s", h->hostname);
 
     pthread_mutex_lock(&h->lock);
-    head.nlost = h->nlost;
+    /* After the losses, this process's suspicions of processes still alive (judge.c): at most
+     * size entries in all, since a process is either lost or alive. */
+    uint32_t nsus = 0;
+    for (uint32_t q = 0; q < h->size; q++)
+        nsus += h->suspects[q] && ccq_health_state_of(h, q) == CCQ_PROCESS_ALIVE;
+    if (h->nlost + nsus > h->size)
+        nsus = h->size - h->nlost;
+    head.nlost = h->nlost + nsus;
     head.ncomms = with_progress ? h->mine_n : 0;
-    len = sizeof head + h->nlost * sizeof(ccq_hb_lost) + (with_progress ? h->mine_len : 0);
+    len = sizeof head + head.nlost * sizeof(ccq_hb_lost) + (with_progress ? h->mine_len : 0);
     buf = malloc(len);
     if (buf != NULL) {
+        ccq_hb_lost *e = (ccq_hb_lost *)(buf + sizeof head);
         memcpy(buf, &head, sizeof head);
-        memcpy(buf + sizeof head, h->lost, h->nlost * sizeof(ccq_hb_lost));
+        memcpy(e, h->lost, h->nlost * sizeof(ccq_hb_lost));
+        e += h->nlost;
+        for (uint32_t q = 0, k = 0; q < h->size && k < nsus; q++)
+            if (h->suspects[q] && ccq_health_state_of(h, q) == CCQ_PROCESS_ALIVE)
+                e[k++] = (ccq_hb_lost){.rank = q,
+                                       .by = h->rank,
+                                       .how = CCQ_HOW_SUSPECT,
+                                       .realtime_ns = head.realtime_ns};
         if (with_progress && h->mine_len > 0)
-            memcpy(buf + sizeof head + h->nlost * sizeof(ccq_hb_lost), h->mine, h->mine_len);
+            memcpy(buf + sizeof head + head.nlost * sizeof(ccq_hb_lost), h->mine, h->mine_len);
     }
     pthread_mutex_unlock(&h->lock);
     if (buf == NULL)
@@ -202,7 +227,9 @@ static void relay_losses(ccq_health *h, const ccq_hb_view *v)
 {
     for (uint32_t k = 0; k < v->head->nlost; k++) {
         ccq_hb_lost e = v->lost[k];
-        if (e.rank < h->size && e.by < h->size && e.how < CCQ_HOW_COUNT_)
+        /* (A suspicion is no loss: only the judge weighs it, judge.c.) */
+        if (e.rank < h->size && e.by < h->size && e.how < CCQ_HOW_COUNT_ &&
+            e.how != CCQ_HOW_SUSPECT)
             ccq_health_declare(h, e.rank, e.by, e.how, e.hb_age_ns, e.realtime_ns);
     }
 }
@@ -249,7 +276,7 @@ static void read_one(ccq_health *h, uint32_t q, uint64_t now)
     if (v.head->state == CCQ_HB_LEFT)
         mark_left(h, q);
     else if (gone)
-        ccq_health_declare(h, q, h->rank, CCQ_HOW_EXITED, 0, realtime_ns());
+        ccq_health_declare(h, q, h->rank, CCQ_HOW_EXITED, 0, ccq_health_realtime_ns());
     relay_losses(h, &v); /* (v points into p->rec, which only this thread replaces) */
 }
 
@@ -297,21 +324,28 @@ static bool hears_quorum(ccq_health *h, uint64_t at, uint64_t since, uint64_t fr
  * beats stop one after another (their last ones a heartbeat or so apart), and judging each
  * against the ones not yet timed out, it would declare them all and go on alone. It declares
  * nobody instead, and cuts itself off (check_quorum). */
+/* How old a beat may be and still count as heard (check_ages, the judge): half of
+ * heartbeat_timeout_ms, two heartbeats at least, the timeout at most. */
+static uint64_t fresh_ns(const ccq_health *h)
+{
+    uint64_t fresh = h->timeout_ns / 2 > 2 * h->hb_ns ? h->timeout_ns / 2 : 2 * h->hb_ns;
+    return fresh < h->timeout_ns ? fresh : h->timeout_ns;
+}
+
 static void check_ages(ccq_health *h, uint64_t now, uint64_t since, uint64_t until)
 {
     uint64_t at = now < until ? now : until;
-    uint64_t fresh = h->timeout_ns / 2 > 2 * h->hb_ns ? h->timeout_ns / 2 : 2 * h->hb_ns;
 
     if (ccq_health_state_of(h, h->rank) != CCQ_PROCESS_ALIVE)
         return; /* fenced off: its view counts for nothing */
-    if (!hears_quorum(h, at, since, fresh < h->timeout_ns ? fresh : h->timeout_ns))
+    if (!hears_quorum(h, at, since, fresh_ns(h)))
         return;
     for (uint32_t q = 0; q < h->size; q++) {
         uint64_t from = h->peers[q].change_ns > since ? h->peers[q].change_ns : since;
         uint64_t age = at > from ? at - from : 0;
         if (q == h->rank || ccq_health_state_of(h, q) != CCQ_PROCESS_ALIVE || age <= h->timeout_ns)
             continue;
-        ccq_health_declare(h, q, h->rank, CCQ_HOW_HEARTBEAT, age, realtime_ns());
+        ccq_health_declare(h, q, h->rank, CCQ_HOW_HEARTBEAT, age, ccq_health_realtime_ns());
     }
 }
 
@@ -354,7 +388,7 @@ void ccq_health_exited(ccq_health *h, uint32_t q)
     pthread_mutex_lock(&h->lock);
     uint64_t age = ccq_now_ns() - h->peers[q].change_ns;
     pthread_mutex_unlock(&h->lock);
-    ccq_health_declare(h, q, h->rank, CCQ_HOW_EXITED, age, realtime_ns());
+    ccq_health_declare(h, q, h->rank, CCQ_HOW_EXITED, age, ccq_health_realtime_ns());
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -441,15 +475,19 @@ static void *monitor_main(void *arg)
             for (size_t k = 0; k < nclosed; k++)
                 if (closed[k] < h->size && closed[k] != h->rank)
                     ccq_health_declare(h, closed[k], h->rank, CCQ_HOW_SILENT,
-                                       now - h->peers[closed[k]].change_ns, realtime_ns());
+                                       now - h->peers[closed[k]].change_ns,
+                                       ccq_health_realtime_ns());
         while ((nclosed = ccq_boot_closed_peers(h->boot, closed, 64)) > 0)
             for (size_t k = 0; k < nclosed; k++)
                 if (closed[k] < h->size && closed[k] != h->rank)
                     ccq_health_declare(h, closed[k], h->rank, CCQ_HOW_CLOSED,
-                                       now - h->peers[closed[k]].change_ns, realtime_ns());
+                                       now - h->peers[closed[k]].change_ns,
+                                       ccq_health_realtime_ns());
         if (h->records) {
             check_ages(h, now, win_since, win_until);
             check_quorum(h, now);
+            uint64_t fresh = fresh_ns(h);
+            ccq_health_judge(h, now, fresh, hears_quorum(h, now, win_since, fresh));
         }
 
         /* Sleep until the next beat or read, a watched process exiting, or a kick. */
@@ -513,9 +551,11 @@ ccq_status ccq_health_create(ccq_runtime *rt)
         return ccq_fail(CCQ_ERR_NO_MEMORY, "out of memory for the process table");
     h->peers = calloc(rt->world.size, sizeof *h->peers);
     h->lost = calloc(rt->world.size, sizeof *h->lost);
-    if (h->peers == NULL || h->lost == NULL) {
+    h->suspects = calloc(rt->world.size, 1);
+    if (h->peers == NULL || h->lost == NULL || h->suspects == NULL) {
         free(h->peers);
         free(h->lost);
+        free(h->suspects);
         free(h);
         return ccq_fail(CCQ_ERR_NO_MEMORY, "out of memory for the process table");
     }
@@ -606,6 +646,8 @@ void ccq_health_destroy(ccq_runtime *rt)
     pthread_mutex_destroy(&h->lock);
     free(h->peers);
     free(h->lost);
+    free(h->suspects);
+    free(h->sus);
     free(h->mine);
     free(h->mine_ids);
     free(h);

@@ -10,7 +10,7 @@
 #include <stdint.h>
 
 #define CCQ_HB_MAGIC   0x48514343u /* "CCQH" */
-#define CCQ_HB_VERSION 1u
+#define CCQ_HB_VERSION 2u          /* 2: suspicions (CCQ_HOW_SUSPECT) in the loss list */
 
 /* The writer's own state (ccq_process_state values). */
 enum {
@@ -29,6 +29,9 @@ enum {
                             * heartbeat_timeout_ms (stopped: its connection stays open) */
     CCQ_HOW_CUT_OFF = 5,   /* it declared itself: it heard no quorum of the processes for
                             * 2 x heartbeat_timeout_ms (a network partition, its own link) */
+    CCQ_HOW_SUSPECT = 6,   /* not a loss: the writer's data engine reported that peer failed,
+                            * and the judge has not decided yet (runtime/health/judge.c); listed
+                            * after the losses, by == the writer, never relayed */
     CCQ_HOW_COUNT_
 };
 
@@ -56,7 +59,9 @@ typedef struct ccq_hb_head {
 } ccq_hb_head;
 
 /* A process the writer knows to be lost: it saw it (by == the writer) or learned it from
- * another process's record (by == that one, relayed so the word outlives its first bearer). */
+ * another process's record (by == that one, relayed so the word outlives its first bearer).
+ * After the losses, the writer's own suspicions (how CCQ_HOW_SUSPECT): no loss, only its data
+ * engine's word, which the judge weighs with the others' (runtime/health/judge.c). */
 typedef struct ccq_hb_lost {
     uint32_t rank;
     uint32_t by;  /* the process that saw it first */

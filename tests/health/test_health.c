@@ -39,6 +39,8 @@ typedef struct hcase {
     size_t nprog[3];
     int events[3];
     uint32_t event_device[3];
+    uint32_t bad; /* gray_child: the process whose data link is down */
+    bool pair;    /* gray_child: only the link between processes 1 and 2 is cut */
 } hcase;
 
 #define FAIL(code, ...)                                                                            \
@@ -536,6 +538,79 @@ static void test_engine_fenced(void **state)
     hcase_free(c);
 }
 
+/* ---- a gray failure: the data network cut, the bootstrap still carrying every heartbeat ---- */
+
+/* Process c->bad's data link is down: its engine reports every other process failed, at once
+ * (the worst order for a rule that takes the first word), and each of the others reports it
+ * 100-300 ms later, as their keepalives notice. Or (c->pair) only the link between processes 1
+ * and 2 is cut: both report the other at the same moment. The judge (runtime/health/judge.c)
+ * weighs the suspicions: exactly one process is lost in every view, the one they point at
+ * (c->bad; of the pair, the higher, 2), and every other process stays alive in every view,
+ * the lost one's own view included. Declared on the spot, the bad process's word had fenced
+ * off the processes that could go on, and a cut pair had lost both. */
+static int gray_child(unsigned rank, unsigned nprocs, void *arg)
+{
+    hcase *c = arg;
+    ccq_runtime *rt = runtime(c, rank, nprocs);
+    uint32_t doomed = c->pair ? 2 : c->bad;
+    int rc = 0;
+
+    if (rt == NULL)
+        return 10;
+    if (wait_records(c, nprocs) < nprocs)
+        FAIL(11, "heartbeat records");
+    if (c->pair) {
+        if (rank == 1 || rank == 2)
+            ccq_health_peer_failed(rt, 3 - rank);
+    } else if (rank == c->bad) {
+        for (uint32_t q = 0; q < nprocs; q++)
+            if (q != c->bad)
+                ccq_health_peer_failed(rt, q);
+    } else {
+        sleep_ms(100 + 100 * (rank % 3));
+        ccq_health_peer_failed(rt, c->bad);
+    }
+    if (!wait_state(rt, doomed, CCQ_PROCESS_LOST, 3 * c->hb_timeout_ms))
+        FAIL(12, "process %u does not read as lost", doomed);
+    sleep_ms(10 * c->hb_ms); /* whatever else the reports could still bring about */
+    for (uint32_t q = 0; q < nprocs; q++)
+        if (q != doomed && lost(rt, q))
+            FAIL(13, "process %u reads as lost too (only %u should)", q, doomed);
+out:
+    ccq_runtime_destroy(rt);
+    return rc;
+}
+
+static void gray_run(unsigned nprocs, uint32_t bad, bool pair)
+{
+    hcase *c = hcase_new(100, 1000, 20000);
+    int status[4];
+    c->bad = bad;
+    c->pair = pair;
+    procs_run(nprocs, gray_child, c, 60, status);
+    for (unsigned r = 0; r < nprocs; r++)
+        assert_int_equal(status[r], 0);
+    hcase_free(c);
+}
+
+static void test_engine_gray_last(void **state)
+{
+    (void)state;
+    gray_run(4, 3, false);
+}
+
+static void test_engine_gray_judge(void **state) /* the judge's own link: it declares itself */
+{
+    (void)state;
+    gray_run(4, 0, false);
+}
+
+static void test_engine_gray_pair(void **state)
+{
+    (void)state;
+    gray_run(3, 0, true);
+}
+
 /* ---- configuration ---- */
 
 static void test_config(void **state)
@@ -588,6 +663,9 @@ int main(void)
         cmocka_unit_test(test_progress_and_watchdog),
         cmocka_unit_test(test_engine_peer_error),
         cmocka_unit_test(test_engine_fenced),
+        cmocka_unit_test(test_engine_gray_last),
+        cmocka_unit_test(test_engine_gray_judge),
+        cmocka_unit_test(test_engine_gray_pair),
         cmocka_unit_test(test_absent_member),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
