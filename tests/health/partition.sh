@@ -7,6 +7,13 @@
 #   2|2  the link between the bridges: {0,1} hold the lowest process, a quorum; {2,3} do not;
 #   3    process 3's own link: {0,1,2} go on, 3 is alone;
 #   0    process 0's own link: the server is cut off; {1,2,3} take the rendezvous over.
+# Then two gray failures: the host data moves on a second network of its own (UCX_NET_DEVICES),
+# and only a process's data link is cut, its heartbeats still flowing on the first: the UCX
+# engines at both ends report each other, and job health's judge (runtime/health/judge.c) must
+# lose exactly that process:
+#   gray3  process 3's data link: {0,1,2} go on, 3 is fenced off;
+#   gray0  process 0's data link (process 0 judges: it declares itself; it still serves the
+#          rendezvous): {1,2,3} go on.
 # Checked (tests/health/partition.c prints each process's END line): the quorum side ends alive,
 # with a communicator over exactly its devices, and completed all_reduces on it (exact sums);
 # every process of the other side ends fenced off (its own state lost) within
@@ -31,9 +38,11 @@ cleanup() {
         ip netns del "$ns-$i" 2>/dev/null
         ip link del "${ns}h$i" 2>/dev/null
     done
+    for i in 0 1 2 3; do ip link del "${ns}d$i" 2>/dev/null; done
     ip link del "${ns}x" 2>/dev/null
     ip link del "${ns}A" 2>/dev/null
     ip link del "${ns}B" 2>/dev/null
+    ip link del "${ns}D" 2>/dev/null
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -44,6 +53,7 @@ topology() {
     set -e
     ip link add "${ns}A" type bridge
     ip link add "${ns}B" type bridge
+    ip link add "${ns}D" type bridge # the data network of the gray drills
     ip link add "${ns}x" type veth peer name "${ns}y"
     ip link set "${ns}x" master "${ns}A"
     ip link set "${ns}y" master "${ns}B"
@@ -57,8 +67,14 @@ topology() {
         ip -n "$ns-$i" addr add "10.99.0.$((i + 1))/24" dev "${ns}e$i"
         ip -n "$ns-$i" link set "${ns}e$i" up
         ip -n "$ns-$i" link set lo up
+        ip link add "${ns}d$i" type veth peer name "${ns}f$i"
+        ip link set "${ns}f$i" netns "$ns-$i"
+        ip link set "${ns}d$i" master "${ns}D"
+        ip link set "${ns}d$i" up
+        ip -n "$ns-$i" addr add "10.98.0.$((i + 1))/24" dev "${ns}f$i"
+        ip -n "$ns-$i" link set "${ns}f$i" up
     done
-    for l in "${ns}A" "${ns}B" "${ns}x" "${ns}y"; do ip link set "$l" up; done
+    for l in "${ns}A" "${ns}B" "${ns}D" "${ns}x" "${ns}y"; do ip link set "$l" up; done
 }
 # (Not in an if: errexit does not hold in a tested command, so a failed step would pass.)
 (topology) >"$work/topology" 2>&1
@@ -71,19 +87,23 @@ fi
 
 now_ms() { date +%s%3N; }
 
-# drill NAME LINK QUORUM-RANKS OTHER-RANKS PORT-OFFSET [CUT-S]: once every process did an
+# drill NAME LINK QUORUM-RANKS OTHER-RANKS PORT-OFFSET [CUT-S [DATA]]: once every process did an
 # all_reduce, cut LINK; heal it CUT-S (11) later; stop the processes 4 s after that; check. With
-# no OTHER-RANKS (a blip): nobody is lost, nobody forms another communicator.
+# no OTHER-RANKS (a blip): nobody is lost, nobody forms another communicator. DATA: the
+# interface the host data takes in each namespace: e (the one the rendezvous takes, default) or
+# f (the data network of its own).
 fails=0
 drill() {
     name=$1 link=$2 quorum=$3 others=$4
     port=$((29500 + $5))
     cut_s=${6:-11}
+    data=${7:-e}
     pids=""
     for i in 0 1 2 3; do
         ip netns exec "$ns-$i" env CCQ_WORLD_RANK=$i CCQ_WORLD_SIZE=4 \
             CCQ_BOOTSTRAP=tcp://10.99.0.1:$port CCQ_HOST_ENGINE=ucx CCQ_HOST_DEVICES=1 \
             CCQ_HEARTBEAT_MS=$hb_ms CCQ_TIMEOUT_MS=30000 UCX_TLS=self,tcp \
+            UCX_NET_DEVICES="${ns}$data$i" \
             timeout 150 "$drill" "$work/$name.stop" >"$work/$name.$i" 2>&1 &
         pids="$pids $!"
     done
@@ -140,5 +160,7 @@ drill blip "${ns}h3" "0 1 2 3" "" 3 1
 drill 2x2 "${ns}x" "0 1" "2 3" 0
 drill alone3 "${ns}h3" "0 1 2" "3" 1
 drill alone0 "${ns}h0" "1 2 3" "0" 2
+drill gray3 "${ns}d3" "0 1 2" "3" 4 11 f
+drill gray0 "${ns}d0" "1 2 3" "0" 5 11 f
 [ $fails = 0 ] || { echo "partition drill: $fails processes failed"; exit 1; }
 echo "partition drill: every cut left one side going on and fenced the other"

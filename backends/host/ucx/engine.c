@@ -364,6 +364,11 @@ static ccq_status ucx_create(const ccq_config *cfg, ccq_host_engine **out, ccq_e
     e->yield_mask = 15; /* until world_ready knows the world's size */
     ccq_unstack_init(&e->unstack, false, (uint32_t)getpid());
     e->timeout_ns = cfg->timeout_ms ? cfg->timeout_ms * 1000000ull : UINT64_MAX;
+    /* Probes (ucx/probe.c) wait as long as silence takes to declare a process lost: this
+     * process's heartbeat_timeout_ms (default 10 heartbeats); none with heartbeats off. */
+    uint64_t hb_timeout_ms =
+        cfg->heartbeat_timeout_ms ? cfg->heartbeat_timeout_ms : 10ull * cfg->heartbeat_ms;
+    e->probe_wait_ns = cfg->heartbeat_ms != 0 ? hb_timeout_ms * 1000000ull : 0;
     us = ucp_config_read(NULL, NULL, &ucfg);
     if (us != UCS_OK) {
         snprintf(err->msg, sizeof err->msg, "UCX: ucp_config_read: %s", ucs_status_string(us));
@@ -566,7 +571,8 @@ static void ucx_destroy(ccq_host_engine *base)
         for (ucx_msg *m = o->arrivals; m != NULL; m = m->next)
             if (m->state == MSG_LANDING && m->req != NULL)
                 ucp_request_cancel(e->worker, m->req);
-    ucx_maps_release(e); /* the peers' regions, before their endpoints close */
+    ucx_maps_release(e);  /* the peers' regions, before their endpoints close */
+    ucx_probe_release(e); /* (UCX still reads a probe's header until its endpoint closes) */
     for (uint32_t r = 0; e->peers != NULL && r < e->world_size; r++)
         close_ep(e, &e->peers[r]);
     while (e->background != NULL) {
@@ -1844,10 +1850,12 @@ static uint32_t ucx_reap(ccq_host_engine *base)
         e->idle_poll_ns = now + UCX_IDLE_POLL_NS;
         progress_burst(e);
         check_peers(e);
+        ucx_probe_run(e); /* the PONGs it owes */
         return 0;
     }
     ucx_progress(e);
     check_peers(e);
+    ucx_probe_run(e);
     for (ucx_op **pp = &e->background; *pp != NULL;) {
         ucx_op *o = *pp;
         if (op_held(o)) {
@@ -1884,9 +1892,8 @@ static uint64_t ucx_poll_interval(ccq_host_engine *base, bool busy)
         e->activity_seen = e->activity;
         e->last_activity_ns = now;
     }
-    if (now - e->last_activity_ns > UCX_BUSY_NS)
-        return UCX_SLOW_POLL_NS;
-    return 1;
+    e->late = now - e->last_activity_ns > UCX_BUSY_NS;
+    return e->late ? UCX_SLOW_POLL_NS : 1;
 }
 
 const ccq_host_engine_ops ccq_host_engine_ucx_ops = {

@@ -475,9 +475,13 @@ static ucs_status_t am_recv(void *arg, const void *header, size_t header_length,
         return UCS_OK; /* not ccq's: a rendezvous payload is dropped, its sender completes */
     }
     memcpy(&h, header, sizeof h);
-    if (h.magic != UCX_MAGIC || h.version != UCX_VERSION ||
-        (h.type != UCX_MSG_DATA && h.type != UCX_MSG_NOTICE && h.type != UCX_MSG_BYE)) {
+    if (h.magic != UCX_MAGIC || h.version != UCX_VERSION || h.type > UCX_MSG_PONG) {
         e->dropped++;
+        return UCS_OK;
+    }
+    if (h.type == UCX_MSG_PING || h.type == UCX_MSG_PONG) { /* ucx/probe.c */
+        if (h.wsrc < e->world_size && h.wsrc != e->world_rank)
+            ucx_probe_recv(e, &h);
         return UCS_OK;
     }
     if (h.wsrc < e->world_size && h.wsrc != e->world_rank) {

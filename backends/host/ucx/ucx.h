@@ -28,8 +28,8 @@
  * against its own operation before it touches the payload: another kind, dtype, op, root or
  * count fails the operation with CCQ_ERR_MISMATCH on every member (notices below). */
 #define UCX_MAGIC   0x58554343u /* "CCUX" */
-#define UCX_VERSION 3u
-#define UCX_AM_ID   0x3c /* ccq's active message id on its own worker */
+#define UCX_VERSION 4u          /* 4: PING and PONG (ucx/probe.c) */
+#define UCX_AM_ID   0x3c        /* ccq's active message id on its own worker */
 /* The same messages sent on the single-copy endpoint (ucx_peer.bulk): the id tells the receiver
  * which endpoint a payload came on (ucx_msg.bulk), whatever its own threshold is. */
 #define UCX_AM_ID_BULK 0x3d
@@ -39,6 +39,8 @@ enum {
     UCX_MSG_NOTICE = 1, /* "this operation failed": payload = the detail, every member fails */
     UCX_MSG_BYE = 2,    /* "this process destroys its runtime": seq = how many messages it sent
                            the receiver before this one (ucx_destroy; ucx_peer.left) */
+    UCX_MSG_PING = 3,   /* "can you hear me": seq = the probe's number (ucx/probe.c) */
+    UCX_MSG_PONG = 4,   /* the answer: seq = the PING's */
 };
 
 typedef struct ucx_hdr {
@@ -203,6 +205,14 @@ typedef struct ucx_peer {
     bool left;
     uint64_t sent, got, bye_count;
     struct ucx_peer_err *cb_arg;
+    /* Probes (ucx/probe.c): this process's last PING to it (number, when sent: 0 = answered or
+     * none) and when the last answer came; the PONG it is owed (0: none); whether this process
+     * told job health it suspects it; and the two messages' headers and requests (UCX reads a
+     * header until its send completes). */
+    uint64_t ping_seq, ping_ns, pong_ns, pong_owed;
+    bool suspected;
+    ucx_hdr ping_hdr, pong_hdr;
+    void *ping_req, *pong_req;
 } ucx_peer;
 
 /* The error callback's argument: which peer (the engine may move its peer array). */
@@ -250,8 +260,14 @@ struct ucx_engine {
     uint32_t yield_mask;   /* ...of which every (yield_mask + 1)th yields */
     ccq_unstack unstack;   /* ...timed: off a core shared with another poller */
     uint32_t peers_failed, peers_seen; /* peer errors so far, and those check_peers handled */
-    ucx_msg *free_msgs;                /* recycled arrival records */
-    ccq_scratch_pool pool;             /* scratch kept for reuse */
+    /* Probes (ucx/probe.c): how long a PING may go unanswered while an operation waits for its
+     * peer (0: no probes), whether a poll found nothing arriving for UCX_BUSY_NS (late: the
+     * scheduler polls calmly, and probes), and whether some PONG is owed. */
+    uint64_t probe_wait_ns;
+    bool late;
+    bool pongs_owed;
+    ucx_msg *free_msgs;    /* recycled arrival records */
+    ccq_scratch_pool pool; /* scratch kept for reuse */
     ucp_request_param_t send_param;
     /* The same, forcing UCX's eager protocol: payloads below eager_bytes on the copying
      * endpoint (ucx/select.c, EAGER_BYTES). */
@@ -590,6 +606,15 @@ bool ucx_prior_agrees(ucx_op *o, const ucx_hdr *h);
 ucx_op *ucx_op_new(ucx_comm *c, const ccq_be_op *op, uint64_t now_ns);
 ccq_status ucx_op_launch(ucx_op *o, ccq_errbuf *err);
 void ucx_op_discard(ucx_op *o);
+
+/* Probes (ucx/probe.c). From the active-message callback: a PING or PONG from peer h->wsrc.
+ * From the scheduler after progress (ucx_reap): owed PONGs sent; while late, the peers that
+ * operations wait for probed, and one that leaves a PING unanswered for probe_wait_ns reported
+ * to job health (base.peer_failed: a suspicion the judge weighs). At destroy, before the
+ * endpoints close: the probes' requests let go. */
+void ucx_probe_recv(ucx_engine *e, const ucx_hdr *h);
+void ucx_probe_run(ucx_engine *e);
+void ucx_probe_release(ucx_engine *e);
 
 /* Fusion (ucx/fused.c, docs/fusion.md): engine.h's start_run; decide what c's waiting
  * collectives run as, as far as the agreement goes, and start them; a waiting op that ends
