@@ -930,9 +930,9 @@ world:
     }
 }
 
-/* The last process submits its all_reduce 3 x heartbeat_timeout_ms late, alive all along (see
- * the top). */
-static void late_alive(ccq_runtime *rt)
+/* An all_reduce of 64 floats over every device of the world, on a communicator of them all made
+ * here, checked; the last process submits late_s seconds late. */
+static void world_all_reduce(ccq_runtime *rt, time_t late_s)
 {
     ccq_device_id all[8 * NDEV];
     uint32_t n = wsize * NDEV;
@@ -942,11 +942,10 @@ static void late_alive(ccq_runtime *rt)
     for (uint32_t d = 0; d < n; d++)
         all[d] = d;
     CHECK(ccq_comm_init(rt, all, n) == CCQ_OK, "world comm");
-    if (wrank == wsize - 1) {
-        struct timespec late = {3, 0};
+    if (wrank == wsize - 1 && late_s > 0) {
+        struct timespec late = {late_s, 0};
         nanosleep(&late, NULL);
     }
-    uint64_t t0 = now_ms();
     for (uint32_t k = 0; k < NDEV; k++) {
         for (uint32_t i = 0; i < 64; i++)
             x[k][i] = (float)(first + k + 1);
@@ -960,6 +959,14 @@ static void late_alive(ccq_runtime *rt)
         CHECK(y[k][0] == want && y[k][63] == want, "all_reduce: %g, not %g", (double)y[k][0],
               (double)want);
     }
+}
+
+/* The last process submits its all_reduce 3 x heartbeat_timeout_ms late, alive all along (see
+ * the top). */
+static void late_alive(ccq_runtime *rt)
+{
+    uint64_t t0 = now_ms();
+    world_all_reduce(rt, 3);
     for (uint32_t p = 0; p < wsize; p++) {
         ccq_process_state ps = CCQ_PROCESS_LOST;
         CHECK(ccq_world_process_state(rt, p, &ps) == CCQ_OK && ps == CCQ_PROCESS_ALIVE,
@@ -973,27 +980,8 @@ static void late_alive(ccq_runtime *rt)
 static void leave_idle(ccq_runtime **rtp)
 {
     ccq_runtime *rt = *rtp;
-    ccq_device_id all[8 * NDEV];
-    uint32_t n = wsize * NDEV;
-    float x[NDEV][64], y[NDEV][64];
-    float want = (float)(n * (n + 1) / 2);
 
-    for (uint32_t d = 0; d < n; d++)
-        all[d] = d;
-    CHECK(ccq_comm_init(rt, all, n) == CCQ_OK, "world comm");
-    for (uint32_t k = 0; k < NDEV; k++) {
-        for (uint32_t i = 0; i < 64; i++)
-            x[k][i] = (float)(first + k + 1);
-        CHECK(ccq_all_reduce(rt, first + k, 0, x[k], y[k], 64, CCQ_FLOAT32, CCQ_SUM, all, n) ==
-                  CCQ_OK,
-              "submit");
-    }
-    for (uint32_t k = 0; k < NDEV; k++) {
-        CHECK(ccq_sync_collective(rt, first + k, 0) == CCQ_OK, "all_reduce: %s",
-              ccq_last_error_detail());
-        CHECK(y[k][0] == want && y[k][63] == want, "all_reduce: %g, not %g", (double)y[k][0],
-              (double)want);
-    }
+    world_all_reduce(rt, 0);
     if (wrank == 0) {
         struct timespec pause = {0, 200000000L}; /* the others are asleep in theirs by now */
         nanosleep(&pause, NULL);
