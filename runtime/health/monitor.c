@@ -318,12 +318,6 @@ static bool hears_quorum(ccq_health *h, uint64_t at, uint64_t since, uint64_t fr
     return 2 * heard > members || (2 * heard == members && lowest_heard);
 }
 
-/* Processes whose beat stopped within the relay window [since, until] of the last read are
- * declared lost, but only by a process that hears a quorum of fresh beats (at most half
- * heartbeat_timeout_ms old, two heartbeats at least): one cut off from the others sees their
- * beats stop one after another (their last ones a heartbeat or so apart), and judging each
- * against the ones not yet timed out, it would declare them all and go on alone. It declares
- * nobody instead, and cuts itself off (check_quorum). */
 /* How old a beat may be and still count as heard (check_ages, the judge): half of
  * heartbeat_timeout_ms, two heartbeats at least, the timeout at most. */
 static uint64_t fresh_ns(const ccq_health *h)
@@ -332,6 +326,12 @@ static uint64_t fresh_ns(const ccq_health *h)
     return fresh < h->timeout_ns ? fresh : h->timeout_ns;
 }
 
+/* Processes whose beat stopped within the relay window [since, until] of the last read are
+ * declared lost, but only by a process that hears a quorum of fresh beats (at most half
+ * heartbeat_timeout_ms old, two heartbeats at least): one cut off from the others sees their
+ * beats stop one after another (their last ones a heartbeat or so apart), and judging each
+ * against the ones not yet timed out, it would declare them all and go on alone. It declares
+ * nobody instead, and cuts itself off (check_quorum). */
 static void check_ages(ccq_health *h, uint64_t now, uint64_t since, uint64_t until)
 {
     uint64_t at = now < until ? now : until;
