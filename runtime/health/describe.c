@@ -47,6 +47,12 @@ size_t ccq_health_describe_loss(const ccq_health *h, uint32_t p, char *buf, size
     double ago = (double)(now - q->lost_ns) / 1e9;
     size_t w;
     char devs[64];
+    /* An engine's word is declared only after the judge weighed it where heartbeats run
+     * (judge.c; the world runs one heartbeat setting, so every process's word went so). */
+    const char *judged =
+        q->how == CCQ_HOW_ENGINE && h->beats
+            ? ", which job health's judge weighed with the other processes' reports"
+            : "";
 
     fmt_devices(h, p, devs, sizeof devs);
     if (p == h->rank && q->how == CCQ_HOW_CUT_OFF) {
@@ -65,19 +71,19 @@ size_t ccq_health_describe_loss(const ccq_health *h, uint32_t p, char *buf, size
         w = ccq_format(
             buf, len,
             "process %" PRIu32 " (this process, %s) was declared lost by process %" PRIu32
-            " (%s; its last heartbeat %.1f s old then), which it learned %.1f s ago "
+            " (%s%s; its last heartbeat %.1f s old then), which it learned %.1f s ago "
             "(it was stopped or cut off meanwhile): it is fenced off, its communicators "
             "spanning processes fail and nothing it sends reaches the others",
-            p, devs, q->by, ccq_health_how_name(q->how), (double)q->hb_age_ns / 1e9, ago);
+            p, devs, q->by, ccq_health_how_name(q->how), judged, (double)q->hb_age_ns / 1e9, ago);
         return w;
     }
     w = ccq_format(buf, len, "process %" PRIu32 " (%s) was lost %.1f s ago: ", p, devs, ago);
     if (q->by == h->rank)
-        w += ccq_format(buf + w, len - w, "this process (%" PRIu32 ") saw that %s", h->rank,
-                        ccq_health_how_name(q->how));
+        w += ccq_format(buf + w, len - w, "this process (%" PRIu32 ") saw that %s%s", h->rank,
+                        ccq_health_how_name(q->how), judged);
     else
-        w += ccq_format(buf + w, len - w, "process %" PRIu32 " saw that %s", q->by,
-                        ccq_health_how_name(q->how));
+        w += ccq_format(buf + w, len - w, "process %" PRIu32 " saw that %s%s", q->by,
+                        ccq_health_how_name(q->how), judged);
     if (h->records) /* (the MPI bootstrap carries no heartbeats: only the OS tells) */
         w += ccq_format(buf + w, len - w, " (its last heartbeat %.1f s old then)",
                         (double)q->hb_age_ns / 1e9);
