@@ -50,7 +50,7 @@ size_t ccq_health_describe_loss(const ccq_health *h, uint32_t p, char *buf, size
     /* An engine's word is declared only after the judge weighed it where heartbeats run
      * (judge.c; the world runs one heartbeat setting, so every process's word went so). */
     const char *judged =
-        q->how == CCQ_HOW_ENGINE && h->beats
+        q->how == CCQ_HOW_ENGINE && h->judged
             ? ", which job health's judge weighed with the other processes' reports"
             : "";
 

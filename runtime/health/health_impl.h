@@ -49,7 +49,11 @@ struct ccq_health {
     uint32_t first_device, ndevices; /* this process's */
     uint64_t hb_ns, timeout_ns;      /* hb_ns 0: heartbeats off */
     bool beats;                      /* the monitor thread publishes and reads records */
-    bool records;                    /* the bootstrap carries heartbeat records (not MPI) */
+    /* An engine's word goes to the judge (judge.c): heartbeats on and records that travel. Set
+     * by ccq_health_create, before the scheduler thread starts (which reads it, as the engines'
+     * callers do), so no later write races those reads. */
+    bool judged;
+    bool records; /* the bootstrap carries heartbeat records (not MPI) */
 
     pthread_mutex_t lock; /* details, records, pidfds, `mine` */
     hpeer *peers;         /* [size]; peers[rank] is this process */

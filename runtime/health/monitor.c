@@ -116,7 +116,7 @@ void ccq_health_peer_failed(ccq_runtime *rt, uint32_t process)
         return;
     pthread_mutex_lock(&h->lock);
     uint64_t age = now - h->peers[process].change_ns;
-    bool judged = h->beats, new = judged && !h->suspects[process];
+    bool judged = h->judged, new = judged && !h->suspects[process];
     if (judged)
         h->suspects[process] = 1;
     pthread_mutex_unlock(&h->lock);
@@ -567,6 +567,7 @@ ccq_status ccq_health_create(ccq_runtime *rt)
     h->ndevices = rt->ndev;
     h->hb_ns = hb_ms * 1000000u;
     h->timeout_ns = to_ms * 1000000u;
+    h->judged = h->hb_ns != 0 && h->boot != NULL && ccq_boot_has_heartbeats(h->boot);
     h->wake_fd = -1;
     pthread_mutex_init(&h->lock, NULL);
     ccq_signal_init(&h->prog_sig);
