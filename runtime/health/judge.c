@@ -41,27 +41,27 @@ static uint32_t judge_of(const ccq_health *h, uint64_t now, uint64_t fresh_ns)
     return h->rank;
 }
 
-/* Note that `by` suspects `rank` (both alive); false without memory. */
-static bool note(ccq_health *h, uint32_t by, uint32_t rank, uint64_t now)
+/* Note that `by` suspects `rank` (both alive). Without memory the suspicion waits for the next
+ * pass (gather notes every listed one again). */
+static void note(ccq_health *h, uint32_t by, uint32_t rank, uint64_t now)
 {
     if (by == rank || rank >= h->size || ccq_health_state_of(h, rank) != CCQ_PROCESS_ALIVE)
-        return true;
+        return;
     for (uint32_t k = 0; k < h->nsus; k++)
         if (h->sus[k].by == by && h->sus[k].rank == rank) {
             h->sus[k].live = true;
-            return true;
+            return;
         }
     if (h->nsus == h->sus_cap) {
         uint32_t cap = h->sus_cap ? 2 * h->sus_cap : 16;
         hsuspicion *s = realloc(h->sus, cap * sizeof *s);
         if (s == NULL)
-            return false;
+            return;
         h->sus = s;
         h->sus_cap = cap;
     }
     h->sus[h->nsus++] = (hsuspicion){by, rank, now, true};
     h->sus_grew_ns = now;
-    return true;
 }
 
 /* Every suspicion of the processes alive, as this pass sees them; the ones no longer listed
